@@ -1,0 +1,338 @@
+"""The one native session model: contexts of one connection, their text, audio encoding and cancel.
+
+Sans-I/O: operations (`start`, `append`, `flush`, `cancel`, `on_engine_event`) return a list of
+session events; the caller (a wire protocol: native, ElevenLabs, Cartesia, Deepgram, OpenAI HTTP)
+turns them into its own messages and moves the bytes. Every compatible API is a translator onto this
+class, never a second implementation.
+
+The engine is called directly: its methods never block. Its events arrive on the engine thread; the
+I/O layer hands them to `on_engine_event` on the connection's own thread (event loop). Events of a
+context that is no longer active (cancelled, failed) are dropped here: that is how stale audio that
+was already in flight when a cancel happened never reaches the client.
+"""
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field, replace
+from typing import Callable
+
+from talkgate.codecs import FormatError, make_stream_encoder
+from talkgate.synth.api import (
+    AudioChunk, ContextDone, ContextFailed, ContextParams, EngineClient, EngineError, EngineEvent,
+    EventSink, SamplingParams,
+)
+from talkgate.sessions.limits import Limits
+
+
+class SessionError(Exception):
+    """A client mistake answered with an error event; the session lives on."""
+
+    def __init__(self, code: str, message: str, context_id: str | None = None):
+        super().__init__(message)
+        self.code, self.message, self.context_id = code, message, context_id
+
+
+@dataclass(frozen=True)
+class AudioFormat:
+    encoding: str = "pcm_s16le"
+    sample_rate: int = 24000
+
+
+@dataclass(frozen=True)
+class ContextConfig:
+    voice: str | None = None
+    language: str = "auto"
+    instructions: str | None = None
+    format: AudioFormat = field(default_factory=AudioFormat)
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    fixed_frames: int | None = None
+
+
+# ----- session events (what a wire protocol turns into messages) -----
+@dataclass(frozen=True)
+class ContextStarted:
+    context_id: str
+    stream: int
+    format: AudioFormat
+
+
+@dataclass(frozen=True)
+class AudioOut:
+    context_id: str
+    stream: int
+    encoding: str
+    seq: int
+    start_ms: float
+    duration_ms: float
+    payload: bytes
+
+
+@dataclass(frozen=True)
+class FirstAudio:
+    context_id: str
+    ttfa_ms: float
+    frames: int
+    audio_ms: float
+
+
+@dataclass(frozen=True)
+class ContextFinished:
+    context_id: str
+    stream: int
+    reason: str
+    frames: int
+    audio_ms: float
+    ttfa_ms: float | None
+
+
+@dataclass(frozen=True)
+class ContextCancelled:
+    context_id: str
+    stream: int
+    audio_ms_sent: float
+
+
+@dataclass(frozen=True)
+class ContextError:
+    context_id: str | None
+    code: str
+    message: str
+    fatal: bool                 # True: the context is over
+    stream: int | None = None   # set when fatal: its queued audio must be dropped
+
+
+SessionEvent = ContextStarted | AudioOut | FirstAudio | ContextFinished | ContextCancelled | ContextError
+
+
+class State(enum.Enum):
+    OPEN = "open"            # accepting text
+    FLUSHED = "flushed"      # text complete, audio still coming
+    OVER = "over"            # finished, cancelled or failed
+
+
+@dataclass
+class _Context:
+    context_id: str
+    stream: int
+    handle: int
+    encoder: object
+    state: State = State.OPEN
+    text_chars: int = 0
+    t_first_text: float | None = None
+    ttfa_ms: float | None = None
+    t_first_audio: float | None = None
+    frames: int = 0
+    seq: int = 0
+    audio_ms_emitted: float = 0.0
+    audio_ms_sent: float = 0.0
+
+
+_BYTES_PER_SAMPLE = {"pcm_s16le": 2, "pcm_f32le": 4, "mulaw": 1, "alaw": 1}
+OPUS_PACKET_MS = 20.0
+
+
+def _payload_ms(encoder, payload: bytes) -> float:
+    """Audio duration of one payload of a raw stream encoder (session streams are never containers)."""
+    if encoder.encoding == "opus":
+        return OPUS_PACKET_MS
+    return 1000.0 * len(payload) / (_BYTES_PER_SAMPLE[encoder.encoding] * encoder.sample_rate)
+
+
+class Observer:
+    """What a session reports for metrics; the gateway passes one that records them."""
+
+    def started(self) -> None: ...
+    def first_audio(self, ttfa_ms: float) -> None: ...
+    def audio(self, frames: int, late: bool) -> None: ...
+    def ended(self, reason: str) -> None: ...
+    def error(self, code: str) -> None: ...
+
+
+class Session:
+    """Contexts of one connection. `clock` is injectable for tests (seconds, monotonic)."""
+
+    def __init__(self, engine: EngineClient, sink: EventSink, limits: Limits,
+                 defaults: ContextConfig | None = None, observer: Observer | None = None,
+                 clock: Callable[[], float] = time.perf_counter):
+        self.engine, self.sink, self.limits, self.clock = engine, sink, limits, clock
+        self.observer = observer or Observer()
+        self.defaults = self._checked(defaults or ContextConfig())
+        self._by_id: dict[str, _Context] = {}
+        self._by_handle: dict[int, _Context] = {}
+        self._by_stream: dict[int, _Context] = {}
+        self._next_stream = 1
+
+    # ----- configuration -----
+    def configure(self, **overrides) -> ContextConfig:
+        self.defaults = self._checked(replace(self.defaults, **overrides))
+        return self.defaults
+
+    def _checked(self, cfg: ContextConfig, context_id: str | None = None) -> ContextConfig:
+        info = self.engine.info
+        if cfg.voice is not None:
+            voice = cfg.voice.lower()
+            if voice not in info.voices:
+                raise SessionError("unknown_voice", f"unknown voice {cfg.voice!r}; available: "
+                                   f"{', '.join(info.voices) or 'none (this model takes instructions)'}", context_id)
+            cfg = replace(cfg, voice=voice)
+        language = (cfg.language or "auto").lower()
+        if language not in info.languages:
+            raise SessionError("unknown_language", f"unknown language {cfg.language!r}; available: "
+                               f"{', '.join(info.languages)}", context_id)
+        if cfg.fixed_frames is not None and not (1 <= cfg.fixed_frames <= 100_000):
+            raise SessionError("invalid_params", "fixed_frames must be between 1 and 100000", context_id)
+        try:
+            make_stream_encoder(cfg.format.encoding, cfg.format.sample_rate)
+        except FormatError as e:
+            raise SessionError("invalid_format", str(e), context_id) from None
+        return replace(cfg, language=language)
+
+    # ----- operations -----
+    @property
+    def active(self) -> list[str]:
+        return list(self._by_id)
+
+    def has(self, context_id: str) -> bool:
+        return context_id in self._by_id
+
+    def start(self, context_id: str, **overrides) -> list[SessionEvent]:
+        if context_id in self._by_id:
+            raise SessionError("context_exists", f"context {context_id!r} is already active", context_id)
+        if len(self._by_id) >= self.limits.max_contexts_per_connection:
+            raise SessionError("too_many_contexts", "too many contexts on this connection (limit "
+                               f"{self.limits.max_contexts_per_connection}); flush or cancel one first", context_id)
+        cfg = self._checked(replace(self.defaults, **overrides), context_id) if overrides else self.defaults
+        encoder = make_stream_encoder(cfg.format.encoding, cfg.format.sample_rate)
+        params = ContextParams(voice=cfg.voice, language=cfg.language, instructions=cfg.instructions,
+                               sampling=cfg.sampling, fixed_frames=cfg.fixed_frames)
+        try:
+            handle = self.engine.open(params, self.sink)
+        except EngineError as e:
+            raise SessionError(e.code, e.message, context_id) from None
+        ctx = _Context(context_id, self._next_stream, handle, encoder)
+        self._next_stream += 1
+        self._by_id[context_id] = self._by_handle[handle] = self._by_stream[ctx.stream] = ctx
+        self.observer.started()
+        return [ContextStarted(context_id, ctx.stream, cfg.format)]
+
+    def append(self, context_id: str, text: str) -> list[SessionEvent]:
+        events = [] if context_id in self._by_id else self.start(context_id)
+        ctx = self._by_id[context_id]
+        if ctx.state is not State.OPEN:
+            raise SessionError("context_closed", f"context {context_id!r} was flushed: start a new context "
+                               "for more text", context_id)
+        if ctx.text_chars + len(text) > self.limits.max_text_chars:
+            events += self._fail(ctx, "text_too_long", "text of one context is limited to "
+                                 f"{self.limits.max_text_chars} characters")
+            return events
+        if text:
+            ctx.text_chars += len(text)
+            if ctx.t_first_text is None:
+                ctx.t_first_text = self.clock()
+            self.engine.append_text(ctx.handle, text)
+        return events
+
+    def flush(self, context_id: str) -> list[SessionEvent]:
+        ctx = self._get(context_id)
+        if ctx.state is State.OPEN:
+            ctx.state = State.FLUSHED
+            if ctx.t_first_text is None:        # nothing to say: end it without a frame
+                self.engine.cancel(ctx.handle)
+                return self._finish(ctx, "empty")
+            self.engine.end_text(ctx.handle)
+        return []
+
+    def cancel(self, context_id: str | None = None) -> list[SessionEvent]:
+        """Cancel one context, or all of them (barge-in). Nothing of a cancelled context follows."""
+        targets = [self._get(context_id)] if context_id is not None else list(self._by_id.values())
+        events = []
+        for ctx in targets:
+            self.engine.cancel(ctx.handle)
+            self._forget(ctx, "cancelled")
+            events.append(ContextCancelled(ctx.context_id, ctx.stream, round(ctx.audio_ms_sent, 1)))
+        return events
+
+    def close(self) -> None:
+        """The connection is gone: free every engine slot, say nothing."""
+        for ctx in list(self._by_id.values()):
+            self.engine.cancel(ctx.handle)
+            self._forget(ctx, "disconnected")
+
+    def note_sent(self, stream: int, duration_ms: float) -> None:
+        """The I/O layer wrote this much audio of `stream` to the socket."""
+        ctx = self._by_stream.get(stream)
+        if ctx is not None:
+            ctx.audio_ms_sent += duration_ms
+
+    def backlog_ms(self, context_id: str) -> float:
+        ctx = self._by_id[context_id]
+        return ctx.audio_ms_emitted - ctx.audio_ms_sent
+
+    # ----- engine events -----
+    def on_engine_event(self, ev: EngineEvent) -> list[SessionEvent]:
+        ctx = self._by_handle.get(ev.context)
+        if ctx is None:                 # cancelled or failed already: stale, drop
+            return []
+        if isinstance(ev, AudioChunk):
+            return self._audio(ctx, ev)
+        if isinstance(ev, ContextDone):
+            ctx.frames = ev.frames
+            return self._finish(ctx, ev.reason)
+        if isinstance(ev, ContextFailed):
+            return self._fail(ctx, ev.code, ev.message)
+        raise TypeError(f"unknown engine event {ev!r}")
+
+    def _audio(self, ctx: _Context, chunk: AudioChunk) -> list[SessionEvent]:
+        now = self.clock()
+        # a real-time player that started at the first sample has played this much by now
+        late = ctx.t_first_audio is not None and 1000 * (now - ctx.t_first_audio) > ctx.audio_ms_emitted
+        ctx.frames = chunk.first_frame + chunk.n_frames
+        events: list[SessionEvent] = self._encoded(ctx, ctx.encoder.encode(chunk.pcm))
+        self.observer.audio(chunk.n_frames, late)
+        if ctx.ttfa_ms is None and events:
+            ctx.t_first_audio = now
+            ctx.ttfa_ms = round(1000 * (now - (ctx.t_first_text or now)), 2)
+            self.observer.first_audio(ctx.ttfa_ms)
+            events.append(FirstAudio(ctx.context_id, ctx.ttfa_ms, ctx.frames, round(ctx.audio_ms_emitted, 1)))
+        if ctx.audio_ms_emitted - ctx.audio_ms_sent > self.limits.max_backlog_ms:
+            return self._fail(ctx, "slow_consumer", "the client is not reading audio fast enough "
+                              f"(over {self.limits.max_backlog_ms} ms unsent): context cancelled")
+        return events
+
+    def _encoded(self, ctx: _Context, payloads: list[bytes]) -> list[SessionEvent]:
+        events = []
+        for payload in payloads:
+            ms = _payload_ms(ctx.encoder, payload)
+            events.append(AudioOut(ctx.context_id, ctx.stream, ctx.encoder.encoding, ctx.seq,
+                                   round(ctx.audio_ms_emitted, 3), ms, payload))
+            ctx.seq += 1
+            ctx.audio_ms_emitted += ms
+        return events
+
+    def _finish(self, ctx: _Context, reason: str) -> list[SessionEvent]:
+        events = self._encoded(ctx, ctx.encoder.flush())
+        self._forget(ctx, reason)
+        events.append(ContextFinished(ctx.context_id, ctx.stream, reason, ctx.frames,
+                                      round(ctx.audio_ms_emitted, 1), ctx.ttfa_ms))
+        return events
+
+    def _fail(self, ctx: _Context, code: str, message: str) -> list[SessionEvent]:
+        self.engine.cancel(ctx.handle)
+        self._forget(ctx, "failed")
+        self.observer.error(code)
+        return [ContextError(ctx.context_id, code, message, fatal=True, stream=ctx.stream)]
+
+    def _get(self, context_id: str) -> _Context:
+        ctx = self._by_id.get(context_id)
+        if ctx is None:
+            raise SessionError("unknown_context", f"no active context {context_id!r}", context_id)
+        return ctx
+
+    def _forget(self, ctx: _Context, reason: str) -> None:
+        ctx.state = State.OVER
+        self.observer.ended(reason)
+        self._by_id.pop(ctx.context_id, None)
+        self._by_handle.pop(ctx.handle, None)
+        # the stream stays known until the wire layer has dropped its queued audio (note_sent ignores it)
+        self._by_stream.pop(ctx.stream, None)
