@@ -1,0 +1,390 @@
+"""The gateway over real sockets against a real `talkgate serve` process (tiny checkpoint, CPU)."""
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import struct
+import time
+
+import aiohttp
+import numpy as np
+import pytest
+
+from tests.serverproc import TalkgateServer
+
+HEADER = struct.Struct("<BBHIII")
+GREEDY = {"greedy": True}
+SCHEMA = json.load(open(__import__("pathlib").Path(__file__).parent.parent / "docs" / "protocol.schema.json"))
+
+
+@pytest.fixture(scope="module")
+def server(tiny_checkpoint):
+    args = ["--max-text-chars", "400", "--max-contexts-per-connection", "3", "--max-backlog-ms", "3000",
+            "--max-message-bytes", "4096", "--shutdown-deadline", "5"]
+    with TalkgateServer(tiny_checkpoint, *args) as srv:
+        yield srv
+
+
+def run(coro):
+    return asyncio.run(asyncio.wait_for(coro, 120))
+
+
+def check_schema(msg: dict) -> None:
+    import jsonschema
+    jsonschema.validate(msg, {**SCHEMA, "oneOf": [{"$ref": "#/$defs/server"}]})
+
+
+class Client:
+    """A native-protocol client that records everything it receives."""
+
+    def __init__(self, ws):
+        self.ws = ws
+        self.events: list[dict] = []
+        self.audio: dict[int, list[tuple[int, int, bytes]]] = {}   # stream -> [(seq, start_ms, payload)]
+        self.order: list[tuple[str, object]] = []                  # ("json", type) / ("audio", stream)
+
+    async def send(self, **msg) -> None:
+        await self.ws.send_str(json.dumps(msg))
+
+    async def recv(self, timeout: float = 60) -> dict | None:
+        """Receive frames until the next JSON event; audio frames are recorded on the way."""
+        while True:
+            msg = await self.ws.receive(timeout=timeout)
+            if msg.type == aiohttp.WSMsgType.BINARY:
+                version, enc, _, stream, seq, start_ms = HEADER.unpack_from(msg.data)
+                assert version == 1
+                self.audio.setdefault(stream, []).append((seq, start_ms, msg.data[HEADER.size:]))
+                self.order.append(("audio", stream))
+            elif msg.type == aiohttp.WSMsgType.TEXT:
+                ev = json.loads(msg.data)
+                check_schema(ev)
+                self.events.append(ev)
+                self.order.append(("json", ev["type"]))
+                return ev
+            else:
+                return None
+
+    async def until(self, pred, timeout: float = 60) -> dict:
+        deadline = time.monotonic() + timeout
+        while True:
+            ev = await self.recv(max(0.1, deadline - time.monotonic()))
+            assert ev is not None, f"connection closed while waiting; got {self.events[-5:]}"
+            if pred(ev):
+                return ev
+
+
+async def connect(session, server, **kw) -> Client:
+    ws = await session.ws_connect(server.ws_url + "/v1/ws", **kw)
+    c = Client(ws)
+    ready = await c.recv()
+    assert ready["type"] == "session.ready"
+    return c
+
+
+def pcm16(chunks) -> np.ndarray:
+    return np.frombuffer(b"".join(p for _, _, p in sorted(chunks)), dtype="<i2").astype(np.float32) / 32768
+
+
+async def speak(c: Client, cid: str, words: list[str], **start) -> dict:
+    await c.send(type="context.start", context_id=cid, sampling=GREEDY, **start)
+    started = await c.until(lambda e: e["type"] == "context.started" and e["context_id"] == cid)
+    for w in words:
+        await c.send(type="text", context_id=cid, text=w)
+    await c.send(type="flush", context_id=cid)
+    done = await c.until(lambda e: e["type"] in ("context.done", "error") and e.get("context_id") == cid)
+    assert done["type"] == "context.done", done
+    return started
+
+
+def test_health_metrics_voices_and_page(server):
+    async def go():
+        async with aiohttp.ClientSession() as s:
+            async with s.get(server.url + "/health") as r:
+                assert r.status == 200
+                body = await r.json()
+                assert body["model"]["untrained"] is True and "notice" in body["model"]
+            async with s.get(server.url + "/v1/audio/voices") as r:
+                voices = (await r.json())["voices"]
+                assert {"id": "ryan", "name": "ryan"} in voices
+            async with s.get(server.url + "/") as r:
+                assert r.status == 200 and "<html" in (await r.text()).lower()
+            async with s.get(server.url + "/metrics") as r:
+                text = await r.text()
+                for name in ("talkgate_ttfa_ms_bucket", "talkgate_event_loop_lag_seconds", "talkgate_contexts_active",
+                             "talkgate_engine_step_seconds", "process_cpu_seconds_total"):
+                    assert name in text, name
+    run(go())
+
+
+def test_text_deltas_to_opus_match_pcm_path(server):
+    """The same greedy utterance as PCM and as Opus: the Opus packets decode (libopus) to the same audio."""
+    import opuslib
+
+    words = ["Hel", "lo the", "re, how ", "are you ", "today?"]
+
+    async def go():
+        async with aiohttp.ClientSession() as s:
+            c = await connect(s, server)
+            st_pcm = await speak(c, "p", words, fixed_frames=12, format={"encoding": "pcm_s16le", "sample_rate": 24000})
+            st_opus = await speak(c, "o", words, fixed_frames=12, format={"encoding": "opus", "sample_rate": 24000})
+            timing = [e for e in c.events if e["type"] == "timing"]
+            assert len(timing) == 2 and all(e["ttfa_ms"] > 0 for e in timing)
+            return c.audio[st_pcm["stream"]], c.audio[st_opus["stream"]]
+
+    pcm_chunks, opus_packets = run(go())
+    pcm = pcm16(pcm_chunks)
+    assert len(pcm) == 12 * 1920
+    assert [seq for seq, _, _ in opus_packets] == list(range(len(opus_packets)))
+    assert len(opus_packets) == 12 * 80 // 20
+    dec = opuslib.Decoder(24000, 1)
+    decoded = np.concatenate([np.frombuffer(dec.decode(p, 480), dtype="<i2") for _, _, p in opus_packets])
+    decoded = decoded.astype(np.float32) / 32768
+    assert len(decoded) == len(pcm)
+    # libopus delays by its lookahead: align by cross-correlation, then compare
+    lag = max(range(0, 400), key=lambda k: float(np.dot(decoded[k:k + 12000], pcm[:12000])))
+    a, b = decoded[lag:], pcm[:len(decoded) - lag]
+    corr = float(np.corrcoef(a, b)[0, 1])
+    assert corr > 0.8, (lag, corr)
+
+
+def test_interleaved_contexts_equal_each_alone(server):
+    async def go():
+        async with aiohttp.ClientSession() as s:
+            c = await connect(s, server)
+            alone = await speak(c, "alone", ["One two three."], fixed_frames=8)
+            for cid in ("x", "y"):
+                await c.send(type="context.start", context_id=cid, sampling=GREEDY, fixed_frames=8)
+            await c.send(type="text", context_id="x", text="One two ")
+            await c.send(type="text", context_id="y", text="Something else entirely.")
+            await c.send(type="text", context_id="x", text="three.")
+            await c.send(type="flush", context_id="y")
+            await c.send(type="flush", context_id="x")
+            done = set()
+            while done != {"x", "y"}:
+                ev = await c.until(lambda e: e["type"] in ("context.done", "error"))
+                assert ev["type"] == "context.done", ev
+                done.add(ev["context_id"])
+            streams = {e["context_id"]: e["stream"] for e in c.events if e["type"] == "context.started"}
+            return c, streams, alone["stream"]
+
+    c, streams, alone = run(go())
+    assert np.array_equal(pcm16(c.audio[streams["x"]]), pcm16(c.audio[alone]))
+    assert not np.array_equal(pcm16(c.audio[streams["y"]]), pcm16(c.audio[alone]))
+
+
+def test_cancel_mid_utterance(server):
+    async def go():
+        async with aiohttp.ClientSession() as s:
+            c = await connect(s, server)
+            await c.send(type="context.start", context_id="long", fixed_frames=400)
+            await c.send(type="text", context_id="long", text="A long utterance that we interrupt. " * 4)
+            await c.send(type="flush", context_id="long")
+            started = await c.until(lambda e: e["type"] == "context.started")
+            await c.until(lambda e: e["type"] == "timing")
+            await c.send(type="cancel")           # barge-in: every context
+            ev = await c.until(lambda e: e["type"] == "context.cancelled")
+            sent_before = len(c.audio[started["stream"]])
+            await c.send(type="ping", id=7)
+            pong = await c.until(lambda e: e["type"] == "pong")
+            assert pong["id"] == 7
+            await asyncio.sleep(0.5)
+            await c.send(type="ping")
+            await c.until(lambda e: e["type"] == "pong")
+            return c, ev, started, sent_before
+
+    c, ev, started, sent_before = run(go())
+    stream = started["stream"]
+    # no audio of that context after the answer
+    idx = c.order.index(("json", "context.cancelled"))
+    assert ("audio", stream) not in c.order[idx:]
+    assert len(c.audio[stream]) == sent_before
+    sent_ms = sum(len(p) for _, _, p in c.audio[stream]) / 2 / 24
+    assert ev["audio_ms_sent"] == pytest.approx(sent_ms, abs=1)
+    assert 0 < ev["audio_ms_sent"] < 400 * 80
+    # the context is gone: messages for it are errors now
+    async def after():
+        async with aiohttp.ClientSession() as s:
+            c2 = await connect(s, server)
+            await c2.send(type="flush", context_id="long")
+            return await c2.recv()
+    assert run(after())["code"] == "unknown_context"
+
+
+BAD_INPUTS = [
+    ("{not json", "invalid_json"),
+    ("[1, 2]", "invalid_message"),
+    (json.dumps({"type": "dance"}), "unknown_type"),
+    (json.dumps({"type": "text", "context_id": "a", "text": 5}), "invalid_message"),
+    (json.dumps({"type": "text", "context_id": "bad id!", "text": "x"}), "invalid_message"),
+    (json.dumps({"type": "flush", "context_id": "nope"}), "unknown_context"),
+    (json.dumps({"type": "cancel", "context_id": "nope"}), "unknown_context"),
+    (json.dumps({"type": "session.config", "voice": "nobody"}), "unknown_voice"),
+    (json.dumps({"type": "session.config", "language": "klingon"}), "unknown_language"),
+    (json.dumps({"type": "session.config", "format": {"encoding": "mulaw", "sample_rate": 48000}}), "invalid_format"),
+    (json.dumps({"type": "session.config", "format": {"encoding": "wma", "sample_rate": 24000}}), "invalid_format"),
+    (json.dumps({"type": "session.config", "sampling": {"temperature": -1}}), "invalid_params"),
+    (json.dumps({"type": "context.start", "context_id": "v", "voice": "nobody"}), "unknown_voice"),
+    (json.dumps({"type": "text", "context_id": "big", "text": "x" * 401}), "text_too_long"),
+    (json.dumps({"type": "text", "context_id": "m", "text": "y" * 5000}), "message_too_large"),
+]
+
+
+def test_bad_input_gets_error_and_session_lives_on(server):
+    async def go():
+        async with aiohttp.ClientSession() as s:
+            c = await connect(s, server)
+            for raw, code in BAD_INPUTS:
+                await c.ws.send_str(raw)
+                ev = await c.until(lambda e: e["type"] == "error")
+                assert ev["code"] == code, (raw[:60], ev)
+                assert ev["message"]
+            await c.ws.send_bytes(b"\x00\x01")
+            assert (await c.until(lambda e: e["type"] == "error"))["code"] == "binary_not_allowed"
+            # too many contexts (limit 3 in this server)
+            for i in range(3):
+                await c.send(type="context.start", context_id=f"c{i}")
+                await c.until(lambda e: e["type"] == "context.started")
+            await c.send(type="context.start", context_id="c3")
+            assert (await c.until(lambda e: e["type"] == "error"))["code"] == "too_many_contexts"
+            await c.send(type="context.start", context_id="c0")
+            assert (await c.until(lambda e: e["type"] == "error"))["code"] == "context_exists"
+            await c.send(type="flush", context_id="c0")
+            await c.send(type="text", context_id="c0", text="more")
+            assert (await c.until(lambda e: e["type"] == "error"))["code"] == "context_closed"
+            await c.send(type="cancel")
+            # still alive and useful
+            await speak(c, "ok", ["Still here."], fixed_frames=3)
+    run(go())
+
+
+def test_slow_reader_is_cancelled_without_touching_others(server):
+    async def go():
+        async with aiohttp.ClientSession() as s:
+            slow = await connect(s, server)
+            await slow.send(type="context.start", context_id="s", fixed_frames=2000,
+                            format={"encoding": "pcm_f32le", "sample_rate": 48000})
+            await slow.send(type="text", context_id="s", text="Never read. " * 20)
+            await slow.send(type="flush", context_id="s")
+            # the slow client reads nothing for a while; a normal client is served meanwhile
+            fast = await connect(s, server)
+            t = time.monotonic()
+            await speak(fast, "f", ["Unaffected by the slow one."], fixed_frames=10)
+            fast_s = time.monotonic() - t
+            await asyncio.sleep(6)
+            ev = await slow.until(lambda e: e["type"] == "error", timeout=60)
+            return ev, fast_s
+
+    ev, fast_s = run(go())
+    assert ev["code"] == "slow_consumer" and ev["fatal"] is True
+    assert fast_s < 30
+
+
+def test_openai_speech_streaming_and_whole(server):
+    async def go():
+        async with aiohttp.ClientSession() as s:
+            body = {"model": "tts", "input": "Hello from the speech endpoint.", "voice": "ryan",
+                    "response_format": "pcm", "stream": True, "stream_format": "audio", "fixed_frames": 10,
+                    "seed": 3}
+            async with s.post(server.url + "/v1/audio/speech", json=body) as r:
+                assert r.status == 200 and r.headers["Content-Type"].startswith("audio/pcm")
+                chunks = [c async for c in r.content.iter_any()]
+            pcm = b"".join(chunks)
+            assert len(pcm) == 10 * 1920 * 2
+            async with s.post(server.url + "/v1/audio/speech", json={**body, "stream": False, "response_format": "wav"}) as r:
+                assert r.status == 200 and r.headers["Content-Type"] == "audio/wav"
+                wav = await r.read()
+            async with s.post(server.url + "/v1/audio/speech", json={**body, "stream_format": "sse"}) as r:
+                assert r.headers["Content-Type"].startswith("text/event-stream")
+                sse = (await r.read()).decode()
+            errors = []
+            for bad in ({"input": ""}, {"voice": "nobody"}, {"response_format": "aac"}, {"input": 5},
+                        {"input": "x" * 5000}):
+                async with s.post(server.url + "/v1/audio/speech", json={**body, **bad}) as r:
+                    errors.append((r.status, (await r.json())["error"]["code"]))
+            async with s.post(server.url + "/v1/audio/speech", data=b"{oops") as r:
+                errors.append((r.status, (await r.json())["error"]["code"]))
+            return pcm, wav, sse, errors
+
+    pcm, wav, sse, errors = run(go())
+    import io
+    import soundfile
+    audio, rate = soundfile.read(io.BytesIO(wav), dtype="int16")
+    assert rate == 24000 and len(audio) == 10 * 1920
+    # same seed, same text: the streamed PCM and the WAV carry the same samples
+    assert np.array_equal(audio, np.frombuffer(pcm, dtype="<i2"))
+    events = [json.loads(line[6:]) for line in sse.split("\n\n") if line.startswith("data: ")]
+    assert events[-1]["type"] == "speech.audio.done"
+    assert sum(len(base64.b64decode(e["audio"])) for e in events[:-1]) == len(pcm)
+    assert errors == [(400, "invalid_request"), (400, "unknown_voice"), (400, "invalid_format"),
+                      (400, "invalid_request"), (400, "text_too_long"), (400, "invalid_json")]
+
+
+def test_openai_disconnect_cancels(server):
+    async def go():
+        async with aiohttp.ClientSession() as s:
+            body = {"input": "Long text. " * 20, "response_format": "pcm", "stream": True, "fixed_frames": 5000}
+            async with s.post(server.url + "/v1/audio/speech", json=body) as r:
+                await r.content.read(4000)
+            await asyncio.sleep(1.0)
+            async with s.get(server.url + "/metrics") as r:
+                return await r.text()
+
+    text = run(go())
+    line = next(l for l in text.splitlines() if l.startswith("talkgate_contexts_active"))
+    assert float(line.split()[-1]) == 0.0
+
+
+def test_api_key_and_origin(tiny_checkpoint):
+    with TalkgateServer(tiny_checkpoint, "--api-key", "sekret", "--allow-origin", "https://app.example") as srv:
+        async def go():
+            out = {}
+            async with aiohttp.ClientSession() as s:
+                ws = await s.ws_connect(srv.ws_url + "/v1/ws")            # no key: must send auth first
+                await ws.send_str(json.dumps({"type": "text", "context_id": "a", "text": "hi"}))
+                err = json.loads((await ws.receive()).data)
+                out["no_key"] = (err["code"], (await ws.receive()).type, ws.close_code)
+                ws = await s.ws_connect(srv.ws_url + "/v1/ws")
+                await ws.send_str(json.dumps({"type": "auth", "api_key": "sekret"}))
+                out["first_message"] = json.loads((await ws.receive()).data)["type"]
+                await ws.close()
+                ws = await s.ws_connect(srv.ws_url + "/v1/ws?api_key=sekret")
+                out["query"] = json.loads((await ws.receive()).data)["type"]
+                await ws.close()
+                ws = await s.ws_connect(srv.ws_url + "/v1/ws", headers={"Authorization": "Bearer sekret",
+                                                                        "Origin": "https://evil.example"})
+                await ws.receive()
+                out["bad_origin"] = ws.close_code
+                ws = await s.ws_connect(srv.ws_url + "/v1/ws", headers={"Authorization": "Bearer sekret",
+                                                                        "Origin": "https://app.example"})
+                out["good_origin"] = json.loads((await ws.receive()).data)["type"]
+                await ws.close()
+                async with s.post(srv.url + "/v1/audio/speech", json={"input": "x"}) as r:
+                    out["http_no_key"] = r.status
+            return out
+
+        out = run(go())
+    assert out == {"no_key": ("unauthorized", aiohttp.WSMsgType.CLOSE, 1008), "first_message": "session.ready",
+                   "query": "session.ready", "bad_origin": 1008, "good_origin": "session.ready",
+                   "http_no_key": 401}
+
+
+def test_graceful_shutdown_finishes_contexts_then_closes_1001(tiny_checkpoint):
+    import signal
+
+    with TalkgateServer(tiny_checkpoint, "--shutdown-deadline", "20") as srv:
+        async def go():
+            async with aiohttp.ClientSession() as s:
+                c = await connect(s, srv)
+                await c.send(type="context.start", context_id="last", fixed_frames=25)
+                await c.send(type="text", context_id="last", text="Finishing while the server stops.")
+                await c.send(type="flush", context_id="last")
+                await c.until(lambda e: e["type"] == "timing")
+                srv.proc.send_signal(signal.SIGTERM)
+                done = await c.until(lambda e: e["type"] == "context.done")
+                closing = await c.recv()
+                return done, closing, c.ws.close_code
+
+        done, closing, code = run(go())
+        assert done["frames"] == 25 and closing is None and code == 1001
+        assert srv.proc.wait(30) == 0
