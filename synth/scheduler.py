@@ -1,0 +1,54 @@
+"""Which contexts run in the next step: pure Python over Request objects, no tensors, no clock of its own.
+
+Every ready context runs every step (continuous batching). New contexts are prefilled in the same step
+as the running ones' decode (at most `max_prefills` a step), so a first frame never waits behind long
+utterances. When more are ready than one step takes (`max_batch`), earliest deadline first: the
+context whose client runs out of audio soonest (start + audio emitted so far) goes first; a new
+context's deadline is the moment its text became ready, so it competes fairly with running ones.
+"""
+from __future__ import annotations
+
+from talkgate.synth.request import Request, Status
+
+
+class Scheduler:
+    def __init__(self, max_batch: int, max_prefills: int):
+        if not (1 <= max_prefills <= max_batch):
+            raise ValueError(f"need 1 <= max_prefills ({max_prefills}) <= max_batch ({max_batch})")
+        self.max_batch, self.max_prefills = max_batch, max_prefills
+        self.waiting: list[Request] = []     # not prefilled yet
+        self.running: list[Request] = []     # prefilled, generating
+
+    def add(self, req: Request) -> None:
+        self.waiting.append(req)
+
+    def remove(self, req: Request) -> None:
+        """Take a finished or cancelled context out (idempotent)."""
+        for queue in (self.waiting, self.running):
+            if req in queue:
+                queue.remove(req)
+        req.status = Status.FINISHED
+
+    def __len__(self) -> int:
+        return len(self.waiting) + len(self.running)
+
+    def schedule(self, now: float) -> tuple[list[Request], list[Request]]:
+        """(contexts to prefill, contexts to decode) for the next step; moves the prefilled to running.
+        A context whose next text token has not arrived is skipped, never blocking the others."""
+        for req in self.waiting:
+            if req.ready and req.t_ready is None:
+                req.t_ready = now
+        new = [r for r in self.waiting if r.ready]
+        old = [r for r in self.running if r.ready]
+        if len(new) > self.max_prefills:
+            new = sorted(new, key=lambda r: r.deadline)[:self.max_prefills]
+        if len(new) + len(old) > self.max_batch:
+            ranked = sorted(new + old, key=lambda r: r.deadline)[:self.max_batch]
+            keep = set(map(id, ranked))
+            new = [r for r in new if id(r) in keep]
+            old = [r for r in old if id(r) in keep]
+        for req in new:
+            self.waiting.remove(req)
+            self.running.append(req)
+            req.status = Status.RUNNING
+        return new, old

@@ -1,0 +1,116 @@
+"""Scheduler and request state: pure Python, no model."""
+from __future__ import annotations
+
+import pytest
+
+from talkgate.synth.api import ContextParams
+from talkgate.synth.request import Request, Status, frames_for_text
+from talkgate.synth.scheduler import Scheduler
+
+EOS, PAD = 151673, 151671
+
+
+def req(context: int, tokens: int = 0, ended: bool = False, fixed: int | None = None) -> Request:
+    r = Request(context=context, slot=context, params=ContextParams(fixed_frames=fixed), sink=lambda ev: None,
+                prompt=None, frame_limit=750, budget_factor=4.0, budget_min=50)
+    r.text_ids = list(range(100, 100 + tokens))
+    r.text_ended = ended
+    return r
+
+
+def test_frames_for_text_rule():
+    assert frames_for_text("") == 4
+    assert frames_for_text("a" * 100) == round(12.5 * 6.0)
+    assert frames_for_text("你好" * 10) == round(12.5 * 0.25 * 20)
+    assert frames_for_text("ab你") == round(12.5 * (0.12 + 0.25))
+
+
+def test_text_tokens_then_eos_then_pad():
+    r = req(1, tokens=2, ended=True)
+    got = []
+    for _ in range(5):
+        got.append(r.next_text_id(EOS, PAD))
+        r.frames += 1
+    assert got == [100, 101, EOS, PAD, PAD]
+
+
+def test_ready_needs_token_k_or_end():
+    r = req(1, tokens=1)
+    assert r.ready                 # token 0 committed: prefill can run
+    r.frames = 1
+    assert not r.ready             # frame 1 needs token 1
+    r.text_ids.append(7)
+    assert r.ready
+    r.frames = 2
+    r.text_ended = True
+    assert r.ready
+
+
+def test_limits():
+    assert req(1, fixed=20).limit() == (20, "length")
+    assert req(1, fixed=2000).limit() == (750, "budget")       # capped by the slot's capacity
+    r = req(1, tokens=3)
+    r.text_seconds = 1.0
+    assert r.limit() == (750, "budget")                       # text still coming: only the capacity
+    r.text_ended = True
+    assert r.limit() == (50, "budget")                        # max(4 * 12.5, 50)
+    r.text_seconds = 10.0
+    assert r.limit() == (500, "budget")
+
+
+def test_waiting_context_does_not_block_others():
+    s = Scheduler(max_batch=8, max_prefills=2)
+    a, b = req(1), req(2, tokens=1)
+    s.add(a)
+    s.add(b)
+    new, old = s.schedule(now=0.0)
+    assert new == [b] and old == [] and a.status is Status.WAITING and b.status is Status.RUNNING
+    b.frames = 1
+    new, old = s.schedule(now=0.1)
+    assert new == [] and old == []                             # b waits for token 1, a for token 0
+    a.text_ids = [5]
+    b.text_ended = True
+    new, old = s.schedule(now=0.2)
+    assert new == [a] and old == [b]
+    assert a.t_ready == 0.2 and b.t_ready == 0.0
+
+
+def test_prefills_bounded_per_step():
+    s = Scheduler(max_batch=8, max_prefills=2)
+    rs = [req(i, tokens=1) for i in range(5)]
+    for r in rs:
+        s.add(r)
+    assert s.schedule(0.0)[0] == rs[:2]
+    assert s.schedule(0.0)[0] == rs[2:4]
+    assert s.schedule(0.0) == ([rs[4]], rs[:4])
+
+
+def test_earliest_deadline_first_above_max_batch():
+    s = Scheduler(max_batch=2, max_prefills=2)
+    rs = [req(i, tokens=100) for i in range(3)]
+    for r in rs:
+        s.add(r)
+    new, old = s.schedule(0.0)
+    assert new == rs[:2]
+    for r in new:
+        r.frames = 1
+    new, old = s.schedule(0.01)                                # rs[2] is new with deadline 0.01 < 0.08
+    assert new == [rs[2]] and len(old) == 1
+    rs[2].frames = 1
+    rs[0].frames = 5                                           # rs[0] has the most audio buffered
+    new, old = s.schedule(0.02)
+    assert new == [] and set(map(id, old)) == {id(rs[1]), id(rs[2])}
+
+
+def test_remove_is_idempotent():
+    s = Scheduler(max_batch=2, max_prefills=1)
+    r = req(1, tokens=1)
+    s.add(r)
+    s.remove(r)
+    s.remove(r)
+    assert len(s) == 0 and r.status is Status.FINISHED
+
+
+def test_bad_limits():
+    with pytest.raises(ValueError):
+        Scheduler(max_batch=2, max_prefills=3)
