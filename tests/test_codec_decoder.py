@@ -1,0 +1,211 @@
+"""Codec decoder: parity with the official reference, streaming == full decode, checkpoint I/O."""
+import importlib.machinery
+import importlib.util
+import json
+import random
+import sys
+import types
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from talkgate.synth.codec_decoder import (
+    CodecCheckpointError, CodecDecoderConfig, load_codec_decoder, write_random_codec_decoder)
+
+# Tiny but complete: 16 codebooks, the real 72-frame window and the real 1920 samples per frame.
+TINY = dict(hidden_size=32, latent_dim=48, codebook_dim=32, codebook_size=64, num_attention_heads=2,
+            num_key_value_heads=2, head_dim=16, intermediate_size=64, num_hidden_layers=2, decoder_dim=32)
+TOL = 1e-4
+
+
+def reference_decoder_class():
+    """The official Qwen3TTSTokenizerV2Decoder; its package imports torchaudio, which only the 25 Hz
+    tokenizer uses, so a stand-in module is enough when torchaudio is absent."""
+    if importlib.util.find_spec("torchaudio") is None:
+        for name in ("torchaudio", "torchaudio.compliance", "torchaudio.compliance.kaldi"):
+            mod = types.ModuleType(name)
+            mod.__spec__ = importlib.machinery.ModuleSpec(name, None)
+            sys.modules.setdefault(name, mod)
+        sys.modules["torchaudio"].compliance = sys.modules["torchaudio.compliance"]
+        sys.modules["torchaudio.compliance"].kaldi = sys.modules["torchaudio.compliance.kaldi"]
+    import transformers  # noqa: F401
+    from qwen_tts.core.tokenizer_12hz.configuration_qwen3_tts_tokenizer_v2 import Qwen3TTSTokenizerV2DecoderConfig
+    from qwen_tts.core.tokenizer_12hz.modeling_qwen3_tts_tokenizer_v2 import Qwen3TTSTokenizerV2Decoder
+    return Qwen3TTSTokenizerV2Decoder, Qwen3TTSTokenizerV2DecoderConfig
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    return write_random_codec_decoder(tmp_path_factory.mktemp("codec") / "speech_tokenizer", TINY, seed=1)
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_dir):
+    return load_codec_decoder(tiny_dir)
+
+
+def random_codes(batch, frames, seed, size=TINY["codebook_size"]):
+    return torch.randint(0, size, (batch, 16, frames), generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("kv_heads", [2, 1])
+def test_matches_reference(tmp_path, kv_heads):
+    torch.manual_seed(0)
+    path = write_random_codec_decoder(tmp_path, {**TINY, "num_key_value_heads": kv_heads}, seed=2)
+    Decoder, DecoderConfig = reference_decoder_class()
+    ref = Decoder(DecoderConfig(**json.loads((path / "config.json").read_text())["decoder_config"])).eval()
+    weights = load_file(str(path / "model.safetensors"))
+    assert not [k for k in weights if not k.startswith("decoder.")]
+    ref.load_state_dict({k.removeprefix("decoder."): v for k, v in weights.items()}, strict=True)
+
+    ours = load_codec_decoder(path)
+    codes = random_codes(2, 100, seed=3)  # > 72 frames: the attention window slides
+    with torch.no_grad():
+        expected = ref(codes)[:, 0]
+    assert expected.std() > 0.02 and (expected.abs() >= 1).float().mean() < 0.01  # not trivially flat/clamped
+    for chunk in (64, 100):
+        got = ours.decode(codes, chunk_frames=chunk)
+        assert got.dtype == torch.float32 and got.shape == (2, 100 * 1920)
+        assert (got - expected).abs().max() <= TOL
+
+
+def run_streams(model, utterances, policy, num_slots, seed):
+    """Decode every utterance through decode_step, several at a time in one batch: each call takes a
+    random subset of the started utterances in random row order and one n for all rows. Utterances
+    start at different calls; a slot is reset and reused when its utterance ends."""
+    rng = random.Random(seed)
+    state = model.alloc_state(num_slots)
+    waiting = list(range(len(utterances)))
+    free = list(range(num_slots - 1))  # the last slot is never used: it must stay untouched
+    active, done, outputs = {}, {}, {i: [] for i in range(len(utterances))}
+    while waiting or active:
+        if waiting and free and (not active or rng.random() < 0.3):
+            slot = free.pop(0)
+            state.reset_slots(torch.tensor([slot]))
+            active[waiting.pop(0)] = [slot, 0]
+        rows = [u for u in active if rng.random() < 0.7] or list(active)
+        rng.shuffle(rows)
+        left = min(utterances[u].shape[1] - active[u][1] for u in rows)
+        n = min(left, policy(rng))
+        codes = torch.stack([utterances[u][:, active[u][1]:active[u][1] + n] for u in rows])
+        slots = torch.tensor([active[u][0] for u in rows])
+        pcm = model.decode_step(codes, slots, state)
+        assert pcm.shape == (len(rows), n * 1920) and pcm.dtype == torch.float32
+        for row, u in enumerate(rows):
+            outputs[u].append(pcm[row])
+            active[u][1] += n
+            if active[u][1] == utterances[u].shape[1]:
+                free.append(active.pop(u)[0])
+                done[u] = True
+    assert not state.tails[-1].any() and not state.kv[:, :, -1].any() and state.pos[-1] == 0
+    return [torch.cat(outputs[i]) for i in range(len(utterances))]
+
+
+@pytest.mark.parametrize("policy", ["1", "2", "3", "5", "random"])
+def test_streaming_equals_full_decode(tiny, policy):
+    lengths = [100, 83, 9, 40, 75]
+    utterances = [random_codes(1, t, seed=10 + i)[0] for i, t in enumerate(lengths)]
+    full = [tiny.decode(u[None])[0] for u in utterances]
+    chunks = (lambda rng: int(policy)) if policy != "random" else (lambda rng: rng.choice([1, 1, 2, 4, 7, 16, 80]))
+    streamed = run_streams(tiny, utterances, chunks, num_slots=4, seed=int(policy) if policy != "random" else 99)
+    for got, expected in zip(streamed, full):
+        assert got.shape == expected.shape
+        assert (got - expected).abs().max() <= TOL
+
+
+def test_first_frame_gives_first_pcm(tiny):
+    state = tiny.alloc_state(2)
+    codes = random_codes(1, 3, seed=5)
+    first = tiny.decode_step(codes[..., :1], torch.tensor([1]), state)
+    assert first.shape == (1, 1920)
+    assert torch.equal(state.pos, torch.tensor([0, 1]))
+    assert (first[0] - tiny.decode(codes)[0, :1920]).abs().max() <= TOL
+
+
+def test_bf16_close_to_fp32(tiny_dir, tiny):
+    codes = random_codes(2, 30, seed=6)
+    full = tiny.decode(codes)
+    half = load_codec_decoder(tiny_dir, dtype=torch.bfloat16)
+    assert half.pre_conv.conv.weight.dtype == torch.bfloat16
+    got = half.decode(codes)
+    assert torch.isfinite(got).all()
+    assert (got - full).abs().max() < 0.25 and (got - full).std() < 0.1 * full.std()
+
+
+def test_writer_is_deterministic_and_official_layout(tmp_path, tiny_dir):
+    again = write_random_codec_decoder(tmp_path / "again", TINY, seed=1)
+    a, b = load_file(str(tiny_dir / "model.safetensors")), load_file(str(again / "model.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    other = load_file(str(write_random_codec_decoder(tmp_path / "other", TINY, seed=2) / "model.safetensors"))
+    assert not torch.equal(a["decoder.pre_conv.conv.weight"], other["decoder.pre_conv.conv.weight"])
+    config = json.loads((tiny_dir / "config.json").read_text())
+    assert config["model_type"] == "qwen3_tts_tokenizer_12hz" and config["decode_upsample_rate"] == 1920
+    assert config["encoder_config"]["num_quantizers"] == 32  # complete layout, encoder weights not written
+    assert config["decoder_config"]["hidden_size"] == 32 and config["decoder_config"]["upsample_rates"] == [8, 5, 4, 3]
+    assert not [k for k in a if not k.startswith("decoder.")]
+    model = load_codec_decoder(tiny_dir)
+    assert all(torch.equal(v, a["decoder." + k]) for k, v in model.state_dict().items())
+
+
+def test_default_config_is_the_released_one(tmp_path):
+    from talkgate.synth.codec_decoder import speech_tokenizer_config
+    cfg = CodecDecoderConfig.from_dict(speech_tokenizer_config())
+    assert (cfg.hidden_size, cfg.intermediate_size, cfg.attn_head_dim, cfg.latent_dim, cfg.codebook_dim) == (512, 1024, 64, 1024, 512)
+    assert cfg.frame_samples == 1920 and cfg.sliding_window == 72 and cfg.num_hidden_layers == 8
+
+
+# -- loader errors: each names the file and, where there is one, the tensor ------------------------
+
+def rewrite(src, dst, edit):
+    dst.mkdir()
+    (dst / "config.json").write_text((src / "config.json").read_text())
+    tensors = load_file(str(src / "model.safetensors"))
+    edit(tensors)
+    save_file(tensors, str(dst / "model.safetensors"))
+    return dst
+
+
+def test_missing_files(tmp_path, tiny_dir):
+    with pytest.raises(CodecCheckpointError, match=r"config\.json: missing"):
+        load_codec_decoder(tmp_path)
+    (tmp_path / "config.json").write_text((tiny_dir / "config.json").read_text())
+    with pytest.raises(CodecCheckpointError, match=r"model\.safetensors: missing"):
+        load_codec_decoder(tmp_path)
+
+
+def test_unknown_model_type(tmp_path, tiny_dir):
+    config = json.loads((tiny_dir / "config.json").read_text())
+    config["model_type"] = "qwen3_tts_tokenizer_25hz"
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(CodecCheckpointError, match=r"config\.json: model_type 'qwen3_tts_tokenizer_25hz'"):
+        load_codec_decoder(tmp_path)
+
+
+def test_missing_tensor(tmp_path, tiny_dir):
+    name = "decoder.pre_transformer.layers.1.self_attn.k_proj.weight"
+    path = rewrite(tiny_dir, tmp_path / "ckpt", lambda t: t.pop(name))
+    with pytest.raises(CodecCheckpointError, match=rf"model\.safetensors: missing tensor '{name}'"):
+        load_codec_decoder(path)
+
+
+def test_wrong_shape(tmp_path, tiny_dir):
+    name = "decoder.decoder.2.block.1.conv.weight"
+    def edit(t):
+        t[name] = t[name][:, :-1].contiguous()
+    path = rewrite(tiny_dir, tmp_path / "ckpt", edit)
+    with pytest.raises(CodecCheckpointError, match=rf"model\.safetensors: tensor '{name}' has shape \[16, 7, 10\], expected \[16, 8, 10\]"):
+        load_codec_decoder(path)
+
+
+def test_wrong_dtype_and_unexpected_tensor(tmp_path, tiny_dir):
+    name = "decoder.upsample.0.1.gamma"
+    path = rewrite(tiny_dir, tmp_path / "a", lambda t: t.__setitem__(name, t[name].to(torch.int32)))
+    with pytest.raises(CodecCheckpointError, match=rf"tensor '{name}' has dtype I32"):
+        load_codec_decoder(path)
+    path = rewrite(tiny_dir, tmp_path / "b", lambda t: t.__setitem__("decoder.extra.weight", torch.zeros(2)))
+    with pytest.raises(CodecCheckpointError, match=r"unexpected decoder tensors \['decoder.extra.weight'\]"):
+        load_codec_decoder(path)
+    # encoder tensors (voice cloning) are ignored
+    path = rewrite(tiny_dir, tmp_path / "c", lambda t: t.__setitem__("encoder.quantizer.weight", torch.zeros(2)))
+    load_codec_decoder(path)
