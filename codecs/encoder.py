@@ -1,0 +1,223 @@
+"""`make_stream_encoder`: one per-stream object from the engine's 24 kHz float PCM to wire units.
+
+    enc = make_stream_encoder("opus", 48000)
+    for pcm in engine_chunks:           # float32 mono 24 kHz, any length
+        send_all(enc.encode(pcm))       # list of bytes: one Opus packet / PCM chunk / page each
+    send_all(enc.flush())               # the tail: resampler, partial frame, container end
+    enc.duration_ms()                   # audio sent so far (what a cancel reply reports)
+
+The stream is resampled first (pass-through at 24 kHz), then packed by the encoding's packer.
+"""
+from __future__ import annotations
+
+import random
+
+import numpy as np
+
+from talkgate.codecs import g711, opus, pcm, sndfile
+from talkgate.codecs.formaterror import FormatError
+from talkgate.codecs.ogg import OggOpusWriter
+from talkgate.codecs.resample import ENGINE_RATE, RATES, Resampler
+from talkgate.codecs.wav import wav_header
+
+# encoding -> (sample rates it takes, MIME type)
+ENCODINGS = {
+    "pcm_s16le": (RATES, "audio/pcm"),
+    "pcm_f32le": (RATES, "audio/pcm"),
+    "mulaw": ((8000,), "audio/basic"),
+    "alaw": ((8000,), "audio/x-alaw-basic"),
+    "opus": (opus.RATES, "audio/opus"),
+    "ogg_opus": (opus.RATES, "audio/ogg"),
+    "wav": (RATES, "audio/wav"),
+    "mp3": (sndfile.MP3_RATES, "audio/mpeg"),
+    "flac": (RATES, "audio/flac"),
+}
+# raw sample encodings: bytes per sample and float -> bytes
+_RAW = {"pcm_s16le": (2, pcm.s16le_bytes), "pcm_f32le": (4, pcm.f32le_bytes),
+        "mulaw": (1, g711.ulaw_bytes), "alaw": (1, g711.alaw_bytes)}
+
+
+def make_stream_encoder(encoding: str, sample_rate: int, *, frame_ms: int | None = None,
+                        bitrate: int | None = None, streaming: bool = True) -> StreamEncoder:
+    """A fresh encoder for one stream; raises FormatError (a ValueError) for what cannot be made.
+
+    frame_ms: re-frame raw samples (pcm_s16le, pcm_f32le, mulaw, alaw) into units of exactly this
+        duration (the last one may be shorter), e.g. 20 for Twilio's 160-byte mu-law frames.
+    bitrate: bit/s, for opus / ogg_opus (default 48000) and mp3 (default by rate, 64000 at 24 kHz).
+    streaming: False for a response sent whole (wav, mp3, flac): nothing comes out before `flush()`,
+        which then returns one complete file with exact header fields. Other encodings ignore it:
+        their streamed units concatenated are already the complete file.
+    """
+    if encoding not in ENCODINGS:
+        raise FormatError(f"unknown encoding {encoding!r}; valid: {', '.join(ENCODINGS)}")
+    rates, mime = ENCODINGS[encoding]
+    if isinstance(sample_rate, bool) or sample_rate not in rates:
+        valid = f"sample rate {rates[0]} Hz only" if len(rates) == 1 else f"sample rates {', '.join(map(str, rates))} Hz"
+        raise FormatError(f"{encoding} takes {valid}, not {sample_rate!r}")
+    if frame_ms is not None and (encoding not in _RAW or isinstance(frame_ms, bool)
+                                 or not isinstance(frame_ms, int) or not 1 <= frame_ms <= 1000):
+        raise FormatError(f"frame_ms is 1..1000 and only for {', '.join(_RAW)}; got {frame_ms!r} for {encoding}")
+    if bitrate is not None and encoding not in ("opus", "ogg_opus", "mp3"):
+        raise FormatError(f"bitrate applies to opus, ogg_opus and mp3, not {encoding}")
+
+    if encoding in _RAW:
+        width, to_bytes = _RAW[encoding]
+        frame_bytes = width * sample_rate * frame_ms // 1000 if frame_ms else None
+        packer = RawPacker(width, to_bytes, frame_bytes)
+    elif encoding == "wav":
+        packer = WavPacker(sample_rate, streaming)
+    elif encoding in ("opus", "ogg_opus"):
+        packer = OpusPacker(opus.OpusEncoder(sample_rate, bitrate or opus.DEFAULT_BITRATE), encoding == "ogg_opus")
+    else:
+        try:
+            packer = SndfilePacker(sndfile.SndfileEncoder(encoding, sample_rate, streaming,
+                                                          bitrate // 1000 if bitrate else None))
+        except ValueError as e:
+            raise FormatError(str(e)) from e
+    return StreamEncoder(encoding, sample_rate, mime, Resampler(sample_rate, ENGINE_RATE), packer)
+
+
+class StreamEncoder:
+    """Resampler + packer of one stream. Not thread-safe: one owner calls encode ... flush, once."""
+
+    def __init__(self, encoding: str, sample_rate: int, mime_type: str, resampler: Resampler, packer):
+        self.encoding, self.sample_rate, self.mime_type = encoding, sample_rate, mime_type
+        self._resampler, self._packer = resampler, packer
+        self._flushed = False
+
+    def encode(self, pcm_f32_24k: np.ndarray) -> list[bytes]:
+        if self._flushed:
+            raise RuntimeError(f"{self.encoding} stream already flushed")
+        return self._packer.encode(self._resampler.process(pcm_f32_24k))
+
+    def flush(self) -> list[bytes]:
+        """The rest of the stream; the encoder is finished afterwards."""
+        if self._flushed:
+            raise RuntimeError(f"{self.encoding} stream already flushed")
+        self._flushed = True
+        return self._packer.encode(self._resampler.flush()) + self._packer.flush()
+
+    @property
+    def samples_out(self) -> int:
+        """Samples (at sample_rate) in the units returned so far; see each packer for what counts."""
+        return self._packer.samples_out
+
+    def duration_ms(self) -> float:
+        return 1000.0 * self._packer.samples_out / self.sample_rate
+
+
+class RawPacker:
+    """Raw samples as bytes, one unit per chunk, or re-framed into `frame_bytes` units."""
+
+    def __init__(self, width: int, to_bytes, frame_bytes: int | None):
+        self._width, self._to_bytes, self._frame_bytes = width, to_bytes, frame_bytes
+        self._pending = bytearray()
+        self.samples_out = 0
+
+    def encode(self, x: np.ndarray) -> list[bytes]:
+        if not len(x):
+            return []
+        data = self._to_bytes(x)
+        if self._frame_bytes is None:
+            return self._out([data])
+        self._pending += data
+        n = len(self._pending) // self._frame_bytes * self._frame_bytes
+        units = [bytes(self._pending[i:i + self._frame_bytes]) for i in range(0, n, self._frame_bytes)]
+        del self._pending[:n]
+        return self._out(units)
+
+    def flush(self) -> list[bytes]:
+        units = [bytes(self._pending)] if self._pending else []
+        self._pending.clear()
+        return self._out(units)
+
+    def _out(self, units: list[bytes]) -> list[bytes]:
+        self.samples_out += sum(map(len, units)) // self._width
+        return units
+
+
+class WavPacker:
+    """PCM16 WAV: the streaming header (unknown length) then raw chunks, or one exact file at flush."""
+
+    def __init__(self, sample_rate: int, streaming: bool):
+        self._sample_rate, self._streaming = sample_rate, streaming
+        self._header_sent = False
+        self._chunks: list[bytes] = []     # whole-file mode only
+        self.samples_out = 0
+
+    def encode(self, x: np.ndarray) -> list[bytes]:
+        data = pcm.s16le_bytes(x) if len(x) else b""
+        if not self._streaming:
+            self._chunks.append(data)
+            return []
+        units = [] if self._header_sent else [wav_header(self._sample_rate)]
+        self._header_sent = True
+        if data:
+            units.append(data)
+        self.samples_out += len(x)
+        return units
+
+    def flush(self) -> list[bytes]:
+        if self._streaming:
+            return [] if self._header_sent else self.encode(np.zeros(0, np.float32))
+        data = b"".join(self._chunks)
+        self._chunks.clear()
+        self.samples_out = len(data) // 2
+        return [wav_header(self._sample_rate, self.samples_out) + data]
+
+
+class OpusPacker:
+    """Raw 20 ms Opus packets, or Ogg pages (headers first, one page per encode call).
+
+    samples_out counts 20 ms per packet emitted: the playback time of what was sent.
+    """
+
+    def __init__(self, encoder: opus.OpusEncoder, ogg: bool):
+        self._enc = encoder
+        self._ogg = (OggOpusWriter(encoder.sample_rate, encoder.lookahead, encoder.frame_size,
+                                   serial=random.getrandbits(32)) if ogg else None)
+        self._headers_sent = False
+
+    @property
+    def samples_out(self) -> int:
+        return self._enc.packets_out * self._enc.frame_size
+
+    def encode(self, x: np.ndarray) -> list[bytes]:
+        packets = self._enc.encode(x)
+        if self._ogg is None:
+            return packets
+        return self._headers() + self._ogg.pages(packets)
+
+    def flush(self) -> list[bytes]:
+        packets = self._enc.flush()
+        if self._ogg is None:
+            return packets
+        return self._headers() + self._ogg.last_pages(packets, self._enc.samples_in)
+
+    def _headers(self) -> list[bytes]:
+        if self._headers_sent:
+            return []
+        self._headers_sent = True
+        return self._ogg.headers()
+
+
+class SndfilePacker:
+    """MP3 / FLAC bytes as libsndfile writes them (whole-file mode: all of it at flush).
+
+    samples_out counts the samples handed to the encoder; the bytes out may lag them by up to one
+    codec block (576-1152 samples).
+    """
+
+    def __init__(self, encoder: sndfile.SndfileEncoder):
+        self._enc = encoder
+        self.samples_out = 0
+
+    def encode(self, x: np.ndarray) -> list[bytes]:
+        x = pcm.clean_f32(x)
+        self.samples_out += len(x)
+        data = self._enc.write(x)
+        return [data] if data else []
+
+    def flush(self) -> list[bytes]:
+        data = self._enc.close()
+        return [data] if data else []

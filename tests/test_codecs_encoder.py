@@ -1,0 +1,124 @@
+"""make_stream_encoder: validation, units and accounting per encoding, and the encode cost per frame."""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+from talkgate.codecs import ENCODINGS, FormatError, make_stream_encoder
+
+FRAME = 1920        # one engine frame: 80 ms at 24 kHz
+
+
+def signal(n: int) -> np.ndarray:
+    t = np.arange(n) / 24000
+    return (0.3 * np.sin(2 * np.pi * 220 * t) + 0.2 * np.sin(2 * np.pi * 1700 * t)).astype(np.float32)
+
+
+def run(enc, x: np.ndarray, sizes=(FRAME,)) -> list[bytes]:
+    units, i, k = [], 0, 0
+    while i < len(x):
+        n = sizes[k % len(sizes)]
+        units += enc.encode(x[i:i + n])
+        i, k = i + n, k + 1
+    return units + enc.flush()
+
+
+@pytest.mark.parametrize("encoding, rate, message", [
+    ("speex", 24000, "unknown encoding 'speex'; valid: pcm_s16le, pcm_f32le, mulaw, alaw, opus, ogg_opus"),
+    ("mulaw", 16000, "mulaw takes sample rate 8000 Hz only, not 16000"),
+    ("alaw", 24000, "alaw takes sample rate 8000 Hz only, not 24000"),
+    ("opus", 44100, "opus takes sample rates 8000, 12000, 16000, 24000, 48000 Hz, not 44100"),
+    ("ogg_opus", 22050, "ogg_opus takes sample rates 8000, 12000, 16000, 24000, 48000 Hz"),
+    ("pcm_s16le", 12345, "pcm_s16le takes sample rates 8000, 16000, 22050, 24000, 32000, 44100, 48000 Hz, not 12345"),
+    ("pcm_f32le", "24000", "not '24000'"),
+    ("wav", True, "not True"),
+    ("mp3", 12000, "mp3 takes sample rates 8000, 16000"),
+])
+def test_invalid_formats_raise_format_error_listing_what_is_valid(encoding, rate, message):
+    with pytest.raises(FormatError) as e:
+        make_stream_encoder(encoding, rate)
+    assert message in str(e.value)
+    assert isinstance(e.value, ValueError)
+
+
+def test_invalid_options_raise_format_error():
+    with pytest.raises(FormatError, match="frame_ms is 1..1000 and only for pcm_s16le, pcm_f32le, mulaw, alaw"):
+        make_stream_encoder("opus", 48000, frame_ms=20)
+    with pytest.raises(FormatError, match="frame_ms"):
+        make_stream_encoder("mulaw", 8000, frame_ms=0)
+    with pytest.raises(FormatError, match="bitrate applies to opus, ogg_opus and mp3, not flac"):
+        make_stream_encoder("flac", 24000, bitrate=64000)
+    with pytest.raises(FormatError, match="MP3 at 24000 Hz takes 8..160 kbit/s, not 320"):
+        make_stream_encoder("mp3", 24000, bitrate=320000)
+
+
+@pytest.mark.parametrize("encoding", list(ENCODINGS))
+def test_every_encoding_streams_and_accounts_for_its_audio(encoding):
+    rate = {"mulaw": 8000, "alaw": 8000}.get(encoding, 48000)
+    enc = make_stream_encoder(encoding, rate)
+    assert (enc.encoding, enc.sample_rate) == (encoding, rate) and enc.mime_type.startswith("audio/")
+    x = signal(24000)
+    units = run(enc, x, sizes=(FRAME, 3 * FRAME, 701))
+    assert units and all(isinstance(u, bytes) and u for u in units)
+    # 1 s of input: the audio accounted for is 1 s, plus at most one padded 20 ms Opus packet
+    assert 1000.0 <= enc.duration_ms() <= 1020.0
+    assert enc.samples_out == round(enc.duration_ms() * rate / 1000)
+    with pytest.raises(RuntimeError, match="already flushed"):
+        enc.encode(x)
+
+
+@pytest.mark.parametrize("encoding, rate, width", [("pcm_s16le", 16000, 2), ("pcm_f32le", 44100, 4),
+                                                   ("mulaw", 8000, 1), ("alaw", 8000, 1)])
+def test_raw_units_and_duration_follow_the_samples(encoding, rate, width):
+    enc = make_stream_encoder(encoding, rate)
+    units = enc.encode(signal(FRAME))
+    assert enc.samples_out == sum(map(len, units)) // width
+    units += enc.flush()
+    assert sum(map(len, units)) == width * FRAME * rate // 24000
+    assert enc.duration_ms() == pytest.approx(80.0)
+
+
+def test_24k_pcm_is_one_unit_per_chunk_with_no_delay():
+    enc = make_stream_encoder("pcm_s16le", 24000)
+    assert [len(u) for u in enc.encode(signal(FRAME))] == [2 * FRAME]
+    assert enc.duration_ms() == 80.0 and enc.encode(np.zeros(0, np.float32)) == [] and enc.flush() == []
+
+
+def test_twilio_framing_gives_160_byte_mulaw_units():
+    enc = make_stream_encoder("mulaw", 8000, frame_ms=20)
+    units = run(enc, signal(24000 + 300), sizes=(FRAME, 2 * FRAME, 333))
+    assert all(len(u) == 160 for u in units[:-1]) and 0 < len(units[-1]) <= 160
+    assert sum(map(len, units)) == 8100 and enc.samples_out == 8100
+    whole = make_stream_encoder("mulaw", 8000)
+    assert b"".join(units) == b"".join(run(whole, signal(24000 + 300)))
+
+
+@pytest.mark.parametrize("encoding, rate", [("pcm_s16le", 22050), ("alaw", 8000), ("opus", 48000),
+                                            ("wav", 44100), ("mp3", 24000), ("flac", 32000)])
+def test_output_does_not_depend_on_chunking(encoding, rate):
+    """(Ogg is left out: it puts the packets of one encode call on one page, by design.)"""
+    x = signal(24000 + 77)
+    a = b"".join(run(make_stream_encoder(encoding, rate), x, sizes=(FRAME,)))
+    b = b"".join(run(make_stream_encoder(encoding, rate), x, sizes=(1, 4000, 333, 0, FRAME * 3)))
+    assert a == b
+
+
+def test_encode_cost_per_80ms_frame(capsys):
+    """Not a timed assert: prints what one engine frame costs to encode per format on this CPU."""
+    x = signal(FRAME * 50)
+    rows = []
+    for encoding, rate in [("pcm_s16le", 24000), ("pcm_s16le", 48000), ("pcm_s16le", 16000), ("pcm_f32le", 24000),
+                           ("mulaw", 8000), ("alaw", 8000), ("opus", 24000), ("opus", 48000), ("ogg_opus", 24000),
+                           ("wav", 24000), ("mp3", 24000), ("flac", 24000)]:
+        enc = make_stream_encoder(encoding, rate)
+        enc.encode(x[:FRAME])        # first call: lazy set-up (libopus load, LAME init)
+        t0 = time.perf_counter()
+        n = sum(len(u) for i in range(FRAME, len(x), FRAME) for u in enc.encode(x[i:i + FRAME]))
+        us = (time.perf_counter() - t0) / 49 * 1e6
+        assert n > 0
+        rows.append(f"  {encoding:>9} @ {rate:>5} Hz: {us:7.1f} us/frame  "
+                    f"-> {80_000 / us:7.0f} real-time streams per core")
+    with capsys.disabled():
+        print("\nencode cost per 80 ms engine frame (1920 samples at 24 kHz):\n" + "\n".join(rows))
