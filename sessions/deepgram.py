@@ -1,0 +1,133 @@
+"""Deepgram streaming TTS (`/v1/speak`), Sans-I/O, onto `Session`.
+
+One stream of text per socket, spoken as one utterance (sessions/utterances.py): `Speak` appends
+text, `Flush` speaks what came so far and is answered with `Flushed` (its sequence_id) once that
+audio is out, `Clear` stops everything at once and is answered with `Cleared` AFTER the queued audio
+was purged (clients credit binary frames to the current turn, so none of the old turn may follow
+`Cleared`), `Close` speaks the rest and closes with 1000. Audio goes out as binary frames of raw
+samples. Client mistakes are answered the Deepgram way: a close frame whose reason says what was wrong.
+"""
+from __future__ import annotations
+
+import json
+
+from talkgate.sessions.native import Close, Purge, Send
+from talkgate.sessions.session import AudioFormat, ContextCancelled, ContextError, Session, SessionError
+from talkgate.sessions.utterances import Audio, Event, SegmentDone, UtteranceDone, UtteranceProtocol, field_of
+from talkgate.sessions.voices import UnknownVoice, VoiceMap
+
+ENCODINGS = {"linear16": "pcm_s16le", "mulaw": "mulaw", "alaw": "alaw"}
+RATES = {"linear16": (8000, 16000, 24000, 32000, 48000), "mulaw": (8000,), "alaw": (8000,)}
+DEFAULT_MODEL = "aura-2-thalia-en"
+STREAM = "speak"
+MAX_SPEAK_CHARS = 2000      # Deepgram's limit on the text of one Speak message
+
+
+def parse_query(query: dict[str, str]) -> AudioFormat:
+    enc = query.get("encoding", "linear16")
+    if enc not in ENCODINGS:
+        raise SessionError("UNSUPPORTED_ENCODING", f"encoding {enc!r} is not supported: use "
+                           f"{', '.join(ENCODINGS)}")
+    rate = query.get("sample_rate", "24000" if enc == "linear16" else "8000")
+    if not rate.isdigit() or int(rate) not in RATES[enc]:
+        raise SessionError("UNSUPPORTED_SAMPLE_RATE", f"sample_rate {rate!r} is not supported for {enc}: use "
+                           f"{', '.join(map(str, RATES[enc]))}")
+    if query.get("container", "none") not in ("none", "raw"):
+        raise SessionError("UNSUPPORTED_CONTAINER", "the WebSocket sends raw audio: container must be none")
+    return AudioFormat(ENCODINGS[enc], int(rate))
+
+
+class DeepgramProtocol(UtteranceProtocol):
+    def __init__(self, session: Session, session_id: str, query: dict[str, str], voices: VoiceMap):
+        super().__init__(session, session_id)
+        self.model = query.get("model", DEFAULT_MODEL)
+        self.flushes = 0            # sequence_id of the next Flush
+        self.clears = 0
+        self.closing = False
+        self.startup_error: SessionError | None = None
+        try:
+            try:
+                voice = voices.resolve("deepgram", self.model, session.engine.info.voices)
+            except UnknownVoice as e:
+                raise SessionError("INVALID_MODEL", str(e)) from None
+            self.session.configure(voice=voice, format=parse_query(query))
+        except SessionError as e:
+            self.startup_error = e
+
+    def ready(self) -> list:
+        if self.startup_error is not None:
+            return [Close(1008, f"{self.startup_error.code}: {self.startup_error.message}")]
+        return [_json({"type": "Metadata", "request_id": self.session_id, "model_name": self.model,
+                       "model_version": "talkgate", "model_uuid": self.session_id})]
+
+    def idle_timeout(self) -> list:
+        if len(self.utterances):
+            return []
+        return [Close(1000, "NET-0001: no messages received within the idle timeout")]
+
+    def receive_binary(self, data: bytes) -> list:
+        return [Close(1003, "DATA-0000: binary messages are not accepted: send JSON text messages")]
+
+    def receive_text(self, data: str) -> list:
+        try:
+            msg = self._parse(data)
+            kind = msg.get("type")
+            if kind == "Speak":
+                return self._speak(msg)
+            if kind == "Flush":
+                if STREAM not in self.utterances:
+                    self.utterances.open(STREAM)
+                self.flushes += 1
+                return self._wire(self.utterances.flush(STREAM, tag=self.flushes - 1))
+            if kind == "Clear":
+                return self._clear()
+            if kind == "Close":
+                self.closing = True
+                if STREAM in self.utterances:
+                    return self._wire(self.utterances.end(STREAM))
+                return [Close(1000, "closed by client")]
+            return [_json({"type": "Warning", "description": f"unknown message type {kind!r}: expected Speak, "
+                           "Flush, Clear or Close", "code": "UNKNOWN_MESSAGE_TYPE"})]
+        except SessionError as e:
+            self.session.observer.error(e.code)
+            return [Close(1008, f"DATA-0000: {e.message}"[:120])]
+
+    def _speak(self, msg: dict) -> list:
+        text = field_of(msg, "text", str)
+        if text is None:
+            raise SessionError("invalid_message", "Speak needs text (a string)")
+        if len(text) > MAX_SPEAK_CHARS:
+            raise SessionError("text_too_long", f"the text of one Speak is limited to {MAX_SPEAK_CHARS} characters")
+        if self.closing:
+            return [_json({"type": "Warning", "description": "Speak after Close is ignored", "code": "CLOSING"})]
+        return self._wire(self.utterances.append(STREAM, text))
+
+    def _clear(self) -> list:
+        events = self.utterances.cancel(STREAM) if STREAM in self.utterances else []
+        self.clears += 1
+        out = self._wire(events) + [_json({"type": "Cleared", "sequence_id": self.clears - 1})]
+        return out + [Close(1000, "closed by client")] if self.closing else out
+
+    # ----- utterance events -> wire -----
+    def _wire(self, events: list[Event]) -> list:
+        out: list = []
+        for ev in events:
+            if isinstance(ev, Audio):
+                out.append(Send(ev.out.payload, ev.out.stream, ev.out.duration_ms))
+            elif isinstance(ev, SegmentDone):
+                if ev.tag is not None:
+                    out.append(_json({"type": "Flushed", "sequence_id": ev.tag}))
+            elif isinstance(ev, UtteranceDone):
+                out.append(Close(1000, "closed by client"))
+            elif isinstance(ev, ContextCancelled):
+                out.append(Purge(ev.stream))
+            elif isinstance(ev, ContextError):
+                if ev.stream is not None:
+                    out.append(Purge(ev.stream))
+                out.append(Close(1011 if ev.code in ("engine_full", "engine_error", "engine_stopped") else 1008,
+                                 f"{ev.code}: {ev.message}"[:120]))
+        return out
+
+
+def _json(obj: dict) -> Send:
+    return Send(json.dumps(obj, separators=(",", ":")))

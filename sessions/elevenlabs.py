@@ -1,0 +1,266 @@
+"""ElevenLabs WebSocket TTS (`stream-input` and `multi-stream-input`), Sans-I/O, onto `Session`.
+
+Wire facts: docs/compat.md. One ElevenLabs context is one utterance (sessions/utterances.py): a
+`flush` speaks the text so far and more text may follow in the same context. `close_context` after
+the last flush lets the audio finish and then answers `isFinal` (pipecat and LiveKit end every turn
+that way); `close_context` with text not yet flushed is a barge-in: the context stops at once
+(queued audio purged) and gets its `isFinal`. Alignment is an estimate (sessions/alignment.py).
+"""
+from __future__ import annotations
+
+import base64
+import json
+import re
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from talkgate.codecs import FormatError, make_stream_encoder
+from talkgate.sessions.native import Close, Purge, Send
+from talkgate.sessions.session import AudioFormat, ContextCancelled, ContextError, Session, SessionError
+from talkgate.sessions.utterances import (
+    Audio, Event, SegmentDone, UtteranceDone, UtteranceProtocol, field_of,
+)
+from talkgate.sessions.voices import UnknownVoice, VoiceMap, resolve_language
+from talkgate.synth.api import SamplingParams
+
+MAX_CONTEXTS = 5                # ElevenLabs' limit of simultaneous contexts per socket
+DEFAULT_INACTIVITY_S = 20
+MAX_INACTIVITY_S = 180
+SINGLE = ""                     # the one context of a stream-input socket
+PCM_RATES = (8000, 16000, 22050, 24000, 32000, 44100, 48000)
+
+
+MP3_FORMATS = {(22050, 32), (24000, 48), (44100, 32), (44100, 64), (44100, 96), (44100, 128), (44100, 192)}
+OPUS_KBPS = (32, 64, 96, 128, 192)
+# compressed formats are encoded here, per context, from the session's engine-rate float PCM
+ENGINE_PCM = AudioFormat("pcm_f32le", 24000)
+
+
+@dataclass(frozen=True)
+class OutputFormat:
+    session: AudioFormat                # what the session produces
+    container: str | None = None        # "mp3" / "ogg_opus": encoded from it here
+    rate: int = 0
+    bitrate: int = 0
+
+
+def parse_output_format(name: str) -> OutputFormat:
+    """ElevenLabs `output_format` -> what to produce; raises SessionError."""
+    m = re.fullmatch(r"(pcm|ulaw|alaw|mp3|opus)_(\d+)(?:_(\d+))?", name)
+    kind, rate, kbps = (m.group(1), int(m.group(2)), m.group(3) and int(m.group(3))) if m else (None, 0, None)
+    if kind == "pcm" and rate in PCM_RATES and kbps is None:
+        return OutputFormat(AudioFormat("pcm_s16le", rate))
+    if kind in ("ulaw", "alaw") and rate == 8000 and kbps is None:
+        return OutputFormat(AudioFormat("mulaw" if kind == "ulaw" else "alaw", 8000))
+    if kind == "mp3" and (rate, kbps) in MP3_FORMATS:
+        return OutputFormat(ENGINE_PCM, "mp3", rate, kbps * 1000)
+    if kind == "opus" and rate == 48000 and kbps in OPUS_KBPS:    # Ogg Opus, as ElevenLabs sends it
+        return OutputFormat(ENGINE_PCM, "ogg_opus", rate, kbps * 1000)
+    raise SessionError("invalid_output_format", f"invalid output_format {name!r}: expected pcm_8000, pcm_16000, "
+                       "pcm_22050, pcm_24000, pcm_32000, pcm_44100, pcm_48000, ulaw_8000, alaw_8000, "
+                       "mp3_22050_32, mp3_24000_48, mp3_44100_32/64/96/128/192 or opus_48000_32/64/96/128/192")
+
+
+def _json(obj: dict) -> Send:
+    return Send(json.dumps(obj, separators=(",", ":")))
+
+
+class ElevenLabsProtocol(UtteranceProtocol):
+    def __init__(self, session: Session, session_id: str, voice_id: str, query: dict[str, str],
+                 voices: VoiceMap, multi: bool, authenticate: Callable[[str], bool] | None = None):
+        """`query`: the socket URL's query parameters; `authenticate`: when set, the first message must
+        carry a valid `xi_api_key`."""
+        super().__init__(session, session_id)
+        self.multi, self.authenticate = multi, authenticate
+        self.idle_timeout_s = float(DEFAULT_INACTIVITY_S)
+        self.closing = False            # stream-input: input over, close once the audio is out
+        self.output = OutputFormat(AudioFormat())
+        self.encoders: dict[str, tuple] = {}    # context -> (mp3 / Ogg Opus encoder, its last stream)
+        self.startup_error: SessionError | None = None
+        try:
+            self._configure(voice_id, query, voices)
+        except SessionError as e:
+            self.startup_error = e
+
+    def _configure(self, voice_id: str, query: dict[str, str], voices: VoiceMap) -> None:
+        info = self.session.engine.info
+        try:
+            voice = voices.resolve("elevenlabs", voice_id, info.voices)
+        except UnknownVoice as e:
+            raise SessionError("voice_not_found", str(e)) from None
+        name = query.get("output_format", "mp3_44100_128")
+        self.output = parse_output_format(name)
+        if self.output.container is not None:
+            try:    # the codec library may lack it (e.g. libopus not installed)
+                make_stream_encoder(self.output.container, self.output.rate, bitrate=self.output.bitrate)
+            except FormatError as e:
+                raise SessionError("unsupported_output_format", f"output_format {name!r} is not available "
+                                   f"on this server: {e}") from None
+        timeout = query.get("inactivity_timeout", str(DEFAULT_INACTIVITY_S))
+        if not timeout.isdigit() or not 1 <= int(timeout) <= MAX_INACTIVITY_S:
+            raise SessionError("invalid_inactivity_timeout",
+                               f"inactivity_timeout must be an integer from 1 to {MAX_INACTIVITY_S} seconds")
+        self.idle_timeout_s = float(timeout)
+        seed = query.get("seed")
+        if seed is not None and not seed.isdigit():
+            raise SessionError("invalid_seed", "seed must be a non-negative integer")
+        self.session.configure(voice=voice, format=self.output.session,
+                               language=resolve_language(query.get("language_code"), info.languages),
+                               sampling=SamplingParams(seed=int(seed) if seed is not None else None))
+
+    # ----- connection -----
+    def ready(self) -> list:
+        if self.startup_error is not None:
+            return self._fatal(self.startup_error.code, self.startup_error.message)
+        return []
+
+    def idle_timeout(self) -> list:
+        if len(self.utterances):
+            return []
+        return self._fatal("input_timeout_exceeded",
+                           f"Have not received new text for {self.idle_timeout_s:g} seconds: closing")
+
+    # ----- client frames -----
+    def receive_binary(self, data: bytes) -> list:
+        return [self._error("invalid_message", "binary frames are not accepted: send JSON text messages")]
+
+    def receive_text(self, data: str) -> list:
+        try:
+            msg = self._parse(data)
+            if self.authenticate is not None:
+                key = msg.get("xi_api_key")
+                if not isinstance(key, str) or not self.authenticate(key):
+                    return self._fatal("invalid_api_key", "a valid API key is required (xi-api-key header, "
+                                       "authorization query parameter or xi_api_key in the first message)")
+                self.authenticate = None
+            return self._on_multi(msg) if self.multi else self._on_single(msg)
+        except SessionError as e:
+            self.session.observer.error(e.code)
+            return [self._error(e.code, e.message, e.context_id if self.multi else None)]
+
+    def _on_multi(self, msg: dict) -> list:
+        if msg.get("close_socket") is True:
+            self.closing = True
+            return self._wire(self.utterances.cancel_all()) + [Close(1000, "close_socket")]
+        cid = field_of(msg, "context_id", str)
+        text = field_of(msg, "text", str, context_id=cid)
+        flush = field_of(msg, "flush", bool, False, cid)
+        if cid is None:
+            if text == "" and not flush and msg.get("close_context") is None:
+                return []           # a bare keepalive
+            raise SessionError("invalid_message", "context_id is required on multi-stream-input")
+        if field_of(msg, "close_context", bool, False, cid):
+            return self._close_context(cid)
+        if text is None and not flush:
+            raise SessionError("invalid_message", "a message needs text, flush, close_context or close_socket", cid)
+        return self._input(cid, text, flush, msg)
+
+    def _on_single(self, msg: dict) -> list:
+        text = field_of(msg, "text", str)
+        flush = field_of(msg, "flush", bool, False)
+        if text is None and not flush:
+            raise SessionError("invalid_message", "a message needs text (\"\" ends the input) or flush")
+        if text == "" and not flush:
+            self.closing = True
+            return self._wire(self.utterances.end(SINGLE))
+        return self._input(SINGLE, text, flush, msg)
+
+    def _input(self, cid: str, text: str | None, flush: bool, msg: dict) -> list:
+        field_of(msg, "voice_settings", dict, context_id=cid)     # accepted, not applicable
+        field_of(msg, "generation_config", dict, context_id=cid)
+        events: list[Event] = []
+        if cid not in self.utterances:
+            if text == "" and not flush:
+                return []           # keepalive of a context that is over or not yet opened
+            if len(self.utterances) >= MAX_CONTEXTS:
+                return [_json({"message": f"Maximum simultaneous contexts ({MAX_CONTEXTS}) exceeded: close a "
+                               "context before opening another", "error": "max_active_conversations",
+                               "code": 1008}), Close(1008, "max_active_conversations")]
+            self.utterances.open(cid)
+            if text is not None and not text.strip():
+                text = ""           # the opening " " only opens the context
+        if text:
+            events += self.utterances.append(cid, text)
+        if flush and cid in self.utterances:
+            events += self.utterances.flush(cid)
+        return self._wire(events)
+
+    def _close_context(self, cid: str) -> list:
+        utt = self.utterances.by_key.get(cid)
+        if utt is None:
+            return [self._final(cid)]       # already over: say so again, harmlessly
+        if utt.open_segment is not None and utt.open_segment.chars:
+            events = self.utterances.cancel(cid)     # barge-in: text not flushed
+            return self._wire(events) + [self._final(cid)]
+        return self._wire(self.utterances.end(cid))
+
+    # ----- utterance events -> wire -----
+    def _wire(self, events: list[Event]) -> list:
+        out: list = []
+        for ev in events:
+            if isinstance(ev, Audio):
+                out.append(self._audio(ev))
+            elif isinstance(ev, SegmentDone):
+                if ev.span is not None:     # characters the estimate had not placed yet
+                    out.append(_json(self._message(ev.key, None, ev.span)))
+            elif isinstance(ev, UtteranceDone):
+                out += self._encoder_tail(ev.key)
+                out.append(self._final(ev.key))
+                if not self.multi:
+                    out.append(Close(1000, "done"))
+            elif isinstance(ev, ContextCancelled):
+                self.encoders.pop(ev.context_id, None)
+                out.append(Purge(ev.stream))
+            elif isinstance(ev, ContextError):
+                self.encoders.pop(ev.context_id, None)
+                if ev.stream is not None:
+                    out.append(Purge(ev.stream))
+                out.append(self._error(ev.code, ev.message, ev.context_id if self.multi else None))
+                if ev.fatal and ev.context_id is not None:
+                    out.append(self._final(ev.context_id))
+                    if not self.multi:
+                        out.append(Close(1011, ev.code))
+        return out
+
+    def _audio(self, ev: Audio) -> Send:
+        payload = ev.out.payload
+        if self.output.container is not None:
+            enc, _ = self.encoders.get(ev.key) or (make_stream_encoder(
+                self.output.container, self.output.rate, bitrate=self.output.bitrate), None)
+            self.encoders[ev.key] = (enc, ev.out.stream)
+            payload = b"".join(enc.encode(np.frombuffer(payload, np.float32)))
+        audio = base64.b64encode(payload).decode() if payload else None     # an encoder may hold a frame back
+        msg = self._message(ev.key, audio, ev.span)
+        return Send(json.dumps(msg, separators=(",", ":")), ev.out.stream, ev.out.duration_ms)
+
+    def _encoder_tail(self, key: str) -> list:
+        """The end of a compressed stream (the encoder's last frames, the Ogg end page)."""
+        if key not in self.encoders:
+            return []
+        enc, stream = self.encoders.pop(key)
+        tail = b"".join(enc.flush())
+        if not tail:
+            return []
+        return [Send(json.dumps(self._message(key, base64.b64encode(tail).decode(), None),
+                                separators=(",", ":")), stream, 0.0)]
+
+    def _message(self, key: str, audio: str | None, span) -> dict:
+        alignment = span.as_elevenlabs() if span is not None else None
+        msg = {"audio": audio, "isFinal": False, "alignment": alignment, "normalizedAlignment": alignment}
+        if self.multi:
+            msg["contextId"] = key
+        return msg
+
+    def _final(self, key: str) -> Send:
+        return _json({"isFinal": True, "contextId": key} if self.multi else {"isFinal": True})
+
+    def _error(self, code: str, message: str, context_id: str | None = None) -> Send:
+        msg = {"message": message, "error": code, "code": 1008}
+        if context_id is not None:
+            msg["contextId"] = context_id
+        return _json(msg)
+
+    def _fatal(self, code: str, message: str) -> list:
+        return [self._error(code, message), Close(1008, code)]

@@ -1,0 +1,286 @@
+"""Client-visible utterances of the compatible APIs, spoken as consecutive `Session` contexts.
+
+ElevenLabs `flush`, Cartesia `flush` and Deepgram `Flush` force out the text received so far but let
+more text follow in the same utterance, while a session context's text is over once it is flushed.
+So an utterance is a queue of segments: each flush closes one, text after it opens the next. Only the
+head segment runs in the engine (as one session context); the next starts when the head's audio is
+over, so audio stays in order and the engine never holds two contexts of one utterance. A segment
+queued behind the head waits with its text here (bounded by the text limit); generation runs faster
+than real time, so the client has the head's audio queued while the next one starts.
+
+Session events come back re-keyed to the utterance (`context_id` = the client's key), plus
+`Audio` (an AudioOut with its estimated alignment), `SegmentDone` and `UtteranceDone`.
+"""
+from __future__ import annotations
+
+import itertools
+import json
+from collections import deque
+from dataclasses import dataclass, field, replace
+
+from talkgate.sessions.alignment import CharSpan, Timeline, Word
+from talkgate.sessions.session import (
+    AudioOut, ContextCancelled, ContextError, ContextFinished, Session, SessionError, SessionEvent,
+)
+from talkgate.synth.api import EngineEvent
+
+MAX_SEGMENTS = 256      # queued flushes of one utterance
+
+
+@dataclass(frozen=True)
+class Audio:
+    key: str
+    out: AudioOut               # context_id = key; stream = the running segment's session stream
+    span: CharSpan | None       # estimated characters of this audio
+    words: list[Word]           # words the estimate completed with it
+
+
+@dataclass(frozen=True)
+class SegmentDone:
+    key: str
+    tag: object                 # what the flush that closed it carried (Deepgram sequence_id, Cartesia flush_id)
+    span: CharSpan | None       # characters left over at its end (estimate)
+    words: list[Word]
+    reason: str
+
+
+@dataclass(frozen=True)
+class UtteranceDone:
+    key: str
+    audio_ms: float
+
+
+Event = SessionEvent | Audio | SegmentDone | UtteranceDone
+
+
+@dataclass
+class _Segment:
+    text: list[str] = field(default_factory=list)     # waiting until the segment runs
+    chars: int = 0
+    flushed: bool = False
+    tag: object = None
+    sid: str | None = None                            # its session context while it runs
+
+
+@dataclass
+class Utterance:
+    key: str
+    overrides: dict
+    segments: deque = field(default_factory=deque)
+    ended: bool = False         # no more input: over once its segments are spoken
+    timeline: Timeline = field(default_factory=Timeline)
+
+    @property
+    def open_segment(self) -> _Segment | None:
+        return self.segments[-1] if self.segments and not self.segments[-1].flushed else None
+
+
+class Utterances:
+    def __init__(self, session: Session):
+        self.session = session
+        self.by_key: dict[str, Utterance] = {}
+        self._by_sid: dict[str, Utterance] = {}
+        self._ids = itertools.count(1)
+
+    def __contains__(self, key: str) -> bool:
+        return key in self.by_key
+
+    def __len__(self) -> int:
+        return len(self.by_key)
+
+    # ----- client operations (raise SessionError for mistakes that leave the utterance alive) -----
+    def open(self, key: str, **overrides) -> Utterance:
+        if key in self.by_key:
+            raise SessionError("context_exists", f"context {key!r} is already active", key)
+        utt = self.by_key[key] = Utterance(key, overrides)
+        return utt
+
+    def append(self, key: str, text: str) -> list[Event]:
+        utt = self.by_key.get(key) or self.open(key)
+        if utt.ended:
+            raise SessionError("context_closed", f"context {key!r} was closed: start a new context for more text", key)
+        seg = utt.open_segment
+        if seg is None:
+            if len(utt.segments) >= MAX_SEGMENTS:
+                raise SessionError("too_many_flushes", f"over {MAX_SEGMENTS} flushes waiting in context {key!r}", key)
+            seg = _Segment()
+            utt.segments.append(seg)
+        if seg.chars + len(text) > self.session.limits.max_text_chars:
+            return self._fail(utt, "text_too_long", "text between two flushes is limited to "
+                              f"{self.session.limits.max_text_chars} characters")
+        seg.chars += len(text)
+        if seg.sid is not None:
+            utt.timeline.add_text(text)
+            return self._rekey(self.session.append(seg.sid, text))
+        seg.text.append(text)
+        return self._start_head(utt) if seg is utt.segments[0] else []
+
+    def flush(self, key: str, tag: object = None) -> list[Event]:
+        """Speak what was sent so far. With a tag, an empty flush still yields its SegmentDone (in order)."""
+        utt = self._get(key)
+        seg = utt.open_segment
+        if seg is None:
+            if tag is None:
+                return []
+            seg = _Segment()
+            utt.segments.append(seg)
+        seg.flushed, seg.tag = True, tag
+        if seg.sid is not None:
+            return self._rekey(self.session.flush(seg.sid))
+        return self._start_head(utt) if seg is utt.segments[0] else []
+
+    def end(self, key: str) -> list[Event]:
+        """No more input: speak the rest, then UtteranceDone."""
+        utt = self.by_key.get(key) or self.open(key)
+        events = self.flush(key)
+        if key in self.by_key:
+            utt.ended = True
+            if not utt.segments:
+                events += self._done(utt)
+        return events
+
+    def cancel(self, key: str) -> list[Event]:
+        """Stop now; the ContextCancelled (if a segment was running) names the stream to purge."""
+        utt = self._get(key)
+        del self.by_key[key]
+        head = utt.segments[0] if utt.segments else None
+        if head is None or head.sid is None:
+            return []
+        del self._by_sid[head.sid]
+        return [replace(ev, context_id=key) for ev in self.session.cancel(head.sid)]
+
+    def cancel_all(self) -> list[Event]:
+        return [ev for key in list(self.by_key) for ev in self.cancel(key)]
+
+    def close(self) -> None:
+        self.by_key.clear()
+        self._by_sid.clear()
+        self.session.close()
+
+    def note_sent(self, stream: int, audio_ms: float) -> None:
+        self.session.note_sent(stream, audio_ms)
+
+    # ----- engine events -----
+    def on_engine_event(self, ev: EngineEvent) -> list[Event]:
+        return self._rekey(self.session.on_engine_event(ev))
+
+    # ----- internals -----
+    def _get(self, key: str) -> Utterance:
+        utt = self.by_key.get(key)
+        if utt is None:
+            raise SessionError("unknown_context", f"no active context {key!r}", key)
+        return utt
+
+    def _start_head(self, utt: Utterance) -> list[Event]:
+        seg = utt.segments[0]
+        text = "".join(seg.text)
+        seg.text.clear()
+        seg.sid = f"{utt.key}#{next(self._ids)}"
+        self._by_sid[seg.sid] = utt
+        try:
+            events = self.session.start(seg.sid, **utt.overrides)
+            if text:
+                utt.timeline.add_text(text)
+                events += self.session.append(seg.sid, text)
+            if seg.flushed and self.session.has(seg.sid):
+                events += self.session.flush(seg.sid)
+        except SessionError as e:
+            return self._fail(utt, e.code, e.message)
+        return self._rekey(events)
+
+    def _rekey(self, events: list[SessionEvent]) -> list[Event]:
+        out: list[Event] = []
+        for ev in events:
+            utt = self._by_sid.get(ev.context_id)
+            if utt is None:             # already cancelled or failed here
+                continue
+            key = utt.key
+            if isinstance(ev, AudioOut):
+                span, words = utt.timeline.audio(ev.duration_ms)
+                out.append(Audio(key, replace(ev, context_id=key), span, words))
+            elif isinstance(ev, ContextFinished):
+                out += self._segment_done(utt, ev)
+            elif isinstance(ev, ContextError) and ev.fatal:
+                self._drop(utt)
+                out.append(replace(ev, context_id=key))
+            else:
+                out.append(replace(ev, context_id=key))
+        return out
+
+    def _segment_done(self, utt: Utterance, ev: ContextFinished) -> list[Event]:
+        seg = utt.segments.popleft()
+        del self._by_sid[seg.sid]
+        span, words = utt.timeline.end_segment()
+        out: list[Event] = [SegmentDone(utt.key, seg.tag, span, words, ev.reason)]
+        if utt.segments:
+            if utt.segments[0].flushed or utt.segments[0].text:
+                out += self._start_head(utt)
+        elif utt.ended:
+            out += self._done(utt)
+        return out
+
+    def _done(self, utt: Utterance) -> list[Event]:
+        self.by_key.pop(utt.key, None)
+        return [UtteranceDone(utt.key, round(utt.timeline.audio_ms, 1))]
+
+    def _fail(self, utt: Utterance, code: str, message: str) -> list[Event]:
+        """The utterance cannot go on: stop it, tell the client (fatal error naming its stream)."""
+        stream = None
+        head = utt.segments[0] if utt.segments else None
+        if head is not None and head.sid is not None and self.session.has(head.sid):
+            cancelled = self.session.cancel(head.sid)
+            stream = cancelled[0].stream if cancelled else None
+        self._drop(utt)
+        self.session.observer.error(code)
+        return [ContextError(utt.key, code, message, fatal=True, stream=stream)]
+
+    def _drop(self, utt: Utterance) -> None:
+        self.by_key.pop(utt.key, None)
+        for seg in utt.segments:
+            if seg.sid is not None:
+                self._by_sid.pop(seg.sid, None)
+
+
+class UtteranceProtocol:
+    """The Connection-facing surface the compatible protocols share (see sessions.native)."""
+
+    idle_timeout_s: float | None = None     # the protocol's own inactivity timeout, if it has one
+
+    def __init__(self, session: Session, session_id: str):
+        self.session, self.session_id = session, session_id
+        self.utterances = Utterances(session)
+
+    def engine_event(self, ev: EngineEvent) -> list:
+        return self._wire(self.utterances.on_engine_event(ev))
+
+    def note_sent(self, stream: int, audio_ms: float) -> None:
+        self.utterances.note_sent(stream, audio_ms)
+
+    def connection_lost(self) -> None:
+        self.utterances.close()
+
+    def _wire(self, events: list[Event]) -> list:
+        raise NotImplementedError
+
+    def _parse(self, data: str) -> dict:
+        """A client text frame -> its JSON object; raises SessionError."""
+        if len(data.encode()) > self.session.limits.max_message_bytes:
+            raise SessionError("message_too_large", f"message over {self.session.limits.max_message_bytes} bytes")
+        try:
+            msg = json.loads(data)
+        except ValueError as e:
+            raise SessionError("invalid_json", f"message is not valid JSON: {e}") from None
+        if not isinstance(msg, dict):
+            raise SessionError("invalid_message", "a message must be a JSON object")
+        return msg
+
+
+def field_of(msg: dict, name: str, kind, default=None, context_id: str | None = None):
+    """msg[name] checked against `kind` (bool is not an int); absent or null -> default."""
+    v = msg.get(name)
+    if v is None:
+        return default
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    if not isinstance(v, kinds) or (isinstance(v, bool) and bool not in kinds):
+        raise SessionError("invalid_message", f"field {name!r} has the wrong type", context_id)
+    return v

@@ -1,0 +1,104 @@
+"""Which talkgate voice a compatible API's voice identifier means: one configurable table per API.
+
+A table maps the API's voice ids (ElevenLabs voice ids, Cartesia voice UUIDs, Deepgram model names)
+onto talkgate voice names, or onto null (the model's default voice). An id that is not in the table
+but names a talkgate voice (case-insensitive) is that voice; otherwise the table's "*" entry, if it
+has one, applies; otherwise the id is unknown and the API answers with its own error shape.
+
+The JSON file given by `talkgate serve --voice-map FILE` has the shape of `DEFAULT_TABLES`, e.g.
+    {"elevenlabs": {"21m00Tcm4TlvDq8ikWAM": "vivian", "*": "ryan"}, "deepgram": {"aura-2-thalia-en": null}}
+Its tables replace the defaults API by API (an API it does not name keeps the default table).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+APIS = ("elevenlabs", "cartesia", "deepgram")
+ANY = "*"
+
+# Defaults: the voices the clients use out of the box, onto Qwen3-TTS CustomVoice speakers.
+DEFAULT_TABLES: dict[str, dict[str, str | None]] = {
+    "elevenlabs": {
+        "hpp4J3VqNfWAUOO0d1Us": "serena",    # LiveKit plugin default
+        "21m00Tcm4TlvDq8ikWAM": "vivian",    # Rachel
+        "EXAVITQu4vr4xnSDxMaL": "serena",    # Sarah
+        "pNInz6obpgDQGcFmaJgB": "ryan",      # Adam
+        "TxGEqnHWrfWFTfGW9XjX": "aiden",     # Josh
+        "ErXwobaYiN019PkySvjV": "eric",      # Antoni
+    },
+    "cartesia": {
+        "f786b574-daa5-4673-aa0c-cbe3e8534c02": "vivian",   # LiveKit plugin default (Katie)
+        "71a7ad14-091c-4e8e-a314-022ece01c121": "serena",   # pipecat examples (British Reading Lady)
+        "a0e99841-438c-4a64-b679-ae501e7d6091": "ryan",     # Barbershop Man
+    },
+    "deepgram": {
+        "aura-2-helena-en": "serena",        # pipecat default
+        "aura-2-andromeda-en": "vivian",     # LiveKit plugin default
+        "aura-2-thalia-en": "vivian",
+        "aura-2-apollo-en": "ryan",
+        "aura-2-arcas-en": "aiden",
+        "aura-asteria-en": "serena",
+    },
+}
+
+
+class UnknownVoice(Exception):
+    def __init__(self, api: str, voice_id: str):
+        super().__init__(f"unknown {api} voice {voice_id!r}: add it to the voice map (talkgate serve --voice-map)")
+        self.api, self.voice_id = api, voice_id
+
+
+class VoiceMap:
+    def __init__(self, tables: dict[str, dict[str, str | None]] | None = None):
+        self.tables = {api: dict(DEFAULT_TABLES[api]) for api in APIS}
+        for api, table in (tables or {}).items():
+            if api not in APIS:
+                raise ValueError(f"voice map: unknown API {api!r}; expected one of {', '.join(APIS)}")
+            if not isinstance(table, dict) or not all(
+                    isinstance(k, str) and (v is None or isinstance(v, str)) for k, v in table.items()):
+                raise ValueError(f"voice map: {api!r} must map voice ids (strings) to talkgate voices (string or null)")
+            self.tables[api] = dict(table)
+
+    @classmethod
+    def load(cls, path: str | Path | None) -> "VoiceMap":
+        if path is None:
+            return cls()
+        try:
+            data = json.loads(Path(path).read_text())
+        except (OSError, ValueError) as e:
+            raise ValueError(f"voice map {path}: {e}") from None
+        if not isinstance(data, dict):
+            raise ValueError(f"voice map {path}: the file must hold a JSON object")
+        return cls(data)
+
+    def resolve(self, api: str, voice_id: str | None, voices: tuple[str, ...]) -> str | None:
+        """-> a talkgate voice name, or None for the model's default voice; raises UnknownVoice.
+        `voices`: the loaded model's voices (an empty id or a model without voices: its default)."""
+        table = self.tables[api]
+        if not voices:      # a model without named voices (voice design, voice clone): its default
+            return None
+        if not voice_id:
+            return table.get(ANY)
+        if voice_id in table:
+            return table[voice_id]
+        if voice_id.lower() in voices:
+            return voice_id.lower()
+        if ANY in table:
+            return table[ANY]
+        raise UnknownVoice(api, voice_id)
+
+
+# ISO 639-1 codes the compatible APIs send -> Qwen3-TTS language names
+ISO_LANGUAGES = {"en": "english", "zh": "chinese", "ja": "japanese", "ko": "korean", "de": "german",
+                 "fr": "french", "ru": "russian", "pt": "portuguese", "es": "spanish", "it": "italian"}
+
+
+def resolve_language(code: str | None, languages: tuple[str, ...]) -> str:
+    """An API's language code ("en", "en-US", "english") -> a language of the model, else "auto":
+    clients send their own default language with every request, and refusing it would break them."""
+    if not code:
+        return "auto"
+    code = code.lower()
+    name = ISO_LANGUAGES.get(code.replace("_", "-").split("-")[0], code)
+    return name if name in languages else "auto"

@@ -1,0 +1,224 @@
+"""ElevenLabs stream-input / multi-stream-input translator, Sans-I/O, on the real tiny engine."""
+from __future__ import annotations
+
+import base64
+
+import pytest
+
+from talkgate.sessions.elevenlabs import ElevenLabsProtocol, parse_output_format
+from talkgate.sessions.native import Close, Purge
+from talkgate.sessions.session import SessionError
+from talkgate.sessions.voices import VoiceMap
+from tests.compat_harness import Harness, jsons
+
+
+def make(engine, query=None, voice_id="v1", multi=True, authenticate=None, voices=None):
+    voices = voices or VoiceMap({"elevenlabs": {"v1": engine.info.voices[0] if engine.info.voices else None}})
+    q = {"output_format": "pcm_16000", **(query or {})}
+    h = Harness(engine, lambda s: ElevenLabsProtocol(s, "s1", voice_id, q, voices, multi, authenticate))
+    h.ready()
+    return h
+
+
+def audio_messages(items):
+    return [m for m in jsons(items) if m.get("audio")]
+
+
+def alignment_text(items):
+    return "".join("".join(m["alignment"]["chars"]) for m in jsons(items) if m.get("alignment"))
+
+
+def test_turn_flush_then_close_context_finishes_with_alignment(tiny_engine):
+    h = make(tiny_engine)
+    assert h.send({"text": " ", "context_id": "c1", "voice_settings": {"stability": 0.5}}) == []
+    h.send({"text": "Hi ", "context_id": "c1"})
+    h.send({"text": "there. ", "context_id": "c1"})
+    h.send({"context_id": "c1", "flush": True})
+    h.send({"context_id": "c1", "close_context": True})       # pipecat's end of turn: audio must finish
+    h.pump(lambda m: m.get("isFinal"))
+    out = h.deliver()
+    msgs = jsons(out)
+    assert msgs[-1] == {"isFinal": True, "contextId": "c1"}
+    audio = audio_messages(out)
+    assert audio and all(m["contextId"] == "c1" and m["isFinal"] is False for m in audio)
+    pcm = b"".join(base64.b64decode(m["audio"]) for m in audio)
+    assert len(pcm) % 2 == 0 and len(pcm) >= 2 * 16000 * 0.08     # s16le at 16 kHz, at least one frame
+    assert alignment_text(out) == "Hi there. "         # every character, the opening " " excluded
+    for m in msgs:
+        a = m.get("alignment")
+        if a:
+            assert len(a["chars"]) == len(a["charStartTimesMs"]) == len(a["charDurationsMs"])
+            assert all(d >= 0 for d in a["charDurationsMs"]) and a["charStartTimesMs"] == sorted(a["charStartTimesMs"])
+            assert m["normalizedAlignment"] == a
+
+
+def test_alignment_clock_matches_audio_clock(tiny_engine):
+    """pipecat advances its word clock by each alignment span: the sum must not run past the audio."""
+    h = make(tiny_engine)
+    h.send({"text": "One two three four five six seven. ", "context_id": "c"})
+    h.send({"context_id": "c", "flush": True})
+    h.send({"context_id": "c", "close_context": True})
+    h.pump(lambda m: m.get("isFinal"))
+    out = h.deliver()
+    audio_ms = sum(len(base64.b64decode(m["audio"])) / 32 for m in audio_messages(out))
+    clock = sum(m["alignment"]["charStartTimesMs"][-1] + m["alignment"]["charDurationsMs"][-1]
+                for m in jsons(out) if m.get("alignment"))
+    assert clock <= audio_ms + 1
+
+
+def test_close_context_without_flush_cancels(tiny_engine):
+    h = make(tiny_engine)
+    h.send({"text": "A long sentence that would take a while to say. ", "context_id": "c1"})
+    h.pump(lambda m: m.get("audio"))
+    actions = h.send({"context_id": "c1", "close_context": True})
+    assert any(isinstance(a, Purge) for a in actions)
+    assert jsons(h.queued())[-1] == {"isFinal": True, "contextId": "c1"}
+    assert h.queued() == [{"isFinal": True, "contextId": "c1"}]     # queued audio was purged
+    h.pump_all()
+    assert h.queued() == [{"isFinal": True, "contextId": "c1"}]     # nothing of it follows
+
+
+def test_text_after_flush_continues_the_context_in_order(tiny_engine):
+    h = make(tiny_engine)
+    h.send({"text": "First part. ", "context_id": "c", "flush": True})
+    h.send({"text": "Second part. ", "context_id": "c"})
+    h.send({"text": "", "context_id": "c", "flush": True})
+    h.send({"context_id": "c", "close_context": True})
+    h.pump(lambda m: m.get("isFinal"))
+    out = h.deliver()
+    assert alignment_text(out) == "First part. Second part. "
+    assert jsons(out)[-1] == {"isFinal": True, "contextId": "c"}
+
+
+def test_keepalives_are_harmless(tiny_engine):
+    h = make(tiny_engine)
+    assert h.send({"text": ""}) == []                               # bare, before any context
+    assert h.send({"text": "", "context_id": "nope"}) == []         # keepalive of a context not opened
+    h.send({"text": "Hi. ", "context_id": "k"})
+    assert h.send({"text": "", "context_id": "k"}) == []            # keepalive of an open context
+    assert h.close is None
+
+
+def test_five_context_limit(tiny_engine):
+    h = make(tiny_engine)
+    for i in range(5):
+        h.send({"text": " ", "context_id": f"c{i}"})
+    actions = h.send({"text": " ", "context_id": "c5"})
+    assert jsons(h.queued())[-1] == {"message": "Maximum simultaneous contexts (5) exceeded: close a context before "
+                                                "opening another", "error": "max_active_conversations", "code": 1008}
+    assert actions[-1] == Close(1008, "max_active_conversations")
+
+
+@pytest.mark.parametrize("msg, code", [
+    ("{not json", "invalid_json"),
+    ("[1, 2]", "invalid_message"),
+    ({"text": 5, "context_id": "c"}, "invalid_message"),
+    ({"text": "hello"}, "invalid_message"),                        # multi-stream needs context_id
+    ({"context_id": "c"}, "invalid_message"),                      # nothing to do
+    ({"context_id": "c", "flush": "yes"}, "invalid_message"),
+    ({"context_id": "c", "close_context": True}, None),            # unknown context: just isFinal
+])
+def test_malformed_messages(tiny_engine, msg, code):
+    h = make(tiny_engine)
+    h.send(msg)
+    (reply,) = h.queued()
+    if code is None:
+        assert reply == {"isFinal": True, "contextId": "c"}
+    else:
+        assert reply["error"] == code and reply["code"] == 1008 and reply["message"]
+    assert h.close is None
+    h.apply(h.proto.receive_binary(b"\x00"))
+    assert h.queued()[-1]["error"] == "invalid_message"
+
+
+def test_first_message_auth(tiny_engine):
+    h = make(tiny_engine, authenticate=lambda k: k == "secret")
+    h.send({"text": " ", "context_id": "c", "xi_api_key": "wrong"})
+    assert h.queued()[0]["error"] == "invalid_api_key" and h.close.code == 1008
+    h = make(tiny_engine, authenticate=lambda k: k == "secret")
+    h.send({"text": "Hi. ", "context_id": "c", "xi_api_key": "secret", "flush": True})
+    h.pump(lambda m: m.get("audio"))
+    assert h.close is None
+
+
+@pytest.mark.parametrize("name, magic", [("mp3_22050_32", None), ("opus_48000_64", b"OggS")])
+def test_compressed_output_formats(tiny_engine, name, magic):
+    h = make(tiny_engine, {"output_format": name})
+    h.send({"text": "Hi. ", "context_id": "c", "flush": True})
+    h.send({"context_id": "c", "close_context": True})
+    h.pump(lambda m: m.get("isFinal"))
+    data = b"".join(base64.b64decode(m["audio"]) for m in audio_messages(h.deliver()))
+    if magic:
+        assert data.startswith(magic)
+    else:       # MPEG audio frame sync
+        assert data[0] == 0xFF and data[1] & 0xE0 == 0xE0
+
+
+def test_ulaw_output(tiny_engine):
+    h = make(tiny_engine, {"output_format": "ulaw_8000"})
+    h.send({"text": "Hi. ", "context_id": "c", "flush": True})
+    h.send({"context_id": "c", "close_context": True})
+    h.pump(lambda m: m.get("isFinal"))
+    ulaw = b"".join(base64.b64decode(m["audio"]) for m in audio_messages(h.deliver()))
+    assert len(ulaw) % 640 == 0      # 80 ms frames of 8 kHz mu-law, one byte per sample
+
+
+@pytest.mark.parametrize("query, voice_id, code", [
+    ({"output_format": "pcm_12345"}, "v1", "invalid_output_format"),
+    ({"output_format": "mp3_44100_999"}, "v1", "invalid_output_format"),
+    ({"inactivity_timeout": "181"}, "v1", "invalid_inactivity_timeout"),
+    ({"inactivity_timeout": "abc"}, "v1", "invalid_inactivity_timeout"),
+    ({}, "no-such-voice", "voice_not_found"),
+])
+def test_bad_socket_parameters_close_1008(tiny_engine, query, voice_id, code):
+    h = make(tiny_engine, query, voice_id)
+    assert h.queued()[0]["error"] == code and h.close.code == 1008
+
+
+def test_output_format_table():
+    assert parse_output_format("pcm_44100").session.sample_rate == 44100
+    assert parse_output_format("alaw_8000").session.encoding == "alaw"
+    assert parse_output_format("mp3_44100_128").container == "mp3"
+    with pytest.raises(SessionError):
+        parse_output_format("ulaw_16000")
+
+
+def test_inactivity_timeout(tiny_engine):
+    h = make(tiny_engine, {"inactivity_timeout": "60"})
+    assert h.proto.idle_timeout_s == 60
+    h.send({"text": "Hi. ", "context_id": "c", "flush": True})
+    assert h.proto.idle_timeout() == []          # audio still in flight: stay
+    h.pump(lambda m: m.get("audio"))
+    h.send({"context_id": "c", "close_context": True})
+    h.pump(lambda m: m.get("isFinal"))
+    actions = h.proto.idle_timeout()
+    assert actions[-1].code == 1008
+
+
+def test_close_socket_cancels_and_closes(tiny_engine):
+    h = make(tiny_engine)
+    h.send({"text": "Some words to say. ", "context_id": "c", "flush": True})
+    h.pump(lambda m: m.get("audio"))
+    actions = h.send({"close_socket": True})
+    assert any(isinstance(a, Purge) for a in actions) and h.close == Close(1000, "close_socket")
+
+
+def test_stream_input_single_utterance(tiny_engine):
+    h = make(tiny_engine, multi=False)
+    h.send({"text": " ", "voice_settings": {}, "generation_config": {"chunk_length_schedule": [50]}})
+    h.send({"text": "Hi there. ", "flush": True})
+    h.send({"text": ""})
+    h.pump(lambda m: m.get("isFinal"))
+    h.pump_all(0.1)
+    out = h.deliver()
+    assert audio_messages(out) and all("contextId" not in m for m in jsons(out))
+    assert jsons(out)[-1] == {"isFinal": True} and h.close == Close(1000, "done")
+    assert alignment_text(out) == "Hi there. "
+
+
+def test_stream_input_text_after_end_is_an_error(tiny_engine):
+    h = make(tiny_engine, multi=False)
+    h.send({"text": "Hi. "})
+    h.send({"text": ""})
+    h.send({"text": "more"})
+    assert h.queued()[-1]["error"] == "context_closed"
