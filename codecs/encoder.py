@@ -41,8 +41,9 @@ def make_stream_encoder(encoding: str, sample_rate: int, *, frame_ms: int | None
                         bitrate: int | None = None, streaming: bool = True) -> StreamEncoder:
     """A fresh encoder for one stream; raises FormatError (a ValueError) for what cannot be made.
 
-    frame_ms: re-frame raw samples (pcm_s16le, pcm_f32le, mulaw, alaw) into units of exactly this
-        duration (the last one may be shorter), e.g. 20 for Twilio's 160-byte mu-law frames.
+    frame_ms: re-frame raw samples (pcm_s16le, pcm_f32le, mulaw, alaw) into units of this duration
+        (whole samples, rounded down; the last unit may be shorter), e.g. 20 for Twilio's 160-byte
+        mu-law frames.
     bitrate: bit/s, for opus / ogg_opus (default 48000) and mp3 (default by rate, 64000 at 24 kHz).
     streaming: False for a response sent whole (wav, mp3, flac): nothing comes out before `flush()`,
         which then returns one complete file with exact header fields. Other encodings ignore it:
@@ -52,13 +53,16 @@ def make_stream_encoder(encoding: str, sample_rate: int, *, frame_ms: int | None
         raise FormatError(f"unknown encoding {encoding!r}; valid: {', '.join(ENCODINGS)}")
     rates, mime = ENCODINGS[encoding]
     if isinstance(sample_rate, bool) or sample_rate not in rates:
-        valid = f"sample rate {rates[0]} Hz only" if len(rates) == 1 else f"sample rates {', '.join(map(str, rates))} Hz"
+        valid = ", ".join(map(str, rates))
+        valid = f"sample rate {valid} Hz only" if len(rates) == 1 else f"sample rates {valid} Hz"
         raise FormatError(f"{encoding} takes {valid}, not {sample_rate!r}")
     if frame_ms is not None and (encoding not in _RAW or isinstance(frame_ms, bool)
                                  or not isinstance(frame_ms, int) or not 1 <= frame_ms <= 1000):
         raise FormatError(f"frame_ms is 1..1000 and only for {', '.join(_RAW)}; got {frame_ms!r} for {encoding}")
-    if bitrate is not None and encoding not in ("opus", "ogg_opus", "mp3"):
-        raise FormatError(f"bitrate applies to opus, ogg_opus and mp3, not {encoding}")
+    if bitrate is not None and (encoding not in ("opus", "ogg_opus", "mp3") or isinstance(bitrate, bool)
+                                or not isinstance(bitrate, int)):
+        raise FormatError(f"bitrate is an integer in bit/s and applies to opus, ogg_opus and mp3; "
+                          f"got {bitrate!r} for {encoding}")
 
     if encoding in _RAW:
         width, to_bytes = _RAW[encoding]
@@ -71,7 +75,7 @@ def make_stream_encoder(encoding: str, sample_rate: int, *, frame_ms: int | None
     else:
         try:
             packer = SndfilePacker(sndfile.SndfileEncoder(encoding, sample_rate, streaming,
-                                                          bitrate // 1000 if bitrate else None))
+                                                          None if bitrate is None else bitrate // 1000))
         except ValueError as e:
             raise FormatError(str(e)) from e
     return StreamEncoder(encoding, sample_rate, mime, Resampler(sample_rate, ENGINE_RATE), packer)
@@ -204,20 +208,24 @@ class OpusPacker:
 class SndfilePacker:
     """MP3 / FLAC bytes as libsndfile writes them (whole-file mode: all of it at flush).
 
-    samples_out counts the samples handed to the encoder; the bytes out may lag them by up to one
-    codec block (576-1152 samples).
+    samples_out counts the samples handed to the encoder once their bytes may have left; the bytes
+    out lag them by up to one codec block (576-1152 samples).
     """
 
     def __init__(self, encoder: sndfile.SndfileEncoder):
         self._enc = encoder
+        self._samples_in = 0
         self.samples_out = 0
 
     def encode(self, x: np.ndarray) -> list[bytes]:
         x = pcm.clean_f32(x)
-        self.samples_out += len(x)
+        self._samples_in += len(x)
         data = self._enc.write(x)
+        if self._enc.streaming:
+            self.samples_out = self._samples_in
         return [data] if data else []
 
     def flush(self) -> list[bytes]:
         data = self._enc.close()
+        self.samples_out = self._samples_in
         return [data] if data else []

@@ -73,7 +73,7 @@ class SndfileEncoder:
         self._sink = _Sink()
         if fmt == "mp3":
             lo, hi = _MP3_KBPS_RANGE[sample_rate]
-            kbps = mp3_kbps or MP3_DEFAULT_KBPS[sample_rate]
+            kbps = MP3_DEFAULT_KBPS[sample_rate] if mp3_kbps is None else mp3_kbps
             if not lo <= kbps <= hi:
                 raise ValueError(f"MP3 at {sample_rate} Hz takes {lo}..{hi} kbit/s, not {kbps}")
             self._file = soundfile.SoundFile(self._sink, "w", sample_rate, 1, "MPEG_LAYER_III", format="MP3",

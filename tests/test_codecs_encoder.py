@@ -48,8 +48,12 @@ def test_invalid_options_raise_format_error():
         make_stream_encoder("opus", 48000, frame_ms=20)
     with pytest.raises(FormatError, match="frame_ms"):
         make_stream_encoder("mulaw", 8000, frame_ms=0)
-    with pytest.raises(FormatError, match="bitrate applies to opus, ogg_opus and mp3, not flac"):
+    with pytest.raises(FormatError, match="bitrate is an integer in bit/s and applies to opus, ogg_opus and mp3"):
         make_stream_encoder("flac", 24000, bitrate=64000)
+    with pytest.raises(FormatError, match="got 64.5 for mp3"):
+        make_stream_encoder("mp3", 24000, bitrate=64.5)
+    with pytest.raises(FormatError, match="MP3 at 24000 Hz takes 8..160 kbit/s, not 0"):
+        make_stream_encoder("mp3", 24000, bitrate=500)
     with pytest.raises(FormatError, match="MP3 at 24000 Hz takes 8..160 kbit/s, not 320"):
         make_stream_encoder("mp3", 24000, bitrate=320000)
 
@@ -67,6 +71,15 @@ def test_every_encoding_streams_and_accounts_for_its_audio(encoding):
     assert enc.samples_out == round(enc.duration_ms() * rate / 1000)
     with pytest.raises(RuntimeError, match="already flushed"):
         enc.encode(x)
+
+
+@pytest.mark.parametrize("encoding", ["wav", "mp3", "flac"])
+def test_whole_file_mode_sends_nothing_before_flush(encoding):
+    enc = make_stream_encoder(encoding, 24000, streaming=False)
+    assert [u for i in range(0, 24000, FRAME) for u in enc.encode(signal(24000)[i:i + FRAME])] == []
+    assert enc.duration_ms() == 0.0
+    units = enc.flush()
+    assert len(units) == 1 and enc.duration_ms() == 1000.0
 
 
 @pytest.mark.parametrize("encoding, rate, width", [("pcm_s16le", 16000, 2), ("pcm_f32le", 44100, 4),
