@@ -23,7 +23,7 @@ FORMATS = {
     "pcm": ("pcm_s16le", 24000, "audio/pcm"),
     "wav": ("wav", 24000, "audio/wav"),
     "mp3": ("mp3", 24000, "audio/mpeg"),
-    "opus": ("ogg_opus", 48000, "audio/ogg"),
+    "opus": ("ogg_opus", 24000, "audio/ogg"),   # players decode Ogg/Opus at 48 kHz whatever the input rate
     "flac": ("flac", 24000, "audio/flac"),
 }
 CONTEXT = "speech"
@@ -81,7 +81,7 @@ def parse_request(body: object, max_chars: int) -> tuple[str, ContextConfig, str
     seed = _field(body, "seed", int)
     encoding, rate, _ = FORMATS[fmt]
     cfg = ContextConfig(voice=_field(body, "voice", str), language=_field(body, "language", str, "auto"),
-                        instructions=_field(body, "instructions", str), format=AudioFormat(encoding, rate),
+                        instructions=_field(body, "instructions", str), format=AudioFormat(encoding, rate, streaming=stream),
                         sampling=SamplingParams(seed=seed), fixed_frames=fixed)
     return text, cfg, fmt, stream, stream_format
 

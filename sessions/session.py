@@ -37,6 +37,7 @@ class SessionError(Exception):
 class AudioFormat:
     encoding: str = "pcm_s16le"
     sample_rate: int = 24000
+    streaming: bool = True      # False: one exact file at the end (HTTP, non-streamed wav/mp3/flac)
 
 
 @dataclass(frozen=True)
@@ -128,15 +129,19 @@ class _Context:
     audio_ms_sent: float = 0.0
 
 
-_BYTES_PER_SAMPLE = {"pcm_s16le": 2, "pcm_f32le": 4, "mulaw": 1, "alaw": 1}
-OPUS_PACKET_MS = 20.0
+def _payload_durations(encoding: str, payloads: list[bytes], total_ms: float) -> list[float]:
+    """Split the audio time one encode() call produced over its payloads: Opus packets are 20 ms
+    each; raw PCM/G.711 (and a container's bytes, approximately) are proportional to their size."""
+    if not payloads:
+        return []
+    if encoding == "opus":
+        return [total_ms / len(payloads)] * len(payloads)
+    size = sum(map(len, payloads)) or 1
+    return [total_ms * len(p) / size for p in payloads]
 
 
-def _payload_ms(encoder, payload: bytes) -> float:
-    """Audio duration of one payload of a raw stream encoder (session streams are never containers)."""
-    if encoder.encoding == "opus":
-        return OPUS_PACKET_MS
-    return 1000.0 * len(payload) / (_BYTES_PER_SAMPLE[encoder.encoding] * encoder.sample_rate)
+def _encoder(fmt: AudioFormat):
+    return make_stream_encoder(fmt.encoding, fmt.sample_rate, streaming=fmt.streaming)
 
 
 class Observer:
@@ -183,7 +188,7 @@ class Session:
         if cfg.fixed_frames is not None and not (1 <= cfg.fixed_frames <= 100_000):
             raise SessionError("invalid_params", "fixed_frames must be between 1 and 100000", context_id)
         try:
-            make_stream_encoder(cfg.format.encoding, cfg.format.sample_rate)
+            _encoder(cfg.format)
         except FormatError as e:
             raise SessionError("invalid_format", str(e), context_id) from None
         return replace(cfg, language=language)
@@ -203,7 +208,7 @@ class Session:
             raise SessionError("too_many_contexts", "too many contexts on this connection (limit "
                                f"{self.limits.max_contexts_per_connection}); flush or cancel one first", context_id)
         cfg = self._checked(replace(self.defaults, **overrides), context_id) if overrides else self.defaults
-        encoder = make_stream_encoder(cfg.format.encoding, cfg.format.sample_rate)
+        encoder = _encoder(cfg.format)
         params = ContextParams(voice=cfg.voice, language=cfg.language, instructions=cfg.instructions,
                                sampling=cfg.sampling, fixed_frames=cfg.fixed_frames)
         try:
@@ -288,7 +293,7 @@ class Session:
         # a real-time player that started at the first sample has played this much by now
         late = ctx.t_first_audio is not None and 1000 * (now - ctx.t_first_audio) > ctx.audio_ms_emitted
         ctx.frames = chunk.first_frame + chunk.n_frames
-        events: list[SessionEvent] = self._encoded(ctx, ctx.encoder.encode(chunk.pcm))
+        events: list[SessionEvent] = self._encoded(ctx, ctx.encoder.encode, chunk.pcm)
         self.observer.audio(chunk.n_frames, late)
         if ctx.ttfa_ms is None and events:
             ctx.t_first_audio = now
@@ -300,10 +305,13 @@ class Session:
                               f"(over {self.limits.max_backlog_ms} ms unsent): context cancelled")
         return events
 
-    def _encoded(self, ctx: _Context, payloads: list[bytes]) -> list[SessionEvent]:
+    def _encoded(self, ctx: _Context, encode, *pcm) -> list[SessionEvent]:
+        """Run one encoder call (encode(pcm) or flush()) and turn its payloads into AudioOut events."""
+        before = ctx.encoder.duration_ms()
+        payloads = encode(*pcm)
+        durations = _payload_durations(ctx.encoder.encoding, payloads, ctx.encoder.duration_ms() - before)
         events = []
-        for payload in payloads:
-            ms = _payload_ms(ctx.encoder, payload)
+        for payload, ms in zip(payloads, durations):
             events.append(AudioOut(ctx.context_id, ctx.stream, ctx.encoder.encoding, ctx.seq,
                                    round(ctx.audio_ms_emitted, 3), ms, payload))
             ctx.seq += 1
@@ -311,7 +319,7 @@ class Session:
         return events
 
     def _finish(self, ctx: _Context, reason: str) -> list[SessionEvent]:
-        events = self._encoded(ctx, ctx.encoder.flush())
+        events = self._encoded(ctx, ctx.encoder.flush)
         self._forget(ctx, reason)
         events.append(ContextFinished(ctx.context_id, ctx.stream, reason, ctx.frames,
                                       round(ctx.audio_ms_emitted, 1), ctx.ttfa_ms))
