@@ -53,6 +53,8 @@ def add_parser(subparsers) -> None:
     p.add_argument("--idle-timeout", type=float, default=d.idle_timeout_s, help="seconds")
     p.add_argument("--max-backlog-ms", type=int, default=d.max_backlog_ms,
                    help="unsent audio per context before it is cancelled (slow consumer)")
+    p.add_argument("--voice-map", help="JSON file mapping the compatible APIs' voice ids to talkgate voices "
+                   "(docs/compat.md)")
     p.add_argument("--shutdown-deadline", type=float, default=10.0, help="seconds contexts may finish at shutdown")
     p.set_defaults(func=run)
 
@@ -72,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
                     max_connections=args.max_connections, idle_timeout_s=args.idle_timeout,
                     max_backlog_ms=args.max_backlog_ms)
     config = ServerConfig(limits=limits, api_keys=keys, allowed_origins=tuple(args.allow_origin),
-                          shutdown_deadline_s=args.shutdown_deadline)
+                          shutdown_deadline_s=args.shutdown_deadline, voice_map=args.voice_map)
     try:
         asyncio.run(_serve(engine, config, args.host, args.port))
     finally:

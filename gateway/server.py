@@ -28,6 +28,7 @@ class ServerConfig:
     api_keys: tuple[str, ...] = ()            # empty: no authentication
     allowed_origins: tuple[str, ...] = ()     # empty: any Origin; else browsers must match one
     shutdown_deadline_s: float = 10.0         # graceful shutdown: contexts may finish for this long
+    voice_map: str | None = None              # JSON file: compatible APIs' voice ids -> talkgate voices
 
 
 class Gateway:
@@ -160,7 +161,8 @@ async def errors_as_json(request: web.Request, handler):
 
 
 def create_app(engine: EngineClient, config: ServerConfig | None = None) -> web.Application:
-    from talkgate.gateway import openai_http   # noqa: PLC0415  (routes register themselves below)
+    from talkgate.gateway import compat_routes, openai_http
+    from talkgate.sessions.voices import VoiceMap
 
     gw = Gateway(engine, config or ServerConfig())
     app = web.Application(middlewares=[errors_as_json], client_max_size=4 * gw.limits.max_message_bytes)
@@ -169,6 +171,7 @@ def create_app(engine: EngineClient, config: ServerConfig | None = None) -> web.
     app.router.add_get("/health", health)
     app.router.add_get("/metrics", metrics)
     openai_http.add_routes(app)
+    compat_routes.add_routes(app, VoiceMap.load(gw.config.voice_map))
     app.router.add_get("/", index)
     app.router.add_static("/web/", WEB_DIR, show_index=False)
     app.on_startup.append(_start)
