@@ -222,7 +222,7 @@ class SnakeBeta(nn.Module):
         self.inv_beta = 1.0 / (self.beta.detach().float().exp()[:, None] + 1e-9)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.inv_beta * torch.sin(x * self.freq).pow(2)
+        return torch.addcmul(x, self.inv_beta, torch.sin(x * self.freq).square())
 
 
 class ConvNeXtBlock(nn.Module):
@@ -236,8 +236,8 @@ class ConvNeXtBlock(nn.Module):
 
     def forward(self, x: torch.Tensor, tails: torch.Tensor) -> torch.Tensor:
         h = self.norm(self.dwconv(x, tails).transpose(1, 2))
-        h = self.gamma * self.pwconv2(F.gelu(self.pwconv1(h)))
-        return x + h.transpose(1, 2)
+        h = self.pwconv2(F.gelu(self.pwconv1(h)))
+        return torch.addcmul(x, self.gamma[:, None], h.transpose(1, 2))
 
 
 class ResidualUnit(nn.Module):
@@ -334,8 +334,8 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        # normalise in fp32 as the reference does; one fused kernel where torch has it
+        h = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps)
         return self.weight * h.to(x.dtype)
 
 
@@ -344,14 +344,6 @@ class LayerScale(nn.Module):
         super().__init__()
         self.scale = nn.Parameter(torch.full((dim,), scale))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.scale * x
-
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-
 
 @dataclass
 class _Window:
@@ -359,8 +351,8 @@ class _Window:
 
     slots: torch.Tensor   # [B] cache rows
     cos: torch.Tensor     # [B, n, 1, head_dim]
-    sin: torch.Tensor
-    mask: torch.Tensor    # [B, 1, n, keys] bool
+    sin: torch.Tensor     # [B, n, 1, head_dim], sign of rotate_half folded in: (-sin, +sin) halves
+    bias: torch.Tensor    # [B, 1, n, keys] additive mask: 0 or -inf
     write: torch.Tensor   # [B, m] ring indices for the last m new frames
 
 
@@ -373,30 +365,39 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(cfg.hidden_size, self.kv_heads * hd, bias=bias)
         self.v_proj = nn.Linear(cfg.hidden_size, self.kv_heads * hd, bias=bias)
         self.o_proj = nn.Linear(self.heads * hd, cfg.hidden_size, bias=bias)
+        self.register_buffer("qkv_weight", torch.zeros((self.heads + 2 * self.kv_heads) * hd, cfg.hidden_size),
+                             persistent=False)
+        self.register_buffer("qkv_bias", torch.zeros((self.heads + 2 * self.kv_heads) * hd) if bias else None,
+                             persistent=False)
+
+    def prepare(self):  # one projection instead of three (a copy of the weights: 3 x hidden^2 per layer)
+        projs = (self.q_proj, self.k_proj, self.v_proj)
+        self.qkv_weight = torch.cat([p.weight.detach() for p in projs])
+        if self.qkv_bias is not None:
+            self.qkv_bias = torch.cat([p.bias.detach() for p in projs])
 
     def forward(self, x: torch.Tensor, win: _Window, cache: torch.Tensor) -> torch.Tensor:
-        """x [B, n, hidden]; cache [2, num_slots, ring, kv_heads, head_dim] (this layer's K and V)."""
+        """x [B, n, hidden]; cache [num_slots, ring, 2, kv_heads, head_dim] (this layer's K and V)."""
         B, n, _ = x.shape
-        q = self.q_proj(x).view(B, n, self.heads, self.head_dim)
-        k = self.k_proj(x).view(B, n, self.kv_heads, self.head_dim)
-        v = self.v_proj(x).view(B, n, self.kv_heads, self.head_dim)
-        q = q * win.cos + _rotate_half(q) * win.sin
-        k = k * win.cos + _rotate_half(k) * win.sin
-        kc, vc = cache[0], cache[1]
+        H, Hkv, D = self.heads, self.kv_heads, self.head_dim
+        qkv = F.linear(x, self.qkv_weight, self.qkv_bias).view(B, n, H + 2 * Hkv, D)
+        qk = qkv[:, :, :H + Hkv]
+        half = qk.unflatten(-1, (2, D // 2)).flip(-2).flatten(-2)  # rotate_half without the sign
+        qk = torch.addcmul(qk * win.cos, half, win.sin)              # RoPE on q and k at once
+        q = qk[:, :, :H]
+        kv = torch.cat([qk[:, :, H:], qkv[:, :, H + Hkv:]], dim=2).view(B, n, 2, Hkv, D)
         m = win.write.shape[1]
         rows = win.slots[:, None].expand(B, m)
         if n == 1:  # the ring holds the window including this frame once it is written
-            kc.index_put_((rows, win.write), k)
-            vc.index_put_((rows, win.write), v)
-            keys, values = kc[win.slots], vc[win.slots]
-        else:  # attend over the ring as it was plus the new frames, then keep the last m
-            keys = torch.cat([kc[win.slots], k], dim=1)
-            values = torch.cat([vc[win.slots], v], dim=1)
-            kc.index_put_((rows, win.write), k[:, n - m:])
-            vc.index_put_((rows, win.write), v[:, n - m:])
-        o = F.scaled_dot_product_attention(q.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2),
-                                           attn_mask=win.mask, enable_gqa=self.heads != self.kv_heads)
-        return self.o_proj(o.transpose(1, 2).reshape(B, n, self.heads * self.head_dim))
+            cache.index_put_((rows, win.write), kv)
+            keys = cache[win.slots]                                  # [B, ring, 2, Hkv, D]
+        else:       # attend over the ring as it was plus the new frames, then keep the last m
+            keys = torch.cat([cache[win.slots], kv], dim=1)
+            cache.index_put_((rows, win.write), kv[:, n - m:])
+        o = F.scaled_dot_product_attention(q.transpose(1, 2), keys[:, :, 0].transpose(1, 2),
+                                           keys[:, :, 1].transpose(1, 2), attn_mask=win.bias,
+                                           enable_gqa=H != Hkv)
+        return self.o_proj(o.transpose(1, 2).reshape(B, n, H * D))
 
 
 class Mlp(nn.Module):
@@ -405,9 +406,15 @@ class Mlp(nn.Module):
         self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
         self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        self.register_buffer("gate_up_weight", torch.zeros(2 * cfg.intermediate_size, cfg.hidden_size),
+                             persistent=False)
+
+    def prepare(self):  # one projection instead of two (a copy of those weights)
+        self.gate_up_weight = torch.cat([self.gate_proj.weight.detach(), self.up_proj.weight.detach()])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = F.linear(x, self.gate_up_weight).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
 
 
 class TransformerLayer(nn.Module):
@@ -421,8 +428,9 @@ class TransformerLayer(nn.Module):
         self.mlp_layer_scale = LayerScale(cfg.hidden_size, cfg.layer_scale_initial_scale)
 
     def forward(self, x: torch.Tensor, win: _Window, cache: torch.Tensor) -> torch.Tensor:
-        x = x + self.self_attn_layer_scale(self.self_attn(self.input_layernorm(x), win, cache))
-        return x + self.mlp_layer_scale(self.mlp(self.post_attention_layernorm(x)))
+        a = self.self_attn(self.input_layernorm(x), win, cache)
+        x = torch.addcmul(x, self.self_attn_layer_scale.scale, a)
+        return torch.addcmul(x, self.mlp_layer_scale.scale, self.mlp(self.post_attention_layernorm(x)))
 
 
 class Transformer(nn.Module):
@@ -447,22 +455,24 @@ class Transformer(nn.Module):
         ring = self.window
         t = pos[:, None] + torch.arange(n, device=pos.device)              # [B, n]
         freqs = t.float()[..., None] * self.inv_freq.float()                # fp32 like the reference
-        emb = torch.cat([freqs, freqs], dim=-1)[:, :, None, :]
+        cos, sin = freqs.cos(), freqs.sin()
+        cos, sin = torch.cat([cos, cos], dim=-1), torch.cat([-sin, sin], dim=-1)
         slot = torch.arange(ring, device=pos.device)
         if n == 1:  # ring entry j holds the latest position <= pos congruent to j
             p = pos[:, None] - torch.remainder(pos[:, None] - slot, ring)    # [B, ring]
-            mask = (p >= 0)[:, None, None, :]
+            allowed = (p >= 0)[:, None, None, :]
         else:       # ring entry j holds the latest position < pos congruent to j, then the new frames
             p = (pos[:, None] - 1) - torch.remainder(pos[:, None] - 1 - slot, ring)
             kp = torch.cat([p, t], dim=1)[:, None, :]                         # [B, 1, ring + n]
             q = t[:, :, None]
-            mask = ((kp >= 0) & (kp <= q) & (kp > q - self.window))[:, None]
+            allowed = ((kp >= 0) & (kp <= q) & (kp > q - self.window))[:, None]
+        bias = torch.zeros(allowed.shape, dtype=dtype, device=pos.device).masked_fill_(~allowed, float("-inf"))
         m = min(n, ring)
-        return _Window(slots, emb.cos().to(dtype), emb.sin().to(dtype), mask,
+        return _Window(slots, cos.to(dtype)[:, :, None], sin.to(dtype)[:, :, None], bias,
                        torch.remainder(t[:, n - m:], ring))
 
     def forward(self, x: torch.Tensor, pos: torch.Tensor, slots: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
-        """x [B, n, latent] -> [B, n, latent]; kv [layers, 2, num_slots, ring, kv_heads, head_dim]."""
+        """x [B, n, latent] -> [B, n, latent]; kv [layers, num_slots, ring, 2, kv_heads, head_dim]."""
         win = self._window(pos, x.shape[1], slots, x.dtype)
         h = self.input_proj(x)
         for layer, cache in zip(self.layers, kv):
@@ -477,7 +487,7 @@ class DecoderState:
     """Causal state of `num_slots` decode contexts. A zeroed row is a fresh utterance."""
 
     tails: torch.Tensor  # [num_slots, S] last input frames of every causal conv, packed
-    kv: torch.Tensor     # [layers, 2, num_slots, window, kv_heads, head_dim] RoPE'd keys, values (ring)
+    kv: torch.Tensor     # [layers, num_slots, window, 2, kv_heads, head_dim] RoPE'd keys and values (rings)
     pos: torch.Tensor    # [num_slots] long: frames decoded so far
 
     @property
@@ -486,7 +496,7 @@ class DecoderState:
 
     def reset_slots(self, slots: torch.Tensor):
         self.tails.index_fill_(0, slots, 0)
-        self.kv.index_fill_(2, slots, 0)
+        self.kv.index_fill_(1, slots, 0)
         self.pos.index_fill_(0, slots, 0)
 
 
@@ -529,7 +539,7 @@ class CodecDecoder(nn.Module):
         cfg = self.config
         return DecoderState(
             tails=torch.zeros(num_slots, self.tail_size, device=device, dtype=dtype),
-            kv=torch.zeros(cfg.num_hidden_layers, 2, num_slots, cfg.sliding_window, cfg.num_key_value_heads,
+            kv=torch.zeros(cfg.num_hidden_layers, num_slots, cfg.sliding_window, 2, cfg.num_key_value_heads,
                            cfg.attn_head_dim, device=device, dtype=dtype),
             pos=torch.zeros(num_slots, device=device, dtype=torch.long))
 

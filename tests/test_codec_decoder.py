@@ -1,10 +1,6 @@
 """Codec decoder: parity with the official reference, streaming == full decode, checkpoint I/O."""
-import importlib.machinery
-import importlib.util
 import json
 import random
-import sys
-import types
 
 import pytest
 import torch
@@ -17,22 +13,6 @@ from talkgate.synth.codec_decoder import (
 TINY = dict(hidden_size=32, latent_dim=48, codebook_dim=32, codebook_size=64, num_attention_heads=2,
             num_key_value_heads=2, head_dim=16, intermediate_size=64, num_hidden_layers=2, decoder_dim=32)
 TOL = 1e-4
-
-
-def reference_decoder_class():
-    """The official Qwen3TTSTokenizerV2Decoder; its package imports torchaudio, which only the 25 Hz
-    tokenizer uses, so a stand-in module is enough when torchaudio is absent."""
-    if importlib.util.find_spec("torchaudio") is None:
-        for name in ("torchaudio", "torchaudio.compliance", "torchaudio.compliance.kaldi"):
-            mod = types.ModuleType(name)
-            mod.__spec__ = importlib.machinery.ModuleSpec(name, None)
-            sys.modules.setdefault(name, mod)
-        sys.modules["torchaudio"].compliance = sys.modules["torchaudio.compliance"]
-        sys.modules["torchaudio.compliance"].kaldi = sys.modules["torchaudio.compliance.kaldi"]
-    import transformers  # noqa: F401
-    from qwen_tts.core.tokenizer_12hz.configuration_qwen3_tts_tokenizer_v2 import Qwen3TTSTokenizerV2DecoderConfig
-    from qwen_tts.core.tokenizer_12hz.modeling_qwen3_tts_tokenizer_v2 import Qwen3TTSTokenizerV2Decoder
-    return Qwen3TTSTokenizerV2Decoder, Qwen3TTSTokenizerV2DecoderConfig
 
 
 @pytest.fixture(scope="module")
@@ -53,8 +33,8 @@ def random_codes(batch, frames, seed, size=TINY["codebook_size"]):
 def test_matches_reference(tmp_path, kv_heads):
     torch.manual_seed(0)
     path = write_random_codec_decoder(tmp_path, {**TINY, "num_key_value_heads": kv_heads}, seed=2)
-    Decoder, DecoderConfig = reference_decoder_class()
-    ref = Decoder(DecoderConfig(**json.loads((path / "config.json").read_text())["decoder_config"])).eval()
+    from tests.reference import ref as reference
+    ref = reference.Decoder(reference.DecoderConfig(**json.loads((path / "config.json").read_text())["decoder_config"])).eval()
     weights = load_file(str(path / "model.safetensors"))
     assert not [k for k in weights if not k.startswith("decoder.")]
     ref.load_state_dict({k.removeprefix("decoder."): v for k, v in weights.items()}, strict=True)
@@ -98,7 +78,7 @@ def run_streams(model, utterances, policy, num_slots, seed):
             if active[u][1] == utterances[u].shape[1]:
                 free.append(active.pop(u)[0])
                 done[u] = True
-    assert not state.tails[-1].any() and not state.kv[:, :, -1].any() and state.pos[-1] == 0
+    assert not state.tails[-1].any() and not state.kv[:, -1].any() and state.pos[-1] == 0
     return [torch.cat(outputs[i]) for i in range(len(utterances))]
 
 
