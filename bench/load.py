@@ -1,0 +1,674 @@
+"""End-to-end load generator for a running talkgate server: measures what its users experience.
+
+    python bench/load.py --url http://127.0.0.1:8080 --protocol openai --rps 5 --duration 30 --out results/x
+    python bench/load.py --protocol native --encoding opus --concurrency 256 --duration 60 --out results/c
+    python bench/load.py --protocol openai --sweep 1,2,5,10,20,40,60,80 --duration 30 --out results/s
+    python bench/load.py --dump-prompts > prompts.json
+
+Open loop (`--rps`): Poisson arrivals at the target rate, independent of completions, so a slow server
+meets the same offered load a real one would (a closed loop would slow down with it and hide queueing).
+Fixed concurrency (`--concurrency N`): N clients, each starting its next request when the last one ends.
+Time zero of a request is its first text byte sent. Every request records TTFB, first playable sample
+(TTFA), end-to-end time, the gaps between audio chunks, and the underruns of a simulated real-time
+player that starts at the first sample. Any error fails the run (exit status 1). docs/bench-load.md
+explains every number.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import json
+import random
+import re
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+import aiohttp
+
+from talkgate.bench import prompts as prompt_set
+from talkgate.bench import report
+from talkgate.bench.measure import (
+    HEADER, histogram_delta, opus_packet_ms, parse_audio_header, parse_prometheus, poisson_arrivals, simulate_player,
+    stats, text_deltas,
+)
+from talkgate.synth.request import frames_for_text   # the engine's documented text-length rule
+
+ENCODING_CODES = {"opus": 1, "pcm_s16le": 2}
+DEFAULT_RATE = {"opus": 48000, "pcm_s16le": 24000}
+OPENAI_RATE = 24000                     # stream_format "audio" with response_format "pcm": s16le 24 kHz mono
+CANCEL_POINT = (0.2, 0.8)               # a cancelled request is cancelled after this share of its audio
+METRICS = ("ttfb_ms", "ttfa_ms", "e2e_ms", "rtf", "max_gap_ms", "underrun_ms", "connect_ms",
+           "server_ttfa_ms", "cancel_to_cancelled_ms", "cancel_to_last_audio_ms")
+
+
+# ----------------------------------------------------------------------------- one request
+@dataclass
+class Job:
+    """What one request will do, drawn from the seeded RNG before the run starts."""
+    idx: int
+    prompt: dict
+    frames: int | None           # fixed_frames sent to the server (None: the model decides the length)
+    cancel_at: float | None      # cancel after this share of the expected audio (None: never)
+
+
+@dataclass
+class Result:
+    """Everything measured about one request; times in ms from its time zero (first text byte sent)."""
+    idx: int
+    prompt_id: str
+    lang: str
+    bucket: str
+    chars: int
+    frames_requested: int | None
+    scheduled_s: float | None = None       # arrival offset in the Poisson schedule
+    start_s: float | None = None           # time zero, seconds from the start of the run
+    connect_ms: float | None = None        # connection set-up before time zero (not part of TTFA)
+    text_done_ms: float | None = None      # native: last text delta and flush sent
+    ttfb_ms: float | None = None           # first audio byte
+    ttfa_ms: float | None = None           # first playable sample
+    e2e_ms: float | None = None            # end of the stream (completed requests only)
+    audio_ms: float = 0.0                  # audio received
+    chunks: int = 0
+    max_gap_ms: float | None = None
+    gaps_ms: list = field(default_factory=list)
+    underruns: int = 0
+    underrun_ms: float = 0.0
+    rtf: float | None = None               # e2e / audio duration (completed requests only)
+    server_ttfa_ms: float | None = None    # native `timing` event
+    done_reason: str | None = None
+    cancel_planned: bool = False
+    cancel_sent_at_audio_ms: float | None = None
+    cancel_to_cancelled_ms: float | None = None
+    cancel_to_last_audio_ms: float | None = None
+    error: dict | None = None
+
+
+class Timeline:
+    """Audio arrivals of one request (perf_counter seconds, duration ms) and the first playable one."""
+
+    def __init__(self):
+        self.chunks: list[tuple[float, float]] = []
+        self.first_byte: float | None = None
+        self.first_playable: float | None = None
+
+    def add(self, t: float, ms: float, playable: bool) -> None:
+        if self.first_byte is None:
+            self.first_byte = t
+        if playable and self.first_playable is None:
+            self.first_playable = t
+        if self.first_playable is not None:
+            self.chunks.append((t, ms))
+
+    @property
+    def audio_ms(self) -> float:
+        return sum(ms for _, ms in self.chunks)
+
+    def record(self, r: Result, t0: float, until: float | None, tolerance_ms: float) -> None:
+        """Fill r's audio numbers; chunks after `until` (a cancel) are not played."""
+        ms = lambda t: (t - t0) * 1000
+        played = [(ms(t), d) for t, d in self.chunks if until is None or t <= until]
+        r.ttfb_ms = ms(self.first_byte) if self.first_byte is not None else None
+        r.ttfa_ms = ms(self.first_playable) if self.first_playable is not None else None
+        r.audio_ms, r.chunks = self.audio_ms, len(self.chunks)
+        r.gaps_ms = [round(b[0] - a[0], 3) for a, b in itertools.pairwise(played)]
+        r.max_gap_ms = max(r.gaps_ms) if r.gaps_ms else None
+        r.underruns, r.underrun_ms = simulate_player(played, tolerance_ms)
+
+
+class RequestError(Exception):
+    def __init__(self, code: str, message: str):
+        super().__init__(f"{code}: {message}")
+        self.code, self.message = code, message
+
+
+def expected_audio_ms(job: Job, prompt_text: str) -> float:
+    return 80.0 * (job.frames if job.frames is not None else frames_for_text(prompt_text))
+
+
+async def native_request(http: aiohttp.ClientSession, cfg: Config, job: Job, r: Result) -> None:
+    """One utterance over the native WebSocket protocol: text streamed as word deltas, then flush."""
+    text, now = job.prompt["text"], time.perf_counter
+    t_connect = now()
+    async with http.ws_connect(cfg.ws_url, headers=cfg.auth_headers(), heartbeat=None, autoping=True,
+                               max_msg_size=16 * 1024 * 1024) as ws:
+        msg = await ws.receive()
+        if msg.type != aiohttp.WSMsgType.TEXT or json.loads(msg.data).get("type") != "session.ready":
+            raise RequestError("no_session", f"expected session.ready, got {msg.type.name} {str(msg.data)[:200]}")
+        r.connect_ms = (now() - t_connect) * 1000
+        cid, rate = f"r{job.idx}", cfg.sample_rate
+        start = {"type": "context.start", "context_id": cid, "language": job.prompt["language"],
+                 "format": {"encoding": cfg.encoding, "sample_rate": rate}}
+        if cfg.voice:
+            start["voice"] = cfg.voice
+        if job.frames is not None:
+            start["fixed_frames"] = job.frames
+        await ws.send_str(json.dumps(start))
+        await asyncio.sleep(cfg.first_token_delay_ms / 1000)
+
+        lock, state = asyncio.Lock(), {"cancel_sent": None}
+        t0 = r.start_s = now()
+
+        async def send_text():
+            deltas = text_deltas(text) if cfg.words_per_second > 0 else [text]
+            for i, delta in enumerate(deltas):
+                if i:
+                    await asyncio.sleep(max(0.0, t0 + i / cfg.words_per_second - now()))
+                async with lock:
+                    if state["cancel_sent"] is not None:
+                        return
+                    await ws.send_str(json.dumps({"type": "text", "context_id": cid, "text": delta}))
+            async with lock:
+                if state["cancel_sent"] is None:
+                    await ws.send_str(json.dumps({"type": "flush", "context_id": cid}))
+                    r.text_done_ms = (now() - t0) * 1000
+
+        sender = asyncio.create_task(send_text())
+        timeline, stream, next_seq = Timeline(), None, 0
+        decoder = OpusProbe(rate) if cfg.encoding == "opus" else None
+        cancel_after = None if job.cancel_at is None else job.cancel_at * expected_audio_ms(job, text)
+        t_end = None
+        try:
+            while t_end is None:
+                msg = await ws.receive()
+                t = now()
+                if msg.type == aiohttp.WSMsgType.BINARY:
+                    enc, s, seq, _ = parse_audio_header(msg.data)
+                    payload = msg.data[HEADER.size:]
+                    if stream is None or s != stream:
+                        raise RequestError("foreign_stream", f"audio for stream {s}, expected {stream}")
+                    if enc != ENCODING_CODES[cfg.encoding]:
+                        raise RequestError("wrong_encoding", f"audio encoding {enc}, asked for {cfg.encoding}")
+                    if seq != next_seq:
+                        raise RequestError("seq_gap", f"audio seq {seq}, expected {next_seq}")
+                    next_seq += 1
+                    if decoder is not None:
+                        timeline.add(t, opus_packet_ms(payload), decoder.playable(payload))
+                    else:
+                        timeline.add(t, len(payload) / 2 / rate * 1000, len(payload) >= 2)
+                    if cancel_after is not None and state["cancel_sent"] is None and timeline.audio_ms >= cancel_after:
+                        async with lock:
+                            state["cancel_sent"] = now()
+                            await ws.send_str(json.dumps({"type": "cancel", "context_id": cid}))
+                        r.cancel_sent_at_audio_ms = timeline.audio_ms
+                elif msg.type == aiohttp.WSMsgType.TEXT:
+                    ev = json.loads(msg.data)
+                    kind = ev.get("type")
+                    if kind == "context.started":
+                        stream = ev["stream"]
+                    elif kind == "timing":
+                        r.server_ttfa_ms = ev.get("ttfa_ms")
+                    elif kind == "context.done":
+                        t_end, r.done_reason = t, ev.get("reason")
+                        if job.frames is not None and ev.get("frames") != job.frames:
+                            raise RequestError("length_mismatch", f"context.done after {ev.get('frames')} "
+                                               f"frames, asked for fixed_frames={job.frames}")
+                    elif kind == "context.cancelled":
+                        t_end, r.done_reason = t, "cancelled"
+                        if state["cancel_sent"] is None:
+                            raise RequestError("unexpected_cancel", "context.cancelled without a cancel")
+                    elif kind == "error":
+                        raise RequestError(ev.get("code", "error"), ev.get("message", ""))
+                else:
+                    raise RequestError("closed", f"connection ended ({msg.type.name}, {ws.close_code}) "
+                                       "before the context finished")
+        finally:
+            sender.cancel()
+            await asyncio.gather(sender, return_exceptions=True)
+    finish(r, timeline, t0, t_end, state["cancel_sent"], cfg)
+
+
+async def openai_request(http: aiohttp.ClientSession, cfg: Config, job: Job, r: Result) -> None:
+    """One utterance over the streaming OpenAI endpoint: the whole text up front, raw PCM back."""
+    text, now = job.prompt["text"], time.perf_counter
+    body = {"model": cfg.model, "input": text, "response_format": "pcm", "stream": True,
+            "stream_format": "audio", "language": job.prompt["language"]}
+    if cfg.voice:
+        body["voice"] = cfg.voice
+    if job.frames is not None:
+        body["fixed_frames"] = job.frames
+    sent: list[float] = []      # filled by the trace hook when the body's first byte is written
+    t_post = now()
+    timeline, cancel_sent, odd, t_end = Timeline(), None, 0, None
+    cancel_after = None if job.cancel_at is None else job.cancel_at * expected_audio_ms(job, text)
+    async with http.post(cfg.url + "/v1/audio/speech", json=body, headers=cfg.auth_headers(),
+                         trace_request_ctx={"sent": sent}) as resp:
+        t0 = r.start_s = sent[0] if sent else t_post
+        r.connect_ms = (t0 - t_post) * 1000
+        if resp.status != 200:
+            detail = (await resp.text())[:300]
+            raise RequestError(f"http_{resp.status}", detail)
+        if resp.content_type != "audio/pcm":
+            raise RequestError("wrong_content_type", f"content-type {resp.content_type}, expected audio/pcm")
+        async for chunk in resp.content.iter_any():
+            t = now()
+            whole, odd = divmod(odd + len(chunk), 2)     # a sample split across chunks plays with the next
+            timeline.add(t, whole / OPENAI_RATE * 1000, whole > 0)
+            if cancel_after is not None and timeline.audio_ms >= cancel_after:
+                cancel_sent = now()
+                r.cancel_sent_at_audio_ms, r.done_reason = timeline.audio_ms, "disconnected"
+                resp.close()        # a client that goes away: the server must cancel the work
+                break
+        else:
+            t_end = now()
+            r.done_reason = "complete"
+            want = expected_audio_ms(job, text) if job.frames is not None else None
+            if want is not None and abs(timeline.audio_ms - want) > 0.5:
+                raise RequestError("length_mismatch", f"{timeline.audio_ms:.1f} ms of audio, "
+                                   f"expected {want:.0f} ms for fixed_frames={job.frames}")
+    finish(r, timeline, t0, t_end, cancel_sent, cfg)
+
+
+def finish(r: Result, timeline: Timeline, t0: float, t_end: float | None, cancel_sent: float | None,
+           cfg: Config) -> None:
+    """Fill in a finished request's numbers (t_end: the end event; None for an HTTP cancel)."""
+    timeline.record(r, t0, cancel_sent, cfg.underrun_tolerance_ms)
+    if timeline.first_playable is None and cancel_sent is None:
+        raise RequestError("no_audio", "the stream ended without any audio")
+    if cancel_sent is None:
+        r.e2e_ms = (t_end - t0) * 1000
+        r.rtf = r.e2e_ms / r.audio_ms if r.audio_ms else None
+    else:
+        if t_end is not None:
+            r.cancel_to_cancelled_ms = (t_end - cancel_sent) * 1000
+            last = max((t for t, _ in timeline.chunks), default=cancel_sent)
+            r.cancel_to_last_audio_ms = max(0.0, (last - cancel_sent) * 1000)
+
+
+class OpusProbe:
+    """Decodes packets only until the first one decodes: that is the first playable sample."""
+
+    def __init__(self, rate: int):
+        import opuslib
+        self.decoder, self.rate, self.ok = opuslib.Decoder(rate, 1), rate, False
+
+    def playable(self, packet: bytes) -> bool:
+        if not self.ok:
+            try:
+                self.decoder.decode(packet, int(self.rate * opus_packet_ms(packet) / 1000))
+                self.ok = True
+            except Exception:   # opuslib raises its own OpusError for a packet that does not decode
+                return False
+        return True
+
+
+# ----------------------------------------------------------------------------- monitors
+class GpuMonitor:
+    """Samples `nvidia-smi` utilisation and memory every 500 ms in a background thread (when present)."""
+
+    def __init__(self):
+        self.samples: list[tuple[float, float]] = []
+        self.proc = None
+        self.thread = None
+
+    def start(self) -> GpuMonitor:
+        exe = shutil.which("nvidia-smi")
+        if exe:
+            self.proc = subprocess.Popen([exe, "--query-gpu=utilization.gpu,memory.used",
+                                          "--format=csv,noheader,nounits", "-lms", "500"],
+                                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+            self.thread = threading.Thread(target=self._read, daemon=True)
+            self.thread.start()
+        return self
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            try:
+                util, mem = (float(x) for x in line.split(",")[:2])
+            except ValueError:
+                continue
+            self.samples.append((util, mem))
+
+    def stop(self) -> dict | None:
+        if self.proc is None:
+            return None
+        self.proc.terminate()
+        self.proc.wait(5)
+        self.thread.join(5)
+        if not self.samples:
+            return None
+        utils = [u for u, _ in self.samples]
+        return {"samples": len(utils), "util_mean_pct": sum(utils) / len(utils), "util_max_pct": max(utils),
+                "mem_max_mib": max(m for _, m in self.samples)}
+
+
+async def watch_loop_lag(lags: list[float], interval: float = 0.02) -> None:
+    """The client's own event-loop lag: a saturated client would inflate every latency it measures."""
+    while True:
+        t = time.perf_counter()
+        await asyncio.sleep(interval)
+        lags.append(max(0.0, time.perf_counter() - t - interval) * 1000)
+
+
+async def scrape(http: aiohttp.ClientSession, cfg: Config) -> dict:
+    try:
+        async with http.get(cfg.url + "/metrics", headers=cfg.auth_headers()) as resp:
+            return parse_prometheus(await resp.text()) if resp.status == 200 else {}
+    except aiohttp.ClientError:
+        return {}
+
+
+def server_numbers(before: dict, after: dict, wall_s: float) -> dict:
+    """What /metrics says about the run; series the server does not expose come out as None."""
+    cpu = [m.get(("process_cpu_seconds_total", ())) for m in (before, after)]
+    counter = lambda name: (sum(v for (n, _), v in after.items() if n == name)
+                            - sum(v for (n, _), v in before.items() if n == name)) if any(
+                                n == name for n, _ in after) else None
+    return {"cpu_cores": (cpu[1] - cpu[0]) / wall_s if None not in cpu and wall_s > 0 else None,
+            "event_loop_lag_s": histogram_delta(before, after, "talkgate_event_loop_lag_seconds"),
+            "engine_step_s": histogram_delta(before, after, "talkgate_engine_step_seconds"),
+            "server_ttfa_ms": histogram_delta(before, after, "talkgate_ttfa_ms"),
+            "underrun_risk": counter("talkgate_underrun_risk_total"),
+            "contexts_active_after": after.get(("talkgate_contexts_active", ())),   # a leak shows here
+            "errors": counter("talkgate_errors_total")}
+
+
+# ----------------------------------------------------------------------------- a run
+@dataclass
+class Config:
+    url: str = "http://127.0.0.1:8080"
+    protocol: str = "openai"
+    rps: float | None = None
+    concurrency: int | None = None
+    duration_s: float = 30.0
+    requests: int | None = None            # stop issuing after this many
+    lang: str = "all"
+    bucket: str = "all"
+    length: str = "text"                   # "text": fixed_frames = frames_for_text; "model": eos decides
+    cancel_share: float = 0.0
+    encoding: str = "pcm_s16le"
+    sample_rate: int = 24000
+    words_per_second: float = 20.0
+    first_token_delay_ms: float = 0.0
+    voice: str | None = None
+    model: str = "talkgate"
+    api_key: str | None = None
+    max_in_flight: int = 512
+    request_timeout_s: float = 180.0
+    underrun_tolerance_ms: float = 1.0
+    ttfa_limit_ms: float = 150.0
+    seed: int = 0
+
+    @property
+    def ws_url(self) -> str:
+        return re.sub(r"^http", "ws", self.url) + "/v1/ws"
+
+    def auth_headers(self) -> dict:
+        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+
+
+def job_stream(cfg: Config, rng: random.Random):
+    """Jobs drawn from the seeded RNG, one after another, for as long as they are asked for."""
+    pool = prompt_set.select(cfg.lang, cfg.bucket)
+    for i in itertools.count():
+        p = pool[rng.randrange(len(pool))]
+        cancel = rng.uniform(*CANCEL_POINT) if rng.random() < cfg.cancel_share else None
+        yield Job(i, p, frames_for_text(p["text"]) if cfg.length == "text" else None, cancel)
+
+
+async def run_one(http, cfg: Config, job: Job, t_run: float, scheduled: float | None) -> Result:
+    r = Result(job.idx, job.prompt["id"], job.prompt["lang"], job.prompt["bucket"], len(job.prompt["text"]),
+               job.frames, scheduled_s=scheduled, cancel_planned=job.cancel_at is not None)
+    client = native_request if cfg.protocol == "native" else openai_request
+    try:
+        await asyncio.wait_for(client(http, cfg, job, r), cfg.request_timeout_s)
+    except RequestError as e:
+        r.error = {"code": e.code, "message": e.message}
+    except asyncio.TimeoutError:
+        r.error = {"code": "timeout", "message": f"no end within {cfg.request_timeout_s} s"}
+    except (aiohttp.ClientError, OSError, ValueError) as e:
+        r.error = {"code": "client_error", "message": f"{type(e).__name__}: {e}"}
+    if r.start_s is not None:
+        r.start_s -= t_run
+    return r
+
+
+async def run_load(cfg: Config) -> dict:
+    """One run at a fixed offered load -> {"config", "summary", "requests"}."""
+    rng = random.Random(cfg.seed)
+    arrivals = poisson_arrivals(cfg.rps, cfg.duration_s, rng, cfg.requests) if cfg.rps else None
+    jobs = itertools.islice(job_stream(cfg, rng), cfg.requests)
+    trace = aiohttp.TraceConfig()
+
+    async def on_chunk_sent(session, ctx, params):
+        if ctx.trace_request_ctx and not ctx.trace_request_ctx["sent"]:
+            ctx.trace_request_ctx["sent"].append(time.perf_counter())
+
+    trace.on_request_chunk_sent.append(on_chunk_sent)
+    connector = aiohttp.TCPConnector(limit=cfg.max_in_flight, limit_per_host=cfg.max_in_flight)
+    results: list[Result] = []
+    in_flight = {"now": 0, "peak": 0}
+    lags: list[float] = []
+
+    async def tracked(job, t_run, scheduled):
+        in_flight["now"] += 1
+        in_flight["peak"] = max(in_flight["peak"], in_flight["now"])
+        try:
+            results.append(await run_one(http, cfg, job, t_run, scheduled))
+        finally:
+            in_flight["now"] -= 1
+
+    async with aiohttp.ClientSession(connector=connector, trace_configs=[trace],
+                                     timeout=aiohttp.ClientTimeout(total=None, sock_connect=30)) as http:
+        before = await scrape(http, cfg)
+        gpu = GpuMonitor().start()
+        lag_task = asyncio.create_task(watch_loop_lag(lags))
+        t_run = time.perf_counter()
+        tasks: list[asyncio.Task] = []
+        try:
+            if arrivals is not None:
+                for job, at in zip(jobs, arrivals):
+                    await asyncio.sleep(max(0.0, t_run + at - time.perf_counter()))
+                    if in_flight["now"] >= cfg.max_in_flight:
+                        results.append(Result(job.idx, job.prompt["id"], job.prompt["lang"], job.prompt["bucket"],
+                                              len(job.prompt["text"]), job.frames, scheduled_s=at, error={
+                                                  "code": "client_cap", "message": f"{cfg.max_in_flight} requests "
+                                                  "already in flight: the server is not keeping up"}))
+                        continue
+                    tasks.append(asyncio.create_task(tracked(job, t_run, at)))
+                truncated = cfg.requests is not None and len(arrivals) == cfg.requests
+                issue_window = arrivals[-1] if truncated else cfg.duration_s
+            else:
+                async def worker():
+                    while time.perf_counter() - t_run < cfg.duration_s:
+                        job = next(jobs, None)
+                        if job is None:
+                            return
+                        await tracked(job, t_run, None)
+
+                tasks = [asyncio.create_task(worker()) for _ in range(cfg.concurrency)]
+                issue_window = None
+            await asyncio.gather(*tasks)     # each request is bounded by request_timeout_s
+        finally:
+            for t in tasks:
+                t.cancel()
+            wall_s = time.perf_counter() - t_run
+            lag_task.cancel()
+            gpu_stats = gpu.stop()
+        after = await scrape(http, cfg)
+    results.sort(key=lambda r: r.idx)
+    summary = summarize(cfg, results, wall_s, issue_window, in_flight["peak"], server_numbers(before, after, wall_s),
+                        gpu_stats, lags)
+    return {"config": asdict(cfg), "summary": summary, "requests": [asdict(r) for r in results]}
+
+
+def summarize(cfg: Config, results: list[Result], wall_s: float, issue_window: float | None, peak: int,
+              server: dict, gpu: dict | None, lags: list[float]) -> dict:
+    ok = [r for r in results if r.error is None]
+    errors: dict[str, int] = {}
+    for r in results:
+        if r.error:
+            errors[r.error["code"]] = errors.get(r.error["code"], 0) + 1
+    metrics = {name: stats([getattr(r, name) for r in ok]) for name in METRICS}
+    metrics["gap_ms"] = stats([g for r in ok for g in r.gaps_ms])
+    underruns = sum(r.underruns for r in ok)
+    ttfa = metrics["ttfa_ms"]
+    clean = not errors and underruns == 0 and ttfa is not None and ttfa["p95"] <= cfg.ttfa_limit_ms
+    return {
+        "mode": "rps" if cfg.rps else "concurrency", "load": cfg.rps or cfg.concurrency,
+        "requests": len(results), "completed": sum(1 for r in ok if r.cancel_sent_at_audio_ms is None),
+        "cancelled": sum(1 for r in ok if r.cancel_sent_at_audio_ms is not None), "errors": errors,
+        "wall_s": wall_s,
+        "achieved_rps": len(results) / issue_window if issue_window else len(ok) / wall_s,
+        "peak_in_flight": peak,
+        "audio_s_per_wall_s": sum(r.audio_ms for r in ok) / 1000 / wall_s,
+        "underruns": underruns, "requests_with_underruns": sum(1 for r in ok if r.underruns),
+        "underrun_ms_total": sum(r.underrun_ms for r in ok),
+        "metrics": metrics, "server": server, "gpu": gpu,
+        "client_loop_lag_ms": stats(lags),
+        "clean": clean,
+    }
+
+
+async def sweep(cfg: Config, levels: list[float], out: Path | None) -> tuple[float | None, bool]:
+    """Raise the load level by level until a level is not clean -> (highest clean level, any errors)."""
+    runs = []
+    for level in levels:
+        step = replace(cfg, concurrency=int(level)) if cfg.concurrency else replace(cfg, rps=level)
+        run = await run_load(step)
+        s = run["summary"]
+        runs.append(run)
+        print(report.one_line(s), flush=True)
+        if out:
+            report.write_run(out / f"{s['mode']}-{level:g}", run)
+        if not s["clean"]:
+            break
+    clean = [r["summary"]["load"] for r in runs if r["summary"]["clean"]]
+    best = clean[-1] if clean else None     # levels rise and the sweep stops at the first unclean one
+    if out:
+        report.write_sweep(out, asdict(cfg), runs, best)
+    return best, any(r["summary"]["errors"] for r in runs)
+
+
+async def wait_ready(cfg: Config, timeout_s: float) -> None:
+    """Poll /health until the server says it is ready (it answers 503 while warming up)."""
+    deadline = time.monotonic() + timeout_s
+    async with aiohttp.ClientSession() as http:
+        while True:
+            try:
+                async with http.get(cfg.url + "/health", headers=cfg.auth_headers()) as resp:
+                    if resp.status == 200:
+                        return
+            except aiohttp.ClientError:
+                pass
+            if time.monotonic() > deadline:
+                raise SystemExit(f"error: {cfg.url}/health did not answer 200 within {timeout_s:.0f} s")
+            await asyncio.sleep(0.5)
+
+
+# ----------------------------------------------------------------------------- CLI
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="talkgate bench", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    d = Config()
+    p.add_argument("--url", default=d.url, help="the server's base URL")
+    p.add_argument("--protocol", choices=["native", "openai"], default=d.protocol)
+    load = p.add_mutually_exclusive_group()
+    load.add_argument("--rps", type=float, help="open loop: Poisson arrivals at this many requests/s (default 1)")
+    load.add_argument("--concurrency", type=int, help="closed loop: this many clients back to back")
+    p.add_argument("--sweep", help="comma-separated load levels (req/s, or clients with --concurrency), raised "
+                   "until a level has underruns, errors or p95 TTFA over --ttfa-limit-ms")
+    p.add_argument("--duration", type=float, default=d.duration_s, help="seconds during which requests start")
+    p.add_argument("--requests", type=int, help="start at most this many requests")
+    p.add_argument("--lang", choices=[*prompt_set.LANGS, "all"], default=d.lang)
+    p.add_argument("--bucket", choices=[*prompt_set.BUCKETS, "all"], default=d.bucket)
+    p.add_argument("--length", choices=["text", "model"], default=d.length, help="text: send fixed_frames = "
+                   "frames_for_text(text) (random weights never stop by themselves); model: the model's eos")
+    p.add_argument("--cancel-share", type=float, default=d.cancel_share, help="share of requests cancelled after "
+                   f"{CANCEL_POINT[0] * 100:.0f}-{CANCEL_POINT[1] * 100:.0f} %% of their audio")
+    p.add_argument("--encoding", choices=list(ENCODING_CODES), default=d.encoding, help="native protocol only")
+    p.add_argument("--sample-rate", type=int, help="native protocol (default: 24000 PCM, 48000 Opus)")
+    p.add_argument("--words-per-second", type=float, default=d.words_per_second,
+                   help="native: rate of text deltas (0: the whole text in one message)")
+    p.add_argument("--first-token-delay-ms", type=float, default=d.first_token_delay_ms,
+                   help="native: pause between context.start and the first text delta (not part of TTFA)")
+    p.add_argument("--voice", help="speaker (default: the server's)")
+    p.add_argument("--model", default=d.model, help="OpenAI `model` field")
+    p.add_argument("--api-key")
+    p.add_argument("--max-in-flight", type=int, default=d.max_in_flight,
+                   help="client cap; an arrival over it is an error (the server is not keeping up)")
+    p.add_argument("--request-timeout", type=float, default=d.request_timeout_s, help="seconds per request")
+    p.add_argument("--underrun-tolerance-ms", type=float, default=d.underrun_tolerance_ms,
+                   help="a player stall up to this long is not counted")
+    p.add_argument("--ttfa-limit-ms", type=float, default=d.ttfa_limit_ms, help="p95 TTFA bound of a clean level")
+    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--wait-ready", type=float, default=120.0, help="seconds to wait for /health before starting")
+    p.add_argument("--out", type=Path, help="results folder (requests.json, summary.json/.md, plots)")
+    p.add_argument("--dump-prompts", action="store_true", help="print the selected prompts as JSON and exit")
+    return p
+
+
+def config_from(args: argparse.Namespace, p: argparse.ArgumentParser) -> Config:
+    if args.protocol == "openai" and args.encoding != "pcm_s16le":
+        p.error("--encoding opus is for the native protocol; the OpenAI endpoint streams PCM")
+    if not 0 <= args.cancel_share <= 1:
+        p.error("--cancel-share must be between 0 and 1")
+    if args.concurrency is not None and not 1 <= args.concurrency <= args.max_in_flight:
+        p.error("--concurrency must be between 1 and --max-in-flight")
+    if args.rps is not None and args.rps <= 0:
+        p.error("--rps must be positive")
+    if args.requests is not None and args.requests < 1:
+        p.error("--requests must be at least 1")
+    if args.duration <= 0 or args.duration > 3600:
+        p.error("--duration must be in (0, 3600] seconds")
+    if args.words_per_second < 0 or args.request_timeout <= 0:
+        p.error("--words-per-second must be >= 0 and --request-timeout > 0")
+    return Config(url=args.url.rstrip("/"), protocol=args.protocol,
+                  rps=args.rps if args.rps or args.concurrency else 1.0, concurrency=args.concurrency,
+                  duration_s=args.duration, requests=args.requests, lang=args.lang, bucket=args.bucket,
+                  length=args.length, cancel_share=args.cancel_share, encoding=args.encoding,
+                  sample_rate=args.sample_rate or DEFAULT_RATE[args.encoding],
+                  words_per_second=args.words_per_second, first_token_delay_ms=args.first_token_delay_ms,
+                  voice=args.voice, model=args.model, api_key=args.api_key, max_in_flight=args.max_in_flight,
+                  request_timeout_s=args.request_timeout, underrun_tolerance_ms=args.underrun_tolerance_ms,
+                  ttfa_limit_ms=args.ttfa_limit_ms, seed=args.seed)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The CLI (`talkgate bench` calls this); -> exit status: 0 clean of errors, 1 any error."""
+    p = parser()
+    args = p.parse_args(argv)
+    if args.dump_prompts:
+        chosen = prompt_set.select(args.lang, args.bucket)
+        print(json.dumps([{**q, "frames": frames_for_text(q["text"])} for q in chosen], ensure_ascii=False, indent=1))
+        return 0
+    cfg = config_from(args, p)
+    levels = None
+    if args.sweep:
+        try:
+            levels = [float(x) for x in args.sweep.split(",") if x.strip()]
+        except ValueError:
+            p.error("--sweep takes numbers separated by commas, e.g. 1,2,5,10")
+        if not levels or any(v <= 0 for v in levels) or levels != sorted(levels):
+            p.error("--sweep levels must be positive and increasing")
+    return asyncio.run(_main(cfg, levels, args.out, args.wait_ready))
+
+
+async def _main(cfg: Config, levels: list[float] | None, out: Path | None, wait_s: float) -> int:
+    await wait_ready(cfg, wait_s)
+    if levels:
+        best, errors = await sweep(cfg, levels, out)
+        mode = "concurrency" if cfg.concurrency else "rps"
+        print(f"highest clean {mode}: {report.fmt(best)}" + (f" (results in {out})" if out else ""))
+        return 1 if errors else 0
+    run = await run_load(cfg)
+    s = run["summary"]
+    if out:
+        report.write_run(out, run)
+    else:
+        print(report.markdown(run["config"], s))
+    print(report.one_line(s) + (f" (results in {out})" if out else ""))
+    failed = [r for r in run["requests"] if r["error"]]
+    for r in failed[:20]:
+        print(f"request {r['idx']} ({r['prompt_id']}): {r['error']['code']}: {r['error']['message']}",
+              file=sys.stderr)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

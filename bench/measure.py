@@ -1,0 +1,144 @@
+"""The pure parts of the load generator: wire-format parsing, arrival schedules, the simulated
+player, percentiles and Prometheus scrapes. No I/O, so tests/test_bench_load.py checks them exactly."""
+from __future__ import annotations
+
+import math
+import random
+import re
+import struct
+
+HEADER = struct.Struct("<BBHIII")      # version, encoding, reserved, stream, seq, start_ms (docs/protocol.md)
+
+
+# ----- wire formats
+def parse_audio_header(frame: bytes) -> tuple[int, int, int, int]:
+    """A native binary audio frame's header -> (encoding code, stream, seq, start_ms)."""
+    if len(frame) < HEADER.size:
+        raise ValueError(f"binary frame of {len(frame)} bytes is shorter than the {HEADER.size}-byte header")
+    version, encoding, _, stream, seq, start_ms = HEADER.unpack_from(frame)
+    if version != 1:
+        raise ValueError(f"unknown audio header version {version}")
+    return encoding, stream, seq, start_ms
+
+
+def opus_packet_ms(packet: bytes) -> float:
+    """Duration of one Opus packet from its TOC byte (RFC 6716 section 3.1)."""
+    if not packet:
+        raise ValueError("empty Opus packet")
+    config, code = packet[0] >> 3, packet[0] & 3
+    if config < 12:
+        frame_ms = (10, 20, 40, 60)[config % 4]      # SILK
+    elif config < 16:
+        frame_ms = (10, 20)[config % 2]              # hybrid
+    else:
+        frame_ms = (2.5, 5, 10, 20)[config % 4]      # CELT
+    if code == 0:
+        count = 1
+    elif code in (1, 2):
+        count = 2
+    else:
+        if len(packet) < 2:
+            raise ValueError("Opus code-3 packet without a frame-count byte")
+        count = packet[1] & 0x3F
+    return frame_ms * count
+
+
+def parse_prometheus(text: str) -> dict[tuple[str, tuple], float]:
+    """Prometheus text exposition -> {(name, sorted label pairs): value}; comments are skipped."""
+    out = {}
+    line_re = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+(\S+)")
+    label_re = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
+    for line in text.splitlines():
+        m = line_re.match(line)
+        if not m or line.startswith("#"):
+            continue
+        labels = tuple(sorted(label_re.findall(m.group(2) or "")))
+        try:
+            out[(m.group(1), labels)] = float(m.group(3))
+        except ValueError:
+            continue
+    return out
+
+
+# ----- measurements
+def poisson_arrivals(rps: float, duration_s: float, rng: random.Random, limit: int | None = None) -> list[float]:
+    """Arrival offsets (s) of a Poisson process of rate `rps` within [0, duration_s), at most `limit`."""
+    if rps <= 0:
+        raise ValueError("rps must be positive")
+    out, t = [], rng.expovariate(rps)
+    while t < duration_s and (limit is None or len(out) < limit):
+        out.append(t)
+        t += rng.expovariate(rps)
+    return out
+
+
+_DELTA = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uac00-\ud7af]\s*|[^\s\u3040-\u30ff"
+                    r"\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uac00-\ud7af]+\s*")
+
+
+def text_deltas(text: str) -> list[str]:
+    """Split text the way an LLM streams it: a word with its trailing space, or one CJK character.
+    The deltas concatenate to the text exactly (leading whitespace rides on the first one)."""
+    parts = _DELTA.findall(text)
+    lead = text[:len(text) - len("".join(parts))]
+    if parts:
+        parts[0] = lead + parts[0]
+    return parts
+
+
+def simulate_player(chunks: list[tuple[float, float]], tolerance_ms: float = 1.0) -> tuple[int, float]:
+    """Underruns of a real-time player that starts playing the first chunk the moment it arrives.
+    chunks: (arrival_ms, duration_ms) in arrival order. When the player has played everything it has,
+    it stalls until the next chunk arrives; a stall longer than `tolerance_ms` is an underrun.
+    -> (underrun count, total stalled ms)."""
+    count, stalled, play_end = 0, 0.0, None
+    for arrival, duration in chunks:
+        if play_end is None:
+            play_end = arrival
+        elif arrival > play_end:
+            gap = arrival - play_end
+            if gap > tolerance_ms:
+                count += 1
+                stalled += gap
+            play_end = arrival
+        play_end += duration
+    return count, stalled
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Linear interpolation between closest ranks (numpy's default); q in [0, 100]."""
+    if not values:
+        raise ValueError("percentile of no values")
+    xs = sorted(values)
+    pos = (len(xs) - 1) * q / 100
+    lo, hi = math.floor(pos), math.ceil(pos)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def stats(values: list[float]) -> dict | None:
+    """n, p50, p95, p99, mean, max of the values, or None when there are none."""
+    values = [v for v in values if v is not None]
+    if not values:
+        return None
+    return {"n": len(values), "p50": percentile(values, 50), "p95": percentile(values, 95),
+            "p99": percentile(values, 99), "mean": sum(values) / len(values), "max": max(values)}
+
+
+def histogram_delta(before: dict, after: dict, name: str) -> dict | None:
+    """A Prometheus histogram's observations between two scrapes: count, mean and bucket-bound
+    quantiles (the upper bound of the bucket holding the quantile); a gauge of that name gives its value."""
+    def buckets(scrape):
+        return {float(dict(labels)["le"]): v for (n, labels), v in scrape.items()
+                if n == name + "_bucket" and "le" in dict(labels)}
+
+    b1, b0 = buckets(after), buckets(before)
+    if not b1:
+        gauge = after.get((name, ()))
+        return None if gauge is None else {"value": gauge}
+    count = after.get((name + "_count", ()), 0.0) - before.get((name + "_count", ()), 0.0)
+    total = after.get((name + "_sum", ()), 0.0) - before.get((name + "_sum", ()), 0.0)
+    out = {"count": count, "mean": total / count if count else None}
+    cum = sorted((le, v - b0.get(le, 0.0)) for le, v in b1.items())
+    for q in (50, 95, 99):
+        out[f"p{q}_le"] = next((le for le, c in cum if c >= count * q / 100), None) if count else None
+    return out

@@ -1,0 +1,212 @@
+"""bench/load.py: the pure parts against known answers, and a short run against a real `talkgate serve`."""
+from __future__ import annotations
+
+import itertools
+import json
+import random
+import statistics
+
+import numpy as np
+import pytest
+
+from talkgate.bench import load, measure, prompts
+from talkgate.synth.request import frames_for_text
+
+
+# ----- schedules and text
+def test_poisson_schedule_statistics():
+    rng = random.Random(7)
+    arrivals = measure.poisson_arrivals(10.0, 1000.0, rng)
+    gaps = [b - a for a, b in itertools.pairwise([0.0, *arrivals])]
+    assert abs(len(arrivals) - 10_000) < 400                  # count ~ Poisson(10000): sd 100
+    assert abs(statistics.fmean(gaps) - 0.1) < 0.004          # exponential gaps: mean 1/rate ...
+    assert abs(statistics.pstdev(gaps) / statistics.fmean(gaps) - 1) < 0.05   # ... and sd = mean
+    assert all(0 <= a < b < 1000 for a, b in itertools.pairwise(arrivals))
+    # about 10 % of the gaps exceed ln(10)/rate, as for an exponential distribution
+    assert abs(sum(g > np.log(10) / 10 for g in gaps) / len(gaps) - 0.1) < 0.01
+
+
+def test_poisson_schedule_is_seeded_and_bounded():
+    a = measure.poisson_arrivals(5.0, 30.0, random.Random(3))
+    assert a == measure.poisson_arrivals(5.0, 30.0, random.Random(3))
+    assert a != measure.poisson_arrivals(5.0, 30.0, random.Random(4))
+    assert measure.poisson_arrivals(5.0, 30.0, random.Random(3), limit=4) == a[:4]
+    with pytest.raises(ValueError):
+        measure.poisson_arrivals(0.0, 30.0, random.Random(3))
+
+
+def test_text_deltas_split_words_and_cjk_characters():
+    assert measure.text_deltas("Hello there, friend.") == ["Hello ", "there, ", "friend."]
+    assert measure.text_deltas("你好，世界。") == ["你", "好", "，", "世", "界", "。"]
+    assert measure.text_deltas("我的 iPhone 坏了") == ["我", "的 ", "iPhone ", "坏", "了"]
+    assert measure.text_deltas("  lead") == ["  lead"]
+    for p in prompts.select():
+        assert "".join(measure.text_deltas(p["text"])) == p["text"]
+
+
+def test_jobs_are_seeded_and_cancel_share_holds():
+    cfg = load.Config(cancel_share=0.3, bucket="short", lang="en", seed=1)
+    jobs = list(itertools.islice(load.job_stream(cfg, random.Random(1)), 2000))
+    again = list(itertools.islice(load.job_stream(cfg, random.Random(1)), 2000))
+    assert [(j.prompt["id"], j.cancel_at) for j in jobs] == [(j.prompt["id"], j.cancel_at) for j in again]
+    cancelled = [j.cancel_at for j in jobs if j.cancel_at is not None]
+    assert abs(len(cancelled) / len(jobs) - 0.3) < 0.04
+    assert all(load.CANCEL_POINT[0] <= c <= load.CANCEL_POINT[1] for c in cancelled)
+    assert all(j.frames == frames_for_text(j.prompt["text"]) for j in jobs)
+    assert {j.prompt["bucket"] for j in jobs} == {"short"} and {j.prompt["lang"] for j in jobs} == {"en"}
+    model_len = load.Config(length="model")
+    assert next(load.job_stream(model_len, random.Random(1))).frames is None
+
+
+def test_prompt_set_buckets():
+    for lang in prompts.LANGS:
+        for bucket in prompts.BUCKETS:
+            chosen = prompts.select(lang, bucket)
+            assert len(chosen) == 10          # a missing comma between two texts would merge them
+            lo, hi = prompts.BUCKET_CHARS[bucket]
+            assert all(lo <= len(p["text"]) <= hi for p in chosen), [len(p["text"]) for p in chosen]
+    assert len({p["text"] for p in prompts.select()}) == 90
+    with pytest.raises(ValueError):
+        prompts.select("fr")
+
+
+# ----- the simulated player
+def test_player_steady_stream_has_no_underruns():
+    assert measure.simulate_player([(80.0 * i, 80.0) for i in range(50)]) == (0, 0.0)
+    assert measure.simulate_player([(10.0 * i, 80.0) for i in range(50)]) == (0, 0.0)   # faster than real time
+    assert measure.simulate_player([]) == (0, 0.0)
+
+
+def test_player_counts_stalls_with_known_answers():
+    # played until 160 ms, next chunk at 200: one 40 ms stall
+    assert measure.simulate_player([(0.0, 80.0), (80.0, 80.0), (200.0, 80.0)]) == (1, 40.0)
+    # a burst does not help later: buffer runs out at 160, chunk at 300 (140 ms), then 380 -> 460 ok, 600 (140 ms)
+    chunks = [(0.0, 80.0), (10.0, 80.0), (300.0, 80.0), (380.0, 80.0), (600.0, 80.0)]
+    assert measure.simulate_player(chunks) == (2, 280.0)
+    # the player starts at the first chunk, not at time zero: a late start is TTFA, not an underrun
+    assert measure.simulate_player([(500.0, 80.0), (580.0, 80.0)]) == (0, 0.0)
+
+
+def test_player_tolerance():
+    chunks = [(0.0, 20.0), (20.5, 20.0), (41.0, 20.0)]
+    assert measure.simulate_player(chunks, tolerance_ms=1.0) == (0, 0.0)
+    count, stalled = measure.simulate_player(chunks, tolerance_ms=0.0)
+    assert count == 2 and stalled == pytest.approx(1.0)
+
+
+def test_timeline_plays_only_until_the_cancel():
+    tl = load.Timeline()
+    for i in range(10):
+        tl.add(1.0 + 0.08 * i + (0.2 if i >= 6 else 0.0), 80.0, True)   # a 200 ms stall before chunk 6
+    r = load.Result(0, "en-short-00", "en", "short", 10, 5)
+    tl.record(r, 1.0, until=1.0 + 0.08 * 5 + 0.01, tolerance_ms=1.0)   # cancelled after chunk 5
+    assert r.ttfa_ms == pytest.approx(0.0) and r.chunks == 10 and r.audio_ms == 800.0
+    assert r.underruns == 0 and len(r.gaps_ms) == 5
+    tl.record(r, 1.0, until=None, tolerance_ms=1.0)
+    assert r.underruns == 1 and r.underrun_ms == pytest.approx(200.0) and r.max_gap_ms == pytest.approx(280.0)
+
+
+# ----- statistics
+def test_percentiles_match_numpy():
+    rng = np.random.default_rng(0)
+    values = list(rng.lognormal(3, 1, 1001))
+    for q in (0, 50, 95, 99, 100):
+        assert measure.percentile(values, q) == pytest.approx(np.percentile(values, q))
+    assert measure.percentile([1, 2, 3, 4, 5], 95) == pytest.approx(4.8)
+    s = measure.stats([4.0, None, 1.0, 3.0, 2.0])
+    assert s == {"n": 4, "p50": 2.5, "p95": pytest.approx(3.85), "p99": pytest.approx(3.97), "mean": 2.5, "max": 4.0}
+    assert measure.stats([None]) is None
+    with pytest.raises(ValueError):
+        measure.percentile([], 50)
+
+
+def _result(i, ttfa=10.0, underruns=0, error=None):
+    return load.Result(i, "en-short-00", "en", "short", 10, 9, ttfa_ms=ttfa, ttfb_ms=ttfa, underruns=underruns,
+                       audio_ms=720.0, error=error)
+
+
+def test_summary_clean_criterion():
+    cfg = load.Config(rps=1.0, ttfa_limit_ms=150.0)
+    summarize = lambda rs: load.summarize(cfg, rs, 10.0, 10.0, 3, {}, None, [0.1])
+    assert summarize([_result(i) for i in range(20)])["clean"]
+    s = summarize([_result(i) for i in range(19)] + [_result(19, underruns=2)])
+    assert not s["clean"] and s["underruns"] == 2 and s["requests_with_underruns"] == 1
+    s = summarize([_result(i) for i in range(18)] + [_result(18, ttfa=400.0), _result(19, ttfa=400.0)])
+    assert not s["clean"] and s["metrics"]["ttfa_ms"]["p95"] > 150
+    s = summarize([_result(i) for i in range(19)] + [_result(19, error={"code": "timeout", "message": ""})])
+    assert not s["clean"] and s["errors"] == {"timeout": 1} and s["metrics"]["ttfa_ms"]["n"] == 19
+    assert s["achieved_rps"] == pytest.approx(2.0) and s["audio_s_per_wall_s"] == pytest.approx(19 * 0.072)
+
+
+# ----- wire formats
+def test_audio_header_parsing():
+    frame = measure.HEADER.pack(1, 2, 0, 7, 3, 240) + b"\x00\x01" * 4
+    assert measure.parse_audio_header(frame) == (2, 7, 3, 240)
+    with pytest.raises(ValueError):
+        measure.parse_audio_header(frame[:10])
+    with pytest.raises(ValueError):
+        measure.parse_audio_header(measure.HEADER.pack(2, 2, 0, 7, 3, 240))
+
+
+def test_opus_packet_durations():
+    assert measure.opus_packet_ms(bytes([31 << 3])) == 20          # CELT FB 20 ms, one frame
+    assert measure.opus_packet_ms(bytes([(31 << 3) | 1])) == 40    # two frames
+    assert measure.opus_packet_ms(bytes([(28 << 3) | 3, 3])) == 7.5  # CELT 2.5 ms x 3
+    assert measure.opus_packet_ms(bytes([1 << 3])) == 20           # SILK NB 20 ms
+    assert measure.opus_packet_ms(bytes([13 << 3])) == 20          # hybrid 20 ms
+    with pytest.raises(ValueError):
+        measure.opus_packet_ms(b"")
+    import opuslib
+    enc = opuslib.Encoder(48000, 1, opuslib.APPLICATION_AUDIO)
+    tone = (np.sin(np.arange(960) * 0.05) * 8000).astype(np.int16).tobytes()
+    packet = enc.encode(tone, 960)
+    assert measure.opus_packet_ms(packet) == 20
+    probe = load.OpusProbe(48000)
+    assert not probe.playable(b"\xff")        # code-3 packet without its count byte: not decodable
+    assert probe.playable(packet) and probe.playable(b"\xff")   # once playable, later packets count as audio
+
+
+METRICS_TEXT = """# HELP process_cpu_seconds_total Total user and system CPU time spent in seconds.
+# TYPE process_cpu_seconds_total counter
+process_cpu_seconds_total {cpu}
+talkgate_errors_total{{code="engine_full"}} {err}
+talkgate_errors_total{{code="timeout"}} 1.0
+talkgate_contexts_active 0.0
+talkgate_event_loop_lag_seconds_bucket{{le="0.001"}} {b1}
+talkgate_event_loop_lag_seconds_bucket{{le="0.01"}} {b2}
+talkgate_event_loop_lag_seconds_bucket{{le="+Inf"}} {b3}
+talkgate_event_loop_lag_seconds_count {b3}
+talkgate_event_loop_lag_seconds_sum {sum}
+"""
+
+
+def test_prometheus_parsing_and_deltas():
+    before = measure.parse_prometheus(METRICS_TEXT.format(cpu=10.0, err=2.0, b1=5, b2=5, b3=5, sum=0.001))
+    after = measure.parse_prometheus(METRICS_TEXT.format(cpu=15.0, err=5.0, b1=85, b2=103, b3=105, sum=0.201))
+    assert after[("talkgate_errors_total", (("code", "engine_full"),))] == 5.0
+    lag = measure.histogram_delta(before, after, "talkgate_event_loop_lag_seconds")
+    assert lag["count"] == 100 and lag["mean"] == pytest.approx(0.002)
+    assert lag["p50_le"] == 0.001 and lag["p95_le"] == 0.01 and lag["p99_le"] == float("inf")
+    assert measure.histogram_delta(before, after, "talkgate_contexts_active") == {"value": 0.0}
+    assert measure.histogram_delta(before, after, "talkgate_missing_seconds") is None
+    server = load.server_numbers(before, after, wall_s=10.0)
+    assert server["cpu_cores"] == pytest.approx(0.5) and server["errors"] == 3.0
+    assert server["engine_step_s"] is None and server["underrun_risk"] is None
+    assert load.server_numbers({}, {}, 10.0)["cpu_cores"] is None      # no /metrics: numbers are absent
+
+
+# ----- CLI
+def test_dump_prompts(capsys):
+    assert load.main(["--dump-prompts", "--lang", "zh", "--bucket", "long"]) == 0
+    dumped = json.loads(capsys.readouterr().out)
+    assert [p["id"] for p in dumped] == [f"zh-long-{i:02d}" for i in range(10)]
+    assert all(p["frames"] == frames_for_text(p["text"]) and p["language"] == "chinese" for p in dumped)
+
+
+@pytest.mark.parametrize("argv", [["--protocol", "openai", "--encoding", "opus"], ["--cancel-share", "1.5"],
+                                  ["--rps", "2", "--concurrency", "3"], ["--sweep", "5,2"], ["--rps", "-1"],
+                                  ["--requests", "0"]])
+def test_bad_arguments_are_refused(argv):
+    with pytest.raises(SystemExit) as e:
+        load.main(argv)
+    assert e.value.code == 2
