@@ -11,7 +11,7 @@ from __future__ import annotations
 import base64
 import json
 
-from talkgate.sessions.native import Purge, Send
+from talkgate.sessions.native import Send
 from talkgate.sessions.session import AudioFormat, ContextCancelled, ContextError, Session, SessionError
 from talkgate.sessions.utterances import (
     Audio, Event, SegmentDone, UtteranceDone, UtteranceProtocol, field_of,
@@ -82,7 +82,7 @@ class CartesiaProtocol(UtteranceProtocol):
             return []       # already done (or never started): nothing follows either way
         self.timestamps.pop(cid, None)
         self.flush_ids.pop(cid, None)
-        return self._wire(self.utterances.cancel(cid))
+        return self._wire(self.utterances.cancel(cid)) + self._purges(cid)
 
     def _generate(self, cid: str, msg: dict) -> list:
         transcript = field_of(msg, "transcript", str, "", cid)
@@ -123,10 +123,10 @@ class CartesiaProtocol(UtteranceProtocol):
         out: list = []
         for ev in events:
             if isinstance(ev, Audio):
-                out.append(Send(json.dumps({"type": "chunk", "data": base64.b64encode(ev.out.payload).decode(),
-                                            "done": False, "status_code": STATUS, "step_time": ev.out.duration_ms,
-                                            "context_id": ev.key}, separators=(",", ":")),
-                                ev.out.stream, ev.out.duration_ms))
+                out.append(self._audio_send(json.dumps(
+                    {"type": "chunk", "data": base64.b64encode(ev.out.payload).decode(), "done": False,
+                     "status_code": STATUS, "step_time": ev.out.duration_ms, "context_id": ev.key},
+                    separators=(",", ":")), ev.key, ev.out.stream, ev.out.duration_ms))
                 out += self._words(ev.key, ev.words)
             elif isinstance(ev, SegmentDone):
                 out += self._words(ev.key, ev.words)
@@ -138,10 +138,9 @@ class CartesiaProtocol(UtteranceProtocol):
                 self.flush_ids.pop(ev.key, None)
                 out.append(_json({"type": "done", "done": True, "status_code": STATUS, "context_id": ev.key}))
             elif isinstance(ev, ContextCancelled):
-                out.append(Purge(ev.stream))
+                out += self._purges(ev.context_id, ev.stream)
             elif isinstance(ev, ContextError):
-                if ev.stream is not None:
-                    out.append(Purge(ev.stream))
+                out += self._purges(ev.context_id, ev.stream)
                 self.timestamps.pop(ev.context_id, None)
                 self.flush_ids.pop(ev.context_id, None)
                 out.append(self._error(ev.context_id, ev.code, ev.message, status=500))

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 
-from talkgate.sessions.native import Close, Purge, Send
+from talkgate.sessions.native import Close, Send
 from talkgate.sessions.session import AudioFormat, ContextCancelled, ContextError, Session, SessionError
 from talkgate.sessions.utterances import Audio, Event, SegmentDone, UtteranceDone, UtteranceProtocol, field_of
 from talkgate.sessions.voices import UnknownVoice, VoiceMap
@@ -105,7 +105,9 @@ class DeepgramProtocol(UtteranceProtocol):
     def _clear(self) -> list:
         events = self.utterances.cancel(STREAM) if STREAM in self.utterances else []
         self.clears += 1
-        out = self._wire(events) + [_json({"type": "Cleared", "sequence_id": self.clears - 1})]
+        # audio of flushed segments may still be queued too: none of the old turn may follow Cleared
+        out = self._wire(events) + self._purges(None)
+        out.append(_json({"type": "Cleared", "sequence_id": self.clears - 1}))
         return out + [Close(1000, "closed by client")] if self.closing else out
 
     # ----- utterance events -> wire -----
@@ -113,17 +115,16 @@ class DeepgramProtocol(UtteranceProtocol):
         out: list = []
         for ev in events:
             if isinstance(ev, Audio):
-                out.append(Send(ev.out.payload, ev.out.stream, ev.out.duration_ms))
+                out.append(self._audio_send(ev.out.payload, ev.key, ev.out.stream, ev.out.duration_ms))
             elif isinstance(ev, SegmentDone):
                 if ev.tag is not None:
                     out.append(_json({"type": "Flushed", "sequence_id": ev.tag}))
             elif isinstance(ev, UtteranceDone):
                 out.append(Close(1000, "closed by client"))
             elif isinstance(ev, ContextCancelled):
-                out.append(Purge(ev.stream))
+                out += self._purges(None, ev.stream)
             elif isinstance(ev, ContextError):
-                if ev.stream is not None:
-                    out.append(Purge(ev.stream))
+                out += self._purges(None, ev.stream)
                 out.append(Close(1011 if ev.code in ("engine_full", "engine_error", "engine_stopped") else 1008,
                                  f"{ev.code}: {ev.message}"[:120]))
         return out

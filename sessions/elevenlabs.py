@@ -17,7 +17,7 @@ from typing import Callable
 import numpy as np
 
 from talkgate.codecs import FormatError, make_stream_encoder
-from talkgate.sessions.native import Close, Purge, Send
+from talkgate.sessions.native import Close, Send
 from talkgate.sessions.session import AudioFormat, ContextCancelled, ContextError, Session, SessionError
 from talkgate.sessions.utterances import (
     Audio, Event, SegmentDone, UtteranceDone, UtteranceProtocol, field_of,
@@ -212,11 +212,10 @@ class ElevenLabsProtocol(UtteranceProtocol):
                     out.append(Close(1000, "done"))
             elif isinstance(ev, ContextCancelled):
                 self.encoders.pop(ev.context_id, None)
-                out.append(Purge(ev.stream))
+                out += self._purges(ev.context_id, ev.stream)
             elif isinstance(ev, ContextError):
                 self.encoders.pop(ev.context_id, None)
-                if ev.stream is not None:
-                    out.append(Purge(ev.stream))
+                out += self._purges(ev.context_id, ev.stream)
                 out.append(self._error(ev.code, ev.message, ev.context_id if self.multi else None))
                 if ev.fatal and ev.context_id is not None:
                     out.append(self._final(ev.context_id))
@@ -232,8 +231,8 @@ class ElevenLabsProtocol(UtteranceProtocol):
             self.encoders[ev.key] = (enc, ev.out.stream)
             payload = b"".join(enc.encode(np.frombuffer(payload, np.float32)))
         audio = base64.b64encode(payload).decode() if payload else None     # an encoder may hold a frame back
-        msg = self._message(ev.key, audio, ev.span)
-        return Send(json.dumps(msg, separators=(",", ":")), ev.out.stream, ev.out.duration_ms)
+        return self._audio_send(json.dumps(self._message(ev.key, audio, ev.span), separators=(",", ":")),
+                                ev.key, ev.out.stream, ev.out.duration_ms)
 
     def _encoder_tail(self, key: str) -> list:
         """The end of a compressed stream (the encoder's last frames, the Ogg end page)."""
@@ -243,8 +242,8 @@ class ElevenLabsProtocol(UtteranceProtocol):
         tail = b"".join(enc.flush())
         if not tail:
             return []
-        return [Send(json.dumps(self._message(key, base64.b64encode(tail).decode(), None),
-                                separators=(",", ":")), stream, 0.0)]
+        return [self._audio_send(json.dumps(self._message(key, base64.b64encode(tail).decode(), None),
+                                            separators=(",", ":")), key, stream, 0.0)]
 
     def _message(self, key: str, audio: str | None, span) -> dict:
         alignment = span.as_elevenlabs() if span is not None else None

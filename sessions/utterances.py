@@ -19,6 +19,7 @@ from collections import deque
 from dataclasses import dataclass, field, replace
 
 from talkgate.sessions.alignment import CharSpan, Timeline, Word
+from talkgate.sessions.native import Purge, Send
 from talkgate.sessions.session import (
     AudioOut, ContextCancelled, ContextError, ContextFinished, Session, SessionError, SessionEvent,
 )
@@ -249,12 +250,37 @@ class UtteranceProtocol:
     def __init__(self, session: Session, session_id: str):
         self.session, self.session_id = session, session_id
         self.utterances = Utterances(session)
+        # frames queued but not yet written, per stream, and whose they are: a cancel must also drop
+        # the queued audio of an utterance's segments that already finished (bounded by the outbox)
+        self._unsent: dict[int, int] = {}
+        self._owner: dict[int, str] = {}
 
     def engine_event(self, ev: EngineEvent) -> list:
         return self._wire(self.utterances.on_engine_event(ev))
 
     def note_sent(self, stream: int, audio_ms: float) -> None:
         self.utterances.note_sent(stream, audio_ms)
+        left = self._unsent.get(stream, 0) - 1
+        if left > 0:
+            self._unsent[stream] = left
+        else:
+            self._unsent.pop(stream, None)
+            self._owner.pop(stream, None)
+
+    def _audio_send(self, data: str | bytes, key: str, stream: int, audio_ms: float) -> Send:
+        self._unsent[stream] = self._unsent.get(stream, 0) + 1
+        self._owner[stream] = key
+        return Send(data, stream, audio_ms)
+
+    def _purges(self, key: str | None, stream: int | None = None) -> list[Purge]:
+        """Drop the queued audio of utterance `key` (of every utterance when None), and of `stream`."""
+        streams = {s for s, k in self._owner.items() if key is None or k == key}
+        if stream is not None:
+            streams.add(stream)
+        for s in streams:
+            self._unsent.pop(s, None)
+            self._owner.pop(s, None)
+        return [Purge(s) for s in sorted(streams)]
 
     def connection_lost(self) -> None:
         self.utterances.close()

@@ -1,0 +1,202 @@
+"""The real client libraries, unmodified, against a real `talkgate serve` (tiny checkpoint, CPU):
+pipecat's ElevenLabs / Cartesia / Deepgram TTS services in a pipeline, and LiveKit's plugins.
+
+Random weights never sample eos: a context ends at the engine's frame budget for its text length,
+so the texts are short. For each client: a streamed turn gives audio of the asked format and the
+client sees the turn end; an interruption stops that turn's audio and the next turn is clean.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+
+import aiohttp
+import pytest
+
+from tests.serverproc import TalkgateServer
+
+API_KEY = "test-key"
+TURN_TIMEOUT_S = 90
+
+
+@pytest.fixture(scope="module")
+def server(tiny_checkpoint, tmp_path_factory):
+    # every client's own default voice id onto the model's default voice
+    voice_map = tmp_path_factory.mktemp("compat") / "voices.json"
+    voice_map.write_text(json.dumps({api: {"*": None} for api in ("elevenlabs", "cartesia", "deepgram")}))
+    with TalkgateServer(tiny_checkpoint, "--voice-map", str(voice_map), "--api-key", API_KEY) as srv:
+        yield srv
+
+
+def run(coro):
+    return asyncio.run(asyncio.wait_for(coro, 3 * TURN_TIMEOUT_S))
+
+
+# ----- pipecat -----
+class Pipecat:
+    """A pipeline [tts, sink]; the sink records what the TTS service pushes downstream."""
+
+    def __init__(self, tts):
+        from pipecat.frames.frames import TTSAudioRawFrame, TTSStoppedFrame, TTSTextFrame
+        from pipecat.pipeline.pipeline import Pipeline
+        from pipecat.pipeline.worker import PipelineParams, PipelineWorker
+        from pipecat.processors.frame_processor import FrameProcessor
+
+        self.frames: list = []
+        self.stopped = asyncio.Event()
+        harness = self
+
+        class Sink(FrameProcessor):
+            async def process_frame(self, frame, direction):
+                await super().process_frame(frame, direction)
+                if isinstance(frame, (TTSAudioRawFrame, TTSTextFrame, TTSStoppedFrame)):
+                    harness.frames.append(frame)
+                    if isinstance(frame, TTSStoppedFrame):
+                        harness.stopped.set()
+                await self.push_frame(frame, direction)
+
+        self.worker = PipelineWorker(Pipeline([tts, Sink()]), cancel_on_idle_timeout=False,
+                                     params=PipelineParams(audio_out_sample_rate=16000))
+        self.started = asyncio.Event()
+
+        @self.worker.event_handler("on_pipeline_started")
+        async def _started(worker, frame):
+            self.started.set()
+
+    async def __aenter__(self):
+        from pipecat.workers.runner import WorkerRunner
+
+        self.runner = WorkerRunner()
+        await self.runner.add_workers(self.worker)
+        self.task = asyncio.create_task(self.runner.run())
+        await asyncio.wait_for(self.started.wait(), 30)
+        return self
+
+    async def __aexit__(self, *exc):
+        from pipecat.frames.frames import EndFrame
+
+        await self.worker.queue_frame(EndFrame())
+        await asyncio.wait_for(self.task, 30)
+
+    async def say(self, *chunks: str) -> None:
+        from pipecat.frames.frames import LLMFullResponseEndFrame, LLMFullResponseStartFrame, LLMTextFrame
+
+        self.stopped.clear()
+        await self.worker.queue_frames([LLMFullResponseStartFrame(), *map(LLMTextFrame, chunks),
+                                        LLMFullResponseEndFrame()])
+
+    async def first_audio(self) -> None:
+        from pipecat.frames.frames import TTSAudioRawFrame
+
+        while not any(isinstance(f, TTSAudioRawFrame) for f in self.frames):
+            await asyncio.sleep(0.02)
+
+    async def interrupt(self) -> None:
+        from pipecat.frames.frames import InterruptionWorkerFrame
+
+        await self.worker.queue_frame(InterruptionWorkerFrame())
+
+    def take(self) -> tuple[bytes, str, list]:
+        """(audio, transcript, frames) received so far; forget them."""
+        from pipecat.frames.frames import TTSAudioRawFrame, TTSTextFrame
+
+        frames, self.frames = self.frames, []
+        audio = [f for f in frames if isinstance(f, TTSAudioRawFrame)]
+        assert all(f.sample_rate == 16000 and f.num_channels == 1 for f in audio)
+        text = " ".join(f.text.strip() for f in frames if isinstance(f, TTSTextFrame))
+        return b"".join(f.audio for f in audio), text, frames
+
+
+def pipecat_services(url: str):
+    from pipecat.services.cartesia.tts import CartesiaTTSService
+    from pipecat.services.deepgram.tts import DeepgramTTSService
+    from pipecat.services.elevenlabs.tts import ElevenLabsTTSService
+
+    ws = url.replace("http://", "ws://")
+    return {
+        "elevenlabs": lambda: ElevenLabsTTSService(api_key=API_KEY, url=ws,
+                                                   settings=ElevenLabsTTSService.Settings(voice="any-voice")),
+        "cartesia": lambda: CartesiaTTSService(api_key=API_KEY, url=f"{ws}/tts/websocket",
+                                               settings=CartesiaTTSService.Settings(voice="any-voice")),
+        "deepgram": lambda: DeepgramTTSService(api_key=API_KEY, base_url=ws),
+    }
+
+
+async def pipecat_turn_and_interruption(url: str, name: str) -> None:
+    async with Pipecat(pipecat_services(url)[name]()) as p:
+        await p.say("Hello there. ", "How are you? ")
+        await asyncio.wait_for(p.stopped.wait(), TURN_TIMEOUT_S)
+        audio, text, _ = p.take()
+        assert len(audio) >= 2 * 1280 and len(audio) % 2 == 0        # s16le at 16 kHz, >= one 80 ms frame
+        if name != "deepgram":      # word timings come from our alignment / timestamps
+            assert text.split() == ["Hello", "there.", "How", "are", "you?"], text
+
+        await p.say("This turn is interrupted before it ends, so it never finishes. ")
+        await asyncio.wait_for(p.first_audio(), TURN_TIMEOUT_S)
+        await p.interrupt()
+        await asyncio.sleep(0.5)
+        p.take()
+        await asyncio.sleep(1.0)
+        stale, _, _ = p.take()
+        assert stale == b"", "audio of the interrupted turn kept coming"
+
+        await p.say("Bye now. ")
+        await asyncio.wait_for(p.stopped.wait(), TURN_TIMEOUT_S)
+        audio, text, _ = p.take()
+        assert audio
+        if name != "deepgram":
+            assert text.split() == ["Bye", "now."], text
+
+
+@pytest.mark.parametrize("name", ["elevenlabs", "cartesia", "deepgram"])
+def test_pipecat(server, name):
+    run(pipecat_turn_and_interruption(server.url, name))
+
+
+# ----- LiveKit -----
+def livekit_tts(url: str, name: str, http: aiohttp.ClientSession):
+    from livekit.plugins import cartesia, deepgram, elevenlabs
+
+    if name == "elevenlabs":
+        return elevenlabs.TTS(api_key=API_KEY, base_url=f"{url}/v1", encoding="pcm_24000", http_session=http)
+    if name == "elevenlabs-mp3":       # the plugin's default encoding, decoded by the plugin
+        return elevenlabs.TTS(api_key=API_KEY, base_url=f"{url}/v1", http_session=http)
+    if name == "cartesia":
+        return cartesia.TTS(api_key=API_KEY, base_url=url, http_session=http)
+    return deepgram.TTS(api_key=API_KEY, base_url=f"{url}/v1/speak", http_session=http)
+
+
+async def livekit_stream(tts, text: str, interrupt_after: int | None = None) -> tuple[int, float, int]:
+    """Push `text` into a stream, end input, read it: (audio frames, seconds of audio, sample rate)."""
+    frames, seconds, rate = 0, 0.0, 0
+    async with tts.stream() as stream:
+        for word in text.split(" "):
+            stream.push_text(word + " ")
+        stream.end_input()
+        async for ev in stream:
+            frames += 1
+            seconds += ev.frame.samples_per_channel / ev.frame.sample_rate
+            rate = ev.frame.sample_rate
+            if interrupt_after is not None and frames >= interrupt_after:
+                break       # leaving the stream closes it: the plugin drops or cancels the context
+    return frames, seconds, rate
+
+
+async def livekit_turns(url: str, name: str) -> None:
+    async with aiohttp.ClientSession() as http:
+        tts = livekit_tts(url, name, http)
+        try:
+            frames, seconds, rate = await asyncio.wait_for(livekit_stream(tts, "Hello there, how are you?"),
+                                                           TURN_TIMEOUT_S)
+            assert frames and seconds >= 0.08 and rate == tts.sample_rate
+            await asyncio.wait_for(livekit_stream(tts, "This one is cut off early by the caller.", 1),
+                                   TURN_TIMEOUT_S)
+            frames, seconds, _ = await asyncio.wait_for(livekit_stream(tts, "Bye now."), TURN_TIMEOUT_S)
+            assert frames and seconds >= 0.08
+        finally:
+            await tts.aclose()
+
+
+@pytest.mark.parametrize("name", ["elevenlabs", "elevenlabs-mp3", "cartesia", "deepgram"])
+def test_livekit(server, name):
+    run(livekit_turns(server.url, name))

@@ -1,0 +1,80 @@
+"""Twilio Media Streams mode: native messages in, Twilio media/mark/clear frames out (Sans-I/O, tiny engine)."""
+from __future__ import annotations
+
+import base64
+
+from talkgate.sessions.limits import Limits
+from talkgate.sessions.native import NativeProtocol, Purge
+from talkgate.sessions.twilio import TwilioProtocol
+from tests.compat_harness import Harness, jsons
+
+SID = "MZ0123456789abcdef"
+
+
+def make(engine):
+    limits = Limits(max_text_chars=400)
+    h = Harness(engine, lambda s: TwilioProtocol(NativeProtocol(s, limits, "s1"), SID), limits)
+    h.ready()
+    (ready,) = h.queued()
+    assert ready["type"] == "session.ready"
+    assert ready["config"]["format"] == {"encoding": "mulaw", "sample_rate": 8000}
+    h.deliver()
+    return h
+
+
+def media_payloads(msgs):
+    return [base64.b64decode(m["media"]["payload"]) for m in msgs if m.get("event") == "media"]
+
+
+def test_context_becomes_160_byte_media_frames_then_mark(tiny_engine):
+    h = make(tiny_engine)
+    h.send({"type": "text", "context_id": "u1", "text": "Hello caller."})
+    h.send({"type": "flush", "context_id": "u1"})
+    h.pump(lambda m: m.get("type") == "context.done")
+    out = jsons(h.deliver())
+    frames = [m for m in out if "event" in m]
+    assert all(m["streamSid"] == SID for m in frames)
+    payloads = media_payloads(frames)
+    assert payloads and all(len(p) == 160 for p in payloads)
+    assert frames[-1] == {"event": "mark", "streamSid": SID, "mark": {"name": "u1"}}
+    kinds = [m.get("event") or m.get("type") for m in out]
+    assert kinds.index("mark") < kinds.index("context.done")       # native event after the mark
+    done = next(m for m in out if m.get("type") == "context.done")
+    assert abs(len(payloads) * 20 - done["audio_ms"]) < 20          # padded to whole 20 ms frames
+
+
+def test_contexts_play_in_order(tiny_engine):
+    h = make(tiny_engine)
+    for cid, text in (("a", "First sentence here."), ("b", "Second one.")):
+        h.send({"type": "text", "context_id": cid, "text": text})
+        h.send({"type": "flush", "context_id": cid})
+    h.pump(lambda m: m.get("type") == "context.done" and m["context_id"] == "b")
+    frames = [m for m in jsons(h.deliver()) if "event" in m]
+    marks = [i for i, m in enumerate(frames) if m["event"] == "mark"]
+    assert [frames[i]["mark"]["name"] for i in marks] == ["a", "b"]
+    assert media_payloads(frames[:marks[0]]) and media_payloads(frames[marks[0]:marks[1]])
+
+
+def test_cancel_clears_twilio_buffer(tiny_engine):
+    h = make(tiny_engine)
+    h.send({"type": "context.start", "context_id": "u", "fixed_frames": 200})
+    h.send({"type": "text", "context_id": "u", "text": "Talking for a while now."})
+    h.send({"type": "flush", "context_id": "u"})
+    h.pump(lambda m: m.get("event") == "media")
+    h.deliver()
+    actions = h.send({"type": "cancel", "context_id": "u"})
+    assert any(isinstance(a, Purge) for a in actions)
+    queued = h.queued()
+    assert queued[0] == {"event": "clear", "streamSid": SID} and queued[1]["type"] == "context.cancelled"
+    h.pump_all()
+    assert [m for m in h.queued() if m.get("event") == "media"] == []
+
+
+def test_format_cannot_be_changed(tiny_engine):
+    h = make(tiny_engine)
+    h.send({"type": "session.config", "format": {"encoding": "opus", "sample_rate": 48000}})
+    assert h.queued()[-1]["code"] == "invalid_format"
+    h.send({"type": "session.config", "audio_transport": "base64"})
+    assert h.queued()[-1]["code"] == "invalid_format"
+    h.send("{bad json")
+    assert h.queued()[-1]["code"] == "invalid_json"
