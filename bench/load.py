@@ -94,6 +94,7 @@ class Timeline:
 
     def __init__(self):
         self.chunks: list[tuple[float, float]] = []
+        self.audio_ms = 0.0                     # playable audio received so far
         self.first_byte: float | None = None
         self.first_playable: float | None = None
 
@@ -104,10 +105,7 @@ class Timeline:
             self.first_playable = t
         if self.first_playable is not None:
             self.chunks.append((t, ms))
-
-    @property
-    def audio_ms(self) -> float:
-        return sum(ms for _, ms in self.chunks)
+            self.audio_ms += ms
 
     def record(self, r: Result, t0: float, until: float | None, tolerance_ms: float) -> None:
         """Fill r's audio numbers; chunks after `until` (a cancel) are not played."""
@@ -286,13 +284,14 @@ class OpusProbe:
     def __init__(self, rate: int):
         import opuslib
         self.decoder, self.rate, self.ok = opuslib.Decoder(rate, 1), rate, False
+        self.undecodable = (opuslib.OpusError, ValueError)
 
     def playable(self, packet: bytes) -> bool:
         if not self.ok:
             try:
                 self.decoder.decode(packet, int(self.rate * opus_packet_ms(packet) / 1000))
                 self.ok = True
-            except Exception:   # opuslib raises its own OpusError for a packet that does not decode
+            except self.undecodable:
                 return False
         return True
 
@@ -428,19 +427,33 @@ async def run_one(http, cfg: Config, job: Job, t_run: float, scheduled: float | 
     return r
 
 
+async def _mark_sent(session, ctx, params) -> None:
+    """Trace hook: the time the first byte of a request body was written (time zero over HTTP)."""
+    if ctx.trace_request_ctx and not ctx.trace_request_ctx["sent"]:
+        ctx.trace_request_ctx["sent"].append(time.perf_counter())
+
+
+def client_session(cfg: Config) -> aiohttp.ClientSession:
+    trace = aiohttp.TraceConfig()
+    trace.on_request_chunk_sent.append(_mark_sent)
+    return aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=cfg.max_in_flight, limit_per_host=cfg.max_in_flight),
+        trace_configs=[trace], timeout=aiohttp.ClientTimeout(total=None, sock_connect=30))
+
+
+async def warm_up(cfg: Config, n: int) -> list[Result]:
+    """n short requests one after another before any measurement (first-use costs); -> their results."""
+    warm = replace(cfg, bucket="short", cancel_share=0.0, seed=cfg.seed + 1)
+    jobs = job_stream(warm, random.Random(warm.seed))
+    async with client_session(cfg) as http:
+        return [await run_one(http, warm, next(jobs), time.perf_counter(), None) for _ in range(n)]
+
+
 async def run_load(cfg: Config) -> dict:
     """One run at a fixed offered load -> {"config", "summary", "requests"}."""
     rng = random.Random(cfg.seed)
     arrivals = poisson_arrivals(cfg.rps, cfg.duration_s, rng, cfg.requests) if cfg.rps else None
     jobs = itertools.islice(job_stream(cfg, rng), cfg.requests)
-    trace = aiohttp.TraceConfig()
-
-    async def on_chunk_sent(session, ctx, params):
-        if ctx.trace_request_ctx and not ctx.trace_request_ctx["sent"]:
-            ctx.trace_request_ctx["sent"].append(time.perf_counter())
-
-    trace.on_request_chunk_sent.append(on_chunk_sent)
-    connector = aiohttp.TCPConnector(limit=cfg.max_in_flight, limit_per_host=cfg.max_in_flight)
     results: list[Result] = []
     in_flight = {"now": 0, "peak": 0}
     lags: list[float] = []
@@ -453,8 +466,7 @@ async def run_load(cfg: Config) -> dict:
         finally:
             in_flight["now"] -= 1
 
-    async with aiohttp.ClientSession(connector=connector, trace_configs=[trace],
-                                     timeout=aiohttp.ClientTimeout(total=None, sock_connect=30)) as http:
+    async with client_session(cfg) as http:
         before = await scrape(http, cfg)
         gpu = GpuMonitor().start()
         lag_task = asyncio.create_task(watch_loop_lag(lags))
@@ -597,6 +609,7 @@ def parser() -> argparse.ArgumentParser:
                    help="a player stall up to this long is not counted")
     p.add_argument("--ttfa-limit-ms", type=float, default=d.ttfa_limit_ms, help="p95 TTFA bound of a clean level")
     p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--warmup", type=int, default=2, help="short requests sent one by one before measuring")
     p.add_argument("--wait-ready", type=float, default=120.0, help="seconds to wait for /health before starting")
     p.add_argument("--out", type=Path, help="results folder (requests.json, summary.json/.md, plots)")
     p.add_argument("--dump-prompts", action="store_true", help="print the selected prompts as JSON and exit")
@@ -612,6 +625,8 @@ def config_from(args: argparse.Namespace, p: argparse.ArgumentParser) -> Config:
         p.error("--concurrency must be between 1 and --max-in-flight")
     if args.rps is not None and args.rps <= 0:
         p.error("--rps must be positive")
+    if args.warmup < 0:
+        p.error("--warmup must be >= 0")
     if args.requests is not None and args.requests < 1:
         p.error("--requests must be at least 1")
     if args.duration <= 0 or args.duration > 3600:
@@ -646,11 +661,15 @@ def main(argv: list[str] | None = None) -> int:
             p.error("--sweep takes numbers separated by commas, e.g. 1,2,5,10")
         if not levels or any(v <= 0 for v in levels) or levels != sorted(levels):
             p.error("--sweep levels must be positive and increasing")
-    return asyncio.run(_main(cfg, levels, args.out, args.wait_ready))
+    return asyncio.run(_main(cfg, levels, args.out, args.wait_ready, args.warmup))
 
 
-async def _main(cfg: Config, levels: list[float] | None, out: Path | None, wait_s: float) -> int:
+async def _main(cfg: Config, levels: list[float] | None, out: Path | None, wait_s: float, warmup: int) -> int:
     await wait_ready(cfg, wait_s)
+    failed = [r for r in await warm_up(cfg, warmup) if r.error]
+    if failed:
+        print(f"warm-up failed: {failed[0].error['code']}: {failed[0].error['message']}", file=sys.stderr)
+        return 1
     if levels:
         best, errors = await sweep(cfg, levels, out)
         mode = "concurrency" if cfg.concurrency else "rps"

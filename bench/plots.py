@@ -34,10 +34,12 @@ def sweep(steps: list[dict], path: Path, mode: str) -> None:
     ax.plot(loads, [float("nan") if v is None else v for v in p95], "o-", color="tab:blue", label="p95 TTFA")
     ax.set_xlabel("offered requests/s" if mode == "rps" else "concurrent clients")
     ax.set_ylabel("p95 TTFA (ms)", color="tab:blue")
+    ax.set_ylim(bottom=0)
     ax.grid(True, alpha=0.3)
     right = ax.twinx()
-    right.bar(loads, [s["underruns"] for s in steps], width=[0.3 * max(1.0, x) / 2 for x in loads],
-              color="tab:red", alpha=0.4, label="underruns")
+    underruns = [s["underruns"] for s in steps]
+    right.bar(loads, underruns, width=[0.15 * max(1.0, x) for x in loads], color="tab:red", alpha=0.4)
+    right.set_ylim(0, max(1, *underruns) * 1.1)
     right.set_ylabel("underruns (count)", color="tab:red")
     for s in steps:
         if not s["clean"]:
