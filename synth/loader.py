@@ -1,0 +1,210 @@
+"""Load a Qwen3-TTS 12 Hz checkpoint (official layout, local directory or Hugging Face id) into talkgate.
+
+    tts = load_tts("path/or/Qwen/Qwen3-TTS-12Hz-0.6B-CustomVoice", device="cuda", dtype=torch.bfloat16)
+    tts.talker, tts.code_predictor, tts.codec_decoder      # synth.model / synth.codec_decoder modules
+    tts.config, tts.generation_config, tts.tokenizer       # synth.config / synth.tokenizer
+    tts.prompts                                            # synth.prompt.Prompts (voice/language, prefill)
+    tts.info                                               # synth.api.ModelInfo (untrained flag...)
+
+Layout: config.json (model_type qwen3_tts), generation_config.json, model.safetensors or
+model.safetensors.index.json + shards, tokenizer files, speech_tokenizer/{config.json,
+model.safetensors}. Tensors are matched by their official names; a missing, unexpected, misshaped
+or non-float tensor is an error naming the file and the tensor, raised before any module is
+returned. speaker_encoder.* tensors (Base checkpoints) are not used: talkgate does not clone voices.
+
+The modules are built on the meta device and the safetensors are memory-mapped and assigned
+(load_state_dict(assign=True)), so a 1.7B checkpoint does not need twice its size in RAM.
+The Talker's KV cache is not allocated here: call tts.talker.setup_cache(...).
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlparse
+
+import torch
+
+from talkgate.synth.api import ModelInfo
+from talkgate.synth.codec_decoder import load_codec_decoder
+from talkgate.synth.config import ConfigError, GenerationConfig, TTSConfig
+from talkgate.synth.model import CodePredictor, Talker
+from talkgate.synth.prompt import Prompts
+from talkgate.synth.tokenizer import QwenTokenizer
+
+_FLOAT_DTYPES = ("F32", "F16", "BF16", "F64")
+UNUSED_PREFIXES = ("speaker_encoder.",)
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be loaded; the message names the file (and tensor)."""
+
+
+@dataclass
+class LoadedTTS:
+    talker: Talker
+    code_predictor: CodePredictor
+    codec_decoder: torch.nn.Module
+    config: TTSConfig
+    generation_config: GenerationConfig
+    tokenizer: QwenTokenizer
+    prompts: Prompts
+    info: ModelInfo
+    path: Path
+
+
+def official_names(talker: Talker, predictor: CodePredictor) -> dict[str, tuple[str, str]]:
+    """official tensor name -> (module, parameter name) for every parameter of the two modules."""
+    names = {}
+    for module_name, module in (("talker", talker), ("code_predictor", predictor)):
+        for name, _ in module.named_parameters():
+            if module_name == "talker":
+                top = name.split(".")[0] in ("text_projection", "codec_head")
+                official = ("talker." if top else "talker.model.") + name
+            else:
+                top = name.split(".")[0] in ("lm_head", "small_to_mtp_projection")
+                official = ("talker.code_predictor." if top else "talker.code_predictor.model.") + name
+            names[official] = (module_name, name)
+    return names
+
+
+def resolve_path(path_or_id: str | os.PathLike) -> Path:
+    """A local directory, or a Hugging Face repo id downloaded with huggingface_hub (fails fast offline)."""
+    path = Path(path_or_id).expanduser()
+    if path.exists():
+        if not path.is_dir():
+            raise CheckpointError(f"{path}: not a directory (expected a checkpoint directory)")
+        return path
+    text = str(path_or_id)
+    parts = text.split("/")
+    if len(parts) != 2 or not all(parts) or text.startswith((".", "/", "~")):
+        raise CheckpointError(f"{text}: no such checkpoint directory (and not a Hugging Face id like Org/Name)")
+    from huggingface_hub import snapshot_download
+    try:
+        return Path(snapshot_download(text, local_files_only=True))
+    except Exception:
+        pass                                     # not cached: download
+    endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co")
+    url = urlparse(endpoint)
+    host, port = url.hostname or "huggingface.co", url.port or (443 if url.scheme == "https" else 80)
+    if os.environ.get("HF_HUB_OFFLINE", "0") not in ("", "0", "false", "False"):
+        raise CheckpointError(f"{text}: not in the local Hugging Face cache and HF_HUB_OFFLINE is set; "
+                              "pass a checkpoint directory")
+    try:
+        socket.create_connection((host, port), timeout=3).close()
+    except OSError as e:
+        raise CheckpointError(f"{text}: not in the local Hugging Face cache and {host}:{port} is unreachable "
+                              f"({e}); pass a checkpoint directory (e.g. one made by `talkgate checkpoint "
+                              "create`)") from None
+    try:
+        return Path(snapshot_download(text))
+    except Exception as e:
+        raise CheckpointError(f"{text}: download from {endpoint} failed: {e}") from e
+
+
+def _read_json(path: Path) -> dict:
+    if not path.is_file():
+        raise CheckpointError(f"{path}: missing")
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"{path}: not valid JSON ({e})") from None
+
+
+def weight_files(root: Path) -> dict[str, Path]:
+    """tensor name -> safetensors file, from model.safetensors.index.json or model.safetensors."""
+    from safetensors import safe_open
+
+    index = root / "model.safetensors.index.json"
+    if index.is_file():
+        weight_map = _read_json(index).get("weight_map")
+        if not isinstance(weight_map, dict):
+            raise CheckpointError(f"{index}: no weight_map")
+        files = {name: root / file for name, file in weight_map.items()}
+        for file in set(files.values()):
+            if not file.is_file():
+                raise CheckpointError(f"{file}: missing (listed in {index.name})")
+        return files
+    single = root / "model.safetensors"
+    if not single.is_file():
+        raise CheckpointError(f"{single}: missing (expected model.safetensors or model.safetensors.index.json)")
+    with safe_open(str(single), framework="pt") as f:
+        return {name: single for name in f.keys()}
+
+
+def _load_lm(root: Path, config: TTSConfig, device, dtype) -> tuple[Talker, CodePredictor]:
+    from safetensors import safe_open
+
+    with torch.device("meta"):
+        talker = Talker(config.talker)
+        predictor = CodePredictor(config.talker.predictor, config.talker.dims.hidden_size)
+    expected = official_names(talker, predictor)
+    files = weight_files(root)
+    missing = [name for name in expected if name not in files]
+    if missing:
+        where = root / ("model.safetensors.index.json" if (root / "model.safetensors.index.json").is_file()
+                        else "model.safetensors")
+        raise CheckpointError(f"{where}: missing tensor {missing[0]!r} ({len(missing)} missing)")
+    unexpected = [name for name in files if name not in expected and not name.startswith(UNUSED_PREFIXES)]
+    if unexpected:
+        raise CheckpointError(f"{files[unexpected[0]]}: unexpected tensor {unexpected[0]!r} ({len(unexpected)} "
+                              "unexpected; does config.json match the weights?)")
+    modules = {"talker": talker, "code_predictor": predictor}
+    states: dict[str, dict[str, torch.Tensor]] = {"talker": {}, "code_predictor": {}}
+    by_file: dict[Path, list[str]] = {}
+    for name in expected:
+        by_file.setdefault(files[name], []).append(name)
+    for file, names in by_file.items():
+        with safe_open(str(file), framework="pt", device="cpu") as f:
+            for name in names:
+                module_name, param = expected[name]
+                like = modules[module_name].get_parameter(param)
+                sl = f.get_slice(name)
+                shape, kind = tuple(sl.get_shape()), sl.get_dtype()
+                if shape != tuple(like.shape):
+                    raise CheckpointError(f"{file}: tensor {name!r} has shape {list(shape)}, "
+                                          f"expected {list(like.shape)} from config.json")
+                if kind not in _FLOAT_DTYPES:
+                    raise CheckpointError(f"{file}: tensor {name!r} has dtype {kind}, expected a float type")
+                states[module_name][param] = f.get_tensor(name).to(device=device, dtype=dtype)
+    for module_name, module in modules.items():
+        module.load_state_dict(states[module_name], strict=True, assign=True)
+        module.eval().requires_grad_(False)
+    predictor.setup(device)
+    return talker, predictor
+
+
+def load_tts(path_or_id: str | os.PathLike, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
+             decoder_dtype: torch.dtype = torch.float32, with_decoder: bool = True) -> LoadedTTS:
+    """Load everything; the codec decoder runs in decoder_dtype (float32 by default, as the reference)."""
+    root = resolve_path(path_or_id)
+    device = torch.device(device)
+    raw = _read_json(root / "config.json")
+    try:
+        config = TTSConfig.parse(raw)
+    except ConfigError as e:
+        raise CheckpointError(f"{root / 'config.json'}: {e}") from None
+    generation = GenerationConfig.parse(_read_json(root / "generation_config.json"))
+    try:
+        tokenizer = QwenTokenizer.from_dir(root)
+    except ValueError as e:
+        raise CheckpointError(str(e)) from None
+    for token_id in (config.tts_pad, config.tts_bos, config.tts_eos, config.im_start, config.im_end):
+        if token_id >= config.talker.text_vocab_size:
+            raise CheckpointError(f"{root / 'config.json'}: token id {token_id} >= text_vocab_size")
+    talker, predictor = _load_lm(root, config, device, dtype)
+    decoder = None
+    if with_decoder:
+        st = root / "speech_tokenizer"
+        if not st.is_dir():
+            raise CheckpointError(f"{st}: missing (the codec decoder's directory)")
+        decoder = load_codec_decoder(st, device, decoder_dtype)
+    prompts = Prompts(config, tokenizer, talker)
+    info = ModelInfo(name=str(path_or_id), model_type=config.model_type,
+                     size=str(config.talkgate.get("preset") or config.model_size), untrained=config.untrained,
+                     voices=prompts.voices, languages=prompts.languages, device=str(device),
+                     dtype=str(dtype).removeprefix("torch."))
+    return LoadedTTS(talker=talker, code_predictor=predictor, codec_decoder=decoder, config=config,
+                     generation_config=generation, tokenizer=tokenizer, prompts=prompts, info=info, path=root)

@@ -1,0 +1,297 @@
+"""Qwen3-TTS 12 Hz Talker and code predictor for inference, in plain PyTorch (gpt-fast style).
+
+Shapes: B batch rows, T tokens per row, H Talker hidden, S cache slots, L cache length.
+
+Talker (a Qwen3 decoder: RMSNorm eps from config, q/k RMSNorm per head, GQA, SwiGLU MLP,
+3-axis interleaved mRoPE):
+  talker.setup_cache(num_slots, max_len, device, dtype)
+      static KV per layer [S, kv_heads, L, head_dim]; call once before forward (and again to resize).
+  talker.embed_text(ids [...]) -> [..., H]       text_projection(text_embedding(ids))
+  talker.codec_embedding                          nn.Embedding(3072, H): codebook 0 + control ids
+  talker(x [B,T,H], pos [B,T] or [3,B,T] long, slots [B] long) -> hidden [B,T,H] (final norm applied)
+      writes K/V at (slots[b], pos[b,t]); row b attends to its own slot's positions <= pos[b,t].
+      [B,T] positions mean all three mRoPE axes are equal (always so for TTS).
+  talker.codec_head(hidden) -> logits [.., 3072]
+  talker.banned_ids(allow_eos [B] bool) -> [B, 3072] bool: ids 2048..3071 except eos, plus eos
+      where not allowed (the reference bans eos for the first 2 frames: min_new_tokens=2).
+
+Code predictor (5-layer Qwen3 decoder, plain RoPE over positions 0..15 of the frame):
+  predictor.setup(device)                         RoPE table; call once after loading.
+  predictor.predict(hidden [B,H], code0_embed [B,H], sampler) -> (codes [B,15], embed_sum [B,H])
+      input [hidden, code0_embed] (small_to_mtp_projection first when its hidden differs), then 15
+      sequential steps; step g feeds codec_embedding[g-1](code g) and samples code g+1 with
+      lm_head[g]. embed_sum = code0_embed + the 15 acoustic embeddings: the next Talker input minus
+      its text token. Its KV is a per-call scratch buffer [B, kv_heads, 16, head_dim] per layer.
+
+One frame (usable by offline synthesis and by the engine, capturable in a CUDA graph):
+  sample_codes(talker, predictor, hidden [B,H], sampler, seen [B,3072] bool, allow_eos [B] bool)
+      -> (codes [B,16], embed_sum [B,H]). The caller marks seen[b, codes[b,0]] afterwards.
+  decode_step(talker, predictor, x [B,1,H], pos [B], slots [B], sampler, seen, allow_eos)
+      -> (codes [B,16], embed_sum [B,H]): Talker step, then sample_codes.
+  x for frame n+1 = embed_sum of frame n + talker.embed_text(next text id) (tts_eos after the
+  text, then tts_pad): see synth/prompt.py for the prefill.
+Nothing in these calls reads a tensor value on the host.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from talkgate.synth.config import DecoderDims, PredictorConfig, TalkerConfig
+from talkgate.synth.sampling import FrameSampler
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # normalize in float32, scale in the input dtype (as the reference does)
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(x.dtype)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def inv_frequencies(head_dim: int, theta: float) -> torch.Tensor:
+    """Computed on the CPU in float32, as the reference does at construction time."""
+    return 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+
+
+class Attention(nn.Module):
+    def __init__(self, d: DecoderDims):
+        super().__init__()
+        self.n_heads, self.n_kv, self.head_dim = d.num_heads, d.num_kv_heads, d.head_dim
+        self.q_proj = nn.Linear(d.hidden_size, d.num_heads * d.head_dim, bias=False)
+        self.k_proj = nn.Linear(d.hidden_size, d.num_kv_heads * d.head_dim, bias=False)
+        self.v_proj = nn.Linear(d.hidden_size, d.num_kv_heads * d.head_dim, bias=False)
+        self.o_proj = nn.Linear(d.num_heads * d.head_dim, d.hidden_size, bias=False)
+        self.q_norm = RMSNorm(d.head_dim, d.rms_norm_eps)
+        self.k_norm = RMSNorm(d.head_dim, d.rms_norm_eps)
+
+    def qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        """x [B,T,H], cos/sin [B,T,head_dim] -> q [B,T,heads,D], k and v [B,T,kv_heads,D] (rotated)."""
+        B, T, _ = x.shape
+        q = self.q_norm(self.q_proj(x).view(B, T, self.n_heads, self.head_dim))
+        k = self.k_norm(self.k_proj(x).view(B, T, self.n_kv, self.head_dim))
+        v = self.v_proj(x).view(B, T, self.n_kv, self.head_dim)
+        cos, sin = cos[:, :, None].to(q.dtype), sin[:, :, None].to(q.dtype)
+        q = q * cos + rotate_half(q) * sin
+        k = k * cos + rotate_half(k) * sin
+        return q, k, v
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask=None, causal=False) -> torch.Tensor:
+        """q [B,T,heads,D], k/v [B,kv_heads,L,D] -> [B,T,H]."""
+        B, T = q.shape[:2]
+        out = F.scaled_dot_product_attention(q.transpose(1, 2), k, v, attn_mask=mask, is_causal=causal,
+                                             enable_gqa=self.n_heads != self.n_kv)
+        return self.o_proj(out.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim))
+
+
+class MLP(nn.Module):
+    def __init__(self, d: DecoderDims):
+        super().__init__()
+        self.gate_proj = nn.Linear(d.hidden_size, d.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(d.hidden_size, d.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(d.intermediate_size, d.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, d: DecoderDims):
+        super().__init__()
+        self.self_attn = Attention(d)
+        self.mlp = MLP(d)
+        self.input_layernorm = RMSNorm(d.hidden_size, d.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(d.hidden_size, d.rms_norm_eps)
+
+
+class TextProjection(nn.Module):
+    """text_hidden -> text_hidden -> Talker hidden, SiLU, with biases (the reference's ResizeMLP)."""
+
+    def __init__(self, text_hidden: int, hidden: int):
+        super().__init__()
+        self.linear_fc1 = nn.Linear(text_hidden, text_hidden, bias=True)
+        self.linear_fc2 = nn.Linear(text_hidden, hidden, bias=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear_fc2(F.silu(self.linear_fc1(x)))
+
+
+class Talker(nn.Module):
+    def __init__(self, cfg: TalkerConfig):
+        super().__init__()
+        d = cfg.dims
+        self.cfg = cfg
+        self.layers = nn.ModuleList(DecoderLayer(d) for _ in range(d.num_layers))
+        self.norm = RMSNorm(d.hidden_size, d.rms_norm_eps)
+        self.codec_embedding = nn.Embedding(cfg.vocab_size, d.hidden_size)
+        self.text_embedding = nn.Embedding(cfg.text_vocab_size, cfg.text_hidden_size)
+        self.text_projection = TextProjection(cfg.text_hidden_size, d.hidden_size)
+        self.codec_head = nn.Linear(d.hidden_size, cfg.vocab_size, bias=False)
+        self.k_cache: list[torch.Tensor] = []
+        self.v_cache: list[torch.Tensor] = []
+
+    @property
+    def hidden_size(self) -> int:
+        return self.cfg.dims.hidden_size
+
+    def setup_cache(self, num_slots: int, max_len: int, device, dtype) -> None:
+        d, cfg = self.cfg.dims, self.cfg
+        shape = (num_slots, d.num_kv_heads, max_len, d.head_dim)
+        self.k_cache = [torch.zeros(shape, device=device, dtype=dtype) for _ in self.layers]
+        self.v_cache = [torch.zeros(shape, device=device, dtype=dtype) for _ in self.layers]
+        self.max_len = max_len
+        self.inv_freq = inv_frequencies(d.head_dim, d.rope_theta).to(device)
+        self.mrope_axis = mrope_axes(cfg.mrope_section, cfg.mrope_interleaved).to(device)
+        suppressed = torch.zeros(cfg.vocab_size, dtype=torch.bool)
+        suppressed[cfg.vocab_size - 1024:] = True
+        suppressed[cfg.codec_eos] = False
+        self.suppressed = suppressed.to(device)
+        self.eos_onehot = torch.nn.functional.one_hot(torch.tensor(cfg.codec_eos), cfg.vocab_size).bool().to(device)
+
+    def embed_text(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.text_projection(self.text_embedding(ids))
+
+    def banned_ids(self, allow_eos: torch.Tensor) -> torch.Tensor:
+        return self.suppressed[None, :] | (self.eos_onehot[None, :] & ~allow_eos[:, None])
+
+    def rope(self, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """pos [B,T] (three equal axes) or [3,B,T] -> cos, sin [B,T,head_dim] float32."""
+        if pos.dim() == 2:
+            angle = pos.float()[..., None] * self.inv_freq
+        else:
+            # each frequency j rotates with the position of its mRoPE axis
+            per_axis = pos.float()[..., None] * self.inv_freq                  # [3,B,T,D/2]
+            index = self.mrope_axis.view(1, 1, 1, -1).expand(1, *per_axis.shape[1:])
+            angle = per_axis.gather(0, index)[0]
+        angle = torch.cat((angle, angle), dim=-1)
+        return angle.cos(), angle.sin()
+
+    def forward(self, x: torch.Tensor, pos: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+        pos_t = pos if pos.dim() == 2 else pos[0]                               # temporal axis: the cache index
+        cos, sin = self.rope(pos)
+        L = self.k_cache[0].shape[2]
+        mask = (torch.arange(L, device=x.device)[None, None, :] <= pos_t[:, :, None])[:, None]   # [B,1,T,L]
+        rows = slots[:, None].expand_as(pos_t)
+        for layer, kc, vc in zip(self.layers, self.k_cache, self.v_cache):
+            attn = layer.self_attn
+            q, k, v = attn.qkv(layer.input_layernorm(x), cos, sin)
+            kc[rows, :, pos_t] = k
+            vc[rows, :, pos_t] = v
+            x = x + attn.attend(q, kc[slots], vc[slots], mask=mask)
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+        return self.norm(x)
+
+
+def mrope_axes(section: tuple[int, ...], interleaved: bool) -> torch.Tensor:
+    """[head_dim/2] int64: the position axis (0 temporal, 1 height, 2 width) of each frequency.
+
+    Interleaved (Qwen3-TTS): frequency j takes axis i when j % 3 == i and j < 3 * section[i] for
+    i in 1, 2; every other frequency takes axis 0. Non-interleaved: consecutive blocks of section[i]."""
+    n = sum(section)
+    axis = torch.zeros(n, dtype=torch.int64)
+    if interleaved:
+        for i in range(1, len(section)):
+            axis[i:section[i] * len(section):len(section)] = i
+    else:
+        start = 0
+        for i, width in enumerate(section):
+            axis[start:start + width] = i % 3
+            start += width
+    return axis
+
+
+class CodePredictor(nn.Module):
+    def __init__(self, cfg: PredictorConfig, talker_hidden: int):
+        super().__init__()
+        d = cfg.dims
+        self.cfg = cfg
+        self.groups = cfg.num_code_groups
+        self.layers = nn.ModuleList(DecoderLayer(d) for _ in range(d.num_layers))
+        self.norm = RMSNorm(d.hidden_size, d.rms_norm_eps)
+        # embeddings live in the Talker's hidden size; the projection maps them to the predictor's
+        self.codec_embedding = nn.ModuleList(nn.Embedding(cfg.vocab_size, talker_hidden)
+                                             for _ in range(self.groups - 1))
+        self.lm_head = nn.ModuleList(nn.Linear(d.hidden_size, cfg.vocab_size, bias=False)
+                                     for _ in range(self.groups - 1))
+        self.small_to_mtp_projection = (nn.Linear(talker_hidden, d.hidden_size, bias=True)
+                                        if talker_hidden != d.hidden_size else None)
+
+    def setup(self, device) -> None:
+        d = self.cfg.dims
+        angle = torch.arange(self.groups, dtype=torch.float32)[:, None] * inv_frequencies(d.head_dim, d.rope_theta)
+        angle = torch.cat((angle, angle), dim=-1)
+        self.cos, self.sin = angle.cos().to(device), angle.sin().to(device)
+
+    def _project(self, x: torch.Tensor) -> torch.Tensor:
+        return self.small_to_mtp_projection(x) if self.small_to_mtp_projection is not None else x
+
+    def _forward(self, x: torch.Tensor, start: int, kv: list) -> torch.Tensor:
+        """x [B,T,Hp] at frame positions start..start+T-1 -> normed hidden [B,T,Hp]."""
+        B, T, _ = x.shape
+        cos = self.cos[start:start + T][None].expand(B, T, -1)
+        sin = self.sin[start:start + T][None].expand(B, T, -1)
+        for layer, (kc, vc) in zip(self.layers, kv):
+            attn = layer.self_attn
+            q, k, v = attn.qkv(layer.input_layernorm(x), cos, sin)
+            kc[:, :, start:start + T] = k.transpose(1, 2)
+            vc[:, :, start:start + T] = v.transpose(1, 2)
+            end = start + T
+            x = x + attn.attend(q, kc[:, :, :end], vc[:, :, :end], causal=T > 1)
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+        return self.norm(x)
+
+    def predict(self, hidden: torch.Tensor, code0_embed: torch.Tensor, sampler: FrameSampler,
+                return_logits: bool = False):
+        """-> codes [B,15] int64, embed_sum [B,H] (and logits [B,15,V] float32 with return_logits)."""
+        B = hidden.shape[0]
+        d = self.cfg.dims
+        kv = [(hidden.new_empty(B, d.num_kv_heads, self.groups, d.head_dim),
+               hidden.new_empty(B, d.num_kv_heads, self.groups, d.head_dim)) for _ in self.layers]
+        x = self._project(torch.stack([hidden, code0_embed], dim=1))
+        h = self._forward(x, 0, kv)[:, -1]
+        codes, embeds, all_logits = [], [code0_embed], []
+        for g in range(1, self.groups):
+            logits = self.lm_head[g - 1](h).float()
+            code = sampler.acoustic(logits, g)
+            embed = self.codec_embedding[g - 1](code)
+            codes.append(code)
+            embeds.append(embed)
+            all_logits.append(logits)
+            if g < self.groups - 1:
+                h = self._forward(self._project(embed[:, None]), g + 1, kv)[:, 0]
+        codes = torch.stack(codes, dim=1)
+        embed_sum = torch.stack(embeds, dim=1).sum(1)
+        if return_logits:
+            return codes, embed_sum, torch.stack(all_logits, dim=1)
+        return codes, embed_sum
+
+
+def sample_codes(talker: Talker, predictor: CodePredictor, hidden: torch.Tensor, sampler: FrameSampler,
+                 seen: torch.Tensor, allow_eos: torch.Tensor, return_logits: bool = False):
+    """Codebook 0 from the Talker's last hidden state, then codebooks 1..15: codes [B,16], embed_sum [B,H]
+    (with return_logits also the Talker logits [B,3072] and predictor logits [B,15,2048], float32)."""
+    logits = talker.codec_head(hidden).float()
+    code0 = sampler.codebook0(logits, seen, talker.banned_ids(allow_eos))
+    out = predictor.predict(hidden, talker.codec_embedding(code0), sampler, return_logits)
+    codes = torch.cat([code0[:, None], out[0]], dim=1)
+    if return_logits:
+        return codes, out[1], logits, out[2]
+    return codes, out[1]
+
+
+def decode_step(talker: Talker, predictor: CodePredictor, x: torch.Tensor, pos: torch.Tensor, slots: torch.Tensor,
+                sampler: FrameSampler, seen: torch.Tensor, allow_eos: torch.Tensor):
+    """Talker step for x [B,1,H] at pos [B] in slots [B], then sample_codes: (codes [B,16], embed_sum [B,H])."""
+    hidden = talker(x, pos[:, None], slots)[:, 0]
+    return sample_codes(talker, predictor, hidden, sampler, seen, allow_eos)

@@ -1,0 +1,154 @@
+"""Batched sampling with per-row parameters and per-row randomness, without host synchronization.
+
+Every row of a batch has its own temperature, top-k, top-p, repetition penalty, greedy flag and
+seed, all as tensors, so one batched step serves many contexts and can be captured in a CUDA graph
+(no .item(), no data-dependent shapes, no Python branch on tensor values).
+
+Randomness: a per-row torch.Generator cannot be used inside a captured graph, so the noise is a
+pure function of (seed, counter, stream, vocabulary index) computed with a 32-bit integer hash
+(Wellons' "lowbias32", in int64 arithmetic masked to 32 bits). `counter` is the frame index of the
+row and `stream` the codebook (0 for the Talker, 1..15 for the code predictor), so a context with a
+fixed seed draws the same numbers whatever batch it shares and whatever step it runs in. The noise
+becomes Gumbel noise and the token is argmax(logits / T + g) over the top-k / top-p survivors: an
+exact draw from softmax(logits / T) restricted to them (the exponential-race / Gumbel-max trick).
+
+The processing order matches Hugging Face generate as the reference uses it: repetition penalty,
+eos ban (min_new_tokens), suppressed ids, then temperature, top-k, top-p. Greedy rows take the
+argmax after penalty and bans (temperature, top-k and top-p never change the argmax).
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, fields
+
+import torch
+
+from talkgate.synth.api import SamplingParams
+from talkgate.synth.config import GenerationConfig
+
+_M32 = 0xFFFFFFFF
+
+
+def _mix32(x: torch.Tensor) -> torch.Tensor:
+    """lowbias32 on int64 tensors holding values in [0, 2^32)."""
+    x = x ^ (x >> 16)
+    x = (x * 0x7FEB352D) & _M32
+    x = x ^ (x >> 15)
+    x = (x * 0x846CA68B) & _M32
+    return x ^ (x >> 16)
+
+
+def uniform_noise(seed: torch.Tensor, counter: torch.Tensor, stream: int, vocab: int) -> torch.Tensor:
+    """[B, vocab] float32 in (0, 1): a pure function of (seed[b], counter[b], stream, index)."""
+    s = _mix32(((seed >> 32) & _M32) ^ 0x9E3779B9)
+    s = _mix32((seed & _M32) ^ s)
+    s = _mix32(s ^ (counter & _M32))
+    s = _mix32(s ^ (stream * 0x2545F491 & _M32))
+    idx = _mix32(torch.arange(vocab, device=seed.device, dtype=torch.int64) + 0x632BE5AB)
+    h = _mix32(s[:, None] ^ idx[None, :])
+    return ((h >> 8).float() + 0.5) * (1.0 / (1 << 24))
+
+
+def apply_repetition_penalty(logits: torch.Tensor, seen: torch.Tensor, penalty: torch.Tensor) -> torch.Tensor:
+    """As transformers' RepetitionPenaltyLogitsProcessor over the ids generated so far (`seen`
+    [B, V] bool): a seen id's logit is multiplied by the penalty when negative, divided when not."""
+    p = penalty[:, None].to(logits.dtype)
+    return torch.where(seen, torch.where(logits < 0, logits * p, logits / p), logits)
+
+
+def sample(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
+           greedy: torch.Tensor, seed: torch.Tensor, counter: torch.Tensor, stream: int) -> torch.Tensor:
+    """One id per row from float32 logits [B, V] (already penalized and banned): [B] int64.
+
+    top_k <= 0 or >= V means no top-k filter; top_p >= 1 means no top-p filter. Ties at a
+    top-k or top-p cutoff value are kept (transformers keeps top-k ties too)."""
+    V = logits.shape[-1]
+    argmax = logits.argmax(-1)
+    scaled = logits / temperature[:, None].clamp_min(1e-5)
+    ranked = scaled.sort(-1, descending=True).values
+    k = torch.where(top_k <= 0, V, top_k).clamp(1, V)
+    kth = ranked.gather(1, (k - 1)[:, None])
+    ranked = ranked.masked_fill(ranked < kth, float("-inf"))
+    # top-p: keep the shortest prefix of the ranked ids whose mass before it is below top_p
+    probs = ranked.softmax(-1)
+    mass_before = probs.cumsum(-1) - probs
+    keep = (mass_before < top_p[:, None]).sum(-1).clamp_min(1)
+    cutoff = torch.maximum(ranked.gather(1, (keep - 1)[:, None]), kth)
+    scaled = scaled.masked_fill(scaled < cutoff, float("-inf"))
+    u = uniform_noise(seed, counter, stream, V)
+    drawn = (scaled - torch.log(-torch.log(u))).argmax(-1)
+    return torch.where(greedy, argmax, drawn)
+
+
+@dataclass
+class RowSampling:
+    """Per-row sampling parameters, one tensor [B] each (the engine keeps one per slot).
+
+    Talker (codebook 0): temperature, top_k, top_p, repetition_penalty, greedy.
+    Code predictor (codebooks 1..15, "sub-talker"): sub_temperature, sub_top_k, sub_top_p, sub_greedy
+    (no repetition penalty, as in the reference). seed: int64 per row."""
+
+    temperature: torch.Tensor
+    top_k: torch.Tensor
+    top_p: torch.Tensor
+    repetition_penalty: torch.Tensor
+    greedy: torch.Tensor
+    sub_temperature: torch.Tensor
+    sub_top_k: torch.Tensor
+    sub_top_p: torch.Tensor
+    sub_greedy: torch.Tensor
+    seed: torch.Tensor
+
+    def index(self, rows: torch.Tensor) -> "RowSampling":
+        return RowSampling(**{f.name: getattr(self, f.name)[rows] for f in fields(self)})
+
+    def copy_rows_(self, rows: torch.Tensor, src: "RowSampling") -> None:
+        """self[rows] = src (src has len(rows) rows): how the engine fills a slot's parameters."""
+        for f in fields(self):
+            getattr(self, f.name)[rows] = getattr(src, f.name).to(getattr(self, f.name).device)
+
+    @classmethod
+    def build(cls, params: list[SamplingParams], gen: GenerationConfig,
+              device: torch.device | str = "cpu") -> "RowSampling":
+        """Host-side: resolve SamplingParams against generation_config.json (None -> its value).
+
+        The request's temperature / top_k / top_p / repetition_penalty apply to codebook 0; the code
+        predictor keeps generation_config's subtalker_* values. greedy (or do_sample false) makes
+        codebook 0 greedy; greedy (or subtalker_dosample false) makes codebooks 1..15 greedy.
+        seed None draws a fresh random seed."""
+        def pick(v, default):
+            return default if v is None else v
+
+        rows = [dict(temperature=float(pick(p.temperature, gen.temperature)), top_k=int(pick(p.top_k, gen.top_k)),
+                     top_p=float(pick(p.top_p, gen.top_p)),
+                     repetition_penalty=float(pick(p.repetition_penalty, gen.repetition_penalty)),
+                     greedy=bool(p.greedy or not gen.do_sample), sub_temperature=float(gen.subtalker_temperature),
+                     sub_top_k=int(gen.subtalker_top_k), sub_top_p=float(gen.subtalker_top_p),
+                     sub_greedy=bool(p.greedy or not gen.subtalker_dosample),
+                     seed=int(p.seed) if p.seed is not None else int.from_bytes(os.urandom(7), "little"))
+                for p in params]
+        dtypes = dict(top_k=torch.int64, sub_top_k=torch.int64, seed=torch.int64, greedy=torch.bool,
+                      sub_greedy=torch.bool)
+        return cls(**{f.name: torch.tensor([r[f.name] for r in rows], dtype=dtypes.get(f.name, torch.float32),
+                                           device=device) for f in fields(cls)})
+
+
+class FrameSampler:
+    """Samples the 16 codes of one frame for a batch: built per step from gathered RowSampling rows
+    and the rows' frame indices (`counter`), used by synth.model.sample_codes."""
+
+    def __init__(self, rows: RowSampling, counter: torch.Tensor):
+        self.p, self.counter = rows, counter
+
+    def codebook0(self, logits: torch.Tensor, seen: torch.Tensor, banned: torch.Tensor) -> torch.Tensor:
+        """logits [B, 3072] float32; seen [B, 3072] bool (codebook-0 ids generated before in this
+        context); banned [B, 3072] bool (suppressed control ids, plus eos while not yet allowed)."""
+        p = self.p
+        logits = apply_repetition_penalty(logits, seen, p.repetition_penalty)
+        logits = logits.masked_fill(banned, float("-inf"))
+        return sample(logits, p.temperature, p.top_k, p.top_p, p.greedy, p.seed, self.counter, 0)
+
+    def acoustic(self, logits: torch.Tensor, group: int) -> torch.Tensor:
+        """Codebook `group` (1..15) from the code predictor's logits [B, 2048] float32."""
+        p = self.p
+        return sample(logits, p.sub_temperature, p.sub_top_k, p.sub_top_p, p.sub_greedy, p.seed, self.counter, group)
