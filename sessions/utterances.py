@@ -100,6 +100,8 @@ class Utterances:
         utt = self.by_key.get(key) or self.open(key)
         if utt.ended:
             raise SessionError("context_closed", f"context {key!r} was closed: start a new context for more text", key)
+        if not text:
+            return []
         seg = utt.open_segment
         if seg is None:
             if len(utt.segments) >= MAX_SEGMENTS:

@@ -8,7 +8,9 @@ client sees the turn end; an interruption stops that turn's audio and the next t
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
+import re
 
 import aiohttp
 import pytest
@@ -30,6 +32,13 @@ def server(tiny_checkpoint, tmp_path_factory):
 
 def run(coro):
     return asyncio.run(asyncio.wait_for(coro, 3 * TURN_TIMEOUT_S))
+
+
+async def cancelled_contexts(url: str) -> float:
+    """Contexts the server has cancelled so far (its /metrics)."""
+    async with aiohttp.ClientSession() as http, http.get(f"{url}/metrics") as r:
+        m = re.search(r'talkgate_contexts_finished_total\{reason="cancelled"\} ([\d.e+]+)', await r.text())
+    return float(m.group(1)) if m else 0.0
 
 
 # ----- pipecat -----
@@ -131,7 +140,9 @@ async def pipecat_turn_and_interruption(url: str, name: str) -> None:
         if name != "deepgram":      # word timings come from our alignment / timestamps
             assert text.split() == ["Hello", "there.", "How", "are", "you?"], text
 
-        await p.say("This turn is interrupted before it ends, so it never finishes. ")
+        cancelled = await cancelled_contexts(url)
+        await p.say("This turn is interrupted before it ends. It goes on and on, so that it is still being "
+                    "spoken when the caller barges in. ")
         await asyncio.wait_for(p.first_audio(), TURN_TIMEOUT_S)
         await p.interrupt()
         await asyncio.sleep(0.5)
@@ -139,6 +150,8 @@ async def pipecat_turn_and_interruption(url: str, name: str) -> None:
         await asyncio.sleep(1.0)
         stale, _, _ = p.take()
         assert stale == b"", "audio of the interrupted turn kept coming"
+        if name != "elevenlabs":    # pipecat cancels (Cartesia) / clears (Deepgram); ElevenLabs lets a flushed context finish
+            assert await cancelled_contexts(url) > cancelled, "the server did not stop the interrupted turn"
 
         await p.say("Bye now. ")
         await asyncio.wait_for(p.stopped.wait(), TURN_TIMEOUT_S)
@@ -200,3 +213,31 @@ async def livekit_turns(url: str, name: str) -> None:
 @pytest.mark.parametrize("name", ["elevenlabs", "elevenlabs-mp3", "cartesia", "deepgram"])
 def test_livekit(server, name):
     run(livekit_turns(server.url, name))
+
+
+# ----- Twilio mode (a bridge is plain WebSocket code: no client library) -----
+async def twilio_bridge_turn(url: str) -> None:
+    ws_url = url.replace("http://", "ws://")
+    async with aiohttp.ClientSession() as http, \
+            http.ws_connect(f"{ws_url}/v1/twilio?stream_sid=MZ42", headers={"Authorization": f"Bearer {API_KEY}"}) as ws:
+        assert (await ws.receive_json())["type"] == "session.ready"
+        await ws.send_json({"type": "text", "context_id": "t1", "text": "Hello caller."})
+        await ws.send_json({"type": "flush", "context_id": "t1"})
+        media, order = 0, []
+        while True:
+            msg = await ws.receive(timeout=TURN_TIMEOUT_S)
+            assert msg.type == aiohttp.WSMsgType.TEXT        # Twilio takes no binary frames
+            m = json.loads(msg.data)
+            order.append(m.get("event") or m["type"])
+            if m.get("event") == "media":
+                assert m["streamSid"] == "MZ42" and len(base64.b64decode(m["media"]["payload"])) == 160
+                media += 1
+            elif m.get("event") == "mark":
+                assert m == {"event": "mark", "streamSid": "MZ42", "mark": {"name": "t1"}}
+            elif m.get("type") == "context.done":
+                break
+        assert media and order.index("mark") == len(order) - 2
+
+
+def test_twilio_mode(server):
+    run(twilio_bridge_turn(server.url))
