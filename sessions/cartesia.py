@@ -11,7 +11,7 @@ from __future__ import annotations
 import base64
 import json
 
-from talkgate.sessions.native import Send
+from talkgate.sessions.native import Close, Send
 from talkgate.sessions.session import AudioFormat, ContextCancelled, ContextError, Session, SessionError
 from talkgate.sessions.utterances import (
     Audio, Event, SegmentDone, UtteranceDone, UtteranceProtocol, field_of,
@@ -56,7 +56,8 @@ class CartesiaProtocol(UtteranceProtocol):
         return []
 
     def idle_timeout(self) -> list:
-        return []       # Cartesia sockets stay open while idle (up to the server's heartbeat)
+        """Idle for the server's idle timeout: close (Cartesia closes idle sockets too; clients reconnect)."""
+        return [] if len(self.utterances) else [Close(1000, "idle timeout")]
 
     def receive_binary(self, data: bytes) -> list:
         return [self._error(None, "invalid_message", "binary frames are not accepted: send JSON text messages")]

@@ -126,3 +126,11 @@ def test_error_on_a_running_context_ends_it(tiny_engine):
     assert [m["type"] for m in h.queued()] == ["error"]
     h.pump_all()
     assert [m["type"] for m in h.queued()] == ["error"]
+
+
+def test_idle_socket_closes_unless_busy(tiny_engine):
+    h = make(tiny_engine)
+    h.send(request("c", "Some words. "))
+    assert h.proto.idle_timeout() == []
+    h.send({"context_id": "c", "cancel": True})
+    assert h.proto.idle_timeout()[-1].code == 1000
