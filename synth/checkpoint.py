@@ -1,6 +1,6 @@
 """Deterministic random-weight checkpoints in the official Qwen3-TTS 12 Hz layout.
 
-    write_random_checkpoint(out_dir, preset="mini", variant="custom_voice", seed=0)
+    create_checkpoint(out_dir, preset="mini", variant="custom_voice", seed=0)
 
 writes config.json (model_type qwen3_tts, plus a {"talkgate": {"random_weights": true, ...}} block:
 that is how talkgate knows a model is untrained), generation_config.json, model.safetensors
@@ -30,6 +30,12 @@ from talkgate.synth.codec_decoder import write_random_codec_decoder
 from talkgate.synth.config import VARIANTS
 
 SHARD_BYTES = 2 << 30
+
+
+class CheckpointWriteError(ValueError):
+    """Bad preset / variant, or an output directory that is not empty."""
+
+
 PRESETS = ("tiny", "mini", "0.6b", "1.7b")
 
 # Ids of the published checkpoints (shared/reference/qwen3-tts.md "Ids").
@@ -86,9 +92,9 @@ def _qwen_tokenizer_dir() -> Path:
 def model_config(preset: str, variant: str) -> dict:
     """config.json of a preset, shaped like the published files (transformers 4.x keys)."""
     if preset not in _PRESETS:
-        raise ValueError(f"unknown preset {preset!r}; expected one of {', '.join(PRESETS)}")
+        raise CheckpointWriteError(f"unknown preset {preset!r}; expected one of {', '.join(PRESETS)}")
     if variant not in VARIANTS:
-        raise ValueError(f"unknown variant {variant!r}; expected one of {', '.join(VARIANTS)}")
+        raise CheckpointWriteError(f"unknown variant {variant!r}; expected one of {', '.join(VARIANTS)}")
     talker_dims, predictor_dims, _, dtype, size = _PRESETS[preset]
     t = dict(talker_dims)
     section = t.pop("mrope_section")
@@ -207,12 +213,12 @@ def _write_tokenizer(out: Path) -> None:
     (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n")
 
 
-def write_random_checkpoint(out_dir: str | Path, preset: str = "mini", variant: str = "custom_voice",
+def create_checkpoint(out_dir: str | Path, preset: str = "mini", variant: str = "custom_voice",
                             seed: int = 0) -> Path:
     """Write the checkpoint directory; an existing non-empty directory is refused."""
     out = Path(out_dir)
     if out.exists() and any(out.iterdir()):
-        raise FileExistsError(f"{out}: exists and is not empty")
+        raise CheckpointWriteError(f"{out}: exists and is not empty")
     config = model_config(preset, variant)
     _, _, decoder_config, dtype, _ = _PRESETS[preset]
     out.mkdir(parents=True, exist_ok=True)

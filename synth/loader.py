@@ -28,7 +28,7 @@ from urllib.parse import urlparse
 import torch
 
 from talkgate.synth.api import ModelInfo
-from talkgate.synth.codec_decoder import load_codec_decoder
+from talkgate.synth.codec_decoder import CodecCheckpointError, load_codec_decoder
 from talkgate.synth.config import ConfigError, GenerationConfig, TTSConfig
 from talkgate.synth.model import CodePredictor, Talker
 from talkgate.synth.prompt import Prompts
@@ -200,7 +200,10 @@ def load_tts(path_or_id: str | os.PathLike, device: str | torch.device = "cpu", 
         st = root / "speech_tokenizer"
         if not st.is_dir():
             raise CheckpointError(f"{st}: missing (the codec decoder's directory)")
-        decoder = load_codec_decoder(st, device, decoder_dtype)
+        try:
+            decoder = load_codec_decoder(st, device, decoder_dtype)
+        except CodecCheckpointError as e:
+            raise CheckpointError(str(e)) from None
     prompts = Prompts(config, tokenizer, talker)
     info = ModelInfo(name=str(path_or_id), model_type=config.model_type,
                      size=str(config.talkgate.get("preset") or config.model_size), untrained=config.untrained,
