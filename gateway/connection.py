@@ -23,7 +23,8 @@ class Connection:
         connection_lost(), each returning actions (Send / Purge / Close) as in sessions.native."""
         self.ws, self.protocol = ws, protocol
         self.outbox = Outbox(max_outbox)
-        self.idle_timeout_s = idle_timeout_s
+        # a protocol may have its own inactivity timeout (ElevenLabs' inactivity_timeout query parameter)
+        self.idle_timeout_s = getattr(protocol, "idle_timeout_s", None) or idle_timeout_s
         self.loop = asyncio.get_running_loop()
         self._closing: tuple[int, str] | None = None
 
