@@ -1,0 +1,24 @@
+"""Shared fixtures (kept small): random-weight checkpoints made by talkgate's own writer."""
+from __future__ import annotations
+
+import pytest
+
+from talkgate.synth.checkpoint import create_checkpoint
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tmp_path_factory):
+    """A tiny custom_voice checkpoint directory (official layout, random weights, seed 0)."""
+    return create_checkpoint(tmp_path_factory.mktemp("ckpt") / "tiny-custom_voice", preset="tiny",
+                             variant="custom_voice", seed=0)
+
+
+@pytest.fixture(scope="session")
+def tiny_engine(tiny_checkpoint):
+    """One started engine on the tiny checkpoint (CPU, fp32), shared by the Sans-I/O protocol tests."""
+    from talkgate.synth.engine import Engine
+
+    engine = Engine.from_pretrained(str(tiny_checkpoint), device="cpu")
+    engine.start()
+    yield engine
+    engine.stop()
