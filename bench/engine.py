@@ -1,0 +1,158 @@
+"""Engine benchmark: frame-step time per batch size, RTF, text-ready -> first PCM, peak memory.
+
+    talkgate checkpoint create /tmp/ck06 --preset 0.6b
+    python -m talkgate.bench.engine /tmp/ck06 --batches 1,8,32,128,256 --json /tmp/engine.json
+
+Step time: B contexts with all their text given (fixed_frames, so random weights run to length) are
+prefilled, then the engine's own loop body (`Engine.run_once`: commands, schedule, runner step with
+its one copy back, events) is timed per step; median of `--steps` steps. RTF = step ms / 80 ms (one
+frame is 80 ms of audio for every context in the step). First PCM: on the started engine (its own
+thread), from append_text + end_text of a new context to the engine handing over its first
+AudioChunk (t_emitted), median of `--latency-runs`, with nothing else running.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import threading
+import time
+
+import torch
+
+from talkgate.synth.api import FRAME_MS, AudioChunk, ContextParams, SamplingParams
+from talkgate.synth.engine import Engine
+
+TEXT = "The quick brown fox jumps over the lazy dog, then naps in the afternoon sun. " * 6
+
+
+def step_times(engine: Engine, batch: int, steps: int, sampling: SamplingParams) -> dict:
+    chunks = [0]
+
+    def sink(ev):
+        if isinstance(ev, AudioChunk):
+            chunks[0] += 1
+
+    ctxs = [engine.open(ContextParams(sampling=sampling, fixed_frames=100_000), sink) for _ in range(batch)]
+    for c in ctxs:
+        engine.append_text(c, TEXT)
+        engine.end_text(c)
+    while engine.scheduler.waiting or engine._commands:      # prefill everyone first
+        engine.run_once()
+    for _ in range(3):
+        engine.run_once()
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    times = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        engine.run_once()
+        times.append((time.perf_counter() - t0) * 1000)
+    running = len(engine.scheduler.running)
+    for c in ctxs:
+        engine.cancel(c)
+    engine.run_once()
+    med = statistics.median(times)
+    return {"batch": batch, "running": running, "step_ms_median": round(med, 3),
+            "step_ms_min": round(min(times), 3), "step_ms_max": round(max(times), 3),
+            "rtf": round(med / FRAME_MS, 4), "frames_per_s": round(batch * 1000 / med, 1)}
+
+
+def first_pcm_ms(engine: Engine, runs: int, sampling: SamplingParams) -> list[float]:
+    out = []
+    for _ in range(runs):
+        got = threading.Event()
+        first: list[float] = []
+
+        def sink(ev):
+            if isinstance(ev, AudioChunk) and not first:
+                first.append(ev.t_emitted)
+                got.set()
+
+        ctx = engine.open(ContextParams(sampling=sampling, fixed_frames=20), sink)
+        time.sleep(0.02)                                      # the open is applied; the engine idles
+        t0 = time.perf_counter()
+        engine.append_text(ctx, "Hello there, how can I help you today?")
+        engine.end_text(ctx)
+        got.wait(10)
+        engine.cancel(ctx)
+        out.append((first[0] - t0) * 1000 if first else float("nan"))
+        time.sleep(0.02)
+    return out
+
+
+def profile_steps(engine: Engine, batch: int, sampling: SamplingParams, steps: int = 5) -> str:
+    from torch.profiler import ProfilerActivity, profile
+    ctxs = [engine.open(ContextParams(sampling=sampling, fixed_frames=100_000), lambda ev: None) for _ in range(batch)]
+    for c in ctxs:
+        engine.append_text(c, TEXT)
+        engine.end_text(c)
+    while engine.scheduler.waiting or engine._commands:
+        engine.run_once()
+    engine.run_once()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            engine.run_once()
+    for c in ctxs:
+        engine.cancel(c)
+    engine.run_once()
+    return prof.key_averages().table(sort_by="cuda_time_total", row_limit=25)
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("checkpoint")
+    p.add_argument("--device")
+    p.add_argument("--dtype")
+    p.add_argument("--batches", default="1,8,32,128,256")
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--latency-runs", type=int, default=10)
+    p.add_argument("--greedy", action="store_true", help="greedy instead of the checkpoint's sampling")
+    p.add_argument("--no-graphs", action="store_true")
+    p.add_argument("--profile", default="", help="batch sizes to profile (torch.profiler top kernels), e.g. 1,256")
+    p.add_argument("--max-prefills", type=int, default=16)
+    p.add_argument("--json", help="write the results here")
+    a = p.parse_args(argv)
+    batches = [int(b) for b in a.batches.split(",")]
+    sampling = SamplingParams(greedy=a.greedy)
+    t0 = time.perf_counter()
+    engine = Engine.from_pretrained(a.checkpoint, device=a.device, dtype=a.dtype, max_contexts=max(batches),
+                                    max_batch=max(batches), cuda_graphs=not a.no_graphs, max_prefills=a.max_prefills)
+    load_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    engine.runner.warmup()
+    warm_s = time.perf_counter() - t0
+    cuda = engine.runner.device.type == "cuda"
+    res = {"checkpoint": a.checkpoint, "info": engine.info.as_dict(), "torch": torch.__version__,
+           "gpu": torch.cuda.get_device_name() if cuda else platform.processor(), "graphs": engine.runner.use_graphs,
+           "slots": engine.runner.num_slots, "greedy": a.greedy, "load_s": round(load_s, 2),
+           "warmup_s": round(warm_s, 2), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "steps": []}
+    for b in batches:
+        r = step_times(engine, b, a.steps, sampling)
+        res["steps"].append(r)
+        print(f"batch {b:4d}: {r['step_ms_median']:8.3f} ms/step  RTF {r['rtf']:.4f}  {r['frames_per_s']:9.1f} frames/s",
+              flush=True)
+    res["profiles"] = {}
+    for b in [int(x) for x in a.profile.split(",") if x]:
+        res["profiles"][str(b)] = table = profile_steps(engine, b, sampling)
+        print(f"--- profile batch {b}\n{table}", flush=True)
+    engine.start()                 # the engine thread; warm-up already done (it runs once)
+    lat = first_pcm_ms(engine, a.latency_runs, sampling)
+    engine.stop()
+    res["first_pcm_ms"] = {"median": round(statistics.median(lat), 3), "all": [round(x, 3) for x in lat]}
+    if cuda:
+        res["peak_memory_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
+    print("\n| batch | ms / frame step | RTF | frames/s |\n| --- | --- | --- | --- |")
+    for r in res["steps"]:
+        print(f"| {r['batch']} | {r['step_ms_median']:.3f} | {r['rtf']:.4f} | {r['frames_per_s']:.0f} |")
+    print(f"text ready -> first PCM (batch 1, median of {len(lat)}): {res['first_pcm_ms']['median']:.2f} ms")
+    if cuda:
+        print(f"peak GPU memory: {res['peak_memory_gib']} GiB; slots {res['slots']}")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(res, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

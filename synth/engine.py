@@ -1,0 +1,275 @@
+"""The engine: one thread owns the model and the GPU; EngineClient calls only queue commands.
+
+    engine = Engine.from_pretrained("/tmp/ck", device="cuda", max_contexts=256)
+    engine.start()                      # warm-up and CUDA graph capture; returns when ready
+    ctx = engine.open(ContextParams(voice="ryan"), sink)   # InvalidParams / EngineFull raised here
+    engine.append_text(ctx, "Hello "); engine.append_text(ctx, "world."); engine.end_text(ctx)
+    ...                                 # sink gets AudioChunk per frame, then ContextDone
+    engine.stop()
+
+Callers never wait for a step: open/append_text/end_text/cancel take the lock for O(1) list work
+(tokenizing a delta happens in the caller's thread, outside the lock) and return. The engine thread
+applies queued commands at the step boundary, then runs one step:
+
+    prefill, decode = scheduler.schedule(now)      # who runs (pure Python)
+    out = runner.step(prefill, decode)             # every tensor lives in the runner; one D2H copy
+    self._postprocess(prefill + decode, out)       # events out, finished contexts freed
+
+Events are handed to each context's sink under the lock, after checking the context's cancelled
+flag: once cancel(ctx) has returned, no event of ctx is emitted. A cancelled context's slot is free
+at once; the engine drops it from the scheduler before the next step, and a new context re-initializes
+every per-slot tensor when its own open command is applied (commands apply in order).
+"""
+from __future__ import annotations
+
+import collections
+import itertools
+import logging
+import threading
+import time
+
+import numpy as np
+
+from talkgate.synth.api import (
+    AudioChunk, ContextDone, ContextFailed, ContextParams, EngineEvent, EngineFull, EngineStopped,
+    EventSink, InvalidParams, ModelInfo,
+)
+from talkgate.synth.request import Request, frames_for_text, text_seconds  # noqa: F401 (frames_for_text is public here)
+from talkgate.synth.scheduler import Scheduler
+
+log = logging.getLogger("talkgate.engine")
+
+DEFAULT_MAX_FRAMES = 750        # 60 s of audio per context
+DEFAULT_BUDGET_FACTOR = 4.0     # runaway guard: max(4 * frames_for_text, 50) frames
+DEFAULT_BUDGET_MIN = 50
+
+
+class Engine:
+    def __init__(self, runner, tokenizer_factory, prompts, info: ModelInfo, *, max_prefills: int = 4,
+                 budget_factor: float = DEFAULT_BUDGET_FACTOR, budget_min: int = DEFAULT_BUDGET_MIN):
+        """runner: synth.runner.Runner (owns the tensors); tokenizer_factory() -> a StreamingTokenizer;
+        prompts: resolves ContextParams into a prompt (raises InvalidParams) and knows the TTS ids."""
+        self.runner, self.new_tokenizer, self.prompts, self.info = runner, tokenizer_factory, prompts, info
+        self.budget_factor, self.budget_min = budget_factor, budget_min
+        self.scheduler = Scheduler(runner.max_batch, min(max_prefills, runner.max_batch))
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._commands: collections.deque = collections.deque()
+        self._contexts: dict[int, Request] = {}           # open contexts (not finished, not cancelled)
+        self._tokenizers: dict[int, object] = {}          # touched by the caller of append/end only
+        self._free_slots = list(range(runner.num_slots - 1, -1, -1))
+        self._ids = itertools.count(1)
+        self._thread: threading.Thread | None = None
+        self._ready = threading.Event()
+        self._stopping = False
+        self._start_error: BaseException | None = None
+        self._steps = self._frames = 0
+        self._step_ms_last = self._step_ms_total = 0.0
+
+    @classmethod
+    def from_pretrained(cls, path_or_id: str, device: str | None = None, dtype: str | None = None,
+                        max_contexts: int | None = None, max_frames_per_context: int = DEFAULT_MAX_FRAMES,
+                        max_batch: int | None = None, cuda_graphs: bool = True, max_prompt: int = 128,
+                        decoder_dtype: str | None = None, **engine_kw) -> "Engine":
+        """Load a checkpoint (directory or Hugging Face id). device None: cuda if available, else cpu;
+        dtype None: bfloat16 on cuda, float32 on cpu; max_contexts None: sized from free memory
+        (docs/engine.md); max_batch None: max_contexts; decoder_dtype None: float32 (as the reference)."""
+        from talkgate.synth.runner import load_runner
+        runner, tokenizer_factory, prompts, info = load_runner(
+            path_or_id, device=device, dtype=dtype, max_contexts=max_contexts,
+            max_frames_per_context=max_frames_per_context, max_batch=max_batch, cuda_graphs=cuda_graphs,
+            max_prompt=max_prompt, decoder_dtype=decoder_dtype)
+        return cls(runner, tokenizer_factory, prompts, info, **engine_kw)
+
+    # ----- lifecycle -----
+    def start(self) -> None:
+        """Start the engine thread (warm-up and graph capture happen there); return when it is ready."""
+        if self._thread is not None:
+            return
+        self._thread = threading.Thread(target=self._run, name="talkgate-engine", daemon=True)
+        self._thread.start()
+        self._ready.wait()
+        if self._start_error is not None:
+            raise RuntimeError("engine warm-up failed") from self._start_error
+
+    def stop(self) -> None:
+        """Stop the thread; open contexts get ContextFailed(engine_stopped)."""
+        self._stopping = True
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join()
+        with self._lock:
+            left = list(self._contexts.values())
+        for req in left:
+            self._fail(req, EngineStopped("engine stopped"))
+
+    # ----- EngineClient -----
+    def open(self, params: ContextParams, sink: EventSink) -> int:
+        if self._stopping:
+            raise EngineStopped("engine stopped")
+        prompt = self.prompts.resolve(params)                  # InvalidParams / UnknownVoice / ...
+        if prompt.length > self.runner.max_prompt:
+            raise InvalidParams(f"instructions too long: the prompt takes {prompt.length} positions, "
+                                f"at most {self.runner.max_prompt}")
+        if params.fixed_frames is not None and params.fixed_frames < 1:
+            raise InvalidParams("fixed_frames must be >= 1")
+        tokenizer = self.new_tokenizer()
+        with self._lock:
+            if not self._free_slots:
+                raise EngineFull(f"all {self.runner.num_slots} context slots are in use")
+            ctx = next(self._ids)
+            req = Request(context=ctx, slot=self._free_slots.pop(), params=params, sink=sink, prompt=prompt,
+                          frame_limit=self.runner.max_frames, budget_factor=self.budget_factor,
+                          budget_min=self.budget_min)
+            self._contexts[ctx] = req
+            self._tokenizers[ctx] = tokenizer
+            self._commands.append(("open", req, None))
+        self._wake.set()
+        return ctx
+
+    def append_text(self, context: int, text: str) -> None:
+        tok, req = self._tokenizers.get(context), self._contexts.get(context)
+        if tok is None or req is None or not text:
+            return                                              # finished or cancelled: nothing to do
+        ids = tok.feed(text)
+        self._push(("text", req, (ids, text_seconds(text))))
+
+    def end_text(self, context: int) -> None:
+        tok, req = self._tokenizers.pop(context, None), self._contexts.get(context)
+        if tok is None or req is None:
+            return
+        self._push(("end", req, tok.finish()))
+
+    def cancel(self, context: int) -> None:
+        with self._lock:
+            req = self._contexts.pop(context, None)
+            self._tokenizers.pop(context, None)
+            if req is None:
+                return
+            req.cancelled = True
+            self._free_slots.append(req.slot)
+            self._commands.append(("cancel", req, None))
+        self._wake.set()
+
+    def stats(self) -> dict:
+        with self._lock:
+            free = len(self._free_slots)
+        steps = self._steps
+        return {"running": len(self.scheduler.running), "waiting": len(self.scheduler.waiting),
+                "free_slots": free, "slots": self.runner.num_slots, "steps": steps, "frames": self._frames,
+                "step_ms_last": round(self._step_ms_last, 3),
+                "step_ms_avg": round(self._step_ms_total / steps, 3) if steps else 0.0}
+
+    # ----- engine thread -----
+    def _push(self, command: tuple) -> None:
+        with self._lock:
+            self._commands.append(command)
+        self._wake.set()
+
+    def _run(self) -> None:
+        try:
+            self.runner.warmup()
+        except BaseException as e:                              # reported by start()
+            self._start_error = e
+            self._ready.set()
+            return
+        self._ready.set()
+        while not self._stopping:
+            self._wake.clear()
+            if not self.run_once():
+                self._wake.wait(timeout=0.5)
+
+    def run_once(self) -> bool:
+        """Apply queued commands, then one step; False when nobody was ready. The engine thread's loop
+        body: call it directly only on an engine that was not started (benchmarks drive it so)."""
+        self._apply_commands()
+        return self._step()
+
+    def _apply_commands(self) -> None:
+        while True:
+            with self._lock:
+                if not self._commands:
+                    return
+                op, req, arg = self._commands.popleft()
+            if op == "cancel":
+                self.scheduler.remove(req)
+            elif req.cancelled:
+                continue
+            elif op == "open":
+                self.runner.open_slot(req)
+                self.scheduler.add(req)
+            elif op == "text":
+                ids, seconds = arg
+                req.text_ids.extend(ids)
+                req.text_seconds += seconds
+            elif op == "end":
+                req.text_ids.extend(arg)
+                req.text_ended = True
+                if not req.text_ids:
+                    self._finish(req, "eos")                    # empty text: nothing to say
+
+    def _step(self) -> bool:
+        """One step over every ready context; False when nobody was ready."""
+        prefill, decode = self.scheduler.schedule(time.perf_counter())
+        if not prefill and not decode:
+            return False
+        t0 = time.perf_counter()
+        try:
+            out = self.runner.step(prefill, decode)
+        except Exception as e:                                  # fail this step's contexts, keep serving
+            log.exception("engine step failed")
+            for req in prefill + decode:
+                self._fail(req, e)
+            return True
+        self._postprocess(prefill + decode, out)
+        dt = (time.perf_counter() - t0) * 1000
+        self._steps += 1
+        self._step_ms_last, self._step_ms_total = dt, self._step_ms_total + dt
+        return True
+
+    def _postprocess(self, reqs: list[Request], out: np.ndarray) -> None:
+        """out[i] = [16 codes, 1920 samples] of reqs[i]'s new frame (codes as float32)."""
+        eos = self.runner.codec_eos
+        now = time.perf_counter()
+        for req, row in zip(reqs, out):
+            if req.cancelled:
+                continue
+            if int(row[0]) == eos:                             # the runner only lets eos through if allowed
+                self._finish(req, "eos")
+                continue
+            self._emit(req, AudioChunk(req.context, row[16:].copy(), req.frames, 1, now))
+            req.frames += 1
+            self._frames += 1
+            limit, reason = req.limit()
+            if req.frames >= limit:
+                self._finish(req, reason)
+
+    def _emit(self, req: Request, ev: EngineEvent) -> None:
+        with self._lock:
+            if req.cancelled:
+                return
+            try:
+                req.sink(ev)
+                return
+            except Exception:
+                log.exception("sink of context %d failed: cancelling it", req.context)
+        self.cancel(req.context)
+
+    def _release(self, req: Request) -> bool:
+        """Take req out of the open contexts and free its slot, exactly once."""
+        with self._lock:
+            if self._contexts.pop(req.context, None) is None:
+                return False
+            self._tokenizers.pop(req.context, None)
+            self._free_slots.append(req.slot)
+        self.scheduler.remove(req)
+        return True
+
+    def _finish(self, req: Request, reason: str) -> None:
+        self._emit(req, ContextDone(req.context, reason, req.frames))
+        self._release(req)
+
+    def _fail(self, req: Request, err: BaseException) -> None:
+        code = getattr(err, "code", "engine_error")
+        self._emit(req, ContextFailed(req.context, code, str(err) or type(err).__name__))
+        self._release(req)

@@ -1,0 +1,226 @@
+"""The runner owns every tensor of the engine: per-slot pools, static step buffers, CUDA graphs.
+
+Per-context GPU state lives in pools indexed by slot (num_slots + 1 rows: the last is a dummy slot
+that padded batch rows write to): the Talker's static KV, the codec-embedding sum of the last frame
+(the next Talker input minus its text token), sampling parameters, seed, repetition-penalty history
+(codebook-0 ids seen) and the codec decoder's carried state. Per step the host sends one small int64
+block (slot, position, text id, frame index per row) and gets back one float32 block (16 codes and
+1920 samples per row): one host-to-device and one device-to-host copy a step.
+
+A step is two parts, each one CUDA graph per batch bucket ([1, 2, 4, 8] + multiples of 16 up to
+max_batch, captured largest first in one memory pool):
+  talker:  x = next_embed[slot] + embed_text(text id); hidden = Talker(x, position, slot)
+  head:    codebook 0 from the Talker head (repetition penalty, control ids suppressed, eos allowed
+           from frame 2 unless fixed_frames), 15 code-predictor steps with sampling inside, the
+           embedding sum for the next step, and one incremental decoder step -> 1920 samples.
+New contexts are prefilled eagerly (batched, right-padded: the padding's KV sits beyond the row's
+position and is overwritten before it is ever attended) and their last hidden state joins the
+running rows' in the head, so a new context's first frame and PCM come out of the same step.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from talkgate.synth.api import FRAME_SAMPLES, SamplingParams
+from talkgate.synth.model import sample_codes
+from talkgate.synth.request import Request
+from talkgate.synth.sampling import FrameSampler, RowSampling
+
+CODES = 16
+OUT_COLS = CODES + FRAME_SAMPLES
+NO_EOS = 1 << 40                       # eos allowed from this frame on, for fixed_frames contexts: never
+EOS_FROM = 2                           # the reference's min_new_tokens
+
+
+def batch_buckets(max_batch: int) -> list[int]:
+    sizes = [b for b in (1, 2, 4, 8) if b < max_batch] + list(range(16, max_batch, 16)) + [max_batch]
+    return sorted(set(sizes))
+
+
+class Runner:
+    def __init__(self, tts, num_slots: int, max_frames: int, max_prompt: int, max_batch: int,
+                 device: torch.device, dtype: torch.dtype, cuda_graphs: bool = True):
+        """tts: synth.loader.LoadedTTS. A slot holds max_prompt + max_frames Talker positions."""
+        self.tts, self.device, self.dtype = tts, device, dtype
+        self.talker, self.predictor, self.decoder = tts.talker, tts.code_predictor, tts.codec_decoder
+        self.num_slots, self.max_frames, self.max_prompt = num_slots, max_frames, max_prompt
+        self.max_batch = min(max_batch, num_slots)
+        self.dummy = num_slots                          # padded rows write here
+        self.codec_eos, self.text_eos, self.text_pad = tts.config.talker.codec_eos, tts.config.tts_eos, tts.config.tts_pad
+        self.use_graphs = cuda_graphs and device.type == "cuda"
+        S, H, B = num_slots + 1, self.talker.hidden_size, self.max_batch
+        with torch.device(device):
+            self.talker.setup_cache(S, max_prompt + max_frames, device, dtype)
+            self.dec_state = self.decoder.alloc_state(S)
+            self.next_embed = torch.zeros(S, H, dtype=dtype)
+            self.sampling = RowSampling.build([SamplingParams(seed=0)] * S, tts.generation_config, device)
+            self.min_frames = torch.zeros(S, dtype=torch.long)            # eos allowed from this frame on
+            self.seen = torch.zeros(S, self.talker.cfg.vocab_size, dtype=torch.bool)   # codebook-0 ids so far
+            # static step buffers: rows [:b] are the batch
+            self.inputs = torch.zeros(4, B, dtype=torch.long)     # slot, position, text id, frame
+            self.hidden = torch.zeros(B, H, dtype=dtype)
+            self.out = torch.zeros(B, OUT_COLS)
+        pin = self.use_graphs
+        self.inputs_host = torch.zeros(4, B, dtype=torch.long, pin_memory=pin)
+        self.out_host = torch.zeros(B, OUT_COLS, pin_memory=pin)
+        self.buckets = batch_buckets(self.max_batch)
+        self.graphs: dict[tuple[str, int], torch.cuda.CUDAGraph] = {}
+        self.warm = False
+
+    # ----- per-slot state -----
+    def open_slot(self, req: Request) -> None:
+        """Initialize every per-slot tensor for a new context (engine thread, step boundary)."""
+        slot = torch.tensor([req.slot], device=self.device)
+        self.sampling.copy_rows_(slot, RowSampling.build([req.params.sampling], self.tts.generation_config))
+        self.min_frames[req.slot] = NO_EOS if req.params.fixed_frames is not None else EOS_FROM
+        self.seen[req.slot] = False
+        self.dec_state.reset_slots(slot)
+
+    # ----- one step -----
+    def step(self, prefill: list[Request], decode: list[Request]) -> np.ndarray:
+        """Frame `frames` of every row (prefill rows first): [rows, 16 codes + 1920 samples]."""
+        nd, n = len(decode), len(prefill) + len(decode)
+        # decode rows first in the static buffers; a prefill row's position 0 is only written by the
+        # talker graph's padding rows, and the prefill that runs after it overwrites it
+        rows = decode + prefill
+        b_head = self._bucket(n)
+        host = self.inputs_host.numpy()
+        host[:, :n] = np.array([(r.slot, max(r.prompt_len + r.frames - 1, 0), r.next_text_id(self.text_eos, self.text_pad),
+                                 r.frames) for r in rows], dtype=np.int64).T
+        host[:, n:b_head] = np.array([[self.dummy], [0], [self.text_pad], [0]])
+        self.inputs[:, :b_head].copy_(self.inputs_host[:, :b_head], non_blocking=True)
+        if nd:
+            self._run("talker", self._bucket(nd), nd)
+        if prefill:
+            self._prefill(prefill, nd)
+        self._run("head", b_head, n)
+        self.out_host[:n].copy_(self.out[:n], non_blocking=True)
+        if self.device.type == "cuda":
+            torch.cuda.current_stream().synchronize()
+        out = self.out_host[:n].numpy()
+        return np.concatenate([out[nd:], out[:nd]]) if prefill and nd else out
+
+    def _bucket(self, n: int) -> int:
+        if not self.use_graphs:
+            return n
+        return next(b for b in self.buckets if b >= n)
+
+    def _run(self, part: str, b: int, n: int) -> None:
+        g = self.graphs.get((part, b))
+        if g is not None:
+            g.replay()
+        elif part == "talker":
+            self._talker_step(b)
+        else:
+            self._head_step(b)
+
+    def _prefill(self, reqs: list[Request], row0: int) -> None:
+        """Prompt + text token 0 of each new context into its KV; last hidden -> hidden[row0 + i]."""
+        embeds = [self.tts.prompts.prefill(r.prompt, r.text_ids[0]) for r in reqs]   # [P_i, H] each
+        lengths = [e.shape[0] for e in embeds]
+        T = max(lengths)
+        x = torch.zeros(len(reqs), T, embeds[0].shape[-1], dtype=self.dtype, device=self.device)
+        for i, e in enumerate(embeds):
+            x[i, :e.shape[0]] = e
+        pos = torch.arange(T, device=self.device).expand(len(reqs), T)
+        slots = self.inputs[0, row0:row0 + len(reqs)]
+        h = self.talker(x, pos, slots)
+        last = torch.tensor([l - 1 for l in lengths], device=self.device)
+        self.hidden[row0:row0 + len(reqs)] = h[torch.arange(len(reqs), device=self.device), last]
+        for r, l in zip(reqs, lengths):
+            r.prompt_len = l
+
+    # ----- the two captured parts -----
+    @torch.inference_mode()
+    def _talker_step(self, b: int) -> None:
+        slots, pos, text = self.inputs[0, :b], self.inputs[1, :b], self.inputs[2, :b]
+        x = self.next_embed[slots] + self.talker.embed_text(text)
+        self.hidden[:b] = self.talker(x[:, None], pos[:, None], slots)[:, 0]
+
+    @torch.inference_mode()
+    def _head_step(self, b: int) -> None:
+        slots, frame = self.inputs[0, :b], self.inputs[3, :b]
+        h = self.hidden[:b]
+        sampler = FrameSampler(self.sampling.index(slots), frame)
+        seen = self.seen[slots]
+        codes, embed_sum = sample_codes(self.talker, self.predictor, h, sampler, seen,
+                                        frame >= self.min_frames[slots])
+        code0 = codes[:, 0]
+        self.seen[slots] = seen.scatter_(1, code0[:, None], True)
+        self.next_embed[slots] = embed_sum.to(self.dtype)
+        # an eos frame is never emitted; its codebook-0 id is out of the decoder's range
+        dec_codes = torch.cat([torch.where(code0 == self.codec_eos, 0, code0)[:, None], codes[:, 1:]], 1)
+        pcm = self.decoder.decode_step(dec_codes[:, :, None], slots, self.dec_state)
+        self.out[:b, :CODES] = codes.float()
+        self.out[:b, CODES:] = pcm
+
+    # ----- warm-up and capture -----
+    def warmup(self) -> None:
+        """Run every part once (kernels, allocator) and capture the CUDA graphs, largest bucket first.
+        Runs once: later calls return at once."""
+        if self.warm:
+            return
+        self.warm = True
+        with torch.inference_mode():
+            self.inputs.zero_()
+            self.inputs[0] = self.dummy
+            self._talker_step(self.max_batch)
+            self._head_step(self.max_batch)
+            if not self.use_graphs:
+                return
+            torch.cuda.synchronize()
+            pool = torch.cuda.graph_pool_handle()
+            for b in reversed(self.buckets):
+                for part, fn in (("talker", self._talker_step), ("head", self._head_step)):
+                    s = torch.cuda.Stream()
+                    s.wait_stream(torch.cuda.current_stream())
+                    with torch.cuda.stream(s):
+                        fn(b)                               # warm this size outside the capture
+                    torch.cuda.current_stream().wait_stream(s)
+                    g = torch.cuda.CUDAGraph()
+                    with torch.cuda.graph(g, pool=pool):
+                        fn(b)
+                    self.graphs[(part, b)] = g
+            torch.cuda.synchronize()
+
+
+def _dtype(name) -> torch.dtype | None:
+    if name is None or isinstance(name, torch.dtype):
+        return name
+    return {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}[str(name)]
+
+
+def slot_bytes(tts, max_len: int, dtype: torch.dtype) -> int:
+    """GPU bytes one context slot takes: Talker KV + codec decoder state + small per-slot pools."""
+    d = tts.config.talker.dims
+    kv = d.num_layers * 2 * d.num_kv_heads * max_len * d.head_dim * dtype.itemsize
+    one = tts.codec_decoder.alloc_state(1, device="meta")
+    dec = sum(t.numel() * t.element_size() for t in (one.tails, one.kv, one.pos))
+    return kv + dec + tts.config.talker.vocab_size + 2 * d.hidden_size * dtype.itemsize + 128
+
+
+def slots_from_memory(tts, max_len: int, dtype: torch.dtype, device: torch.device, cap: int = 256) -> int:
+    """As many slots as free GPU memory allows after a reserve for activations and graphs
+    (4 GiB + 10% of what is free), at most `cap`; at least 1."""
+    free, _ = torch.cuda.mem_get_info(device)
+    usable = free - (4 << 30) - free // 10
+    return max(1, min(cap, usable // slot_bytes(tts, max_len, dtype)))
+
+
+def load_runner(path_or_id, device=None, dtype=None, max_contexts=None, max_frames_per_context=750, max_batch=None,
+                cuda_graphs=True, max_prompt=128, decoder_dtype=None):
+    """-> (Runner, tokenizer factory, Prompts, ModelInfo) for synth.engine.Engine."""
+    from talkgate.synth.loader import load_tts
+    from talkgate.synth.tokenizer import StreamingTokenizer
+
+    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    dtype = _dtype(dtype) or (torch.bfloat16 if device.type == "cuda" else torch.float32)
+    decoder_dtype = _dtype(decoder_dtype) or torch.float32
+    tts = load_tts(path_or_id, device=device, dtype=dtype, decoder_dtype=decoder_dtype)
+    max_len = max_prompt + max_frames_per_context
+    if max_contexts is None:
+        max_contexts = slots_from_memory(tts, max_len, dtype, device) if device.type == "cuda" else 16
+    runner = Runner(tts, num_slots=max_contexts, max_frames=max_frames_per_context, max_prompt=max_prompt,
+                    max_batch=max_batch or max_contexts, device=device, dtype=dtype, cuda_graphs=cuda_graphs)
+    return runner, (lambda: StreamingTokenizer(tts.tokenizer)), tts.prompts, tts.info
