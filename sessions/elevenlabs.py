@@ -30,8 +30,6 @@ DEFAULT_INACTIVITY_S = 20
 MAX_INACTIVITY_S = 180
 SINGLE = ""                     # the one context of a stream-input socket
 PCM_RATES = (8000, 16000, 22050, 24000, 32000, 44100, 48000)
-
-
 MP3_FORMATS = {(22050, 32), (24000, 48), (44100, 32), (44100, 64), (44100, 96), (44100, 128), (44100, 192)}
 OPUS_KBPS = (32, 64, 96, 128, 192)
 # compressed formats are encoded here, per context, from the session's engine-rate float PCM

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, replace
 from talkgate.sessions.alignment import CharSpan, Timeline, Word
 from talkgate.sessions.native import Purge, Send
 from talkgate.sessions.session import (
-    AudioOut, ContextCancelled, ContextError, ContextFinished, Session, SessionError, SessionEvent,
+    AudioOut, ContextError, ContextFinished, Session, SessionError, SessionEvent,
 )
 from talkgate.synth.api import EngineEvent
 
