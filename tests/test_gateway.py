@@ -136,14 +136,15 @@ def test_text_deltas_to_opus_match_pcm_path(server):
     pcm = pcm16(pcm_chunks)
     assert len(pcm) == 12 * 1920
     assert [seq for seq, _, _ in opus_packets] == list(range(len(opus_packets)))
-    assert len(opus_packets) == 12 * 80 // 20
+    # 20 ms packets covering the audio plus libopus' 2.5 ms lookahead (so the tail is not cut)
+    assert len(opus_packets) == -(-(12 * 80 + 2.5) // 20)
     dec = opuslib.Decoder(24000, 1)
     decoded = np.concatenate([np.frombuffer(dec.decode(p, 480), dtype="<i2") for _, _, p in opus_packets])
     decoded = decoded.astype(np.float32) / 32768
-    assert len(decoded) == len(pcm)
+    assert len(decoded) >= len(pcm)
     # libopus delays by its lookahead: align by cross-correlation, then compare
     lag = max(range(0, 400), key=lambda k: float(np.dot(decoded[k:k + 12000], pcm[:12000])))
-    a, b = decoded[lag:], pcm[:len(decoded) - lag]
+    a, b = decoded[lag:lag + len(pcm)], pcm[:len(decoded) - lag]
     corr = float(np.corrcoef(a, b)[0, 1])
     assert corr > 0.8, (lag, corr)
 
@@ -153,8 +154,9 @@ def test_interleaved_contexts_equal_each_alone(server):
         async with aiohttp.ClientSession() as s:
             c = await connect(s, server)
             alone = await speak(c, "alone", ["One two three."], fixed_frames=8)
-            for cid in ("x", "y"):
-                await c.send(type="context.start", context_id=cid, sampling=GREEDY, fixed_frames=8)
+            await c.send(type="context.start", context_id="x", sampling=GREEDY, fixed_frames=8)
+            # the tiny random model hardly hears its text: a seed is what sets y apart
+            await c.send(type="context.start", context_id="y", sampling={"seed": 5}, fixed_frames=8)
             await c.send(type="text", context_id="x", text="One two ")
             await c.send(type="text", context_id="y", text="Something else entirely.")
             await c.send(type="text", context_id="x", text="three.")
@@ -169,8 +171,9 @@ def test_interleaved_contexts_equal_each_alone(server):
             return c, streams, alone["stream"]
 
     c, streams, alone = run(go())
-    assert np.array_equal(pcm16(c.audio[streams["x"]]), pcm16(c.audio[alone]))
-    assert not np.array_equal(pcm16(c.audio[streams["y"]]), pcm16(c.audio[alone]))
+    # batch of 2 vs batch of 1: the same up to float rounding (a few int16 steps)
+    np.testing.assert_allclose(pcm16(c.audio[streams["x"]]), pcm16(c.audio[alone]), atol=4 / 32768)
+    assert not np.allclose(pcm16(c.audio[streams["y"]]), pcm16(c.audio[alone]), atol=1e-2)
 
 
 def test_cancel_mid_utterance(server):
@@ -249,6 +252,7 @@ def test_bad_input_gets_error_and_session_lives_on(server):
             assert (await c.until(lambda e: e["type"] == "error"))["code"] == "too_many_contexts"
             await c.send(type="context.start", context_id="c0")
             assert (await c.until(lambda e: e["type"] == "error"))["code"] == "context_exists"
+            await c.send(type="text", context_id="c0", text="Some words.")
             await c.send(type="flush", context_id="c0")
             await c.send(type="text", context_id="c0", text="more")
             assert (await c.until(lambda e: e["type"] == "error"))["code"] == "context_closed"
