@@ -17,7 +17,9 @@ from talkgate.sessions.session import Session
 class Harness:
     def __init__(self, engine, make, limits: Limits | None = None):
         self.events: queue.Queue = queue.Queue()
-        self.session = Session(engine, self.events.put, limits or Limits(max_text_chars=400))
+        # the outbox is drained only when a test says so: allow a whole utterance to wait in it
+        limits = limits or Limits(max_text_chars=400, max_backlog_ms=60_000)
+        self.session = Session(engine, self.events.put, limits)
         self.proto = make(self.session)
         self.outbox: list[Send] = []
         self.delivered: list = []       # JSON objects (dict) and binary frames (bytes), in order

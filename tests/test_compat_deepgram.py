@@ -51,7 +51,8 @@ def test_clear_purges_before_cleared(tiny_engine):
     h.send({"type": "Flush"})
     h.pump(lambda m: isinstance(m, bytes))
     h.deliver()                                               # some audio reached the client
-    h.pump_all(0.05)                                          # more is queued, not yet written
+    h.pump(lambda m: isinstance(m, bytes))                    # more is queued, not yet written
+    assert h.close is None
     h.send({"type": "Clear"})
     queued = h.queued()         # queued audio of the old turn is dropped (its Flushed may remain)
     assert not any(isinstance(m, bytes) for m in queued) and queued[-1] == {"type": "Cleared", "sequence_id": 0}

@@ -12,7 +12,7 @@ SID = "MZ0123456789abcdef"
 
 
 def make(engine):
-    limits = Limits(max_text_chars=400)
+    limits = Limits(max_text_chars=400, max_backlog_ms=60_000)
     h = Harness(engine, lambda s: TwilioProtocol(NativeProtocol(s, limits, "s1"), SID), limits)
     h.ready()
     (ready,) = h.queued()
