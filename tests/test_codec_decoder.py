@@ -94,6 +94,17 @@ def test_streaming_equals_full_decode(tiny, policy):
         assert (got - expected).abs().max() <= TOL
 
 
+def test_chunks_longer_than_the_window(tiny):
+    codes = random_codes(1, 160, seed=7)
+    state = tiny.alloc_state(1)
+    slot = torch.tensor([0])
+    pcm, start = [], 0
+    for n in (80, 1, 75, 4):  # a chunk of more than 72 frames keeps only its last 72 keys
+        pcm.append(tiny.decode_step(codes[..., start:start + n], slot, state))
+        start += n
+    assert (torch.cat(pcm, dim=1) - tiny.decode(codes)).abs().max() <= TOL
+
+
 def test_first_frame_gives_first_pcm(tiny):
     state = tiny.alloc_state(2)
     codes = random_codes(1, 3, seed=5)
