@@ -178,6 +178,8 @@ class Utterances:
         seg = utt.segments[0]
         text = "".join(seg.text)
         seg.text.clear()
+        if not text and seg.flushed:        # a flush with nothing new to say: done, no engine context
+            return self._segment_done(utt, "empty")
         seg.sid = f"{utt.key}#{next(self._ids)}"
         self._by_sid[seg.sid] = utt
         try:
@@ -202,7 +204,7 @@ class Utterances:
                 span, words = utt.timeline.audio(ev.duration_ms)
                 out.append(Audio(key, replace(ev, context_id=key), span, words))
             elif isinstance(ev, ContextFinished):
-                out += self._segment_done(utt, ev)
+                out += self._segment_done(utt, ev.reason)
             elif isinstance(ev, ContextError) and ev.fatal:
                 self._drop(utt)
                 out.append(replace(ev, context_id=key))
@@ -210,11 +212,11 @@ class Utterances:
                 out.append(replace(ev, context_id=key))
         return out
 
-    def _segment_done(self, utt: Utterance, ev: ContextFinished) -> list[Event]:
+    def _segment_done(self, utt: Utterance, reason: str) -> list[Event]:
         seg = utt.segments.popleft()
-        del self._by_sid[seg.sid]
+        self._by_sid.pop(seg.sid, None)
         span, words = utt.timeline.end_segment()
-        out: list[Event] = [SegmentDone(utt.key, seg.tag, span, words, ev.reason)]
+        out: list[Event] = [SegmentDone(utt.key, seg.tag, span, words, reason)]
         if utt.segments:
             if utt.segments[0].flushed or utt.segments[0].text:
                 out += self._start_head(utt)
