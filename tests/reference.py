@@ -70,7 +70,7 @@ _TINY_PREDICTOR = dict(vocab_size=2048, hidden_size=32, intermediate_size=64, nu
                        num_code_groups=16, max_position_embeddings=4096, pad_token_id=None)
 
 
-def tiny_config(variant: str = "custom_voice", *, separate_predictor_hidden: bool = True,
+def tiny_config(variant: str = "custom_voice", *, separate_predictor_hidden: bool = True, model_size: str = "0b6",
                 talker: dict | None = None, predictor: dict | None = None):
     """A reference Qwen3TTSConfig at toy sizes with the real control ids, speakers and languages.
 
@@ -90,7 +90,18 @@ def tiny_config(variant: str = "custom_voice", *, separate_predictor_hidden: boo
         t["spk_is_dialect"] = {name: DIALECTS.get(name, False) for name in SPEAKERS}
     else:
         t["spk_id"], t["spk_is_dialect"] = {}, {}
-    return ref.Qwen3TTSConfig(talker_config=t, tts_model_type=variant, tts_model_size="0b6",
+    return ref.Qwen3TTSConfig(talker_config=t, tts_model_type=variant, tts_model_size=model_size,
                               tokenizer_type="qwen3_tts_tokenizer_12hz",
                               im_start_token_id=151644, im_end_token_id=151645, tts_pad_token_id=151671,
                               tts_bos_token_id=151672, tts_eos_token_id=151673)
+
+
+def save_reference(model, out_dir) -> None:
+    """The reference's own save_pretrained (config.json, generation_config.json, model.safetensors).
+
+    transformers 5.x expects `_tied_weights_keys` to be a dict; the reference declares lists (and ties
+    nothing, tie_word_embeddings=False), which makes save_pretrained fail: clear them first."""
+    for module in model.modules():
+        if isinstance(getattr(module, "_tied_weights_keys", None), list):
+            module._tied_weights_keys = None
+    model.save_pretrained(str(out_dir))
