@@ -248,3 +248,23 @@ async def twilio_bridge_turn(url: str) -> None:
 
 def test_twilio_mode(server):
     run(twilio_bridge_turn(server.url))
+
+
+# ----- ElevenLabs inactivity_timeout (per socket) -----
+async def elevenlabs_inactivity(url: str) -> float:
+    ws_url = url.replace("http://", "ws://")
+    loop = asyncio.get_running_loop()
+    async with aiohttp.ClientSession() as http, http.ws_connect(
+            f"{ws_url}/v1/text-to-speech/v/multi-stream-input?output_format=pcm_16000&inactivity_timeout=1",
+            headers={"xi-api-key": API_KEY}) as ws:
+        start = loop.time()
+        await asyncio.sleep(0.7)
+        await ws.send_json({"text": ""})            # pipecat's keepalive resets the clock
+        err = await ws.receive_json(timeout=10)
+        assert err["error"] == "input_timeout_exceeded" and err["code"] == 1008
+        assert (await ws.receive(timeout=10)).type == aiohttp.WSMsgType.CLOSE and ws.close_code == 1008
+        return loop.time() - start
+
+
+def test_elevenlabs_inactivity_timeout(server):
+    assert 1.6 <= run(elevenlabs_inactivity(server.url)) < 5
