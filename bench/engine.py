@@ -50,13 +50,24 @@ def step_times(engine: Engine, batch: int, steps: int, sampling: SamplingParams)
         engine.run_once()
         times.append((time.perf_counter() - t0) * 1000)
     running = len(engine.scheduler.running)
+    parts = {}
+    for part in ("talker", "head"):                           # the two graphs alone, replayed
+        g = engine.runner.graphs.get((part, engine.runner._bucket(batch)))
+        if g is not None:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(steps):
+                g.replay()
+            end.record()
+            end.synchronize()
+            parts[f"{part}_graph_ms"] = round(start.elapsed_time(end) / steps, 3)
     for c in ctxs:
         engine.cancel(c)
     engine.run_once()
     med = statistics.median(times)
     return {"batch": batch, "running": running, "step_ms_median": round(med, 3),
             "step_ms_min": round(min(times), 3), "step_ms_max": round(max(times), 3),
-            "rtf": round(med / FRAME_MS, 4), "frames_per_s": round(batch * 1000 / med, 1)}
+            "rtf": round(med / FRAME_MS, 4), "frames_per_s": round(batch * 1000 / med, 1), **parts}
 
 
 def first_pcm_ms(engine: Engine, runs: int, sampling: SamplingParams) -> list[float]:
@@ -100,6 +111,111 @@ def profile_steps(engine: Engine, batch: int, sampling: SamplingParams, steps: i
     return prof.key_averages().table(sort_by="cuda_time_total", row_limit=25)
 
 
+# ----- decode attention probe: what the Talker's per-slot attention costs, and a Triton alternative -----
+def triton_decode_attention():
+    """decode_attention(q [B,heads,D], k/v cache [S,kv_heads,L,D], slots [B], lens [B]) -> [B,heads,D]:
+    row b attends to its own slot's positions [0, lens[b]); reads only those, no gather of whole caches."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def kernel(Q, K, V, O, SLOTS, LENS, sqb, sqh, sks, skh, skl, sob, soh, scale,
+               GROUP: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr):
+        b = tl.program_id(0)
+        h = tl.program_id(1)
+        slot = tl.load(SLOTS + b).to(tl.int64)
+        n = tl.load(LENS + b).to(tl.int32)
+        g = tl.arange(0, GROUP)
+        d = tl.arange(0, D)
+        q = tl.load(Q + b * sqb + (h * GROUP + g)[:, None] * sqh + d[None, :]).to(tl.float32)
+        m = tl.full([GROUP], float("-inf"), tl.float32)
+        l = tl.zeros([GROUP], tl.float32)
+        acc = tl.zeros([GROUP, D], tl.float32)
+        base = slot * sks + h * skh
+        for start in range(0, n, BLOCK):
+            pos = start + tl.arange(0, BLOCK)
+            valid = pos < n
+            off = base + pos[:, None].to(tl.int64) * skl + d[None, :]
+            k = tl.load(K + off, mask=valid[:, None], other=0.0).to(tl.float32)
+            v = tl.load(V + off, mask=valid[:, None], other=0.0).to(tl.float32)
+            sc = tl.sum(q[:, None, :] * k[None, :, :], axis=2) * scale
+            sc = tl.where(valid[None, :], sc, float("-inf"))
+            m_new = tl.maximum(m, tl.max(sc, axis=1))
+            alpha = tl.exp(m - m_new)
+            pr = tl.exp(sc - m_new[:, None])
+            l = l * alpha + tl.sum(pr, axis=1)
+            acc = acc * alpha[:, None] + tl.sum(pr[:, :, None] * v[None, :, :], axis=1)
+            m = m_new
+        out = acc / l[:, None]
+        tl.store(O + b * sob + (h * GROUP + g)[:, None] * soh + d[None, :], out.to(O.dtype.element_ty))
+
+    def decode_attention(q, kc, vc, slots, lens, block=32):
+        B, H, D = q.shape
+        kvh = kc.shape[1]
+        o = torch.empty_like(q)
+        kernel[(B, kvh)](q, kc, vc, o, slots, lens, q.stride(0), q.stride(1), kc.stride(0), kc.stride(1),
+                         kc.stride(2), o.stride(0), o.stride(1), D ** -0.5, GROUP=H // kvh, D=D, BLOCK=block)
+        return o
+    return decode_attention
+
+
+def attention_probe(batches, L=878, slots=257, layers=28) -> list[dict]:
+    """One layer's decode attention, the Talker's way (gather the rows' whole caches, masked SDPA) vs
+    the Triton kernel, bf16, 0.6B shapes; ms for `layers` layers; and the kernel's error."""
+    import torch.nn.functional as F
+    from triton.testing import do_bench
+    attn = triton_decode_attention()
+    dev = "cuda"
+    kc = torch.randn(slots, 8, L, 128, device=dev, dtype=torch.bfloat16)
+    vc = torch.randn_like(kc)
+    out = []
+    for B in batches:
+        sl = torch.randperm(slots - 1, device=dev)[:B]
+        lens = torch.randint(10, L + 1, (B,), device=dev)
+        q = torch.randn(B, 16, 128, device=dev, dtype=torch.bfloat16)
+        mask = (torch.arange(L, device=dev)[None, :] < lens[:, None])[:, None, None]
+
+        def gathered():
+            return F.scaled_dot_product_attention(q[:, :, None], kc[sl], vc[sl], attn_mask=mask,
+                                                  enable_gqa=True)[:, :, 0]
+        ref = gathered().float()
+        got = attn(q, kc, vc, sl, lens).float()
+        err = ((got - ref).norm() / ref.norm()).item()
+        t_ref = do_bench(gathered, warmup=25, rep=100, return_mode="median")
+        t_tri = do_bench(lambda: attn(q, kc, vc, sl, lens), warmup=25, rep=100, return_mode="median")
+        kv_bytes = 2 * int(lens.sum()) * 8 * 128 * 2
+        out.append({"batch": B, "gather_sdpa_ms_28_layers": round(t_ref * layers, 3),
+                    "triton_ms_28_layers": round(t_tri * layers, 3), "rel_err": err,
+                    "triton_GBps": round(kv_bytes / t_tri / 1e6, 1)})
+        print(f"attention B={B}: gather+SDPA {t_ref * layers:.3f} ms, triton {t_tri * layers:.3f} ms "
+              f"(28 layers), rel err {err:.2e}", flush=True)
+    return out
+
+
+def use_triton_attention() -> None:
+    """Bench-only: the Talker's one-token steps through the Triton kernel (to measure what it would give)."""
+    from talkgate.synth.model import Talker
+    attn = triton_decode_attention()
+    original = Talker.forward
+
+    def forward(self, x, pos, slots):
+        if x.shape[1] != 1:
+            return original(self, x, pos, slots)
+        p = (pos if pos.dim() == 2 else pos[0])[:, 0]
+        cos, sin = self.rope(pos)
+        lens = p + 1
+        for layer, kc, vc in zip(self.layers, self.k_cache, self.v_cache):
+            a = layer.self_attn
+            q, k, v = a.qkv(layer.input_layernorm(x), cos, sin)
+            kc[slots, :, p] = k[:, 0]
+            vc[slots, :, p] = v[:, 0]
+            o = attn(q[:, 0], kc, vc, slots, lens)
+            x = x + a.o_proj(o.reshape(x.shape[0], 1, -1))
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+        return self.norm(x)
+    Talker.forward = forward
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("checkpoint")
@@ -110,15 +226,24 @@ def main(argv=None) -> None:
     p.add_argument("--latency-runs", type=int, default=10)
     p.add_argument("--greedy", action="store_true", help="greedy instead of the checkpoint's sampling")
     p.add_argument("--no-graphs", action="store_true")
+    p.add_argument("--no-compile", action="store_true")
     p.add_argument("--profile", default="", help="batch sizes to profile (torch.profiler top kernels), e.g. 1,256")
     p.add_argument("--max-prefills", type=int, default=16)
+    p.add_argument("--decoder-dtype", help="codec decoder dtype (default float32)")
+    p.add_argument("--attention-probe", action="store_true", help="time the Talker's decode attention alone")
+    p.add_argument("--triton-attention", action="store_true", help="Talker steps with the Triton decode kernel")
     p.add_argument("--json", help="write the results here")
     a = p.parse_args(argv)
     batches = [int(b) for b in a.batches.split(",")]
     sampling = SamplingParams(greedy=a.greedy)
+    probe = attention_probe(batches) if a.attention_probe else None
+    if a.triton_attention:
+        use_triton_attention()
     t0 = time.perf_counter()
     engine = Engine.from_pretrained(a.checkpoint, device=a.device, dtype=a.dtype, max_contexts=max(batches),
-                                    max_batch=max(batches), cuda_graphs=not a.no_graphs, max_prefills=a.max_prefills)
+                                    max_batch=max(batches), cuda_graphs=not a.no_graphs, max_prefills=a.max_prefills,
+                                    torch_compile=not a.no_compile,
+                                    decoder_dtype=a.decoder_dtype)
     load_s = time.perf_counter() - t0
     t0 = time.perf_counter()
     engine.runner.warmup()
@@ -126,26 +251,29 @@ def main(argv=None) -> None:
     cuda = engine.runner.device.type == "cuda"
     res = {"checkpoint": a.checkpoint, "info": engine.info.as_dict(), "torch": torch.__version__,
            "gpu": torch.cuda.get_device_name() if cuda else platform.processor(), "graphs": engine.runner.use_graphs,
-           "slots": engine.runner.num_slots, "greedy": a.greedy, "load_s": round(load_s, 2),
+           "slots": engine.runner.num_slots, "greedy": a.greedy, "triton_attention": a.triton_attention,
+           "compiled": engine.runner.compiled,
+           "decoder_dtype": str(engine.runner.decoder.pre_conv.conv.weight.dtype), "attention_probe": probe, "load_s": round(load_s, 2),
            "warmup_s": round(warm_s, 2), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "steps": []}
     for b in batches:
         r = step_times(engine, b, a.steps, sampling)
         res["steps"].append(r)
-        print(f"batch {b:4d}: {r['step_ms_median']:8.3f} ms/step  RTF {r['rtf']:.4f}  {r['frames_per_s']:9.1f} frames/s",
-              flush=True)
+        print(f"batch {b:4d}: {r['step_ms_median']:8.3f} ms/step  RTF {r['rtf']:.4f}  {r['frames_per_s']:9.1f} frames/s"
+              f"  talker graph {r.get('talker_graph_ms')} ms, head graph {r.get('head_graph_ms')} ms", flush=True)
     res["profiles"] = {}
     for b in [int(x) for x in a.profile.split(",") if x]:
         res["profiles"][str(b)] = table = profile_steps(engine, b, sampling)
-        print(f"--- profile batch {b}\n{table}", flush=True)
+        print(f"--- profile batch {b}: top rows\n" + "\n".join(table.splitlines()[:8]), flush=True)
     engine.start()                 # the engine thread; warm-up already done (it runs once)
     lat = first_pcm_ms(engine, a.latency_runs, sampling)
     engine.stop()
     res["first_pcm_ms"] = {"median": round(statistics.median(lat), 3), "all": [round(x, 3) for x in lat]}
     if cuda:
         res["peak_memory_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
-    print("\n| batch | ms / frame step | RTF | frames/s |\n| --- | --- | --- | --- |")
+    print("\n| batch | ms / frame step | RTF | frames/s | talker graph ms | head graph ms |\n| --- | --- | --- | --- | --- | --- |")
     for r in res["steps"]:
-        print(f"| {r['batch']} | {r['step_ms_median']:.3f} | {r['rtf']:.4f} | {r['frames_per_s']:.0f} |")
+        print(f"| {r['batch']} | {r['step_ms_median']:.3f} | {r['rtf']:.4f} | {r['frames_per_s']:.0f} | "
+              f"{r.get('talker_graph_ms')} | {r.get('head_graph_ms')} |")
     print(f"text ready -> first PCM (batch 1, median of {len(lat)}): {res['first_pcm_ms']['median']:.2f} ms")
     if cuda:
         print(f"peak GPU memory: {res['peak_memory_gib']} GiB; slots {res['slots']}")

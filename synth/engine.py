@@ -70,15 +70,16 @@ class Engine:
     def from_pretrained(cls, path_or_id: str, device: str | None = None, dtype: str | None = None,
                         max_contexts: int | None = None, max_frames_per_context: int = DEFAULT_MAX_FRAMES,
                         max_batch: int | None = None, cuda_graphs: bool = True, max_prompt: int = 128,
-                        decoder_dtype: str | None = None, **engine_kw) -> "Engine":
+                        decoder_dtype: str | None = None, torch_compile: bool = True, **engine_kw) -> "Engine":
         """Load a checkpoint (directory or Hugging Face id). device None: cuda if available, else cpu;
         dtype None: bfloat16 on cuda, float32 on cpu; max_contexts None: sized from free memory
-        (docs/engine.md); max_batch None: max_contexts; decoder_dtype None: float32 (as the reference)."""
+        (docs/engine.md); max_batch None: max_contexts; decoder_dtype None: float32 (as the reference);
+        torch_compile: fuse the step's kernels with torch.compile on cuda (minutes of warm-up)."""
         from talkgate.synth.runner import load_runner
         runner, tokenizer_factory, prompts, info = load_runner(
             path_or_id, device=device, dtype=dtype, max_contexts=max_contexts,
             max_frames_per_context=max_frames_per_context, max_batch=max_batch, cuda_graphs=cuda_graphs,
-            max_prompt=max_prompt, decoder_dtype=decoder_dtype)
+            max_prompt=max_prompt, decoder_dtype=decoder_dtype, torch_compile=torch_compile)
         return cls(runner, tokenizer_factory, prompts, info, **engine_kw)
 
     # ----- lifecycle -----

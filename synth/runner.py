@@ -40,7 +40,7 @@ def batch_buckets(max_batch: int) -> list[int]:
 
 class Runner:
     def __init__(self, tts, num_slots: int, max_frames: int, max_prompt: int, max_batch: int,
-                 device: torch.device, dtype: torch.dtype, cuda_graphs: bool = True):
+                 device: torch.device, dtype: torch.dtype, cuda_graphs: bool = True, torch_compile: bool = True):
         """tts: synth.loader.LoadedTTS. A slot holds max_prompt + max_frames Talker positions."""
         self.tts, self.device, self.dtype = tts, device, dtype
         self.talker, self.predictor, self.decoder = tts.talker, tts.code_predictor, tts.codec_decoder
@@ -49,7 +49,13 @@ class Runner:
         self.dummy = num_slots                          # padded rows write here
         self.codec_eos, self.text_eos, self.text_pad = tts.config.talker.codec_eos, tts.config.tts_eos, tts.config.tts_pad
         self.use_graphs = cuda_graphs and device.type == "cuda"
-        S, H, B = num_slots + 1, self.talker.hidden_size, self.max_batch
+        # torch.compile fuses the thousands of small elementwise kernels of a frame (norms, RoPE, the
+        # sampler's hash noise) into a few; dynamic batch: one compile serves every bucket but 1
+        self.compiled = torch_compile and device.type == "cuda"
+        wrap = (lambda f: torch.compile(f, dynamic=True)) if self.compiled else (lambda f: f)
+        self.talker_part, self.head_part, self.prefill_talker = (
+            wrap(self._talker_step), wrap(self._head_step), wrap(self.talker.forward))
+        S, H, B = num_slots + 1, self.talker.hidden_size, max(self.max_batch, 2)
         with torch.device(device):
             self.talker.setup_cache(S, max_prompt + max_frames, device, dtype)
             self.dec_state = self.decoder.alloc_state(S)
@@ -64,7 +70,8 @@ class Runner:
         pin = self.use_graphs
         self.inputs_host = torch.zeros(4, B, dtype=torch.long, pin_memory=pin)
         self.out_host = torch.zeros(B, OUT_COLS, pin_memory=pin)
-        self.buckets = batch_buckets(self.max_batch)
+        # compiled steps specialize size 1 apart (a second compile): pad batch 1 to 2 instead
+        self.buckets = [b for b in batch_buckets(max(self.max_batch, 2)) if b > 1 or not self.compiled]
         self.graphs: dict[tuple[str, int], torch.cuda.CUDAGraph] = {}
         self.warm = False
 
@@ -78,6 +85,7 @@ class Runner:
         self.dec_state.reset_slots(slot)
 
     # ----- one step -----
+    @torch.inference_mode()
     def step(self, prefill: list[Request], decode: list[Request]) -> np.ndarray:
         """Frame `frames` of every row (prefill rows first): [rows, 16 codes + 1920 samples]."""
         nd, n = len(decode), len(prefill) + len(decode)
@@ -111,34 +119,33 @@ class Runner:
         if g is not None:
             g.replay()
         elif part == "talker":
-            self._talker_step(b)
+            self.talker_part(b)
         else:
-            self._head_step(b)
+            self.head_part(b)
 
     def _prefill(self, reqs: list[Request], row0: int) -> None:
         """Prompt + text token 0 of each new context into its KV; last hidden -> hidden[row0 + i]."""
         embeds = [self.tts.prompts.prefill(r.prompt, r.text_ids[0]) for r in reqs]   # [P_i, H] each
         lengths = [e.shape[0] for e in embeds]
-        T = max(lengths)
-        x = torch.zeros(len(reqs), T, embeds[0].shape[-1], dtype=self.dtype, device=self.device)
+        n, T = len(reqs), max(lengths)
+        rows = max(n, 2) if self.compiled else n          # padded like the buckets: one compile
+        x = torch.zeros(rows, T, embeds[0].shape[-1], dtype=self.dtype, device=self.device)
         for i, e in enumerate(embeds):
             x[i, :e.shape[0]] = e
-        pos = torch.arange(T, device=self.device).expand(len(reqs), T)
-        slots = self.inputs[0, row0:row0 + len(reqs)]
-        h = self.talker(x, pos, slots)
+        pos = torch.arange(T, device=self.device).expand(rows, T)
+        slots = torch.tensor([r.slot for r in reqs] + [self.dummy] * (rows - n), device=self.device)
+        h = self.prefill_talker(x, pos, slots)
         last = torch.tensor([l - 1 for l in lengths], device=self.device)
-        self.hidden[row0:row0 + len(reqs)] = h[torch.arange(len(reqs), device=self.device), last]
+        self.hidden[row0:row0 + n] = h[torch.arange(n, device=self.device), last]
         for r, l in zip(reqs, lengths):
             r.prompt_len = l
 
     # ----- the two captured parts -----
-    @torch.inference_mode()
     def _talker_step(self, b: int) -> None:
         slots, pos, text = self.inputs[0, :b], self.inputs[1, :b], self.inputs[2, :b]
         x = self.next_embed[slots] + self.talker.embed_text(text)
         self.hidden[:b] = self.talker(x[:, None], pos[:, None], slots)[:, 0]
 
-    @torch.inference_mode()
     def _head_step(self, b: int) -> None:
         slots, frame = self.inputs[0, :b], self.inputs[3, :b]
         h = self.hidden[:b]
@@ -165,14 +172,18 @@ class Runner:
         with torch.inference_mode():
             self.inputs.zero_()
             self.inputs[0] = self.dummy
-            self._talker_step(self.max_batch)
-            self._head_step(self.max_batch)
+            self.talker_part(self.buckets[-1])
+            self.head_part(self.buckets[-1])
+            P = 10
+            x = torch.zeros(2, P, self.talker.hidden_size, dtype=self.dtype, device=self.device)
+            self.prefill_talker(x, torch.arange(P, device=self.device).expand(2, P),
+                                torch.full((2,), self.dummy, device=self.device))
             if not self.use_graphs:
                 return
             torch.cuda.synchronize()
             pool = torch.cuda.graph_pool_handle()
             for b in reversed(self.buckets):
-                for part, fn in (("talker", self._talker_step), ("head", self._head_step)):
+                for part, fn in (("talker", self.talker_part), ("head", self.head_part)):
                     s = torch.cuda.Stream()
                     s.wait_stream(torch.cuda.current_stream())
                     with torch.cuda.stream(s):
@@ -209,7 +220,7 @@ def slots_from_memory(tts, max_len: int, dtype: torch.dtype, device: torch.devic
 
 
 def load_runner(path_or_id, device=None, dtype=None, max_contexts=None, max_frames_per_context=750, max_batch=None,
-                cuda_graphs=True, max_prompt=128, decoder_dtype=None):
+                cuda_graphs=True, max_prompt=128, decoder_dtype=None, torch_compile=True):
     """-> (Runner, tokenizer factory, Prompts, ModelInfo) for synth.engine.Engine."""
     from talkgate.synth.loader import load_tts
     from talkgate.synth.tokenizer import StreamingTokenizer
@@ -222,5 +233,6 @@ def load_runner(path_or_id, device=None, dtype=None, max_contexts=None, max_fram
     if max_contexts is None:
         max_contexts = slots_from_memory(tts, max_len, dtype, device) if device.type == "cuda" else 16
     runner = Runner(tts, num_slots=max_contexts, max_frames=max_frames_per_context, max_prompt=max_prompt,
-                    max_batch=max_batch or max_contexts, device=device, dtype=dtype, cuda_graphs=cuda_graphs)
+                    max_batch=max_batch or max_contexts, device=device, dtype=dtype, cuda_graphs=cuda_graphs,
+                    torch_compile=torch_compile)
     return runner, (lambda: StreamingTokenizer(tts.tokenizer)), tts.prompts, tts.info

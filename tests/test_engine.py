@@ -10,7 +10,6 @@ import pytest
 from talkgate.synth.api import (
     AudioChunk, ContextDone, ContextParams, EngineFull, SamplingParams, UnknownLanguage, UnknownVoice,
 )
-from talkgate.synth.checkpoint import create_checkpoint
 from talkgate.synth.engine import Engine
 
 GREEDY = SamplingParams(greedy=True)
@@ -18,8 +17,8 @@ TEXT = "Hello there, this is a streaming test. It has two sentences!"
 
 
 @pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory):
-    return create_checkpoint(tmp_path_factory.mktemp("ck") / "tiny", preset="tiny")
+def checkpoint(tiny_checkpoint):
+    return tiny_checkpoint
 
 
 @pytest.fixture(scope="module")
