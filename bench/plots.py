@@ -20,7 +20,8 @@ def ttfa_cdf(series: dict[str, list[float]], path: Path) -> None:
     ax.set_ylabel("share of requests")
     ax.set_ylim(0, 1.01)
     ax.grid(True, alpha=0.3)
-    ax.legend(fontsize="small")
+    if any(series.values()):
+        ax.legend(fontsize="small")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

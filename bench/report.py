@@ -16,6 +16,15 @@ def fmt(v, digits: int = 1) -> str:
     return "-" if v is None else f"{v:.{digits}f}" if isinstance(v, float) else str(v)
 
 
+def seconds_as_ms(h: dict | None) -> str:
+    """A histogram_delta in seconds as "mean / p99 bucket" ms (a gauge: its value)."""
+    if not h:
+        return "-"
+    if "value" in h:
+        return fmt(h["value"] * 1000, 2)
+    return " / ".join(fmt(None if h[k] is None else h[k] * 1000, 2) for k in ("mean", "p99_le"))
+
+
 def one_line(s: dict) -> str:
     t = s["metrics"]["ttfa_ms"] or {}
     return (f"{s['mode']} {s['load']:g}: {s['requests']} requests, {s['achieved_rps']:.2f} req/s, "
@@ -33,17 +42,12 @@ def markdown(cfg: dict, s: dict) -> str:
              f"cancel share {cfg['cancel_share']}; duration {cfg['duration_s']} s; seed {cfg['seed']}"
              + (f"; {cfg['words_per_second']} words/s, first token after {cfg['first_token_delay_ms']} ms"
                 if native else ""), "",
-             f"**{'CLEAN' if s['clean'] else 'NOT CLEAN'}** (no errors, no underruns, p95 TTFA <= "
+             f"**{'CLEAN' if s['clean'] else 'NOT CLEAN'}** (clean: no errors, no underruns, p95 TTFA <= "
              f"{cfg['ttfa_limit_ms']:.0f} ms)", ""]
     srv, gpu, lag = s["server"], s["gpu"], s["client_loop_lag_ms"]
     if lag and lag["p99"] > CLIENT_LAG_WARN_MS:
         lines += [f"WARNING: the client's own event loop lagged (p99 {lag['p99']:.1f} ms): it is saturated and "
                   "inflates the latencies below; run fewer streams per client process.", ""]
-    loop = srv.get("event_loop_lag_s") or {}
-    if "mean" in loop:
-        loop_text = " / ".join(fmt(None if loop[k] is None else loop[k] * 1000, 2) for k in ("mean", "p99_le"))
-    else:
-        loop_text = fmt(None if "value" not in loop else loop["value"] * 1000, 2)
     rows = [("requests / completed / cancelled", f"{s['requests']} / {s['completed']} / {s['cancelled']}"),
             ("errors", ", ".join(f"{k}: {v}" for k, v in s["errors"].items()) or "none"),
             ("achieved req/s", fmt(s["achieved_rps"], 2)), ("peak in flight", s["peak_in_flight"]),
@@ -51,7 +55,8 @@ def markdown(cfg: dict, s: dict) -> str:
             ("underruns (requests with any) / total ms",
              f"{s['underruns']} ({s['requests_with_underruns']}) / {fmt(s['underrun_ms_total'])}"),
             ("server CPU cores", fmt(srv.get("cpu_cores"), 2)),
-            ("server event-loop lag mean / p99 bucket (ms)", loop_text),
+            ("server event-loop lag mean / p99 bucket (ms)", seconds_as_ms(srv.get("event_loop_lag_s"))),
+            ("engine step mean / p99 bucket (ms)", seconds_as_ms(srv.get("engine_step_s"))),
             ("server underrun-risk chunks", fmt(srv.get("underrun_risk"), 0)),
             ("server contexts active after the run", fmt(srv.get("contexts_active_after"), 0)),
             ("GPU util mean / max %, mem max MiB", "-" if gpu is None else
@@ -103,7 +108,7 @@ def write_sweep(out: Path, cfg: dict, runs: list[dict], best: float | None) -> N
         rows.append(f"| {s['load']:g} | {s['achieved_rps']:.2f} | {fmt(t.get('p50'))} | {fmt(t.get('p95'))} | "
                     f"{fmt(t.get('p99'))} | {s['underruns']} | {sum(s['errors'].values())} | {s['clean']} |")
     (out / "sweep.md").write_text(f"# talkgate sweep ({cfg['protocol']}, {mode})\n\nHighest clean {mode}: "
-                                  f"**{fmt(best)}** (no errors, no underruns, p95 TTFA <= "
+                                  f"**{fmt(best)}** (clean: no errors, no underruns, p95 TTFA <= "
                                   f"{cfg['ttfa_limit_ms']:.0f} ms)\n\n" + "\n".join(rows) + "\n")
     plot(lambda plots: (plots.sweep(steps, out / "sweep.png", mode),
                         plots.ttfa_cdf({f"{mode} {s['load']:g}": ttfas(r) for s, r in zip(steps, runs)},

@@ -210,3 +210,50 @@ def test_bad_arguments_are_refused(argv):
     with pytest.raises(SystemExit) as e:
         load.main(argv)
     assert e.value.code == 2
+
+
+# ----- a short run against a real `talkgate serve` (tiny random-weight checkpoint, CPU)
+@pytest.fixture(scope="module")
+def server(tiny_checkpoint):
+    from tests.serverproc import TalkgateServer
+
+    with TalkgateServer(tiny_checkpoint) as srv:
+        yield srv
+
+
+def _run(server, tmp_path, *argv) -> tuple[int, dict, list[dict]]:
+    out = tmp_path / "results"
+    rc = load.main(["--url", server.url, "--lang", "en", "--bucket", "short", "--duration", "60",
+                    "--out", str(out), *argv])
+    return rc, json.loads((out / "summary.json").read_text())["summary"], json.loads(
+        (out / "requests.json").read_text())
+
+
+@pytest.mark.parametrize("argv", [["--protocol", "openai"],
+                                  ["--protocol", "native", "--encoding", "opus", "--words-per-second", "40"]])
+def test_short_run_against_a_real_server(server, tmp_path, argv):
+    rc, summary, requests = _run(server, tmp_path, *argv, "--concurrency", "2", "--requests", "4",
+                                 "--cancel-share", "0.5", "--seed", "3", "--warmup", "1")
+    assert rc == 0 and summary["errors"] == {} and summary["requests"] == 4
+    assert summary["completed"] >= 1 and summary["cancelled"] >= 1     # seed 3: both kinds
+    assert summary["server"]["cpu_cores"] is not None                  # /metrics was read
+    for r in requests:
+        assert 0 < r["ttfb_ms"] <= r["ttfa_ms"] < 30_000
+        frames_ms = 80.0 * r["frames_requested"]
+        if r["cancel_sent_at_audio_ms"] is None:     # completed: exactly the frames asked for (Opus: in 20 ms
+            # packets, plus libopus' 2.5 ms lookahead so that the tail is not cut)
+            want = 20 * np.ceil((frames_ms + 2.5) / 20) if "opus" in argv else frames_ms
+            assert r["audio_ms"] == pytest.approx(want)
+            assert r["e2e_ms"] >= r["ttfa_ms"] and r["rtf"] > 0
+        else:
+            assert load.CANCEL_POINT[0] * frames_ms <= r["cancel_sent_at_audio_ms"] <= r["audio_ms"]
+            if "native" in argv:
+                assert 0 <= r["cancel_to_last_audio_ms"] <= r["cancel_to_cancelled_ms"] < 5_000
+    assert (tmp_path / "results" / "summary.md").exists()
+
+
+def test_errors_fail_the_run(server, tmp_path):
+    rc, summary, requests = _run(server, tmp_path, "--protocol", "native", "--voice", "no_such_voice",
+                                 "--rps", "5", "--requests", "2", "--warmup", "0")
+    assert rc == 1 and summary["errors"] == {"unknown_voice": 2} and not summary["clean"]
+    assert all(r["error"]["code"] == "unknown_voice" for r in requests)
