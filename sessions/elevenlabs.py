@@ -172,7 +172,8 @@ class ElevenLabsProtocol(UtteranceProtocol):
         if cid not in self.utterances:
             if text == "" and not flush:
                 return []           # keepalive of a context that is over or not yet opened
-            if len(self.utterances) >= MAX_CONTEXTS:
+            # contexts the client closed (close_context) no longer count, even while their audio finishes
+            if sum(not u.ended for u in self.utterances.by_key.values()) >= MAX_CONTEXTS:
                 return [_json({"message": f"Maximum simultaneous contexts ({MAX_CONTEXTS}) exceeded: close a "
                                "context before opening another", "error": "max_active_conversations",
                                "code": 1008}), Close(1008, "max_active_conversations")]

@@ -268,3 +268,31 @@ async def elevenlabs_inactivity(url: str) -> float:
 
 def test_elevenlabs_inactivity_timeout(server):
     assert 1.6 <= run(elevenlabs_inactivity(server.url)) < 5
+
+
+# ----- each API's own way of presenting a key -----
+async def refused_and_accepted(url: str) -> None:
+    ws_url = url.replace("http://", "ws://")
+    el = f"{ws_url}/v1/text-to-speech/v/multi-stream-input?output_format=pcm_16000"
+    async with aiohttp.ClientSession() as http:
+        for target, kw in ((f"{ws_url}/tts/websocket", {"headers": {"X-API-Key": "wrong"}}),
+                           (f"{ws_url}/v1/speak", {"headers": {"Authorization": "Token wrong"}})):
+            async with http.ws_connect(target, **kw) as ws:
+                assert (await ws.receive(timeout=10)).type == aiohttp.WSMsgType.CLOSE and ws.close_code == 1008
+        async with http.ws_connect(f"{ws_url}/tts/websocket?api_key={API_KEY}&cartesia_version=2025-04-16") as ws:
+            await ws.send_json({"context_id": "c", "cancel": True})      # accepted: nothing to answer
+            await ws.send_str("{")
+            assert (await ws.receive_json(timeout=10))["error_code"] == "invalid_json"
+        async with http.ws_connect(el) as ws:                            # key in the first message
+            await ws.send_json({"text": " ", "context_id": "c", "xi_api_key": "wrong"})
+            assert (await ws.receive_json(timeout=10))["error"] == "invalid_api_key"
+            assert (await ws.receive(timeout=10)).type == aiohttp.WSMsgType.CLOSE and ws.close_code == 1008
+        async with http.ws_connect(f"{el}&authorization={API_KEY}") as ws:
+            await ws.send_json({"text": "Hi. ", "context_id": "c", "flush": True})
+            await ws.send_json({"context_id": "c", "close_context": True})
+            while not (msg := await ws.receive_json(timeout=TURN_TIMEOUT_S)).get("isFinal"):
+                assert msg.get("audio") is not None or msg.get("alignment")
+
+
+def test_api_keys(server):
+    run(refused_and_accepted(server.url))

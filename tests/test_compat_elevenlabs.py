@@ -109,6 +109,14 @@ def test_five_context_limit(tiny_engine):
     assert actions[-1] == Close(1008, "max_active_conversations")
 
 
+def test_closed_contexts_do_not_count_toward_the_limit(tiny_engine):
+    h = make(tiny_engine)
+    for i in range(7):          # each turn ends the pipecat way while its audio is still being made
+        h.send({"text": "Hi. ", "context_id": f"t{i}", "flush": True})
+        h.send({"context_id": f"t{i}", "close_context": True})
+    assert h.close is None and not [m for m in h.queued() if "error" in m]
+
+
 @pytest.mark.parametrize("msg, code", [
     ("{not json", "invalid_json"),
     ("[1, 2]", "invalid_message"),
