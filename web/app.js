@@ -2,8 +2,9 @@
 // (player.js), the LLM-style text feed (textfeed.js) and microphone barge-in (bargein.js), and
 // shows live figures. One utterance plays at a time: speaking again cancels the one before.
 //
-// window.talkgateStats holds every figure the page shows (tests and people can read it);
-// window.talkgate.setMicLevel(db) feeds a microphone level instead of the real one (null: real).
+// window.talkgateStats holds every figure the page shows (tests and people can read it), and
+// window.talkgate.snapshot() a plain copy of it; window.talkgate.setMicLevel(db) feeds a microphone
+// level instead of the real one (null: the real one again), for tests and demos.
 
 import { BargeIn } from "./bargein.js";
 import { Connection, defaultUrl } from "./connection.js";
@@ -43,6 +44,7 @@ const ERROR_WORDS = {
 
 const stats = {
   state: "closed",
+  sessionId: null,
   rttMs: null,
   framesReceived: 0,
   staleFramesDropped: 0,
@@ -78,7 +80,12 @@ const bargeIn = new BargeIn({
   onBargeIn: () => { stats.bargeIns++; stop("barge-in"); },
   onLevel: showMicLevel,
 });
-window.talkgate = { stats, setMicLevel: (db) => { bargeIn.simulatedDb = db; } };
+window.talkgate = {
+  stats,
+  /** A plain copy of the figures (without the live decoder and feed objects). */
+  snapshot: () => JSON.parse(JSON.stringify(stats, (k, v) => (k === "decoder" || k === "feed" ? undefined : v))),
+  setMicLevel: (db) => { bargeIn.simulatedDb = db; },
+};
 
 const live = new Map();       // context_id -> utterance still expecting server events
 const byStream = new Map();   // stream -> utterance whose audio is wanted (others are stale)
@@ -111,6 +118,7 @@ function onMessage(msg) {
 function onReady(msg) {
   const m = msg.model;
   stats.model = m;
+  stats.sessionId = msg.session_id;
   stats.limits = msg.limits;
   const banner = $("untrained");
   banner.hidden = !m.untrained;
@@ -141,7 +149,7 @@ function newUtterance(mode) {
     id: `u${nextUtterance++}`, mode, stream: null, format: null, decoder: null, feed: null,
     started: false, pending: [], flushWanted: false,
     tFirstText: null, ttfaClientMs: null, ttfaServerMs: null, receivedMs: 0, frames: 0,
-    outcome: "starting", cancelToSilenceMs: null, audioMsSent: null,
+    outcome: "starting", cancelToSilenceMs: null, audioMsSent: null, serverAudioMs: null,
   };
   stats.utterances.push(u);
   if (stats.utterances.length > MAX_UTTERANCES) stats.utterances.shift();
@@ -245,9 +253,10 @@ function onTiming(msg) {
 async function onDone(msg) {
   const u = live.get(msg.context_id);
   if (!u) return;
-  u.outcome = `done (${msg.reason})`;
+  u.serverAudioMs = msg.audio_ms;
   live.delete(u.id);
   await u.decoder.finish();      // the last Opus packets reach the player before the tail is played out
+  u.outcome = `done (${msg.reason})`;
   byStream.delete(u.stream);
   if (live.size === 0) player.end();
 }
@@ -258,6 +267,9 @@ function onCancelled(msg) {
 }
 
 function onError(msg) {
+  // a message that crossed the end of its utterance on the wire (a flush after a fatal error): not news
+  if (msg.code === "unknown_context" && !live.has(msg.context_id)
+      && stats.utterances.some((x) => x.id === msg.context_id)) return;
   showError(msg);
   const u = msg.context_id ? live.get(msg.context_id) : undefined;
   // a refused start (never started) or a fatal error ends the utterance; other errors leave it running
@@ -291,9 +303,10 @@ function stop(reason) {
   byStream.clear();
   if (cancelled.length) conn.send({ type: "cancel" });   // no context_id: all of them (barge-in)
   const wasPlaying = stats.playing || stats.bufferMs > 0 || cancelled.length > 0;
-  player.flush().then(() => {
+  player.flush().then(({ playedMs }) => {
     if (!wasPlaying) return;
     const ms = performance.now() - t0;
+    stats.playedMs = playedMs;       // exact at the moment of silence (stats reports lag up to 50 ms)
     stats.cancelToSilenceMs = ms;
     for (const u of cancelled) u.cancelToSilenceMs = ms;
   });

@@ -7,7 +7,7 @@
 //               {type: "flush", id}                      drop everything now (cancel / barge-in)
 //               {type: "target", ms}                     jitter buffer target
 // Messages out: {type: "stats", ...}                     every ~50 ms while anything changes
-//               {type: "flushed", id, dropped}           first render quantum after a flush (silence from here on)
+//               {type: "flushed", id, dropped, played}   first render quantum after a flush (silence from here on)
 //               {type: "drained"}                        the tail after "end" has been played
 
 const REPORT_SECONDS = 0.05;
@@ -86,7 +86,7 @@ class PlayerProcessor extends AudioWorkletProcessor {
       this.size = 0;
       this.playing = false;
       this.ended = true;
-      this.port.postMessage({ type: "flushed", id: this.flushId, dropped: this.flushDropped });
+      this.port.postMessage({ type: "flushed", id: this.flushId, dropped: this.flushDropped, played: this.played });
       this.flushId = null;
       this.dirty = true;
     } else {

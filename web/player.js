@@ -98,7 +98,13 @@ export class StreamDecoder {
 
   /** Resolves once every decoded sample has reached the sink. */
   async finish() {
-    if (this.decoder && !this.closed && this.decoder.state === "configured") await this.decoder.flush();
+    if (this.decoder && !this.closed && this.decoder.state === "configured") {
+      try {
+        await this.decoder.flush();
+      } catch (e) {
+        if (!this.closed) throw e;     // closed meanwhile by a cancel: its output is unwanted anyway
+      }
+    }
     this.close();
   }
 
@@ -157,7 +163,7 @@ export class Player {
     } else if (msg.type === "flushed") {
       const resolve = this.flushes.get(msg.id);
       this.flushes.delete(msg.id);
-      if (resolve) resolve(ms(msg.dropped));
+      if (resolve) resolve({ droppedMs: ms(msg.dropped), playedMs: ms(msg.played) });
     } else if (msg.type === "drained") {
       this.onDrained();
     }
@@ -183,9 +189,9 @@ export class Player {
     if (this.node) this.node.port.postMessage({ type: "target", ms });
   }
 
-  /** Drop all buffered audio; resolves with the ms dropped once the worklet renders silence. */
+  /** Drop all buffered audio; once the worklet renders silence, resolves with {droppedMs, playedMs}. */
   flush() {
-    if (!this.node) return Promise.resolve(0);
+    if (!this.node) return Promise.resolve({ droppedMs: 0, playedMs: 0 });
     const id = this.nextFlush++;
     const done = new Promise((resolve) => this.flushes.set(id, resolve));
     this.node.port.postMessage({ type: "flush", id });
