@@ -178,6 +178,8 @@ def livekit_tts(url: str, name: str, http: aiohttp.ClientSession):
         return elevenlabs.TTS(api_key=API_KEY, base_url=f"{url}/v1", encoding="pcm_24000", http_session=http)
     if name == "elevenlabs-mp3":       # the plugin's default encoding, decoded by the plugin
         return elevenlabs.TTS(api_key=API_KEY, base_url=f"{url}/v1", http_session=http)
+    if name == "elevenlabs-opus":      # Ogg Opus, decoded by the plugin
+        return elevenlabs.TTS(api_key=API_KEY, base_url=f"{url}/v1", encoding="opus_48000_64", http_session=http)
     if name == "cartesia":
         return cartesia.TTS(api_key=API_KEY, base_url=url, http_session=http)
     return deepgram.TTS(api_key=API_KEY, base_url=f"{url}/v1/speak", http_session=http)
@@ -217,7 +219,7 @@ async def livekit_turns(url: str, name: str) -> None:
             await tts.aclose()
 
 
-@pytest.mark.parametrize("name", ["elevenlabs", "elevenlabs-mp3", "cartesia", "deepgram"])
+@pytest.mark.parametrize("name", ["elevenlabs", "elevenlabs-mp3", "elevenlabs-opus", "cartesia", "deepgram"])
 def test_livekit(server, name):
     run(livekit_turns(server.url, name))
 
