@@ -6,11 +6,15 @@ regex and byte-level mapping; then the added tokens of tokenizer_config.json (`a
 on top, with their ids. No special tokens are added around the text.
 
 `StreamingTokenizer` turns text deltas into token ids as early as possible without ever committing
-an id that later text could change. BPE merges never cross pre-tokenizer pieces, so every piece but
-the last is final once the text after it has started; the last piece can still grow ("Hel" + "lo",
-"it'" + "s", "  " + "x"). The held-back tail also starts no later than any suffix that could be the
-beginning of an added token ("<|im_" + "end|>") and never just before a combining mark (NFC may
-compose it with the character before). finish() releases the tail.
+an id that later text could change. BPE merges never cross pre-tokenizer pieces, and a piece that
+ends in something other than whitespace, with text after it, is final: the last piece can still grow
+("Hel" + "lo", "it'" + "s") and a whitespace run can still merge with what follows ("\n " + " \n").
+So the cut is the start of the last piece that follows a non-whitespace character, and the ids
+committed are those of the pieces before it, taken from the tokenization of the whole pending text
+(a prefix tokenized alone can differ: "  " before "3" is two pieces, at the end of a text one). The
+pending text is kept NFC-normalized as the tokenizer normalizes; the cut never sits just before a
+combining mark, and never after the start of a tail that may still become an added token
+("<|im_" + "end|>"). finish() releases the tail.
 """
 from __future__ import annotations
 
@@ -34,6 +38,7 @@ class QwenTokenizer:
     def __init__(self, tokenizer: Tokenizer, added: dict[str, int]):
         self.tok = tokenizer
         self.added = added                     # added token content -> id
+        self.added_ids = set(added.values())
 
     @classmethod
     def from_dir(cls, path: str | Path) -> "QwenTokenizer":
@@ -97,27 +102,28 @@ class QwenTokenizer:
         return i
 
     def stable_prefix(self, text: str) -> int:
-        """Length of the longest prefix of `text` whose ids no continuation of the text can change."""
-        starts = [start for _, (start, _) in self.tok.pre_tokenizer.pre_tokenize_str(text)]
-        if len(starts) < 2:
-            return 0
-        cut = starts[-1]
-        while cut > 0 and self._unsafe_cut(text, cut):
-            cut = max((s for s in starts if s < cut), default=0)
-        return cut
+        """Length of the longest prefix of `text` whose ids no continuation of the text can change.
 
-    def _unsafe_cut(self, text: str, cut: int) -> bool:
-        if unicodedata.combining(text[cut]):
-            return True
+        Added tokens split the text into segments tokenized apart. A tail that may still become an
+        added token ("<|im_") may also end the segment before it, so the cut is the start of the last
+        pre-tokenizer piece of the text between the last complete added token and that tail."""
+        partial = len(text)
         for content in self.added:
-            # an added token straddling the cut, or a tail that may become one
-            start = text.find(content, max(0, cut - len(content) + 1))
-            if 0 <= start < cut < start + len(content):
-                return True
-            for k in range(1, len(content)):
-                if text.endswith(content[:k]) and len(text) - k < cut:
-                    return True
-        return False
+            for k in range(len(content) - 1, 0, -1):
+                if text.endswith(content[:k]):
+                    partial = min(partial, len(text) - k)
+                    break
+        segment_start = 0
+        enc = self.tok.encode(text[:partial], add_special_tokens=False)
+        for token_id, (_, end) in zip(enc.ids, enc.offsets):
+            if token_id in self.added_ids:
+                segment_start = end
+        pieces = self.tok.pre_tokenizer.pre_tokenize_str(text[segment_start:partial])
+        starts = [segment_start + start for _, (start, _) in pieces][1:]
+        # a piece ending in whitespace may still merge with whitespace that follows ("\n " + " \n"
+        # is one piece); NFC may compose a combining mark with the character before it
+        return max((s for s in starts if not text[s - 1].isspace() and not unicodedata.combining(text[s])),
+                   default=segment_start)
 
 
 class StreamingTokenizer:
@@ -130,11 +136,20 @@ class StreamingTokenizer:
         self.pending = ""
 
     def feed(self, delta: str) -> list[int]:
-        self.pending += delta
+        # kept NFC-normalized (NFC(NFC(a) + b) == NFC(a + b)) so that the pieces seen here are the
+        # pieces the tokenizer sees
+        self.pending = unicodedata.normalize("NFC", self.pending + delta)
         cut = self.tokenizer.stable_prefix(self.pending)
         if cut == 0:
             return []
-        ids = self.tokenizer.encode(self.pending[:cut])
+        # the ids of the pieces before the cut, tokenized in context: a prefix tokenized alone can
+        # differ ("  " before "3" is two pieces, at the end of a text one)
+        enc = self.tokenizer.tok.encode(self.pending, add_special_tokens=False)
+        ids = []
+        for token_id, (_, end) in zip(enc.ids, enc.offsets):
+            if end > cut:
+                break
+            ids.append(token_id)
         self.pending = self.pending[cut:]
         return ids
 
