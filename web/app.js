@@ -73,7 +73,6 @@ const player = new Player({
     stats.bufferMs = s.bufferedMs; stats.playedMs = s.playedMs; stats.underruns = s.underruns;
     stats.overflowMs = s.overflowMs; stats.playing = s.playing;
   },
-  onDrained: () => {},
 });
 const bargeIn = new BargeIn({
   isSpeaking: () => live.size > 0 || stats.playing || stats.bufferMs > 0,

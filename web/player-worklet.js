@@ -8,7 +8,6 @@
 //               {type: "target", ms}                     jitter buffer target
 // Messages out: {type: "stats", ...}                     every ~50 ms while anything changes
 //               {type: "flushed", id, dropped, played}   first render quantum after a flush (silence from here on)
-//               {type: "drained"}                        the tail after "end" has been played
 
 const REPORT_SECONDS = 0.05;
 const FADE_SAMPLES = 64;   // a flush fades out over ~1.3 ms instead of clicking
@@ -96,8 +95,7 @@ class PlayerProcessor extends AudioWorkletProcessor {
         this.readInto(out, n);
         if (this.size === 0) {
           this.playing = false;
-          if (this.ended) this.port.postMessage({ type: "drained" });
-          else this.underruns++;     // ran dry mid-utterance: prime again before resuming
+          if (!this.ended) this.underruns++;     // ran dry mid-utterance: prime again before resuming
         }
         this.dirty = true;
       }

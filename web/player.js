@@ -117,11 +117,10 @@ export class StreamDecoder {
 }
 
 export class Player {
-  /** `onStats({bufferedMs, playedMs, underruns, overflowMs, playing})`, `onDrained()`. */
-  constructor({ targetMs, onStats, onDrained }) {
+  /** `onStats({bufferedMs, playedMs, underruns, overflowMs, playing})` every ~50 ms while playing. */
+  constructor({ targetMs, onStats }) {
     this.targetMs = targetMs;
     this.onStats = onStats;
-    this.onDrained = onDrained;
     this.ctx = null;
     this.node = null;
     this.analyser = null;
@@ -164,8 +163,6 @@ export class Player {
       const resolve = this.flushes.get(msg.id);
       this.flushes.delete(msg.id);
       if (resolve) resolve({ droppedMs: ms(msg.dropped), playedMs: ms(msg.played) });
-    } else if (msg.type === "drained") {
-      this.onDrained();
     }
   }
 
