@@ -145,3 +145,67 @@ def test_mrope_with_distinct_axes_matches_reference(custom_voice):
         equal_axes = tts.talker(x, pos[0], torch.tensor([0]))
     assert (got - want).abs().max() <= TOL
     assert (equal_axes - want).abs().max() > 1e-3
+
+
+# ----- sampling: the reference's logits processors (transformers) vs synth.sampling -----
+
+def hf_processed(logits, temperature, top_k, top_p):
+    from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+    x = TemperatureLogitsWarper(temperature)(None, logits.clone())
+    x = TopKLogitsWarper(top_k)(None, x)
+    return TopPLogitsWarper(top_p)(None, x)
+
+
+def test_repetition_penalty_equals_transformers():
+    from transformers.generation.logits_process import RepetitionPenaltyLogitsProcessor
+    from talkgate.synth.sampling import apply_repetition_penalty
+    torch.manual_seed(0)
+    logits = torch.randn(3, 50)
+    history = torch.tensor([[1, 7, 7, 30], [0, 0, 0, 0], [49, 2, 3, 4]])
+    seen = torch.zeros(3, 50, dtype=torch.bool).scatter_(1, history, True)
+    want = RepetitionPenaltyLogitsProcessor(1.3)(history, logits.clone())
+    assert torch.equal(apply_repetition_penalty(logits, seen, torch.full((3,), 1.3)), want)
+
+
+def test_sampling_draws_from_the_processed_distribution():
+    from talkgate.synth.sampling import sample
+    logits = torch.tensor([[2.0, 1.5, 1.4, 0.3, 0.2, -1.0, -3.0, 0.9]])
+    N = 40000
+    for temperature, top_k, top_p in [(0.9, 50, 1.0), (0.7, 4, 1.0), (1.3, 8, 0.8), (1.0, 0, 0.5)]:
+        want = hf_processed(logits, temperature, top_k or 8, top_p).softmax(-1)[0]
+        ids = sample(logits.expand(N, -1), torch.full((N,), temperature), torch.full((N,), top_k),
+                     torch.full((N,), top_p), torch.zeros(N, dtype=torch.bool), torch.full((N,), 1234),
+                     torch.arange(N), 0)
+        got = torch.bincount(ids, minlength=8).float() / N
+        assert (got - want).abs().max() < 0.015, (temperature, top_k, top_p, got, want)
+        assert (got[want == 0] == 0).all()
+
+
+def test_sampling_support_matches_transformers_at_codec_vocab():
+    from talkgate.synth.sampling import sample
+    torch.manual_seed(1)
+    logits = torch.randn(1, 3072) * 3
+    N = 3000
+    for top_k, top_p in [(50, 1.0), (5, 1.0), (50, 0.3)]:
+        allowed = torch.isfinite(hf_processed(logits, 0.9, top_k, top_p))[0]
+        ids = sample(logits.expand(N, -1), torch.full((N,), 0.9), torch.full((N,), top_k), torch.full((N,), top_p),
+                     torch.zeros(N, dtype=torch.bool), torch.full((N,), 7), torch.arange(N), 3)
+        assert allowed[ids].all()
+        if top_k == 5:
+            assert set(ids.tolist()) == set(allowed.nonzero()[:, 0].tolist())
+
+
+def test_sampling_is_per_row_deterministic_and_greedy_rows_take_argmax():
+    from talkgate.synth.sampling import sample
+    torch.manual_seed(2)
+    logits = torch.randn(4, 2048)
+    args = dict(temperature=torch.full((4,), 1.0), top_k=torch.full((4,), 50), top_p=torch.ones(4))
+    seed, counter = torch.tensor([5, 6, 5, 9]), torch.tensor([3, 3, 3, 0])
+    a = sample(logits, **args, greedy=torch.tensor([False, False, False, True]), seed=seed, counter=counter, stream=2)
+    # row 2 alone, in another batch position: the same id as in the batch
+    b = sample(logits[[2, 0]], **{k: v[:2] for k, v in args.items()}, greedy=torch.zeros(2, dtype=torch.bool),
+               seed=seed[[2, 0]], counter=counter[[2, 0]], stream=2)
+    assert a[2] == b[0] and a[0] == b[1]
+    assert a[3] == logits[3].argmax()
+    other = sample(logits, **args, greedy=torch.zeros(4, dtype=torch.bool), seed=seed, counter=counter + 1, stream=2)
+    assert not torch.equal(a[:3], other[:3])
