@@ -42,6 +42,7 @@ from talkgate.synth.request import frames_for_text   # the engine's documented t
 ENCODING_CODES = {"opus": 1, "pcm_s16le": 2}
 DEFAULT_RATE = {"opus": 48000, "pcm_s16le": 24000}
 OPENAI_RATE = 24000                     # stream_format "audio" with response_format "pcm": s16le 24 kHz mono
+READY_TIMEOUT_S = 10.0                  # native: connection accepted -> session.ready
 CANCEL_POINT = (0.2, 0.8)               # a cancelled request is cancelled after this share of its audio
 METRICS = ("ttfb_ms", "ttfa_ms", "e2e_ms", "rtf", "max_gap_ms", "underrun_ms", "connect_ms",
            "server_ttfa_ms", "cancel_to_cancelled_ms", "cancel_to_last_audio_ms")
@@ -135,7 +136,11 @@ async def native_request(http: aiohttp.ClientSession, cfg: Config, job: Job, r: 
     t_connect = now()
     async with http.ws_connect(cfg.ws_url, headers=cfg.auth_headers(), heartbeat=None, autoping=True,
                                max_msg_size=16 * 1024 * 1024) as ws:
-        msg = await ws.receive()
+        try:
+            msg = await ws.receive(timeout=READY_TIMEOUT_S)
+        except asyncio.TimeoutError:
+            raise RequestError("no_session", f"no session.ready within {READY_TIMEOUT_S:.0f} s (the server waits "
+                               "for an `auth` message when it needs an API key: --api-key)") from None
         if msg.type != aiohttp.WSMsgType.TEXT or json.loads(msg.data).get("type") != "session.ready":
             raise RequestError("no_session", f"expected session.ready, got {msg.type.name} {str(msg.data)[:200]}")
         r.connect_ms = (now() - t_connect) * 1000
