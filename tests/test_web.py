@@ -240,6 +240,22 @@ def test_keyboard_labels_and_phone_width(client):
     assert client.problems == []
 
 
+def test_keepalive_pings_hold_an_idle_connection_open(browser, tiny_checkpoint):
+    """The server closes a connection after 17 s without a client message; the page's 15 s pings
+    keep it open (browsers cannot send WebSocket pings, so this is the only keepalive)."""
+    with TalkgateServer(tiny_checkpoint, "--idle-timeout", "17") as srv:
+        context = browser.new_context()
+        client = Client(context.new_page()).open(srv.url)
+        session = client.snap()["sessionId"]
+        client.wait("talkgateStats.pongs >= 1", 5)                  # the ping sent on session.ready
+        time.sleep(24)
+        s = client.snap()
+        assert s["pongs"] >= 2                                      # the 15 s keepalive ping was answered
+        assert s["state"] == "open" and s["sessionId"] == session   # never dropped, never reconnected
+        assert client.problems == []
+        context.close()
+
+
 def test_reconnects_after_the_server_restarts(browser, tiny_checkpoint):
     with TalkgateServer(tiny_checkpoint) as first:
         port = first.port

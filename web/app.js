@@ -46,6 +46,7 @@ const stats = {
   state: "closed",
   sessionId: null,
   rttMs: null,
+  pongs: 0,                 // keepalive answers on this page
   framesReceived: 0,
   staleFramesDropped: 0,
   decodedSamples: 0,        // samples out of the decoders (at their source rate)
@@ -66,7 +67,7 @@ const stats = {
 };
 window.talkgateStats = stats;
 
-const conn = new Connection({ onState, onMessage, onAudio, onRtt: (ms) => { stats.rttMs = ms; } });
+const conn = new Connection({ onState, onMessage, onAudio, onRtt: (ms) => { stats.rttMs = ms; stats.pongs++; } });
 const player = new Player({
   targetMs: Number($("jitter").value),
   onStats: (s) => {
@@ -288,9 +289,9 @@ function onLost() {
   for (const u of [...live.values()]) endUtterance(u, "connection lost");
 }
 
-/** Stop everything now: cancel every context on the server and silence playback. */
-function stop(reason) {
-  const t0 = performance.now();
+/** Stop everything now: cancel every context on the server and silence playback. `t0`: when the
+ * person acted (an event's timeStamp), so cancel -> silence includes the page's own delay. */
+function stop(reason, t0 = performance.now()) {
   const cancelled = [...live.values()];
   for (const u of cancelled) {
     if (u.feed) u.feed.stop();
@@ -414,13 +415,13 @@ async function setMic(on) {
 function wire() {
   $("url").value = defaultUrl();
   $("speak-form").addEventListener("submit", (e) => { e.preventDefault(); speak(); });
-  $("stop").addEventListener("click", () => stop("stopped"));
+  $("stop").addEventListener("click", (e) => stop("stopped", e.timeStamp));
   $("text").addEventListener("input", updateCount);
   $("text").addEventListener("keydown", (e) => {
     if (e.key === "Enter" && (e.ctrlKey || e.metaKey)) { e.preventDefault(); speak(); }
   });
   document.addEventListener("keydown", (e) => {
-    if (e.key === "Escape") stop("stopped");
+    if (e.key === "Escape") stop("stopped", e.timeStamp);
   });
   $("conn-form").addEventListener("submit", (e) => { e.preventDefault(); conn.connect($("url").value, $("api-key").value); });
   $("disconnect").addEventListener("click", () => conn.disconnect());
