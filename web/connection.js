@@ -64,6 +64,7 @@ export class Connection {
     if (this.ws) {
       this.ws.close(1000, "closed by the person");
       this.ws = null;
+      this.h.onMessage({ type: "connection.lost" });
     }
     this.h.onState("closed", "Disconnected.");
   }
