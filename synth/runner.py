@@ -49,12 +49,11 @@ class Runner:
         self.dummy = num_slots                          # padded rows write here
         self.codec_eos, self.text_eos, self.text_pad = tts.config.talker.codec_eos, tts.config.tts_eos, tts.config.tts_pad
         self.use_graphs = cuda_graphs and device.type == "cuda"
-        # torch.compile fuses the thousands of small elementwise kernels of a frame (norms, RoPE, the
-        # sampler's hash noise) into a few; dynamic batch: one compile serves every bucket but 1
+        # torch.compile fuses the small elementwise chains of the model's leaf functions (see
+        # compile_hot_functions); replayed inside the CUDA graphs they cost no Python time
         self.compiled = torch_compile and device.type == "cuda"
-        wrap = (lambda f: torch.compile(f, dynamic=True)) if self.compiled else (lambda f: f)
-        self.talker_part, self.head_part, self.prefill_talker = (
-            wrap(self._talker_step), wrap(self._head_step), wrap(self.talker.forward))
+        if self.compiled:
+            compile_hot_functions()
         S, H, B = num_slots + 1, self.talker.hidden_size, max(self.max_batch, 2)
         with torch.device(device):
             self.talker.setup_cache(S, max_prompt + max_frames, device, dtype)
@@ -70,7 +69,7 @@ class Runner:
         pin = self.use_graphs
         self.inputs_host = torch.zeros(4, B, dtype=torch.long, pin_memory=pin)
         self.out_host = torch.zeros(B, OUT_COLS, pin_memory=pin)
-        # compiled steps specialize size 1 apart (a second compile): pad batch 1 to 2 instead
+        # compiled functions specialize size 1 apart (more compiles): pad batch 1 to 2 instead
         self.buckets = [b for b in batch_buckets(max(self.max_batch, 2)) if b > 1 or not self.compiled]
         self.graphs: dict[tuple[str, int], torch.cuda.CUDAGraph] = {}
         self.warm = False
@@ -119,9 +118,9 @@ class Runner:
         if g is not None:
             g.replay()
         elif part == "talker":
-            self.talker_part(b)
+            self._talker_step(b)
         else:
-            self.head_part(b)
+            self._head_step(b)
 
     def _prefill(self, reqs: list[Request], row0: int) -> None:
         """Prompt + text token 0 of each new context into its KV; last hidden -> hidden[row0 + i]."""
@@ -134,7 +133,7 @@ class Runner:
             x[i, :e.shape[0]] = e
         pos = torch.arange(T, device=self.device).expand(rows, T)
         slots = torch.tensor([r.slot for r in reqs] + [self.dummy] * (rows - n), device=self.device)
-        h = self.prefill_talker(x, pos, slots)
+        h = self.talker(x, pos, slots)
         last = torch.tensor([l - 1 for l in lengths], device=self.device)
         self.hidden[row0:row0 + n] = h[torch.arange(n, device=self.device), last]
         for r, l in zip(reqs, lengths):
@@ -172,18 +171,18 @@ class Runner:
         with torch.inference_mode():
             self.inputs.zero_()
             self.inputs[0] = self.dummy
-            self.talker_part(self.buckets[-1])
-            self.head_part(self.buckets[-1])
-            P = 10
+            self._talker_step(self.buckets[-1])
+            self._head_step(self.buckets[-1])
+            P = 10                                          # a prefill, for its compiles
             x = torch.zeros(2, P, self.talker.hidden_size, dtype=self.dtype, device=self.device)
-            self.prefill_talker(x, torch.arange(P, device=self.device).expand(2, P),
-                                torch.full((2,), self.dummy, device=self.device))
+            self.talker(x, torch.arange(P, device=self.device).expand(2, P),
+                        torch.full((2,), self.dummy, device=self.device))
             if not self.use_graphs:
                 return
             torch.cuda.synchronize()
             pool = torch.cuda.graph_pool_handle()
             for b in reversed(self.buckets):
-                for part, fn in (("talker", self.talker_part), ("head", self.head_part)):
+                for part, fn in (("talker", self._talker_step), ("head", self._head_step)):
                     s = torch.cuda.Stream()
                     s.wait_stream(torch.cuda.current_stream())
                     with torch.cuda.stream(s):
@@ -194,6 +193,32 @@ class Runner:
                         fn(b)
                     self.graphs[(part, b)] = g
             torch.cuda.synchronize()
+
+
+def compile_hot_functions() -> None:
+    """torch.compile the model's leaf functions that every layer and every codebook calls (RMSNorm,
+    q/k/v with q/k norm and RoPE, the SwiGLU MLP, the per-row sampler): a frame is otherwise about
+    7,000 kernels of 1-5 us, mostly elementwise. Small graphs compile in seconds (a whole-step compile
+    took over 5 minutes). Process-wide and idempotent; CPU tensors keep the plain functions."""
+    import functools
+
+    from talkgate.synth import model, sampling
+
+    def cuda_only(fn):
+        compiled = torch.compile(fn, dynamic=True)
+
+        @functools.wraps(fn)
+        def call(*args, **kw):
+            t = next(a for a in args if isinstance(a, torch.Tensor))
+            return (compiled if t.is_cuda else fn)(*args, **kw)
+        call.talkgate_compiled = True
+        return call
+
+    for owner, name in ((model.RMSNorm, "forward"), (model.Attention, "qkv"), (model.MLP, "forward"),
+                        (sampling, "sample")):
+        fn = getattr(owner, name)
+        if not getattr(fn, "talkgate_compiled", False):
+            setattr(owner, name, cuda_only(fn))
 
 
 def _dtype(name) -> torch.dtype | None:
