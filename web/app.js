@@ -183,6 +183,7 @@ async function speak() {
   if (!conn.ready || stats.state !== "open") return showError({ code: "", message: "Not connected to the server yet." });
   const starting = player.start();          // inside the click: browsers allow audio from a gesture
   stop("replaced");
+  $("error").hidden = true;                 // a new attempt: the last error stays in the list below
   await starting;
   const mode = document.querySelector("input[name=mode]:checked").value;
   const u = newUtterance(mode);
