@@ -29,6 +29,7 @@ from talkgate.synth.sampling import FrameSampler, RowSampling
 
 CODES = 16
 OUT_COLS = CODES + FRAME_SAMPLES
+PREFILL_ROWS = (1, 2, 4)               # prefill graph buckets: new contexts per graph (more: in chunks)
 NO_EOS = 1 << 40                       # eos allowed from this frame on, for fixed_frames contexts: never
 EOS_FROM = 2                           # the reference's min_new_tokens
 
@@ -66,11 +67,19 @@ class Runner:
             self.inputs = torch.zeros(4, B, dtype=torch.long)     # slot, position, text id, frame
             self.hidden = torch.zeros(B, H, dtype=dtype)
             self.out = torch.zeros(B, OUT_COLS)
+            R = PREFILL_ROWS[-1]
+            self.pre_x = torch.zeros(R, max_prompt, H, dtype=dtype)
+            self.pre_pos = torch.arange(max_prompt).expand(R, max_prompt)
+            self.pre_idx = torch.zeros(2, R, dtype=torch.long)          # slot, last prompt position
+            self.pre_h = torch.zeros(R, H, dtype=dtype)
         pin = self.use_graphs
         self.inputs_host = torch.zeros(4, B, dtype=torch.long, pin_memory=pin)
         self.out_host = torch.zeros(B, OUT_COLS, pin_memory=pin)
+        self.pre_host = torch.zeros(2, PREFILL_ROWS[-1], dtype=torch.long, pin_memory=pin)
         # compiled functions specialize size 1 apart (more compiles): pad batch 1 to 2 instead
         self.buckets = [b for b in batch_buckets(max(self.max_batch, 2)) if b > 1 or not self.compiled]
+        self.prefill_rows = [r for r in PREFILL_ROWS if r > 1 or not self.compiled]
+        self.prefill_lens = sorted({t for t in (16, 32, 64) if t < max_prompt} | {max_prompt})
         self.graphs: dict[tuple[str, int], torch.cuda.CUDAGraph] = {}
         self.warm = False
 
@@ -123,21 +132,35 @@ class Runner:
             self._head_step(b)
 
     def _prefill(self, reqs: list[Request], row0: int) -> None:
-        """Prompt + text token 0 of each new context into its KV; last hidden -> hidden[row0 + i]."""
-        embeds = [self.tts.prompts.prefill(r.prompt, r.text_ids[0]) for r in reqs]   # [P_i, H] each
-        lengths = [e.shape[0] for e in embeds]
-        n, T = len(reqs), max(lengths)
-        rows = max(n, 2) if self.compiled else n          # padded like the buckets: one compile
-        x = torch.zeros(rows, T, embeds[0].shape[-1], dtype=self.dtype, device=self.device)
-        for i, e in enumerate(embeds):
-            x[i, :e.shape[0]] = e
-        pos = torch.arange(T, device=self.device).expand(rows, T)
-        slots = torch.tensor([r.slot for r in reqs] + [self.dummy] * (rows - n), device=self.device)
-        h = self.talker(x, pos, slots)
-        last = torch.tensor([l - 1 for l in lengths], device=self.device)
-        self.hidden[row0:row0 + n] = h[torch.arange(n, device=self.device), last]
-        for r, l in zip(reqs, lengths):
-            r.prompt_len = l
+        """Prompt + text token 0 of each new context into its KV; last hidden -> hidden[row0 + i].
+        Right-padded rows and lengths (a padding position's K/V lies beyond the row's position and is
+        overwritten before it is ever attended); one CUDA graph per (rows, length) bucket."""
+        for i in range(0, len(reqs), PREFILL_ROWS[-1]):
+            chunk = reqs[i:i + PREFILL_ROWS[-1]]
+            embeds = [self.tts.prompts.prefill(r.prompt, r.text_ids[0]) for r in chunk]   # [P_i, H] each
+            n, lengths = len(chunk), [e.shape[0] for e in embeds]
+            rows = next(b for b in self.prefill_rows if b >= n) if self.use_graphs else n
+            T = next(t for t in self.prefill_lens if t >= max(lengths)) if self.use_graphs else max(lengths)
+            self.pre_x[:rows, :T].zero_()
+            for j, e in enumerate(embeds):
+                self.pre_x[j, :e.shape[0]] = e
+            host = self.pre_host.numpy()
+            host[0, :rows] = [r.slot for r in chunk] + [self.dummy] * (rows - n)
+            host[1, :rows] = [l - 1 for l in lengths] + [0] * (rows - n)
+            self.pre_idx[:, :rows].copy_(self.pre_host[:, :rows], non_blocking=True)
+            g = self.graphs.get(("prefill", rows, T))
+            if g is not None:
+                g.replay()
+            else:
+                self._prefill_step(rows, T)
+            self.hidden[row0 + i:row0 + i + n] = self.pre_h[:n]
+            for r, l in zip(chunk, lengths):
+                r.prompt_len = l
+
+    def _prefill_step(self, rows: int, T: int) -> None:
+        slots, last = self.pre_idx[0, :rows], self.pre_idx[1, :rows]
+        h = self.talker(self.pre_x[:rows, :T], self.pre_pos[:rows, :T], slots)
+        self.pre_h[:rows] = h[torch.arange(rows, device=h.device), last]
 
     # ----- the two captured parts -----
     def _talker_step(self, b: int) -> None:
@@ -173,26 +196,30 @@ class Runner:
             self.inputs[0] = self.dummy
             self._talker_step(self.buckets[-1])
             self._head_step(self.buckets[-1])
-            P = 10                                          # a prefill, for its compiles
-            x = torch.zeros(2, P, self.talker.hidden_size, dtype=self.dtype, device=self.device)
-            self.talker(x, torch.arange(P, device=self.device).expand(2, P),
-                        torch.full((2,), self.dummy, device=self.device))
+            self.pre_idx[0] = self.dummy
+            self._prefill_step(self.prefill_rows[-1], self.prefill_lens[0])
             if not self.use_graphs:
                 return
             torch.cuda.synchronize()
             pool = torch.cuda.graph_pool_handle()
             for b in reversed(self.buckets):
-                for part, fn in (("talker", self._talker_step), ("head", self._head_step)):
-                    s = torch.cuda.Stream()
-                    s.wait_stream(torch.cuda.current_stream())
-                    with torch.cuda.stream(s):
-                        fn(b)                               # warm this size outside the capture
-                    torch.cuda.current_stream().wait_stream(s)
-                    g = torch.cuda.CUDAGraph()
-                    with torch.cuda.graph(g, pool=pool):
-                        fn(b)
-                    self.graphs[(part, b)] = g
+                self._capture(("talker", b), pool, self._talker_step, b)
+                self._capture(("head", b), pool, self._head_step, b)
+            for rows in reversed(self.prefill_rows):
+                for T in reversed(self.prefill_lens):
+                    self._capture(("prefill", rows, T), pool, self._prefill_step, rows, T)
             torch.cuda.synchronize()
+
+    def _capture(self, key: tuple, pool, fn, *args) -> None:
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            fn(*args)                                       # warm this size outside the capture
+        torch.cuda.current_stream().wait_stream(s)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g, pool=pool):
+            fn(*args)
+        self.graphs[key] = g
 
 
 def compile_hot_functions() -> None:
