@@ -1,6 +1,6 @@
 """talkgate's Talker + code predictor against the official reference at real sizes, on a GPU.
 
-Usage: python bench/parity_gpu.py --preset 0.6b --dtype bfloat16 --frames 64 [--device cuda]
+Usage: python bench/parity_gpu.py --preset 0.6b --dtypes bfloat16,float32 --frames 64 [--device cuda]
 
 Writes a random-weight checkpoint with `talkgate checkpoint create`'s writer, loads it into the
 reference (qwen_tts, strict: every tensor name must match) and into talkgate, then compares
@@ -52,18 +52,13 @@ def reference_model(ckpt: Path, device, dtype):
     return model.to(device).eval()
 
 
-def run(args) -> dict:
+def compare(args, ckpt: Path, dtype_name: str) -> dict:
     from talkgate.synth.api import SamplingParams
-    from talkgate.synth.checkpoint import create_checkpoint
     from talkgate.synth.loader import load_tts
     from talkgate.synth.offline import generate_codes
     from tests.test_parity_talker import reference_run
 
-    device, dtype = torch.device(args.device), getattr(torch, args.dtype)
-    tmp = Path(tempfile.mkdtemp(prefix="talkgate-parity-"))
-    t = time.perf_counter()
-    ckpt = create_checkpoint(tmp / args.preset, preset=args.preset, variant="custom_voice", seed=args.seed)
-    t_write = time.perf_counter() - t
+    device, dtype = torch.device(args.device), getattr(torch, dtype_name)
     tts = load_tts(ckpt, device=device, dtype=dtype, with_decoder=False)
     model = reference_model(ckpt, device, dtype)
     if device.type == "cuda":
@@ -82,26 +77,36 @@ def run(args) -> dict:
     first_diff = int((~same).nonzero()[0]) if not same.all() else None
     talker0 = (logits[0][0] - ref_logits[0][0].float().cpu()).abs()
     pred0 = (logits[0][1] - ref_logits[0][1].float().cpu()).abs()
-    return {"preset": args.preset, "dtype": args.dtype, "device": torch.cuda.get_device_name() if device.type == "cuda"
+    return {"preset": args.preset, "dtype": dtype_name, "device": torch.cuda.get_device_name() if device.type == "cuda"
             else "cpu", "torch": torch.__version__, "frames": args.frames,
             "first_step_talker_logits_max_abs_err": round(float(talker0.max()), 6),
             "first_step_talker_logits_scale": round(float(ref_logits[0][0].float().abs().max()), 4),
             "first_frame_predictor_logits_max_abs_err": round(float(pred0.max()), 6),
             "identical_frames": int(same.sum()), "first_differing_frame": first_diff,
             "codebook0_identical": int((codes[:, 0] == ref_codes[:, 0].cpu()).sum()),
-            "checkpoint_write_s": round(t_write, 1), "reference_ms_per_frame": round(1000 * t_ref / args.frames, 1),
+            "reference_ms_per_frame": round(1000 * t_ref / args.frames, 1),
             "talkgate_eager_ms_per_frame": round(1000 * t_ours / args.frames, 1)}
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--preset", default="0.6b", choices=["tiny", "mini", "0.6b", "1.7b"])
-    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    p.add_argument("--dtypes", default="bfloat16,float32", help="comma-separated: bfloat16, float32")
     p.add_argument("--frames", type=int, default=64)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    with torch.inference_mode():
-        print(json.dumps(run(p.parse_args())), flush=True)
+    args = p.parse_args()
+    from talkgate.synth.checkpoint import create_checkpoint
+
+    t = time.perf_counter()
+    ckpt = create_checkpoint(Path(tempfile.mkdtemp(prefix="talkgate-parity-")) / args.preset, preset=args.preset,
+                             variant="custom_voice", seed=args.seed)
+    print(json.dumps({"preset": args.preset, "checkpoint_write_s": round(time.perf_counter() - t, 1)}), flush=True)
+    for dtype_name in args.dtypes.split(","):
+        with torch.inference_mode():
+            print(json.dumps(compare(args, ckpt, dtype_name)), flush=True)
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
 
 
 if __name__ == "__main__":

@@ -54,10 +54,13 @@ def build(tmp_path, tiny_checkpoint, seed: int, variant: str, prepare=None, **co
 
 def reference_run(model, tts, text, voice, language, instructions, frames, repetition_penalty=1.05):
     """Reference greedy generate: codes [frames, 16] and raw logits per frame, caught by hooks."""
-    ids = torch.tensor([tts.tokenizer.encode(f"<|im_start|>assistant\n{text}<|im_end|>\n<|im_start|>assistant\n")])
+    device = model.talker.codec_head.weight.device
+    ids = torch.tensor([tts.tokenizer.encode(f"<|im_start|>assistant\n{text}<|im_end|>\n<|im_start|>assistant\n")],
+                       device=device)
     instruct = None
     if instructions:
-        instruct = [torch.tensor([tts.tokenizer.encode(f"<|im_start|>user\n{instructions}<|im_end|>\n")])]
+        instruct = [torch.tensor([tts.tokenizer.encode(f"<|im_start|>user\n{instructions}<|im_end|>\n")],
+                                 device=device)]
     talker_logits, predictor_logits = [], [[] for _ in range(15)]
     hooks = [model.talker.codec_head.register_forward_hook(lambda m, i, o: talker_logits.append(o[0, -1].clone()))]
     for g, head in enumerate(model.talker.code_predictor.lm_head):
@@ -70,8 +73,9 @@ def reference_run(model, tts, text, voice, language, instructions, frames, repet
     finally:
         for h in hooks:
             h.remove()
-    per_frame = [(talker_logits[n], torch.stack([predictor_logits[g][n] for g in range(15)])) for n in range(frames)]
-    return codes[0], per_frame
+    per_frame = [(talker_logits[n].float().cpu(), torch.stack([predictor_logits[g][n] for g in range(15)]).float().cpu())
+                 for n in range(frames)]
+    return codes[0].cpu(), per_frame
 
 
 def check(model, tts, voice, language, instructions=None, text=TEXT):
