@@ -142,6 +142,7 @@ def test_bad_files_are_named(tiny_checkpoint, tmp_path):
 def test_hugging_face_id_fails_fast_offline(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")       # nothing listens on the discard port
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     t = time.perf_counter()
     with pytest.raises(CheckpointError, match="Qwen/Qwen3-TTS-12Hz-0.6B-CustomVoice: .*unreachable"):
         load_tts("Qwen/Qwen3-TTS-12Hz-0.6B-CustomVoice")
