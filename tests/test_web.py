@@ -140,6 +140,19 @@ def test_llm_style_stream_of_pcm(client):
     assert client.problems == []
 
 
+def test_text_slower_than_speech_underruns_and_reprimes(client):
+    """Words at 1/s make audio in bursts with gaps: the player counts each dry spell as an underrun
+    and waits for the jitter target again, instead of stuttering sample by sample."""
+    page = client.page
+    page.fill("#wps", "1")
+    page.fill("#first-delay", "0")
+    client.speak("one two three four five", "pcm_s16le/24000", mode="stream")
+    client.wait("talkgateStats.utterances.at(-1)?.outcome.startsWith('done')", 30)
+    assert client.snap()["underruns"] >= 1
+    client.wait("document.getElementById('s-underruns').textContent === String(talkgateStats.underruns)", 2)
+    assert client.problems == []
+
+
 def _assert_cancelled_quietly(client, reason: str) -> None:
     """Playback went silent within 100 ms of the cancel, the server confirmed it, no audio followed."""
     client.wait("talkgateStats.cancelToSilenceMs !== null", 5)
