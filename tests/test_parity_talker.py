@@ -213,3 +213,43 @@ def test_sampling_is_per_row_deterministic_and_greedy_rows_take_argmax():
     assert a[3] == logits[3].argmax()
     other = sample(logits, **args, greedy=torch.zeros(4, dtype=torch.bool), seed=seed, counter=counter + 1, stream=2)
     assert not torch.equal(a[:3], other[:3])
+
+
+def test_batched_slots_equal_single_runs(custom_voice):
+    """Two contexts of different prompt lengths in slots 3 and 1, stepped together with per-row
+    positions: each row's codes equal its own single-context run (slot-indexed KV, per-row masks,
+    per-row sampling with seeds)."""
+    from talkgate.synth.api import ContextParams
+    from talkgate.synth.model import sample_codes
+    from talkgate.synth.sampling import FrameSampler, RowSampling
+    _, tts = custom_voice
+    talker, cfg, frames = tts.talker, tts.config, 12
+    jobs = [dict(text=TEXT, voice="ryan", language="english", sampling=SamplingParams(seed=11)),
+            dict(text="Short one.", voice="eric", language="auto", sampling=SamplingParams(greedy=True))]
+    alone = [generate_codes(tts, max_frames=frames, ignore_eos=True, **job) for job in jobs]
+
+    slots = torch.tensor([3, 1])
+    talker.setup_cache(4, 128, "cpu", torch.float32)
+    hidden, prompt_len, following = [], [], []
+    for job, slot in zip(jobs, slots):
+        prompt = tts.prompts.resolve(ContextParams(voice=job["voice"], language=job["language"]))
+        role, ids = tts.prompts.tokenize_text(job["text"])
+        x = tts.prompts.prefill(prompt, ids[0], role)
+        hidden.append(talker(x[None], torch.arange(len(x))[None], slot[None])[0, -1])
+        prompt_len.append(len(x))
+        following.append(ids[1:] + [cfg.tts_eos])
+    hidden = torch.stack(hidden)
+    rows = RowSampling.build([job["sampling"] for job in jobs], tts.generation_config)
+    seen = torch.zeros(2, cfg.talker.vocab_size, dtype=torch.bool)
+    got = []
+    with torch.inference_mode():
+        for n in range(frames):
+            codes, embed_sum = sample_codes(talker, tts.code_predictor, hidden, FrameSampler(rows, torch.tensor([n, n])),
+                                            seen, torch.ones(2, dtype=torch.bool))
+            seen[torch.arange(2), codes[:, 0]] = True
+            got.append(codes)
+            text = torch.tensor([f[n] if n < len(f) else cfg.tts_pad for f in following])
+            pos = torch.tensor([p + n for p in prompt_len])
+            hidden = talker(embed_sum[:, None] + talker.embed_text(text)[:, None], pos[:, None], slots)[:, 0]
+    got = torch.stack(got, 1)
+    assert torch.equal(got[0], alone[0]) and torch.equal(got[1], alone[1])
