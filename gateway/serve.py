@@ -59,11 +59,21 @@ def add_parser(subparsers) -> None:
     p.set_defaults(func=run)
 
 
+def _cuda_available() -> bool:
+    import torch
+    return torch.cuda.is_available()
+
+
 def run(args: argparse.Namespace) -> int:
     from talkgate.synth.engine import Engine
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     model = args.model or str(default_checkpoint())
+    if (args.device or ("cuda" if _cuda_available() else "cpu")) == "cpu":
+        # one intra-op thread: under load, two made the small CPU models several times slower, and
+        # the other core is left to the event loop and the audio encoders
+        import torch
+        torch.set_num_threads(1)
     engine = Engine.from_pretrained(model, device=args.device, dtype=args.dtype, max_contexts=args.max_contexts)
     info = engine.info
     log.info("model %s (%s, %s) on %s/%s%s", info.name, info.model_type, info.size, info.device, info.dtype,

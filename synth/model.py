@@ -38,6 +38,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from talkgate.synth import attention
 from talkgate.synth.config import DecoderDims, PredictorConfig, TalkerConfig
 from talkgate.synth.sampling import FrameSampler
 
@@ -180,6 +181,8 @@ class Talker(nn.Module):
     def forward(self, x: torch.Tensor, pos: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
         pos_t = pos if pos.dim() == 2 else pos[0]                               # temporal axis: the cache index
         cos, sin = self.rope(pos)
+        if x.shape[1] == 1 and attention.available(x):
+            return self._decode(x, pos_t[:, 0], slots, cos, sin)
         L = self.k_cache[0].shape[2]
         mask = (torch.arange(L, device=x.device)[None, None, :] <= pos_t[:, :, None])[:, None]   # [B,1,T,L]
         rows = slots[:, None].expand_as(pos_t)
@@ -189,6 +192,19 @@ class Talker(nn.Module):
             kc[rows, :, pos_t] = k
             vc[rows, :, pos_t] = v
             x = x + attn.attend(q, kc[slots], vc[slots], mask=mask)
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+        return self.norm(x)
+
+    def _decode(self, x, pos, slots, cos, sin) -> torch.Tensor:
+        """One token per row on CUDA: attention reads only each row's live cache positions."""
+        lens = pos + 1
+        for layer, kc, vc in zip(self.layers, self.k_cache, self.v_cache):
+            attn = layer.self_attn
+            q, k, v = attn.qkv(layer.input_layernorm(x), cos, sin)
+            kc[slots, :, pos] = k[:, 0]
+            vc[slots, :, pos] = v[:, 0]
+            out = attention.decode_attention(q[:, 0], kc, vc, slots, lens)
+            x = x + attn.o_proj(out.reshape(x.shape[0], 1, -1))
             x = x + layer.mlp(layer.post_attention_layernorm(x))
         return self.norm(x)
 
