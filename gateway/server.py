@@ -165,6 +165,8 @@ def create_app(engine: EngineClient, config: ServerConfig | None = None) -> web.
     from talkgate.sessions.voices import VoiceMap
 
     gw = Gateway(engine, config or ServerConfig())
+    if hasattr(engine, "on_step"):
+        engine.on_step = lambda ms, batch: gw.metrics.step_seconds.observe(ms / 1000)
     app = web.Application(middlewares=[errors_as_json], client_max_size=4 * gw.limits.max_message_bytes)
     app["gateway"] = gw
     app.router.add_get("/v1/ws", native_ws)

@@ -65,6 +65,8 @@ class Engine:
         self._start_error: BaseException | None = None
         self._steps = self._frames = 0
         self._step_ms_last = self._step_ms_total = 0.0
+        # called on the engine thread after every step with (ms, contexts in the step); must not block
+        self.on_step = None
 
     @classmethod
     def from_pretrained(cls, path_or_id: str, device: str | None = None, dtype: str | None = None,
@@ -226,6 +228,8 @@ class Engine:
         dt = (time.perf_counter() - t0) * 1000
         self._steps += 1
         self._step_ms_last, self._step_ms_total = dt, self._step_ms_total + dt
+        if self.on_step is not None:
+            self.on_step(dt, len(prefill) + len(decode))
         return True
 
     def _postprocess(self, reqs: list[Request], out: np.ndarray) -> None:
