@@ -394,8 +394,9 @@ def test_openai_disconnect_cancels(server):
                 return await r.text()
 
     text = run(go())
-    line = next(l for l in text.splitlines() if l.startswith("talkgate_contexts_active"))
-    assert float(line.split()[-1]) == 0.0
+    values = {l.split()[0]: float(l.split()[-1]) for l in text.splitlines() if l and not l.startswith("#")}
+    assert values["talkgate_contexts_active"] == 0.0
+    assert values["talkgate_engine_step_seconds_count"] > 0
 
 
 def test_api_key_and_origin(tiny_checkpoint):
