@@ -269,6 +269,25 @@ def test_keepalive_pings_hold_an_idle_connection_open(browser, tiny_checkpoint):
         context.close()
 
 
+def test_api_key_refusal_is_final_and_explained(browser, tiny_checkpoint):
+    with TalkgateServer(tiny_checkpoint, "--api-key", "k-right") as srv:
+        context = browser.new_context()
+        client = Client(context.new_page())
+        client.page.goto(srv.url + "/")
+        client.wait("talkgateStats.state === 'closed' && talkgateStats.errors.length === 1", 10)
+        assert "needs a valid API key" in client.page.text_content("#error")
+        assert "refused" in client.page.text_content("#conn-state")     # 1008: no reconnect loop
+        time.sleep(1.5)
+        assert client.snap()["state"] == "closed"
+        client.page.fill("#api-key", "k-right")
+        client.page.click("#connect")
+        client.wait("talkgateStats.state === 'open' && talkgateStats.pongs >= 1", 10)
+        client.speak(SHORT, "pcm_s16le/24000")
+        client.wait("talkgateStats.framesReceived > 0", 20)
+        assert client.problems == []
+        context.close()
+
+
 def test_reconnects_after_the_server_restarts(browser, tiny_checkpoint):
     with TalkgateServer(tiny_checkpoint) as first:
         port = first.port

@@ -140,7 +140,6 @@ function onReady(msg) {
   lang.replaceChildren(...m.languages.map((l) => Object.assign(document.createElement("option"), { value: l, textContent: l })));
   lang.value = m.languages.includes(keep) ? keep : "auto";
   updateCount();
-  conn.pingNow();
 }
 
 // ----- utterances -----

@@ -93,7 +93,10 @@ export class Connection {
     this.ws = ws;
     ws.onopen = () => {
       if (this.apiKey) ws.send(JSON.stringify({ type: "auth", api_key: this.apiKey }));
+      // a ping at once: the round trip shows, and a server that needs a key says so now
+      // (its first message must be `auth`) instead of waiting silently for one
       this.startKeepalive();
+      this.pingNow();
     };
     ws.onmessage = (e) => {
       if (ws !== this.ws) return;
@@ -150,17 +153,14 @@ export class Connection {
         this.ws.onclose({ code: 4000, reason: "no answer to keepalive pings" });
         return;
       }
-      const id = ++this.pingId;
-      this.pingsOut.set(id, performance.now());
-      this.send({ type: "ping", id });
+      this.pingNow();
     }, PING_EVERY_MS);
   }
 
-  /** Ping now (the page shows the round trip); the timer keeps its own rhythm. */
   pingNow() {
     const id = ++this.pingId;
     this.pingsOut.set(id, performance.now());
-    return this.send({ type: "ping", id });
+    this.send({ type: "ping", id });
   }
 
   teardown() {
