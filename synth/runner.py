@@ -224,12 +224,12 @@ class Runner:
 
 def compile_hot_functions() -> None:
     """torch.compile the model's leaf functions that every layer and every codebook calls (RMSNorm,
-    q/k/v with q/k norm and RoPE, the SwiGLU MLP, the per-row sampler): a frame is otherwise about
+    q/k/v with q/k norm and RoPE, the SwiGLU MLP): a frame is otherwise about
     7,000 kernels of 1-5 us, mostly elementwise. Small graphs compile in seconds (a whole-step compile
     took over 5 minutes). Process-wide and idempotent; CPU tensors keep the plain functions."""
     import functools
 
-    from talkgate.synth import model, sampling
+    from talkgate.synth import model
 
     def cuda_only(fn):
         compiled = torch.compile(fn, dynamic=True)
@@ -241,8 +241,8 @@ def compile_hot_functions() -> None:
         call.talkgate_compiled = True
         return call
 
-    for owner, name in ((model.RMSNorm, "forward"), (model.Attention, "qkv"), (model.MLP, "forward"),
-                        (sampling, "sample")):
+    # sampling.sample is left out: inductor mistypes its symbolic `stream` int in the hash (torch 2.11)
+    for owner, name in ((model.RMSNorm, "forward"), (model.Attention, "qkv"), (model.MLP, "forward")):
         fn = getattr(owner, name)
         if not getattr(fn, "talkgate_compiled", False):
             setattr(owner, name, cuda_only(fn))
