@@ -111,60 +111,14 @@ def profile_steps(engine: Engine, batch: int, sampling: SamplingParams, steps: i
     return prof.key_averages().table(sort_by="cuda_time_total", row_limit=25)
 
 
-# ----- decode attention probe: what the Talker's per-slot attention costs, and a Triton alternative -----
-def triton_decode_attention():
-    """decode_attention(q [B,heads,D], k/v cache [S,kv_heads,L,D], slots [B], lens [B]) -> [B,heads,D]:
-    row b attends to its own slot's positions [0, lens[b]); reads only those, no gather of whole caches."""
-    import triton
-    import triton.language as tl
-
-    @triton.jit
-    def kernel(Q, K, V, O, SLOTS, LENS, sqb, sqh, sks, skh, skl, sob, soh, scale,
-               GROUP: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr):
-        b = tl.program_id(0)
-        h = tl.program_id(1)
-        slot = tl.load(SLOTS + b).to(tl.int64)
-        n = tl.load(LENS + b).to(tl.int32)
-        g = tl.arange(0, GROUP)
-        d = tl.arange(0, D)
-        q = tl.load(Q + b * sqb + (h * GROUP + g)[:, None] * sqh + d[None, :]).to(tl.float32)
-        m = tl.full([GROUP], float("-inf"), tl.float32)
-        l = tl.zeros([GROUP], tl.float32)
-        acc = tl.zeros([GROUP, D], tl.float32)
-        base = slot * sks + h * skh
-        for start in range(0, n, BLOCK):
-            pos = start + tl.arange(0, BLOCK)
-            valid = pos < n
-            off = base + pos[:, None].to(tl.int64) * skl + d[None, :]
-            k = tl.load(K + off, mask=valid[:, None], other=0.0).to(tl.float32)
-            v = tl.load(V + off, mask=valid[:, None], other=0.0).to(tl.float32)
-            sc = tl.sum(q[:, None, :] * k[None, :, :], axis=2) * scale
-            sc = tl.where(valid[None, :], sc, float("-inf"))
-            m_new = tl.maximum(m, tl.max(sc, axis=1))
-            alpha = tl.exp(m - m_new)
-            pr = tl.exp(sc - m_new[:, None])
-            l = l * alpha + tl.sum(pr, axis=1)
-            acc = acc * alpha[:, None] + tl.sum(pr[:, :, None] * v[None, :, :], axis=1)
-            m = m_new
-        out = acc / l[:, None]
-        tl.store(O + b * sob + (h * GROUP + g)[:, None] * soh + d[None, :], out.to(O.dtype.element_ty))
-
-    def decode_attention(q, kc, vc, slots, lens, block=32):
-        B, H, D = q.shape
-        kvh = kc.shape[1]
-        o = torch.empty_like(q)
-        kernel[(B, kvh)](q, kc, vc, o, slots, lens, q.stride(0), q.stride(1), kc.stride(0), kc.stride(1),
-                         kc.stride(2), o.stride(0), o.stride(1), D ** -0.5, GROUP=H // kvh, D=D, BLOCK=block)
-        return o
-    return decode_attention
-
-
+# ----- decode attention probe: the Talker's per-slot attention, gathered SDPA vs synth.attention -----
 def attention_probe(batches, L=878, slots=257, layers=28) -> list[dict]:
-    """One layer's decode attention, the Talker's way (gather the rows' whole caches, masked SDPA) vs
-    the Triton kernel, bf16, 0.6B shapes; ms for `layers` layers; and the kernel's error."""
+    """One layer's decode attention: gathering the rows' whole caches + masked SDPA (the prefill path)
+    vs synth.attention's Triton kernel (the one-token path), bf16, 0.6B shapes; ms for `layers` layers."""
     import torch.nn.functional as F
     from triton.testing import do_bench
-    attn = triton_decode_attention()
+
+    from talkgate.synth.attention import decode_attention as attn
     dev = "cuda"
     kc = torch.randn(slots, 8, L, 128, device=dev, dtype=torch.bfloat16)
     vc = torch.randn_like(kc)
@@ -192,30 +146,6 @@ def attention_probe(batches, L=878, slots=257, layers=28) -> list[dict]:
     return out
 
 
-def use_triton_attention() -> None:
-    """Bench-only: the Talker's one-token steps through the Triton kernel (to measure what it would give)."""
-    from talkgate.synth.model import Talker
-    attn = triton_decode_attention()
-    original = Talker.forward
-
-    def forward(self, x, pos, slots):
-        if x.shape[1] != 1:
-            return original(self, x, pos, slots)
-        p = (pos if pos.dim() == 2 else pos[0])[:, 0]
-        cos, sin = self.rope(pos)
-        lens = p + 1
-        for layer, kc, vc in zip(self.layers, self.k_cache, self.v_cache):
-            a = layer.self_attn
-            q, k, v = a.qkv(layer.input_layernorm(x), cos, sin)
-            kc[slots, :, p] = k[:, 0]
-            vc[slots, :, p] = v[:, 0]
-            o = attn(q[:, 0], kc, vc, slots, lens)
-            x = x + a.o_proj(o.reshape(x.shape[0], 1, -1))
-            x = x + layer.mlp(layer.post_attention_layernorm(x))
-        return self.norm(x)
-    Talker.forward = forward
-
-
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("checkpoint")
@@ -231,14 +161,11 @@ def main(argv=None) -> None:
     p.add_argument("--max-prefills", type=int, default=16)
     p.add_argument("--decoder-dtype", help="codec decoder dtype (default float32)")
     p.add_argument("--attention-probe", action="store_true", help="time the Talker's decode attention alone")
-    p.add_argument("--triton-attention", action="store_true", help="Talker steps with the Triton decode kernel")
     p.add_argument("--json", help="write the results here")
     a = p.parse_args(argv)
     batches = [int(b) for b in a.batches.split(",")]
     sampling = SamplingParams(greedy=a.greedy)
     probe = attention_probe(batches) if a.attention_probe else None
-    if a.triton_attention:
-        use_triton_attention()
     t0 = time.perf_counter()
     engine = Engine.from_pretrained(a.checkpoint, device=a.device, dtype=a.dtype, max_contexts=max(batches),
                                     max_batch=max(batches), cuda_graphs=not a.no_graphs, max_prefills=a.max_prefills,
@@ -251,8 +178,7 @@ def main(argv=None) -> None:
     cuda = engine.runner.device.type == "cuda"
     res = {"checkpoint": a.checkpoint, "info": engine.info.as_dict(), "torch": torch.__version__,
            "gpu": torch.cuda.get_device_name() if cuda else platform.processor(), "graphs": engine.runner.use_graphs,
-           "slots": engine.runner.num_slots, "greedy": a.greedy, "triton_attention": a.triton_attention,
-           "compiled": engine.runner.compiled,
+           "slots": engine.runner.num_slots, "greedy": a.greedy,            "compiled": engine.runner.compiled,
            "decoder_dtype": str(engine.runner.decoder.pre_conv.conv.weight.dtype), "attention_probe": probe, "load_s": round(load_s, 2),
            "warmup_s": round(warm_s, 2), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "steps": []}
     for b in batches:
