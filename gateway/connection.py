@@ -1,13 +1,16 @@
 """Moves bytes between one WebSocket and one Sans-I/O protocol object. Nothing else lives here.
 
 Shape (websockets style): a reader task feeds client frames to the protocol, a writer task drains
-the bounded outbox into the socket; whichever ends first ends the connection. Engine events arrive
-on the engine thread and are handed to the event loop with call_soon_threadsafe.
+the bounded outbox into the socket; whichever ends first ends the connection. Engine events are
+turned into actions on the pump thread (gateway/pump.py), so every call into the protocol object
+holds this connection's lock. Actions reach `apply` in order per thread; a frame of a stream that was
+purged (its context cancelled) is dropped whenever it arrives, so no stale audio follows a cancel.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 
 from aiohttp import WSMsgType, web
 
@@ -25,27 +28,40 @@ class Connection:
         self.outbox = Outbox(max_outbox)
         # a protocol may have its own inactivity timeout (ElevenLabs' inactivity_timeout query parameter)
         self.idle_timeout_s = getattr(protocol, "idle_timeout_s", None) or idle_timeout_s
-        self.loop = asyncio.get_running_loop()
+        self.lock = threading.Lock()
+        self.purged: set[int] = set()
         self._closing: tuple[int, str] | None = None
+        self._lost = False
 
-    # engine thread -> event loop
-    def engine_sink(self, ev: EngineEvent) -> None:
-        self.loop.call_soon_threadsafe(self._engine_event, ev)
+    def call(self, method: str, *args):
+        """Call the protocol object under the connection's lock (the pump thread calls it too)."""
+        with self.lock:
+            return getattr(self.protocol, method)(*args)
 
-    def _engine_event(self, ev: EngineEvent) -> None:
-        if self._closing is None:
-            self.apply(self.protocol.engine_event(ev))
+    def engine_event(self, ev: EngineEvent) -> list:
+        """On the pump thread: the actions for one engine event ([] once the connection is over)."""
+        with self.lock:
+            if self._lost or self._closing is not None:
+                return []
+            try:
+                return self.protocol.engine_event(ev)
+            except Exception:      # a bug in one connection must not stop the pump
+                log.exception("engine event handling failed")
+                return []
 
     def apply(self, actions) -> None:
         for a in actions:
             kind = type(a).__name__
             if kind == "Send":
+                if a.stream is not None and a.stream in self.purged:
+                    continue
                 try:
                     self.outbox.put(a)
                 except OutboxFull:
                     self.close(1008, "slow consumer: the client is not reading")
                     return
             elif kind == "Purge":
+                self.purged.add(a.stream)
                 self.outbox.purge(a.stream)
             elif kind == "Close":
                 self.close(a.code, a.reason)
@@ -57,7 +73,7 @@ class Connection:
             self.outbox.close()
 
     async def run(self, drain_timeout_s: float = 5.0) -> None:
-        self.apply(self.protocol.ready())
+        self.apply(self.call("ready"))
         reader = asyncio.create_task(self._read())
         writer = asyncio.create_task(self._write())
         try:
@@ -69,7 +85,9 @@ class Connection:
             for t in (reader, writer):
                 t.cancel()
             await asyncio.gather(reader, writer, return_exceptions=True)
-            self.protocol.connection_lost()
+            with self.lock:
+                self._lost = True
+                self.protocol.connection_lost()
             if not self.ws.closed:
                 code, reason = self._closing or (1000, "")
                 await self.ws.close(code=code, message=reason.encode()[:120])
@@ -79,12 +97,12 @@ class Connection:
             try:
                 msg = await self.ws.receive(timeout=self.idle_timeout_s)
             except asyncio.TimeoutError:
-                self.apply(self.protocol.idle_timeout())   # closes unless contexts are in flight
+                self.apply(self.call("idle_timeout"))   # closes unless contexts are in flight
                 continue
             if msg.type == WSMsgType.TEXT:
-                self.apply(self.protocol.receive_text(msg.data))
+                self.apply(self.call("receive_text", msg.data))
             elif msg.type == WSMsgType.BINARY:
-                self.apply(self.protocol.receive_binary(msg.data))
+                self.apply(self.call("receive_binary", msg.data))
             else:   # CLOSE, CLOSING, CLOSED, ERROR
                 return
 
@@ -95,4 +113,4 @@ class Connection:
             else:
                 await self.ws.send_str(item.data)
             if item.stream is not None:
-                self.protocol.note_sent(item.stream, item.audio_ms)
+                self.call("note_sent", item.stream, item.audio_ms)

@@ -13,6 +13,7 @@ from aiohttp import web
 
 from talkgate.gateway.connection import Connection
 from talkgate.gateway.metrics import ContextObserver, Metrics
+from talkgate.gateway.pump import EventPump
 from talkgate.sessions.limits import Limits
 from talkgate.sessions.native import NativeProtocol
 from talkgate.sessions.session import Session
@@ -41,6 +42,7 @@ class Gateway:
         self.ids = itertools.count(1)
         self.ready = False
         self.draining = False
+        self.pump: EventPump | None = None     # started with the app (it needs the running loop)
 
     # ----- access control -----
     def key_ok(self, key: str | None) -> bool:
@@ -94,7 +96,7 @@ class Gateway:
             return ws
         session_id = f"s{next(self.ids)}-{secrets.token_hex(4)}"
         holder: list[Connection] = []
-        protocol = make_protocol(session_id, lambda ev: holder[0].engine_sink(ev), authenticate)
+        protocol = make_protocol(session_id, lambda ev: self.pump.put(holder[0], ev), authenticate)
         conn = Connection(ws, protocol, self.limits.max_outbox_items, self.limits.idle_timeout_s)
         holder.append(conn)
         self.connections.add(conn)
@@ -185,6 +187,7 @@ def create_app(engine: EngineClient, config: ServerConfig | None = None) -> web.
 async def _start(app: web.Application) -> None:
     gw: Gateway = app["gateway"]
     app["lag_watch"] = asyncio.create_task(gw.metrics.watch_loop_lag())
+    gw.pump = EventPump(asyncio.get_running_loop())
 
 
 async def _drain(app: web.Application) -> None:
@@ -203,3 +206,4 @@ async def _drain(app: web.Application) -> None:
 
 async def _stop(app: web.Application) -> None:
     app["lag_watch"].cancel()
+    app["gateway"].pump.stop()
