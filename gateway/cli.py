@@ -87,7 +87,18 @@ def run_synthesize(args: argparse.Namespace) -> int:
     return 0
 
 
-SUBCOMMANDS = [add_checkpoint_parser, add_synthesize_parser, serve.add_parser]
+def add_bench_parser(subparsers) -> None:
+    # listed for --help only: main() hands `bench` its arguments untouched (bench/load.py parses them)
+    subparsers.add_parser("bench", add_help=False,
+                          help="end-to-end load test of a running server (bench/load.py; `talkgate bench --help`)")
+
+
+def run_bench(argv: list[str]) -> int:
+    from talkgate.bench import load
+    return load.main(argv)
+
+
+SUBCOMMANDS = [add_checkpoint_parser, add_synthesize_parser, serve.add_parser, add_bench_parser]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -95,6 +106,9 @@ def main(argv: list[str] | None = None) -> int:
     from talkgate.synth.checkpoint import CheckpointWriteError
     from talkgate.synth.loader import CheckpointError
 
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["bench"]:
+        return run_bench(argv[1:])
     parser = argparse.ArgumentParser(prog="talkgate", description="real-time streaming TTS gateway (Qwen3-TTS)")
     sub = parser.add_subparsers(dest="command", required=True)
     for add_parser in SUBCOMMANDS:
