@@ -59,10 +59,12 @@ def eager(checkpoint):
 
 def test_graphs_equal_eager(checkpoint, eager):
     """CUDA-graph steps (padded batch buckets, prefill graphs) against plain eager steps, fp32: greedy and
-    seeded contexts side by side give the same audio."""
+    seeded contexts side by side give the same codes, so the same audio up to rounding: the decoder's
+    convolutions run in TF32 (cuDNN's default) with algorithms chosen per batch size (measured on the
+    H100: at most 9e-4 apart; a different code would differ by ~1e-1)."""
     for ev_eager, ev_graph, p in zip(eager, engine_events(checkpoint, graphs=True, compiled=False), PARAMS):
         assert ev_graph[-1].reason == "length" and len(ev_graph) == p.fixed_frames + 1
-        np.testing.assert_allclose(pcm(ev_graph), pcm(ev_eager), atol=1e-4)
+        np.testing.assert_allclose(pcm(ev_graph), pcm(ev_eager), atol=3e-3)
 
 
 def test_bf16_graphs_run_clean(checkpoint):
