@@ -29,7 +29,7 @@ ref = F.scaled_dot_product_attention(q[:, :, None], kc[rows], vc[rows], attn_mas
 got = attention.decode_attention(q, kc, vc, rows, lens)
 print("decode attention fp32 rel err", ((got - ref).norm() / ref.norm()).item())
 PY
-[ "${GPU_TESTS:-0}" = 1 ] && { log "GPU tests"; python3 -m pytest -q -p no:cacheprovider tests/test_attention_gpu.py tests/test_engine_gpu.py 2>&1 | tail -5; }
+[ "${GPU_TESTS:-0}" = 1 ] && { log "GPU tests"; timeout 200 python3 -m pytest -q -p no:cacheprovider tests/test_attention_gpu.py tests/test_engine_gpu.py 2>&1 | tail -8; }
 ck=/tmp/ck-$size
 log "checkpoint $size"; tg checkpoint create "$ck" --preset "$size" --variant custom_voice | tail -1
 log "serve"
