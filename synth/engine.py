@@ -75,7 +75,7 @@ class Engine:
                         decoder_dtype: str | None = None, torch_compile: bool = True, **engine_kw) -> "Engine":
         """Load a checkpoint (directory or Hugging Face id). device None: cuda if available, else cpu;
         dtype None: bfloat16 on cuda, float32 on cpu; max_contexts None: sized from free memory
-        (docs/engine.md); max_batch None: max_contexts; decoder_dtype None: float16 on cuda, float32 on cpu;
+        (docs/engine.md); max_batch None: max_contexts; decoder_dtype None: float32 (as the reference);
         torch_compile: fuse the step's kernels with torch.compile on cuda (minutes of warm-up)."""
         from talkgate.synth.runner import load_runner
         runner, tokenizer_factory, prompts, info = load_runner(

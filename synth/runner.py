@@ -279,9 +279,10 @@ def load_runner(path_or_id, device=None, dtype=None, max_contexts=None, max_fram
 
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     dtype = _dtype(dtype) or (torch.bfloat16 if device.type == "cuda" else torch.float32)
-    # the codec decoder on CUDA runs in float16: as fast as bfloat16 and 41 dB SNR against float32 where
-    # bfloat16 gives 23 dB (bench/decoder.py, H100); float32 costs 12 ms more at 256 contexts
-    decoder_dtype = _dtype(decoder_dtype) or (torch.float16 if device.type == "cuda" else torch.float32)
+    # float32 by default, as the reference and as measured end to end; float16 decodes as fast as bfloat16
+    # with 41 dB SNR against float32 (bfloat16: 23 dB), saving ~12 ms a step at 256 contexts, but has not
+    # been run through the engine on a GPU yet (docs/benchmarks.md)
+    decoder_dtype = _dtype(decoder_dtype) or torch.float32
     tts = load_tts(path_or_id, device=device, dtype=dtype, decoder_dtype=decoder_dtype)
     max_len = max_prompt + max_frames_per_context
     if max_contexts is None:
