@@ -67,8 +67,6 @@ def parse_request(body: object, max_chars: int) -> tuple[str, ContextConfig, str
     speed = _field(body, "speed", (int, float), 1.0)
     if not 0.25 <= speed <= 4.0:
         raise BadRequest("invalid_request", "speed must be between 0.25 and 4.0")
-    if speed != 1.0:
-        raise BadRequest("unsupported_speed", "this server speaks at the model's natural rate: speed must be 1.0")
     stream = _field(body, "stream", bool, False)
     stream_format = _field(body, "stream_format", str, "audio")
     if stream_format not in ("audio", "sse"):
@@ -82,7 +80,7 @@ def parse_request(body: object, max_chars: int) -> tuple[str, ContextConfig, str
     encoding, rate, _ = FORMATS[fmt]
     cfg = ContextConfig(voice=_field(body, "voice", str), language=_field(body, "language", str, "auto"),
                         instructions=_field(body, "instructions", str), format=AudioFormat(encoding, rate, streaming=stream),
-                        sampling=SamplingParams(seed=seed), fixed_frames=fixed)
+                        sampling=SamplingParams(seed=seed), fixed_frames=fixed, speed=float(speed))
     return text, cfg, fmt, stream, stream_format
 
 

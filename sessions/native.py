@@ -82,7 +82,7 @@ class NativeProtocol:
 
     def _config_dict(self) -> dict:
         d = self.session.defaults
-        return {"voice": d.voice, "language": d.language, "instructions": d.instructions,
+        return {"voice": d.voice, "language": d.language, "instructions": d.instructions, "speed": d.speed,
                 "format": {"encoding": d.format.encoding, "sample_rate": d.format.sample_rate},
                 "sampling": {k: getattr(d.sampling, k) for k in _SAMPLING_FIELDS},
                 "audio_transport": self.audio_transport}
@@ -223,6 +223,11 @@ class NativeProtocol:
                 o[name] = _typed(msg, name, str, cid)
         if msg.get("language") is not None:
             o["language"] = _typed(msg, "language", str, cid)
+        if msg.get("speed") is not None:
+            speed = msg["speed"]
+            if isinstance(speed, bool) or not isinstance(speed, (int, float)):
+                raise SessionError("invalid_message", "field 'speed' must be a number", cid)
+            o["speed"] = float(speed)
         if "format" in msg:
             fmt = _typed(msg, "format", dict, cid)
             enc, rate = fmt.get("encoding", "pcm_s16le"), fmt.get("sample_rate", 24000)

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from talkgate.codecs import FormatError, make_stream_encoder
+from talkgate.codecs.tempo import TempoStretcher
 from talkgate.synth.api import (
     AudioChunk, ContextDone, ContextFailed, ContextParams, EngineClient, EngineError, EngineEvent,
     EventSink, SamplingParams,
@@ -48,6 +49,7 @@ class ContextConfig:
     format: AudioFormat = field(default_factory=AudioFormat)
     sampling: SamplingParams = field(default_factory=SamplingParams)
     fixed_frames: int | None = None
+    speed: float = 1.0          # tempo of the delivered audio (pitch kept): 0.25 to 4
 
 
 # ----- session events (what a wire protocol turns into messages) -----
@@ -118,6 +120,7 @@ class _Context:
     stream: int
     handle: int
     encoder: object
+    tempo: object | None = None     # codecs.tempo.TempoStretcher when speed != 1
     state: State = State.OPEN
     text_chars: int = 0
     t_first_text: float | None = None
@@ -185,6 +188,8 @@ class Session:
         if language not in info.languages:
             raise SessionError("unknown_language", f"unknown language {cfg.language!r}; available: "
                                f"{', '.join(info.languages)}", context_id)
+        if not 0.25 <= cfg.speed <= 4.0:
+            raise SessionError("invalid_params", "speed must be between 0.25 and 4.0", context_id)
         if cfg.fixed_frames is not None and not (1 <= cfg.fixed_frames <= 100_000):
             raise SessionError("invalid_params", "fixed_frames must be between 1 and 100000", context_id)
         try:
@@ -215,7 +220,8 @@ class Session:
             handle = self.engine.open(params, self.sink)
         except EngineError as e:
             raise SessionError(e.code, e.message, context_id) from None
-        ctx = _Context(context_id, self._next_stream, handle, encoder)
+        ctx = _Context(context_id, self._next_stream, handle, encoder,
+                       None if cfg.speed == 1.0 else TempoStretcher(cfg.speed))
         self._next_stream += 1
         self._by_id[context_id] = self._by_handle[handle] = self._by_stream[ctx.stream] = ctx
         self.observer.started()
@@ -293,7 +299,8 @@ class Session:
         # a real-time player that started at the first sample has played this much by now
         late = ctx.t_first_audio is not None and 1000 * (now - ctx.t_first_audio) > ctx.audio_ms_emitted
         ctx.frames = chunk.first_frame + chunk.n_frames
-        events: list[SessionEvent] = self._encoded(ctx, ctx.encoder.encode, chunk.pcm)
+        pcm = chunk.pcm if ctx.tempo is None else ctx.tempo.process(chunk.pcm)
+        events: list[SessionEvent] = self._encoded(ctx, ctx.encoder.encode, pcm)
         self.observer.audio(chunk.n_frames, late)
         if ctx.ttfa_ms is None and events:
             ctx.t_first_audio = now
@@ -319,7 +326,8 @@ class Session:
         return events
 
     def _finish(self, ctx: _Context, reason: str) -> list[SessionEvent]:
-        events = self._encoded(ctx, ctx.encoder.flush)
+        events = [] if ctx.tempo is None else self._encoded(ctx, ctx.encoder.encode, ctx.tempo.flush())
+        events += self._encoded(ctx, ctx.encoder.flush)
         self._forget(ctx, reason)
         events.append(ContextFinished(ctx.context_id, ctx.stream, reason, ctx.frames,
                                       round(ctx.audio_ms_emitted, 1), ctx.ttfa_ms))

@@ -360,16 +360,20 @@ def test_openai_speech_streaming_and_whole(server):
             async with s.post(server.url + "/v1/audio/speech", json={**body, "stream_format": "sse"}) as r:
                 assert r.headers["Content-Type"].startswith("text/event-stream")
                 sse = (await r.read()).decode()
+            async with s.post(server.url + "/v1/audio/speech", json={**body, "speed": 2.0}) as r:
+                fast = await r.read()
             errors = []
-            for bad in ({"input": ""}, {"voice": "nobody"}, {"response_format": "aac"}, {"input": 5},
+            for bad in ({"input": ""}, {"speed": 5}, {"voice": "nobody"}, {"response_format": "aac"}, {"input": 5},
                         {"input": "x" * 5000}):
                 async with s.post(server.url + "/v1/audio/speech", json={**body, **bad}) as r:
                     errors.append((r.status, (await r.json())["error"]["code"]))
             async with s.post(server.url + "/v1/audio/speech", data=b"{oops") as r:
                 errors.append((r.status, (await r.json())["error"]["code"]))
-            return pcm, wav, sse, errors
+            return pcm, wav, sse, errors, fast
 
-    pcm, wav, sse, errors = run(go())
+    pcm, wav, sse, errors, fast = run(go())
+    # speed 2: half the duration (time-stretched, pitch kept)
+    assert abs(len(fast) / 2 - 10 * 1920 / 2) <= 0.03 * 10 * 1920 / 2
     import io
     import soundfile
     audio, rate = soundfile.read(io.BytesIO(wav), dtype="int16")
@@ -379,7 +383,7 @@ def test_openai_speech_streaming_and_whole(server):
     events = [json.loads(line[6:]) for line in sse.split("\n\n") if line.startswith("data: ")]
     assert events[-1]["type"] == "speech.audio.done"
     assert sum(len(base64.b64decode(e["audio"])) for e in events[:-1]) == len(pcm)
-    assert errors == [(400, "invalid_request"), (400, "unknown_voice"), (400, "invalid_format"),
+    assert errors == [(400, "invalid_request"), (400, "invalid_request"), (400, "unknown_voice"), (400, "invalid_format"),
                       (400, "invalid_request"), (400, "text_too_long"), (400, "invalid_json")]
 
 

@@ -140,3 +140,16 @@ def test_limits_and_empty_flush(engine):
     assert err["code"] == "text_too_long" and err["fatal"] is True
     assert h.proto.session.active == []
     assert h.proto.idle_timeout()[-1] == Close(1000, "idle timeout")
+
+
+def test_speed_stretches_the_delivered_audio(engine):
+    h = Harness(engine)
+    assert _json(h.send(type="context.start", context_id="f", speed=9))[0]["code"] == "invalid_params"
+    h.send(type="context.start", context_id="f", fixed_frames=10, speed=2.0)
+    h.send(type="text", context_id="f", text="Quickly now.")
+    h.send(type="flush", context_id="f")
+    actions = h.pump("context.done")
+    samples = sum(len(a.data) - AUDIO_HEADER.size for a in actions if isinstance(a, Send)
+                  and isinstance(a.data, bytes)) // 2
+    assert samples == 10 * 1920 // 2           # half the duration, pitch kept (codecs/tempo.py)
+    assert _json(actions)[-1]["frames"] == 10
