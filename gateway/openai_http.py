@@ -14,7 +14,7 @@ import json
 from aiohttp import web
 
 from talkgate.sessions.session import (
-    AudioFormat, AudioOut, ContextConfig, ContextError, ContextFinished, SessionError,
+    AudioFormat, AudioOut, ContextConfig, ContextError, ContextFinished, SessionError, field_of,
 )
 from talkgate.synth.api import SamplingParams
 
@@ -40,46 +40,42 @@ class BadRequest(Exception):
         self.code, self.message = code, message
 
 
-def _field(body: dict, name: str, kind, default=None, required: bool = False):
-    if name not in body or body[name] is None:
-        if required:
-            raise BadRequest("invalid_request", f"missing required field {name!r}")
-        return default
-    v, kinds = body[name], (kind if isinstance(kind, tuple) else (kind,))
-    if not isinstance(v, kinds) or (isinstance(v, bool) and bool not in kinds):
-        raise BadRequest("invalid_request", f"field {name!r} has the wrong type")
-    return v
-
-
 def parse_request(body: object, max_chars: int) -> tuple[str, ContextConfig, str, bool, str]:
     """-> (input text, context config, response_format, stream, stream_format); raises BadRequest."""
+    try:
+        return _parse(body, max_chars)
+    except SessionError as e:     # a missing or mistyped field: OpenAI calls it invalid_request
+        raise BadRequest("invalid_request", e.message) from None
+
+
+def _parse(body: object, max_chars: int) -> tuple[str, ContextConfig, str, bool, str]:
     if not isinstance(body, dict):
         raise BadRequest("invalid_request", "the body must be a JSON object")
-    text = _field(body, "input", str, required=True)
+    text = field_of(body, "input", str, required=True)
     if not text.strip():
         raise BadRequest("invalid_request", "input is empty")
     if len(text) > max_chars:
         raise BadRequest("text_too_long", f"input is limited to {max_chars} characters")
-    fmt = _field(body, "response_format", str, "mp3")
+    fmt = field_of(body, "response_format", str, "mp3")
     if fmt not in FORMATS:
         raise BadRequest("invalid_format", f"response_format {fmt!r} is not supported; use one of "
                          f"{', '.join(FORMATS)}")
-    speed = _field(body, "speed", (int, float), 1.0)
+    speed = field_of(body, "speed", (int, float), 1.0)
     if not 0.25 <= speed <= 4.0:
         raise BadRequest("invalid_request", "speed must be between 0.25 and 4.0")
-    stream = _field(body, "stream", bool, False)
-    stream_format = _field(body, "stream_format", str, "audio")
+    stream = field_of(body, "stream", bool, False)
+    stream_format = field_of(body, "stream_format", str, "audio")
     if stream_format not in ("audio", "sse"):
         raise BadRequest("invalid_request", "stream_format must be 'audio' or 'sse'")
-    if _field(body, "non_streaming_mode", bool, False):
+    if field_of(body, "non_streaming_mode", bool, False):
         raise BadRequest("unsupported", "non_streaming_mode=true is not supported: talkgate feeds text to "
                          "the model as it arrives (non_streaming_mode=false)")
-    _field(body, "model", str)
-    fixed = _field(body, "fixed_frames", int)
-    seed = _field(body, "seed", int)
+    field_of(body, "model", str)
+    fixed = field_of(body, "fixed_frames", int)
+    seed = field_of(body, "seed", int)
     encoding, rate, _ = FORMATS[fmt]
-    cfg = ContextConfig(voice=_field(body, "voice", str), language=_field(body, "language", str, "auto"),
-                        instructions=_field(body, "instructions", str), format=AudioFormat(encoding, rate, streaming=stream),
+    cfg = ContextConfig(voice=field_of(body, "voice", str), language=field_of(body, "language", str, "auto"),
+                        instructions=field_of(body, "instructions", str), format=AudioFormat(encoding, rate, streaming=stream),
                         sampling=SamplingParams(seed=seed), fixed_frames=fixed, speed=float(speed))
     return text, cfg, fmt, stream, stream_format
 
@@ -101,14 +97,15 @@ async def speech(request: web.Request) -> web.StreamResponse:
 
     loop = asyncio.get_running_loop()
     events: asyncio.Queue = asyncio.Queue()    # bounded by the context's own length
-    session = gw.new_session(lambda ev: loop.call_soon_threadsafe(events.put_nowait, ev), "openai")
+    session = None
     try:
-        session.configure(**{k: getattr(cfg, k) for k in cfg.__dataclass_fields__})
+        session = gw.new_session(lambda ev: loop.call_soon_threadsafe(events.put_nowait, ev), "openai", cfg)
         session.start(CONTEXT)
         session.append(CONTEXT, text)
         session.flush(CONTEXT)
     except SessionError as e:
-        session.close()
+        if session is not None:
+            session.close()
         status = 503 if e.code == "engine_full" else 400
         return _error(status, e.code, e.message)
 

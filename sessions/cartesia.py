@@ -11,10 +11,10 @@ from __future__ import annotations
 import base64
 import json
 
-from talkgate.sessions.native import Close, Send
-from talkgate.sessions.session import AudioFormat, ContextCancelled, ContextError, Session, SessionError
+from talkgate.sessions.native import Close, Send, send_json
+from talkgate.sessions.session import AudioFormat, ContextCancelled, ContextError, Session, SessionError, field_of
 from talkgate.sessions.utterances import (
-    Audio, Event, SegmentDone, UtteranceDone, UtteranceProtocol, field_of,
+    Audio, Event, SegmentDone, UtteranceDone, UtteranceProtocol,
 )
 from talkgate.sessions.voices import UnknownVoice, VoiceMap, resolve_language
 
@@ -23,8 +23,6 @@ PCM_RATES = (8000, 16000, 22050, 24000, 44100, 48000)
 STATUS = 206
 
 
-def _json(obj: dict) -> Send:
-    return Send(json.dumps(obj, separators=(",", ":")))
 
 
 def parse_output_format(fmt: object, cid: str) -> AudioFormat:
@@ -132,12 +130,12 @@ class CartesiaProtocol(UtteranceProtocol):
             elif isinstance(ev, SegmentDone):
                 out += self._words(ev.key, ev.words)
                 if ev.tag is not None:
-                    out.append(_json({"type": "flush_done", "done": False, "flush_done": True, "flush_id": ev.tag,
+                    out.append(send_json({"type": "flush_done", "done": False, "flush_done": True, "flush_id": ev.tag,
                                       "status_code": STATUS, "context_id": ev.key}))
             elif isinstance(ev, UtteranceDone):
                 self.timestamps.pop(ev.key, None)
                 self.flush_ids.pop(ev.key, None)
-                out.append(_json({"type": "done", "done": True, "status_code": STATUS, "context_id": ev.key}))
+                out.append(send_json({"type": "done", "done": True, "status_code": STATUS, "context_id": ev.key}))
             elif isinstance(ev, ContextCancelled):
                 out += self._purges(ev.context_id, ev.stream)
             elif isinstance(ev, ContextError):
@@ -150,10 +148,10 @@ class CartesiaProtocol(UtteranceProtocol):
     def _words(self, cid: str, words) -> list:
         if not words or not self.timestamps.get(cid):
             return []
-        return [_json({"type": "timestamps", "done": False, "status_code": STATUS, "context_id": cid,
+        return [send_json({"type": "timestamps", "done": False, "status_code": STATUS, "context_id": cid,
                        "word_timestamps": {"words": [w.text for w in words], "start": [w.start_s for w in words],
                                            "end": [w.end_s for w in words]}})]
 
     def _error(self, cid: str | None, code: str, message: str, status: int = 400) -> Send:
-        return _json({"type": "error", "done": True, "title": code.replace("_", " ").capitalize(),
+        return send_json({"type": "error", "done": True, "title": code.replace("_", " ").capitalize(),
                       "message": message, "error_code": code, "status_code": status, "context_id": cid})

@@ -9,11 +9,10 @@ samples. Client mistakes are answered the Deepgram way: a close frame whose reas
 """
 from __future__ import annotations
 
-import json
 
-from talkgate.sessions.native import Close, Send
-from talkgate.sessions.session import AudioFormat, ContextCancelled, ContextError, Session, SessionError
-from talkgate.sessions.utterances import Audio, Event, SegmentDone, UtteranceDone, UtteranceProtocol, field_of
+from talkgate.sessions.native import Close, send_json
+from talkgate.sessions.session import AudioFormat, ContextCancelled, ContextError, Session, SessionError, field_of
+from talkgate.sessions.utterances import Audio, Event, SegmentDone, UtteranceDone, UtteranceProtocol
 from talkgate.sessions.voices import UnknownVoice, VoiceMap
 
 ENCODINGS = {"linear16": "pcm_s16le", "mulaw": "mulaw", "alaw": "alaw"}
@@ -57,7 +56,7 @@ class DeepgramProtocol(UtteranceProtocol):
     def ready(self) -> list:
         if self.startup_error is not None:
             return [Close(1008, f"{self.startup_error.code}: {self.startup_error.message}")]
-        return [_json({"type": "Metadata", "request_id": self.session_id, "model_name": self.model,
+        return [send_json({"type": "Metadata", "request_id": self.session_id, "model_name": self.model,
                        "model_version": "talkgate", "model_uuid": self.session_id})]
 
     def idle_timeout(self) -> list:
@@ -86,7 +85,7 @@ class DeepgramProtocol(UtteranceProtocol):
                 if STREAM in self.utterances:
                     return self._wire(self.utterances.end(STREAM))
                 return [Close(1000, "closed by client")]
-            return [_json({"type": "Warning", "description": f"unknown message type {kind!r}: expected Speak, "
+            return [send_json({"type": "Warning", "description": f"unknown message type {kind!r}: expected Speak, "
                            "Flush, Clear or Close", "code": "UNKNOWN_MESSAGE_TYPE"})]
         except SessionError as e:
             self.session.observer.error(e.code)
@@ -99,7 +98,7 @@ class DeepgramProtocol(UtteranceProtocol):
         if len(text) > MAX_SPEAK_CHARS:
             raise SessionError("text_too_long", f"the text of one Speak is limited to {MAX_SPEAK_CHARS} characters")
         if self.closing:
-            return [_json({"type": "Warning", "description": "Speak after Close is ignored", "code": "CLOSING"})]
+            return [send_json({"type": "Warning", "description": "Speak after Close is ignored", "code": "CLOSING"})]
         return self._wire(self.utterances.append(STREAM, text))
 
     def _clear(self) -> list:
@@ -107,7 +106,7 @@ class DeepgramProtocol(UtteranceProtocol):
         self.clears += 1
         # audio of flushed segments may still be queued too: none of the old turn may follow Cleared
         out = self._wire(events) + self._purges(None)
-        out.append(_json({"type": "Cleared", "sequence_id": self.clears - 1}))
+        out.append(send_json({"type": "Cleared", "sequence_id": self.clears - 1}))
         return out + [Close(1000, "closed by client")] if self.closing else out
 
     # ----- utterance events -> wire -----
@@ -118,7 +117,7 @@ class DeepgramProtocol(UtteranceProtocol):
                 out.append(self._audio_send(ev.out.payload, ev.key, ev.out.stream, ev.out.duration_ms))
             elif isinstance(ev, SegmentDone):
                 if ev.tag is not None:
-                    out.append(_json({"type": "Flushed", "sequence_id": ev.tag}))
+                    out.append(send_json({"type": "Flushed", "sequence_id": ev.tag}))
             elif isinstance(ev, UtteranceDone):
                 out.append(Close(1000, "closed by client"))
             elif isinstance(ev, ContextCancelled):
@@ -130,5 +129,3 @@ class DeepgramProtocol(UtteranceProtocol):
         return out
 
 
-def _json(obj: dict) -> Send:
-    return Send(json.dumps(obj, separators=(",", ":")))

@@ -17,10 +17,10 @@ from typing import Callable
 import numpy as np
 
 from talkgate.codecs import FormatError, make_stream_encoder
-from talkgate.sessions.native import Close, Send
-from talkgate.sessions.session import AudioFormat, ContextCancelled, ContextError, Session, SessionError
+from talkgate.sessions.native import Close, Send, send_json
+from talkgate.sessions.session import AudioFormat, ContextCancelled, ContextError, Session, SessionError, field_of
 from talkgate.sessions.utterances import (
-    Audio, Event, SegmentDone, UtteranceDone, UtteranceProtocol, field_of,
+    Audio, Event, SegmentDone, UtteranceDone, UtteranceProtocol,
 )
 from talkgate.sessions.voices import UnknownVoice, VoiceMap, resolve_language
 from talkgate.synth.api import SamplingParams
@@ -61,8 +61,6 @@ def parse_output_format(name: str) -> OutputFormat:
                        "mp3_22050_32, mp3_24000_48, mp3_44100_32/64/96/128/192 or opus_48000_32/64/96/128/192")
 
 
-def _json(obj: dict) -> Send:
-    return Send(json.dumps(obj, separators=(",", ":")))
 
 
 class ElevenLabsProtocol(UtteranceProtocol):
@@ -174,7 +172,7 @@ class ElevenLabsProtocol(UtteranceProtocol):
                 return []           # keepalive of a context that is over or not yet opened
             # contexts the client closed (close_context) no longer count, even while their audio finishes
             if sum(not u.ended for u in self.utterances.by_key.values()) >= MAX_CONTEXTS:
-                return [_json({"message": f"Maximum simultaneous contexts ({MAX_CONTEXTS}) exceeded: close a "
+                return [send_json({"message": f"Maximum simultaneous contexts ({MAX_CONTEXTS}) exceeded: close a "
                                "context before opening another", "error": "max_active_conversations",
                                "code": 1008}), Close(1008, "max_active_conversations")]
             self.utterances.open(cid)
@@ -203,7 +201,7 @@ class ElevenLabsProtocol(UtteranceProtocol):
                 out.append(self._audio(ev))
             elif isinstance(ev, SegmentDone):
                 if ev.span is not None:     # characters the estimate had not placed yet
-                    out.append(_json(self._message(ev.key, None, ev.span)))
+                    out.append(send_json(self._message(ev.key, None, ev.span)))
             elif isinstance(ev, UtteranceDone):
                 out += self._encoder_tail(ev.key)
                 out.append(self._final(ev.key))
@@ -252,13 +250,13 @@ class ElevenLabsProtocol(UtteranceProtocol):
         return msg
 
     def _final(self, key: str) -> Send:
-        return _json({"isFinal": True, "contextId": key} if self.multi else {"isFinal": True})
+        return send_json({"isFinal": True, "contextId": key} if self.multi else {"isFinal": True})
 
     def _error(self, code: str, message: str, context_id: str | None = None) -> Send:
         msg = {"message": message, "error": code, "code": 1008}
         if context_id is not None:
             msg["contextId"] = context_id
-        return _json(msg)
+        return send_json(msg)
 
     def _fatal(self, code: str, message: str) -> list:
         return [self._error(code, message), Close(1008, code)]

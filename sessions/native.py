@@ -17,7 +17,7 @@ from typing import Callable
 from talkgate.sessions.limits import Limits
 from talkgate.sessions.session import (
     AudioFormat, AudioOut, ContextCancelled, ContextError, ContextFinished, ContextStarted, FirstAudio,
-    Session, SessionError, SessionEvent,
+    Session, SessionError, SessionEvent, field_of,
 )
 from talkgate.synth.api import EngineEvent, SamplingParams
 
@@ -50,7 +50,8 @@ _SAMPLING_FIELDS = {"greedy": bool, "temperature": (int, float), "top_k": int, "
                     "repetition_penalty": (int, float), "seed": int}
 
 
-def _json(obj: dict) -> Send:
+def send_json(obj: dict) -> Send:
+    """A compact JSON text frame (every translator's JSON messages go out through this)."""
     return Send(json.dumps(obj, separators=(",", ":")))
 
 
@@ -59,7 +60,7 @@ def error(code: str, message: str, context_id: str | None = None, fatal: bool = 
     if context_id is not None:
         msg["context_id"] = context_id
         msg["fatal"] = fatal
-    return _json(msg)
+    return send_json(msg)
 
 
 class NativeProtocol:
@@ -76,7 +77,7 @@ class NativeProtocol:
     def ready(self) -> list[Action]:
         if self.authenticate is not None:
             return []
-        return [_json({"type": "session.ready", "session_id": self.session_id,
+        return [send_json({"type": "session.ready", "session_id": self.session_id,
                        "model": self.session.engine.info.as_dict(), "limits": self.limits.as_dict(),
                        "config": self._config_dict()})]
 
@@ -121,7 +122,7 @@ class NativeProtocol:
         reply = {"type": "pong"}
         if "id" in msg:
             reply["id"] = msg["id"]
-        return [_json(reply)]
+        return [send_json(reply)]
 
     def _on_session_config(self, msg: dict) -> list[Action]:
         overrides = self._overrides(msg, None)
@@ -130,18 +131,18 @@ class NativeProtocol:
             raise SessionError("invalid_message", "audio_transport must be 'binary' or 'base64'")
         self.session.configure(**overrides)
         self.audio_transport = transport
-        return [_json({"type": "session.configured", "config": self._config_dict()})]
+        return [send_json({"type": "session.configured", "config": self._config_dict()})]
 
     def _on_context_start(self, msg: dict) -> list[Action]:
         cid = self._context_id(msg)
         overrides = self._overrides(msg, cid)
         if "fixed_frames" in msg:
-            overrides["fixed_frames"] = _typed(msg, "fixed_frames", int, cid)
+            overrides["fixed_frames"] = field_of(msg, "fixed_frames", int, context_id=cid, required=True)
         return self._wire(self.session.start(cid, **overrides))
 
     def _on_text(self, msg: dict) -> list[Action]:
         cid = self._context_id(msg)
-        text = _typed(msg, "text", str, cid)
+        text = field_of(msg, "text", str, context_id=cid, required=True)
         return self._wire(self.session.append(cid, text))
 
     def _on_flush(self, msg: dict) -> list[Action]:
@@ -184,16 +185,16 @@ class NativeProtocol:
             if isinstance(ev, AudioOut):
                 out.append(self._audio(ev))
             elif isinstance(ev, ContextStarted):
-                out.append(_json({"type": "context.started", "context_id": ev.context_id, "stream": ev.stream,
+                out.append(send_json({"type": "context.started", "context_id": ev.context_id, "stream": ev.stream,
                                   "format": {"encoding": ev.format.encoding, "sample_rate": ev.format.sample_rate}}))
             elif isinstance(ev, FirstAudio):
-                out.append(_json({"type": "timing", "context_id": ev.context_id, "ttfa_ms": ev.ttfa_ms,
+                out.append(send_json({"type": "timing", "context_id": ev.context_id, "ttfa_ms": ev.ttfa_ms,
                                   "frames": ev.frames, "audio_ms": ev.audio_ms}))
             elif isinstance(ev, ContextFinished):
-                out.append(_json({"type": "context.done", "context_id": ev.context_id, "reason": ev.reason,
+                out.append(send_json({"type": "context.done", "context_id": ev.context_id, "reason": ev.reason,
                                   "frames": ev.frames, "audio_ms": ev.audio_ms, "ttfa_ms": ev.ttfa_ms}))
             elif isinstance(ev, ContextCancelled):
-                out += [Purge(ev.stream), _json({"type": "context.cancelled", "context_id": ev.context_id,
+                out += [Purge(ev.stream), send_json({"type": "context.cancelled", "context_id": ev.context_id,
                                                  "audio_ms_sent": ev.audio_ms_sent})]
             elif isinstance(ev, ContextError):
                 if ev.stream is not None:
@@ -220,22 +221,19 @@ class NativeProtocol:
         o: dict = {}
         for name in ("voice", "instructions"):
             if msg.get(name) is not None:
-                o[name] = _typed(msg, name, str, cid)
+                o[name] = field_of(msg, name, str, context_id=cid, required=True)
         if msg.get("language") is not None:
-            o["language"] = _typed(msg, "language", str, cid)
+            o["language"] = field_of(msg, "language", str, context_id=cid, required=True)
         if msg.get("speed") is not None:
-            speed = msg["speed"]
-            if isinstance(speed, bool) or not isinstance(speed, (int, float)):
-                raise SessionError("invalid_message", "field 'speed' must be a number", cid)
-            o["speed"] = float(speed)
+            o["speed"] = float(field_of(msg, "speed", (int, float), context_id=cid))
         if "format" in msg:
-            fmt = _typed(msg, "format", dict, cid)
+            fmt = field_of(msg, "format", dict, context_id=cid, required=True)
             enc, rate = fmt.get("encoding", "pcm_s16le"), fmt.get("sample_rate", 24000)
             if not isinstance(enc, str) or not isinstance(rate, int) or isinstance(rate, bool):
                 raise SessionError("invalid_format", "format needs encoding (string) and sample_rate (integer)", cid)
             o["format"] = AudioFormat(enc, rate)
         if "sampling" in msg:
-            s = _typed(msg, "sampling", dict, cid)
+            s = field_of(msg, "sampling", dict, context_id=cid, required=True)
             for k, v in s.items():
                 t = _SAMPLING_FIELDS.get(k)
                 if t is None:
@@ -245,14 +243,6 @@ class NativeProtocol:
             _check_sampling(s, cid)
             o["sampling"] = SamplingParams(**s)
         return o
-
-
-def _typed(msg: dict, name: str, t, cid: str | None):
-    v = msg.get(name)
-    if not isinstance(v, t) or (isinstance(v, bool) and t is int):
-        tn = t.__name__ if isinstance(t, type) else "number"
-        raise SessionError("invalid_message", f"field {name!r} must be a {tn}", cid)
-    return v
 
 
 def _check_sampling(s: dict, cid: str | None) -> None:

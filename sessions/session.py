@@ -34,6 +34,20 @@ class SessionError(Exception):
         self.code, self.message, self.context_id = code, message, context_id
 
 
+def field_of(msg: dict, name: str, kind, default=None, context_id: str | None = None, required: bool = False):
+    """msg[name] checked against `kind` (a type or tuple; bool is not a number); absent or null ->
+    `default`, or an error when `required`. Every protocol translator parses its fields with this."""
+    v = msg.get(name)
+    if v is None:
+        if required:
+            raise SessionError("invalid_message", f"missing required field {name!r}", context_id)
+        return default
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    if not isinstance(v, kinds) or (isinstance(v, bool) and bool not in kinds):
+        raise SessionError("invalid_message", f"field {name!r} has the wrong type", context_id)
+    return v
+
+
 @dataclass(frozen=True)
 class AudioFormat:
     encoding: str = "pcm_s16le"
@@ -276,10 +290,6 @@ class Session:
         if ctx is not None:
             ctx.audio_ms_sent += duration_ms
 
-    def backlog_ms(self, context_id: str) -> float:
-        ctx = self._by_id[context_id]
-        return ctx.audio_ms_emitted - ctx.audio_ms_sent
-
     # ----- engine events -----
     def on_engine_event(self, ev: EngineEvent) -> list[SessionEvent]:
         ctx = self._by_handle.get(ev.context)
@@ -350,5 +360,5 @@ class Session:
         self.observer.ended(reason)
         self._by_id.pop(ctx.context_id, None)
         self._by_handle.pop(ctx.handle, None)
-        # the stream stays known until the wire layer has dropped its queued audio (note_sent ignores it)
+        # audio of this stream still queued in the wire layer is purged there; note_sent then ignores it
         self._by_stream.pop(ctx.stream, None)

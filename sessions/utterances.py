@@ -305,12 +305,3 @@ class UtteranceProtocol:
         return msg
 
 
-def field_of(msg: dict, name: str, kind, default=None, context_id: str | None = None):
-    """msg[name] checked against `kind` (bool is not an int); absent or null -> default."""
-    v = msg.get(name)
-    if v is None:
-        return default
-    kinds = kind if isinstance(kind, tuple) else (kind,)
-    if not isinstance(v, kinds) or (isinstance(v, bool) and bool not in kinds):
-        raise SessionError("invalid_message", f"field {name!r} has the wrong type", context_id)
-    return v
