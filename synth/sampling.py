@@ -18,6 +18,7 @@ argmax after penalty and bans (temperature, top-k and top-p never change the arg
 """
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass, fields
 
@@ -61,7 +62,24 @@ def sample(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
     """One id per row from float32 logits [B, V] (already penalized and banned): [B] int64.
 
     top_k <= 0 or >= V means no top-k filter; top_p >= 1 means no top-p filter. Ties at a
-    top-k or top-p cutoff value are kept (transformers keeps top-k ties too)."""
+    top-k or top-p cutoff value are kept (transformers keeps top-k ties too). On CUDA one Triton
+    kernel (synth/sample_kernel.py) draws the same ids as this PyTorch code (sample_torch)."""
+    if logits.is_cuda and _kernel() is not None:
+        return _kernel().sample(logits, temperature, top_k, top_p, greedy, seed, counter, stream)
+    return sample_torch(logits, temperature, top_k, top_p, greedy, seed, counter, stream)
+
+
+@functools.cache
+def _kernel():
+    try:
+        from talkgate.synth import sample_kernel
+    except ImportError:                 # no Triton: the PyTorch code everywhere
+        return None
+    return sample_kernel
+
+
+def sample_torch(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
+                 greedy: torch.Tensor, seed: torch.Tensor, counter: torch.Tensor, stream: int) -> torch.Tensor:
     V = logits.shape[-1]
     argmax = logits.argmax(-1)
     scaled = logits / temperature[:, None].clamp_min(1e-5)

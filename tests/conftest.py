@@ -1,7 +1,16 @@
 """Shared fixtures (kept small): random-weight checkpoints made by talkgate's own writer."""
 from __future__ import annotations
 
+import os
+
 import pytest
+import torch
+
+# Triton kernels (synth/sample_kernel.py) run in Triton's interpreter on a machine without CUDA, so the
+# CPU CI tests them too. The switch must be set before triton is first imported (its own library
+# functions are decorated then); on a GPU machine nothing is interpreted.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from talkgate.synth.checkpoint import create_checkpoint
 

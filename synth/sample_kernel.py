@@ -1,0 +1,101 @@
+"""synth.sampling.sample as one Triton kernel per call: the CUDA path of every codebook draw.
+
+In PyTorch a draw is about 40 kernels (temperature, a full sort of the vocabulary for top-k/top-p,
+softmax, cumsum, the integer hash noise, Gumbel, argmax): 16 draws a frame made the sampler the
+largest group of kernels in a batch-1 step (bench/engine.py profile). Here one program per row holds
+the row's logits in registers and does all of it:
+- top-k: the k-th largest value found exactly by bisection over the float's order-preserving int32
+  key (32 halvings, each a count over the row), no sort;
+- top-p: the smallest value whose "mass above" (softmax of the top-k survivors) is below top_p, by
+  the same bisection (skipped when top_p >= 1);
+- noise: the same lowbias32 hash of (seed, counter, stream, index) as synth.sampling.uniform_noise,
+  in uint32 arithmetic, so the kernel and the PyTorch code draw the same ids (up to float rounding of
+  the top-p sums and of log: tests/test_sample_kernel.py).
+Ties at the cutoffs are kept, as in the PyTorch code. Runs in Triton's interpreter on the CPU for tests.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def mix32(x):
+    x = x ^ (x >> 16)
+    x = x * 0x7FEB352D
+    x = x ^ (x >> 15)
+    x = x * 0x846CA68B
+    return x ^ (x >> 16)
+
+
+@triton.jit
+def sample_kernel(LOGITS, stride, TEMP, TOP_K, TOP_P, GREEDY, SEED, COUNTER, OUT, V, stream_key,
+                  BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    idx = tl.arange(0, BLOCK)
+    valid = idx < V
+    x = tl.load(LOGITS + row * stride + idx, mask=valid, other=float("-inf")).to(tl.float32)
+    greedy_id = tl.argmax(x, axis=0)
+
+    scaled = x / tl.maximum(tl.load(TEMP + row), 1e-5)
+    bits = scaled.to(tl.int32, bitcast=True)
+    key = bits ^ ((bits >> 31) & 0x7FFFFFFF)                 # int order == float order
+    key = tl.where(valid, key, -2147483648).to(tl.int64)
+
+    k = tl.load(TOP_K + row).to(tl.int64)
+    k = tl.where(k <= 0, V, k)
+    k = tl.minimum(tl.maximum(k, 1), V)
+    # k-th largest key: the largest t with count(key >= t) >= k, bisected over [lo, hi)
+    lo = tl.min(key, axis=0)
+    hi = tl.max(key, axis=0) + 1
+    if k < V:
+        while hi - lo > 1:
+            mid = (lo + hi) >> 1
+            ok = tl.sum((key >= mid) & valid, axis=0) >= k
+            lo = tl.where(ok, mid, lo)
+            hi = tl.where(ok, hi, mid)
+    survivor = valid & (key >= lo)
+
+    top_p = tl.load(TOP_P + row)
+    if top_p < 1.0:
+        m = tl.max(tl.where(survivor, scaled, float("-inf")), axis=0)
+        e = tl.where(survivor, tl.exp(scaled - m), 0.0)
+        prob = e / tl.sum(e, axis=0)
+        # the smallest key t with mass(key > t) < top_p (at least the row's maximum: keep >= 1)
+        top = tl.max(key, axis=0)
+        plo = lo - 1
+        phi = top
+        if top_p > 0.0:
+            while phi - plo > 1:
+                mid = (plo + phi) >> 1
+                ok = tl.sum(tl.where(key > mid, prob, 0.0), axis=0) < top_p
+                plo = tl.where(ok, plo, mid)
+                phi = tl.where(ok, mid, phi)
+        survivor = survivor & (key >= phi)
+
+    seed = tl.load(SEED + row)
+    s = mix32(((seed >> 32) & 0xFFFFFFFF).to(tl.uint32) ^ 0x9E3779B9)
+    s = mix32((seed & 0xFFFFFFFF).to(tl.uint32) ^ s)
+    s = mix32(s ^ (tl.load(COUNTER + row) & 0xFFFFFFFF).to(tl.uint32))
+    s = mix32(s ^ tl.cast(stream_key, tl.uint32))
+    h = mix32(s ^ mix32(idx.to(tl.uint32) + 0x632BE5AB))
+    u = ((h >> 8).to(tl.float32) + 0.5) * (1.0 / 16777216.0)
+    noisy = tl.where(survivor, scaled - tl.log(-tl.log(u)), float("-inf"))
+    drawn = tl.argmax(noisy, axis=0)
+    greedy = tl.load(GREEDY + row) != 0
+    tl.store(OUT + row, tl.where(greedy, greedy_id, drawn).to(tl.int64))
+
+
+def sample(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
+           greedy: torch.Tensor, seed: torch.Tensor, counter: torch.Tensor, stream: int) -> torch.Tensor:
+    """Same contract as synth.sampling.sample: float32 logits [B, V] -> [B] int64."""
+    B, V = logits.shape
+    if logits.stride(-1) != 1:
+        logits = logits.contiguous()
+    out = torch.empty(B, dtype=torch.int64, device=logits.device)
+    block = max(16, 1 << (V - 1).bit_length())
+    sample_kernel[(B,)](logits, logits.stride(0), temperature, top_k, top_p, greedy.view(torch.uint8), seed,
+                        counter, out, V, (stream * 0x2545F491) & 0xFFFFFFFF, BLOCK=block,
+                        num_warps=4 if block <= 2048 else 8)
+    return out
