@@ -111,38 +111,78 @@ def profile_steps(engine: Engine, batch: int, sampling: SamplingParams, steps: i
     return prof.key_averages().table(sort_by="cuda_time_total", row_limit=25)
 
 
+def head_parts(engine: Engine, batch: int, reps: int = 20) -> dict:
+    """The head graph's two halves, each captured alone at `batch` rows and replayed: codebook 0 + the
+    15 code-predictor steps with sampling (sample_codes), and one codec-decoder step."""
+    from talkgate.synth.model import sample_codes
+    from talkgate.synth.sampling import FrameSampler
+    r = engine.runner
+    slots = torch.arange(batch, device=r.device)
+    frame = torch.full((batch,), 5, device=r.device)
+    codes = torch.zeros(batch, 16, 1, dtype=torch.long, device=r.device)
+    allow = torch.ones(batch, dtype=torch.bool, device=r.device)
+    parts = {
+        "codes": lambda: sample_codes(r.talker, r.predictor, r.hidden[:batch], FrameSampler(r.sampling.index(slots), frame),
+                                      r.seen[slots], allow),
+        "decoder": lambda: r.decoder.decode_step(codes, slots, r.dec_state),
+    }
+    out = {}
+    with torch.inference_mode():
+        for name, fn in parts.items():
+            s = torch.cuda.Stream()
+            s.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(s):
+                fn()
+            torch.cuda.current_stream().wait_stream(s)
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                fn()
+            g.replay()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(reps):
+                g.replay()
+            end.record()
+            end.synchronize()
+            out[f"{name}_graph_ms"] = round(start.elapsed_time(end) / reps, 3)
+            del g
+    return out
+
+
 # ----- decode attention probe: the Talker's per-slot attention, gathered SDPA vs synth.attention -----
 def attention_probe(batches, L=878, slots=257, layers=28) -> list[dict]:
-    """One layer's decode attention: gathering the rows' whole caches + masked SDPA (the prefill path)
-    vs synth.attention's Triton kernel (the one-token path), bf16, 0.6B shapes; ms for `layers` layers."""
+    """One layer's one-token attention, bf16, 0.6B shapes, ms for `layers` layers: gathering the rows'
+    whole caches + masked SDPA (attention alone) vs synth.attention's kernel (q/k norm, RoPE, cache
+    write and attention over the row's live positions only)."""
     import torch.nn.functional as F
     from triton.testing import do_bench
 
-    from talkgate.synth.attention import decode_attention as attn
-    dev = "cuda"
-    kc = torch.randn(slots, 8, L, 128, device=dev, dtype=torch.bfloat16)
+    from talkgate.synth.attention import one_token_attention
+    dev, bf16 = "cuda", torch.bfloat16
+    kc = torch.randn(slots, 8, L, 128, device=dev, dtype=bf16)
     vc = torch.randn_like(kc)
+    w = torch.ones(128, device=dev, dtype=bf16)
     out = []
     for B in batches:
         sl = torch.randperm(slots - 1, device=dev)[:B]
-        lens = torch.randint(10, L + 1, (B,), device=dev)
-        q = torch.randn(B, 16, 128, device=dev, dtype=torch.bfloat16)
-        mask = (torch.arange(L, device=dev)[None, :] < lens[:, None])[:, None, None]
+        pos = torch.randint(10, L, (B,), device=dev)
+        qkv = torch.randn(B, 32 * 128, device=dev, dtype=bf16)
+        cos, sin = torch.rand(B, 128, device=dev), torch.rand(B, 128, device=dev)
+        q = qkv[:, :16 * 128].view(B, 16, 128)
+        mask = (torch.arange(L, device=dev)[None, :] <= pos[:, None])[:, None, None]
 
         def gathered():
-            return F.scaled_dot_product_attention(q[:, :, None], kc[sl], vc[sl], attn_mask=mask,
-                                                  enable_gqa=True)[:, :, 0]
-        ref = gathered().float()
-        got = attn(q, kc, vc, sl, lens).float()
-        err = ((got - ref).norm() / ref.norm()).item()
+            return F.scaled_dot_product_attention(q[:, :, None], kc[sl], vc[sl], attn_mask=mask, enable_gqa=True)
+
+        def fused():
+            return one_token_attention(qkv, w, w, 1e-6, cos, sin, kc, vc, sl, pos, 16)
         t_ref = do_bench(gathered, warmup=25, rep=100, return_mode="median")
-        t_tri = do_bench(lambda: attn(q, kc, vc, sl, lens), warmup=25, rep=100, return_mode="median")
-        kv_bytes = 2 * int(lens.sum()) * 8 * 128 * 2
+        t_tri = do_bench(fused, warmup=25, rep=100, return_mode="median")
+        kv_bytes = 2 * int(pos.sum() + B) * 8 * 128 * 2
         out.append({"batch": B, "gather_sdpa_ms_28_layers": round(t_ref * layers, 3),
-                    "triton_ms_28_layers": round(t_tri * layers, 3), "rel_err": err,
-                    "triton_GBps": round(kv_bytes / t_tri / 1e6, 1)})
-        print(f"attention B={B}: gather+SDPA {t_ref * layers:.3f} ms, triton {t_tri * layers:.3f} ms "
-              f"(28 layers), rel err {err:.2e}", flush=True)
+                    "triton_ms_28_layers": round(t_tri * layers, 3), "triton_GBps": round(kv_bytes / t_tri / 1e6, 1)})
+        print(f"attention B={B}: gather+SDPA {t_ref * layers:.3f} ms, one-token kernel {t_tri * layers:.3f} ms "
+              "(28 layers)", flush=True)
     return out
 
 
@@ -160,6 +200,7 @@ def main(argv=None) -> None:
     p.add_argument("--profile", default="", help="batch sizes to profile (torch.profiler top kernels), e.g. 1,256")
     p.add_argument("--max-prefills", type=int, default=16)
     p.add_argument("--decoder-dtype", help="codec decoder dtype (default float32)")
+    p.add_argument("--parts", action="store_true", help="time the head's halves (codes, decoder) as graphs alone")
     p.add_argument("--attention-probe", action="store_true", help="time the Talker's decode attention alone")
     p.add_argument("--json", help="write the results here")
     a = p.parse_args(argv)
@@ -183,9 +224,12 @@ def main(argv=None) -> None:
            "warmup_s": round(warm_s, 2), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "steps": []}
     for b in batches:
         r = step_times(engine, b, a.steps, sampling)
+        if a.parts and cuda:
+            r.update(head_parts(engine, b))
         res["steps"].append(r)
         print(f"batch {b:4d}: {r['step_ms_median']:8.3f} ms/step  RTF {r['rtf']:.4f}  {r['frames_per_s']:9.1f} frames/s"
-              f"  talker graph {r.get('talker_graph_ms')} ms, head graph {r.get('head_graph_ms')} ms", flush=True)
+              f"  talker graph {r.get('talker_graph_ms')} ms, head graph {r.get('head_graph_ms')} ms"
+              f" (codes {r.get('codes_graph_ms')}, decoder {r.get('decoder_graph_ms')})", flush=True)
     res["profiles"] = {}
     for b in [int(x) for x in a.profile.split(",") if x]:
         res["profiles"][str(b)] = table = profile_steps(engine, b, sampling)

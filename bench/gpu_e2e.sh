@@ -18,18 +18,7 @@ tg() { python3 -m talkgate.gateway.cli "$@"; }
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$res/gpu.txt"
 python3 -c "import torch, aiohttp; print('torch', torch.__version__, 'aiohttp', aiohttp.__version__)" | tee -a "$res/gpu.txt"
 
-python3 - <<'PY' | tee -a "$res/gpu.txt"   # the Triton decode attention vs SDPA over gathered caches
-import torch, torch.nn.functional as F
-from talkgate.synth import attention
-kc = torch.randn(33, 8, 300, 128, device="cuda"); vc = torch.randn_like(kc)
-rows = torch.randperm(33, device="cuda")[:16]; lens = torch.randint(1, 301, (16,), device="cuda")
-q = torch.randn(16, 16, 128, device="cuda")
-mask = (torch.arange(300, device="cuda")[None, :] < lens[:, None])[:, None, None]
-ref = F.scaled_dot_product_attention(q[:, :, None], kc[rows], vc[rows], attn_mask=mask, enable_gqa=True)[:, :, 0]
-got = attention.decode_attention(q, kc, vc, rows, lens)
-print("decode attention fp32 rel err", ((got - ref).norm() / ref.norm()).item())
-PY
-[ "${GPU_TESTS:-0}" = 1 ] && { log "GPU tests"; timeout 200 python3 -m pytest -q -p no:cacheprovider tests/test_attention_gpu.py tests/test_engine_gpu.py 2>&1 | tail -8; }
+[ "${GPU_TESTS:-0}" = 1 ] && { log "GPU tests"; timeout 200 python3 -m pytest -q -p no:cacheprovider tests/test_attention.py tests/test_sample_kernel.py tests/test_engine_gpu.py 2>&1 | tail -8; }
 ck=/tmp/ck-$size
 log "checkpoint $size"; tg checkpoint create "$ck" --preset "$size" --variant custom_voice | tail -1
 log "serve"

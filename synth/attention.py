@@ -1,73 +1,111 @@
-"""Decode attention over the slot-indexed KV cache, without gathering whole per-slot caches.
+"""One-token attention as one Triton kernel: q/k RMSNorm, RoPE, the cache write and attention.
 
-A one-token Talker step for B contexts needs, per row b, attention over positions [0, lens[b]) of
-cache slot slots[b]. Gathering `cache[slots]` copies every row's whole slot (max_len positions) every
-layer: at 256 contexts that gather was the largest kernel of the step (measured in bench/engine.py).
-This Triton kernel reads only each row's live positions, one program per (row, kv head) covering the
-head's query group. CUDA only; prefill (T > 1) and CPU keep the SDPA path in model.py.
+A one-token step (the Talker's frame step, each of the code predictor's 14 one-token steps) used to
+be five or six kernels per layer around the q/k/v projection: q norm and k norm with RoPE, two cache
+writes, attention, a transpose. At batch 1 a frame runs 103 such layers and the step is bound by the
+number of kernels, not by their work (bench/engine.py profile), so this kernel does it all, reading
+the fused q/k/v projection's output row:
+- normalizes q and k per head (RMSNorm in float32, weight applied in the model dtype, as the
+  reference) and rotates them (RoPE with the caller's cos/sin, in the model dtype);
+- writes k and v at (slot, position) of the cache [slots, kv_heads, L, D];
+- attends over the row's cached positions [0, position) plus the new one (online softmax), reading
+  only those positions: gathering whole per-slot caches was the largest kernel at 256 contexts.
+One program per (row, kv head) covers the head's query group. Runs in Triton's interpreter on the CPU
+for tests (tests/test_attention.py); the model keeps its PyTorch path on the CPU and for prefill.
 """
 from __future__ import annotations
 
-import functools
-
 import torch
+import triton
+import triton.language as tl
 
 
-@functools.cache
-def _kernel():
-    import triton
-    import triton.language as tl
+@triton.jit
+def _in_dtype(x, DT: tl.constexpr):
+    """Round float32 to the model dtype and back (the reference computes these steps in it)."""
+    return x.to(DT).to(tl.float32)
 
-    @triton.jit
-    def decode_attention_kernel(Q, K, V, O, SLOTS, LENS, sqb, sqh, sks, skh, skl, sob, soh, scale,
-                                GROUP: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr):
-        b = tl.program_id(0)
-        h = tl.program_id(1)
+
+@triton.jit
+def _norm_rope(X, rows, d, rot, sign, cos, sin, W, eps, D: tl.constexpr, DT: tl.constexpr):
+    """Per-head RMSNorm then RoPE of the head vectors at X + rows[:, None] * D + d: [R, D] float32."""
+    x = tl.load(X + rows[:, None] * D + d[None, :]).to(tl.float32)
+    xr = tl.load(X + rows[:, None] * D + rot[None, :]).to(tl.float32)
+    inv = tl.rsqrt(tl.sum(x * x, axis=1) / D + eps)[:, None]
+    w = tl.load(W + d).to(tl.float32)[None, :]
+    wr = tl.load(W + rot).to(tl.float32)[None, :]
+    n = _in_dtype(_in_dtype(x * inv, DT) * w, DT)
+    nr = _in_dtype(_in_dtype(xr * inv, DT) * wr, DT)
+    return _in_dtype(_in_dtype(n * cos, DT) + _in_dtype(sign * nr * sin, DT), DT)
+
+
+@triton.jit(do_not_specialize=["pos_all"])
+def one_token_attention_kernel(QKV, sqkv, QW, KW, COS, SIN, scs, K, V, sks, skh, skl, SLOTS, POS, O, so,
+                               pos_all, eps, scale, HQ: tl.constexpr, HKV: tl.constexpr, GROUP: tl.constexpr,
+                               D: tl.constexpr, BLOCK: tl.constexpr, ROW_SLOTS: tl.constexpr,
+                               ROW_POS: tl.constexpr):
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    DT: tl.constexpr = K.dtype.element_ty
+    if ROW_SLOTS:
         slot = tl.load(SLOTS + b).to(tl.int64)
-        n = tl.load(LENS + b).to(tl.int32)
-        g = tl.arange(0, GROUP)
-        d = tl.arange(0, D)
-        q = tl.load(Q + b * sqb + (h * GROUP + g)[:, None] * sqh + d[None, :]).to(tl.float32)
-        m = tl.full([GROUP], float("-inf"), tl.float32)
-        l = tl.zeros([GROUP], tl.float32)
-        acc = tl.zeros([GROUP, D], tl.float32)
-        base = slot * sks + h * skh
-        for start in range(0, n, BLOCK):          # online softmax over the row's live positions
-            pos = start + tl.arange(0, BLOCK)
-            valid = pos < n
-            off = base + pos[:, None].to(tl.int64) * skl + d[None, :]
-            k = tl.load(K + off, mask=valid[:, None], other=0.0).to(tl.float32)
-            v = tl.load(V + off, mask=valid[:, None], other=0.0).to(tl.float32)
-            s = tl.sum(q[:, None, :] * k[None, :, :], axis=2) * scale
-            s = tl.where(valid[None, :], s, float("-inf"))
-            m_new = tl.maximum(m, tl.max(s, axis=1))
-            alpha = tl.exp(m - m_new)
-            p = tl.exp(s - m_new[:, None])
-            l = l * alpha + tl.sum(p, axis=1)
-            acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v[None, :, :], axis=1)
-            m = m_new
-        tl.store(O + b * sob + (h * GROUP + g)[:, None] * soh + d[None, :], (acc / l[:, None]).to(O.dtype.element_ty))
+    else:
+        slot = b.to(tl.int64)
+    if ROW_POS:
+        n = tl.load(POS + b).to(tl.int32)
+    else:
+        n = pos_all
+    d = tl.arange(0, D)
+    rot = (d + D // 2) % D                                   # rotate_half: (-x2, x1)
+    sign = tl.where(d < D // 2, -1.0, 1.0)[None, :]
+    cos = _in_dtype(tl.load(COS + b * scs + d).to(tl.float32), DT)[None, :]
+    sin = _in_dtype(tl.load(SIN + b * scs + d).to(tl.float32), DT)[None, :]
+    row = QKV + b * sqkv
+    g = tl.arange(0, GROUP)
+    q = _norm_rope(row, h * GROUP + g, d, rot, sign, cos, sin, QW, eps, D, DT)                  # [GROUP, D]
+    one = tl.arange(0, 1)
+    k = _norm_rope(row, HQ + h + one, d, rot, sign, cos, sin, KW, eps, D, DT)                   # [1, D]
+    v = tl.load(row + (HQ + HKV + h + one)[:, None] * D + d[None, :]).to(tl.float32)           # [1, D]
+    base = slot * sks + h * skh
+    tl.store(K + base + n.to(tl.int64) * skl + d[None, :] + one[:, None] * 0, k.to(DT))
+    tl.store(V + base + n.to(tl.int64) * skl + d[None, :] + one[:, None] * 0, v.to(DT))
 
-    return decode_attention_kernel
+    m = tl.sum(q * k, axis=1) * scale                        # the new position starts the softmax
+    l = tl.full([GROUP], 1.0, tl.float32)
+    acc = tl.zeros([GROUP, D], tl.float32) + v
+    for start in range(0, n, BLOCK):                         # the cached positions [0, n)
+        pos = start + tl.arange(0, BLOCK)
+        valid = pos < n
+        off = base + pos[:, None].to(tl.int64) * skl + d[None, :]
+        kb = tl.load(K + off, mask=valid[:, None], other=0.0).to(tl.float32)
+        vb = tl.load(V + off, mask=valid[:, None], other=0.0).to(tl.float32)
+        s = tl.sum(q[:, None, :] * kb[None, :, :], axis=2) * scale
+        s = tl.where(valid[None, :], s, float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, axis=1))
+        alpha = tl.exp(m - m_new)
+        p = tl.exp(s - m_new[:, None])
+        l = l * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * vb[None, :, :], axis=1)
+        m = m_new
+    tl.store(O + b * so + (h * GROUP + g)[:, None] * D + d[None, :], (acc / l[:, None]).to(O.dtype.element_ty))
 
 
-def available(x: torch.Tensor) -> bool:
-    if not x.is_cuda:
-        return False
-    try:
-        _kernel()
-    except ImportError:
-        return False
-    return True
-
-
-def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor,
-                     lens: torch.Tensor, block: int = 32) -> torch.Tensor:
-    """q [B,heads,D], k/v cache [slots,kv_heads,L,D], slots [B], lens [B] -> [B,heads,D]."""
-    B, H, D = q.shape
-    kv_heads = k_cache.shape[1]
-    out = torch.empty_like(q)
-    _kernel()[(B, kv_heads)](q, k_cache, v_cache, out, slots, lens, q.stride(0), q.stride(1),
-                             k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), out.stride(0),
-                             out.stride(1), D ** -0.5, GROUP=H // kv_heads, D=D, BLOCK=block)
+def one_token_attention(qkv: torch.Tensor, q_norm: torch.Tensor, k_norm: torch.Tensor, eps: float,
+                        cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                        slots: torch.Tensor | None, pos: torch.Tensor | int, heads: int, block: int = 32) -> torch.Tensor:
+    """qkv [B, (heads + 2 kv_heads) * D] (the fused projection of one token per row), q_norm/k_norm [D]
+    weights, cos/sin [B, D] or [D] float32, caches [S, kv_heads, L, D]; slots [B] (None: row b uses
+    cache row b), pos [B] or one int for every row (the new token's position) -> [B, heads * D]."""
+    B = qkv.shape[0]
+    kv_heads, D = k_cache.shape[1], k_cache.shape[3]
+    if qkv.stride(-1) != 1:
+        qkv = qkv.contiguous()
+    out = torch.empty(B, heads * D, device=qkv.device, dtype=qkv.dtype)
+    row_pos = isinstance(pos, torch.Tensor)
+    one_token_attention_kernel[(B, kv_heads)](
+        qkv, qkv.stride(0), q_norm, k_norm, cos, sin, cos.stride(0) if cos.dim() == 2 else 0,
+        k_cache, v_cache, k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        slots if slots is not None else qkv, pos if row_pos else qkv, out, out.stride(0),
+        0 if row_pos else int(pos), eps, D ** -0.5, HQ=heads, HKV=kv_heads, GROUP=heads // kv_heads, D=D,
+        BLOCK=block, ROW_SLOTS=slots is not None, ROW_POS=row_pos)
     return out

@@ -30,7 +30,7 @@ import torch
 from talkgate.synth.api import ModelInfo
 from talkgate.synth.codec_decoder import CodecCheckpointError, load_codec_decoder
 from talkgate.synth.config import ConfigError, GenerationConfig, TTSConfig
-from talkgate.synth.model import CodePredictor, Talker
+from talkgate.synth.model import CodePredictor, Talker, fuse_projections
 from talkgate.synth.prompt import Prompts
 from talkgate.synth.tokenizer import QwenTokenizer
 
@@ -172,6 +172,7 @@ def _load_lm(root: Path, config: TTSConfig, device, dtype) -> tuple[Talker, Code
     for module_name, module in modules.items():
         module.load_state_dict(states[module_name], strict=True, assign=True)
         module.eval().requires_grad_(False)
+    fuse_projections(talker, predictor)
     predictor.setup(device)
     return talker, predictor
 

@@ -34,11 +34,12 @@ Nothing in these calls reads a tensor value on the host.
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from talkgate.synth import attention
 from talkgate.synth.config import DecoderDims, PredictorConfig, TalkerConfig
 from talkgate.synth.sampling import FrameSampler
 
@@ -50,10 +51,19 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # normalize in float32, scale in the input dtype (as the reference does)
-        x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x32.to(x.dtype)
+        return rms_norm(x, self.weight, self.eps)
+
+    def residual(self, x: torch.Tensor, delta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(x + delta, its norm): the residual add and the next norm, one kernel when compiled."""
+        x = x + delta
+        return x, rms_norm(x, self.weight, self.eps)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    # normalize in float32, scale in the input dtype (as the reference does)
+    x32 = x.float()
+    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * x32.to(x.dtype)
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -77,16 +87,40 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(d.head_dim, d.rms_norm_eps)
         self.k_norm = RMSNorm(d.head_dim, d.rms_norm_eps)
 
+    def fuse(self) -> None:
+        """One q/k/v projection (one GEMM instead of three: at batch 1 a step is launch-bound). The
+        q/k/v parameters become views into it, so the state dict and the memory stay as loaded; call
+        again after loading other weights."""
+        w = torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight]).detach()
+        self.register_buffer("qkv_weight", w, persistent=False)
+        for proj, part in zip((self.q_proj, self.k_proj, self.v_proj), w.split(self._split)):
+            proj.weight = nn.Parameter(part, requires_grad=False)
+
+    @property
+    def _split(self) -> list[int]:
+        return [self.n_heads * self.head_dim, self.n_kv * self.head_dim, self.n_kv * self.head_dim]
+
     def qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
         """x [B,T,H], cos/sin [B,T,head_dim] -> q [B,T,heads,D], k and v [B,T,kv_heads,D] (rotated)."""
         B, T, _ = x.shape
-        q = self.q_norm(self.q_proj(x).view(B, T, self.n_heads, self.head_dim))
-        k = self.k_norm(self.k_proj(x).view(B, T, self.n_kv, self.head_dim))
-        v = self.v_proj(x).view(B, T, self.n_kv, self.head_dim)
+        q, k, v = F.linear(x, self.qkv_weight).split(self._split, dim=-1)
+        q = self.q_norm(q.reshape(B, T, self.n_heads, self.head_dim))
+        k = self.k_norm(k.reshape(B, T, self.n_kv, self.head_dim))
+        v = v.reshape(B, T, self.n_kv, self.head_dim)
         cos, sin = cos[:, :, None].to(q.dtype), sin[:, :, None].to(q.dtype)
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
         return q, k, v
+
+    def one_token(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor,
+                  v_cache: torch.Tensor, slots: torch.Tensor | None, pos) -> torch.Tensor:
+        """CUDA, one token per row: x [B,1,H] -> attention output [B,1,H] (after o_proj), with q/k norm,
+        RoPE (cos/sin [B,D] or [D]), the cache write at (slots[b] or b, pos) and attention over
+        positions <= pos in one kernel (synth/attention.py)."""
+        out = _attention().one_token_attention(F.linear(x[:, 0], self.qkv_weight), self.q_norm.weight,
+                                               self.k_norm.weight, self.q_norm.eps, cos, sin, k_cache, v_cache,
+                                               slots, pos, self.n_heads)
+        return self.o_proj(out)[:, None]
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask=None, causal=False) -> torch.Tensor:
         """q [B,T,heads,D], k/v [B,kv_heads,L,D] -> [B,T,H]."""
@@ -103,8 +137,16 @@ class MLP(nn.Module):
         self.up_proj = nn.Linear(d.hidden_size, d.intermediate_size, bias=False)
         self.down_proj = nn.Linear(d.intermediate_size, d.hidden_size, bias=False)
 
+    def fuse(self) -> None:
+        """One gate/up projection, as Attention.fuse."""
+        w = torch.cat([self.gate_proj.weight, self.up_proj.weight]).detach()
+        self.register_buffer("gate_up_weight", w, persistent=False)
+        for proj, part in zip((self.gate_proj, self.up_proj), w.chunk(2)):
+            proj.weight = nn.Parameter(part, requires_grad=False)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = F.linear(x, self.gate_up_weight).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
 
 
 class DecoderLayer(nn.Module):
@@ -114,6 +156,39 @@ class DecoderLayer(nn.Module):
         self.mlp = MLP(d)
         self.input_layernorm = RMSNorm(d.hidden_size, d.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(d.hidden_size, d.rms_norm_eps)
+
+
+def run_layers(layers: nn.ModuleList, final_norm: RMSNorm, x: torch.Tensor, attention_out) -> torch.Tensor:
+    """The decoder-layer loop: attention_out(i, layer, normed x) -> the attention block's output; each
+    residual add is fused with the norm that follows it. Returns the final norm of the last residual."""
+    h = layers[0].input_layernorm(x)
+    for i, layer in enumerate(layers):
+        x, h = layer.post_attention_layernorm.residual(x, attention_out(i, layer, h))
+        following = layers[i + 1].input_layernorm if i + 1 < len(layers) else final_norm
+        x, h = following.residual(x, layer.mlp(h))
+    return h
+
+
+@functools.cache
+def _attention():
+    """synth.attention (Triton), or None where Triton is missing."""
+    try:
+        from talkgate.synth import attention
+    except ImportError:
+        return None
+    return attention
+
+
+def one_token_kernel(x: torch.Tensor) -> bool:
+    return x.is_cuda and _attention() is not None
+
+
+def fuse_projections(*models: nn.Module) -> None:
+    """Fuse q/k/v and gate/up of every decoder layer (the loader calls this after loading)."""
+    for model in models:
+        for layer in model.layers:
+            layer.self_attn.fuse()
+            layer.mlp.fuse()
 
 
 class TextProjection(nn.Module):
@@ -181,32 +256,23 @@ class Talker(nn.Module):
     def forward(self, x: torch.Tensor, pos: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
         pos_t = pos if pos.dim() == 2 else pos[0]                               # temporal axis: the cache index
         cos, sin = self.rope(pos)
-        if x.shape[1] == 1 and attention.available(x):
-            return self._decode(x, pos_t[:, 0], slots, cos, sin)
+        if x.shape[1] == 1 and one_token_kernel(x):
+            # one token per row on CUDA: reads only each row's live cache positions
+            def attention_out(i, layer, h):
+                return layer.self_attn.one_token(h, cos[:, 0], sin[:, 0], self.k_cache[i], self.v_cache[i], slots,
+                                                 pos_t[:, 0])
+            return run_layers(self.layers, self.norm, x, attention_out)
         L = self.k_cache[0].shape[2]
         mask = (torch.arange(L, device=x.device)[None, None, :] <= pos_t[:, :, None])[:, None]   # [B,1,T,L]
         rows = slots[:, None].expand_as(pos_t)
-        for layer, kc, vc in zip(self.layers, self.k_cache, self.v_cache):
-            attn = layer.self_attn
-            q, k, v = attn.qkv(layer.input_layernorm(x), cos, sin)
+
+        def attention_out(i, layer, h):
+            attn, kc, vc = layer.self_attn, self.k_cache[i], self.v_cache[i]
+            q, k, v = attn.qkv(h, cos, sin)
             kc[rows, :, pos_t] = k
             vc[rows, :, pos_t] = v
-            x = x + attn.attend(q, kc[slots], vc[slots], mask=mask)
-            x = x + layer.mlp(layer.post_attention_layernorm(x))
-        return self.norm(x)
-
-    def _decode(self, x, pos, slots, cos, sin) -> torch.Tensor:
-        """One token per row on CUDA: attention reads only each row's live cache positions."""
-        lens = pos + 1
-        for layer, kc, vc in zip(self.layers, self.k_cache, self.v_cache):
-            attn = layer.self_attn
-            q, k, v = attn.qkv(layer.input_layernorm(x), cos, sin)
-            kc[slots, :, pos] = k[:, 0]
-            vc[slots, :, pos] = v[:, 0]
-            out = attention.decode_attention(q[:, 0], kc, vc, slots, lens)
-            x = x + attn.o_proj(out.reshape(x.shape[0], 1, -1))
-            x = x + layer.mlp(layer.post_attention_layernorm(x))
-        return self.norm(x)
+            return attn.attend(q, kc[slots], vc[slots], mask=mask)
+        return run_layers(self.layers, self.norm, x, attention_out)
 
 
 def mrope_axes(section: tuple[int, ...], interleaved: bool) -> torch.Tensor:
@@ -255,17 +321,20 @@ class CodePredictor(nn.Module):
     def _forward(self, x: torch.Tensor, start: int, kv: list) -> torch.Tensor:
         """x [B,T,Hp] at frame positions start..start+T-1 -> normed hidden [B,T,Hp]."""
         B, T, _ = x.shape
+        if T == 1 and one_token_kernel(x):
+            def attention_out(i, layer, h):
+                return layer.self_attn.one_token(h, self.cos[start], self.sin[start], kv[i][0], kv[i][1], None, start)
+            return run_layers(self.layers, self.norm, x, attention_out)
         cos = self.cos[start:start + T][None].expand(B, T, -1)
         sin = self.sin[start:start + T][None].expand(B, T, -1)
-        for layer, (kc, vc) in zip(self.layers, kv):
-            attn = layer.self_attn
-            q, k, v = attn.qkv(layer.input_layernorm(x), cos, sin)
+
+        def attention_out(i, layer, h):
+            attn, (kc, vc) = layer.self_attn, kv[i]
+            q, k, v = attn.qkv(h, cos, sin)
             kc[:, :, start:start + T] = k.transpose(1, 2)
             vc[:, :, start:start + T] = v.transpose(1, 2)
-            end = start + T
-            x = x + attn.attend(q, kc[:, :, :end], vc[:, :, :end], causal=T > 1)
-            x = x + layer.mlp(layer.post_attention_layernorm(x))
-        return self.norm(x)
+            return attn.attend(q, kc[:, :, :start + T], vc[:, :, :start + T], causal=T > 1)
+        return run_layers(self.layers, self.norm, x, attention_out)
 
     def predict(self, hidden: torch.Tensor, code0_embed: torch.Tensor, sampler: FrameSampler,
                 return_logits: bool = False):

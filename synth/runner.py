@@ -224,12 +224,12 @@ class Runner:
 
 def compile_hot_functions() -> None:
     """torch.compile the model's leaf functions that every layer and every codebook calls (RMSNorm,
-    q/k/v with q/k norm and RoPE, the SwiGLU MLP): a frame is otherwise about
+    q/k/v with q/k norm and RoPE, the SwiGLU MLP, the decoder's SnakeBeta): a frame is otherwise about
     7,000 kernels of 1-5 us, mostly elementwise. Small graphs compile in seconds (a whole-step compile
     took over 5 minutes). Process-wide and idempotent; CPU tensors keep the plain functions."""
     import functools
 
-    from talkgate.synth import model
+    from talkgate.synth import codec_decoder, model
 
     def cuda_only(fn):
         compiled = torch.compile(fn, dynamic=True)
@@ -241,8 +241,12 @@ def compile_hot_functions() -> None:
         call.talkgate_compiled = True
         return call
 
-    # sampling.sample is left out: inductor mistypes its symbolic `stream` int in the hash (torch 2.11)
-    for owner, name in ((model.RMSNorm, "forward"), (model.Attention, "qkv"), (model.MLP, "forward")):
+    # SnakeBeta sees inputs of several layouts (slices of transposed-conv outputs): one compile per
+    # layout, more than dynamo's default limit of 8 per function
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 32)
+    # the sampler is one Triton kernel of its own (synth/sample_kernel.py)
+    for owner, name in ((model.RMSNorm, "forward"), (model.RMSNorm, "residual"), (model.Attention, "qkv"),
+                        (model.MLP, "forward"), (codec_decoder.SnakeBeta, "forward")):
         fn = getattr(owner, name)
         if not getattr(fn, "talkgate_compiled", False):
             setattr(owner, name, cuda_only(fn))
