@@ -70,9 +70,13 @@ def step_times(engine: Engine, batch: int, steps: int, sampling: SamplingParams)
             "rtf": round(med / FRAME_MS, 4), "frames_per_s": round(batch * 1000 / med, 1), **parts}
 
 
-def first_pcm_ms(engine: Engine, runs: int, sampling: SamplingParams) -> list[float]:
-    out = []
+def first_pcm_ms(engine: Engine, runs: int, sampling: SamplingParams) -> tuple[list[float], list[float]]:
+    """-> (text ready -> first PCM, the engine step that made it: prefill + head + copies + events) in ms."""
+    out, steps = [], []
+    step_ms: list[float] = []
+    engine.on_step = lambda dt, rows: step_ms.append(dt)
     for _ in range(runs):
+        step_ms.clear()
         got = threading.Event()
         first: list[float] = []
 
@@ -89,7 +93,35 @@ def first_pcm_ms(engine: Engine, runs: int, sampling: SamplingParams) -> list[fl
         got.wait(10)
         engine.cancel(ctx)
         out.append((first[0] - t0) * 1000 if first else float("nan"))
+        steps.append(step_ms[0] if step_ms else float("nan"))
         time.sleep(0.02)
+    engine.on_step = None
+    return out, steps
+
+
+def prefill_parts(engine: Engine, reps: int = 20) -> dict:
+    """A new context's own work in its first step, apart from the head: building its prompt embeddings
+    (eager, prompt prefix cached) and the prefill graph (smallest bucket), each timed alone."""
+    r = engine.runner
+    prompt = r.tts.prompts.resolve(ContextParams())
+    out = {}
+    with torch.inference_mode():
+        r.tts.prompts.prefill(prompt, 100)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            r.tts.prompts.prefill(prompt, 100)
+        torch.cuda.synchronize()
+        out["prompt_embed_ms"] = round((time.perf_counter() - t0) * 1000 / reps, 3)
+        g = r.graphs.get(("prefill", r.prefill_rows[0], r.prefill_lens[0]))
+        if g is not None:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(reps):
+                g.replay()
+            end.record()
+            end.synchronize()
+            out[f"prefill_graph_ms_{r.prefill_rows[0]}x{r.prefill_lens[0]}"] = round(start.elapsed_time(end) / reps, 3)
     return out
 
 
@@ -234,17 +266,22 @@ def main(argv=None) -> None:
     for b in [int(x) for x in a.profile.split(",") if x]:
         res["profiles"][str(b)] = table = profile_steps(engine, b, sampling)
         print(f"--- profile batch {b}: top rows\n" + "\n".join(table.splitlines()[:8]), flush=True)
+    if cuda:
+        res["prefill_parts"] = prefill_parts(engine)
+        print("new context's prefill:", res["prefill_parts"], flush=True)
     engine.start()                 # the engine thread; warm-up already done (it runs once)
-    lat = first_pcm_ms(engine, a.latency_runs, sampling)
+    lat, first_steps = first_pcm_ms(engine, a.latency_runs, sampling)
     engine.stop()
-    res["first_pcm_ms"] = {"median": round(statistics.median(lat), 3), "all": [round(x, 3) for x in lat]}
+    res["first_pcm_ms"] = {"median": round(statistics.median(lat), 3), "all": [round(x, 3) for x in lat],
+                           "its_step_median": round(statistics.median(first_steps), 3)}
     if cuda:
         res["peak_memory_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
     print("\n| batch | ms / frame step | RTF | frames/s | talker graph ms | head graph ms |\n| --- | --- | --- | --- | --- | --- |")
     for r in res["steps"]:
         print(f"| {r['batch']} | {r['step_ms_median']:.3f} | {r['rtf']:.4f} | {r['frames_per_s']:.0f} | "
               f"{r.get('talker_graph_ms')} | {r.get('head_graph_ms')} |")
-    print(f"text ready -> first PCM (batch 1, median of {len(lat)}): {res['first_pcm_ms']['median']:.2f} ms")
+    print(f"text ready -> first PCM (batch 1, median of {len(lat)}): {res['first_pcm_ms']['median']:.2f} ms "
+          f"(its engine step: {res['first_pcm_ms']['its_step_median']:.2f} ms)")
     if cuda:
         print(f"peak GPU memory: {res['peak_memory_gib']} GiB; slots {res['slots']}")
     if a.json:

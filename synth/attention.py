@@ -92,7 +92,7 @@ def one_token_attention_kernel(QKV, sqkv, QW, KW, COS, SIN, scs, K, V, sks, skh,
 
 def one_token_attention(qkv: torch.Tensor, q_norm: torch.Tensor, k_norm: torch.Tensor, eps: float,
                         cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                        slots: torch.Tensor | None, pos: torch.Tensor | int, heads: int, block: int = 32) -> torch.Tensor:
+                        slots: torch.Tensor | None, pos: torch.Tensor | int, heads: int) -> torch.Tensor:
     """qkv [B, (heads + 2 kv_heads) * D] (the fused projection of one token per row), q_norm/k_norm [D]
     weights, cos/sin [B, D] or [D] float32, caches [S, kv_heads, L, D]; slots [B] (None: row b uses
     cache row b), pos [B] or one int for every row (the new token's position) -> [B, heads * D]."""
@@ -102,10 +102,14 @@ def one_token_attention(qkv: torch.Tensor, q_norm: torch.Tensor, k_norm: torch.T
         qkv = qkv.contiguous()
     out = torch.empty(B, heads * D, device=qkv.device, dtype=qkv.dtype)
     row_pos = isinstance(pos, torch.Tensor)
+    # measured in CUDA graphs on an H100 (bench/kernels.py): few rows, long caches want 4 warps and
+    # 32-position blocks; many rows (the GPU is full anyway) and short caches one warp and 16 positions
+    wide = B <= 16 and k_cache.shape[2] > 16
+    block, warps = (32, 4) if wide else (16, 1)
     one_token_attention_kernel[(B, kv_heads)](
         qkv, qkv.stride(0), q_norm, k_norm, cos, sin, cos.stride(0) if cos.dim() == 2 else 0,
         k_cache, v_cache, k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         slots if slots is not None else qkv, pos if row_pos else qkv, out, out.stride(0),
         0 if row_pos else int(pos), eps, D ** -0.5, HQ=heads, HKV=kv_heads, GROUP=heads // kv_heads, D=D,
-        BLOCK=block, ROW_SLOTS=slots is not None, ROW_POS=row_pos)
+        BLOCK=block, ROW_SLOTS=slots is not None, ROW_POS=row_pos, num_warps=warps)
     return out

@@ -8,8 +8,9 @@ Talker (a Qwen3 decoder: RMSNorm eps from config, q/k RMSNorm per head, GQA, Swi
       static KV per layer [S, kv_heads, L, head_dim]; call once before forward (and again to resize).
   talker.embed_text(ids [...]) -> [..., H]       text_projection(text_embedding(ids))
   talker.codec_embedding                          nn.Embedding(3072, H): codebook 0 + control ids
-  talker(x [B,T,H], pos [B,T] or [3,B,T] long, slots [B] long) -> hidden [B,T,H] (final norm applied)
+  talker(x [B,T,H], pos [B,T] or [3,B,T] long, slots [B] long, fresh=False) -> hidden [B,T,H] (final norm applied)
       writes K/V at (slots[b], pos[b,t]); row b attends to its own slot's positions <= pos[b,t].
+      fresh=True (a prefill: pos is 0..T-1 in every row): attention within x, the cache only written.
       [B,T] positions mean all three mRoPE axes are equal (always so for TTS).
   talker.codec_head(hidden) -> logits [.., 3072]
   talker.banned_ids(allow_eos [B] bool) -> [B, 3072] bool: ids 2048..3071 except eos, plus eos
@@ -253,9 +254,20 @@ class Talker(nn.Module):
         angle = torch.cat((angle, angle), dim=-1)
         return angle.cos(), angle.sin()
 
-    def forward(self, x: torch.Tensor, pos: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, pos: torch.Tensor, slots: torch.Tensor, fresh: bool = False) -> torch.Tensor:
+        """fresh: x holds positions 0..T-1 of new contexts, so attention runs within x (causal) and the
+        cache is only written, not read (a prefill's first audio waits on it)."""
         pos_t = pos if pos.dim() == 2 else pos[0]                               # temporal axis: the cache index
         cos, sin = self.rope(pos)
+        rows = slots[:, None].expand_as(pos_t)
+        if fresh:
+            def attention_out(i, layer, h):
+                attn = layer.self_attn
+                q, k, v = attn.qkv(h, cos, sin)
+                self.k_cache[i][rows, :, pos_t] = k
+                self.v_cache[i][rows, :, pos_t] = v
+                return attn.attend(q, k.transpose(1, 2), v.transpose(1, 2), causal=True)
+            return run_layers(self.layers, self.norm, x, attention_out)
         if x.shape[1] == 1 and one_token_kernel(x):
             # one token per row on CUDA: reads only each row's live cache positions
             def attention_out(i, layer, h):
@@ -264,7 +276,6 @@ class Talker(nn.Module):
             return run_layers(self.layers, self.norm, x, attention_out)
         L = self.k_cache[0].shape[2]
         mask = (torch.arange(L, device=x.device)[None, None, :] <= pos_t[:, :, None])[:, None]   # [B,1,T,L]
-        rows = slots[:, None].expand_as(pos_t)
 
         def attention_out(i, layer, h):
             attn, kc, vc = layer.self_attn, self.k_cache[i], self.v_cache[i]

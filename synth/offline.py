@@ -42,7 +42,7 @@ def generate_codes(tts, text: str, voice: str | None = None, language: str = "au
     P = x.shape[0]
     talker.setup_cache(1, P + max_frames, device, x.dtype)
     slots = torch.zeros(1, dtype=torch.long, device=device)
-    hidden = talker(x[None], torch.arange(P, device=device)[None], slots)[:, -1]
+    hidden = talker(x[None], torch.arange(P, device=device)[None], slots, fresh=True)[:, -1]
     rows = RowSampling.build([sampling], tts.generation_config, device)
     seen = torch.zeros(1, cfg.talker.vocab_size, dtype=torch.bool, device=device)
     following = text_ids[1:] + [cfg.tts_eos]

@@ -25,6 +25,7 @@ Resolution rules (the reference's generate and its Qwen3TTSModel wrapper):
 """
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import torch
@@ -32,6 +33,8 @@ import torch
 from talkgate.synth.api import ContextParams, InvalidParams, UnknownLanguage, UnknownVoice
 from talkgate.synth.config import TTSConfig
 from talkgate.synth.tokenizer import QwenTokenizer
+
+PREFIX_CACHE = 256          # prompts (voice, language, instructions) whose prefill prefix is kept
 
 
 @dataclass(frozen=True)
@@ -56,6 +59,7 @@ class Prompts:
         self.voices = tuple(t.speakers)
         self.languages = ("auto",) + tuple(name for name in t.languages if "dialect" not in name)
         self.role_ids = (config.im_start, tokenizer.token_id("assistant"), tokenizer.encode("\n")[0])
+        self._prefixes: OrderedDict[tuple, tuple[torch.Tensor, torch.Tensor]] = OrderedDict()
 
     def resolve(self, params: ContextParams) -> Prompt:
         t, cfg = self.config.talker, self.config
@@ -100,20 +104,33 @@ class Prompts:
 
     @torch.inference_mode()
     def prefill(self, prompt: Prompt, first_text_id: int, role_ids: tuple[int, ...] | None = None) -> torch.Tensor:
-        """[prompt.length, H] Talker input embeddings (device and dtype of the Talker)."""
+        """[prompt.length, H] Talker input embeddings (device and dtype of the Talker). Everything but
+        the first text token depends only on the prompt: computed once per prompt and kept (a new
+        context's prefill is on its time to first audio)."""
+        prefix, codec_bos = self._prefix(prompt, role_ids or self.role_ids)
+        first = self.talker.embed_text(self._ids([first_text_id]))[0] + codec_bos
+        return torch.cat([prefix, first])
+
+    def _ids(self, values) -> torch.Tensor:
+        return torch.tensor([list(values)], device=self.talker.codec_embedding.weight.device)
+
+    def _prefix(self, prompt: Prompt, role_ids: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+        """([prompt.length - 1, H] embeddings before the first text token, [1, H] codec bos embedding)."""
+        key = (prompt, role_ids)
+        hit = self._prefixes.get(key)
+        if hit is not None:
+            self._prefixes.move_to_end(key)
+            return hit
         cfg, talker = self.config, self.talker
-        device = talker.codec_embedding.weight.device
-
-        def ids(values):
-            return torch.tensor([list(values)], device=device)
-
         parts = []
         if prompt.instruction_ids:
-            parts.append(talker.embed_text(ids(prompt.instruction_ids))[0])
-        parts.append(talker.embed_text(ids(role_ids or self.role_ids))[0])
-        bos, eos, pad = talker.embed_text(ids([cfg.tts_bos, cfg.tts_eos, cfg.tts_pad]))[0]
-        codec = talker.codec_embedding(ids(prompt.codec_ids + (cfg.talker.codec_bos,)))[0]
+            parts.append(talker.embed_text(self._ids(prompt.instruction_ids))[0])
+        parts.append(talker.embed_text(self._ids(role_ids))[0])
+        bos, eos, pad = talker.embed_text(self._ids([cfg.tts_bos, cfg.tts_eos, cfg.tts_pad]))[0]
+        codec = talker.codec_embedding(self._ids(prompt.codec_ids + (cfg.talker.codec_bos,)))[0]
         k = len(prompt.codec_ids)
         parts.append(torch.cat([pad.expand(k - 1, -1), bos[None]]) + codec[:k])
-        parts.append(talker.embed_text(ids([first_text_id]))[0] + codec[k:])
-        return torch.cat(parts)
+        hit = self._prefixes[key] = (torch.cat(parts), codec[k:])
+        if len(self._prefixes) > PREFIX_CACHE:
+            self._prefixes.popitem(last=False)
+        return hit

@@ -50,6 +50,10 @@ class Runner:
         self.dummy = num_slots                          # padded rows write here
         self.codec_eos, self.text_eos, self.text_pad = tts.config.talker.codec_eos, tts.config.tts_eos, tts.config.tts_pad
         self.use_graphs = cuda_graphs and device.type == "cuda"
+        if device.type == "cuda":
+            # cuDNN times its algorithms per shape once (during warm-up, before capture) and keeps the
+            # fastest: the codec decoder's convolutions at batch 1 otherwise get slow defaults
+            torch.backends.cudnn.benchmark = True
         # torch.compile fuses the small elementwise chains of the model's leaf functions (see
         # compile_hot_functions); replayed inside the CUDA graphs they cost no Python time
         self.compiled = torch_compile and device.type == "cuda"
@@ -159,7 +163,7 @@ class Runner:
 
     def _prefill_step(self, rows: int, T: int) -> None:
         slots, last = self.pre_idx[0, :rows], self.pre_idx[1, :rows]
-        h = self.talker(self.pre_x[:rows, :T], self.pre_pos[:rows, :T], slots)
+        h = self.talker(self.pre_x[:rows, :T], self.pre_pos[:rows, :T], slots, fresh=True)
         self.pre_h[:rows] = h[torch.arange(rows, device=h.device), last]
 
     # ----- the two captured parts -----
@@ -209,6 +213,7 @@ class Runner:
                 for T in reversed(self.prefill_lens):
                     self._capture(("prefill", rows, T), pool, self._prefill_step, rows, T)
             torch.cuda.synchronize()
+            torch.cuda.empty_cache()         # cuDNN's algorithm search workspaces, no longer needed
 
     def _capture(self, key: tuple, pool, fn, *args) -> None:
         s = torch.cuda.Stream()
@@ -242,7 +247,8 @@ def compile_hot_functions() -> None:
         return call
 
     # SnakeBeta sees inputs of several layouts (slices of transposed-conv outputs): one compile per
-    # layout, more than dynamo's default limit of 8 per function
+    # layout, more than dynamo's default limit of 8 per function. (Compiling the decoder's whole step
+    # was slower: inductor copies the whole per-slot state pools it updates in place, 5 ms a step.)
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 32)
     # the sampler is one Triton kernel of its own (synth/sample_kernel.py)
     for owner, name in ((model.RMSNorm, "forward"), (model.RMSNorm, "residual"), (model.Attention, "qkv"),

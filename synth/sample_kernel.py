@@ -96,6 +96,5 @@ def sample(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
     out = torch.empty(B, dtype=torch.int64, device=logits.device)
     block = max(16, 1 << (V - 1).bit_length())
     sample_kernel[(B,)](logits, logits.stride(0), temperature, top_k, top_p, greedy.view(torch.uint8), seed,
-                        counter, out, V, (stream * 0x2545F491) & 0xFFFFFFFF, BLOCK=block,
-                        num_warps=4 if block <= 2048 else 8)
+                        counter, out, V, (stream * 0x2545F491) & 0xFFFFFFFF, BLOCK=block, num_warps=8)
     return out
