@@ -20,6 +20,15 @@ import types
 from pathlib import Path
 
 
+def _unused(attr: str):
+    if attr.startswith("__"):
+        raise AttributeError(attr)
+
+    def call(*args, **kwargs):
+        raise RuntimeError(f"{attr}: not installed here (stood in for by bench/reference_baseline.py)")
+    return call
+
+
 def _stub(*names: str) -> None:
     """Modules the reference imports at load time but never uses on this path (audio I/O, mel),
     stood in for where they are not installed."""
@@ -29,6 +38,7 @@ def _stub(*names: str) -> None:
         mod = types.ModuleType(name)
         mod.__spec__ = importlib.machinery.ModuleSpec(name, None, is_package=True)
         mod.__path__ = []
+        mod.__getattr__ = _unused                        # `from librosa.filters import mel` and the like
         sys.modules[name] = mod
         parent, _, child = name.rpartition(".")
         if parent:
@@ -36,7 +46,7 @@ def _stub(*names: str) -> None:
 
 
 _stub("torchaudio", "torchaudio.compliance", "torchaudio.compliance.kaldi")
-_stub("librosa")
+_stub("librosa", "librosa.filters")
 _stub("sox")
 
 import torch  # noqa: E402
