@@ -27,6 +27,17 @@ from talkgate.synth.engine import Engine
 TEXT = "The quick brown fox jumps over the lazy dog, then naps in the afternoon sun. " * 6
 
 
+def graph_ms(g: torch.cuda.CUDAGraph, reps: int) -> float:
+    """Mean ms of one replay of a captured graph, timed with CUDA events."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(reps):
+        g.replay()
+    end.record()
+    end.synchronize()
+    return round(start.elapsed_time(end) / reps, 3)
+
+
 def step_times(engine: Engine, batch: int, steps: int, sampling: SamplingParams) -> dict:
     chunks = [0]
 
@@ -54,13 +65,7 @@ def step_times(engine: Engine, batch: int, steps: int, sampling: SamplingParams)
     for part in ("talker", "head"):                           # the two graphs alone, replayed
         g = engine.runner.graphs.get((part, engine.runner._bucket(batch)))
         if g is not None:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            for _ in range(steps):
-                g.replay()
-            end.record()
-            end.synchronize()
-            parts[f"{part}_graph_ms"] = round(start.elapsed_time(end) / steps, 3)
+            parts[f"{part}_graph_ms"] = graph_ms(g, steps)
     for c in ctxs:
         engine.cancel(c)
     engine.run_once()
@@ -115,13 +120,7 @@ def prefill_parts(engine: Engine, reps: int = 20) -> dict:
         out["prompt_embed_ms"] = round((time.perf_counter() - t0) * 1000 / reps, 3)
         g = r.graphs.get(("prefill", r.prefill_rows[0], r.prefill_lens[0]))
         if g is not None:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            for _ in range(reps):
-                g.replay()
-            end.record()
-            end.synchronize()
-            out[f"prefill_graph_ms_{r.prefill_rows[0]}x{r.prefill_lens[0]}"] = round(start.elapsed_time(end) / reps, 3)
+            out[f"prefill_graph_ms_{r.prefill_rows[0]}x{r.prefill_lens[0]}"] = graph_ms(g, reps)
     return out
 
 
@@ -170,13 +169,7 @@ def head_parts(engine: Engine, batch: int, reps: int = 20) -> dict:
             with torch.cuda.graph(g):
                 fn()
             g.replay()
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            for _ in range(reps):
-                g.replay()
-            end.record()
-            end.synchronize()
-            out[f"{name}_graph_ms"] = round(start.elapsed_time(end) / reps, 3)
+            out[f"{name}_graph_ms"] = graph_ms(g, reps)
             del g
     return out
 
