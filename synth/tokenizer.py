@@ -39,6 +39,10 @@ class QwenTokenizer:
         self.tok = tokenizer
         self.added = added                     # added token content -> id
         self.added_ids = set(added.values())
+        # the proper prefixes of the added tokens ("<|im_" of "<|im_end|>"): a text ending in one may
+        # still become that token (a set: one lookup per suffix length, per streamed delta)
+        self.added_prefixes = frozenset(c[:k] for c in added for k in range(1, len(c)))
+        self.longest_prefix = max(map(len, self.added_prefixes), default=0)
 
     @classmethod
     def from_dir(cls, path: str | Path) -> "QwenTokenizer":
@@ -108,11 +112,10 @@ class QwenTokenizer:
         added token ("<|im_") may also end the segment before it, so the cut is the start of the last
         pre-tokenizer piece of the text between the last complete added token and that tail."""
         partial = len(text)
-        for content in self.added:
-            for k in range(len(content) - 1, 0, -1):
-                if text.endswith(content[:k]):
-                    partial = min(partial, len(text) - k)
-                    break
+        for k in range(min(self.longest_prefix, len(text)), 0, -1):
+            if text[-k:] in self.added_prefixes:
+                partial = len(text) - k
+                break
         segment_start = 0
         enc = self.tok.encode(text[:partial], add_special_tokens=False)
         for token_id, (_, end) in zip(enc.ids, enc.offsets):
