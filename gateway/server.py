@@ -75,7 +75,10 @@ class Gateway:
                               first_message_auth: bool = False) -> web.WebSocketResponse:
         """Accept, check limits and access, then run `make_protocol(session_id, connection_sink,
         authenticate)` over the socket. Refusals close with 1008 (policy) or 1013 (try later)."""
-        ws = web.WebSocketResponse(heartbeat=20.0, max_msg_size=4 * self.limits.max_message_bytes)
+        # no permessage-deflate, though browsers and the websockets library offer it: audio does not
+        # compress (deflating a 3840-byte PCM frame costs ~96 us of server CPU for 6%; an Opus packet
+        # grows), and that CPU is what limits the number of streams (docs/benchmarks.md)
+        ws = web.WebSocketResponse(heartbeat=20.0, max_msg_size=4 * self.limits.max_message_bytes, compress=False)
         await ws.prepare(request)
         refusal = None
         if self.draining:

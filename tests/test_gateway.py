@@ -117,6 +117,21 @@ def test_health_metrics_voices_and_page(server):
     run(go())
 
 
+def test_websocket_compression_is_declined(server):
+    """A client offering permessage-deflate (the websockets library does by default, as browsers do)
+    gets plain frames: deflating audio costs CPU and saves nothing."""
+    import websockets
+
+    async def go():
+        ws_url = server.url.replace("http", "ws", 1) + "/v1/ws"
+        async with websockets.connect(ws_url) as ws:
+            assert ws.response.headers.get("Sec-WebSocket-Extensions") is None
+            assert json.loads(await ws.recv())["type"] == "session.ready"
+            await ws.send(json.dumps({"type": "session.config"}))
+            assert json.loads(await ws.recv())["type"] == "session.configured"
+    run(go())
+
+
 def test_text_deltas_to_opus_match_pcm_path(server):
     """The same greedy utterance as PCM and as Opus: the Opus packets decode (libopus) to the same audio."""
     import opuslib
