@@ -67,8 +67,8 @@ def one_token_attention_kernel(QKV, sqkv, QW, KW, COS, SIN, scs, K, V, sks, skh,
     k = _norm_rope(row, HQ + h + one, d, rot, sign, cos, sin, KW, eps, D, DT)                   # [1, D]
     v = tl.load(row + (HQ + HKV + h + one)[:, None] * D + d[None, :]).to(tl.float32)           # [1, D]
     base = slot * sks + h * skh
-    tl.store(K + base + n.to(tl.int64) * skl + d[None, :] + one[:, None] * 0, k.to(DT))
-    tl.store(V + base + n.to(tl.int64) * skl + d[None, :] + one[:, None] * 0, v.to(DT))
+    tl.store(K + base + n.to(tl.int64) * skl + d[None, :], k.to(DT))
+    tl.store(V + base + n.to(tl.int64) * skl + d[None, :], v.to(DT))
 
     m = tl.sum(q * k, axis=1) * scale                        # the new position starts the softmax
     l = tl.full([GROUP], 1.0, tl.float32)
