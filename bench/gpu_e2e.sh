@@ -3,22 +3,16 @@
 #   bench/gpu_e2e.sh 1.7b   HTTP PCM, texts up front: 1 and 20 req/s, then a sweep; reference baseline
 #   bench/gpu_e2e.sh 0.6b   256 concurrent native Opus streams (10% cancelled); reference baseline
 # REF=0 skips the reference baseline (it does not change between runs of talkgate).
-# Needs: the GPU image's python3 (torch, numpy, safetensors, tokenizers), plus the wheels and libopus
-# under .e2e/ (see docs/benchmarks.md, "How these were measured"). Results: $OUT/e2e-<size>.tgz
+# Setup: bench/gpu_env.sh. Results: $OUT/e2e-<size>.tgz
 set -uo pipefail
 size=${1:?1.7b or 0.6b}
 out=${OUT:-/tmp/out}; res=/tmp/res-$size; mkdir -p "$out" "$res"
-log() { echo "[$(date +%T)] $*"; }
-
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .e2e/*.whl .whl/*.whl || exit 1
-cp .e2e/libopus.so.0 /usr/lib/x86_64-linux-gnu/ && ldconfig
-mkdir -p /tmp/p && ln -sfn "$PWD" /tmp/p/talkgate
-export PYTHONPATH=/tmp/site:/tmp/p PYTHONUNBUFFERED=1
+. bench/gpu_env.sh
 tg() { python3 -m talkgate.gateway.cli "$@"; }
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$res/gpu.txt"
 python3 -c "import torch, aiohttp; print('torch', torch.__version__, 'aiohttp', aiohttp.__version__)" | tee -a "$res/gpu.txt"
 
-[ "${GPU_TESTS:-0}" = 1 ] && { log "GPU tests"; timeout 200 python3 -m pytest -q -p no:cacheprovider tests/test_attention.py tests/test_sample_kernel.py tests/test_engine_gpu.py 2>&1 | tail -8; }
+gpu_tests
 ck=/tmp/ck-$size
 log "checkpoint $size"; tg checkpoint create "$ck" --preset "$size" --variant custom_voice | tail -1
 log "serve"
