@@ -211,6 +211,11 @@ def attention_probe(batches, L=878, slots=257, layers=28) -> list[dict]:
     return out
 
 
+def _max_rows() -> int:
+    from talkgate.synth import predictor_kernel
+    return predictor_kernel.MAX_ROWS
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("checkpoint")
@@ -227,8 +232,13 @@ def main(argv=None) -> None:
     p.add_argument("--decoder-dtype", help="codec decoder dtype (default float32)")
     p.add_argument("--parts", action="store_true", help="time the head's halves (codes, decoder) as graphs alone")
     p.add_argument("--attention-probe", action="store_true", help="time the Talker's decode attention alone")
+    p.add_argument("--per-step-predictor", action="store_true",
+                   help="the code predictor's per-step path at every batch size (no persistent kernel)")
     p.add_argument("--json", help="write the results here")
     a = p.parse_args(argv)
+    if a.per_step_predictor:
+        from talkgate.synth import predictor_kernel
+        predictor_kernel.MAX_ROWS = 0
     batches = [int(b) for b in a.batches.split(",")]
     sampling = SamplingParams(greedy=a.greedy)
     probe = attention_probe(batches) if a.attention_probe else None
@@ -245,7 +255,8 @@ def main(argv=None) -> None:
     res = {"checkpoint": a.checkpoint, "info": engine.info.as_dict(), "torch": torch.__version__,
            "gpu": torch.cuda.get_device_name() if cuda else platform.processor(), "graphs": engine.runner.use_graphs,
            "slots": engine.runner.num_slots, "greedy": a.greedy,            "compiled": engine.runner.compiled,
-           "decoder_dtype": str(engine.runner.decoder.pre_conv.conv.weight.dtype), "attention_probe": probe, "load_s": round(load_s, 2),
+           "decoder_dtype": str(engine.runner.decoder.pre_conv.conv.weight.dtype),
+           "predictor_kernel_rows": 0 if a.per_step_predictor else _max_rows(), "attention_probe": probe, "load_s": round(load_s, 2),
            "warmup_s": round(warm_s, 2), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "steps": []}
     for b in batches:
         r = step_times(engine, b, a.steps, sampling)

@@ -29,8 +29,8 @@ def _in_dtype(x, DT: tl.constexpr):
 @triton.jit
 def _norm_rope(X, rows, d, rot, sign, cos, sin, W, eps, D: tl.constexpr, DT: tl.constexpr):
     """Per-head RMSNorm then RoPE of the head vectors at X + rows[:, None] * D + d: [R, D] float32."""
-    x = tl.load(X + rows[:, None] * D + d[None, :]).to(tl.float32)
-    xr = tl.load(X + rows[:, None] * D + rot[None, :]).to(tl.float32)
+    x = tl.load(X + rows[:, None] * D + d[None, :], cache_modifier=".cg").to(tl.float32)
+    xr = tl.load(X + rows[:, None] * D + rot[None, :], cache_modifier=".cg").to(tl.float32)
     inv = tl.rsqrt(tl.sum(x * x, axis=1) / D + eps)[:, None]
     w = tl.load(W + d).to(tl.float32)[None, :]
     wr = tl.load(W + rot).to(tl.float32)[None, :]
@@ -39,36 +39,26 @@ def _norm_rope(X, rows, d, rot, sign, cos, sin, W, eps, D: tl.constexpr, DT: tl.
     return _in_dtype(_in_dtype(n * cos, DT) + _in_dtype(sign * nr * sin, DT), DT)
 
 
-@triton.jit(do_not_specialize=["pos_all"])
-def one_token_attention_kernel(QKV, sqkv, QW, KW, COS, SIN, scs, K, V, sks, skh, skl, SLOTS, POS, O, so,
-                               pos_all, eps, scale, HQ: tl.constexpr, HKV: tl.constexpr, GROUP: tl.constexpr,
-                               D: tl.constexpr, BLOCK: tl.constexpr, ROW_SLOTS: tl.constexpr,
-                               ROW_POS: tl.constexpr):
-    b = tl.program_id(0)
-    h = tl.program_id(1)
+@triton.jit
+def attend_one_token(ROW, QW, KW, eps, COS, SIN, K, V, base, skl, n, O, scale, h, HQ: tl.constexpr,
+                     HKV: tl.constexpr, GROUP: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr):
+    """Kv head h of one token: ROW its fused q/k/v, COS/SIN its RoPE row [D] float32, base the cache
+    offset of (slot, head h), n its position, O its output row [HQ * D]. Also called by the code
+    predictor's persistent kernel (synth/predictor_kernel.py), where ROW is rewritten every layer: hence
+    the L2-only (".cg") loads of it."""
     DT: tl.constexpr = K.dtype.element_ty
-    if ROW_SLOTS:
-        slot = tl.load(SLOTS + b).to(tl.int64)
-    else:
-        slot = b.to(tl.int64)
-    if ROW_POS:
-        n = tl.load(POS + b).to(tl.int32)
-    else:
-        n = pos_all
     d = tl.arange(0, D)
     rot = (d + D // 2) % D                                   # rotate_half: (-x2, x1)
     sign = tl.where(d < D // 2, -1.0, 1.0)[None, :]
-    cos = _in_dtype(tl.load(COS + b * scs + d).to(tl.float32), DT)[None, :]
-    sin = _in_dtype(tl.load(SIN + b * scs + d).to(tl.float32), DT)[None, :]
-    row = QKV + b * sqkv
+    cos = _in_dtype(tl.load(COS + d).to(tl.float32), DT)[None, :]
+    sin = _in_dtype(tl.load(SIN + d).to(tl.float32), DT)[None, :]
     g = tl.arange(0, GROUP)
-    q = _norm_rope(row, h * GROUP + g, d, rot, sign, cos, sin, QW, eps, D, DT)                  # [GROUP, D]
+    q = _norm_rope(ROW, h * GROUP + g, d, rot, sign, cos, sin, QW, eps, D, DT)                  # [GROUP, D]
     one = tl.arange(0, 1)
-    k = _norm_rope(row, HQ + h + one, d, rot, sign, cos, sin, KW, eps, D, DT)                   # [1, D]
-    v = tl.load(row + (HQ + HKV + h + one)[:, None] * D + d[None, :]).to(tl.float32)           # [1, D]
-    base = slot * sks + h * skh
-    tl.store(K + base + n.to(tl.int64) * skl + d[None, :], k.to(DT))
-    tl.store(V + base + n.to(tl.int64) * skl + d[None, :], v.to(DT))
+    k = _norm_rope(ROW, HQ + h + one, d, rot, sign, cos, sin, KW, eps, D, DT)                   # [1, D]
+    v = tl.load(ROW + (HQ + HKV + h + one)[:, None] * D + d[None, :], cache_modifier=".cg").to(tl.float32)
+    tl.store(K + base + tl.cast(n, tl.int64) * skl + d[None, :], k.to(DT))
+    tl.store(V + base + tl.cast(n, tl.int64) * skl + d[None, :], v.to(DT))
 
     m = tl.sum(q * k, axis=1) * scale                        # the new position starts the softmax
     l = tl.full([GROUP], 1.0, tl.float32)
@@ -87,7 +77,26 @@ def one_token_attention_kernel(QKV, sqkv, QW, KW, COS, SIN, scs, K, V, sks, skh,
         l = l * alpha + tl.sum(p, axis=1)
         acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * vb[None, :, :], axis=1)
         m = m_new
-    tl.store(O + b * so + (h * GROUP + g)[:, None] * D + d[None, :], (acc / l[:, None]).to(O.dtype.element_ty))
+    tl.store(O + (h * GROUP + g)[:, None] * D + d[None, :], (acc / l[:, None]).to(O.dtype.element_ty))
+
+
+@triton.jit(do_not_specialize=["pos_all"])
+def one_token_attention_kernel(QKV, sqkv, QW, KW, COS, SIN, scs, K, V, sks, skh, skl, SLOTS, POS, O, so,
+                               pos_all, eps, scale, HQ: tl.constexpr, HKV: tl.constexpr, GROUP: tl.constexpr,
+                               D: tl.constexpr, BLOCK: tl.constexpr, ROW_SLOTS: tl.constexpr,
+                               ROW_POS: tl.constexpr):
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    if ROW_SLOTS:
+        slot = tl.load(SLOTS + b).to(tl.int64)
+    else:
+        slot = b.to(tl.int64)
+    if ROW_POS:
+        n = tl.load(POS + b).to(tl.int32)
+    else:
+        n = pos_all
+    attend_one_token(QKV + b * sqkv, QW, KW, eps, COS + b * scs, SIN + b * scs, K, V, slot * sks + h * skh, skl, n,
+                     O + b * so, scale, h, HQ, HKV, GROUP, D, BLOCK)
 
 
 def one_token_attention(qkv: torch.Tensor, q_norm: torch.Tensor, k_norm: torch.Tensor, eps: float,

@@ -36,6 +36,8 @@ Nothing in these calls reads a tensor value on the host.
 from __future__ import annotations
 
 import functools
+import importlib
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -88,11 +90,13 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(d.head_dim, d.rms_norm_eps)
         self.k_norm = RMSNorm(d.head_dim, d.rms_norm_eps)
 
-    def fuse(self) -> None:
-        """One q/k/v projection (one GEMM instead of three: at batch 1 a step is launch-bound). The
-        q/k/v parameters become views into it, so the state dict and the memory stay as loaded; call
-        again after loading other weights."""
+    def fuse(self, into: torch.Tensor | None = None) -> None:
+        """One q/k/v projection (one GEMM instead of three: at batch 1 a step is launch-bound), in `into`
+        when given (a layer's row of a stack). The q/k/v parameters become views into it, so the state
+        dict and the memory stay as loaded; call again after loading other weights."""
         w = torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight]).detach()
+        if into is not None:
+            w = into.copy_(w)
         self.register_buffer("qkv_weight", w, persistent=False)
         for proj, part in zip((self.q_proj, self.k_proj, self.v_proj), w.split(self._split)):
             proj.weight = nn.Parameter(part, requires_grad=False)
@@ -118,7 +122,7 @@ class Attention(nn.Module):
         """CUDA, one token per row: x [B,1,H] -> attention output [B,1,H] (after o_proj), with q/k norm,
         RoPE (cos/sin [B,D] or [D]), the cache write at (slots[b] or b, pos) and attention over
         positions <= pos in one kernel (synth/attention.py)."""
-        out = _attention().one_token_attention(F.linear(x[:, 0], self.qkv_weight), self.q_norm.weight,
+        out = _triton("attention").one_token_attention(F.linear(x[:, 0], self.qkv_weight), self.q_norm.weight,
                                                self.k_norm.weight, self.q_norm.eps, cos, sin, k_cache, v_cache,
                                                slots, pos, self.n_heads)
         return self.o_proj(out)[:, None]
@@ -138,9 +142,11 @@ class MLP(nn.Module):
         self.up_proj = nn.Linear(d.hidden_size, d.intermediate_size, bias=False)
         self.down_proj = nn.Linear(d.intermediate_size, d.hidden_size, bias=False)
 
-    def fuse(self) -> None:
+    def fuse(self, into: torch.Tensor | None = None) -> None:
         """One gate/up projection, as Attention.fuse."""
         w = torch.cat([self.gate_proj.weight, self.up_proj.weight]).detach()
+        if into is not None:
+            w = into.copy_(w)
         self.register_buffer("gate_up_weight", w, persistent=False)
         for proj, part in zip((self.gate_proj, self.up_proj), w.chunk(2)):
             proj.weight = nn.Parameter(part, requires_grad=False)
@@ -171,25 +177,63 @@ def run_layers(layers: nn.ModuleList, final_norm: RMSNorm, x: torch.Tensor, atte
 
 
 @functools.cache
-def _attention():
-    """synth.attention (Triton), or None where Triton is missing."""
+def _triton(name: str):
+    """The Triton kernel module synth.<name>, or None where Triton is missing."""
     try:
-        from talkgate.synth import attention
+        return importlib.import_module(f"talkgate.synth.{name}")
     except ImportError:
         return None
-    return attention
 
 
 def one_token_kernel(x: torch.Tensor) -> bool:
-    return x.is_cuda and _attention() is not None
+    return x.is_cuda and _triton("attention") is not None
+
+
+@dataclass
+class LayerStack:
+    """Every decoder layer's weights of one kind in one tensor [layers, ...]: a persistent kernel
+    (synth/predictor_kernel.py) addresses a layer by its index. The layers' parameters are views of it."""
+    qkv: torch.Tensor               # [L, (heads + 2 kv_heads) * head_dim, H]
+    o: torch.Tensor                 # [L, H, heads * head_dim]
+    gate_up: torch.Tensor           # [L, 2 * I, H]: gate rows, then up rows
+    down: torch.Tensor              # [L, H, I]
+    input_norm: torch.Tensor        # [L, H]
+    post_norm: torch.Tensor         # [L, H]
+    q_norm: torch.Tensor            # [L, head_dim]
+    k_norm: torch.Tensor            # [L, head_dim]
+
+
+def stack_parameters(modules, name: str = "weight") -> torch.Tensor:
+    """One tensor [len(modules), ...] of the modules' `name` parameters, which become views of it."""
+    stacked = torch.stack([getattr(m, name).detach() for m in modules])
+    for m, part in zip(modules, stacked):
+        setattr(m, name, nn.Parameter(part, requires_grad=False))
+    return stacked
 
 
 def fuse_projections(*models: nn.Module) -> None:
-    """Fuse q/k/v and gate/up of every decoder layer (the loader calls this after loading)."""
+    """Fuse q/k/v and gate/up of every decoder layer and stack the layers (model.stacked, a LayerStack):
+    the loader calls this after loading. Memory and state dict stay as loaded."""
     for model in models:
-        for layer in model.layers:
-            layer.self_attn.fuse()
-            layer.mlp.fuse()
+        layers = model.layers
+        first = layers[0]
+        qkv = first.self_attn.q_proj.weight.new_empty(len(layers), sum(first.self_attn._split),
+                                                      first.self_attn.q_proj.in_features)
+        gate_up = first.mlp.gate_proj.weight.new_empty(len(layers), 2 * first.mlp.gate_proj.out_features,
+                                                       first.mlp.gate_proj.in_features)
+        for i, layer in enumerate(layers):
+            layer.self_attn.fuse(qkv[i])
+            layer.mlp.fuse(gate_up[i])
+        model.stacked = LayerStack(
+            qkv=qkv, gate_up=gate_up, o=stack_parameters([l.self_attn.o_proj for l in layers]),
+            down=stack_parameters([l.mlp.down_proj for l in layers]),
+            input_norm=stack_parameters([l.input_layernorm for l in layers]),
+            post_norm=stack_parameters([l.post_attention_layernorm for l in layers]),
+            q_norm=stack_parameters([l.self_attn.q_norm for l in layers]),
+            k_norm=stack_parameters([l.self_attn.k_norm for l in layers]))
+        if isinstance(model, CodePredictor):
+            model.heads = stack_parameters(model.lm_head)                 # [15, vocab, H]
+            model.embeddings = stack_parameters(model.codec_embedding)    # [15, vocab, Talker H]
 
 
 class TextProjection(nn.Module):
@@ -349,7 +393,11 @@ class CodePredictor(nn.Module):
 
     def predict(self, hidden: torch.Tensor, code0_embed: torch.Tensor, sampler: FrameSampler,
                 return_logits: bool = False):
-        """-> codes [B,15] int64, embed_sum [B,H] (and logits [B,15,V] float32 with return_logits)."""
+        """-> codes [B,15] int64, embed_sum [B,H] (and logits [B,15,V] float32 with return_logits).
+        Small batches on CUDA run as one persistent kernel (synth/predictor_kernel.py)."""
+        fused = _triton("predictor_kernel") if hidden.is_cuda and not return_logits else None
+        if fused is not None and fused.supports(self, hidden):
+            return fused.predict(self, hidden, code0_embed, sampler.p, sampler.counter)
         B = hidden.shape[0]
         d = self.cfg.dims
         kv = [(hidden.new_empty(B, d.num_kv_heads, self.groups, d.head_dim),

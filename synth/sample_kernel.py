@@ -4,8 +4,8 @@ In PyTorch a draw is about 40 kernels (temperature, a full sort of the vocabular
 softmax, cumsum, the integer hash noise, Gumbel, argmax): 16 draws a frame made the sampler the
 largest group of kernels in a batch-1 step (bench/engine.py profile). Here one program per row holds
 the row's logits in registers and does all of it:
-- top-k: the k-th largest value found exactly by bisection over the float's order-preserving int32
-  key (32 halvings, each a count over the row), no sort;
+- top-k: the k-th largest value found exactly by a 16-way search over the float's order-preserving
+  int32 key (8 rounds, each 16 counts over the row), no sort;
 - top-p: the smallest value whose "mass above" (softmax of the top-k survivors) is below top_p, by
   the same bisection (skipped when top_p >= 1);
 - noise: the same lowbias32 hash of (seed, counter, stream, index) as synth.sampling.uniform_noise,
@@ -30,34 +30,37 @@ def mix32(x):
 
 
 @triton.jit
-def sample_kernel(LOGITS, stride, TEMP, TOP_K, TOP_P, GREEDY, SEED, COUNTER, OUT, V, stream_key,
-                  BLOCK: tl.constexpr):
-    row = tl.program_id(0)
+def sample_row(LOGITS, V, temperature, top_k, top_p, greedy, seed, counter, stream_key, BLOCK: tl.constexpr):
+    """One id from the float32 logits LOGITS[:V] of one row (its parameters as scalars). Also called by the
+    code predictor's persistent kernel (synth/predictor_kernel.py), which rewrites LOGITS every codebook:
+    hence the L2-only (".cg") load."""
     idx = tl.arange(0, BLOCK)
     valid = idx < V
-    x = tl.load(LOGITS + row * stride + idx, mask=valid, other=float("-inf")).to(tl.float32)
+    x = tl.load(LOGITS + idx, mask=valid, other=float("-inf"), cache_modifier=".cg").to(tl.float32)
     greedy_id = tl.argmax(x, axis=0)
 
-    scaled = x / tl.maximum(tl.load(TEMP + row), 1e-5)
+    scaled = x / tl.maximum(temperature, 1e-5)
     bits = scaled.to(tl.int32, bitcast=True)
     key = bits ^ ((bits >> 31) & 0x7FFFFFFF)                 # int order == float order
     key = tl.where(valid, key, -2147483648).to(tl.int64)
 
-    k = tl.load(TOP_K + row).to(tl.int64)
+    k = top_k.to(tl.int64)
     k = tl.where(k <= 0, V, k)
     k = tl.minimum(tl.maximum(k, 1), V)
-    # k-th largest key: the largest t with count(key >= t) >= k, bisected over [lo, hi)
+    # k-th largest key: the largest t with count(key >= t) >= k, searched over [lo, hi) in 16 parts at a
+    # time (8 rounds of one 16-way count instead of 32 halvings: each round is a sum across the warps)
     lo = tl.min(key, axis=0)
     hi = tl.max(key, axis=0) + 1
     if k < V:
+        part = tl.arange(0, 16).to(tl.int64)
         while hi - lo > 1:
-            mid = (lo + hi) >> 1
-            ok = tl.sum((key >= mid) & valid, axis=0) >= k
-            lo = tl.where(ok, mid, lo)
-            hi = tl.where(ok, hi, mid)
+            cut = lo + part * ((hi - lo + 15) // 16)                                # cut[0] == lo
+            count = tl.sum(((key[None, :] >= cut[:, None]) & valid[None, :]).to(tl.int32), axis=1)
+            new_lo = tl.max(tl.where((cut < hi) & (count >= k), cut, lo), axis=0)   # counts fall with the cut
+            hi = tl.min(tl.where((cut > new_lo) & (cut < hi), cut, hi), axis=0)
+            lo = new_lo
     survivor = valid & (key >= lo)
 
-    top_p = tl.load(TOP_P + row)
     if top_p < 1.0:
         m = tl.max(tl.where(survivor, scaled, float("-inf")), axis=0)
         e = tl.where(survivor, tl.exp(scaled - m), 0.0)
@@ -74,17 +77,24 @@ def sample_kernel(LOGITS, stride, TEMP, TOP_K, TOP_P, GREEDY, SEED, COUNTER, OUT
                 phi = tl.where(ok, mid, phi)
         survivor = survivor & (key >= phi)
 
-    seed = tl.load(SEED + row)
     s = mix32(((seed >> 32) & 0xFFFFFFFF).to(tl.uint32) ^ 0x9E3779B9)
     s = mix32((seed & 0xFFFFFFFF).to(tl.uint32) ^ s)
-    s = mix32(s ^ (tl.load(COUNTER + row) & 0xFFFFFFFF).to(tl.uint32))
+    s = mix32(s ^ (counter & 0xFFFFFFFF).to(tl.uint32))
     s = mix32(s ^ tl.cast(stream_key, tl.uint32))
     h = mix32(s ^ mix32(idx.to(tl.uint32) + 0x632BE5AB))
     u = ((h >> 8).to(tl.float32) + 0.5) * (1.0 / 16777216.0)
     noisy = tl.where(survivor, scaled - tl.log(-tl.log(u)), float("-inf"))
     drawn = tl.argmax(noisy, axis=0)
-    greedy = tl.load(GREEDY + row) != 0
-    tl.store(OUT + row, tl.where(greedy, greedy_id, drawn).to(tl.int64))
+    return tl.where(greedy, greedy_id, drawn).to(tl.int64)
+
+
+@triton.jit
+def sample_kernel(LOGITS, stride, TEMP, TOP_K, TOP_P, GREEDY, SEED, COUNTER, OUT, V, stream_key,
+                  BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    tl.store(OUT + row, sample_row(LOGITS + row * stride, V, tl.load(TEMP + row), tl.load(TOP_K + row),
+                                   tl.load(TOP_P + row), tl.load(GREEDY + row) != 0, tl.load(SEED + row),
+                                   tl.load(COUNTER + row), stream_key, BLOCK))
 
 
 def sample(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,

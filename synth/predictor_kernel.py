@@ -1,0 +1,311 @@
+"""The code predictor's whole frame as one persistent Triton kernel (small batches on CUDA).
+
+At batch 1 the code predictor was the largest part of a frame step (3.2 of 6.7 ms on an H100): 16
+one-token passes through its layers and 15 head + draw steps, strictly in sequence, about 600 kernels
+of 2-6 us each (bench/engine.py profile), while a pass's weights (157 MB at 0.6B) stream in about 50 us
+at 3 TB/s. Here one launch runs all of it, with one program per SM (so all are resident at once). Each
+phase splits its output columns over the programs and ends at a grid barrier (an atomic counter):
+
+  pass t = 0..15 (position t of the frame: the Talker's hidden state, the codebook-0 embedding, then
+  the embeddings of codebooks 1..14), per layer:
+    A  q/k/v of the normed residual          B  attention per (row, kv head) with q/k norm, RoPE and
+    C  o_proj + residual                        the cache write (synth/attention.py's attend_one_token)
+    D  gate/up of the normed residual, SiLU(gate) * up          E  down_proj + residual
+  then, for t >= 1:
+    F  head t of the final norm -> logits    G  draw codebook t per row (synth/sample_kernel.py's
+    P  small_to_mtp_projection (1.7B)           sample_row), its embedding into the sum and the next input
+
+Values are rounded to the model dtype where the PyTorch path (CodePredictor.predict) rounds them.
+Scratch written inside the launch is read with L2-only loads (".cg") after the barrier's acquire. In
+Triton's interpreter (the CPU tests) one program runs every phase and the barriers are skipped.
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+
+from talkgate.synth.attention import _in_dtype, attend_one_token
+from talkgate.synth.sample_kernel import sample_row
+
+# one accumulator a row: at 4 rows the kernel spilled registers and lost to the per-step path (H100: 4.7 ms
+# against about 3.3), at 1 and 2 rows it wins (2.2 and 2.6 ms against about 3.2)
+MAX_ROWS = 2
+WARPS = 8
+TILE = 16384                     # rows x columns x inputs of one multiply-add tile (registers)
+
+
+@triton.jit
+def _grid_sync(SYNC, target, NPROG: tl.constexpr):
+    """Wait until every program has arrived (the counter reaches target); make their writes visible."""
+    if NPROG > 1:
+        tl.debug_barrier()
+        tl.atomic_add(SYNC, 1, sem="release")
+        while tl.atomic_add(SYNC, 0, sem="acquire") < target:
+            pass
+        tl.debug_barrier()
+
+
+@triton.jit
+def _rms_inv(X, nrows, eps, ROWS: tl.constexpr, H: tl.constexpr):
+    """[ROWS] float32: 1 / rms of the rows of X [rows, H]."""
+    r = tl.arange(0, ROWS)
+    k = tl.arange(0, H)
+    x = tl.load(X + r[:, None] * H + k[None, :], mask=(r < nrows)[:, None], other=0.0,
+                cache_modifier=".cg").to(tl.float32)
+    return tl.rsqrt(tl.sum(x * x, axis=1) / H + eps)
+
+
+@triton.jit
+def _row_in(IN, r, nrows, kk, NW, inv, active, K: tl.constexpr, NORM: tl.constexpr, DT: tl.constexpr):
+    """Inputs kk of row r of IN [rows, K] (RMS-normed with weight NW and 1/rms inv[r] when NORM), [BK]."""
+    x = tl.load(IN + r * K + kk, mask=(kk * 0 + r < nrows) & active, other=0.0, cache_modifier=".cg").to(tl.float32)
+    if NORM:
+        rinv = tl.sum(tl.where(tl.arange(0, inv.shape[0]) == r, inv, 0.0), axis=0)
+        x = _in_dtype(_in_dtype(x * rinv, DT) * tl.load(NW + kk).to(tl.float32), DT)
+    return x
+
+
+@triton.jit
+def _gemv(IN, nrows, NW, inv, W, n0, N, active, K: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+          ROWS: tl.constexpr, NORM: tl.constexpr, DT: tl.constexpr):
+    """[ROWS, BN] float32: the rows of IN [rows, K] (RMS-normed with weight NW and inv [ROWS] first, in the
+    model dtype, when NORM) times W[n0:n0 + BN, :K]^T. Rows >= nrows, columns >= N and inactive calls
+    load nothing. Each row has its own [BN, BK] accumulator in the weight tile's own layout (the row's
+    inputs broadcast over it), summed once at the end: no layout conversion of the weights per load."""
+    n = n0 + tl.arange(0, BN)
+    kk = tl.arange(0, BK)
+    nmask = (n < N) & active
+    acc0 = tl.zeros([BN, BK], tl.float32)
+    acc1 = tl.zeros([BN, BK], tl.float32)
+    for k0 in tl.static_range(0, K, BK):
+        w = tl.load(W + n[:, None].to(tl.int64) * K + (k0 + kk)[None, :], mask=nmask[:, None], other=0.0,
+                    eviction_policy="evict_first").to(tl.float32)
+        acc0 += w * _row_in(IN, 0, nrows, k0 + kk, NW, inv, active, K, NORM, DT)[None, :]
+        if ROWS > 1:
+            acc1 += w * _row_in(IN, 1, nrows, k0 + kk, NW, inv, active, K, NORM, DT)[None, :]
+    r = tl.arange(0, ROWS)[:, None]
+    out = tl.where(r == 0, tl.sum(acc0, axis=1)[None, :], 0.0)
+    if ROWS > 1:
+        out += tl.where(r == 1, tl.sum(acc1, axis=1)[None, :], 0.0)
+    return out
+
+
+@triton.jit
+def _rows_cols(nrows, n0, N, ROWS: tl.constexpr, BN: tl.constexpr):
+    """Offsets [ROWS, BN] into a [rows, N] matrix and their mask."""
+    r = tl.arange(0, ROWS)
+    n = n0 + tl.arange(0, BN)
+    return r[:, None] * N + n[None, :], (r < nrows)[:, None] & (n < N)[None, :]
+
+
+@triton.jit
+def _residual_matmul(IN, X, X0, W, pid, nrows, N_IN: tl.constexpr, HP: tl.constexpr, BN: tl.constexpr,
+                     CH: tl.constexpr, BK: tl.constexpr, ROWS: tl.constexpr, NPROG: tl.constexpr, active, skip):
+    """C and E: X += IN @ W^T for this program's columns (skip: X = X0[:, 1], the next pass's input)."""
+    DT: tl.constexpr = X.dtype.element_ty
+    for c in tl.static_range(CH):
+        n0 = (pid + c * NPROG) * BN
+        acc = _gemv(IN, nrows, W, 1.0, W, n0, HP, active, N_IN, BN, BK, ROWS, False, DT)
+        off, mask = _rows_cols(nrows, n0, HP, ROWS, BN)
+        x = tl.load(X + off, mask=mask, other=0.0, cache_modifier=".cg").to(tl.float32)
+        nxt = tl.load(X0 + off + (off // HP + 1) * HP, mask=mask & skip, other=0.0).to(tl.float32)
+        tl.store(X + off, tl.where(skip, nxt, x + acc.to(DT).to(tl.float32)).to(DT), mask=mask)
+
+
+@triton.jit
+def _normed_matmul(X, NW, W, OUT, pid, nrows, eps, N: tl.constexpr, HP: tl.constexpr, BN: tl.constexpr,
+                   CH: tl.constexpr, BK: tl.constexpr, ROWS: tl.constexpr, NPROG: tl.constexpr):
+    """A and F: OUT = rms_norm(X) @ W^T for this program's columns, rounded to the model dtype."""
+    DT: tl.constexpr = X.dtype.element_ty
+    inv = _rms_inv(X, nrows, eps, ROWS, HP)
+    for c in tl.static_range(CH):
+        n0 = (pid + c * NPROG) * BN
+        acc = _gemv(X, nrows, NW, inv, W, n0, N, True, HP, BN, BK, ROWS, True, DT)
+        off, mask = _rows_cols(nrows, n0, N, ROWS, BN)
+        tl.store(OUT + off, acc.to(DT).to(OUT.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _swiglu(X, NW, W, ACT, pid, nrows, eps, active, I: tl.constexpr, HP: tl.constexpr, BN: tl.constexpr,
+            CH: tl.constexpr, BK: tl.constexpr, ROWS: tl.constexpr, NPROG: tl.constexpr):
+    """D: ACT = SiLU(gate) * up of rms_norm(X), W the fused [gate; up] rows."""
+    DT: tl.constexpr = X.dtype.element_ty
+    inv = _rms_inv(X, nrows, eps, ROWS, HP)
+    for c in tl.static_range(CH):
+        n0 = (pid + c * NPROG) * BN
+        gate = _gemv(X, nrows, NW, inv, W, n0, I, active, HP, BN, BK, ROWS, True, DT).to(DT).to(tl.float32)
+        up = _gemv(X, nrows, NW, inv, W + I * HP, n0, I, active, HP, BN, BK, ROWS, True, DT).to(DT).to(tl.float32)
+        off, mask = _rows_cols(nrows, n0, I, ROWS, BN)
+        tl.store(ACT + off, (gate * tl.sigmoid(gate) * up).to(DT), mask=mask)
+
+
+@triton.jit
+def _project(EIN, PW, PB, X, pid, nrows, HT: tl.constexpr, HP: tl.constexpr, BN: tl.constexpr, CH: tl.constexpr,
+             BK: tl.constexpr, ROWS: tl.constexpr, NPROG: tl.constexpr):
+    """P: X = EIN @ PW^T + PB (small_to_mtp_projection)."""
+    DT: tl.constexpr = X.dtype.element_ty
+    for c in tl.static_range(CH):
+        n0 = (pid + c * NPROG) * BN
+        acc = _gemv(EIN, nrows, PW, 1.0, PW, n0, HP, True, HT, BN, BK, ROWS, False, DT)
+        off, mask = _rows_cols(nrows, n0, HP, ROWS, BN)
+        bias = tl.load(PB + off % HP, mask=mask, other=0.0).to(tl.float32)
+        tl.store(X + off, (acc + bias).to(DT), mask=mask)
+
+
+@triton.jit
+def _draw(LOGITS, EMB, ESUM, NEXT, CODES, TEMP, TOPK, TOPP, GREEDY, SEED, COUNTER, pid, nrows, t,
+          G: tl.constexpr, VOC: tl.constexpr, HT: tl.constexpr, VBLOCK: tl.constexpr, NPROG: tl.constexpr):
+    """G: codebook t of each row (one program a row); its embedding joins ESUM and goes to NEXT."""
+    key = (tl.cast(t, tl.int64) * 0x2545F491) & 0xFFFFFFFF
+    k = tl.arange(0, HT)
+    for b in range(pid, nrows, NPROG):
+        code = sample_row(LOGITS + b * VOC, VOC, tl.load(TEMP + b), tl.load(TOPK + b), tl.load(TOPP + b),
+                          tl.load(GREEDY + b) != 0, tl.load(SEED + b), tl.load(COUNTER + b), key, VBLOCK)
+        tl.store(CODES + b * (G - 1) + t - 1, code)
+        e = tl.load(EMB + (tl.cast(t - 1, tl.int64) * VOC + code) * HT + k).to(tl.float32)
+        tl.store(ESUM + b * HT + k, tl.load(ESUM + b * HT + k, cache_modifier=".cg") + e)
+        tl.store(NEXT + b * HT + k, e.to(NEXT.dtype.element_ty))
+
+
+@triton.jit
+def predictor_kernel(
+        X0, X, QKV, ATT, ACT, KV, LOGITS, EIN, ESUM, CODES, SYNC,
+        WQKV, WO, WGU, WD, NIN, NPOST, NQ, NK, NFINAL, HEADS, EMB, PW, PB, COS, SIN,
+        TEMP, TOPK, TOPP, GREEDY, SEED, COUNTER, nrows, eps, scale,
+        L: tl.constexpr, G: tl.constexpr, HP: tl.constexpr, HT: tl.constexpr, I: tl.constexpr,
+        VOC: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, ROWS: tl.constexpr,
+        NPROG: tl.constexpr, PROJ: tl.constexpr,
+        BN_A: tl.constexpr, CH_A: tl.constexpr, BK_A: tl.constexpr,
+        BN_C: tl.constexpr, CH_C: tl.constexpr, BK_C: tl.constexpr,
+        BN_D: tl.constexpr, CH_D: tl.constexpr, BK_D: tl.constexpr,
+        BN_E: tl.constexpr, CH_E: tl.constexpr, BK_E: tl.constexpr,
+        BN_F: tl.constexpr, CH_F: tl.constexpr, BK_F: tl.constexpr,
+        BN_P: tl.constexpr, CH_P: tl.constexpr, BK_P: tl.constexpr, VBLOCK: tl.constexpr):
+    pid = tl.program_id(0)
+    NQKV: tl.constexpr = (HQ + 2 * HKV) * D
+    QD: tl.constexpr = HQ * D
+    KV_ROWS: tl.constexpr = ROWS * HKV * G * D                 # KV [L, 2, ROWS, HKV, G, D]
+    target = pid * 0
+    for t in range(0, G):
+        for l in range(0, L):
+            # the MLP of the last layer at position 0 is never read: its phase E loads the next input instead
+            skip = (t == 0) & (l == L - 1)
+            keep = (t > 0) | (l < L - 1)
+            li = tl.cast(l, tl.int64)
+            _normed_matmul(X, NIN + l * HP, WQKV + li * NQKV * HP, QKV, pid, nrows, eps, NQKV, HP, BN_A, CH_A, BK_A,
+                           ROWS, NPROG)
+            target += NPROG
+            _grid_sync(SYNC, target, NPROG)
+            K = KV + li * 2 * KV_ROWS
+            for j in range(pid, nrows * HKV, NPROG):          # B: one program a (row, kv head)
+                attend_one_token(QKV + (j // HKV) * NQKV, NQ + l * D, NK + l * D, eps, COS + t * D, SIN + t * D, K,
+                                 K + KV_ROWS, j * G * D, D, t, ATT + (j // HKV) * QD, scale, j % HKV, HQ, HKV,
+                                 HQ // HKV, D, G)
+            target += NPROG
+            _grid_sync(SYNC, target, NPROG)
+            _residual_matmul(ATT, X, X0, WO + li * HP * QD, pid, nrows, QD, HP, BN_C, CH_C, BK_C, ROWS, NPROG,
+                             True, False)
+            target += NPROG
+            _grid_sync(SYNC, target, NPROG)
+            _swiglu(X, NPOST + l * HP, WGU + li * 2 * I * HP, ACT, pid, nrows, eps, keep, I, HP, BN_D, CH_D, BK_D,
+                    ROWS, NPROG)
+            target += NPROG
+            _grid_sync(SYNC, target, NPROG)
+            _residual_matmul(ACT, X, X0, WD + li * HP * I, pid, nrows, I, HP, BN_E, CH_E, BK_E, ROWS, NPROG,
+                             keep, skip)
+            target += NPROG
+            _grid_sync(SYNC, target, NPROG)
+        if t >= 1:
+            _normed_matmul(X, NFINAL, HEADS + tl.cast(t - 1, tl.int64) * VOC * HP, LOGITS, pid, nrows, eps, VOC, HP,
+                           BN_F, CH_F, BK_F, ROWS, NPROG)
+            target += NPROG
+            _grid_sync(SYNC, target, NPROG)
+            if PROJ:
+                _draw(LOGITS, EMB, ESUM, EIN, CODES, TEMP, TOPK, TOPP, GREEDY, SEED, COUNTER, pid, nrows, t, G, VOC,
+                      HT, VBLOCK, NPROG)
+            else:
+                _draw(LOGITS, EMB, ESUM, X, CODES, TEMP, TOPK, TOPP, GREEDY, SEED, COUNTER, pid, nrows, t, G, VOC,
+                      HT, VBLOCK, NPROG)
+            if t < G - 1:
+                target += NPROG
+                _grid_sync(SYNC, target, NPROG)
+                if PROJ:
+                    _project(EIN, PW, PB, X, pid, nrows, HT, HP, BN_P, CH_P, BK_P, ROWS, NPROG)
+                    target += NPROG
+                    _grid_sync(SYNC, target, NPROG)
+
+
+def supports(predictor, hidden: torch.Tensor) -> bool:
+    """Whether predict() can take this call: at most MAX_ROWS rows, power-of-two widths."""
+    d, cfg = predictor.cfg.dims, predictor.cfg
+    pow2 = all(n & (n - 1) == 0 for n in (d.hidden_size, hidden.shape[1], d.head_dim, d.num_heads // d.num_kv_heads,
+                                          cfg.num_code_groups))
+    return hidden.shape[0] <= MAX_ROWS and pow2 and hasattr(predictor, "heads")
+
+
+@functools.cache
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def programs(device: torch.device) -> int:
+    """One program per SM on CUDA (all resident, which the grid barrier needs); one in the interpreter."""
+    return _sm_count(device.index if device.index is not None else torch.cuda.current_device()) \
+        if device.type == "cuda" else 1
+
+
+def tiles(N: int, K: int, nprog: int, rows: int, operands: int = 1) -> tuple[int, int, int]:
+    """(BN, CH, BK) of a phase with N output columns over K inputs: BN columns a chunk and CH chunks a
+    program, choosing the fewest columns for the busiest program (then the widest chunk); BK inputs a
+    load, as many as the register tile allows."""
+    best = None
+    for bn in (2, 4, 8, 16, 32, 64):
+        ch = triton.cdiv(triton.cdiv(N, bn), nprog)
+        key = (ch * bn, -bn)
+        if best is None or key < best[0]:
+            best = (key, bn, ch)
+    _, bn, ch = best
+    bk = min(K & -K, 1024, max(16, TILE // (rows * bn * operands)))
+    return bn, ch, bk
+
+
+def predict(predictor, hidden: torch.Tensor, code0_embed: torch.Tensor, rows, counter: torch.Tensor):
+    """CodePredictor.predict for at most MAX_ROWS rows in one launch: hidden and code0_embed [B, Talker H],
+    rows a synth.sampling.RowSampling of the B rows (its sub_* parameters and seed), counter [B] frame
+    indices -> (codes [B, 15] int64, embed_sum [B, Talker H])."""
+    d, cfg, st = predictor.cfg.dims, predictor.cfg, predictor.stacked
+    B, HT = hidden.shape
+    G, HP, I, V = cfg.num_code_groups, d.hidden_size, d.intermediate_size, cfg.vocab_size
+    HQ, HKV, D, L = d.num_heads, d.num_kv_heads, d.head_dim, d.num_layers
+    ROWS = triton.next_power_of_2(B)
+    dev, dt = hidden.device, hidden.dtype
+    nprog = programs(dev)
+    x0 = predictor._project(torch.stack([hidden, code0_embed], dim=1)).contiguous()     # [B, 2, HP]
+    x = x0[:, 0].clone(memory_format=torch.contiguous_format)
+    qkv = torch.empty(B, (HQ + 2 * HKV) * D, device=dev, dtype=dt)
+    att = torch.empty(B, HQ * D, device=dev, dtype=dt)
+    act = torch.empty(B, I, device=dev, dtype=dt)
+    kv = torch.empty(L, 2, ROWS, HKV, G, D, device=dev, dtype=dt)
+    logits = torch.empty(B, V, device=dev, dtype=torch.float32)
+    ein = torch.empty(B, HT, device=dev, dtype=dt)
+    esum = code0_embed.to(torch.float32, copy=True)
+    codes = torch.empty(B, G - 1, device=dev, dtype=torch.int64)
+    sync = torch.zeros(1, device=dev, dtype=torch.int32)
+    proj = predictor.small_to_mtp_projection
+    pw, pb = (proj.weight, proj.bias) if proj is not None else (x, x)
+    sizes = dict(A=tiles((HQ + 2 * HKV) * D, HP, nprog, ROWS), C=tiles(HP, HQ * D, nprog, ROWS),
+                 D=tiles(I, HP, nprog, ROWS, operands=2), E=tiles(HP, I, nprog, ROWS), F=tiles(V, HP, nprog, ROWS),
+                 P=tiles(HP, HT, nprog, ROWS))
+    meta = {f"{kind}_{part}": v for part, t in sizes.items() for kind, v in zip(("BN", "CH", "BK"), t)}
+    predictor_kernel[(nprog,)](
+        x0, x, qkv, att, act, kv, logits, ein, esum, codes, sync,
+        st.qkv, st.o, st.gate_up, st.down, st.input_norm, st.post_norm, st.q_norm, st.k_norm,
+        predictor.norm.weight, predictor.heads, predictor.embeddings, pw, pb, predictor.cos, predictor.sin,
+        rows.sub_temperature, rows.sub_top_k, rows.sub_top_p, rows.sub_greedy.view(torch.uint8), rows.seed,
+        counter, B, d.rms_norm_eps, D ** -0.5,
+        L=L, G=G, HP=HP, HT=HT, I=I, VOC=V, HQ=HQ, HKV=HKV, D=D, ROWS=ROWS, NPROG=nprog, PROJ=proj is not None,
+        VBLOCK=triton.next_power_of_2(V), num_warps=WARPS, **meta)
+    return codes, esum.to(dt)
