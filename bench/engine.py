@@ -38,7 +38,7 @@ def graph_ms(g: torch.cuda.CUDAGraph, reps: int) -> float:
     return round(start.elapsed_time(end) / reps, 3)
 
 
-def step_times(engine: Engine, batch: int, steps: int, sampling: SamplingParams) -> dict:
+def step_times(engine: Engine, batch: int, steps: int, sampling: SamplingParams, skip: int = 3) -> dict:
     chunks = [0]
 
     def sink(ev):
@@ -51,7 +51,7 @@ def step_times(engine: Engine, batch: int, steps: int, sampling: SamplingParams)
         engine.end_text(c)
     while engine.scheduler.waiting or engine._commands:      # prefill everyone first
         engine.run_once()
-    for _ in range(3):
+    for _ in range(skip):                                     # skip: how far into the utterance timing starts
         engine.run_once()
     if torch.cuda.is_available():
         torch.cuda.synchronize()
@@ -70,7 +70,7 @@ def step_times(engine: Engine, batch: int, steps: int, sampling: SamplingParams)
         engine.cancel(c)
     engine.run_once()
     med = statistics.median(times)
-    return {"batch": batch, "running": running, "step_ms_median": round(med, 3),
+    return {"batch": batch, "from_frame": skip, "running": running, "step_ms_median": round(med, 3),
             "step_ms_min": round(min(times), 3), "step_ms_max": round(max(times), 3),
             "rtf": round(med / FRAME_MS, 4), "frames_per_s": round(batch * 1000 / med, 1), **parts}
 
@@ -212,8 +212,8 @@ def attention_probe(batches, L=878, slots=257, layers=28) -> list[dict]:
 
 
 def _max_rows() -> int:
-    from talkgate.synth import predictor_kernel
-    return predictor_kernel.MAX_ROWS
+    from talkgate.synth import persistent
+    return persistent.MAX_ROWS
 
 
 def main(argv=None) -> None:
@@ -232,13 +232,15 @@ def main(argv=None) -> None:
     p.add_argument("--decoder-dtype", help="codec decoder dtype (default float32)")
     p.add_argument("--parts", action="store_true", help="time the head's halves (codes, decoder) as graphs alone")
     p.add_argument("--attention-probe", action="store_true", help="time the Talker's decode attention alone")
-    p.add_argument("--per-step-predictor", action="store_true",
-                   help="the code predictor's per-step path at every batch size (no persistent kernel)")
+    p.add_argument("--no-persistent", action="store_true",
+                   help="no persistent kernels (synth/persistent.py): the per-layer paths at every batch size")
+    p.add_argument("--late", type=int, default=0,
+                   help="also time batch 1 this many frames into an utterance (attention reads more positions)")
     p.add_argument("--json", help="write the results here")
     a = p.parse_args(argv)
-    if a.per_step_predictor:
-        from talkgate.synth import predictor_kernel
-        predictor_kernel.MAX_ROWS = 0
+    if a.no_persistent:
+        from talkgate.synth import persistent
+        persistent.MAX_ROWS = 0
     batches = [int(b) for b in a.batches.split(",")]
     sampling = SamplingParams(greedy=a.greedy)
     probe = attention_probe(batches) if a.attention_probe else None
@@ -256,7 +258,7 @@ def main(argv=None) -> None:
            "gpu": torch.cuda.get_device_name() if cuda else platform.processor(), "graphs": engine.runner.use_graphs,
            "slots": engine.runner.num_slots, "greedy": a.greedy,            "compiled": engine.runner.compiled,
            "decoder_dtype": str(engine.runner.decoder.pre_conv.conv.weight.dtype),
-           "predictor_kernel_rows": 0 if a.per_step_predictor else _max_rows(), "attention_probe": probe, "load_s": round(load_s, 2),
+           "persistent_max_rows": _max_rows(), "attention_probe": probe, "load_s": round(load_s, 2),
            "warmup_s": round(warm_s, 2), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "steps": []}
     for b in batches:
         r = step_times(engine, b, a.steps, sampling)
@@ -266,6 +268,10 @@ def main(argv=None) -> None:
         print(f"batch {b:4d}: {r['step_ms_median']:8.3f} ms/step  RTF {r['rtf']:.4f}  {r['frames_per_s']:9.1f} frames/s"
               f"  talker graph {r.get('talker_graph_ms')} ms, head graph {r.get('head_graph_ms')} ms"
               f" (codes {r.get('codes_graph_ms')}, decoder {r.get('decoder_graph_ms')})", flush=True)
+    if a.late:
+        res["late"] = r = step_times(engine, 1, a.steps, sampling, skip=a.late)
+        print(f"batch 1 from frame {a.late}: {r['step_ms_median']:.3f} ms/step, talker graph {r.get('talker_graph_ms')} ms",
+              flush=True)
     res["profiles"] = {}
     for b in [int(x) for x in a.profile.split(",") if x]:
         res["profiles"][str(b)] = table = profile_steps(engine, b, sampling)

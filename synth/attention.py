@@ -44,7 +44,7 @@ def attend_one_token(ROW, QW, KW, eps, COS, SIN, K, V, base, skl, n, O, scale, h
                      HKV: tl.constexpr, GROUP: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr):
     """Kv head h of one token: ROW its fused q/k/v, COS/SIN its RoPE row [D] float32, base the cache
     offset of (slot, head h), n its position, O its output row [HQ * D]. Also called by the code
-    predictor's persistent kernel (synth/predictor_kernel.py), where ROW is rewritten every layer: hence
+    predictor's persistent kernel (synth/persistent.py), where ROW is rewritten every layer: hence
     the L2-only (".cg") loads of it."""
     DT: tl.constexpr = K.dtype.element_ty
     d = tl.arange(0, D)

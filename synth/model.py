@@ -185,6 +185,12 @@ def _triton(name: str):
         return None
 
 
+def _persistent(model: nn.Module, rows: int) -> bool:
+    """Whether synth/persistent.py's kernels take this step (CUDA callers only)."""
+    kernels = _triton("persistent")
+    return kernels is not None and kernels.supports(model, rows)
+
+
 def one_token_kernel(x: torch.Tensor) -> bool:
     return x.is_cuda and _triton("attention") is not None
 
@@ -192,7 +198,7 @@ def one_token_kernel(x: torch.Tensor) -> bool:
 @dataclass
 class LayerStack:
     """Every decoder layer's weights of one kind in one tensor [layers, ...]: a persistent kernel
-    (synth/predictor_kernel.py) addresses a layer by its index. The layers' parameters are views of it."""
+    (synth/persistent.py) addresses a layer by its index. The layers' parameters are views of it."""
     qkv: torch.Tensor               # [L, (heads + 2 kv_heads) * head_dim, H]
     o: torch.Tensor                 # [L, H, heads * head_dim]
     gate_up: torch.Tensor           # [L, 2 * I, H]: gate rows, then up rows
@@ -268,9 +274,10 @@ class Talker(nn.Module):
 
     def setup_cache(self, num_slots: int, max_len: int, device, dtype) -> None:
         d, cfg = self.cfg.dims, self.cfg
-        shape = (num_slots, d.num_kv_heads, max_len, d.head_dim)
-        self.k_cache = [torch.zeros(shape, device=device, dtype=dtype) for _ in self.layers]
-        self.v_cache = [torch.zeros(shape, device=device, dtype=dtype) for _ in self.layers]
+        # one tensor [2, layers, S, kv_heads, L, head_dim] (the persistent kernel indexes a layer); per-layer views
+        self.kv = torch.zeros(2, len(self.layers), num_slots, d.num_kv_heads, max_len, d.head_dim, device=device,
+                              dtype=dtype)
+        self.k_cache, self.v_cache = list(self.kv[0]), list(self.kv[1])
         self.max_len = max_len
         self.inv_freq = inv_frequencies(d.head_dim, d.rope_theta).to(device)
         self.mrope_axis = mrope_axes(cfg.mrope_section, cfg.mrope_interleaved).to(device)
@@ -312,6 +319,9 @@ class Talker(nn.Module):
                 self.v_cache[i][rows, :, pos_t] = v
                 return attn.attend(q, k.transpose(1, 2), v.transpose(1, 2), causal=True)
             return run_layers(self.layers, self.norm, x, attention_out)
+        if x.shape[1] == 1 and x.is_cuda and _persistent(self, x.shape[0]):
+            # one launch for the whole step (synth/persistent.py)
+            return _triton("persistent").talker_step(self, x[:, 0], cos[:, 0], sin[:, 0], slots, pos_t[:, 0])[:, None]
         if x.shape[1] == 1 and one_token_kernel(x):
             # one token per row on CUDA: reads only each row's live cache positions
             def attention_out(i, layer, h):
@@ -394,10 +404,9 @@ class CodePredictor(nn.Module):
     def predict(self, hidden: torch.Tensor, code0_embed: torch.Tensor, sampler: FrameSampler,
                 return_logits: bool = False):
         """-> codes [B,15] int64, embed_sum [B,H] (and logits [B,15,V] float32 with return_logits).
-        Small batches on CUDA run as one persistent kernel (synth/predictor_kernel.py)."""
-        fused = _triton("predictor_kernel") if hidden.is_cuda and not return_logits else None
-        if fused is not None and fused.supports(self, hidden):
-            return fused.predict(self, hidden, code0_embed, sampler.p, sampler.counter)
+        Small batches on CUDA run as one persistent kernel (synth/persistent.py)."""
+        if hidden.is_cuda and not return_logits and _persistent(self, hidden.shape[0]):
+            return _triton("persistent").predict(self, hidden, code0_embed, sampler.p, sampler.counter)
         B = hidden.shape[0]
         d = self.cfg.dims
         kv = [(hidden.new_empty(B, d.num_kv_heads, self.groups, d.head_dim),

@@ -32,7 +32,7 @@ def mix32(x):
 @triton.jit
 def sample_row(LOGITS, V, temperature, top_k, top_p, greedy, seed, counter, stream_key, BLOCK: tl.constexpr):
     """One id from the float32 logits LOGITS[:V] of one row (its parameters as scalars). Also called by the
-    code predictor's persistent kernel (synth/predictor_kernel.py), which rewrites LOGITS every codebook:
+    code predictor's persistent kernel (synth/persistent.py), which rewrites LOGITS every codebook:
     hence the L2-only (".cg") load."""
     idx = tl.arange(0, BLOCK)
     valid = idx < V

@@ -1,23 +1,25 @@
-"""The code predictor's whole frame as one persistent Triton kernel (small batches on CUDA).
+"""Persistent Triton kernels for small batches on CUDA: the Talker's frame step and the code predictor's
+whole frame, each one launch instead of hundreds of small kernels.
 
-At batch 1 the code predictor was the largest part of a frame step (3.2 of 6.7 ms on an H100): 16
-one-token passes through its layers and 15 head + draw steps, strictly in sequence, about 600 kernels
-of 2-6 us each (bench/engine.py profile), while a pass's weights (157 MB at 0.6B) stream in about 50 us
-at 3 TB/s. Here one launch runs all of it, with one program per SM (so all are resident at once). Each
-phase splits its output columns over the programs and ends at a grid barrier (an atomic counter):
-
-  pass t = 0..15 (position t of the frame: the Talker's hidden state, the codebook-0 embedding, then
-  the embeddings of codebooks 1..14), per layer:
-    A  q/k/v of the normed residual          B  attention per (row, kv head) with q/k norm, RoPE and
-    C  o_proj + residual                        the cache write (synth/attention.py's attend_one_token)
+At batch 1 a frame step was bound by kernel count, not by work (bench/engine.py profile): the code predictor
+alone ran 16 one-token passes through its 5 layers and 15 head + draw steps in strict sequence, about 600
+kernels of 2-6 us, while a pass's weights (157 MB at 0.6B) stream in about 50 us at 3 TB/s. Here every
+program is resident at once (one per SM) and walks through the same phases; each phase splits its output
+columns over the programs and ends at a grid barrier (an atomic counter). One decoder layer (_layer):
+    A  q/k/v of the normed residual          B  attention per (row, kv head) with q/k norm, RoPE and the
+    C  o_proj + residual                        cache write (synth/attention.py's attend_one_token)
     D  gate/up of the normed residual, SiLU(gate) * up          E  down_proj + residual
-  then, for t >= 1:
+talker_kernel: the layers at each row's (slot, position), then the final norm.
+predictor_kernel: passes t = 0..15 (position t of the frame: the Talker's hidden state, the codebook-0
+embedding, then the embeddings of codebooks 1..14) through the layers into a scratch cache, and for t >= 1
     F  head t of the final norm -> logits    G  draw codebook t per row (synth/sample_kernel.py's
-    P  small_to_mtp_projection (1.7B)           sample_row), its embedding into the sum and the next input
+    P  small_to_mtp_projection (1.7B)           sample_row): its embedding joins the sum, feeds pass t + 1
 
-Values are rounded to the model dtype where the PyTorch path (CodePredictor.predict) rounds them.
-Scratch written inside the launch is read with L2-only loads (".cg") after the barrier's acquire. In
-Triton's interpreter (the CPU tests) one program runs every phase and the barriers are skipped.
+Values are rounded to the model dtype where the PyTorch path rounds them. Scratch written inside a launch
+is read with L2-only loads (".cg") after the barrier's acquire. In Triton's interpreter (the CPU tests) one
+program runs every phase and the barriers are skipped. Measured on an H100 (docs/benchmarks.md): a grid
+barrier costs about 1 us (spinning on an atomic; a volatile-load spin was slower), and an L2 prefetch of
+the next phases' weights made the kernel slower, so there is none.
 """
 from __future__ import annotations
 
@@ -30,11 +32,11 @@ import triton.language as tl
 from talkgate.synth.attention import _in_dtype, attend_one_token
 from talkgate.synth.sample_kernel import sample_row
 
-# one accumulator a row: at 4 rows the kernel spilled registers and lost to the per-step path (H100: 4.7 ms
-# against about 3.3), at 1 and 2 rows it wins (2.2 and 2.6 ms against about 3.2)
+# one accumulator a row: at 4 rows the predictor kernel spilled registers and lost to the per-step path
+# (H100: 4.7 ms against about 3.3); at 1 and 2 rows it wins (2.2 and 2.6 ms against about 3.2)
 MAX_ROWS = 2
 WARPS = 8
-TILE = 16384                     # rows x columns x inputs of one multiply-add tile (registers)
+TILE = 16384                     # columns x inputs of one row's multiply-add tile (registers)
 
 
 @triton.jit
@@ -171,6 +173,80 @@ def _draw(LOGITS, EMB, ESUM, NEXT, CODES, TEMP, TOPK, TOPP, GREEDY, SEED, COUNTE
 
 
 @triton.jit
+def _layer(target, l, keep, skip, X, X0, QKV, ATT, ACT, SYNC, WQKV, WO, WGU, WD, NIN, NPOST, NQ, NK,
+           KC, VC, sks, skh, SLOTS, POS, pos_all, COS, SIN, scs, pid, nrows, eps, scale,
+           HP: tl.constexpr, I: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr,
+           ROWS: tl.constexpr, NPROG: tl.constexpr, ROW_SLOTS: tl.constexpr, ROW_POS: tl.constexpr,
+           BLOCK: tl.constexpr,
+           BN_A: tl.constexpr, CH_A: tl.constexpr, BK_A: tl.constexpr, BN_C: tl.constexpr, CH_C: tl.constexpr,
+           BK_C: tl.constexpr, BN_D: tl.constexpr, CH_D: tl.constexpr, BK_D: tl.constexpr, BN_E: tl.constexpr,
+           CH_E: tl.constexpr, BK_E: tl.constexpr):
+    """Decoder layer l of the stacked weights for the rows of X (the residual, updated in place), each
+    phase followed by a grid barrier; returns the barrier count. Row b's K/V go to KC/VC at
+    (SLOTS[b] or b) * sks + head * skh, position POS[b] or pos_all, rotated by COS/SIN + b * scs.
+    keep false: skip the MLP; skip true: phase E stores X0[:, 1] instead (see predictor_kernel)."""
+    li = tl.cast(l, tl.int64)
+    NQKV: tl.constexpr = (HQ + 2 * HKV) * D
+    QD: tl.constexpr = HQ * D
+    _normed_matmul(X, NIN + l * HP, WQKV + li * NQKV * HP, QKV, pid, nrows, eps, NQKV, HP, BN_A, CH_A, BK_A,
+                   ROWS, NPROG)
+    target += NPROG
+    _grid_sync(SYNC, target, NPROG)
+    for j in range(pid, nrows * HKV, NPROG):                  # B: one program a (row, kv head)
+        b = j // HKV
+        if ROW_SLOTS:
+            slot = tl.load(SLOTS + b)
+        else:
+            slot = b
+        if ROW_POS:
+            n = tl.load(POS + b).to(tl.int32)
+        else:
+            n = pos_all
+        attend_one_token(QKV + b * NQKV, NQ + l * D, NK + l * D, eps, COS + b * scs, SIN + b * scs, KC, VC,
+                         tl.cast(slot, tl.int64) * sks + (j % HKV) * skh, D, n, ATT + b * QD, scale, j % HKV,
+                         HQ, HKV, HQ // HKV, D, BLOCK)
+    target += NPROG
+    _grid_sync(SYNC, target, NPROG)
+    _residual_matmul(ATT, X, X0, WO + li * HP * QD, pid, nrows, QD, HP, BN_C, CH_C, BK_C, ROWS, NPROG, True, False)
+    target += NPROG
+    _grid_sync(SYNC, target, NPROG)
+    _swiglu(X, NPOST + l * HP, WGU + li * 2 * I * HP, ACT, pid, nrows, eps, keep, I, HP, BN_D, CH_D, BK_D,
+            ROWS, NPROG)
+    target += NPROG
+    _grid_sync(SYNC, target, NPROG)
+    _residual_matmul(ACT, X, X0, WD + li * HP * I, pid, nrows, I, HP, BN_E, CH_E, BK_E, ROWS, NPROG, keep, skip)
+    target += NPROG
+    _grid_sync(SYNC, target, NPROG)
+    return target
+
+
+@triton.jit
+def talker_kernel(X, QKV, ATT, ACT, SYNC, OUT, WQKV, WO, WGU, WD, NIN, NPOST, NQ, NK, NFINAL,
+                  KC, VC, sl, sks, skh, SLOTS, POS, COS, SIN, nrows, eps, scale,
+                  L: tl.constexpr, HP: tl.constexpr, I: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr,
+                  D: tl.constexpr, ROWS: tl.constexpr, NPROG: tl.constexpr, BLOCK: tl.constexpr,
+                  BN_A: tl.constexpr, CH_A: tl.constexpr, BK_A: tl.constexpr, BN_C: tl.constexpr,
+                  CH_C: tl.constexpr, BK_C: tl.constexpr, BN_D: tl.constexpr, CH_D: tl.constexpr,
+                  BK_D: tl.constexpr, BN_E: tl.constexpr, CH_E: tl.constexpr, BK_E: tl.constexpr):
+    pid = tl.program_id(0)
+    DT: tl.constexpr = X.dtype.element_ty
+    target = pid * 0
+    for l in range(0, L):
+        li = tl.cast(l, tl.int64)
+        target = _layer(target, l, True, False, X, X, QKV, ATT, ACT, SYNC, WQKV, WO, WGU, WD, NIN, NPOST, NQ, NK,
+                        KC + li * sl, VC + li * sl, sks, skh, SLOTS, POS, 0, COS, SIN, D, pid, nrows, eps, scale,
+                        HP, I, HQ, HKV, D, ROWS, NPROG, True, True, BLOCK, BN_A, CH_A, BK_A, BN_C, CH_C, BK_C,
+                        BN_D, CH_D, BK_D, BN_E, CH_E, BK_E)
+    # the final norm, this program's columns
+    inv = _rms_inv(X, nrows, eps, ROWS, HP)
+    for c in tl.static_range(CH_E):
+        off, mask = _rows_cols(nrows, (pid + c * NPROG) * BN_E, HP, ROWS, BN_E)
+        x = tl.load(X + off, mask=mask, other=0.0, cache_modifier=".cg").to(tl.float32)
+        w = tl.load(NFINAL + off % HP, mask=mask, other=0.0).to(tl.float32)
+        tl.store(OUT + off, _in_dtype(_in_dtype(x * inv[:, None], DT) * w, DT).to(DT), mask=mask)
+
+
+@triton.jit
 def predictor_kernel(
         X0, X, QKV, ATT, ACT, KV, LOGITS, EIN, ESUM, CODES, SYNC,
         WQKV, WO, WGU, WD, NIN, NPOST, NQ, NK, NFINAL, HEADS, EMB, PW, PB, COS, SIN,
@@ -185,39 +261,16 @@ def predictor_kernel(
         BN_F: tl.constexpr, CH_F: tl.constexpr, BK_F: tl.constexpr,
         BN_P: tl.constexpr, CH_P: tl.constexpr, BK_P: tl.constexpr, VBLOCK: tl.constexpr):
     pid = tl.program_id(0)
-    NQKV: tl.constexpr = (HQ + 2 * HKV) * D
-    QD: tl.constexpr = HQ * D
     KV_ROWS: tl.constexpr = ROWS * HKV * G * D                 # KV [L, 2, ROWS, HKV, G, D]
     target = pid * 0
     for t in range(0, G):
         for l in range(0, L):
             # the MLP of the last layer at position 0 is never read: its phase E loads the next input instead
-            skip = (t == 0) & (l == L - 1)
-            keep = (t > 0) | (l < L - 1)
-            li = tl.cast(l, tl.int64)
-            _normed_matmul(X, NIN + l * HP, WQKV + li * NQKV * HP, QKV, pid, nrows, eps, NQKV, HP, BN_A, CH_A, BK_A,
-                           ROWS, NPROG)
-            target += NPROG
-            _grid_sync(SYNC, target, NPROG)
-            K = KV + li * 2 * KV_ROWS
-            for j in range(pid, nrows * HKV, NPROG):          # B: one program a (row, kv head)
-                attend_one_token(QKV + (j // HKV) * NQKV, NQ + l * D, NK + l * D, eps, COS + t * D, SIN + t * D, K,
-                                 K + KV_ROWS, j * G * D, D, t, ATT + (j // HKV) * QD, scale, j % HKV, HQ, HKV,
-                                 HQ // HKV, D, G)
-            target += NPROG
-            _grid_sync(SYNC, target, NPROG)
-            _residual_matmul(ATT, X, X0, WO + li * HP * QD, pid, nrows, QD, HP, BN_C, CH_C, BK_C, ROWS, NPROG,
-                             True, False)
-            target += NPROG
-            _grid_sync(SYNC, target, NPROG)
-            _swiglu(X, NPOST + l * HP, WGU + li * 2 * I * HP, ACT, pid, nrows, eps, keep, I, HP, BN_D, CH_D, BK_D,
-                    ROWS, NPROG)
-            target += NPROG
-            _grid_sync(SYNC, target, NPROG)
-            _residual_matmul(ACT, X, X0, WD + li * HP * I, pid, nrows, I, HP, BN_E, CH_E, BK_E, ROWS, NPROG,
-                             keep, skip)
-            target += NPROG
-            _grid_sync(SYNC, target, NPROG)
+            K = KV + tl.cast(l, tl.int64) * 2 * KV_ROWS
+            target = _layer(target, l, (t > 0) | (l < L - 1), (t == 0) & (l == L - 1), X, X0, QKV, ATT, ACT, SYNC,
+                            WQKV, WO, WGU, WD, NIN, NPOST, NQ, NK, K, K + KV_ROWS, HKV * G * D, G * D, X, X, t,
+                            COS + t * D, SIN + t * D, 0, pid, nrows, eps, scale, HP, I, HQ, HKV, D, ROWS, NPROG,
+                            False, False, G, BN_A, CH_A, BK_A, BN_C, CH_C, BK_C, BN_D, CH_D, BK_D, BN_E, CH_E, BK_E)
         if t >= 1:
             _normed_matmul(X, NFINAL, HEADS + tl.cast(t - 1, tl.int64) * VOC * HP, LOGITS, pid, nrows, eps, VOC, HP,
                            BN_F, CH_F, BK_F, ROWS, NPROG)
@@ -238,12 +291,15 @@ def predictor_kernel(
                     _grid_sync(SYNC, target, NPROG)
 
 
-def supports(predictor, hidden: torch.Tensor) -> bool:
-    """Whether predict() can take this call: at most MAX_ROWS rows, power-of-two widths."""
-    d, cfg = predictor.cfg.dims, predictor.cfg
-    pow2 = all(n & (n - 1) == 0 for n in (d.hidden_size, hidden.shape[1], d.head_dim, d.num_heads // d.num_kv_heads,
-                                          cfg.num_code_groups))
-    return hidden.shape[0] <= MAX_ROWS and pow2 and hasattr(predictor, "heads")
+def supports(model, rows: int) -> bool:
+    """Whether the kernels take `rows` rows of this Talker or code predictor: at most MAX_ROWS, stacked
+    layers (synth.model.fuse_projections), power-of-two widths."""
+    d = model.cfg.dims
+    widths = [d.hidden_size, d.head_dim, d.num_heads // d.num_kv_heads]
+    if hasattr(model, "embeddings"):                          # the code predictor's input width (Talker hidden)
+        widths.append(model.embeddings.shape[-1])
+    pow2 = all(n & (n - 1) == 0 for n in widths)
+    return 0 < rows <= MAX_ROWS and pow2 and hasattr(model, "stacked")
 
 
 @functools.cache
@@ -253,14 +309,15 @@ def _sm_count(index: int) -> int:
 
 def programs(device: torch.device) -> int:
     """One program per SM on CUDA (all resident, which the grid barrier needs); one in the interpreter."""
-    return _sm_count(device.index if device.index is not None else torch.cuda.current_device()) \
-        if device.type == "cuda" else 1
+    if device.type != "cuda":
+        return 1
+    return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
 
 
 def tiles(N: int, K: int, nprog: int, rows: int, operands: int = 1) -> tuple[int, int, int]:
     """(BN, CH, BK) of a phase with N output columns over K inputs: BN columns a chunk and CH chunks a
     program, choosing the fewest columns for the busiest program (then the widest chunk); BK inputs a
-    load, as many as the register tile allows."""
+    load, as many as the rows' register tiles allow."""
     best = None
     for bn in (2, 4, 8, 16, 32, 64):
         ch = triton.cdiv(triton.cdiv(N, bn), nprog)
@@ -272,40 +329,73 @@ def tiles(N: int, K: int, nprog: int, rows: int, operands: int = 1) -> tuple[int
     return bn, ch, bk
 
 
+def _layer_tiles(d, nprog: int, rows: int) -> dict:
+    qkv, qd = (d.num_heads + 2 * d.num_kv_heads) * d.head_dim, d.num_heads * d.head_dim
+    return dict(A=tiles(qkv, d.hidden_size, nprog, rows), C=tiles(d.hidden_size, qd, nprog, rows),
+                D=tiles(d.intermediate_size, d.hidden_size, nprog, rows, operands=2),
+                E=tiles(d.hidden_size, d.intermediate_size, nprog, rows))
+
+
+def _meta(sizes: dict) -> dict:
+    return {f"{kind}_{part}": v for part, t in sizes.items() for kind, v in zip(("BN", "CH", "BK"), t)}
+
+
+def _scratch(d, B: int, dev, dt) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """q/k/v, attention output and MLP activation rows of one layer, and the barrier counter."""
+    return (torch.empty(B, (d.num_heads + 2 * d.num_kv_heads) * d.head_dim, device=dev, dtype=dt),
+            torch.empty(B, d.num_heads * d.head_dim, device=dev, dtype=dt),
+            torch.empty(B, d.intermediate_size, device=dev, dtype=dt),
+            torch.zeros(1, device=dev, dtype=torch.int32))
+
+
+def talker_step(talker, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, slots: torch.Tensor,
+                pos: torch.Tensor) -> torch.Tensor:
+    """Talker.forward for one token per row, at most MAX_ROWS rows, in one launch: x [B, H], cos/sin
+    [B, head_dim] float32, slots and pos [B] -> final-normed hidden [B, H]; writes K/V at (slot, pos)."""
+    d, st = talker.cfg.dims, talker.stacked
+    B, HP = x.shape
+    dev, dt = x.device, x.dtype
+    ROWS, nprog = triton.next_power_of_2(B), programs(dev)
+    X = x.clone(memory_format=torch.contiguous_format)
+    qkv, att, act, sync = _scratch(d, B, dev, dt)
+    out = torch.empty_like(X)
+    kc, vc = talker.kv[0], talker.kv[1]                        # [L, slots, kv_heads, positions, head_dim]
+    talker_kernel[(nprog,)](
+        X, qkv, att, act, sync, out, st.qkv, st.o, st.gate_up, st.down, st.input_norm, st.post_norm, st.q_norm,
+        st.k_norm, talker.norm.weight, kc, vc, kc.stride(0), kc.stride(1), kc.stride(2), slots, pos,
+        cos.contiguous(), sin.contiguous(), B, d.rms_norm_eps, d.head_dim ** -0.5,
+        L=d.num_layers, HP=HP, I=d.intermediate_size, HQ=d.num_heads, HKV=d.num_kv_heads, D=d.head_dim, ROWS=ROWS,
+        NPROG=nprog, BLOCK=32, num_warps=WARPS, **_meta(_layer_tiles(d, nprog, ROWS)))
+    return out
+
+
 def predict(predictor, hidden: torch.Tensor, code0_embed: torch.Tensor, rows, counter: torch.Tensor):
     """CodePredictor.predict for at most MAX_ROWS rows in one launch: hidden and code0_embed [B, Talker H],
     rows a synth.sampling.RowSampling of the B rows (its sub_* parameters and seed), counter [B] frame
     indices -> (codes [B, 15] int64, embed_sum [B, Talker H])."""
     d, cfg, st = predictor.cfg.dims, predictor.cfg, predictor.stacked
     B, HT = hidden.shape
-    G, HP, I, V = cfg.num_code_groups, d.hidden_size, d.intermediate_size, cfg.vocab_size
-    HQ, HKV, D, L = d.num_heads, d.num_kv_heads, d.head_dim, d.num_layers
-    ROWS = triton.next_power_of_2(B)
+    G, HP, V = cfg.num_code_groups, d.hidden_size, cfg.vocab_size
     dev, dt = hidden.device, hidden.dtype
-    nprog = programs(dev)
+    ROWS, nprog = triton.next_power_of_2(B), programs(dev)
     x0 = predictor._project(torch.stack([hidden, code0_embed], dim=1)).contiguous()     # [B, 2, HP]
     x = x0[:, 0].clone(memory_format=torch.contiguous_format)
-    qkv = torch.empty(B, (HQ + 2 * HKV) * D, device=dev, dtype=dt)
-    att = torch.empty(B, HQ * D, device=dev, dtype=dt)
-    act = torch.empty(B, I, device=dev, dtype=dt)
-    kv = torch.empty(L, 2, ROWS, HKV, G, D, device=dev, dtype=dt)
+    qkv, att, act, sync = _scratch(d, B, dev, dt)
+    kv = torch.empty(d.num_layers, 2, ROWS, d.num_kv_heads, G, d.head_dim, device=dev, dtype=dt)
     logits = torch.empty(B, V, device=dev, dtype=torch.float32)
     ein = torch.empty(B, HT, device=dev, dtype=dt)
     esum = code0_embed.to(torch.float32, copy=True)
     codes = torch.empty(B, G - 1, device=dev, dtype=torch.int64)
-    sync = torch.zeros(1, device=dev, dtype=torch.int32)
     proj = predictor.small_to_mtp_projection
     pw, pb = (proj.weight, proj.bias) if proj is not None else (x, x)
-    sizes = dict(A=tiles((HQ + 2 * HKV) * D, HP, nprog, ROWS), C=tiles(HP, HQ * D, nprog, ROWS),
-                 D=tiles(I, HP, nprog, ROWS, operands=2), E=tiles(HP, I, nprog, ROWS), F=tiles(V, HP, nprog, ROWS),
-                 P=tiles(HP, HT, nprog, ROWS))
-    meta = {f"{kind}_{part}": v for part, t in sizes.items() for kind, v in zip(("BN", "CH", "BK"), t)}
+    sizes = dict(_layer_tiles(d, nprog, ROWS), F=tiles(V, HP, nprog, ROWS), P=tiles(HP, HT, nprog, ROWS))
     predictor_kernel[(nprog,)](
         x0, x, qkv, att, act, kv, logits, ein, esum, codes, sync,
         st.qkv, st.o, st.gate_up, st.down, st.input_norm, st.post_norm, st.q_norm, st.k_norm,
         predictor.norm.weight, predictor.heads, predictor.embeddings, pw, pb, predictor.cos, predictor.sin,
         rows.sub_temperature, rows.sub_top_k, rows.sub_top_p, rows.sub_greedy.view(torch.uint8), rows.seed,
-        counter, B, d.rms_norm_eps, D ** -0.5,
-        L=L, G=G, HP=HP, HT=HT, I=I, VOC=V, HQ=HQ, HKV=HKV, D=D, ROWS=ROWS, NPROG=nprog, PROJ=proj is not None,
-        VBLOCK=triton.next_power_of_2(V), num_warps=WARPS, **meta)
+        counter, B, d.rms_norm_eps, d.head_dim ** -0.5,
+        L=d.num_layers, G=G, HP=HP, HT=HT, I=d.intermediate_size, VOC=V, HQ=d.num_heads, HKV=d.num_kv_heads,
+        D=d.head_dim, ROWS=ROWS, NPROG=nprog, PROJ=proj is not None, VBLOCK=triton.next_power_of_2(V),
+        num_warps=WARPS, **_meta(sizes))
     return codes, esum.to(dt)

@@ -1,9 +1,10 @@
-"""The code predictor's persistent kernel (synth/predictor_kernel.py) gives what its per-step PyTorch path
-(CodePredictor.predict) gives: the 15 codes of greedy and of seeded rows with the sub-talker's top-k /
-top-p / temperature, and the embedding sum, with and without small_to_mtp_projection.
-
-On a CPU machine the kernel runs in Triton's interpreter (one program runs every phase); on a GPU it runs
-compiled with one program per SM and its grid barriers, against the per-step path on the same device."""
+"""The persistent kernels (synth/persistent.py) give what the per-layer PyTorch paths give:
+- the code predictor's frame: the 15 codes of greedy and of seeded rows with the sub-talker's top-k / top-p /
+  temperature, and the embedding sum, with and without small_to_mtp_projection (CodePredictor.predict);
+- the Talker's step: the final-normed hidden state and the K/V written at each row's slot and position
+  (Talker.forward's per-layer path).
+On a CPU machine the kernels run in Triton's interpreter (one program runs every phase); on a GPU they run
+compiled with one program per SM and grid barriers, against the per-layer paths on the same device."""
 from __future__ import annotations
 
 import importlib
@@ -23,7 +24,7 @@ DEVICE = "cuda" if CUDA else "cpu"
 @pytest.fixture(scope="module")
 def kernel():
     pytest.importorskip("triton", reason="triton is part of the test extra (and of torch on CUDA)")
-    return importlib.import_module("talkgate.synth.predictor_kernel")
+    return importlib.import_module("talkgate.synth.persistent")
 
 
 def predictor(talker_hidden: int, seed: int = 0, dtype=torch.float32) -> CodePredictor:
@@ -56,7 +57,7 @@ def test_kernel_equals_the_per_step_path(kernel, talker_hidden):
         hidden = torch.randn(B, talker_hidden, generator=g).to(DEVICE)
         code0 = torch.randn(B, talker_hidden, generator=g).to(DEVICE)
         s = sampler(B, top_k, top_p, temperature)
-        assert kernel.supports(model, hidden)
+        assert kernel.supports(model, B)
         codes, embed_sum = kernel.predict(model, hidden, code0, s.p, s.counter)
         # return_logits forces the per-step path on every device
         want_codes, want_sum, _ = model.predict(hidden, code0, s, return_logits=True)
@@ -65,14 +66,39 @@ def test_kernel_equals_the_per_step_path(kernel, talker_hidden):
         torch.testing.assert_close(embed_sum, want_sum, atol=1e-5, rtol=1e-5)
 
 
-def test_the_predictor_dispatches_small_cuda_batches_only(kernel):
+def test_the_models_dispatch_small_batches_only(kernel):
     model = predictor(32)
-    small, large = torch.zeros(kernel.MAX_ROWS, 32), torch.zeros(kernel.MAX_ROWS + 1, 32)
-    assert kernel.supports(model, small) and not kernel.supports(model, large)
+    assert kernel.supports(model, kernel.MAX_ROWS) and not kernel.supports(model, kernel.MAX_ROWS + 1)
+
+
+@pytest.fixture(scope="module")
+def talker(tiny_checkpoint):
+    from talkgate.synth.loader import load_tts
+    return load_tts(str(tiny_checkpoint), device=DEVICE, with_decoder=False).talker
+
+
+def test_talker_step_equals_the_per_layer_path(kernel, talker, monkeypatch):
+    S, L = 5, 40
+    talker.setup_cache(S, L, DEVICE, torch.float32)
+    g = torch.Generator().manual_seed(3)
+    talker.kv.copy_(torch.randn(talker.kv.shape, generator=g))
+    for B, slots, pos in ((1, [3], [17]), (2, [4, 0], [0, 39])):
+        x = torch.randn(B, 1, talker.hidden_size, generator=g).to(DEVICE)
+        slots, pos = torch.tensor(slots, device=DEVICE), torch.tensor(pos, device=DEVICE)
+        cos, sin = talker.rope(pos[:, None])
+        kv = talker.kv.clone()
+        got = kernel.talker_step(talker, x[:, 0], cos[:, 0], sin[:, 0], slots, pos)
+        got_kv, _ = talker.kv.clone(), talker.kv.copy_(kv)
+        monkeypatch.setattr(kernel, "MAX_ROWS", 0)              # the per-layer path on every device
+        want = talker(x, pos[:, None], slots)[:, 0]
+        monkeypatch.undo()
+        torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(got_kv, talker.kv, atol=1e-5, rtol=1e-5)
+        assert not torch.equal(got_kv, kv)                      # the step wrote its K/V
 
 
 def test_tiles_split_columns_evenly():
-    from talkgate.synth.predictor_kernel import tiles
+    from talkgate.synth.persistent import tiles
     # an H100's 132 SMs: no program gets more than the even share rounded up to a chunk width
     for N, K in ((4096, 1024), (1024, 2048), (3072, 1024), (1024, 3072), (2048, 1024)):
         bn, ch, bk = tiles(N, K, 132, 2)
