@@ -40,12 +40,13 @@ def _norm_rope(X, rows, d, rot, sign, cos, sin, W, eps, D: tl.constexpr, DT: tl.
 
 
 @triton.jit
-def attend_one_token(ROW, QW, KW, eps, COS, SIN, K, V, base, skl, n, O, scale, h, HQ: tl.constexpr,
-                     HKV: tl.constexpr, GROUP: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr):
-    """Kv head h of one token: ROW its fused q/k/v, COS/SIN its RoPE row [D] float32, base the cache
-    offset of (slot, head h), n its position, O its output row [HQ * D]. Also called by the code
-    predictor's persistent kernel (synth/persistent.py), where ROW is rewritten every layer: hence
-    the L2-only (".cg") loads of it."""
+def attend_range(ROW, QW, KW, eps, COS, SIN, K, V, base, skl, n, start, stop, new, scale, h, HQ: tl.constexpr,
+                 HKV: tl.constexpr, GROUP: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr):
+    """Kv head h of one token at position n, over cache positions [start, stop) and, when `new`, the token
+    itself (its k/v written to the cache at n): ROW its fused q/k/v, COS/SIN its RoPE row [D] float32, base
+    the cache offset of (slot, head h). -> the online softmax's state: max m [GROUP], sum l [GROUP] and
+    weighted values acc [GROUP, D] (output = acc / l). Also called by synth/persistent.py's kernels, where
+    ROW is rewritten every layer: hence the L2-only (".cg") loads of it."""
     DT: tl.constexpr = K.dtype.element_ty
     d = tl.arange(0, D)
     rot = (d + D // 2) % D                                   # rotate_half: (-x2, x1)
@@ -54,18 +55,22 @@ def attend_one_token(ROW, QW, KW, eps, COS, SIN, K, V, base, skl, n, O, scale, h
     sin = _in_dtype(tl.load(SIN + d).to(tl.float32), DT)[None, :]
     g = tl.arange(0, GROUP)
     q = _norm_rope(ROW, h * GROUP + g, d, rot, sign, cos, sin, QW, eps, D, DT)                  # [GROUP, D]
-    one = tl.arange(0, 1)
-    k = _norm_rope(ROW, HQ + h + one, d, rot, sign, cos, sin, KW, eps, D, DT)                   # [1, D]
-    v = tl.load(ROW + (HQ + HKV + h + one)[:, None] * D + d[None, :], cache_modifier=".cg").to(tl.float32)
-    tl.store(K + base + tl.cast(n, tl.int64) * skl + d[None, :], k.to(DT))
-    tl.store(V + base + tl.cast(n, tl.int64) * skl + d[None, :], v.to(DT))
-
-    m = tl.sum(q * k, axis=1) * scale                        # the new position starts the softmax
-    l = tl.full([GROUP], 1.0, tl.float32)
-    acc = tl.zeros([GROUP, D], tl.float32) + v
-    for start in range(0, n, BLOCK):                         # the cached positions [0, n)
-        pos = start + tl.arange(0, BLOCK)
-        valid = pos < n
+    if new:
+        one = tl.arange(0, 1)
+        k = _norm_rope(ROW, HQ + h + one, d, rot, sign, cos, sin, KW, eps, D, DT)               # [1, D]
+        v = tl.load(ROW + (HQ + HKV + h + one)[:, None] * D + d[None, :], cache_modifier=".cg").to(tl.float32)
+        tl.store(K + base + tl.cast(n, tl.int64) * skl + d[None, :], k.to(DT))
+        tl.store(V + base + tl.cast(n, tl.int64) * skl + d[None, :], v.to(DT))
+        m = tl.sum(q * k, axis=1) * scale                    # the new position starts the softmax
+        l = tl.full([GROUP], 1.0, tl.float32)
+        acc = tl.zeros([GROUP, D], tl.float32) + v
+    else:
+        m = tl.full([GROUP], float("-inf"), tl.float32)
+        l = tl.zeros([GROUP], tl.float32)
+        acc = tl.zeros([GROUP, D], tl.float32)
+    for first in range(start, stop, BLOCK):                  # cached positions
+        pos = first + tl.arange(0, BLOCK)
+        valid = pos < stop
         off = base + pos[:, None].to(tl.int64) * skl + d[None, :]
         kb = tl.load(K + off, mask=valid[:, None], other=0.0).to(tl.float32)
         vb = tl.load(V + off, mask=valid[:, None], other=0.0).to(tl.float32)
@@ -77,6 +82,17 @@ def attend_one_token(ROW, QW, KW, eps, COS, SIN, K, V, base, skl, n, O, scale, h
         l = l * alpha + tl.sum(p, axis=1)
         acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * vb[None, :, :], axis=1)
         m = m_new
+    return m, l, acc
+
+
+@triton.jit
+def attend_one_token(ROW, QW, KW, eps, COS, SIN, K, V, base, skl, n, O, scale, h, HQ: tl.constexpr,
+                     HKV: tl.constexpr, GROUP: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr):
+    """attend_range over all of [0, n) and the token; its output row O [HQ * D] (kv head h's query group)."""
+    m, l, acc = attend_range(ROW, QW, KW, eps, COS, SIN, K, V, base, skl, n, 0, n, True, scale, h, HQ, HKV, GROUP, D,
+                             BLOCK)
+    g = tl.arange(0, GROUP)
+    d = tl.arange(0, D)
     tl.store(O + (h * GROUP + g)[:, None] * D + d[None, :], (acc / l[:, None]).to(O.dtype.element_ty))
 
 

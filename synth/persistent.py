@@ -29,7 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
-from talkgate.synth.attention import _in_dtype, attend_one_token
+from talkgate.synth.attention import _in_dtype, attend_one_token, attend_range
 from talkgate.synth.sample_kernel import sample_row
 
 # one accumulator a row: at 4 rows the predictor kernel spilled registers and lost to the per-step path
@@ -37,6 +37,7 @@ from talkgate.synth.sample_kernel import sample_row
 MAX_ROWS = 2
 WARPS = 8
 TILE = 16384                     # columns x inputs of one row's multiply-add tile (registers)
+SPLIT = 64                       # Talker attention: positions a program reads (a 878-position slot: 14 parts)
 
 
 @triton.jit
@@ -173,18 +174,78 @@ def _draw(LOGITS, EMB, ESUM, NEXT, CODES, TEMP, TOPK, TOPP, GREEDY, SEED, COUNTE
 
 
 @triton.jit
+def _attend_split(target, QKV, NQ, NK, eps, COS, SIN, scs, KC, VC, sks, skh, SLOTS, POS, ATT, PART, ML, SYNC, pid,
+                  nrows, scale, HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, ROWS: tl.constexpr,
+                  NPROG: tl.constexpr, BLOCK: tl.constexpr, SPLIT: tl.constexpr, MAXSPLIT: tl.constexpr):
+    """Phase B with a long cache (flash-decoding): one program a (row, kv head, part of SPLIT positions), so a
+    row's attention does not wait on one program reading hundreds of positions (at position 600 that was
+    2.5 of a 6.9-ms batch-1 step). Part s of [0, n] covers [s * SPLIT, (s + 1) * SPLIT); the last one holds
+    the token itself and writes its K/V. A row with one part writes its output; otherwise the parts' softmax
+    states go to PART/ML and, after one more barrier (only when some row has several parts), are combined."""
+    GROUP: tl.constexpr = HQ // HKV
+    NQKV: tl.constexpr = (HQ + 2 * HKV) * D
+    g = tl.arange(0, GROUP)
+    d = tl.arange(0, D)
+    for j in range(pid, nrows * HKV * MAXSPLIT, NPROG):
+        part = j % MAXSPLIT
+        b = j // (HKV * MAXSPLIT)
+        h = (j // MAXSPLIT) % HKV
+        n = tl.load(POS + b).to(tl.int32)
+        last = n // SPLIT
+        if part <= last:
+            m, l, acc = attend_range(QKV + b * NQKV, NQ, NK, eps, COS + b * scs, SIN + b * scs, KC, VC,
+                                     tl.load(SLOTS + b) * sks + h * skh, D, n, part * SPLIT,
+                                     tl.minimum(part * SPLIT + SPLIT, n), part == last, scale, h, HQ, HKV, GROUP, D,
+                                     BLOCK)
+            if last == 0:
+                tl.store(ATT + b * HQ * D + (h * GROUP + g)[:, None] * D + d[None, :],
+                         (acc / l[:, None]).to(ATT.dtype.element_ty))
+            else:
+                at = (b * HKV + h) * MAXSPLIT + part
+                tl.store(PART + at * GROUP * D + g[:, None] * D + d[None, :], acc)
+                tl.store(ML + at * 2 * GROUP + g, m)
+                tl.store(ML + at * 2 * GROUP + GROUP + g, l)
+    r = tl.arange(0, ROWS)
+    if tl.max(tl.load(POS + r, mask=r < nrows, other=0), axis=0) >= SPLIT:
+        target += NPROG
+        _grid_sync(SYNC, target, NPROG)
+        for j in range(pid, nrows * HKV, NPROG):
+            b = j // HKV
+            h = j % HKV
+            last = tl.load(POS + b).to(tl.int32) // SPLIT
+            if last > 0:
+                m = tl.full([GROUP], float("-inf"), tl.float32)
+                l = tl.zeros([GROUP], tl.float32)
+                acc = tl.zeros([GROUP, D], tl.float32)
+                for part in range(0, last + 1):
+                    at = (b * HKV + h) * MAXSPLIT + part
+                    m_part = tl.load(ML + at * 2 * GROUP + g, cache_modifier=".cg")
+                    m_new = tl.maximum(m, m_part)
+                    alpha = tl.exp(m - m_new)
+                    beta = tl.exp(m_part - m_new)
+                    l = l * alpha + tl.load(ML + at * 2 * GROUP + GROUP + g, cache_modifier=".cg") * beta
+                    acc = acc * alpha[:, None] + tl.load(PART + at * GROUP * D + g[:, None] * D + d[None, :],
+                                                         cache_modifier=".cg") * beta[:, None]
+                    m = m_new
+                tl.store(ATT + b * HQ * D + (h * GROUP + g)[:, None] * D + d[None, :],
+                         (acc / l[:, None]).to(ATT.dtype.element_ty))
+    return target
+
+
+@triton.jit
 def _layer(target, l, keep, skip, X, X0, QKV, ATT, ACT, SYNC, WQKV, WO, WGU, WD, NIN, NPOST, NQ, NK,
-           KC, VC, sks, skh, SLOTS, POS, pos_all, COS, SIN, scs, pid, nrows, eps, scale,
+           KC, VC, sks, skh, SLOTS, POS, pos_all, COS, SIN, scs, PART, ML, pid, nrows, eps, scale,
            HP: tl.constexpr, I: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr,
            ROWS: tl.constexpr, NPROG: tl.constexpr, ROW_SLOTS: tl.constexpr, ROW_POS: tl.constexpr,
-           BLOCK: tl.constexpr,
+           BLOCK: tl.constexpr, SPLIT: tl.constexpr, MAXSPLIT: tl.constexpr,
            BN_A: tl.constexpr, CH_A: tl.constexpr, BK_A: tl.constexpr, BN_C: tl.constexpr, CH_C: tl.constexpr,
            BK_C: tl.constexpr, BN_D: tl.constexpr, CH_D: tl.constexpr, BK_D: tl.constexpr, BN_E: tl.constexpr,
            CH_E: tl.constexpr, BK_E: tl.constexpr):
     """Decoder layer l of the stacked weights for the rows of X (the residual, updated in place), each
     phase followed by a grid barrier; returns the barrier count. Row b's K/V go to KC/VC at
     (SLOTS[b] or b) * sks + head * skh, position POS[b] or pos_all, rotated by COS/SIN + b * scs.
-    keep false: skip the MLP; skip true: phase E stores X0[:, 1] instead (see predictor_kernel)."""
+    keep false: skip the MLP; skip true: phase E stores X0[:, 1] instead (see predictor_kernel).
+    SPLIT > 0 (the Talker, rows with slots and positions): attention in SPLIT-position parts (_attend_split)."""
     li = tl.cast(l, tl.int64)
     NQKV: tl.constexpr = (HQ + 2 * HKV) * D
     QD: tl.constexpr = HQ * D
@@ -192,19 +253,24 @@ def _layer(target, l, keep, skip, X, X0, QKV, ATT, ACT, SYNC, WQKV, WO, WGU, WD,
                    ROWS, NPROG)
     target += NPROG
     _grid_sync(SYNC, target, NPROG)
-    for j in range(pid, nrows * HKV, NPROG):                  # B: one program a (row, kv head)
-        b = j // HKV
-        if ROW_SLOTS:
-            slot = tl.load(SLOTS + b)
-        else:
-            slot = b
-        if ROW_POS:
-            n = tl.load(POS + b).to(tl.int32)
-        else:
-            n = pos_all
-        attend_one_token(QKV + b * NQKV, NQ + l * D, NK + l * D, eps, COS + b * scs, SIN + b * scs, KC, VC,
-                         tl.cast(slot, tl.int64) * sks + (j % HKV) * skh, D, n, ATT + b * QD, scale, j % HKV,
-                         HQ, HKV, HQ // HKV, D, BLOCK)
+    if SPLIT == 0:
+        for j in range(pid, nrows * HKV, NPROG):              # B: one program a (row, kv head)
+            b = j // HKV
+            if ROW_SLOTS:
+                slot = tl.load(SLOTS + b)
+            else:
+                slot = b
+            if ROW_POS:
+                n = tl.load(POS + b).to(tl.int32)
+            else:
+                n = pos_all
+            attend_one_token(QKV + b * NQKV, NQ + l * D, NK + l * D, eps, COS + b * scs, SIN + b * scs, KC, VC,
+                             tl.cast(slot, tl.int64) * sks + (j % HKV) * skh, D, n, ATT + b * QD, scale, j % HKV,
+                             HQ, HKV, HQ // HKV, D, BLOCK)
+    else:
+        target = _attend_split(target, QKV, NQ + l * D, NK + l * D, eps, COS, SIN, scs, KC, VC, sks, skh, SLOTS, POS,
+                               ATT, PART, ML, SYNC, pid, nrows, scale, HQ, HKV, D, ROWS, NPROG, BLOCK, SPLIT,
+                               MAXSPLIT)
     target += NPROG
     _grid_sync(SYNC, target, NPROG)
     _residual_matmul(ATT, X, X0, WO + li * HP * QD, pid, nrows, QD, HP, BN_C, CH_C, BK_C, ROWS, NPROG, True, False)
@@ -222,9 +288,10 @@ def _layer(target, l, keep, skip, X, X0, QKV, ATT, ACT, SYNC, WQKV, WO, WGU, WD,
 
 @triton.jit
 def talker_kernel(X, QKV, ATT, ACT, SYNC, OUT, WQKV, WO, WGU, WD, NIN, NPOST, NQ, NK, NFINAL,
-                  KC, VC, sl, sks, skh, SLOTS, POS, COS, SIN, nrows, eps, scale,
+                  KC, VC, sl, sks, skh, SLOTS, POS, COS, SIN, PART, ML, nrows, eps, scale,
                   L: tl.constexpr, HP: tl.constexpr, I: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr,
                   D: tl.constexpr, ROWS: tl.constexpr, NPROG: tl.constexpr, BLOCK: tl.constexpr,
+                  SPLIT: tl.constexpr, MAXSPLIT: tl.constexpr,
                   BN_A: tl.constexpr, CH_A: tl.constexpr, BK_A: tl.constexpr, BN_C: tl.constexpr,
                   CH_C: tl.constexpr, BK_C: tl.constexpr, BN_D: tl.constexpr, CH_D: tl.constexpr,
                   BK_D: tl.constexpr, BN_E: tl.constexpr, CH_E: tl.constexpr, BK_E: tl.constexpr):
@@ -234,9 +301,9 @@ def talker_kernel(X, QKV, ATT, ACT, SYNC, OUT, WQKV, WO, WGU, WD, NIN, NPOST, NQ
     for l in range(0, L):
         li = tl.cast(l, tl.int64)
         target = _layer(target, l, True, False, X, X, QKV, ATT, ACT, SYNC, WQKV, WO, WGU, WD, NIN, NPOST, NQ, NK,
-                        KC + li * sl, VC + li * sl, sks, skh, SLOTS, POS, 0, COS, SIN, D, pid, nrows, eps, scale,
-                        HP, I, HQ, HKV, D, ROWS, NPROG, True, True, BLOCK, BN_A, CH_A, BK_A, BN_C, CH_C, BK_C,
-                        BN_D, CH_D, BK_D, BN_E, CH_E, BK_E)
+                        KC + li * sl, VC + li * sl, sks, skh, SLOTS, POS, 0, COS, SIN, D, PART, ML, pid, nrows, eps,
+                        scale, HP, I, HQ, HKV, D, ROWS, NPROG, True, True, BLOCK, SPLIT, MAXSPLIT, BN_A, CH_A, BK_A,
+                        BN_C, CH_C, BK_C, BN_D, CH_D, BK_D, BN_E, CH_E, BK_E)
     # the final norm, this program's columns
     inv = _rms_inv(X, nrows, eps, ROWS, HP)
     for c in tl.static_range(CH_E):
@@ -269,8 +336,9 @@ def predictor_kernel(
             K = KV + tl.cast(l, tl.int64) * 2 * KV_ROWS
             target = _layer(target, l, (t > 0) | (l < L - 1), (t == 0) & (l == L - 1), X, X0, QKV, ATT, ACT, SYNC,
                             WQKV, WO, WGU, WD, NIN, NPOST, NQ, NK, K, K + KV_ROWS, HKV * G * D, G * D, X, X, t,
-                            COS + t * D, SIN + t * D, 0, pid, nrows, eps, scale, HP, I, HQ, HKV, D, ROWS, NPROG,
-                            False, False, G, BN_A, CH_A, BK_A, BN_C, CH_C, BK_C, BN_D, CH_D, BK_D, BN_E, CH_E, BK_E)
+                            COS + t * D, SIN + t * D, 0, X, X, pid, nrows, eps, scale, HP, I, HQ, HKV, D, ROWS,
+                            NPROG, False, False, G, 0, 1, BN_A, CH_A, BK_A, BN_C, CH_C, BK_C, BN_D, CH_D, BK_D, BN_E,
+                            CH_E, BK_E)
         if t >= 1:
             _normed_matmul(X, NFINAL, HEADS + tl.cast(t - 1, tl.int64) * VOC * HP, LOGITS, pid, nrows, eps, VOC, HP,
                            BN_F, CH_F, BK_F, ROWS, NPROG)
@@ -292,14 +360,16 @@ def predictor_kernel(
 
 
 def supports(model, rows: int) -> bool:
-    """Whether the kernels take `rows` rows of this Talker or code predictor: at most MAX_ROWS, stacked
-    layers (synth.model.fuse_projections), power-of-two widths."""
+    """Whether the kernels take `rows` rows of this Talker or code predictor: at most MAX_ROWS rows of
+    hidden 1024 (fewer when wider), stacked layers (synth.model.fuse_projections), power-of-two widths."""
     d = model.cfg.dims
     widths = [d.hidden_size, d.head_dim, d.num_heads // d.num_kv_heads]
     if hasattr(model, "embeddings"):                          # the code predictor's input width (Talker hidden)
         widths.append(model.embeddings.shape[-1])
     pow2 = all(n & (n - 1) == 0 for n in widths)
-    return 0 < rows <= MAX_ROWS and pow2 and hasattr(model, "stacked")
+    # a row is an accumulator tile: 2 rows of the 1.7B Talker (hidden 2048) lost to the per-layer path on
+    # the H100 (2.04 against about 1.8 ms), 2 rows of hidden 1024 win
+    return 0 < rows <= MAX_ROWS and rows * d.hidden_size <= 2048 and pow2 and hasattr(model, "stacked")
 
 
 @functools.cache
@@ -349,9 +419,10 @@ def _scratch(d, B: int, dev, dt) -> tuple[torch.Tensor, torch.Tensor, torch.Tens
 
 
 def talker_step(talker, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, slots: torch.Tensor,
-                pos: torch.Tensor) -> torch.Tensor:
+                pos: torch.Tensor, split: int = SPLIT) -> torch.Tensor:
     """Talker.forward for one token per row, at most MAX_ROWS rows, in one launch: x [B, H], cos/sin
-    [B, head_dim] float32, slots and pos [B] -> final-normed hidden [B, H]; writes K/V at (slot, pos)."""
+    [B, head_dim] float32, slots and pos [B] -> final-normed hidden [B, H]; writes K/V at (slot, pos).
+    Attention runs in parts of `split` positions (a power of two)."""
     d, st = talker.cfg.dims, talker.stacked
     B, HP = x.shape
     dev, dt = x.device, x.dtype
@@ -360,12 +431,16 @@ def talker_step(talker, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, s
     qkv, att, act, sync = _scratch(d, B, dev, dt)
     out = torch.empty_like(X)
     kc, vc = talker.kv[0], talker.kv[1]                        # [L, slots, kv_heads, positions, head_dim]
+    parts, group = triton.cdiv(kc.shape[3], split), d.num_heads // d.num_kv_heads
+    part = torch.empty(B, d.num_kv_heads, parts, group, d.head_dim, device=dev, dtype=torch.float32)
+    ml = torch.empty(B, d.num_kv_heads, parts, 2, group, device=dev, dtype=torch.float32)
     talker_kernel[(nprog,)](
         X, qkv, att, act, sync, out, st.qkv, st.o, st.gate_up, st.down, st.input_norm, st.post_norm, st.q_norm,
         st.k_norm, talker.norm.weight, kc, vc, kc.stride(0), kc.stride(1), kc.stride(2), slots, pos,
-        cos.contiguous(), sin.contiguous(), B, d.rms_norm_eps, d.head_dim ** -0.5,
+        cos.contiguous(), sin.contiguous(), part, ml, B, d.rms_norm_eps, d.head_dim ** -0.5,
         L=d.num_layers, HP=HP, I=d.intermediate_size, HQ=d.num_heads, HKV=d.num_kv_heads, D=d.head_dim, ROWS=ROWS,
-        NPROG=nprog, BLOCK=32, num_warps=WARPS, **_meta(_layer_tiles(d, nprog, ROWS)))
+        NPROG=nprog, BLOCK=min(32, split), SPLIT=split, MAXSPLIT=parts, num_warps=WARPS,
+        **_meta(_layer_tiles(d, nprog, ROWS)))
     return out
 
 

@@ -77,7 +77,8 @@ def talker(tiny_checkpoint):
     return load_tts(str(tiny_checkpoint), device=DEVICE, with_decoder=False).talker
 
 
-def test_talker_step_equals_the_per_layer_path(kernel, talker, monkeypatch):
+@pytest.mark.parametrize("split", [64, 8])      # 8: positions 17 and 39 attend in 3 and 5 parts, combined
+def test_talker_step_equals_the_per_layer_path(kernel, talker, monkeypatch, split):
     S, L = 5, 40
     talker.setup_cache(S, L, DEVICE, torch.float32)
     g = torch.Generator().manual_seed(3)
@@ -87,7 +88,7 @@ def test_talker_step_equals_the_per_layer_path(kernel, talker, monkeypatch):
         slots, pos = torch.tensor(slots, device=DEVICE), torch.tensor(pos, device=DEVICE)
         cos, sin = talker.rope(pos[:, None])
         kv = talker.kv.clone()
-        got = kernel.talker_step(talker, x[:, 0], cos[:, 0], sin[:, 0], slots, pos)
+        got = kernel.talker_step(talker, x[:, 0], cos[:, 0], sin[:, 0], slots, pos, split=split)
         got_kv, _ = talker.kv.clone(), talker.kv.copy_(kv)
         monkeypatch.setattr(kernel, "MAX_ROWS", 0)              # the per-layer path on every device
         want = talker(x, pos[:, None], slots)[:, 0]
