@@ -7,9 +7,10 @@ kernels of 2-6 us, while a pass's weights (157 MB at 0.6B) stream in about 50 us
 program is resident at once (one per SM) and walks through the same phases; each phase splits its output
 columns over the programs and ends at a grid barrier (an atomic counter). One decoder layer (_layer):
     A  q/k/v of the normed residual          B  attention per (row, kv head) with q/k norm, RoPE and the
-    C  o_proj + residual                        cache write (synth/attention.py's attend_one_token)
+    C  o_proj + residual                        cache write (synth/attention.py's attend_range)
     D  gate/up of the normed residual, SiLU(gate) * up          E  down_proj + residual
-talker_kernel: the layers at each row's (slot, position), then the final norm.
+talker_kernel: the layers at each row's (slot, position), then the final norm; its attention runs in
+parts of 64 cached positions, combined after one more barrier (_attend_split).
 predictor_kernel: passes t = 0..15 (position t of the frame: the Talker's hidden state, the codebook-0
 embedding, then the embeddings of codebooks 1..14) through the layers into a scratch cache, and for t >= 1
     F  head t of the final norm -> logits    G  draw codebook t per row (synth/sample_kernel.py's
