@@ -20,7 +20,8 @@ Values are rounded to the model dtype where the PyTorch path rounds them. Scratc
 is read with L2-only loads (".cg") after the barrier's acquire. In Triton's interpreter (the CPU tests) one
 program runs every phase and the barriers are skipped. Measured on an H100 (docs/benchmarks.md): a grid
 barrier costs about 1 us (spinning on an atomic; a volatile-load spin was slower), and an L2 prefetch of
-the next phases' weights made the kernel slower, so there is none.
+later phases' weights (at a layer's start, or while waiting at a barrier) made the kernels slower, so
+there is none.
 """
 from __future__ import annotations
 
