@@ -35,8 +35,6 @@ Nothing in these calls reads a tensor value on the host.
 """
 from __future__ import annotations
 
-import functools
-import importlib
 from dataclasses import dataclass
 
 import torch
@@ -44,7 +42,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from talkgate.synth.config import DecoderDims, PredictorConfig, TalkerConfig
-from talkgate.synth.sampling import FrameSampler
+from talkgate.synth.sampling import FrameSampler, kernel_module
 
 
 class RMSNorm(nn.Module):
@@ -122,9 +120,9 @@ class Attention(nn.Module):
         """CUDA, one token per row: x [B,1,H] -> attention output [B,1,H] (after o_proj), with q/k norm,
         RoPE (cos/sin [B,D] or [D]), the cache write at (slots[b] or b, pos) and attention over
         positions <= pos in one kernel (synth/attention.py)."""
-        out = _triton("attention").one_token_attention(F.linear(x[:, 0], self.qkv_weight), self.q_norm.weight,
-                                               self.k_norm.weight, self.q_norm.eps, cos, sin, k_cache, v_cache,
-                                               slots, pos, self.n_heads)
+        out = kernel_module("attention").one_token_attention(
+            F.linear(x[:, 0], self.qkv_weight), self.q_norm.weight, self.k_norm.weight, self.q_norm.eps, cos, sin,
+            k_cache, v_cache, slots, pos, self.n_heads)
         return self.o_proj(out)[:, None]
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask=None, causal=False) -> torch.Tensor:
@@ -176,23 +174,14 @@ def run_layers(layers: nn.ModuleList, final_norm: RMSNorm, x: torch.Tensor, atte
     return h
 
 
-@functools.cache
-def _triton(name: str):
-    """The Triton kernel module synth.<name>, or None where Triton is missing."""
-    try:
-        return importlib.import_module(f"talkgate.synth.{name}")
-    except ImportError:
-        return None
-
-
 def _persistent(model: nn.Module, rows: int) -> bool:
     """Whether synth/persistent.py's kernels take this step (CUDA callers only)."""
-    kernels = _triton("persistent")
+    kernels = kernel_module("persistent")
     return kernels is not None and kernels.supports(model, rows)
 
 
 def one_token_kernel(x: torch.Tensor) -> bool:
-    return x.is_cuda and _triton("attention") is not None
+    return x.is_cuda and kernel_module("attention") is not None
 
 
 @dataclass
@@ -321,7 +310,7 @@ class Talker(nn.Module):
             return run_layers(self.layers, self.norm, x, attention_out)
         if x.shape[1] == 1 and x.is_cuda and _persistent(self, x.shape[0]):
             # one launch for the whole step (synth/persistent.py)
-            return _triton("persistent").talker_step(self, x[:, 0], cos[:, 0], sin[:, 0], slots, pos_t[:, 0])[:, None]
+            return kernel_module("persistent").talker_step(self, x[:, 0], cos[:, 0], sin[:, 0], slots, pos_t[:, 0])[:, None]
         if x.shape[1] == 1 and one_token_kernel(x):
             # one token per row on CUDA: reads only each row's live cache positions
             def attention_out(i, layer, h):
@@ -406,7 +395,7 @@ class CodePredictor(nn.Module):
         """-> codes [B,15] int64, embed_sum [B,H] (and logits [B,15,V] float32 with return_logits).
         Small batches on CUDA run as one persistent kernel (synth/persistent.py)."""
         if hidden.is_cuda and not return_logits and _persistent(self, hidden.shape[0]):
-            return _triton("persistent").predict(self, hidden, code0_embed, sampler.p, sampler.counter)
+            return kernel_module("persistent").predict(self, hidden, code0_embed, sampler.p, sampler.counter)
         B = hidden.shape[0]
         d = self.cfg.dims
         kv = [(hidden.new_empty(B, d.num_kv_heads, self.groups, d.head_dim),

@@ -236,18 +236,18 @@ def _attend_split(target, QKV, NQ, NK, eps, COS, SIN, scs, KC, VC, sks, skh, SLO
 
 @triton.jit
 def _layer(target, l, keep, skip, X, X0, QKV, ATT, ACT, SYNC, WQKV, WO, WGU, WD, NIN, NPOST, NQ, NK,
-           KC, VC, sks, skh, SLOTS, POS, pos_all, COS, SIN, scs, PART, ML, pid, nrows, eps, scale,
+           KC, VC, sks, skh, SLOTS, POS, pos_all, COS, SIN, PART, ML, pid, nrows, eps, scale,
            HP: tl.constexpr, I: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr,
-           ROWS: tl.constexpr, NPROG: tl.constexpr, ROW_SLOTS: tl.constexpr, ROW_POS: tl.constexpr,
-           BLOCK: tl.constexpr, SPLIT: tl.constexpr, MAXSPLIT: tl.constexpr,
+           ROWS: tl.constexpr, NPROG: tl.constexpr, BLOCK: tl.constexpr, SPLIT: tl.constexpr, MAXSPLIT: tl.constexpr,
            BN_A: tl.constexpr, CH_A: tl.constexpr, BK_A: tl.constexpr, BN_C: tl.constexpr, CH_C: tl.constexpr,
            BK_C: tl.constexpr, BN_D: tl.constexpr, CH_D: tl.constexpr, BK_D: tl.constexpr, BN_E: tl.constexpr,
            CH_E: tl.constexpr, BK_E: tl.constexpr):
     """Decoder layer l of the stacked weights for the rows of X (the residual, updated in place), each
-    phase followed by a grid barrier; returns the barrier count. Row b's K/V go to KC/VC at
-    (SLOTS[b] or b) * sks + head * skh, position POS[b] or pos_all, rotated by COS/SIN + b * scs.
-    keep false: skip the MLP; skip true: phase E stores X0[:, 1] instead (see predictor_kernel).
-    SPLIT > 0 (the Talker, rows with slots and positions): attention in SPLIT-position parts (_attend_split)."""
+    phase followed by a grid barrier; returns the barrier count. keep false: skip the MLP; skip true:
+    phase E stores X0[:, 1] instead (see predictor_kernel). Row b's K/V go to KC/VC at slot * sks +
+    head * skh: SPLIT == 0 (the code predictor): slot b, position pos_all, RoPE row COS/SIN; SPLIT > 0 (the
+    Talker): slot SLOTS[b], position POS[b], RoPE row COS/SIN + b * D, attention in SPLIT-position parts
+    (_attend_split)."""
     li = tl.cast(l, tl.int64)
     NQKV: tl.constexpr = (HQ + 2 * HKV) * D
     QD: tl.constexpr = HQ * D
@@ -258,19 +258,10 @@ def _layer(target, l, keep, skip, X, X0, QKV, ATT, ACT, SYNC, WQKV, WO, WGU, WD,
     if SPLIT == 0:
         for j in range(pid, nrows * HKV, NPROG):              # B: one program a (row, kv head)
             b = j // HKV
-            if ROW_SLOTS:
-                slot = tl.load(SLOTS + b)
-            else:
-                slot = b
-            if ROW_POS:
-                n = tl.load(POS + b).to(tl.int32)
-            else:
-                n = pos_all
-            attend_one_token(QKV + b * NQKV, NQ + l * D, NK + l * D, eps, COS + b * scs, SIN + b * scs, KC, VC,
-                             tl.cast(slot, tl.int64) * sks + (j % HKV) * skh, D, n, ATT + b * QD, scale, j % HKV,
-                             HQ, HKV, HQ // HKV, D, BLOCK)
+            attend_one_token(QKV + b * NQKV, NQ + l * D, NK + l * D, eps, COS, SIN, KC, VC, b * sks + (j % HKV) * skh,
+                             D, pos_all, ATT + b * QD, scale, j % HKV, HQ, HKV, HQ // HKV, D, BLOCK)
     else:
-        target = _attend_split(target, QKV, NQ + l * D, NK + l * D, eps, COS, SIN, scs, KC, VC, sks, skh, SLOTS, POS,
+        target = _attend_split(target, QKV, NQ + l * D, NK + l * D, eps, COS, SIN, D, KC, VC, sks, skh, SLOTS, POS,
                                ATT, PART, ML, SYNC, pid, nrows, scale, HQ, HKV, D, ROWS, NPROG, BLOCK, SPLIT,
                                MAXSPLIT)
     target += NPROG
@@ -303,8 +294,8 @@ def talker_kernel(X, QKV, ATT, ACT, SYNC, OUT, WQKV, WO, WGU, WD, NIN, NPOST, NQ
     for l in range(0, L):
         li = tl.cast(l, tl.int64)
         target = _layer(target, l, True, False, X, X, QKV, ATT, ACT, SYNC, WQKV, WO, WGU, WD, NIN, NPOST, NQ, NK,
-                        KC + li * sl, VC + li * sl, sks, skh, SLOTS, POS, 0, COS, SIN, D, PART, ML, pid, nrows, eps,
-                        scale, HP, I, HQ, HKV, D, ROWS, NPROG, True, True, BLOCK, SPLIT, MAXSPLIT, BN_A, CH_A, BK_A,
+                        KC + li * sl, VC + li * sl, sks, skh, SLOTS, POS, 0, COS, SIN, PART, ML, pid, nrows, eps,
+                        scale, HP, I, HQ, HKV, D, ROWS, NPROG, BLOCK, SPLIT, MAXSPLIT, BN_A, CH_A, BK_A,
                         BN_C, CH_C, BK_C, BN_D, CH_D, BK_D, BN_E, CH_E, BK_E)
     # the final norm, this program's columns
     inv = _rms_inv(X, nrows, eps, ROWS, HP)
@@ -338,9 +329,8 @@ def predictor_kernel(
             K = KV + tl.cast(l, tl.int64) * 2 * KV_ROWS
             target = _layer(target, l, (t > 0) | (l < L - 1), (t == 0) & (l == L - 1), X, X0, QKV, ATT, ACT, SYNC,
                             WQKV, WO, WGU, WD, NIN, NPOST, NQ, NK, K, K + KV_ROWS, HKV * G * D, G * D, X, X, t,
-                            COS + t * D, SIN + t * D, 0, X, X, pid, nrows, eps, scale, HP, I, HQ, HKV, D, ROWS,
-                            NPROG, False, False, G, 0, 1, BN_A, CH_A, BK_A, BN_C, CH_C, BK_C, BN_D, CH_D, BK_D, BN_E,
-                            CH_E, BK_E)
+                            COS + t * D, SIN + t * D, X, X, pid, nrows, eps, scale, HP, I, HQ, HKV, D, ROWS, NPROG,
+                            G, 0, 1, BN_A, CH_A, BK_A, BN_C, CH_C, BK_C, BN_D, CH_D, BK_D, BN_E, CH_E, BK_E)
         if t >= 1:
             _normed_matmul(X, NFINAL, HEADS + tl.cast(t - 1, tl.int64) * VOC * HP, LOGITS, pid, nrows, eps, VOC, HP,
                            BN_F, CH_F, BK_F, ROWS, NPROG)
@@ -386,6 +376,7 @@ def programs(device: torch.device) -> int:
     return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
 
 
+@functools.cache
 def tiles(N: int, K: int, nprog: int, rows: int, operands: int = 1) -> tuple[int, int, int]:
     """(BN, CH, BK) of a phase with N output columns over K inputs: BN columns a chunk and CH chunks a
     program, choosing the fewest columns for the busiest program (then the widest chunk); BK inputs a

@@ -19,6 +19,7 @@ argmax after penalty and bans (temperature, top-k and top-p never change the arg
 from __future__ import annotations
 
 import functools
+import importlib
 import os
 from dataclasses import dataclass, fields
 
@@ -64,18 +65,20 @@ def sample(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
     top_k <= 0 or >= V means no top-k filter; top_p >= 1 means no top-p filter. Ties at a
     top-k or top-p cutoff value are kept (transformers keeps top-k ties too). On CUDA one Triton
     kernel (synth/sample_kernel.py) draws the same ids as this PyTorch code (sample_torch)."""
-    if logits.is_cuda and _kernel() is not None:
-        return _kernel().sample(logits, temperature, top_k, top_p, greedy, seed, counter, stream)
+    kernel = kernel_module("sample_kernel") if logits.is_cuda else None
+    if kernel is not None:
+        return kernel.sample(logits, temperature, top_k, top_p, greedy, seed, counter, stream)
     return sample_torch(logits, temperature, top_k, top_p, greedy, seed, counter, stream)
 
 
 @functools.cache
-def _kernel():
+def kernel_module(name: str):
+    """The Triton kernel module synth.<name>, or None where Triton is missing (then the PyTorch code runs
+    everywhere). Also used by synth.model for its attention and persistent kernels."""
     try:
-        from talkgate.synth import sample_kernel
-    except ImportError:                 # no Triton: the PyTorch code everywhere
+        return importlib.import_module(f"talkgate.synth.{name}")
+    except ImportError:
         return None
-    return sample_kernel
 
 
 def sample_torch(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
