@@ -2,7 +2,7 @@
 
 Usage (repo root on a GPU machine):
     mkdir -p /tmp/p && ln -s $PWD /tmp/p/talkgate && PYTHONPATH=/tmp/p python bench/decoder.py
-Options: --batches 1,8,32,128,256  --precisions bf16,fp16,fp32-tf32,fp32  --iters 30  --compile
+Options: --batches 1,8,32,128,256  --precisions bf16,fp16,fp32-tf32,fp32,fp32-engine  --iters 30  --compile
 
 Random weights in the released layout (speech tokenizer weights cannot be downloaded here). Rows use
 scattered slots of a 256+1-slot pool whose windows are full (positions > 72). Also checks that a
@@ -18,13 +18,14 @@ import torch
 
 from talkgate.synth.codec_decoder import load_codec_decoder, write_random_codec_decoder
 
+# fp32-engine: torch's defaults, which the engine keeps (TF32 convolutions, exact float32 matmuls)
 PRECISIONS = {"bf16": (torch.bfloat16, False), "fp16": (torch.float16, False), "fp32-tf32": (torch.float32, True),
-              "fp32": (torch.float32, False)}
+              "fp32": (torch.float32, False), "fp32-engine": (torch.float32, "convolutions")}
 
 
-def set_tf32(on: bool):
-    torch.backends.cuda.matmul.allow_tf32 = on
-    torch.backends.cudnn.allow_tf32 = on
+def set_tf32(on):
+    torch.backends.cuda.matmul.allow_tf32 = on is True
+    torch.backends.cudnn.allow_tf32 = bool(on)
 
 
 def fill_state(state, gen):
@@ -115,10 +116,10 @@ def bench_compiled(path, batches, iters, gen):
 
 
 def profile(path, batches, gen):
-    """Which kernels an eager step launches and where the GPU time goes (bf16)."""
+    """Which kernels an eager step launches and where the GPU time goes (float32 as the engine runs it)."""
     from torch.profiler import ProfilerActivity, profile as torch_profile
-    set_tf32(False)
-    model = load_codec_decoder(path, "cuda", torch.bfloat16)
+    set_tf32("convolutions")
+    model = load_codec_decoder(path, "cuda", torch.float32)
     state = model.alloc_state(max(batches) + 1)
     fill_state(state, gen)
     for B in batches:
@@ -132,7 +133,7 @@ def profile(path, batches, gen):
             torch.cuda.synchronize()
         kernels = [e for e in prof.events() if e.device_type.name == "CUDA"]
         busy = sum(e.device_time for e in kernels) / 1e3
-        print(f"bf16 B={B}: {len(kernels)} kernels per step, {busy:.3f} ms of kernel time")
+        print(f"fp32-engine B={B}: {len(kernels)} kernels per step, {busy:.3f} ms of kernel time")
         print(prof.key_averages().table(sort_by="device_time_total", row_limit=12, max_name_column_width=60))
 
 
