@@ -4,9 +4,10 @@
     python -m talkgate.bench.engine /tmp/ck06 --batches 1,8,32,128,256 --json /tmp/engine.json
 
 Step time: B contexts with all their text given (fixed_frames, so random weights run to length) are
-prefilled, then the engine's own loop body (`Engine.run_once`: commands, schedule, runner step with
-its one copy back, events) is timed per step; median of `--steps` steps. RTF = step ms / 80 ms (one
-frame is 80 ms of audio for every context in the step). First PCM: on the started engine (its own
+prefilled, then the engine's own loop body (`Engine.run_once`: commands, schedule, runner launch, the
+last step's audio, this step's codes, events; the host's work overlaps the GPU's decode) is timed per
+step; median of `--steps` steps. RTF = step ms / 80 ms (one frame is 80 ms of audio for every context in
+the step). First PCM: on the started engine (its own
 thread), from append_text + end_text of a new context to the engine handing over its first
 AudioChunk (t_emitted), median of `--latency-runs`, with nothing else running.
 """
@@ -62,7 +63,7 @@ def step_times(engine: Engine, batch: int, steps: int, sampling: SamplingParams,
         times.append((time.perf_counter() - t0) * 1000)
     running = len(engine.scheduler.running)
     parts = {}
-    for part in ("talker", "head"):                           # the two graphs alone, replayed
+    for part in ("talker", "codes", "decode"):                # the three graphs alone, replayed in turn
         g = engine.runner.graphs.get((part, engine.runner._bucket(batch)))
         if g is not None:
             parts[f"{part}_graph_ms"] = graph_ms(g, steps)
@@ -76,7 +77,7 @@ def step_times(engine: Engine, batch: int, steps: int, sampling: SamplingParams,
 
 
 def first_pcm_ms(engine: Engine, runs: int, sampling: SamplingParams) -> tuple[list[float], list[float]]:
-    """-> (text ready -> first PCM, the engine step that made it: prefill + head + copies + events) in ms."""
+    """-> (text ready -> first PCM, the engine step that made its codes: prefill + Talker + codes + copies) in ms."""
     out, steps = [], []
     step_ms: list[float] = []
     engine.on_step = lambda dt, rows: step_ms.append(dt)
@@ -142,38 +143,6 @@ def profile_steps(engine: Engine, batch: int, sampling: SamplingParams, steps: i
     return prof.key_averages().table(sort_by="cuda_time_total", row_limit=25)
 
 
-def head_parts(engine: Engine, batch: int, reps: int = 20) -> dict:
-    """The head graph's two halves, each captured alone at `batch` rows and replayed: codebook 0 + the
-    15 code-predictor steps with sampling (sample_codes), and one codec-decoder step."""
-    from talkgate.synth.model import sample_codes
-    from talkgate.synth.sampling import FrameSampler
-    r = engine.runner
-    slots = torch.arange(batch, device=r.device)
-    frame = torch.full((batch,), 5, device=r.device)
-    codes = torch.zeros(batch, 16, 1, dtype=torch.long, device=r.device)
-    allow = torch.ones(batch, dtype=torch.bool, device=r.device)
-    parts = {
-        "codes": lambda: sample_codes(r.talker, r.predictor, r.hidden[:batch], FrameSampler(r.sampling.index(slots), frame),
-                                      r.seen[slots], allow),
-        "decoder": lambda: r.decoder.decode_step(codes, slots, r.dec_state),
-    }
-    out = {}
-    with torch.inference_mode():
-        for name, fn in parts.items():
-            s = torch.cuda.Stream()
-            s.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(s):
-                fn()
-            torch.cuda.current_stream().wait_stream(s)
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g):
-                fn()
-            g.replay()
-            out[f"{name}_graph_ms"] = graph_ms(g, reps)
-            del g
-    return out
-
-
 # ----- decode attention probe: the Talker's per-slot attention, gathered SDPA vs synth.attention -----
 def attention_probe(batches, L=878, slots=257, layers=28) -> list[dict]:
     """One layer's one-token attention, bf16, 0.6B shapes, ms for `layers` layers: gathering the rows'
@@ -230,7 +199,6 @@ def main(argv=None) -> None:
     p.add_argument("--profile", default="", help="batch sizes to profile (torch.profiler top kernels), e.g. 1,256")
     p.add_argument("--max-prefills", type=int, default=16)
     p.add_argument("--decoder-dtype", help="codec decoder dtype (default float32)")
-    p.add_argument("--parts", action="store_true", help="time the head's halves (codes, decoder) as graphs alone")
     p.add_argument("--attention-probe", action="store_true", help="time the Talker's decode attention alone")
     p.add_argument("--no-persistent", action="store_true",
                    help="no persistent kernels (synth/persistent.py): the per-layer paths at every batch size")
@@ -262,12 +230,10 @@ def main(argv=None) -> None:
            "warmup_s": round(warm_s, 2), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "steps": []}
     for b in batches:
         r = step_times(engine, b, a.steps, sampling)
-        if a.parts and cuda:
-            r.update(head_parts(engine, b))
         res["steps"].append(r)
         print(f"batch {b:4d}: {r['step_ms_median']:8.3f} ms/step  RTF {r['rtf']:.4f}  {r['frames_per_s']:9.1f} frames/s"
-              f"  talker graph {r.get('talker_graph_ms')} ms, head graph {r.get('head_graph_ms')} ms"
-              f" (codes {r.get('codes_graph_ms')}, decoder {r.get('decoder_graph_ms')})", flush=True)
+              f"  graphs alone: talker {r.get('talker_graph_ms')} ms, codes {r.get('codes_graph_ms')} ms,"
+              f" decode {r.get('decode_graph_ms')} ms", flush=True)
     if a.late:
         res["late"] = r = step_times(engine, 1, a.steps, sampling, skip=a.late)
         print(f"batch 1 from frame {a.late}: {r['step_ms_median']:.3f} ms/step, talker graph {r.get('talker_graph_ms')} ms",
@@ -286,10 +252,11 @@ def main(argv=None) -> None:
                            "its_step_median": round(statistics.median(first_steps), 3)}
     if cuda:
         res["peak_memory_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
-    print("\n| batch | ms / frame step | RTF | frames/s | talker graph ms | head graph ms |\n| --- | --- | --- | --- | --- | --- |")
+    print("\n| batch | ms / frame step | RTF | frames/s | graphs alone ms: talker / codes / decode |\n"
+          "| --- | --- | --- | --- | --- |")
     for r in res["steps"]:
         print(f"| {r['batch']} | {r['step_ms_median']:.3f} | {r['rtf']:.4f} | {r['frames_per_s']:.0f} | "
-              f"{r.get('talker_graph_ms')} | {r.get('head_graph_ms')} |")
+              f"{r.get('talker_graph_ms')} / {r.get('codes_graph_ms')} / {r.get('decode_graph_ms')} |")
     print(f"text ready -> first PCM (batch 1, median of {len(lat)}): {res['first_pcm_ms']['median']:.2f} ms "
           f"(its engine step: {res['first_pcm_ms']['its_step_median']:.2f} ms)")
     if cuda:

@@ -12,8 +12,13 @@ Callers never wait for a step: open/append_text/end_text/cancel take the lock fo
 applies queued commands at the step boundary, then runs one step:
 
     prefill, decode = scheduler.schedule(now)      # who runs (pure Python)
-    out = runner.step(prefill, decode)             # every tensor lives in the runner; one D2H copy
-    self._postprocess(prefill + decode, out)       # events out, finished contexts freed
+    step = runner.launch(prefill, decode)          # every tensor lives in the runner
+    self._emit_audio()                             # the last step's PCM, decoded while this one was launched
+    self._postprocess(prefill + decode, runner.codes_of(step))    # eos, limits; this step's audio pending
+
+A frame's audio is emitted once its decode is done, during the next step (or at once when no next step
+runs), before that next step's codes are looked at; a context that reached its frame limit gets its
+ContextDone right after its last AudioChunk.
 
 Events are handed to each context's sink under the lock, after checking the context's cancelled
 flag: once cancel(ctx) has returned, no event of ctx is emitted. A cancelled context's slot is free
@@ -64,6 +69,8 @@ class Engine:
         self._stopping = False
         self._start_error: BaseException | None = None
         self._steps = self._frames = 0
+        # the last launched step's frames whose PCM is not emitted yet: (step, [(row, req, frame, finish)])
+        self._audio: tuple | None = None
         self._step_ms_last = self._step_ms_total = 0.0
         # called on the engine thread after every step with (ms, contexts in the step); must not block
         self.on_step = None
@@ -212,19 +219,22 @@ class Engine:
                     self._finish(req, "eos")                    # empty text: nothing to say
 
     def _step(self) -> bool:
-        """One step over every ready context; False when nobody was ready."""
+        """One step over every ready context, and the last step's audio; False when there was neither."""
         prefill, decode = self.scheduler.schedule(time.perf_counter())
         if not prefill and not decode:
-            return False
+            return self._emit_audio()
         t0 = time.perf_counter()
         try:
-            out = self.runner.step(prefill, decode)
+            step = self.runner.launch(prefill, decode)
+            self._emit_audio()
+            codes = self.runner.codes_of(step)
         except Exception as e:                                  # fail this step's contexts, keep serving
             log.exception("engine step failed")
+            self._audio = None
             for req in prefill + decode:
                 self._fail(req, e)
             return True
-        self._postprocess(prefill + decode, out)
+        self._postprocess(step, prefill + decode, codes)
         dt = (time.perf_counter() - t0) * 1000
         self._steps += 1
         self._step_ms_last, self._step_ms_total = dt, self._step_ms_total + dt
@@ -232,22 +242,41 @@ class Engine:
             self.on_step(dt, len(prefill) + len(decode))
         return True
 
-    def _postprocess(self, reqs: list[Request], out: np.ndarray) -> None:
-        """out[i] = [16 codes, 1920 samples] of reqs[i]'s new frame (codes as float32)."""
+    def _postprocess(self, step, reqs: list[Request], codes: np.ndarray) -> None:
+        """codes[i] = the 16 codes of reqs[i]'s new frame: finish on eos; otherwise its audio is pending
+        (emitted by _emit_audio) and a context at its frame limit stops being scheduled."""
         eos = self.runner.codec_eos
-        now = time.perf_counter()
-        for req, row in zip(reqs, out):
+        frames = []
+        for i, req in enumerate(reqs):
             if req.cancelled:
                 continue
-            if int(row[0]) == eos:                             # the runner only lets eos through if allowed
+            if int(codes[i, 0]) == eos:                         # the runner only lets eos through if allowed
                 self._finish(req, "eos")
                 continue
-            self._emit(req, AudioChunk(req.context, row[16:].copy(), req.frames, 1, now))
             req.frames += 1
             self._frames += 1
             limit, reason = req.limit()
-            if req.frames >= limit:
-                self._finish(req, reason)
+            finish = reason if req.frames >= limit else None
+            if finish is not None:
+                self.scheduler.remove(req)
+            frames.append((i, req, req.frames - 1, finish))
+        self._audio = (step, frames) if frames else None
+
+    def _emit_audio(self) -> bool:
+        """Hand the last step's PCM to its contexts (waits for its decode); False if none was pending."""
+        if self._audio is None:
+            return False
+        step, frames = self._audio
+        self._audio = None
+        pcm = self.runner.audio_of(step)
+        now = time.perf_counter()
+        for i, req, frame, finish in frames:
+            if req.cancelled:
+                continue
+            self._emit(req, AudioChunk(req.context, pcm[i].copy(), frame, 1, now))
+            if finish is not None:
+                self._finish(req, finish)
+        return True
 
     def _emit(self, req: Request, ev: EngineEvent) -> None:
         with self._lock:

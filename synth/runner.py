@@ -4,20 +4,30 @@ Per-context GPU state lives in pools indexed by slot (num_slots + 1 rows: the la
 that padded batch rows write to): the Talker's static KV, the codec-embedding sum of the last frame
 (the next Talker input minus its text token), sampling parameters, seed, repetition-penalty history
 (codebook-0 ids seen) and the codec decoder's carried state. Per step the host sends one small int64
-block (slot, position, text id, frame index per row) and gets back one float32 block (16 codes and
-1920 samples per row): one host-to-device and one device-to-host copy a step.
+block (slot, position, text id, frame index per row) and gets back the 16 codes per row, then the
+1920 samples per row: one host-to-device and two device-to-host copies a step.
 
-A step is two parts, each one CUDA graph per batch bucket ([1, 2, 4, 8] + multiples of 16 up to
-max_batch, captured largest first in one memory pool):
+A step is three parts, each one CUDA graph per batch bucket ([1, 2, 4, 8] + multiples of 16 up to
+max_batch, captured largest first):
   talker:  x = next_embed[slot] + embed_text(text id); hidden = Talker(x, position, slot)
-  head:    codebook 0 from the Talker head (repetition penalty, control ids suppressed, eos allowed
-           from frame 2 unless fixed_frames), 15 code-predictor steps with sampling inside, the
-           embedding sum for the next step, and one incremental decoder step -> 1920 samples.
+  codes:   codebook 0 from the Talker head (repetition penalty, control ids suppressed, eos allowed
+           from frame 2 unless fixed_frames), 15 code-predictor steps with sampling inside, and the
+           embedding sum for the next step
+  decode:  one incremental codec-decoder step of those codes -> 1920 samples a row
+launch() queues a step and returns; codes_of() waits for its codes, audio_of() for its PCM. The next
+step needs only the codes, so the host's work between steps (events, scheduling, the next launch) runs
+while the GPU decodes: the engine takes step t's codes, launches step t + 1 (queued behind step t's
+decode on the same stream), then hands out step t's audio, then waits for step t + 1's codes. All on
+one stream, in order: the decoder of step t on a stream of its own beside step t + 1 was measured (H100,
+docs/benchmarks.md) and lost at batch 1, where the persistent kernels hold every SM (first PCM 11.0
+against 7.8 ms), and hung a GPU test once.
 New contexts are prefilled eagerly (batched, right-padded: the padding's KV sits beyond the row's
 position and is overwritten before it is ever attended) and their last hidden state joins the
-running rows' in the head, so a new context's first frame and PCM come out of the same step.
+running rows' in the codes part, so a new context's first frame and PCM come out of the same step.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -28,10 +38,19 @@ from talkgate.synth.request import Request
 from talkgate.synth.sampling import FrameSampler, RowSampling
 
 CODES = 16
-OUT_COLS = CODES + FRAME_SAMPLES
 PREFILL_ROWS = (1, 2, 4)               # prefill graph buckets: new contexts per graph (more: in chunks)
 NO_EOS = 1 << 40                       # eos allowed from this frame on, for fixed_frames contexts: never
 EOS_FROM = 2                           # the reference's min_new_tokens
+
+
+@dataclass
+class Launched:
+    """One launched step: its rows (decode rows first on the GPU, reported prefill rows first) and
+    which of the two host buffers its PCM goes to."""
+    n: int
+    nd: int
+    prefill: bool
+    buf: int
 
 
 def batch_buckets(max_batch: int) -> list[int]:
@@ -70,7 +89,8 @@ class Runner:
             # static step buffers: rows [:b] are the batch
             self.inputs = torch.zeros(4, B, dtype=torch.long)     # slot, position, text id, frame
             self.hidden = torch.zeros(B, H, dtype=dtype)
-            self.out = torch.zeros(B, OUT_COLS)
+            self.codes = torch.zeros(B, CODES, dtype=torch.long)
+            self.pcm = torch.zeros(B, FRAME_SAMPLES)
             R = PREFILL_ROWS[-1]
             self.pre_x = torch.zeros(R, max_prompt, H, dtype=dtype)
             self.pre_pos = torch.arange(max_prompt).expand(R, max_prompt)
@@ -78,8 +98,15 @@ class Runner:
             self.pre_h = torch.zeros(R, H, dtype=dtype)
         pin = self.use_graphs
         self.inputs_host = torch.zeros(4, B, dtype=torch.long, pin_memory=pin)
-        self.out_host = torch.zeros(B, OUT_COLS, pin_memory=pin)
-        self.pre_host = torch.zeros(2, PREFILL_ROWS[-1], dtype=torch.long, pin_memory=pin)
+        self.codes_host = torch.zeros(B, CODES, dtype=torch.long, pin_memory=pin)
+        self.pcm_host = [torch.zeros(B, FRAME_SAMPLES, pin_memory=pin) for _ in range(2)]   # steps t, t + 1
+        self.launches = 0
+        cuda = device.type == "cuda"
+        self.codes_done = torch.cuda.Event() if cuda else None
+        self.pcm_done = [torch.cuda.Event() if cuda else None for _ in range(2)]
+        # one block per prefill chunk of a step: a chunk's copy may still be pending when the next is written
+        self.pre_host = torch.zeros(self.max_batch // PREFILL_ROWS[-1] + 1, 2, PREFILL_ROWS[-1], dtype=torch.long,
+                                    pin_memory=pin)
         # batch 1 has its own graphs although compiled functions specialize size 1 apart (more compiles at
         # warm-up): a padding row costs the code predictor's persistent kernel 0.4 ms a step
         self.buckets = batch_buckets(max(self.max_batch, 2))
@@ -99,42 +126,63 @@ class Runner:
 
     # ----- one step -----
     @torch.inference_mode()
-    def step(self, prefill: list[Request], decode: list[Request]) -> np.ndarray:
-        """Frame `frames` of every row (prefill rows first): [rows, 16 codes + 1920 samples]."""
+    def launch(self, prefill: list[Request], decode: list[Request]) -> Launched:
+        """Queue frame `frames` of every row: Talker, codes (then copied back), decoder (then copied back)."""
         nd, n = len(decode), len(prefill) + len(decode)
         # decode rows first in the static buffers; a prefill row's position 0 is only written by the
         # talker graph's padding rows, and the prefill that runs after it overwrites it
         rows = decode + prefill
-        b_head = self._bucket(n)
+        b = self._bucket(n)
+        launched = Launched(n, nd, bool(prefill), self.launches % 2)
+        self.launches += 1
         host = self.inputs_host.numpy()
-        host[:, :n] = np.array([(r.slot, max(r.prompt_len + r.frames - 1, 0), r.next_text_id(self.text_eos, self.text_pad),
-                                 r.frames) for r in rows], dtype=np.int64).T
-        host[:, n:b_head] = np.array([[self.dummy], [0], [self.text_pad], [0]])
-        self.inputs[:, :b_head].copy_(self.inputs_host[:, :b_head], non_blocking=True)
+        host[:, :n] = np.array([(r.slot, max(r.prompt_len + r.frames - 1, 0),
+                                 r.next_text_id(self.text_eos, self.text_pad), r.frames) for r in rows],
+                               dtype=np.int64).T
+        host[:, n:b] = np.array([[self.dummy], [0], [self.text_pad], [0]])
+        self.inputs[:, :b].copy_(self.inputs_host[:, :b], non_blocking=True)
         if nd:
-            self._run("talker", self._bucket(nd), nd)
+            self._run("talker", self._bucket(nd))
         if prefill:
             self._prefill(prefill, nd)
-        self._run("head", b_head, n)
-        self.out_host[:n].copy_(self.out[:n], non_blocking=True)
-        if self.device.type == "cuda":
-            torch.cuda.current_stream().synchronize()
-        out = self.out_host[:n].numpy()
-        return np.concatenate([out[nd:], out[:nd]]) if prefill and nd else out
+        self._run("codes", b)
+        self.codes_host[:n].copy_(self.codes[:n], non_blocking=True)
+        if self.codes_done is not None:
+            self.codes_done.record()
+        self._run("decode", b)
+        self.pcm_host[launched.buf][:n].copy_(self.pcm[:n], non_blocking=True)
+        if self.pcm_done[launched.buf] is not None:
+            self.pcm_done[launched.buf].record()
+        return launched
+
+    def codes_of(self, step: Launched) -> np.ndarray:
+        """[rows, 16] int64 codes of a launched step (waits for them), prefill rows first."""
+        if self.codes_done is not None:
+            self.codes_done.synchronize()
+        return self._prefill_first(step, self.codes_host[:step.n].numpy())
+
+    def audio_of(self, step: Launched) -> np.ndarray:
+        """[rows, 1920] float32 PCM of a launched step (waits for it), prefill rows first. Valid until two
+        more steps are launched."""
+        if self.pcm_done[step.buf] is not None:
+            self.pcm_done[step.buf].synchronize()
+        return self._prefill_first(step, self.pcm_host[step.buf][:step.n].numpy())
+
+    @staticmethod
+    def _prefill_first(step: Launched, out: np.ndarray) -> np.ndarray:
+        return np.concatenate([out[step.nd:], out[:step.nd]]) if step.prefill and step.nd else out
 
     def _bucket(self, n: int) -> int:
         if not self.use_graphs:
             return n
         return next(b for b in self.buckets if b >= n)
 
-    def _run(self, part: str, b: int, n: int) -> None:
+    def _run(self, part: str, b: int) -> None:
         g = self.graphs.get((part, b))
         if g is not None:
             g.replay()
-        elif part == "talker":
-            self._talker_step(b)
         else:
-            self._head_step(b)
+            {"talker": self._talker_step, "codes": self._codes_step, "decode": self._decode_step}[part](b)
 
     def _prefill(self, reqs: list[Request], row0: int) -> None:
         """Prompt + text token 0 of each new context into its KV; last hidden -> hidden[row0 + i].
@@ -149,10 +197,11 @@ class Runner:
             self.pre_x[:rows, :T].zero_()
             for j, e in enumerate(embeds):
                 self.pre_x[j, :e.shape[0]] = e
-            host = self.pre_host.numpy()
+            block = self.pre_host[i // PREFILL_ROWS[-1]]
+            host = block.numpy()
             host[0, :rows] = [r.slot for r in chunk] + [self.dummy] * (rows - n)
             host[1, :rows] = [l - 1 for l in lengths] + [0] * (rows - n)
-            self.pre_idx[:, :rows].copy_(self.pre_host[:, :rows], non_blocking=True)
+            self.pre_idx[:, :rows].copy_(block[:, :rows], non_blocking=True)
             g = self.graphs.get(("prefill", rows, T))
             if g is not None:
                 g.replay()
@@ -173,21 +222,23 @@ class Runner:
         x = self.next_embed[slots] + self.talker.embed_text(text)
         self.hidden[:b] = self.talker(x[:, None], pos[:, None], slots)[:, 0]
 
-    def _head_step(self, b: int) -> None:
+    def _codes_step(self, b: int) -> None:
         slots, frame = self.inputs[0, :b], self.inputs[3, :b]
         h = self.hidden[:b]
         sampler = FrameSampler(self.sampling.index(slots), frame)
         seen = self.seen[slots]
         codes, embed_sum = sample_codes(self.talker, self.predictor, h, sampler, seen,
                                         frame >= self.min_frames[slots])
-        code0 = codes[:, 0]
-        self.seen[slots] = seen.scatter_(1, code0[:, None], True)
+        self.seen[slots] = seen.scatter_(1, codes[:, :1], True)
         self.next_embed[slots] = embed_sum.to(self.dtype)
+        self.codes[:b] = codes
+
+    def _decode_step(self, b: int) -> None:
+        codes = self.codes[:b, :, None]
         # an eos frame is never emitted; its codebook-0 id is out of the decoder's range
-        dec_codes = torch.cat([torch.where(code0 == self.codec_eos, 0, code0)[:, None], codes[:, 1:]], 1)
-        pcm = self.decoder.decode_step(dec_codes[:, :, None], slots, self.dec_state)
-        self.out[:b, :CODES] = codes.float()
-        self.out[:b, CODES:] = pcm
+        code0 = codes[:, :1]
+        codes = torch.cat([torch.where(code0 == self.codec_eos, 0, code0), codes[:, 1:]], 1)
+        self.pcm[:b] = self.decoder.decode_step(codes, self.inputs[0, :b], self.dec_state)
 
     # ----- warm-up and capture -----
     def warmup(self) -> None:
@@ -199,8 +250,10 @@ class Runner:
         with torch.inference_mode():
             self.inputs.zero_()
             self.inputs[0] = self.dummy
-            self._talker_step(self.buckets[-1])
-            self._head_step(self.buckets[-1])
+            B = self.buckets[-1]
+            self._talker_step(B)
+            self._codes_step(B)
+            self._decode_step(B)
             self.pre_idx[0] = self.dummy
             self._prefill_step(self.prefill_rows[-1], self.prefill_lens[0])
             if not self.use_graphs:
@@ -209,7 +262,8 @@ class Runner:
             pool = torch.cuda.graph_pool_handle()
             for b in reversed(self.buckets):
                 self._capture(("talker", b), pool, self._talker_step, b)
-                self._capture(("head", b), pool, self._head_step, b)
+                self._capture(("codes", b), pool, self._codes_step, b)
+                self._capture(("decode", b), pool, self._decode_step, b)
             for rows in reversed(self.prefill_rows):
                 for T in reversed(self.prefill_lens):
                     self._capture(("prefill", rows, T), pool, self._prefill_step, rows, T)
