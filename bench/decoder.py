@@ -3,6 +3,7 @@
 Usage (repo root on a GPU machine):
     mkdir -p /tmp/p && ln -s $PWD /tmp/p/talkgate && PYTHONPATH=/tmp/p python bench/decoder.py
 Options: --batches 1,8,32,128,256  --precisions bf16,fp16,fp32-tf32,fp32,fp32-engine  --iters 30  --compile
+         --matmul-macs 0,1073741824  (synth.codec_decoder.MATMUL_MACS values to time, default: as shipped)
 
 Random weights in the released layout (speech tokenizer weights cannot be downloaded here). Rows use
 scattered slots of a 256+1-slot pool whose windows are full (positions > 72). Also checks that a
@@ -16,6 +17,7 @@ import traceback
 
 import torch
 
+from talkgate.synth import codec_decoder
 from talkgate.synth.codec_decoder import load_codec_decoder, write_random_codec_decoder
 
 # fp32-engine: torch's defaults, which the engine keeps (TF32 convolutions, exact float32 matmuls)
@@ -164,6 +166,8 @@ def main():
     ap.add_argument("--precisions", default="bf16,fp16,fp32-tf32,fp32")
     ap.add_argument("--iters", type=int, default=30)
     ap.add_argument("--compile", action="store_true", help="also time torch.compile'd eager steps (bf16; B=1, max B)")
+    ap.add_argument("--matmul-macs", default=str(codec_decoder.MATMUL_MACS),
+                    help="convolutions of at most this many multiply-adds run as one multiply; several: each timed")
     args = ap.parse_args()
     batches = [int(b) for b in args.batches.split(",")]
     gen = torch.Generator().manual_seed(0)
@@ -176,14 +180,17 @@ def main():
         print("| precision | B | eager ms/step | CUDA graph ms/step | graph us/row | graph-vs-eager max diff (pcm, state) |")
         print("| --- | --- | --- | --- | --- | --- |")
         for name in args.precisions.split(","):
-            try:
-                rows, peak = bench_precision(name, path, batches, args.iters, gen)
-            except Exception:
-                traceback.print_exc()
-                continue
-            for name_, B, eager, graph, diff, sdiff in sorted(rows, key=lambda r: r[1]):
-                print(f"| {name_} | {B} | {eager:.3f} | {graph:.3f} | {graph / B * 1e3:.1f} | {diff:.1e}, {sdiff:.1e} |")
-            print(f"| {name} peak GPU memory {peak:.2f} GiB (state pool of {max(batches) + 1} slots included) |")
+            for macs in [int(c) for c in args.matmul_macs.split(",")]:
+                codec_decoder.MATMUL_MACS = macs
+                try:
+                    rows, peak = bench_precision(name, path, batches, args.iters, gen)
+                except Exception:
+                    traceback.print_exc()
+                    continue
+                label = f"{name}, multiply <= 2^{macs.bit_length() - 1 if macs else '-inf'} MACs"
+                for _, B, eager, graph, diff, sdiff in sorted(rows, key=lambda r: r[1]):
+                    print(f"| {label} | {B} | {eager:.3f} | {graph:.3f} | {graph / B * 1e3:.1f} | {diff:.1e}, {sdiff:.1e} |")
+                print(f"| {label} peak GPU memory {peak:.2f} GiB (state pool of {max(batches) + 1} slots included) |")
         try:
             profile(path, [1, max(batches)], gen)
         except Exception:

@@ -180,6 +180,14 @@ class _Stateful(nn.Module):
         return x
 
 
+# A small step's convolutions (at most this many multiply-adds) run as one matrix multiply of their
+# input windows: at batch 1 cuDNN picked NHWC kernels and converted input and weight from NCHW at every
+# call (nchwToNhwc, about 10 us each, 27 a step on the H100). Larger ones keep cuDNN (TF32), where the
+# exact float32 multiply costs more than the conversions (bench/decoder.py --matmul-macs on the H100:
+# at 2^28 and above, batch 8 lost 0.15-0.6 ms a step, batch 256 up to 0.9 ms; docs/benchmarks.md).
+MATMUL_MACS = 1 << 27
+
+
 class CausalConv(_Stateful):
     """Stride-1 conv padded on the left only (the reference pads zeros; a fresh state is zeros)."""
 
@@ -190,9 +198,18 @@ class CausalConv(_Stateful):
         self.context = (kernel_size - 1) * dilation
 
     def forward(self, x: torch.Tensor, tails: torch.Tensor) -> torch.Tensor:
+        B, _, n = x.shape
         if self.context:
             x = self.with_history(x, tails)
-        return self.conv(x)
+        w = self.conv.weight                                             # [C_out, C_in / groups, K]
+        c_out, c_in, k = w.shape
+        if self.conv.groups > 1 or c_out * c_in * k * B * n > MATMUL_MACS:
+            return self.conv(x)
+        # every row's windows side by side: one pass over the weight (one multiply per row read it B times)
+        sb, sc, st = x.stride()
+        windows = x.as_strided((c_in, k, B, n), (sc, self.conv.dilation[0] * st, sb, st)).reshape(c_in * k, B * n)
+        y = torch.addmm(self.conv.bias[:, None], w.view(c_out, c_in * k), windows)      # [C_out, B * n]
+        return y.view(c_out, B, n).transpose(0, 1).contiguous()
 
 
 class CausalTransConv(_Stateful):

@@ -6,8 +6,9 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from talkgate.synth import codec_decoder
 from talkgate.synth.codec_decoder import (
-    CodecCheckpointError, CodecDecoderConfig, load_codec_decoder, write_random_codec_decoder)
+    CausalConv, CodecCheckpointError, CodecDecoderConfig, load_codec_decoder, write_random_codec_decoder)
 
 # Tiny but complete: 16 codebooks, the real 72-frame window and the real 1920 samples per frame.
 TINY = dict(hidden_size=32, latent_dim=48, codebook_dim=32, codebook_size=64, num_attention_heads=2,
@@ -92,6 +93,23 @@ def test_streaming_equals_full_decode(tiny, policy):
     for got, expected in zip(streamed, full):
         assert got.shape == expected.shape
         assert (got - expected).abs().max() <= TOL
+
+
+@pytest.mark.parametrize("kernel, dilation", [(7, 3), (3, 1), (1, 1)])
+def test_small_steps_convolve_as_one_multiply(monkeypatch, kernel, dilation):
+    """A small step's convolution (windows times the weight) gives what the convolution gives, carried
+    frames included, for rows of a transposed (non-contiguous) input too."""
+    torch.manual_seed(0)
+    conv = CausalConv(6, 5, kernel, dilation=dilation)
+    x = torch.randn(3, 4, 6).transpose(1, 2)                      # [B, C, n], not contiguous
+    tails = torch.randn(3, 6 * conv.context)
+    outs = []
+    for macs in (0, 1 << 20):                                     # the convolution, then the multiply
+        monkeypatch.setattr(codec_decoder, "MATMUL_MACS", macs)
+        t = tails.clone()
+        outs.append((conv(x, t), t))
+    assert outs[0][0].shape == outs[1][0].shape == (3, 5, 4)
+    assert (outs[0][0] - outs[1][0]).abs().max() <= 1e-6 and torch.equal(outs[0][1], outs[1][1])
 
 
 def test_chunks_longer_than_the_window(tiny):
