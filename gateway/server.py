@@ -190,7 +190,9 @@ def create_app(engine: EngineClient, config: ServerConfig | None = None) -> web.
 async def _start(app: web.Application) -> None:
     gw: Gateway = app["gateway"]
     app["lag_watch"] = asyncio.create_task(gw.metrics.watch_loop_lag())
-    gw.pump = EventPump(asyncio.get_running_loop())
+    gw.pump = pump = EventPump(asyncio.get_running_loop())
+    if hasattr(gw.engine, "hold"):
+        gw.engine.hold = pump.behind            # the engine waits while the gateway is behind on its events
 
 
 async def _drain(app: web.Application) -> None:

@@ -47,6 +47,7 @@ log = logging.getLogger("talkgate.engine")
 DEFAULT_MAX_FRAMES = 750        # 60 s of audio per context
 DEFAULT_BUDGET_FACTOR = 4.0     # runaway guard: max(4 * frames_for_text, 50) frames
 DEFAULT_BUDGET_MIN = 50
+HOLD_POLL_S = 0.001             # how often a held engine asks again
 
 
 class Engine:
@@ -74,6 +75,9 @@ class Engine:
         self._step_ms_last = self._step_ms_total = 0.0
         # called on the engine thread after every step with (ms, contexts in the step); must not block
         self.on_step = None
+        # called on the engine thread before every step: while it returns True the engine waits (the
+        # gateway's event pump is behind); must not block
+        self.hold = None
 
     @classmethod
     def from_pretrained(cls, path_or_id: str, device: str | None = None, dtype: str | None = None,
@@ -186,6 +190,9 @@ class Engine:
         self._ready.set()
         while not self._stopping:
             self._wake.clear()
+            if self.hold is not None and self.hold():
+                time.sleep(HOLD_POLL_S)
+                continue
             if not self.run_once():
                 self._wake.wait(timeout=0.5)
 

@@ -125,6 +125,21 @@ def test_waiting_context_does_not_block_others(engine):
     assert len(waiting.wait().chunks) == 12
 
 
+def test_held_engine_steps_nothing_until_released(engine):
+    """Engine.hold (the gateway's event pump is behind) stops steps, not contexts: nothing is lost."""
+    held = threading.Event()
+    held.set()
+    engine.hold = held.is_set
+    try:
+        _, sink = speak(engine, [TEXT])
+        time.sleep(0.3)
+        assert sink.events == []
+        held.clear()
+        assert sink.wait().last.reason == "length" and len(sink.chunks) == 12
+    finally:
+        engine.hold = None
+
+
 def test_context_waits_for_its_next_token(engine):
     """With text still open, a context cannot run ahead of its committed tokens (one token a frame)."""
     ctx, sink = speak(engine, ["Hello there "], ContextParams(sampling=GREEDY, fixed_frames=40), end=False)
