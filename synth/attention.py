@@ -40,15 +40,46 @@ def _norm_rope(X, rows, d, rot, sign, cos, sin, W, eps, D: tl.constexpr, DT: tl.
 
 
 @triton.jit
+def _softmax_step(q, kb, vb, valid, m, l, acc, scale):
+    """One block of keys kb and values vb [BLOCK, D] (float32, `valid` positions) into the online softmax."""
+    s = tl.sum(q[:, None, :] * kb[None, :, :], axis=2) * scale
+    s = tl.where(valid[None, :], s, float("-inf"))
+    m_new = tl.maximum(m, tl.max(s, axis=1))
+    alpha = tl.exp(m - m_new)
+    p = tl.exp(s - m_new[:, None])
+    l = l * alpha + tl.sum(p, axis=1)
+    acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * vb[None, :, :], axis=1)
+    return m_new, l, acc
+
+
+@triton.jit
+def _attend_block(q, K, V, base, skl, first, stop, d, m, l, acc, scale, BLOCK: tl.constexpr):
+    """The online softmax state after cache positions [first, min(first + BLOCK, stop)) too."""
+    pos = first + tl.arange(0, BLOCK)
+    valid = pos < stop
+    off = base + pos[:, None].to(tl.int64) * skl + d[None, :]
+    kb = tl.load(K + off, mask=valid[:, None], other=0.0).to(tl.float32)
+    vb = tl.load(V + off, mask=valid[:, None], other=0.0).to(tl.float32)
+    return _softmax_step(q, kb, vb, valid, m, l, acc, scale)
+
+
+@triton.jit
 def attend_range(ROW, QW, KW, eps, COS, SIN, K, V, base, skl, n, start, stop, new, scale, h, HQ: tl.constexpr,
                  HKV: tl.constexpr, GROUP: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr):
     """Kv head h of one token at position n, over cache positions [start, stop) and, when `new`, the token
     itself (its k/v written to the cache at n): ROW its fused q/k/v, COS/SIN its RoPE row [D] float32, base
     the cache offset of (slot, head h). -> the online softmax's state: max m [GROUP], sum l [GROUP] and
     weighted values acc [GROUP, D] (output = acc / l). Also called by synth/persistent.py's kernels, where
-    ROW is rewritten every layer: hence the L2-only (".cg") loads of it."""
+    ROW is rewritten every layer: hence the L2-only (".cg") loads of it. The first block of cached K/V
+    (written by earlier steps, never by this one) is loaded before the q/k norm and RoPE, so its memory
+    latency overlaps theirs: at batch 1 this phase is a chain of dependent loads, not bandwidth."""
     DT: tl.constexpr = K.dtype.element_ty
     d = tl.arange(0, D)
+    pos0 = start + tl.arange(0, BLOCK)
+    valid0 = pos0 < stop
+    off0 = base + pos0[:, None].to(tl.int64) * skl + d[None, :]
+    kb0 = tl.load(K + off0, mask=valid0[:, None], other=0.0)
+    vb0 = tl.load(V + off0, mask=valid0[:, None], other=0.0)
     rot = (d + D // 2) % D                                   # rotate_half: (-x2, x1)
     sign = tl.where(d < D // 2, -1.0, 1.0)[None, :]
     cos = _in_dtype(tl.load(COS + d).to(tl.float32), DT)[None, :]
@@ -68,20 +99,10 @@ def attend_range(ROW, QW, KW, eps, COS, SIN, K, V, base, skl, n, start, stop, ne
         m = tl.full([GROUP], float("-inf"), tl.float32)
         l = tl.zeros([GROUP], tl.float32)
         acc = tl.zeros([GROUP, D], tl.float32)
-    for first in range(start, stop, BLOCK):                  # cached positions
-        pos = first + tl.arange(0, BLOCK)
-        valid = pos < stop
-        off = base + pos[:, None].to(tl.int64) * skl + d[None, :]
-        kb = tl.load(K + off, mask=valid[:, None], other=0.0).to(tl.float32)
-        vb = tl.load(V + off, mask=valid[:, None], other=0.0).to(tl.float32)
-        s = tl.sum(q[:, None, :] * kb[None, :, :], axis=2) * scale
-        s = tl.where(valid[None, :], s, float("-inf"))
-        m_new = tl.maximum(m, tl.max(s, axis=1))
-        alpha = tl.exp(m - m_new)
-        p = tl.exp(s - m_new[:, None])
-        l = l * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * vb[None, :, :], axis=1)
-        m = m_new
+    if start < stop:                                         # without `new` a range is never empty
+        m, l, acc = _softmax_step(q, kb0.to(tl.float32), vb0.to(tl.float32), valid0, m, l, acc, scale)
+    for first in range(start + BLOCK, stop, BLOCK):          # the other cached positions
+        m, l, acc = _attend_block(q, K, V, base, skl, first, stop, d, m, l, acc, scale, BLOCK)
     return m, l, acc
 
 

@@ -48,7 +48,9 @@ def sample_row(LOGITS, V, temperature, top_k, top_p, greedy, seed, counter, stre
     k = tl.where(k <= 0, V, k)
     k = tl.minimum(tl.maximum(k, 1), V)
     # k-th largest key: the largest t with count(key >= t) >= k, searched over [lo, hi) in 16 parts at a
-    # time (8 rounds of one 16-way count instead of 32 halvings: each round is a sum across the warps)
+    # time (at most 8 rounds of one 16-way count instead of 32 halvings: each round is a sum across the
+    # warps). A cut that holds exactly k keys already gives the survivors (the keys >= it are the k largest),
+    # so the search stops there: about 4 rounds instead of 8 (simulated on 2048 normal and heavy-tailed logits)
     lo = tl.min(key, axis=0)
     hi = tl.max(key, axis=0) + 1
     if k < V:
@@ -56,8 +58,10 @@ def sample_row(LOGITS, V, temperature, top_k, top_p, greedy, seed, counter, stre
         while hi - lo > 1:
             cut = lo + part * ((hi - lo + 15) // 16)                                # cut[0] == lo
             count = tl.sum(((key[None, :] >= cut[:, None]) & valid[None, :]).to(tl.int32), axis=1)
-            new_lo = tl.max(tl.where((cut < hi) & (count >= k), cut, lo), axis=0)   # counts fall with the cut
-            hi = tl.min(tl.where((cut > new_lo) & (cut < hi), cut, hi), axis=0)
+            kept = (cut < hi) & (count >= k)
+            new_lo = tl.max(tl.where(kept, cut, lo), axis=0)                      # counts fall with the cut
+            exact = tl.min(tl.where(kept, count, V + 1), axis=0) == k             # the count at new_lo
+            hi = tl.where(exact, new_lo + 1, tl.min(tl.where((cut > new_lo) & (cut < hi), cut, hi), axis=0))
             lo = new_lo
     survivor = valid & (key >= lo)
 
