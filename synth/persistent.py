@@ -16,12 +16,18 @@ embedding, then the embeddings of codebooks 1..14) through the layers into a scr
     F  head t of the final norm -> logits    G  draw codebook t per row (synth/sample_kernel.py's
     P  small_to_mtp_projection (1.7B)           sample_row): its embedding joins the sum, feeds pass t + 1
 
+A phase streams its share of the weights as [BN, BK] tiles with PREFETCH weights in flight (_stream): a
+program arrives at a barrier, loads the next phase's first tiles into registers (_tiles), then waits, so
+the wait overlaps the stream; the phase's inputs are loaded once, in one L2 trip (_inputs). Streaming one
+tile at a time (the earlier code, at 255 registers with a 16k-value accumulator a row) moved about 13 GB/s
+an SM, a third of an H100's share of its bandwidth (per-phase clock stamps, docs/benchmarks.md).
+
 Values are rounded to the model dtype where the PyTorch path rounds them. Scratch written inside a launch
 is read with L2-only loads (".cg") after the barrier's acquire. In Triton's interpreter (the CPU tests) one
 program runs every phase and the barriers are skipped. Measured on an H100 (docs/benchmarks.md): a grid
-barrier costs about 1 us (spinning on an atomic; a volatile-load spin was slower), and an L2 prefetch of
-later phases' weights (at a layer's start, or while waiting at a barrier) made the kernels slower, so
-there is none.
+barrier costs about 0.7 us (spinning on an atomic; a volatile-load spin was slower), and an L2 prefetch of
+later phases' weights (at a layer's start, or while waiting at a barrier) made the kernels slower: the
+tiles loaded ahead go to registers instead.
 """
 from __future__ import annotations
 
@@ -38,19 +44,120 @@ from talkgate.synth.sample_kernel import sample_row
 # (H100: 4.7 ms against about 3.3); at 1 and 2 rows it wins (2.2 and 2.6 ms against about 3.2)
 MAX_ROWS = 2
 WARPS = 8
-TILE = 16384                     # columns x inputs of one row's multiply-add tile (registers)
+TILE = 8192                      # columns x inputs of one row's multiply-add tile (registers)
+PREFETCH = 24576                 # weights a program keeps in flight: the tiles loaded ahead (48 KB of bf16)
 SPLIT = 64                       # Talker attention: positions a program reads (a 878-position slot: 14 parts)
 
 
 @triton.jit
-def _grid_sync(SYNC, target, NPROG: tl.constexpr):
-    """Wait until every program has arrived (the counter reaches target); make their writes visible."""
+def _arrive(SYNC, NPROG: tl.constexpr):
+    """This program's half of a grid barrier: its writes so far are released to the other programs."""
     if NPROG > 1:
         tl.debug_barrier()
         tl.atomic_add(SYNC, 1, sem="release")
+
+
+@triton.jit
+def _wait(SYNC, target, NPROG: tl.constexpr):
+    """Wait until every program has arrived (the counter reaches target); make their writes visible.
+    Loads issued between _arrive and _wait (the next phase's first weight tile) stream in meanwhile."""
+    if NPROG > 1:
         while tl.atomic_add(SYNC, 0, sem="acquire") < target:
             pass
         tl.debug_barrier()
+
+
+@triton.jit
+def _grid_sync(SYNC, target, NPROG: tl.constexpr):
+    """A grid barrier with nothing to load meanwhile."""
+    _arrive(SYNC, NPROG)
+    _wait(SYNC, target, NPROG)
+
+
+@triton.jit
+def _tile(W, q, pid, N, active, K: tl.constexpr, BN: tl.constexpr, CH: tl.constexpr, BK: tl.constexpr,
+          NPROG: tl.constexpr):
+    """Tile q [BN, BK] of this program's share of W [OPS * N, K]: column chunk c = q // (K // BK) (operand
+    c // CH, its columns (pid + c % CH * NPROG) * BN..), inputs (q % (K // BK)) * BK... Inactive: loads nothing."""
+    NK: tl.constexpr = K // BK
+    c: tl.constexpr = q // NK
+    n = (pid + (c % CH) * NPROG) * BN + tl.arange(0, BN)
+    k = (q % NK) * BK + tl.arange(0, BK)
+    row = (c // CH) * N + n
+    return tl.load(W + row[:, None].to(tl.int64) * K + k[None, :], mask=((n < N) & active)[:, None], other=0.0,
+                   eviction_policy="evict_first")
+
+
+@triton.jit
+def _tiles(W, pid, N, active, K: tl.constexpr, BN: tl.constexpr, CH: tl.constexpr, BK: tl.constexpr,
+           OPS: tl.constexpr, NPROG: tl.constexpr, P: tl.constexpr):
+    """The first P tiles of a phase (a tuple): loaded while the program waits at the barrier before it, so
+    the phase starts with P tiles in flight and the barrier's microsecond overlaps the weight stream."""
+    ws = ()
+    for q in tl.static_range(P):
+        if q < OPS * CH * (K // BK):
+            ws = ws + (_tile(W, q, pid, N, active, K, BN, CH, BK, NPROG),)
+    return ws
+
+
+@triton.jit
+def _inputs(IN, nrows, active, K: tl.constexpr, BK: tl.constexpr, ROWS: tl.constexpr):
+    """The rows of IN [rows, K] as ROWS * (K // BK) chunks [BK] float32, row by row: all loads issued at
+    once (IN was written by other programs in this launch: L2-only loads)."""
+    kk = tl.arange(0, BK)
+    xs = ()
+    for r in tl.static_range(ROWS):
+        for k0 in tl.static_range(0, K, BK):
+            xs = xs + (tl.load(IN + r * K + k0 + kk, mask=(kk * 0 + r < nrows) & active, other=0.0,
+                               cache_modifier=".cg").to(tl.float32),)
+    return xs
+
+
+@triton.jit
+def _normed(xs, NW, eps, K: tl.constexpr, BK: tl.constexpr, ROWS: tl.constexpr, DT: tl.constexpr):
+    """RMSNorm (weight NW) of each row's chunks, rounded to the model dtype where the PyTorch path rounds."""
+    NK: tl.constexpr = K // BK
+    kk = tl.arange(0, BK)
+    out = ()
+    for r in tl.static_range(ROWS):
+        sq = tl.zeros([BK], tl.float32)
+        for i in tl.static_range(NK):
+            sq += xs[r * NK + i] * xs[r * NK + i]
+        inv = tl.rsqrt(tl.sum(sq, axis=0) / K + eps)
+        for i in tl.static_range(NK):
+            w = tl.load(NW + i * BK + kk).to(tl.float32)
+            out = out + (_in_dtype(_in_dtype(xs[r * NK + i] * inv, DT) * w, DT),)
+    return out
+
+
+@triton.jit
+def _stream(W, pid, N, active, xs, ws, K: tl.constexpr, BN: tl.constexpr, CH: tl.constexpr, BK: tl.constexpr,
+            OPS: tl.constexpr, ROWS: tl.constexpr, NPROG: tl.constexpr, P: tl.constexpr):
+    """This program's share of W [OPS * N, K] times the rows' inputs xs (_inputs): a tuple of OPS * CH
+    results [ROWS, BN] float32, one a column chunk (_tile). ws holds tiles 0..P-1 (_tiles); tile q + P is
+    loaded before tile q is used, so P tiles stay in flight (one at a time streamed at about 13 GB/s an SM,
+    a third of the H100's share). Each row has its own [BN, BK] accumulator in the tiles' layout (the row's
+    inputs broadcast over it), summed once a chunk: no layout conversion of the weights."""
+    NK: tl.constexpr = K // BK
+    NT: tl.constexpr = OPS * CH * NK
+    r = tl.arange(0, ROWS)[:, None]
+    out = ()
+    for q in tl.static_range(NT):
+        if q + P < NT:
+            ws = ws + (_tile(W, q + P, pid, N, active, K, BN, CH, BK, NPROG),)
+        w = ws[q].to(tl.float32)
+        if q % NK == 0:
+            acc0 = tl.zeros([BN, BK], tl.float32)
+            acc1 = tl.zeros([BN, BK], tl.float32)
+        acc0 += w * xs[q % NK][None, :]
+        if ROWS > 1:
+            acc1 += w * xs[NK + q % NK][None, :]
+        if q % NK == NK - 1:
+            res = tl.where(r == 0, tl.sum(acc0, axis=1)[None, :], 0.0)
+            if ROWS > 1:
+                res += tl.where(r == 1, tl.sum(acc1, axis=1)[None, :], 0.0)
+            out = out + (res,)
+    return out
 
 
 @triton.jit
@@ -64,41 +171,6 @@ def _rms_inv(X, nrows, eps, ROWS: tl.constexpr, H: tl.constexpr):
 
 
 @triton.jit
-def _row_in(IN, r, nrows, kk, NW, inv, active, K: tl.constexpr, NORM: tl.constexpr, DT: tl.constexpr):
-    """Inputs kk of row r of IN [rows, K] (RMS-normed with weight NW and 1/rms inv[r] when NORM), [BK]."""
-    x = tl.load(IN + r * K + kk, mask=(kk * 0 + r < nrows) & active, other=0.0, cache_modifier=".cg").to(tl.float32)
-    if NORM:
-        rinv = tl.sum(tl.where(tl.arange(0, inv.shape[0]) == r, inv, 0.0), axis=0)
-        x = _in_dtype(_in_dtype(x * rinv, DT) * tl.load(NW + kk).to(tl.float32), DT)
-    return x
-
-
-@triton.jit
-def _gemv(IN, nrows, NW, inv, W, n0, N, active, K: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-          ROWS: tl.constexpr, NORM: tl.constexpr, DT: tl.constexpr):
-    """[ROWS, BN] float32: the rows of IN [rows, K] (RMS-normed with weight NW and inv [ROWS] first, in the
-    model dtype, when NORM) times W[n0:n0 + BN, :K]^T. Rows >= nrows, columns >= N and inactive calls
-    load nothing. Each row has its own [BN, BK] accumulator in the weight tile's own layout (the row's
-    inputs broadcast over it), summed once at the end: no layout conversion of the weights per load."""
-    n = n0 + tl.arange(0, BN)
-    kk = tl.arange(0, BK)
-    nmask = (n < N) & active
-    acc0 = tl.zeros([BN, BK], tl.float32)
-    acc1 = tl.zeros([BN, BK], tl.float32)
-    for k0 in tl.static_range(0, K, BK):
-        w = tl.load(W + n[:, None].to(tl.int64) * K + (k0 + kk)[None, :], mask=nmask[:, None], other=0.0,
-                    eviction_policy="evict_first").to(tl.float32)
-        acc0 += w * _row_in(IN, 0, nrows, k0 + kk, NW, inv, active, K, NORM, DT)[None, :]
-        if ROWS > 1:
-            acc1 += w * _row_in(IN, 1, nrows, k0 + kk, NW, inv, active, K, NORM, DT)[None, :]
-    r = tl.arange(0, ROWS)[:, None]
-    out = tl.where(r == 0, tl.sum(acc0, axis=1)[None, :], 0.0)
-    if ROWS > 1:
-        out += tl.where(r == 1, tl.sum(acc1, axis=1)[None, :], 0.0)
-    return out
-
-
-@triton.jit
 def _rows_cols(nrows, n0, N, ROWS: tl.constexpr, BN: tl.constexpr):
     """Offsets [ROWS, BN] into a [rows, N] matrix and their mask."""
     r = tl.arange(0, ROWS)
@@ -107,57 +179,59 @@ def _rows_cols(nrows, n0, N, ROWS: tl.constexpr, BN: tl.constexpr):
 
 
 @triton.jit
-def _residual_matmul(IN, X, X0, W, pid, nrows, N_IN: tl.constexpr, HP: tl.constexpr, BN: tl.constexpr,
-                     CH: tl.constexpr, BK: tl.constexpr, ROWS: tl.constexpr, NPROG: tl.constexpr, active, skip):
-    """C and E: X += IN @ W^T for this program's columns (skip: X = X0[:, 1], the next pass's input)."""
+def _residual_matmul(IN, X, X0, W, ws, pid, nrows, N_IN: tl.constexpr, HP: tl.constexpr, BN: tl.constexpr,
+                     CH: tl.constexpr, BK: tl.constexpr, ROWS: tl.constexpr, NPROG: tl.constexpr, P: tl.constexpr,
+                     active, skip):
+    """C and E: X += IN @ W^T for this program's columns (skip: X = X0[:, 1], the next pass's input); ws its
+    first tiles."""
     DT: tl.constexpr = X.dtype.element_ty
+    xs = _inputs(IN, nrows, active, N_IN, BK, ROWS)
+    acc = _stream(W, pid, HP, active, xs, ws, N_IN, BN, CH, BK, 1, ROWS, NPROG, P)
     for c in tl.static_range(CH):
-        n0 = (pid + c * NPROG) * BN
-        acc = _gemv(IN, nrows, W, 1.0, W, n0, HP, active, N_IN, BN, BK, ROWS, False, DT)
-        off, mask = _rows_cols(nrows, n0, HP, ROWS, BN)
+        off, mask = _rows_cols(nrows, (pid + c * NPROG) * BN, HP, ROWS, BN)
         x = tl.load(X + off, mask=mask, other=0.0, cache_modifier=".cg").to(tl.float32)
         nxt = tl.load(X0 + off + (off // HP + 1) * HP, mask=mask & skip, other=0.0).to(tl.float32)
-        tl.store(X + off, tl.where(skip, nxt, x + acc.to(DT).to(tl.float32)).to(DT), mask=mask)
+        tl.store(X + off, tl.where(skip, nxt, x + acc[c].to(DT).to(tl.float32)).to(DT), mask=mask)
 
 
 @triton.jit
-def _normed_matmul(X, NW, W, OUT, pid, nrows, eps, N: tl.constexpr, HP: tl.constexpr, BN: tl.constexpr,
-                   CH: tl.constexpr, BK: tl.constexpr, ROWS: tl.constexpr, NPROG: tl.constexpr):
-    """A and F: OUT = rms_norm(X) @ W^T for this program's columns, rounded to the model dtype."""
+def _normed_matmul(X, NW, W, ws, OUT, pid, nrows, eps, N: tl.constexpr, HP: tl.constexpr, BN: tl.constexpr,
+                   CH: tl.constexpr, BK: tl.constexpr, ROWS: tl.constexpr, NPROG: tl.constexpr, P: tl.constexpr):
+    """A and F: OUT = rms_norm(X) @ W^T for this program's columns, rounded to the model dtype; ws its first
+    tiles."""
     DT: tl.constexpr = X.dtype.element_ty
-    inv = _rms_inv(X, nrows, eps, ROWS, HP)
+    xs = _normed(_inputs(X, nrows, True, HP, BK, ROWS), NW, eps, HP, BK, ROWS, DT)
+    acc = _stream(W, pid, N, True, xs, ws, HP, BN, CH, BK, 1, ROWS, NPROG, P)
     for c in tl.static_range(CH):
-        n0 = (pid + c * NPROG) * BN
-        acc = _gemv(X, nrows, NW, inv, W, n0, N, True, HP, BN, BK, ROWS, True, DT)
-        off, mask = _rows_cols(nrows, n0, N, ROWS, BN)
-        tl.store(OUT + off, acc.to(DT).to(OUT.dtype.element_ty), mask=mask)
+        off, mask = _rows_cols(nrows, (pid + c * NPROG) * BN, N, ROWS, BN)
+        tl.store(OUT + off, acc[c].to(DT).to(OUT.dtype.element_ty), mask=mask)
 
 
 @triton.jit
-def _swiglu(X, NW, W, ACT, pid, nrows, eps, active, I: tl.constexpr, HP: tl.constexpr, BN: tl.constexpr,
-            CH: tl.constexpr, BK: tl.constexpr, ROWS: tl.constexpr, NPROG: tl.constexpr):
-    """D: ACT = SiLU(gate) * up of rms_norm(X), W the fused [gate; up] rows."""
+def _swiglu(X, NW, W, ws, ACT, pid, nrows, eps, active, I: tl.constexpr, HP: tl.constexpr, BN: tl.constexpr,
+            CH: tl.constexpr, BK: tl.constexpr, ROWS: tl.constexpr, NPROG: tl.constexpr, P: tl.constexpr):
+    """D: ACT = SiLU(gate) * up of rms_norm(X), W the fused [gate; up] rows (two operands); ws its first tiles."""
     DT: tl.constexpr = X.dtype.element_ty
-    inv = _rms_inv(X, nrows, eps, ROWS, HP)
+    xs = _normed(_inputs(X, nrows, True, HP, BK, ROWS), NW, eps, HP, BK, ROWS, DT)
+    acc = _stream(W, pid, I, active, xs, ws, HP, BN, CH, BK, 2, ROWS, NPROG, P)
     for c in tl.static_range(CH):
-        n0 = (pid + c * NPROG) * BN
-        gate = _gemv(X, nrows, NW, inv, W, n0, I, active, HP, BN, BK, ROWS, True, DT).to(DT).to(tl.float32)
-        up = _gemv(X, nrows, NW, inv, W + I * HP, n0, I, active, HP, BN, BK, ROWS, True, DT).to(DT).to(tl.float32)
-        off, mask = _rows_cols(nrows, n0, I, ROWS, BN)
+        gate = acc[c].to(DT).to(tl.float32)
+        up = acc[CH + c].to(DT).to(tl.float32)
+        off, mask = _rows_cols(nrows, (pid + c * NPROG) * BN, I, ROWS, BN)
         tl.store(ACT + off, (gate * tl.sigmoid(gate) * up).to(DT), mask=mask)
 
 
 @triton.jit
 def _project(EIN, PW, PB, X, pid, nrows, HT: tl.constexpr, HP: tl.constexpr, BN: tl.constexpr, CH: tl.constexpr,
-             BK: tl.constexpr, ROWS: tl.constexpr, NPROG: tl.constexpr):
+             BK: tl.constexpr, ROWS: tl.constexpr, NPROG: tl.constexpr, P: tl.constexpr):
     """P: X = EIN @ PW^T + PB (small_to_mtp_projection)."""
     DT: tl.constexpr = X.dtype.element_ty
+    ws = _tiles(PW, pid, HP, True, HT, BN, CH, BK, 1, NPROG, P)
+    acc = _stream(PW, pid, HP, True, _inputs(EIN, nrows, True, HT, BK, ROWS), ws, HT, BN, CH, BK, 1, ROWS, NPROG, P)
     for c in tl.static_range(CH):
-        n0 = (pid + c * NPROG) * BN
-        acc = _gemv(EIN, nrows, PW, 1.0, PW, n0, HP, True, HT, BN, BK, ROWS, False, DT)
-        off, mask = _rows_cols(nrows, n0, HP, ROWS, BN)
+        off, mask = _rows_cols(nrows, (pid + c * NPROG) * BN, HP, ROWS, BN)
         bias = tl.load(PB + off % HP, mask=mask, other=0.0).to(tl.float32)
-        tl.store(X + off, (acc + bias).to(DT), mask=mask)
+        tl.store(X + off, (acc[c] + bias).to(DT), mask=mask)
 
 
 @triton.jit
@@ -235,26 +309,33 @@ def _attend_split(target, QKV, NQ, NK, eps, COS, SIN, scs, KC, VC, sks, skh, SLO
 
 
 @triton.jit
-def _layer(target, l, keep, skip, X, X0, QKV, ATT, ACT, SYNC, WQKV, WO, WGU, WD, NIN, NPOST, NQ, NK,
+def _layer(target, l, wa, keep, skip, X, X0, QKV, ATT, ACT, SYNC, WQKV, WO, WGU, WD, NIN, NPOST, NQ, NK,
            KC, VC, sks, skh, SLOTS, POS, pos_all, COS, SIN, PART, ML, pid, nrows, eps, scale,
            HP: tl.constexpr, I: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr,
            ROWS: tl.constexpr, NPROG: tl.constexpr, BLOCK: tl.constexpr, SPLIT: tl.constexpr, MAXSPLIT: tl.constexpr,
-           BN_A: tl.constexpr, CH_A: tl.constexpr, BK_A: tl.constexpr, BN_C: tl.constexpr, CH_C: tl.constexpr,
-           BK_C: tl.constexpr, BN_D: tl.constexpr, CH_D: tl.constexpr, BK_D: tl.constexpr, BN_E: tl.constexpr,
-           CH_E: tl.constexpr, BK_E: tl.constexpr):
-    """Decoder layer l of the stacked weights for the rows of X (the residual, updated in place), each
-    phase followed by a grid barrier; returns the barrier count. keep false: skip the MLP; skip true:
-    phase E stores X0[:, 1] instead (see predictor_kernel). Row b's K/V go to KC/VC at slot * sks +
-    head * skh: SPLIT == 0 (the code predictor): slot b, position pos_all, RoPE row COS/SIN; SPLIT > 0 (the
-    Talker): slot SLOTS[b], position POS[b], RoPE row COS/SIN + b * D, attention in SPLIT-position parts
-    (_attend_split)."""
+           BN_A: tl.constexpr, CH_A: tl.constexpr, BK_A: tl.constexpr, P_A: tl.constexpr, BN_C: tl.constexpr, CH_C: tl.constexpr,
+           BK_C: tl.constexpr, P_C: tl.constexpr, BN_D: tl.constexpr, CH_D: tl.constexpr, BK_D: tl.constexpr, P_D: tl.constexpr, BN_E: tl.constexpr,
+           CH_E: tl.constexpr, BK_E: tl.constexpr, P_E: tl.constexpr):
+    """Decoder layer l of the stacked weights for the rows of X (the residual, updated in place), wa its
+    phase A's first weight tiles (_tiles); each phase followed by a grid barrier, at which the next phase's
+    first tiles are loaded. Returns the barrier count after phase E, whose barrier it arrives at but
+    does not wait for: the caller loads the tiles of whatever comes next, then waits. keep false: skip the
+    MLP; skip true: phase E stores X0[:, 1] instead (see predictor_kernel). Row b's K/V go to KC/VC at slot
+    * sks + head * skh: SPLIT == 0 (the code predictor): slot b, position pos_all, RoPE row COS/SIN;
+    SPLIT > 0 (the Talker): slot SLOTS[b], position POS[b], RoPE row COS/SIN + b * D, attention in
+    SPLIT-position parts (_attend_split)."""
     li = tl.cast(l, tl.int64)
     NQKV: tl.constexpr = (HQ + 2 * HKV) * D
     QD: tl.constexpr = HQ * D
-    _normed_matmul(X, NIN + l * HP, WQKV + li * NQKV * HP, QKV, pid, nrows, eps, NQKV, HP, BN_A, CH_A, BK_A,
-                   ROWS, NPROG)
+    W_O = WO + li * HP * QD
+    W_GU = WGU + li * 2 * I * HP
+    W_D = WD + li * HP * I
+    _normed_matmul(X, NIN + l * HP, WQKV + li * NQKV * HP, wa, QKV, pid, nrows, eps, NQKV, HP, BN_A, CH_A, BK_A,
+                   ROWS, NPROG, P_A)
+    _arrive(SYNC, NPROG)
+    wc = _tiles(W_O, pid, HP, True, QD, BN_C, CH_C, BK_C, 1, NPROG, P_C)             # held through the attention
     target += NPROG
-    _grid_sync(SYNC, target, NPROG)
+    _wait(SYNC, target, NPROG)
     if SPLIT == 0:
         for j in range(pid, nrows * HKV, NPROG):              # B: one program a (row, kv head)
             b = j // HKV
@@ -266,17 +347,19 @@ def _layer(target, l, keep, skip, X, X0, QKV, ATT, ACT, SYNC, WQKV, WO, WGU, WD,
                                MAXSPLIT)
     target += NPROG
     _grid_sync(SYNC, target, NPROG)
-    _residual_matmul(ATT, X, X0, WO + li * HP * QD, pid, nrows, QD, HP, BN_C, CH_C, BK_C, ROWS, NPROG, True, False)
+    _residual_matmul(ATT, X, X0, W_O, wc, pid, nrows, QD, HP, BN_C, CH_C, BK_C, ROWS, NPROG, P_C, True, False)
+    _arrive(SYNC, NPROG)
+    wd = _tiles(W_GU, pid, I, keep, HP, BN_D, CH_D, BK_D, 2, NPROG, P_D)
     target += NPROG
-    _grid_sync(SYNC, target, NPROG)
-    _swiglu(X, NPOST + l * HP, WGU + li * 2 * I * HP, ACT, pid, nrows, eps, keep, I, HP, BN_D, CH_D, BK_D,
-            ROWS, NPROG)
+    _wait(SYNC, target, NPROG)
+    _swiglu(X, NPOST + l * HP, W_GU, wd, ACT, pid, nrows, eps, keep, I, HP, BN_D, CH_D, BK_D, ROWS, NPROG, P_D)
+    _arrive(SYNC, NPROG)
+    we = _tiles(W_D, pid, HP, keep, I, BN_E, CH_E, BK_E, 1, NPROG, P_E)
     target += NPROG
-    _grid_sync(SYNC, target, NPROG)
-    _residual_matmul(ACT, X, X0, WD + li * HP * I, pid, nrows, I, HP, BN_E, CH_E, BK_E, ROWS, NPROG, keep, skip)
-    target += NPROG
-    _grid_sync(SYNC, target, NPROG)
-    return target
+    _wait(SYNC, target, NPROG)
+    _residual_matmul(ACT, X, X0, W_D, we, pid, nrows, I, HP, BN_E, CH_E, BK_E, ROWS, NPROG, P_E, keep, skip)
+    _arrive(SYNC, NPROG)
+    return target + NPROG
 
 
 @triton.jit
@@ -285,18 +368,22 @@ def talker_kernel(X, QKV, ATT, ACT, SYNC, OUT, WQKV, WO, WGU, WD, NIN, NPOST, NQ
                   L: tl.constexpr, HP: tl.constexpr, I: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr,
                   D: tl.constexpr, ROWS: tl.constexpr, NPROG: tl.constexpr, BLOCK: tl.constexpr,
                   SPLIT: tl.constexpr, MAXSPLIT: tl.constexpr,
-                  BN_A: tl.constexpr, CH_A: tl.constexpr, BK_A: tl.constexpr, BN_C: tl.constexpr,
-                  CH_C: tl.constexpr, BK_C: tl.constexpr, BN_D: tl.constexpr, CH_D: tl.constexpr,
-                  BK_D: tl.constexpr, BN_E: tl.constexpr, CH_E: tl.constexpr, BK_E: tl.constexpr):
+                  BN_A: tl.constexpr, CH_A: tl.constexpr, BK_A: tl.constexpr, P_A: tl.constexpr, BN_C: tl.constexpr,
+                  CH_C: tl.constexpr, BK_C: tl.constexpr, P_C: tl.constexpr, BN_D: tl.constexpr, CH_D: tl.constexpr,
+                  BK_D: tl.constexpr, P_D: tl.constexpr, BN_E: tl.constexpr, CH_E: tl.constexpr, BK_E: tl.constexpr, P_E: tl.constexpr):
     pid = tl.program_id(0)
     DT: tl.constexpr = X.dtype.element_ty
+    NQKV: tl.constexpr = (HQ + 2 * HKV) * D
     target = pid * 0
+    wa = _tiles(WQKV, pid, NQKV, True, HP, BN_A, CH_A, BK_A, 1, NPROG, P_A)
     for l in range(0, L):
         li = tl.cast(l, tl.int64)
-        target = _layer(target, l, True, False, X, X, QKV, ATT, ACT, SYNC, WQKV, WO, WGU, WD, NIN, NPOST, NQ, NK,
-                        KC + li * sl, VC + li * sl, sks, skh, SLOTS, POS, 0, COS, SIN, PART, ML, pid, nrows, eps,
-                        scale, HP, I, HQ, HKV, D, ROWS, NPROG, BLOCK, SPLIT, MAXSPLIT, BN_A, CH_A, BK_A,
-                        BN_C, CH_C, BK_C, BN_D, CH_D, BK_D, BN_E, CH_E, BK_E)
+        target = _layer(target, l, wa, True, False, X, X, QKV, ATT, ACT, SYNC, WQKV, WO, WGU, WD, NIN, NPOST, NQ,
+                        NK, KC + li * sl, VC + li * sl, sks, skh, SLOTS, POS, 0, COS, SIN, PART, ML, pid, nrows, eps,
+                        scale, HP, I, HQ, HKV, D, ROWS, NPROG, BLOCK, SPLIT, MAXSPLIT, BN_A, CH_A, BK_A, P_A,
+                        BN_C, CH_C, BK_C, P_C, BN_D, CH_D, BK_D, P_D, BN_E, CH_E, BK_E, P_E)
+        wa = _tiles(WQKV + (li + 1) * NQKV * HP, pid, NQKV, l + 1 < L, HP, BN_A, CH_A, BK_A, 1, NPROG, P_A)
+        _wait(SYNC, target, NPROG)
     # the final norm, this program's columns
     inv = _rms_inv(X, nrows, eps, ROWS, HP)
     for c in tl.static_range(CH_E):
@@ -314,28 +401,41 @@ def predictor_kernel(
         L: tl.constexpr, G: tl.constexpr, HP: tl.constexpr, HT: tl.constexpr, I: tl.constexpr,
         VOC: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, ROWS: tl.constexpr,
         NPROG: tl.constexpr, PROJ: tl.constexpr,
-        BN_A: tl.constexpr, CH_A: tl.constexpr, BK_A: tl.constexpr,
-        BN_C: tl.constexpr, CH_C: tl.constexpr, BK_C: tl.constexpr,
-        BN_D: tl.constexpr, CH_D: tl.constexpr, BK_D: tl.constexpr,
-        BN_E: tl.constexpr, CH_E: tl.constexpr, BK_E: tl.constexpr,
-        BN_F: tl.constexpr, CH_F: tl.constexpr, BK_F: tl.constexpr,
-        BN_P: tl.constexpr, CH_P: tl.constexpr, BK_P: tl.constexpr, VBLOCK: tl.constexpr):
+        BN_A: tl.constexpr, CH_A: tl.constexpr, BK_A: tl.constexpr, P_A: tl.constexpr,
+        BN_C: tl.constexpr, CH_C: tl.constexpr, BK_C: tl.constexpr, P_C: tl.constexpr,
+        BN_D: tl.constexpr, CH_D: tl.constexpr, BK_D: tl.constexpr, P_D: tl.constexpr,
+        BN_E: tl.constexpr, CH_E: tl.constexpr, BK_E: tl.constexpr, P_E: tl.constexpr,
+        BN_F: tl.constexpr, CH_F: tl.constexpr, BK_F: tl.constexpr, P_F: tl.constexpr,
+        BN_P: tl.constexpr, CH_P: tl.constexpr, BK_P: tl.constexpr, P_P: tl.constexpr, VBLOCK: tl.constexpr):
     pid = tl.program_id(0)
     KV_ROWS: tl.constexpr = ROWS * HKV * G * D                 # KV [L, 2, ROWS, HKV, G, D]
+    NQKV: tl.constexpr = (HQ + 2 * HKV) * D
     target = pid * 0
+    wa = _tiles(WQKV, pid, NQKV, True, HP, BN_A, CH_A, BK_A, 1, NPROG, P_A)
     for t in range(0, G):
-        for l in range(0, L):
-            # the MLP of the last layer at position 0 is never read: its phase E loads the next input instead
+        for l in range(0, L - 1):
             K = KV + tl.cast(l, tl.int64) * 2 * KV_ROWS
-            target = _layer(target, l, (t > 0) | (l < L - 1), (t == 0) & (l == L - 1), X, X0, QKV, ATT, ACT, SYNC,
-                            WQKV, WO, WGU, WD, NIN, NPOST, NQ, NK, K, K + KV_ROWS, HKV * G * D, G * D, X, X, t,
-                            COS + t * D, SIN + t * D, X, X, pid, nrows, eps, scale, HP, I, HQ, HKV, D, ROWS, NPROG,
-                            G, 0, 1, BN_A, CH_A, BK_A, BN_C, CH_C, BK_C, BN_D, CH_D, BK_D, BN_E, CH_E, BK_E)
+            target = _layer(target, l, wa, True, False, X, X0, QKV, ATT, ACT, SYNC, WQKV, WO, WGU, WD, NIN, NPOST,
+                            NQ, NK, K, K + KV_ROWS, HKV * G * D, G * D, X, X, t, COS + t * D, SIN + t * D, X, X, pid,
+                            nrows, eps, scale, HP, I, HQ, HKV, D, ROWS, NPROG, G, 0, 1, BN_A, CH_A, BK_A, P_A, BN_C, CH_C,
+                            BK_C, P_C, BN_D, CH_D, BK_D, P_D, BN_E, CH_E, BK_E, P_E)
+            wa = _tiles(WQKV + tl.cast(l + 1, tl.int64) * NQKV * HP, pid, NQKV, True, HP, BN_A, CH_A, BK_A, 1, NPROG, P_A)
+            _wait(SYNC, target, NPROG)
+        # the last layer; its MLP at position 0 is never read: its phase E loads the next input instead
+        K = KV + (L - 1) * 2 * KV_ROWS
+        target = _layer(target, L - 1, wa, t > 0, t == 0, X, X0, QKV, ATT, ACT, SYNC, WQKV, WO, WGU, WD, NIN, NPOST,
+                        NQ, NK, K, K + KV_ROWS, HKV * G * D, G * D, X, X, t, COS + t * D, SIN + t * D, X, X, pid,
+                        nrows, eps, scale, HP, I, HQ, HKV, D, ROWS, NPROG, G, 0, 1, BN_A, CH_A, BK_A, P_A, BN_C, CH_C,
+                        BK_C, P_C, BN_D, CH_D, BK_D, P_D, BN_E, CH_E, BK_E, P_E)
         if t >= 1:
-            _normed_matmul(X, NFINAL, HEADS + tl.cast(t - 1, tl.int64) * VOC * HP, LOGITS, pid, nrows, eps, VOC, HP,
-                           BN_F, CH_F, BK_F, ROWS, NPROG)
+            W_F = HEADS + tl.cast(t - 1, tl.int64) * VOC * HP
+            wf = _tiles(W_F, pid, VOC, True, HP, BN_F, CH_F, BK_F, 1, NPROG, P_F)
+            _wait(SYNC, target, NPROG)
+            _normed_matmul(X, NFINAL, W_F, wf, LOGITS, pid, nrows, eps, VOC, HP, BN_F, CH_F, BK_F, ROWS, NPROG, P_F)
+            _arrive(SYNC, NPROG)
+            wa = _tiles(WQKV, pid, NQKV, t < G - 1, HP, BN_A, CH_A, BK_A, 1, NPROG, P_A)   # the next pass's layer 0
             target += NPROG
-            _grid_sync(SYNC, target, NPROG)
+            _wait(SYNC, target, NPROG)
             if PROJ:
                 _draw(LOGITS, EMB, ESUM, EIN, CODES, TEMP, TOPK, TOPP, GREEDY, SEED, COUNTER, pid, nrows, t, G, VOC,
                       HT, VBLOCK, NPROG)
@@ -346,9 +446,12 @@ def predictor_kernel(
                 target += NPROG
                 _grid_sync(SYNC, target, NPROG)
                 if PROJ:
-                    _project(EIN, PW, PB, X, pid, nrows, HT, HP, BN_P, CH_P, BK_P, ROWS, NPROG)
+                    _project(EIN, PW, PB, X, pid, nrows, HT, HP, BN_P, CH_P, BK_P, ROWS, NPROG, P_P)
                     target += NPROG
                     _grid_sync(SYNC, target, NPROG)
+        else:
+            wa = _tiles(WQKV, pid, NQKV, True, HP, BN_A, CH_A, BK_A, 1, NPROG, P_A)
+            _wait(SYNC, target, NPROG)
 
 
 def supports(model, rows: int) -> bool:
@@ -377,10 +480,10 @@ def programs(device: torch.device) -> int:
 
 
 @functools.cache
-def tiles(N: int, K: int, nprog: int, rows: int, operands: int = 1) -> tuple[int, int, int]:
-    """(BN, CH, BK) of a phase with N output columns over K inputs: BN columns a chunk and CH chunks a
+def tiles(N: int, K: int, nprog: int, rows: int) -> tuple[int, int, int, int]:
+    """(BN, CH, BK, P) of a phase with N output columns over K inputs: BN columns a chunk and CH chunks a
     program, choosing the fewest columns for the busiest program (then the widest chunk); BK inputs a
-    load, as many as the rows' register tiles allow."""
+    tile, as many as the rows' accumulators allow; P tiles in flight."""
     best = None
     for bn in (2, 4, 8, 16, 32, 64):
         ch = triton.cdiv(triton.cdiv(N, bn), nprog)
@@ -388,19 +491,19 @@ def tiles(N: int, K: int, nprog: int, rows: int, operands: int = 1) -> tuple[int
         if best is None or key < best[0]:
             best = (key, bn, ch)
     _, bn, ch = best
-    bk = min(K & -K, 1024, max(16, TILE // (rows * bn * operands)))
-    return bn, ch, bk
+    bk = min(K & -K, 1024, max(16, TILE // (rows * bn)))
+    return bn, ch, bk, max(1, PREFETCH // (bn * bk))
 
 
 def _layer_tiles(d, nprog: int, rows: int) -> dict:
     qkv, qd = (d.num_heads + 2 * d.num_kv_heads) * d.head_dim, d.num_heads * d.head_dim
     return dict(A=tiles(qkv, d.hidden_size, nprog, rows), C=tiles(d.hidden_size, qd, nprog, rows),
-                D=tiles(d.intermediate_size, d.hidden_size, nprog, rows, operands=2),
+                D=tiles(d.intermediate_size, d.hidden_size, nprog, rows),
                 E=tiles(d.hidden_size, d.intermediate_size, nprog, rows))
 
 
 def _meta(sizes: dict) -> dict:
-    return {f"{kind}_{part}": v for part, t in sizes.items() for kind, v in zip(("BN", "CH", "BK"), t)}
+    return {f"{kind}_{part}": v for part, t in sizes.items() for kind, v in zip(("BN", "CH", "BK", "P"), t)}
 
 
 def _scratch(d, B: int, dev, dt) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:

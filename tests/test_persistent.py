@@ -102,5 +102,5 @@ def test_tiles_split_columns_evenly():
     from talkgate.synth.persistent import tiles
     # an H100's 132 SMs: no program gets more than the even share rounded up to a chunk width
     for N, K in ((4096, 1024), (1024, 2048), (3072, 1024), (1024, 3072), (2048, 1024)):
-        bn, ch, bk = tiles(N, K, 132, 2)
-        assert bn * ch * 132 >= N and bn * ch <= 2 * -(-N // 132) and K % bk == 0
+        bn, ch, bk, p = tiles(N, K, 132, 2)
+        assert bn * ch * 132 >= N and bn * ch <= 2 * -(-N // 132) and K % bk == 0 and p >= 1
