@@ -22,10 +22,19 @@ rows, which may share one scratch slot whose state is then garbage). Concatenati
 successive calls for a slot equals `decode` of the concatenated codes. With n == 1 and a fixed B the
 step has static shapes, no host sync and no branching on tensor values, so it can be captured in a
 CUDA graph (slots, codes and the state tensors are read in place; copy new inputs into the captured
-tensors before replay; give each captured batch size its own graph). It also traces whole under
-torch.compile(fullgraph=True). Codes must lie in [0, codebook_size): the step does not check them.
+tensors before replay; give each captured batch size its own graph). Its PyTorch path also traces whole
+under torch.compile(fullgraph=True). Codes must lie in [0, codebook_size): the step does not check them.
 State per slot at the released size: 135k conv-tail values + 8 x 72 x 2 x 1024 K/V values (5.3 MB
 fp32, 2.6 MB bf16/fp16).
+
+A one-frame step (n == 1) on CUDA runs each layer's attention, from the fused q/k/v projection to
+o_proj, as one Triton kernel (synth/window_attention.py: RoPE from the position, the ring write and
+attention over the row's own ring), without the per-step RoPE tables and mask of `_window`; each
+layer-scaled residual add is fused with the norm after it (one kernel each once compile_hot_functions
+has compiled RMSNorm.residual and Mlp.forward). At batch 1 the step is bound by its number of kernels:
+the transformer's went from about 155 to 67 (8 a layer: q/k/v, attention, o_proj, add + norm, gate/up,
+silu * up, down, add + norm). Several frames per row, and the CPU, keep the PyTorch path
+(`KERNEL_ON_CPU` runs the kernel on CPU tensors in Triton's interpreter, for tests).
 
 Derived tensors (codebooks divided by their usage, exp of the Snake parameters, RoPE frequencies,
 q/k/v and gate/up weights concatenated, the transposed convs' weights in their multiply's layout: about
@@ -42,6 +51,8 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+from talkgate.synth.sampling import kernel_module
 
 MODEL_TYPE = "qwen3_tts_tokenizer_12hz"
 CONFIG_FILE = "config.json"
@@ -366,6 +377,11 @@ class SplitResidualVQ(nn.Module):
 # ---------------------------------------------------------------------------------------------------
 # Sliding-window causal transformer with a per-slot key/value ring of `sliding_window` frames.
 
+# One-frame steps take synth/window_attention.py's kernel on CUDA; tests set this to run it on CPU
+# tensors too, in Triton's interpreter.
+KERNEL_ON_CPU = False
+
+
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float):
         super().__init__()
@@ -375,6 +391,13 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # one fused kernel where torch has one (it accumulates in fp32, like the reference)
         return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
+
+    def residual(self, x: torch.Tensor, scale: torch.Tensor,
+                 delta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(x + scale * delta, its norm): a layer-scaled residual add and the norm that follows it, one
+        kernel when compiled (compile_hot_functions in synth/runner.py)."""
+        x = torch.addcmul(x, scale, delta)
+        return x, self(x)
 
 
 class LayerScale(nn.Module):
@@ -437,6 +460,14 @@ class Attention(nn.Module):
                                            enable_gqa=H != Hkv)
         return self.o_proj(o.transpose(1, 2).reshape(B, n, H * D))
 
+    def one_frame(self, x: torch.Tensor, pos: torch.Tensor, slots: torch.Tensor, cache: torch.Tensor,
+                  inv_freq: torch.Tensor, kernel) -> torch.Tensor:
+        """forward for one frame per row: x [B, 1, hidden] at positions pos [B] -> [B, 1, hidden]; RoPE,
+        the ring write and attention over the window in one kernel (synth/window_attention.py's
+        window_attention)."""
+        qkv = F.linear(x[:, 0], self.qkv_weight, self.qkv_bias)
+        return self.o_proj(kernel(qkv, pos, slots, cache, inv_freq, self.heads))[:, None]
+
 
 class Mlp(nn.Module):
     def __init__(self, cfg: CodecDecoderConfig):
@@ -465,10 +496,14 @@ class TransformerLayer(nn.Module):
         self.self_attn_layer_scale = LayerScale(cfg.hidden_size, cfg.layer_scale_initial_scale)
         self.mlp_layer_scale = LayerScale(cfg.hidden_size, cfg.layer_scale_initial_scale)
 
-    def forward(self, x: torch.Tensor, win: _Window, cache: torch.Tensor) -> torch.Tensor:
-        a = self.self_attn(self.input_layernorm(x), win, cache)
-        x = torch.addcmul(x, self.self_attn_layer_scale.scale, a)
-        return torch.addcmul(x, self.mlp_layer_scale.scale, self.mlp(self.post_attention_layernorm(x)))
+    def forward(self, x: torch.Tensor, normed: torch.Tensor, cache: torch.Tensor, attention,
+                following: RMSNorm) -> tuple[torch.Tensor, torch.Tensor]:
+        """x the residual stream, normed its input norm; attention(self_attn, normed, cache) -> the
+        attention output. -> (x after the layer, `following`'s norm of it: the next layer's input norm
+        or the final norm), each residual add fused with the norm after it."""
+        a = attention(self.self_attn, normed, cache)
+        x, normed = self.post_attention_layernorm.residual(x, self.self_attn_layer_scale.scale, a)
+        return following.residual(x, self.mlp_layer_scale.scale, self.mlp(normed))
 
 
 class Transformer(nn.Module):
@@ -481,6 +516,10 @@ class Transformer(nn.Module):
         self.window = cfg.sliding_window
         self.rope_theta = cfg.rope_theta
         self.register_buffer("inv_freq", torch.ones(cfg.attn_head_dim // 2), persistent=False)
+        # synth/window_attention.py's kernel (None without Triton), looked up here rather than in
+        # forward: dynamo cannot trace the import
+        kernels = kernel_module("window_attention")
+        self.window_kernel = kernels.window_attention if kernels is not None else None
 
     def prepare(self):
         dim = self.inv_freq.shape[0] * 2
@@ -511,11 +550,21 @@ class Transformer(nn.Module):
 
     def forward(self, x: torch.Tensor, pos: torch.Tensor, slots: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
         """x [B, n, latent] -> [B, n, latent]; kv [layers, num_slots, ring, 2, kv_heads, head_dim]."""
-        win = self._window(pos, x.shape[1], slots, x.dtype)
+        if x.shape[1] == 1 and (x.is_cuda or KERNEL_ON_CPU) and self.window_kernel is not None:
+            # one frame per row: no window tables, one kernel per layer between q/k/v and o_proj
+            def attention(attn, h, cache):
+                return attn.one_frame(h, pos, slots, cache, self.inv_freq, self.window_kernel)
+        else:
+            win = self._window(pos, x.shape[1], slots, x.dtype)
+
+            def attention(attn, h, cache):
+                return attn(h, win, cache)
         h = self.input_proj(x)
-        for layer, cache in zip(self.layers, kv):
-            h = layer(h, win, cache)
-        return self.output_proj(self.norm(h))
+        normed = self.layers[0].input_layernorm(h)
+        norms = [layer.input_layernorm for layer in self.layers[1:]] + [self.norm]
+        for layer, cache, following in zip(self.layers, kv, norms):
+            h, normed = layer(h, normed, cache, attention, following)
+        return self.output_proj(normed)
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -284,9 +284,10 @@ class Runner:
 
 def compile_hot_functions() -> None:
     """torch.compile the model's leaf functions that every layer and every codebook calls (RMSNorm,
-    q/k/v with q/k norm and RoPE, the SwiGLU MLP, the decoder's SnakeBeta): a frame is otherwise about
-    7,000 kernels of 1-5 us, mostly elementwise. Small graphs compile in seconds (a whole-step compile
-    took over 5 minutes). Process-wide and idempotent; CPU tensors keep the plain functions."""
+    q/k/v with q/k norm and RoPE, the SwiGLU MLP; the decoder's SnakeBeta, and its transformer's SwiGLU
+    MLP and layer-scaled residual add with the next norm): a frame is otherwise about 7,000 kernels of
+    1-5 us, mostly elementwise. Small graphs compile in seconds (a whole-step compile took over 5
+    minutes). Process-wide and idempotent; CPU tensors keep the plain functions."""
     import functools
 
     from talkgate.synth import codec_decoder, model
@@ -307,7 +308,8 @@ def compile_hot_functions() -> None:
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 32)
     # the sampler is one Triton kernel of its own (synth/sample_kernel.py)
     for owner, name in ((model.RMSNorm, "forward"), (model.RMSNorm, "residual"), (model.Attention, "qkv"),
-                        (model.MLP, "forward"), (codec_decoder.SnakeBeta, "forward")):
+                        (model.MLP, "forward"), (codec_decoder.SnakeBeta, "forward"),
+                        (codec_decoder.RMSNorm, "residual"), (codec_decoder.Mlp, "forward")):
         fn = getattr(owner, name)
         if not getattr(fn, "talkgate_compiled", False):
             setattr(owner, name, cuda_only(fn))
