@@ -60,7 +60,7 @@ def _arrive(SYNC, NPROG: tl.constexpr):
 @triton.jit
 def _wait(SYNC, target, NPROG: tl.constexpr):
     """Wait until every program has arrived (the counter reaches target); make their writes visible.
-    Loads issued between _arrive and _wait (the next phase's first weight tile) stream in meanwhile."""
+    Loads issued between _arrive and _wait (the next phase's first weight tiles) stream in meanwhile."""
     if NPROG > 1:
         while tl.atomic_add(SYNC, 0, sem="acquire") < target:
             pass
@@ -92,7 +92,7 @@ def _tile(W, q, pid, N, active, K: tl.constexpr, BN: tl.constexpr, CH: tl.conste
 def _tiles(W, pid, N, active, K: tl.constexpr, BN: tl.constexpr, CH: tl.constexpr, BK: tl.constexpr,
            OPS: tl.constexpr, NPROG: tl.constexpr, P: tl.constexpr):
     """The first P tiles of a phase (a tuple): loaded while the program waits at the barrier before it, so
-    the phase starts with P tiles in flight and the barrier's microsecond overlaps the weight stream."""
+    the phase starts with P tiles in flight and the barrier's wait overlaps the weight stream."""
     ws = ()
     for q in tl.static_range(P):
         if q < OPS * CH * (K // BK):
