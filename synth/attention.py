@@ -53,14 +53,13 @@ def _softmax_step(q, kb, vb, valid, m, l, acc, scale):
 
 
 @triton.jit
-def _attend_block(q, K, V, base, skl, first, stop, d, m, l, acc, scale, BLOCK: tl.constexpr):
-    """The online softmax state after cache positions [first, min(first + BLOCK, stop)) too."""
+def _load_block(K, V, base, skl, first, stop, d, BLOCK: tl.constexpr):
+    """Cached keys and values of positions [first, first + BLOCK) below stop ([BLOCK, D], cache dtype), and
+    which of them are valid."""
     pos = first + tl.arange(0, BLOCK)
     valid = pos < stop
     off = base + pos[:, None].to(tl.int64) * skl + d[None, :]
-    kb = tl.load(K + off, mask=valid[:, None], other=0.0).to(tl.float32)
-    vb = tl.load(V + off, mask=valid[:, None], other=0.0).to(tl.float32)
-    return _softmax_step(q, kb, vb, valid, m, l, acc, scale)
+    return tl.load(K + off, mask=valid[:, None], other=0.0), tl.load(V + off, mask=valid[:, None], other=0.0), valid
 
 
 @triton.jit
@@ -75,11 +74,7 @@ def attend_range(ROW, QW, KW, eps, COS, SIN, K, V, base, skl, n, start, stop, ne
     latency overlaps theirs: at batch 1 this phase is a chain of dependent loads, not bandwidth."""
     DT: tl.constexpr = K.dtype.element_ty
     d = tl.arange(0, D)
-    pos0 = start + tl.arange(0, BLOCK)
-    valid0 = pos0 < stop
-    off0 = base + pos0[:, None].to(tl.int64) * skl + d[None, :]
-    kb0 = tl.load(K + off0, mask=valid0[:, None], other=0.0)
-    vb0 = tl.load(V + off0, mask=valid0[:, None], other=0.0)
+    kb0, vb0, valid0 = _load_block(K, V, base, skl, start, stop, d, BLOCK)
     rot = (d + D // 2) % D                                   # rotate_half: (-x2, x1)
     sign = tl.where(d < D // 2, -1.0, 1.0)[None, :]
     cos = _in_dtype(tl.load(COS + d).to(tl.float32), DT)[None, :]
@@ -99,10 +94,11 @@ def attend_range(ROW, QW, KW, eps, COS, SIN, K, V, base, skl, n, start, stop, ne
         m = tl.full([GROUP], float("-inf"), tl.float32)
         l = tl.zeros([GROUP], tl.float32)
         acc = tl.zeros([GROUP, D], tl.float32)
-    if start < stop:                                         # without `new` a range is never empty
-        m, l, acc = _softmax_step(q, kb0.to(tl.float32), vb0.to(tl.float32), valid0, m, l, acc, scale)
+    # an empty range adds nothing: only a range with the token (m finite) can be empty
+    m, l, acc = _softmax_step(q, kb0.to(tl.float32), vb0.to(tl.float32), valid0, m, l, acc, scale)
     for first in range(start + BLOCK, stop, BLOCK):          # the other cached positions
-        m, l, acc = _attend_block(q, K, V, base, skl, first, stop, d, m, l, acc, scale, BLOCK)
+        kb, vb, valid = _load_block(K, V, base, skl, first, stop, d, BLOCK)
+        m, l, acc = _softmax_step(q, kb.to(tl.float32), vb.to(tl.float32), valid, m, l, acc, scale)
     return m, l, acc
 
 

@@ -421,7 +421,9 @@ def predictor_kernel(
                             BK_C, P_C, BN_D, CH_D, BK_D, P_D, BN_E, CH_E, BK_E, P_E)
             wa = _tiles(WQKV + tl.cast(l + 1, tl.int64) * NQKV * HP, pid, NQKV, True, HP, BN_A, CH_A, BK_A, 1, NPROG, P_A)
             _wait(SYNC, target, NPROG)
-        # the last layer; its MLP at position 0 is never read: its phase E loads the next input instead
+        # the last layer, outside the loop so that the head's tiles (F) it loads at its last barrier are not
+        # carried through the loop in registers; its MLP at position 0 is never read: its phase E loads the
+        # next input instead
         K = KV + (L - 1) * 2 * KV_ROWS
         target = _layer(target, L - 1, wa, t > 0, t == 0, X, X0, QKV, ATT, ACT, SYNC, WQKV, WO, WGU, WD, NIN, NPOST,
                         NQ, NK, K, K + KV_ROWS, HKV * G * D, G * D, X, X, t, COS + t * D, SIN + t * D, X, X, pid,

@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from talkgate.synth.attention import _in_dtype
+from talkgate.synth.attention import _in_dtype, _softmax_step
 
 
 @triton.jit
@@ -66,14 +66,10 @@ def window_attention_kernel(QKV, sqkv, POS, SLOTS, INV_FREQ, CACHE, s_slot, s_en
     v = tl.load(row + (HQ + HKV + h) * D + d).to(tl.float32)
     tl.store(ring + new * s_entry + d, k.to(DT))
     tl.store(ring + new * s_entry + s_kind + d, v.to(DT))
-    s = tl.sum(q[:, None, :] * kb[None, :, :], axis=2) * scale                              # [GROUP, BLOCK]
-    s = tl.where(valid[None, :], s, float("-inf"))
-    s_new = tl.sum(q * k[None, :], axis=1) * scale                                          # [GROUP]
-    m = tl.maximum(tl.max(s, axis=1), s_new)
-    p = tl.exp(s - m[:, None])
-    p_new = tl.exp(s_new - m)
-    acc = tl.sum(p[:, :, None] * vb[None, :, :], axis=1) + p_new[:, None] * v[None, :]
-    out = acc / (tl.sum(p, axis=1) + p_new)[:, None]
+    # the new frame starts the online softmax, then the ring's block joins it
+    _, l, acc = _softmax_step(q, kb, vb, valid, tl.sum(q * k[None, :], axis=1) * scale,
+                              tl.full([GROUP], 1.0, tl.float32), tl.zeros([GROUP, D], tl.float32) + v[None, :], scale)
+    out = acc / l[:, None]
     tl.store(O + b * so + (h * GROUP + g)[:, None] * D + d[None, :], out.to(O.dtype.element_ty))
 
 
