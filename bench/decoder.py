@@ -4,6 +4,7 @@ Usage (repo root on a GPU machine):
     mkdir -p /tmp/p && ln -s $PWD /tmp/p/talkgate && PYTHONPATH=/tmp/p python bench/decoder.py
 Options: --batches 1,8,32,128,256  --precisions bf16,fp16,fp32-tf32,fp32,fp32-engine  --iters 30  --compile
          --matmul-macs 0,1073741824  (synth.codec_decoder.MATMUL_MACS values to time, default: as shipped)
+         --engine-compile  (compile what the engine compiles, as it runs the decoder)
 
 Random weights in the released layout (speech tokenizer weights cannot be downloaded here). Rows use
 scattered slots of a 256+1-slot pool whose windows are full (positions > 72). Also checks that a
@@ -68,6 +69,10 @@ def bench_precision(name, path, batches, iters, gen):
     for B in sorted(batches, reverse=True):
         codes = torch.randint(0, cfg.codebook_size, (B, cfg.num_quantizers, 1), generator=gen).cuda()
         slots = torch.randperm(slots_total, generator=gen)[:B].cuda()
+        t = time.perf_counter()
+        model.decode_step(codes, slots, state)
+        torch.cuda.synchronize()
+        print(f"{name} B={B}: first step {time.perf_counter() - t:.1f} s (compiles, if any)", flush=True)
         eager_ms = timed(lambda: model.decode_step(codes, slots, state), iters)
 
         snap = snapshot(state)
@@ -166,17 +171,24 @@ def main():
     ap.add_argument("--precisions", default="bf16,fp16,fp32-tf32,fp32")
     ap.add_argument("--iters", type=int, default=30)
     ap.add_argument("--compile", action="store_true", help="also time torch.compile'd eager steps (bf16; B=1, max B)")
+    ap.add_argument("--engine-compile", action="store_true",
+                    help="torch.compile the parts the engine compiles (synth.runner.compile_hot_functions) first")
+    ap.add_argument("--no-accuracy", action="store_true", help="skip the accuracy checks (four more models)")
     ap.add_argument("--matmul-macs", default=str(codec_decoder.MATMUL_MACS),
                     help="convolutions of at most this many multiply-adds run as one multiply; several: each timed")
     args = ap.parse_args()
     batches = [int(b) for b in args.batches.split(",")]
     gen = torch.Generator().manual_seed(0)
+    if args.engine_compile:
+        from talkgate.synth.runner import compile_hot_functions
+        compile_hot_functions()
     print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}")
     with tempfile.TemporaryDirectory() as tmp:
         t = time.perf_counter()
         path = write_random_codec_decoder(tmp, None, seed=0)
         print(f"random real-size checkpoint written in {time.perf_counter() - t:.1f} s")
-        accuracy(path, gen)
+        if not args.no_accuracy:
+            accuracy(path, gen)
         print("| precision | B | eager ms/step | CUDA graph ms/step | graph us/row | graph-vs-eager max diff (pcm, state) |")
         print("| --- | --- | --- | --- | --- | --- |")
         for name in args.precisions.split(","):

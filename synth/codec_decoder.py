@@ -191,11 +191,13 @@ class _Stateful(nn.Module):
         return x
 
 
-# A small step's convolutions (at most this many multiply-adds) run as one matrix multiply of their
+# A one-row step's convolutions (of at most this many multiply-adds) run as one matrix multiply of their
 # input windows: at batch 1 cuDNN picked NHWC kernels and converted input and weight from NCHW at every
-# call (nchwToNhwc, about 10 us each, 27 a step on the H100). Larger ones keep cuDNN (TF32), where the
-# exact float32 multiply costs more than the conversions (bench/decoder.py --matmul-macs on the H100:
-# at 2^28 and above, batch 8 lost 0.15-0.6 ms a step, batch 256 up to 0.9 ms; docs/benchmarks.md).
+# call (nchwToNhwc, about 10 us each, 27 a step on the H100). Larger ones, and every convolution of a
+# step of several rows, keep cuDNN (TF32): with more rows the multiply gained nothing (2 to 256 rows) and
+# the exact float32 multiply of larger ones costs more than the conversions (bench/decoder.py
+# --matmul-macs, docs/benchmarks.md). Deciding by rows, not by the rows' multiply-adds, also keeps the
+# compiled step (compile_hot_functions) to two versions: one row, and any number of rows.
 MATMUL_MACS = 1 << 27
 
 
@@ -214,13 +216,11 @@ class CausalConv(_Stateful):
             x = self.with_history(x, tails)
         w = self.conv.weight                                             # [C_out, C_in / groups, K]
         c_out, c_in, k = w.shape
-        if self.conv.groups > 1 or c_out * c_in * k * B * n > MATMUL_MACS:
+        if B > 1 or self.conv.groups > 1 or c_out * c_in * k * n > MATMUL_MACS:
             return self.conv(x)
-        # every row's windows side by side: one pass over the weight (one multiply per row read it B times)
-        sb, sc, st = x.stride()
-        windows = x.as_strided((c_in, k, B, n), (sc, self.conv.dilation[0] * st, sb, st)).reshape(c_in * k, B * n)
-        y = torch.addmm(self.conv.bias[:, None], w.view(c_out, c_in * k), windows)      # [C_out, B * n]
-        return y.view(c_out, B, n).transpose(0, 1).contiguous()
+        _, sc, st = x.stride()
+        windows = x.as_strided((c_in, k, n), (sc, self.conv.dilation[0] * st, st)).reshape(c_in * k, n)
+        return torch.addmm(self.conv.bias[:, None], w.view(c_out, c_in * k), windows)[None]    # [1, C_out, n]
 
 
 class CausalTransConv(_Stateful):
@@ -228,7 +228,8 @@ class CausalTransConv(_Stateful):
 
     Run as one matrix multiply: output phase j of block t is sum over s of W[:, :, j + (context - s) *
     stride] . x[t + s] (x with the carried frames in front), so `taps` [C_out * stride, (context + 1) *
-    C_in] times the windows of x stacked [(context + 1) * C_in, B * n] gives every row's blocks at once.
+    C_in] times the windows of x stacked [(context + 1) * C_in, B * n] gives every row's blocks at once
+    (computed transposed, rows first, so that a one-frame step's result is already in [B, C_out, stride]).
     cuDNN's transposed convolution (a data-gradient kernel) took 3.4 ms for one of them at 256 rows."""
 
     def __init__(self, in_channels: int, out_channels: int, kernel_size: int, stride: int):
@@ -239,6 +240,7 @@ class CausalTransConv(_Stateful):
         self.context = -(-kernel_size // stride) - 1  # earlier inputs whose kernel still reaches block t
         windows = self.context + 1
         self.register_buffer("taps", torch.zeros(out_channels * stride, windows * in_channels), persistent=False)
+        self.register_buffer("taps_bias", torch.zeros(out_channels * stride), persistent=False)
 
     def prepare(self):  # a copy of the weight in the multiply's layout
         w = self.conv.weight.detach()                                   # [C_in, C_out, K]
@@ -246,15 +248,16 @@ class CausalTransConv(_Stateful):
         windows, r = self.context + 1, self.stride
         w = F.pad(w, (0, windows * r - k)).view(c_in, c_out, windows, r).flip(2)   # [C_in, C_out, s, j]
         self.taps = w.permute(1, 3, 2, 0).reshape(c_out * r, windows * c_in)
+        self.taps_bias = self.conv.bias.detach().repeat_interleave(r)
 
     def forward(self, x: torch.Tensor, tails: torch.Tensor) -> torch.Tensor:
         B, c_in, n = x.shape
         if self.context:
             x = self.with_history(x, tails)
-        windows = x.unfold(-1, n, 1).permute(2, 1, 0, 3).reshape(-1, B * n)   # [(context+1) * C_in, B * n]
-        y = (self.taps @ windows).view(-1, self.stride, B, n).permute(2, 0, 3, 1)   # [B, C_out, n, stride]
-        out = torch.empty(y.shape, device=y.device, dtype=y.dtype)
-        return torch.add(y, self.conv.bias[:, None, None], out=out).view(B, -1, n * self.stride)
+        windows = x.unfold(-1, n, 1).permute(0, 3, 2, 1).reshape(B * n, -1)   # [B * n, (context+1) * C_in]
+        y = torch.addmm(self.taps_bias, windows, self.taps.T)            # [B * n, C_out * stride], bias fused
+        # [B, C_out, n, stride]: a view when n == 1 (the streaming step), a copy otherwise
+        return y.view(B, n, -1, self.stride).transpose(1, 2).reshape(B, -1, n * self.stride)
 
 
 class SnakeBeta(nn.Module):
@@ -636,17 +639,31 @@ class CodecDecoder(nn.Module):
         B, _, n = codes.shape
         pos = state.pos[slots]
         tails = state.tails[slots]  # gathered copy; every conv updates its slice, written back below
+        h = self.codes_in(codes, tails)                                 # [B, n, latent]
+        h = self.pre_transformer(h, pos, slots, state.kv)
+        wav = self.convs(h, tails)
+        state.tails.index_copy_(0, slots, tails)
+        state.pos.index_copy_(0, slots, pos + n)
+        return wav
+
+    # The parts before and after the transformer touch only the gathered `tails`, never a per-slot pool:
+    # compile_hot_functions (synth/runner.py) compiles each whole.
+    def codes_in(self, codes: torch.Tensor, tails: torch.Tensor) -> torch.Tensor:
+        """codes [B, Q, n] -> the transformer's input [B, n, latent]: RVQ lookup and the causal pre-conv."""
         h = self.quantizer(codes)                                       # [B, n, codebook_dim]
-        h = self.pre_conv(h.transpose(1, 2), tails)                     # [B, latent, n]
-        h = self.pre_transformer(h.transpose(1, 2), pos, slots, state.kv).transpose(1, 2)
+        return self.pre_conv(h.transpose(1, 2), tails).transpose(1, 2)
+
+    def convs(self, h: torch.Tensor, tails: torch.Tensor) -> torch.Tensor:
+        """The transformer's output [B, n, latent] -> pcm [B, n * frame_samples] float32: upsampling and
+        the decoder's conv stack."""
+        B = h.shape[0]
+        h = h.transpose(1, 2)
         for trans_conv, convnext in self.upsample:
             h = convnext(trans_conv(h, tails), tails)
         h = self.decoder[0](h, tails)
         for block in self.decoder[1:-2]:
             h = block(h, tails)
         wav = self.decoder[-1](self.decoder[-2](h), tails)              # [B, 1, n * frame_samples]
-        state.tails.index_copy_(0, slots, tails)
-        state.pos.index_copy_(0, slots, pos + n)
         return wav.clamp(-1, 1).view(B, -1).float()
 
     @torch.no_grad()

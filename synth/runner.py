@@ -309,7 +309,8 @@ def compile_hot_functions() -> None:
     # the sampler is one Triton kernel of its own (synth/sample_kernel.py)
     for owner, name in ((model.RMSNorm, "forward"), (model.RMSNorm, "residual"), (model.Attention, "qkv"),
                         (model.MLP, "forward"), (codec_decoder.SnakeBeta, "forward"),
-                        (codec_decoder.RMSNorm, "residual"), (codec_decoder.Mlp, "forward")):
+                        (codec_decoder.RMSNorm, "residual"), (codec_decoder.Mlp, "forward"),
+                        (codec_decoder.CodecDecoder, "codes_in"), (codec_decoder.CodecDecoder, "convs")):
         fn = getattr(owner, name)
         if not getattr(fn, "talkgate_compiled", False):
             setattr(owner, name, cuda_only(fn))

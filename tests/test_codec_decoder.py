@@ -97,18 +97,18 @@ def test_streaming_equals_full_decode(tiny, policy):
 
 @pytest.mark.parametrize("kernel, dilation", [(7, 3), (3, 1), (1, 1)])
 def test_small_steps_convolve_as_one_multiply(monkeypatch, kernel, dilation):
-    """A small step's convolution (windows times the weight) gives what the convolution gives, carried
-    frames included, for rows of a transposed (non-contiguous) input too."""
+    """A one-row step's convolution (windows times the weight) gives what the convolution gives, carried
+    frames included, for a transposed (non-contiguous) input too."""
     torch.manual_seed(0)
     conv = CausalConv(6, 5, kernel, dilation=dilation)
-    x = torch.randn(3, 4, 6).transpose(1, 2)                      # [B, C, n], not contiguous
-    tails = torch.randn(3, 6 * conv.context)
+    x = torch.randn(1, 4, 6).transpose(1, 2)                      # [1, C, n], not contiguous
+    tails = torch.randn(1, 6 * conv.context)
     outs = []
     for macs in (0, 1 << 20):                                     # the convolution, then the multiply
         monkeypatch.setattr(codec_decoder, "MATMUL_MACS", macs)
         t = tails.clone()
         outs.append((conv(x, t), t))
-    assert outs[0][0].shape == outs[1][0].shape == (3, 5, 4)
+    assert outs[0][0].shape == outs[1][0].shape == (1, 5, 4)
     assert (outs[0][0] - outs[1][0]).abs().max() <= 1e-6 and torch.equal(outs[0][1], outs[1][1])
 
 
