@@ -5,7 +5,7 @@ softmax, cumsum, the integer hash noise, Gumbel, argmax): 16 draws a frame made 
 largest group of kernels in a batch-1 step (bench/engine.py profile). Here one program per row holds
 the row's logits in registers and does all of it:
 - top-k: the k-th largest value found exactly by a 16-way search over the float's order-preserving
-  int32 key (8 rounds, each 16 counts over the row), no sort;
+  int32 key (rounds of 16 counts over the row, the bracket snapped to the keys inside it), no sort;
 - top-p: the smallest value whose "mass above" (softmax of the top-k survivors) is below top_p, by
   the same bisection (skipped when top_p >= 1);
 - noise: the same lowbias32 hash of (seed, counter, stream, index) as synth.sampling.uniform_noise,
@@ -30,6 +30,11 @@ def mix32(x):
 
 
 @triton.jit
+def _min_max(a_min, a_max, b_min, b_max):
+    return tl.minimum(a_min, b_min), tl.maximum(a_max, b_max)
+
+
+@triton.jit
 def sample_row(LOGITS, V, temperature, top_k, top_p, greedy, seed, counter, stream_key, BLOCK: tl.constexpr):
     """One id from the float32 logits LOGITS[:V] of one row (its parameters as scalars). Also called by the
     code predictor's persistent kernel (synth/persistent.py), which rewrites LOGITS every codebook:
@@ -48,23 +53,35 @@ def sample_row(LOGITS, V, temperature, top_k, top_p, greedy, seed, counter, stre
     k = tl.where(k <= 0, V, k)
     k = tl.minimum(tl.maximum(k, 1), V)
     # k-th largest key: the largest t with count(key >= t) >= k, searched over [lo, hi) in 16 parts at a
-    # time (at most 8 rounds of one 16-way count instead of 32 halvings: each round is a sum across the
-    # warps). A cut that holds exactly k keys already gives the survivors (the keys >= it are the k largest),
-    # so the search stops there (H100, the predictor's bf16 logits: 3 to 8 rounds, 5.6 on average; ties at
-    # the k-th value keep it going). A round cost about 2 us of a 15-us draw with int64 keys
+    # time (one 16-way count a round instead of 32 halvings: each round is a sum across the warps). The
+    # bracket starts at the smallest of GROUPS group maxima (at least that many keys lie at or above it)
+    # and after each round shrinks to the keys inside it: logits that take few distinct values (the
+    # predictor's are bf16) are then resolved in 2 or 3 rounds instead of 3 to 8. A cut that holds exactly
+    # k keys already gives the survivors (the keys >= it are the k largest), so the search stops there.
+    GROUPS: tl.constexpr = 128 if BLOCK >= 2048 else BLOCK // 16
+    MAXI: tl.constexpr = 2147483647
+    MINI: tl.constexpr = -2147483648
+    gmax = tl.max(tl.reshape(key, [GROUPS, BLOCK // GROUPS]), axis=1)
+    filled = gmax > MINI
     lo = tl.min(key, axis=0).to(tl.int64)                   # the search's bounds in int64: hi may be 2^31
+    if k <= tl.sum(filled.to(tl.int32), axis=0):
+        lo = tl.min(tl.where(filled, gmax, MAXI), axis=0).to(tl.int64)
     hi = tl.max(key, axis=0).to(tl.int64) + 1
     if k < V:
         part = tl.arange(0, 16).to(tl.int64)
         while hi - lo > 1:
             cut = lo + part * ((hi - lo + 15) // 16)                                # cut[0] == lo
-            cut32 = tl.minimum(cut, 2147483647).to(tl.int32)                      # cuts >= hi are not used
+            cut32 = tl.minimum(cut, MAXI).to(tl.int32)                            # cuts >= hi are not used
             count = tl.sum(((key[None, :] >= cut32[:, None]) & valid[None, :]).to(tl.int32), axis=1)
             kept = (cut < hi) & (count >= k)
             new_lo = tl.max(tl.where(kept, cut, lo), axis=0)                      # counts fall with the cut
             exact = tl.min(tl.where(kept, count, V + 1), axis=0) == k             # the count at new_lo
-            hi = tl.where(exact, new_lo + 1, tl.min(tl.where((cut > new_lo) & (cut < hi), cut, hi), axis=0))
-            lo = new_lo
+            new_hi = tl.min(tl.where((cut > new_lo) & (cut < hi), cut, hi), axis=0)
+            # not exact: count(>= new_lo) >= k > count(>= new_hi), so some key lies in [new_lo, new_hi)
+            inside = valid & (key >= new_lo) & (key < new_hi)
+            first, last = tl.reduce((tl.where(inside, key, MAXI), tl.where(inside, key, MINI)), 0, _min_max)
+            lo = tl.where(exact, new_lo, first.to(tl.int64))
+            hi = tl.where(exact, new_lo + 1, last.to(tl.int64) + 1)
     survivor = valid & (key >= lo)
 
     if top_p < 1.0:

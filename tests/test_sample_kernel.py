@@ -63,3 +63,21 @@ def test_kernel_respects_top_k_and_greedy_exactly(kernel):
     greedy = kernel.sample(logits, temperature, top_k, torch.ones(B, device=DEVICE),
                            torch.ones(B, dtype=torch.bool, device=DEVICE), seed, counter, 4)
     assert torch.equal(greedy, logits.argmax(-1))
+
+
+@pytest.mark.parametrize("step", [2 ** -6, 0.25])
+def test_kernel_keeps_ties_of_few_valued_logits(kernel, step):
+    """Logits that take few distinct values (the code predictor's are bf16; coarser here: many ties at
+    the k-th largest) keep exactly the PyTorch sampler's top-k survivors: each row's id is drawn from
+    them, the same as the PyTorch sampler's."""
+    from talkgate.synth.sampling import sample_torch
+    V, B = 2048, 64 if CUDA else 12
+    logits, temperature, _, _, _, seed, counter = rows(B, V, seed=5)
+    logits = (logits / step).round() * step
+    top_k = torch.tensor([50, 1, 2, 20, 64, 100, 127, 128, 129, 500, 2047, 50] * (B // 12 + 1), device=DEVICE)[:B]
+    args = (logits, temperature, top_k, torch.ones(B, device=DEVICE), torch.zeros(B, dtype=torch.bool, device=DEVICE),
+            seed, counter, 2)
+    got, want = kernel.sample(*args), sample_torch(*args)
+    assert (got != want).sum() <= (B // 50 if CUDA else 0)
+    kth = (logits / temperature[:, None]).topk(int(top_k.max()), dim=-1).values.gather(1, top_k[:, None] - 1)
+    assert ((logits / temperature[:, None]).gather(1, got[:, None]) >= kth).all()
