@@ -284,10 +284,12 @@ class Runner:
 
 def compile_hot_functions() -> None:
     """torch.compile the model's leaf functions that every layer and every codebook calls (RMSNorm,
-    q/k/v with q/k norm and RoPE, the SwiGLU MLP; the decoder's SnakeBeta, and its transformer's SwiGLU
-    MLP and layer-scaled residual add with the next norm): a frame is otherwise about 7,000 kernels of
-    1-5 us, mostly elementwise. Small graphs compile in seconds (a whole-step compile took over 5
-    minutes). Process-wide and idempotent; CPU tensors keep the plain functions."""
+    q/k/v with q/k norm and RoPE, the SwiGLU MLP; the decoder transformer's SwiGLU MLP and layer-scaled
+    residual add with the next norm), and the decoder's parts before and after its transformer whole
+    (CodecDecoder.codes_in, CodecDecoder.convs: the SnakeBetas, conv tails and window gathers fused around
+    the multiplies): a frame is otherwise about 7,000 kernels of 1-5 us, mostly elementwise. Small graphs
+    compile in seconds, the decoder's parts in about a minute (a whole-step compile took over 5 minutes).
+    Process-wide and idempotent; CPU tensors keep the plain functions."""
     import functools
 
     from talkgate.synth import codec_decoder, model
@@ -302,14 +304,10 @@ def compile_hot_functions() -> None:
         call.talkgate_compiled = True
         return call
 
-    # SnakeBeta sees inputs of several layouts (slices of transposed-conv outputs): one compile per
-    # layout, more than dynamo's default limit of 8 per function. (Compiling the decoder's whole step
-    # was slower: inductor copies the whole per-slot state pools it updates in place, 5 ms a step.)
-    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 32)
-    # the sampler is one Triton kernel of its own (synth/sample_kernel.py)
+    # Not the decoder's whole step: it updates the per-slot state pools in place, which inductor copies
+    # whole (5 ms a step). The sampler is one Triton kernel of its own (synth/sample_kernel.py).
     for owner, name in ((model.RMSNorm, "forward"), (model.RMSNorm, "residual"), (model.Attention, "qkv"),
-                        (model.MLP, "forward"), (codec_decoder.SnakeBeta, "forward"),
-                        (codec_decoder.RMSNorm, "residual"), (codec_decoder.Mlp, "forward"),
+                        (model.MLP, "forward"), (codec_decoder.RMSNorm, "residual"), (codec_decoder.Mlp, "forward"),
                         (codec_decoder.CodecDecoder, "codes_in"), (codec_decoder.CodecDecoder, "convs")):
         fn = getattr(owner, name)
         if not getattr(fn, "talkgate_compiled", False):
