@@ -66,7 +66,7 @@ def sample_row(LOGITS, V, temperature, top_k, top_p, greedy, seed, counter, stre
     lo = tl.min(key, axis=0).to(tl.int64)                   # the search's bounds in int64: hi may be 2^31
     if k <= tl.sum(filled.to(tl.int32), axis=0):
         lo = tl.min(tl.where(filled, gmax, MAXI), axis=0).to(tl.int64)
-    hi = tl.max(key, axis=0).to(tl.int64) + 1
+    hi = tl.max(gmax, axis=0).to(tl.int64) + 1              # the row's largest key
     if k < V:
         part = tl.arange(0, 16).to(tl.int64)
         while hi - lo > 1:
