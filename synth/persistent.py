@@ -12,7 +12,8 @@ columns over the programs and ends at a grid barrier (an atomic counter). One de
 talker_kernel: the layers at each row's (slot, position), then the final norm; its attention runs in
 parts of 64 cached positions, combined after one more barrier (_attend_split).
 predictor_kernel: passes t = 0..15 (position t of the frame: the Talker's hidden state, the codebook-0
-embedding, then the embeddings of codebooks 1..14) through the layers into a scratch cache, and for t >= 1
+embedding, then the embeddings of codebooks 1..14) through the layers into a scratch cache (at one row with
+phase B folded into C: _attend_project), and for t >= 1
     F  head t of the final norm -> logits    G  draw codebook t per row (synth/sample_kernel.py's
     P  small_to_mtp_projection (1.7B)           sample_row): its embedding joins the sum, feeds pass t + 1
 
@@ -179,17 +180,17 @@ def _rows_cols(nrows, n0, N, ROWS: tl.constexpr, BN: tl.constexpr):
 
 
 @triton.jit
-def _residual_matmul(IN, X, X0, W, ws, pid, nrows, N_IN: tl.constexpr, HP: tl.constexpr, BN: tl.constexpr,
+def _residual_matmul(IN, RES, X, X0, W, ws, pid, nrows, N_IN: tl.constexpr, HP: tl.constexpr, BN: tl.constexpr,
                      CH: tl.constexpr, BK: tl.constexpr, ROWS: tl.constexpr, NPROG: tl.constexpr, P: tl.constexpr,
                      active, skip):
-    """C and E: X += IN @ W^T for this program's columns (skip: X = X0[:, 1], the next pass's input); ws its
-    first tiles."""
+    """C (the Talker's) and E: X = RES + IN @ W^T for this program's columns (skip: X = X0[:, 1], the next
+    pass's input); ws its first tiles."""
     DT: tl.constexpr = X.dtype.element_ty
     xs = _inputs(IN, nrows, active, N_IN, BK, ROWS)
     acc = _stream(W, pid, HP, active, xs, ws, N_IN, BN, CH, BK, 1, ROWS, NPROG, P)
     for c in tl.static_range(CH):
         off, mask = _rows_cols(nrows, (pid + c * NPROG) * BN, HP, ROWS, BN)
-        x = tl.load(X + off, mask=mask, other=0.0, cache_modifier=".cg").to(tl.float32)
+        x = tl.load(RES + off, mask=mask, other=0.0, cache_modifier=".cg").to(tl.float32)
         nxt = tl.load(X0 + off + (off // HP + 1) * HP, mask=mask & skip, other=0.0).to(tl.float32)
         tl.store(X + off, tl.where(skip, nxt, x + acc[c].to(DT).to(tl.float32)).to(DT), mask=mask)
 
@@ -208,11 +209,12 @@ def _normed_matmul(X, NW, W, ws, OUT, pid, nrows, eps, N: tl.constexpr, HP: tl.c
 
 
 @triton.jit
-def _swiglu(X, NW, W, ws, ACT, pid, nrows, eps, active, I: tl.constexpr, HP: tl.constexpr, BN: tl.constexpr,
+def _swiglu(xs, NW, W, ws, ACT, pid, nrows, eps, active, I: tl.constexpr, HP: tl.constexpr, BN: tl.constexpr,
             CH: tl.constexpr, BK: tl.constexpr, ROWS: tl.constexpr, NPROG: tl.constexpr, P: tl.constexpr):
-    """D: ACT = SiLU(gate) * up of rms_norm(X), W the fused [gate; up] rows (two operands); ws its first tiles."""
-    DT: tl.constexpr = X.dtype.element_ty
-    xs = _normed(_inputs(X, nrows, True, HP, BK, ROWS), NW, eps, HP, BK, ROWS, DT)
+    """D: ACT = SiLU(gate) * up of rms_norm(xs) (the residual rows as _inputs' chunks), W the fused [gate; up]
+    rows (two operands); ws its first tiles."""
+    DT: tl.constexpr = ACT.dtype.element_ty
+    xs = _normed(xs, NW, eps, HP, BK, ROWS, DT)
     acc = _stream(W, pid, I, active, xs, ws, HP, BN, CH, BK, 2, ROWS, NPROG, P)
     for c in tl.static_range(CH):
         gate = acc[c].to(DT).to(tl.float32)
@@ -250,8 +252,79 @@ def _draw(LOGITS, EMB, ESUM, NEXT, CODES, TEMP, TOPK, TOPP, GREEDY, SEED, COUNTE
 
 
 @triton.jit
-def _attend_split(target, QKV, NQ, NK, eps, COS, SIN, scs, KC, VC, sks, skh, SLOTS, POS, ATT, PART, ML, SYNC, pid,
-                  nrows, scale, HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, ROWS: tl.constexpr,
+def _o_tiles(WO, pid, HP: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, BN: tl.constexpr,
+             ITEMS: tl.constexpr, NPROG: tl.constexpr):
+    """The o_proj weights of this program's items in the code predictor's phase C (a tuple): item j = pid + i *
+    NPROG is kv head h = j // (HP // BN) for output columns (j % (HP // BN)) * BN..: the tile [BN, GROUP, D] of
+    W [HP, HQ * D] at those columns and the inputs of h's query group. Items past the last load nothing."""
+    GROUP: tl.constexpr = HQ // HKV
+    NCH: tl.constexpr = HP // BN
+    g = tl.arange(0, GROUP)
+    d = tl.arange(0, D)
+    ws = ()
+    for i in tl.static_range(ITEMS):
+        j = pid + i * NPROG
+        n = (j % NCH) * BN + tl.arange(0, BN)
+        off = n[:, None, None] * (HQ * D) + (((j // NCH) * GROUP + g) * D)[None, :, None] + d[None, None, :]
+        ws = ws + (tl.load(WO + off, mask=off * 0 + j < HKV * NCH, other=0.0, eviction_policy="evict_first"),)
+    return ws
+
+
+@triton.jit
+def _attend_project(ws, QKV, NQ, NK, eps, COS, SIN, KC, VC, skh, pos, OPART, pid, scale, HP: tl.constexpr,
+                    HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, BN: tl.constexpr, ITEMS: tl.constexpr,
+                    NPROG: tl.constexpr, BLOCK: tl.constexpr):
+    """The code predictor's phase C of one row with the attention folded in: for each item (kv head h, BN
+    output columns; _o_tiles, ws), h's attention (attend_range over the pass's positions [0, pos) and the
+    token, whose K/V every program of the head writes alike), rounded to the model dtype as the PyTorch path
+    rounds it, times the tile: OPART[h, columns], h's part of o_proj, summed by phase D (_attended). The
+    attention reads at most 16 positions, so the 16 programs of a head each compute it instead of waiting a
+    barrier for 8 programs to: one phase and barrier a layer less (H100: phases B + C + D 14.6 -> 13.9 us;
+    with two rows, two attentions a program and twice the parts to sum made it slower)."""
+    DT: tl.constexpr = KC.dtype.element_ty
+    GROUP: tl.constexpr = HQ // HKV
+    NCH: tl.constexpr = HP // BN
+    for i in tl.static_range(ITEMS):
+        j = pid + i * NPROG
+        h = j // NCH
+        if h < HKV:
+            m, l, acc = attend_range(QKV, NQ, NK, eps, COS, SIN, KC, VC, h * skh, D, pos, 0, pos, True, scale, h,
+                                     HQ, HKV, GROUP, D, BLOCK)
+            o = (acc / l[:, None]).to(DT).to(tl.float32)
+            n = (j % NCH) * BN + tl.arange(0, BN)
+            tl.store(OPART + h * HP + n, tl.sum(tl.sum(ws[i].to(tl.float32) * o[None, :, :], axis=2), axis=1))
+
+
+@triton.jit
+def _attended(X, OPART, X2, pid, HP: tl.constexpr, BK: tl.constexpr, HKV: tl.constexpr, NPROG: tl.constexpr):
+    """Phase D's input in the code predictor (one row), as _inputs' chunks: the residual X plus o_proj, the
+    sum of phase C's kv-head parts (OPART) rounded to the model dtype once, as the PyTorch path rounds the
+    product. Also written to X2 (this program's share of the columns), the residual that phase E adds to: X
+    itself is still being read by the other programs."""
+    DT: tl.constexpr = X.dtype.element_ty
+    SHARE: tl.constexpr = (HP + NPROG - 1) // NPROG
+    xs = _inputs(X, 1, True, HP, BK, 1)
+    kk = tl.arange(0, BK)
+    out = ()
+    for i in tl.static_range(HP // BK):
+        o = tl.zeros([BK], tl.float32)
+        for h in tl.static_range(HKV):
+            o += tl.load(OPART + h * HP + i * BK + kk, cache_modifier=".cg")
+        x = (xs[i] + o.to(DT).to(tl.float32)).to(DT)
+        tl.store(X2 + i * BK + kk, x, mask=(i * BK + kk) // SHARE == pid)
+        out = out + (x.to(tl.float32),)
+    return out
+
+
+@triton.jit
+def _of_row(values, b, ROWS: tl.constexpr):
+    """values[b] of a [ROWS] tensor held in registers."""
+    return tl.sum(tl.where(tl.arange(0, ROWS) == b, values, 0), axis=0)
+
+
+@triton.jit
+def _attend_split(target, QKV, NQ, NK, eps, COS, SIN, scs, KC, VC, sks, skh, slot_rows, pos_rows, ATT, PART, ML,
+                  SYNC, pid, nrows, scale, HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, ROWS: tl.constexpr,
                   NPROG: tl.constexpr, BLOCK: tl.constexpr, SPLIT: tl.constexpr, MAXSPLIT: tl.constexpr):
     """Phase B with a long cache (flash-decoding): one program a (row, kv head, part of SPLIT positions), so a
     row's attention does not wait on one program reading hundreds of positions (at position 600 that was
@@ -266,11 +339,11 @@ def _attend_split(target, QKV, NQ, NK, eps, COS, SIN, scs, KC, VC, sks, skh, SLO
         part = j % MAXSPLIT
         b = j // (HKV * MAXSPLIT)
         h = (j // MAXSPLIT) % HKV
-        n = tl.load(POS + b).to(tl.int32)
+        n = _of_row(pos_rows, b, ROWS)
         last = n // SPLIT
         if part <= last:
             m, l, acc = attend_range(QKV + b * NQKV, NQ, NK, eps, COS + b * scs, SIN + b * scs, KC, VC,
-                                     tl.load(SLOTS + b) * sks + h * skh, D, n, part * SPLIT,
+                                     _of_row(slot_rows, b, ROWS) * sks + h * skh, D, n, part * SPLIT,
                                      tl.minimum(part * SPLIT + SPLIT, n), part == last, scale, h, HQ, HKV, GROUP, D,
                                      BLOCK)
             if last == 0:
@@ -281,14 +354,13 @@ def _attend_split(target, QKV, NQ, NK, eps, COS, SIN, scs, KC, VC, sks, skh, SLO
                 tl.store(PART + at * GROUP * D + g[:, None] * D + d[None, :], acc)
                 tl.store(ML + at * 2 * GROUP + g, m)
                 tl.store(ML + at * 2 * GROUP + GROUP + g, l)
-    r = tl.arange(0, ROWS)
-    if tl.max(tl.load(POS + r, mask=r < nrows, other=0), axis=0) >= SPLIT:
+    if tl.max(pos_rows, axis=0) >= SPLIT:
         target += NPROG
         _grid_sync(SYNC, target, NPROG)
         for j in range(pid, nrows * HKV, NPROG):
             b = j // HKV
             h = j % HKV
-            last = tl.load(POS + b).to(tl.int32) // SPLIT
+            last = _of_row(pos_rows, b, ROWS) // SPLIT
             if last > 0:
                 m = tl.full([GROUP], float("-inf"), tl.float32)
                 l = tl.zeros([GROUP], tl.float32)
@@ -310,9 +382,10 @@ def _attend_split(target, QKV, NQ, NK, eps, COS, SIN, scs, KC, VC, sks, skh, SLO
 
 @triton.jit
 def _layer(target, l, wa, keep, skip, X, X0, QKV, ATT, ACT, SYNC, WQKV, WO, WGU, WD, NIN, NPOST, NQ, NK,
-           KC, VC, sks, skh, SLOTS, POS, pos_all, COS, SIN, PART, ML, pid, nrows, eps, scale,
+           KC, VC, sks, skh, slot_rows, pos_rows, pos_all, COS, SIN, PART, ML, OPART, X2, pid, nrows, eps, scale,
            HP: tl.constexpr, I: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr,
            ROWS: tl.constexpr, NPROG: tl.constexpr, BLOCK: tl.constexpr, SPLIT: tl.constexpr, MAXSPLIT: tl.constexpr,
+           FOLD: tl.constexpr,
            BN_A: tl.constexpr, CH_A: tl.constexpr, BK_A: tl.constexpr, P_A: tl.constexpr, BN_C: tl.constexpr, CH_C: tl.constexpr,
            BK_C: tl.constexpr, P_C: tl.constexpr, BN_D: tl.constexpr, CH_D: tl.constexpr, BK_D: tl.constexpr, P_D: tl.constexpr, BN_E: tl.constexpr,
            CH_E: tl.constexpr, BK_E: tl.constexpr, P_E: tl.constexpr):
@@ -321,9 +394,11 @@ def _layer(target, l, wa, keep, skip, X, X0, QKV, ATT, ACT, SYNC, WQKV, WO, WGU,
     first tiles are loaded. Returns the barrier count after phase E, whose barrier it arrives at but
     does not wait for: the caller loads the tiles of whatever comes next, then waits. keep false: skip the
     MLP; skip true: phase E stores X0[:, 1] instead (see predictor_kernel). Row b's K/V go to KC/VC at slot
-    * sks + head * skh: SPLIT == 0 (the code predictor): slot b, position pos_all, RoPE row COS/SIN;
-    SPLIT > 0 (the Talker): slot SLOTS[b], position POS[b], RoPE row COS/SIN + b * D, attention in
-    SPLIT-position parts (_attend_split)."""
+    * sks + head * skh: SPLIT == 0 (the code predictor): slot b, position pos_all, RoPE row COS/SIN; FOLD
+    (the code predictor's single row): the attention folded into phase C (_attend_project: o_proj in kv-head
+    parts OPART, summed into X2 by phase D; BN_C and CH_C are its tile width and items a program). SPLIT > 0
+    (the Talker): slot slot_rows[b], position pos_rows[b] ([ROWS] in registers), RoPE row COS/SIN + b * D,
+    attention in SPLIT-position parts (_attend_split)."""
     li = tl.cast(l, tl.int64)
     NQKV: tl.constexpr = (HQ + 2 * HKV) * D
     QD: tl.constexpr = HQ * D
@@ -333,31 +408,45 @@ def _layer(target, l, wa, keep, skip, X, X0, QKV, ATT, ACT, SYNC, WQKV, WO, WGU,
     _normed_matmul(X, NIN + l * HP, WQKV + li * NQKV * HP, wa, QKV, pid, nrows, eps, NQKV, HP, BN_A, CH_A, BK_A,
                    ROWS, NPROG, P_A)
     _arrive(SYNC, NPROG)
-    wc = _tiles(W_O, pid, HP, True, QD, BN_C, CH_C, BK_C, 1, NPROG, P_C)             # held through the attention
+    if FOLD:                                                  # the tiles are held through the attention
+        wc = _o_tiles(W_O, pid, HP, HQ, HKV, D, BN_C, CH_C, NPROG)
+    else:
+        wc = _tiles(W_O, pid, HP, True, QD, BN_C, CH_C, BK_C, 1, NPROG, P_C)
     target += NPROG
     _wait(SYNC, target, NPROG)
-    if SPLIT == 0:
-        for j in range(pid, nrows * HKV, NPROG):              # B: one program a (row, kv head)
-            b = j // HKV
-            attend_one_token(QKV + b * NQKV, NQ + l * D, NK + l * D, eps, COS, SIN, KC, VC, b * sks + (j % HKV) * skh,
-                             D, pos_all, ATT + b * QD, scale, j % HKV, HQ, HKV, HQ // HKV, D, BLOCK)
+    if FOLD:
+        _attend_project(wc, QKV, NQ + l * D, NK + l * D, eps, COS, SIN, KC, VC, skh, pos_all, OPART, pid, scale, HP,
+                        HQ, HKV, D, BN_C, CH_C, NPROG, BLOCK)
+        RES = X2
     else:
-        target = _attend_split(target, QKV, NQ + l * D, NK + l * D, eps, COS, SIN, D, KC, VC, sks, skh, SLOTS, POS,
-                               ATT, PART, ML, SYNC, pid, nrows, scale, HQ, HKV, D, ROWS, NPROG, BLOCK, SPLIT,
-                               MAXSPLIT)
-    target += NPROG
-    _grid_sync(SYNC, target, NPROG)
-    _residual_matmul(ATT, X, X0, W_O, wc, pid, nrows, QD, HP, BN_C, CH_C, BK_C, ROWS, NPROG, P_C, True, False)
+        if SPLIT == 0:
+            for j in range(pid, nrows * HKV, NPROG):          # B: one program a (row, kv head)
+                b = j // HKV
+                attend_one_token(QKV + b * NQKV, NQ + l * D, NK + l * D, eps, COS, SIN, KC, VC,
+                                 b * sks + (j % HKV) * skh, D, pos_all, ATT + b * QD, scale, j % HKV, HQ, HKV,
+                                 HQ // HKV, D, BLOCK)
+        else:
+            target = _attend_split(target, QKV, NQ + l * D, NK + l * D, eps, COS, SIN, D, KC, VC, sks, skh,
+                                   slot_rows, pos_rows, ATT, PART, ML, SYNC, pid, nrows, scale, HQ, HKV, D, ROWS, NPROG, BLOCK, SPLIT,
+                                   MAXSPLIT)
+        target += NPROG
+        _grid_sync(SYNC, target, NPROG)
+        _residual_matmul(ATT, X, X, X0, W_O, wc, pid, nrows, QD, HP, BN_C, CH_C, BK_C, ROWS, NPROG, P_C, True, False)
+        RES = X
     _arrive(SYNC, NPROG)
     wd = _tiles(W_GU, pid, I, keep, HP, BN_D, CH_D, BK_D, 2, NPROG, P_D)
     target += NPROG
     _wait(SYNC, target, NPROG)
-    _swiglu(X, NPOST + l * HP, W_GU, wd, ACT, pid, nrows, eps, keep, I, HP, BN_D, CH_D, BK_D, ROWS, NPROG, P_D)
+    if FOLD:
+        xs = _attended(X, OPART, X2, pid, HP, BK_D, HKV, NPROG)
+    else:
+        xs = _inputs(X, nrows, True, HP, BK_D, ROWS)
+    _swiglu(xs, NPOST + l * HP, W_GU, wd, ACT, pid, nrows, eps, keep, I, HP, BN_D, CH_D, BK_D, ROWS, NPROG, P_D)
     _arrive(SYNC, NPROG)
     we = _tiles(W_D, pid, HP, keep, I, BN_E, CH_E, BK_E, 1, NPROG, P_E)
     target += NPROG
     _wait(SYNC, target, NPROG)
-    _residual_matmul(ACT, X, X0, W_D, we, pid, nrows, I, HP, BN_E, CH_E, BK_E, ROWS, NPROG, P_E, keep, skip)
+    _residual_matmul(ACT, RES, X, X0, W_D, we, pid, nrows, I, HP, BN_E, CH_E, BK_E, ROWS, NPROG, P_E, keep, skip)
     _arrive(SYNC, NPROG)
     return target + NPROG
 
@@ -375,13 +464,17 @@ def talker_kernel(X, QKV, ATT, ACT, SYNC, OUT, WQKV, WO, WGU, WD, NIN, NPOST, NQ
     DT: tl.constexpr = X.dtype.element_ty
     NQKV: tl.constexpr = (HQ + 2 * HKV) * D
     target = pid * 0
+    # every layer's attention starts from the rows' slots and positions: loaded once, not once a layer
+    r = tl.arange(0, ROWS)
+    slot_rows = tl.load(SLOTS + r, mask=r < nrows, other=0).to(tl.int64)
+    pos_rows = tl.load(POS + r, mask=r < nrows, other=0).to(tl.int32)
     wa = _tiles(WQKV, pid, NQKV, True, HP, BN_A, CH_A, BK_A, 1, NPROG, P_A)
     for l in range(0, L):
         li = tl.cast(l, tl.int64)
         target = _layer(target, l, wa, True, False, X, X, QKV, ATT, ACT, SYNC, WQKV, WO, WGU, WD, NIN, NPOST, NQ,
-                        NK, KC + li * sl, VC + li * sl, sks, skh, SLOTS, POS, 0, COS, SIN, PART, ML, pid, nrows, eps,
-                        scale, HP, I, HQ, HKV, D, ROWS, NPROG, BLOCK, SPLIT, MAXSPLIT, BN_A, CH_A, BK_A, P_A,
-                        BN_C, CH_C, BK_C, P_C, BN_D, CH_D, BK_D, P_D, BN_E, CH_E, BK_E, P_E)
+                        NK, KC + li * sl, VC + li * sl, sks, skh, slot_rows, pos_rows, 0, COS, SIN, PART, ML, PART, X,
+                        pid, nrows, eps, scale, HP, I, HQ, HKV, D, ROWS, NPROG, BLOCK, SPLIT, MAXSPLIT, False, BN_A,
+                        CH_A, BK_A, P_A, BN_C, CH_C, BK_C, P_C, BN_D, CH_D, BK_D, P_D, BN_E, CH_E, BK_E, P_E)
         wa = _tiles(WQKV + (li + 1) * NQKV * HP, pid, NQKV, l + 1 < L, HP, BN_A, CH_A, BK_A, 1, NPROG, P_A)
         _wait(SYNC, target, NPROG)
     # the final norm, this program's columns
@@ -395,7 +488,7 @@ def talker_kernel(X, QKV, ATT, ACT, SYNC, OUT, WQKV, WO, WGU, WD, NIN, NPOST, NQ
 
 @triton.jit
 def predictor_kernel(
-        X0, X, QKV, ATT, ACT, KV, LOGITS, EIN, ESUM, CODES, SYNC,
+        X0, X, X2, QKV, ATT, OPART, ACT, KV, LOGITS, EIN, ESUM, CODES, SYNC,
         WQKV, WO, WGU, WD, NIN, NPOST, NQ, NK, NFINAL, HEADS, EMB, PW, PB, COS, SIN,
         TEMP, TOPK, TOPP, GREEDY, SEED, COUNTER, nrows, eps, scale,
         L: tl.constexpr, G: tl.constexpr, HP: tl.constexpr, HT: tl.constexpr, I: tl.constexpr,
@@ -416,9 +509,9 @@ def predictor_kernel(
         for l in range(0, L - 1):
             K = KV + tl.cast(l, tl.int64) * 2 * KV_ROWS
             target = _layer(target, l, wa, True, False, X, X0, QKV, ATT, ACT, SYNC, WQKV, WO, WGU, WD, NIN, NPOST,
-                            NQ, NK, K, K + KV_ROWS, HKV * G * D, G * D, X, X, t, COS + t * D, SIN + t * D, X, X, pid,
-                            nrows, eps, scale, HP, I, HQ, HKV, D, ROWS, NPROG, G, 0, 1, BN_A, CH_A, BK_A, P_A, BN_C, CH_C,
-                            BK_C, P_C, BN_D, CH_D, BK_D, P_D, BN_E, CH_E, BK_E, P_E)
+                            NQ, NK, K, K + KV_ROWS, HKV * G * D, G * D, X, X, t, COS + t * D, SIN + t * D, X, X, OPART,
+                            X2, pid, nrows, eps, scale, HP, I, HQ, HKV, D, ROWS, NPROG, G, 0, 1, ROWS == 1, BN_A, CH_A,
+                            BK_A, P_A, BN_C, CH_C, BK_C, P_C, BN_D, CH_D, BK_D, P_D, BN_E, CH_E, BK_E, P_E)
             wa = _tiles(WQKV + tl.cast(l + 1, tl.int64) * NQKV * HP, pid, NQKV, True, HP, BN_A, CH_A, BK_A, 1, NPROG, P_A)
             _wait(SYNC, target, NPROG)
         # the last layer, outside the loop so that the head's tiles (F) it loads at its last barrier are not
@@ -426,9 +519,9 @@ def predictor_kernel(
         # next input instead
         K = KV + (L - 1) * 2 * KV_ROWS
         target = _layer(target, L - 1, wa, t > 0, t == 0, X, X0, QKV, ATT, ACT, SYNC, WQKV, WO, WGU, WD, NIN, NPOST,
-                        NQ, NK, K, K + KV_ROWS, HKV * G * D, G * D, X, X, t, COS + t * D, SIN + t * D, X, X, pid,
-                        nrows, eps, scale, HP, I, HQ, HKV, D, ROWS, NPROG, G, 0, 1, BN_A, CH_A, BK_A, P_A, BN_C, CH_C,
-                        BK_C, P_C, BN_D, CH_D, BK_D, P_D, BN_E, CH_E, BK_E, P_E)
+                        NQ, NK, K, K + KV_ROWS, HKV * G * D, G * D, X, X, t, COS + t * D, SIN + t * D, X, X, OPART,
+                        X2, pid, nrows, eps, scale, HP, I, HQ, HKV, D, ROWS, NPROG, G, 0, 1, ROWS == 1, BN_A, CH_A,
+                        BK_A, P_A, BN_C, CH_C, BK_C, P_C, BN_D, CH_D, BK_D, P_D, BN_E, CH_E, BK_E, P_E)
         if t >= 1:
             W_F = HEADS + tl.cast(t - 1, tl.int64) * VOC * HP
             wf = _tiles(W_F, pid, VOC, True, HP, BN_F, CH_F, BK_F, 1, NPROG, P_F)
@@ -508,10 +601,16 @@ def _meta(sizes: dict) -> dict:
     return {f"{kind}_{part}": v for part, t in sizes.items() for kind, v in zip(("BN", "CH", "BK", "P"), t)}
 
 
-def _scratch(d, B: int, dev, dt) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """q/k/v, attention output and MLP activation rows of one layer, and the barrier counter."""
+def _attend_project_tiles(d, nprog: int) -> tuple[int, int, int, int]:
+    """(BN, items a program, -, -) of the code predictor's phase C (_attend_project): kv heads x column chunks
+    of BN, at most one item a program where there are programs enough (H100: 8 x 16 chunks of 64)."""
+    bn = min(d.hidden_size, max(4, triton.next_power_of_2(triton.cdiv(d.num_kv_heads * d.hidden_size, nprog))))
+    return bn, triton.cdiv(d.num_kv_heads * (d.hidden_size // bn), nprog), 0, 0
+
+
+def _scratch(d, B: int, dev, dt) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """q/k/v and MLP activation rows of one layer, and the barrier counter."""
     return (torch.empty(B, (d.num_heads + 2 * d.num_kv_heads) * d.head_dim, device=dev, dtype=dt),
-            torch.empty(B, d.num_heads * d.head_dim, device=dev, dtype=dt),
             torch.empty(B, d.intermediate_size, device=dev, dtype=dt),
             torch.zeros(1, device=dev, dtype=torch.int32))
 
@@ -526,7 +625,8 @@ def talker_step(talker, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, s
     dev, dt = x.device, x.dtype
     ROWS, nprog = triton.next_power_of_2(B), programs(dev)
     X = x.clone(memory_format=torch.contiguous_format)
-    qkv, att, act, sync = _scratch(d, B, dev, dt)
+    qkv, act, sync = _scratch(d, B, dev, dt)
+    att = torch.empty(B, d.num_heads * d.head_dim, device=dev, dtype=dt)
     out = torch.empty_like(X)
     kc, vc = talker.kv[0], talker.kv[1]                        # [L, slots, kv_heads, positions, head_dim]
     parts, group = triton.cdiv(kc.shape[3], split), d.num_heads // d.num_kv_heads
@@ -553,7 +653,14 @@ def predict(predictor, hidden: torch.Tensor, code0_embed: torch.Tensor, rows, co
     ROWS, nprog = triton.next_power_of_2(B), programs(dev)
     x0 = predictor._project(torch.stack([hidden, code0_embed], dim=1)).contiguous()     # [B, 2, HP]
     x = x0[:, 0].clone(memory_format=torch.contiguous_format)
-    qkv, att, act, sync = _scratch(d, B, dev, dt)
+    qkv, act, sync = _scratch(d, B, dev, dt)
+    fold = ROWS == 1                                                   # see _attend_project
+    if fold:                                                           # (x: unused pointers)
+        att = x
+        x2 = torch.empty(1, HP, device=dev, dtype=dt)                   # the residual between phases D and E
+        opart = torch.empty(d.num_kv_heads, HP, device=dev, dtype=torch.float32)     # o_proj by kv head
+    else:
+        att, x2, opart = torch.empty(B, d.num_heads * d.head_dim, device=dev, dtype=dt), x, x
     kv = torch.empty(d.num_layers, 2, ROWS, d.num_kv_heads, G, d.head_dim, device=dev, dtype=dt)
     logits = torch.empty(B, V, device=dev, dtype=torch.float32)
     ein = torch.empty(B, HT, device=dev, dtype=dt)
@@ -562,8 +669,10 @@ def predict(predictor, hidden: torch.Tensor, code0_embed: torch.Tensor, rows, co
     proj = predictor.small_to_mtp_projection
     pw, pb = (proj.weight, proj.bias) if proj is not None else (x, x)
     sizes = dict(_layer_tiles(d, nprog, ROWS), F=tiles(V, HP, nprog, ROWS), P=tiles(HP, HT, nprog, ROWS))
+    if fold:
+        sizes["C"] = _attend_project_tiles(d, nprog)
     predictor_kernel[(nprog,)](
-        x0, x, qkv, att, act, kv, logits, ein, esum, codes, sync,
+        x0, x, x2, qkv, att, opart, act, kv, logits, ein, esum, codes, sync,
         st.qkv, st.o, st.gate_up, st.down, st.input_norm, st.post_norm, st.q_norm, st.k_norm,
         predictor.norm.weight, predictor.heads, predictor.embeddings, pw, pb, predictor.cos, predictor.sin,
         rows.sub_temperature, rows.sub_top_k, rows.sub_top_p, rows.sub_greedy.view(torch.uint8), rows.seed,
