@@ -427,8 +427,8 @@ def _layer(target, l, wa, keep, skip, X, X0, QKV, ATT, ACT, SYNC, WQKV, WO, WGU,
                                  HQ // HKV, D, BLOCK)
         else:
             target = _attend_split(target, QKV, NQ + l * D, NK + l * D, eps, COS, SIN, D, KC, VC, sks, skh,
-                                   slot_rows, pos_rows, ATT, PART, ML, SYNC, pid, nrows, scale, HQ, HKV, D, ROWS, NPROG, BLOCK, SPLIT,
-                                   MAXSPLIT)
+                                   slot_rows, pos_rows, ATT, PART, ML, SYNC, pid, nrows, scale, HQ, HKV, D, ROWS,
+                                   NPROG, BLOCK, SPLIT, MAXSPLIT)
         target += NPROG
         _grid_sync(SYNC, target, NPROG)
         _residual_matmul(ATT, X, X, X0, W_O, wc, pid, nrows, QD, HP, BN_C, CH_C, BK_C, ROWS, NPROG, P_C, True, False)
