@@ -63,9 +63,11 @@ def sample_row(LOGITS, V, temperature, top_k, top_p, greedy, seed, counter, stre
     MINI: tl.constexpr = -2147483648
     gmax = tl.max(tl.reshape(key, [GROUPS, BLOCK // GROUPS]), axis=1)
     filled = gmax > MINI
-    lo = tl.min(key, axis=0).to(tl.int64)                   # the search's bounds in int64: hi may be 2^31
+    # the search's bounds in int64: hi may be 2^31; the whole row's minimum only when k exceeds the groups
     if k <= tl.sum(filled.to(tl.int32), axis=0):
         lo = tl.min(tl.where(filled, gmax, MAXI), axis=0).to(tl.int64)
+    else:
+        lo = tl.min(key, axis=0).to(tl.int64)
     hi = tl.max(gmax, axis=0).to(tl.int64) + 1              # the row's largest key
     if k < V:
         part = tl.arange(0, 16).to(tl.int64)
