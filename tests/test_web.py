@@ -30,6 +30,9 @@ SHORT = "Hello there, this is a test of streaming speech."
 LONG = ("This sentence is long enough that the speech is still being generated when the person "
         "interrupts it, which is exactly the moment a barge-in has to silence the player and cancel "
         "the utterance on the server, without a trailing word of stale audio reaching the speaker.")
+# The tiny model's random weights sample the end of speech at a random frame, sometimes before playback
+# gets going: the tests that interrupt LONG give it a fixed length (32 s) so that it is still speaking.
+LONG_FRAMES = 400
 
 
 class Client:
@@ -55,8 +58,9 @@ class Client:
     def last(self) -> dict:
         return self.snap()["utterances"][-1]
 
-    def speak(self, text: str, fmt: str = "opus/48000", mode: str = "whole") -> None:
+    def speak(self, text: str, fmt: str = "opus/48000", mode: str = "whole", frames: int | None = None) -> None:
         self.page.fill("#text", text)
+        self.page.fill("#frames", "" if frames is None else str(frames))
         self.page.select_option("#format", fmt)
         self.page.check(f"input[name=mode][value={mode}]")
         self.page.click("#speak")
@@ -169,7 +173,7 @@ def _assert_cancelled_quietly(client, reason: str) -> None:
 
 
 def test_stop_button_silences_playback_within_100ms(client):
-    client.speak(LONG, "opus/48000")
+    client.speak(LONG, "opus/48000", frames=LONG_FRAMES)
     client.wait_playing(300)
     assert client.last()["outcome"] == "speaking"          # still being generated: the cancel goes to the server
     client.page.click("#stop")
@@ -185,7 +189,7 @@ def test_microphone_barge_in_silences_playback_within_100ms(client):
     time.sleep(0.4)
     assert client.snap()["bargeIns"] == 0
     page.evaluate("talkgate.setMicLevel(-100)")
-    client.speak(LONG, "pcm_s16le/48000")
+    client.speak(LONG, "pcm_s16le/48000", frames=LONG_FRAMES)
     client.wait_playing(300)
     page.evaluate("talkgate.setMicLevel(-10)")             # the person starts talking
     client.wait("talkgateStats.bargeIns === 1", 5)
@@ -198,13 +202,26 @@ def test_fake_microphone_signal_triggers_barge_in(client):
     page.fill("#hold", "40")
     page.dispatch_event("#hold", "change")
     page.eval_on_selector("#threshold", "el => { el.value = -60; el.dispatchEvent(new Event('input')); }")
-    client.speak(LONG, "opus/48000")
+    client.speak(LONG, "opus/48000", frames=LONG_FRAMES)
     client.wait_playing(100)
     page.check("#mic")
     client.wait("talkgateStats.bargeIns === 1", 10)
     client.wait("talkgateStats.cancelToSilenceMs !== null", 5)
     assert client.snap()["cancelToSilenceMs"] < 100
     assert client.last()["outcome"] == "barge-in"
+    assert client.problems == []
+
+
+def test_fixed_length_runs_to_exactly_that_many_frames(client):
+    client.speak(SHORT, "pcm_s16le/24000", frames=5)
+    client.wait("talkgateStats.utterances.at(-1)?.outcome.startsWith('done')", 30)
+    u = client.last()
+    assert u["outcome"] == "done (length)" and u["serverAudioMs"] == 5 * 80
+    assert client.snap()["decodedSamples"] == 5 * 1920
+    client.speak(SHORT, "pcm_s16le/24000", frames=0)       # out of range: the server's words, no audio
+    client.wait("talkgateStats.errors.length === 1", 10)
+    assert client.snap()["errors"][0]["code"] == "invalid_params"
+    assert "out of range" in client.page.text_content("#error")
     assert client.problems == []
 
 

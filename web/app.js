@@ -191,6 +191,8 @@ async function speak() {
   if (voice) start.voice = voice;
   if ($("language").value !== "auto") start.language = $("language").value;
   if ($("instructions").value.trim()) start.instructions = $("instructions").value.trim();
+  // sent as typed: the server judges the range (invalid_params, shown in words)
+  if ($("frames").value.trim()) start.fixed_frames = Number($("frames").value);
   conn.send(start);
   player.newUtterance();
   if (mode === "whole") {
