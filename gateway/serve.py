@@ -41,6 +41,8 @@ def add_parser(subparsers) -> None:
     p.add_argument("--device", help="cuda, cpu (default: cuda when available)")
     p.add_argument("--dtype", choices=["bfloat16", "float16", "float32"], help="default: bfloat16 on GPU, float32 on CPU")
     p.add_argument("--max-contexts", type=int, help="engine slots (default: sized from free memory)")
+    p.add_argument("--seed", type=int, help="sampling seed of contexts whose request sets none, so that the same "
+                   "text and settings give the same audio (default: a fresh random seed each)")
     p.add_argument("--api-key", action="append", default=[], help="require this API key (repeatable); "
                    "also TALKGATE_API_KEYS=k1,k2")
     p.add_argument("--allow-origin", action="append", default=[], help="allowed browser Origin (repeatable); "
@@ -74,7 +76,8 @@ def run(args: argparse.Namespace) -> int:
         # the other core is left to the event loop and the audio encoders
         import torch
         torch.set_num_threads(1)
-    engine = Engine.from_pretrained(model, device=args.device, dtype=args.dtype, max_contexts=args.max_contexts)
+    engine = Engine.from_pretrained(model, device=args.device, dtype=args.dtype, max_contexts=args.max_contexts,
+                                    default_seed=args.seed)
     info = engine.info
     log.info("model %s (%s, %s) on %s/%s%s", info.name, info.model_type, info.size, info.device, info.dtype,
              " -- UNTRAINED RANDOM WEIGHTS: the audio is noise, not speech" if info.untrained else "")

@@ -28,6 +28,7 @@ every per-slot tensor when its own open command is applied (commands apply in or
 from __future__ import annotations
 
 import collections
+import dataclasses
 import itertools
 import logging
 import threading
@@ -52,10 +53,14 @@ HOLD_POLL_S = 0.001             # how often a held engine asks again
 
 class Engine:
     def __init__(self, runner, tokenizer_factory, prompts, info: ModelInfo, *, max_prefills: int = 4,
-                 budget_factor: float = DEFAULT_BUDGET_FACTOR, budget_min: int = DEFAULT_BUDGET_MIN):
+                 budget_factor: float = DEFAULT_BUDGET_FACTOR, budget_min: int = DEFAULT_BUDGET_MIN,
+                 default_seed: int | None = None):
         """runner: synth.runner.Runner (owns the tensors); tokenizer_factory() -> a StreamingTokenizer;
-        prompts: resolves ContextParams into a prompt (raises InvalidParams) and knows the TTS ids."""
+        prompts: resolves ContextParams into a prompt (raises InvalidParams) and knows the TTS ids;
+        default_seed: the sampling seed of contexts that set none (None: a fresh random seed each), so
+        that the same text and settings give the same audio (seeded noise does not depend on the batch)."""
         self.runner, self.new_tokenizer, self.prompts, self.info = runner, tokenizer_factory, prompts, info
+        self.default_seed = default_seed
         self.budget_factor, self.budget_min = budget_factor, budget_min
         self.scheduler = Scheduler(runner.max_batch, min(max_prefills, runner.max_batch))
         self._lock = threading.Lock()
@@ -127,6 +132,8 @@ class Engine:
                                 f"at most {self.runner.max_prompt}")
         if params.fixed_frames is not None and params.fixed_frames < 1:
             raise InvalidParams("fixed_frames must be >= 1")
+        if params.sampling.seed is None and self.default_seed is not None:
+            params = dataclasses.replace(params, sampling=dataclasses.replace(params.sampling, seed=self.default_seed))
         tokenizer = self.new_tokenizer()
         with self._lock:
             if not self._free_slots:

@@ -115,6 +115,24 @@ def test_seeded_sampling_is_reproducible_and_batch_independent(engine):
     other.wait()
 
 
+def test_default_seed_makes_unseeded_contexts_reproducible(checkpoint, engine):
+    unseeded = ContextParams(fixed_frames=8)
+    seeded = Engine.from_pretrained(str(checkpoint), device="cpu", max_contexts=2, max_frames_per_context=120,
+                                    default_seed=11)
+    seeded.start()
+    try:
+        _, a = speak(seeded, [TEXT], unseeded)
+        _, b = speak(seeded, [TEXT], unseeded)
+        np.testing.assert_allclose(b.wait().pcm, a.wait().pcm, atol=1e-5)
+        _, own = speak(seeded, [TEXT], ContextParams(sampling=SamplingParams(seed=12), fixed_frames=8))
+        assert not np.allclose(own.wait().pcm, a.pcm, atol=1e-3)        # a context's own seed wins
+    finally:
+        seeded.stop()
+    _, fresh = speak(engine, [TEXT], unseeded)                            # no default: a fresh seed each
+    _, fresh2 = speak(engine, [TEXT], unseeded)
+    assert not np.allclose(fresh.wait().pcm, fresh2.wait().pcm, atol=1e-3)
+
+
 def test_waiting_context_does_not_block_others(engine):
     ctx_wait, waiting = speak(engine, [], end=False)      # no text yet: nothing to compute
     _, other = speak(engine, [TEXT])
