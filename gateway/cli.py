@@ -46,7 +46,7 @@ def add_synthesize_parser(subparsers) -> None:
     p.add_argument("--language", default="auto")
     p.add_argument("--instructions", help="voice description (VoiceDesign) or style instruction")
     p.add_argument("--greedy", action="store_true", help="argmax instead of sampling")
-    p.add_argument("--seed", type=int, help="sampling seed (default: random)")
+    p.add_argument("--seed", type=serve.seed_arg, help="sampling seed (default: random)")
     p.add_argument("--max-frames", type=int, help="at most this many 80 ms frames "
                    "(default: generation_config max_new_tokens)")
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ...")

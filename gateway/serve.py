@@ -41,7 +41,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--device", help="cuda, cpu (default: cuda when available)")
     p.add_argument("--dtype", choices=["bfloat16", "float16", "float32"], help="default: bfloat16 on GPU, float32 on CPU")
     p.add_argument("--max-contexts", type=int, help="engine slots (default: sized from free memory)")
-    p.add_argument("--seed", type=int, help="sampling seed of contexts whose request sets none, so that the same "
+    p.add_argument("--seed", type=seed_arg, help="sampling seed of contexts whose request sets none, so that the same "
                    "text and settings give the same audio (default: a fresh random seed each)")
     p.add_argument("--api-key", action="append", default=[], help="require this API key (repeatable); "
                    "also TALKGATE_API_KEYS=k1,k2")
@@ -59,6 +59,18 @@ def add_parser(subparsers) -> None:
                    "(docs/compat.md)")
     p.add_argument("--shutdown-deadline", type=float, default=10.0, help="seconds contexts may finish at shutdown")
     p.set_defaults(func=run)
+
+
+def seed_arg(text: str) -> int:
+    """argparse type of a sampling seed (serve and synthesize): an integer of 64 bits, as the engine takes."""
+    from talkgate.synth.engine import SEED_BOUND
+    try:
+        seed = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if not -SEED_BOUND // 2 <= seed < SEED_BOUND:
+        raise argparse.ArgumentTypeError("must fit in 64 bits (-2^63 to 2^64 - 1)")
+    return seed
 
 
 def _cuda_available() -> bool:

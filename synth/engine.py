@@ -49,6 +49,7 @@ DEFAULT_MAX_FRAMES = 750        # 60 s of audio per context
 DEFAULT_BUDGET_FACTOR = 4.0     # runaway guard: max(4 * frames_for_text, 50) frames
 DEFAULT_BUDGET_MIN = 50
 HOLD_POLL_S = 0.001             # how often a held engine asks again
+SEED_BOUND = 1 << 64            # seeds: signed or unsigned 64-bit integers (synth.sampling keeps 64 bits)
 
 
 class Engine:
@@ -132,7 +133,10 @@ class Engine:
                                 f"at most {self.runner.max_prompt}")
         if params.fixed_frames is not None and params.fixed_frames < 1:
             raise InvalidParams("fixed_frames must be >= 1")
-        if params.sampling.seed is None and self.default_seed is not None:
+        seed = params.sampling.seed
+        if seed is not None and not -SEED_BOUND // 2 <= seed < SEED_BOUND:
+            raise InvalidParams("seed must fit in 64 bits (-2^63 to 2^64 - 1)")
+        if seed is None and self.default_seed is not None:
             params = dataclasses.replace(params, sampling=dataclasses.replace(params.sampling, seed=self.default_seed))
         tokenizer = self.new_tokenizer()
         with self._lock:
@@ -220,7 +224,12 @@ class Engine:
             elif req.cancelled:
                 continue
             elif op == "open":
-                self.runner.open_slot(req)
+                try:
+                    self.runner.open_slot(req)
+                except Exception as e:                          # this context fails; the engine goes on
+                    log.exception("opening context %d failed", req.context)
+                    self._fail(req, e)
+                    continue
                 self.scheduler.add(req)
             elif op == "text":
                 ids, seconds = arg

@@ -40,6 +40,11 @@ def _mix32(x: torch.Tensor) -> torch.Tensor:
     return x ^ (x >> 16)
 
 
+def _int64(seed: int) -> int:
+    """A seed of 2^63 or more (unsigned 64-bit) as the int64 of the same bits: the noise hashes the 64 bits."""
+    return seed - (1 << 64) if seed >= 1 << 63 else seed
+
+
 def uniform_noise(seed: torch.Tensor, counter: torch.Tensor, stream: int, vocab: int) -> torch.Tensor:
     """[B, vocab] float32 in (0, 1): a pure function of (seed[b], counter[b], stream, index)."""
     s = _mix32(((seed >> 32) & _M32) ^ 0x9E3779B9)
@@ -136,7 +141,7 @@ class RowSampling:
         The request's temperature / top_k / top_p / repetition_penalty apply to codebook 0; the code
         predictor keeps generation_config's subtalker_* values. greedy (or do_sample false) makes
         codebook 0 greedy; greedy (or subtalker_dosample false) makes codebooks 1..15 greedy.
-        seed None draws a fresh random seed."""
+        seed: a signed or unsigned 64-bit integer (the engine refuses others); None draws a fresh random one."""
         def pick(v, default):
             return default if v is None else v
 
@@ -146,7 +151,7 @@ class RowSampling:
                      greedy=bool(p.greedy or not gen.do_sample), sub_temperature=float(gen.subtalker_temperature),
                      sub_top_k=int(gen.subtalker_top_k), sub_top_p=float(gen.subtalker_top_p),
                      sub_greedy=bool(p.greedy or not gen.subtalker_dosample),
-                     seed=int(p.seed) if p.seed is not None else int.from_bytes(os.urandom(7), "little"))
+                     seed=_int64(p.seed) if p.seed is not None else int.from_bytes(os.urandom(7), "little"))
                 for p in params]
         dtypes = dict(top_k=torch.int64, sub_top_k=torch.int64, seed=torch.int64, greedy=torch.bool,
                       sub_greedy=torch.bool)

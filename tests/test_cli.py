@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import wave
 
+import pytest
+
 from talkgate.gateway.cli import main
 
 
@@ -36,3 +38,7 @@ def test_errors_are_one_line_and_exit_2(tmp_path, tiny_checkpoint, capsys):
     assert "no such checkpoint directory" in capsys.readouterr().err
     assert main(["checkpoint", "create", str(tiny_checkpoint), "--preset", "tiny"]) == 2
     assert "not empty" in capsys.readouterr().err
+    for command in (["serve"], ["synthesize", "--model", str(tiny_checkpoint), "--text", "hi", "-o", "x.wav"]):
+        with pytest.raises(SystemExit) as exit_:
+            main(command + ["--seed", str(1 << 64)])
+        assert exit_.value.code == 2 and "--seed: must fit in 64 bits" in capsys.readouterr().err

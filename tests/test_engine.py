@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from talkgate.synth.api import (
-    AudioChunk, ContextDone, ContextParams, EngineFull, SamplingParams, UnknownLanguage, UnknownVoice,
+    AudioChunk, ContextDone, ContextFailed, ContextParams, EngineFull, InvalidParams, SamplingParams,
+    UnknownLanguage, UnknownVoice,
 )
 from talkgate.synth.engine import Engine
 
@@ -131,6 +132,24 @@ def test_default_seed_makes_unseeded_contexts_reproducible(checkpoint, engine):
     _, fresh = speak(engine, [TEXT], unseeded)                            # no default: a fresh seed each
     _, fresh2 = speak(engine, [TEXT], unseeded)
     assert not np.allclose(fresh.wait().pcm, fresh2.wait().pcm, atol=1e-3)
+
+
+def test_seed_range_and_a_failed_slot_fails_only_its_context(engine):
+    with pytest.raises(InvalidParams, match="64 bits"):
+        engine.open(ContextParams(sampling=SamplingParams(seed=1 << 64)), Collector())
+    with pytest.raises(InvalidParams, match="64 bits"):
+        engine.open(ContextParams(sampling=SamplingParams(seed=-(1 << 63) - 1)), Collector())
+    # an unsigned 64-bit seed is the signed one of the same bits
+    p = [ContextParams(sampling=SamplingParams(seed=s), fixed_frames=4) for s in ((1 << 64) - 1, -1)]
+    _, big = speak(engine, [TEXT], p[0])
+    _, minus_one = speak(engine, [TEXT], p[1])
+    np.testing.assert_allclose(big.wait().pcm, minus_one.wait().pcm, atol=1e-5)
+    # a value the slot's tensors cannot hold (the Python API checks no ranges): that context fails, the
+    # engine thread goes on
+    _, bad = speak(engine, [TEXT], ContextParams(sampling=SamplingParams(top_k=1 << 70), fixed_frames=4))
+    assert isinstance(bad.wait().last, ContextFailed)
+    _, after = speak(engine, [TEXT])
+    assert len(after.wait().chunks) == 12
 
 
 def test_waiting_context_does_not_block_others(engine):

@@ -243,6 +243,8 @@ BAD_INPUTS = [
     (json.dumps({"type": "session.config", "format": {"encoding": "wma", "sample_rate": 24000}}), "invalid_format"),
     (json.dumps({"type": "session.config", "sampling": {"temperature": -1}}), "invalid_params"),
     (json.dumps({"type": "context.start", "context_id": "v", "voice": "nobody"}), "unknown_voice"),
+    # past 64 bits: refused at the start, not an overflow on the engine's thread (which stopped every session)
+    (json.dumps({"type": "context.start", "context_id": "s", "sampling": {"seed": 2 ** 64}}), "invalid_params"),
     (json.dumps({"type": "text", "context_id": "big", "text": "x" * 401}), "text_too_long"),
     (json.dumps({"type": "text", "context_id": "m", "text": "y" * 5000}), "message_too_large"),
 ]
