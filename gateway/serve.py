@@ -63,13 +63,13 @@ def add_parser(subparsers) -> None:
 
 def seed_arg(text: str) -> int:
     """argparse type of a sampling seed (serve and synthesize): an integer of 64 bits, as the engine takes."""
-    from talkgate.synth.engine import SEED_BOUND
+    from talkgate.synth.api import SEED_RANGE, seed_fits
     try:
         seed = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if not -SEED_BOUND // 2 <= seed < SEED_BOUND:
-        raise argparse.ArgumentTypeError("must fit in 64 bits (-2^63 to 2^64 - 1)")
+    if not seed_fits(seed):
+        raise argparse.ArgumentTypeError(f"must fit in 64 bits ({SEED_RANGE})")
     return seed
 
 

@@ -52,6 +52,14 @@ class EngineStopped(EngineError):
     code = "engine_stopped"
 
 
+SEED_RANGE = "-2^63 to 2^64 - 1"
+
+
+def seed_fits(seed: int) -> bool:
+    """Sampling seeds are 64-bit integers, signed or unsigned (synth.sampling hashes their 64 bits)."""
+    return -(1 << 63) <= seed < 1 << 64
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """Per-context sampling; None means the checkpoint's generation_config.json value."""

@@ -37,8 +37,8 @@ import time
 import numpy as np
 
 from talkgate.synth.api import (
-    AudioChunk, ContextDone, ContextFailed, ContextParams, EngineEvent, EngineFull, EngineStopped,
-    EventSink, InvalidParams, ModelInfo,
+    SEED_RANGE, AudioChunk, ContextDone, ContextFailed, ContextParams, EngineEvent, EngineFull, EngineStopped,
+    EventSink, InvalidParams, ModelInfo, seed_fits,
 )
 from talkgate.synth.request import Request, frames_for_text, text_seconds  # noqa: F401 (frames_for_text is public here)
 from talkgate.synth.scheduler import Scheduler
@@ -49,7 +49,6 @@ DEFAULT_MAX_FRAMES = 750        # 60 s of audio per context
 DEFAULT_BUDGET_FACTOR = 4.0     # runaway guard: max(4 * frames_for_text, 50) frames
 DEFAULT_BUDGET_MIN = 50
 HOLD_POLL_S = 0.001             # how often a held engine asks again
-SEED_BOUND = 1 << 64            # seeds: signed or unsigned 64-bit integers (synth.sampling keeps 64 bits)
 
 
 class Engine:
@@ -134,8 +133,8 @@ class Engine:
         if params.fixed_frames is not None and params.fixed_frames < 1:
             raise InvalidParams("fixed_frames must be >= 1")
         seed = params.sampling.seed
-        if seed is not None and not -SEED_BOUND // 2 <= seed < SEED_BOUND:
-            raise InvalidParams("seed must fit in 64 bits (-2^63 to 2^64 - 1)")
+        if seed is not None and not seed_fits(seed):
+            raise InvalidParams(f"seed must fit in 64 bits ({SEED_RANGE})")
         if seed is None and self.default_seed is not None:
             params = dataclasses.replace(params, sampling=dataclasses.replace(params.sampling, seed=self.default_seed))
         tokenizer = self.new_tokenizer()
