@@ -28,6 +28,22 @@ from talkgate.synth.engine import Engine
 TEXT = "The quick brown fox jumps over the lazy dog, then naps in the afternoon sun. " * 6
 
 
+def batch1_runner(checkpoint: str):
+    """The engine's runner for graph-level experiments (bench/decoder_kernels.py, bench/sm_partition.py):
+    loaded, warmed and captured (buckets 1 and 2), its row 0 a context in slot 0 at position 40, frame 20."""
+    from talkgate.synth.runner import load_runner
+    t0 = time.time()
+    r, *_ = load_runner(checkpoint, max_contexts=4, max_batch=2)
+    r.warmup()
+    print(f"warm-up {time.time() - t0:.0f} s", flush=True)
+    with torch.inference_mode():
+        r.inputs[0, :1] = 0
+        r.inputs[1, :1] = 40
+        r.inputs[2, :1] = r.text_pad
+        r.inputs[3, :1] = 20
+    return r
+
+
 def graph_ms(g: torch.cuda.CUDAGraph, reps: int) -> float:
     """Mean ms of one replay of a captured graph, timed with CUDA events."""
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)

@@ -13,8 +13,8 @@ import time
 
 import torch
 
+from talkgate.bench.engine import batch1_runner
 from talkgate.synth import persistent
-from talkgate.synth.runner import load_runner
 
 cu = ctypes.CDLL("libcuda.so.1")
 for name in ("cuDeviceGetDevResource", "cuDevSmResourceSplitByCount", "cuDevResourceGenerateDesc",
@@ -61,15 +61,8 @@ def timed(fn, reps, stream=None):
 def main():
     ck = sys.argv[1]
     sizes = [int(x) for x in sys.argv[2].split(",")]
-    t0 = time.time()
-    r, *_ = load_runner(ck, max_contexts=4, max_batch=2)
-    r.warmup()
-    print(f"warm-up {time.time() - t0:.0f} s", flush=True)
+    r = batch1_runner(ck)
     with torch.inference_mode():
-        r.inputs[0, :1] = 0
-        r.inputs[1, :1] = 40
-        r.inputs[2, :1] = r.text_pad
-        r.inputs[3, :1] = 20
         g = {p: r.graphs[(p, 1)] for p in ("talker", "codes", "decode")}
         for p in g:
             print(f"full GPU {p} alone {timed(g[p].replay, 100)} ms", flush=True)
