@@ -21,7 +21,8 @@ import torch
 from talkgate.synth import codec_decoder
 from talkgate.synth.codec_decoder import load_codec_decoder, write_random_codec_decoder
 
-# fp32-engine: torch's defaults, which the engine keeps (TF32 convolutions, exact float32 matmuls)
+# fp32-engine: torch's defaults, which the engine keeps (TF32 convolutions, the convolutions computed as a
+# multiply too: codec_decoder.conv_addmm; exact float32 matmuls)
 PRECISIONS = {"bf16": (torch.bfloat16, False), "fp16": (torch.float16, False), "fp32-tf32": (torch.float32, True),
               "fp32": (torch.float32, False), "fp32-engine": (torch.float32, "convolutions")}
 

@@ -191,14 +191,35 @@ class _Stateful(nn.Module):
         return x
 
 
-# A one-row step's convolutions (of at most this many multiply-adds) run as one matrix multiply of their
-# input windows: at batch 1 cuDNN picked NHWC kernels and converted input and weight from NCHW at every
-# call (nchwToNhwc, about 10 us each, 27 a step on the H100). Larger ones, and every convolution of a
-# step of several rows, keep cuDNN (TF32): with more rows the multiply gained nothing (2 to 256 rows) and
-# the exact float32 multiply of larger ones costs more than the conversions (bench/decoder.py
-# --matmul-macs, docs/benchmarks.md). Deciding by rows, not by the rows' multiply-adds, also keeps the
-# compiled step (compile_hot_functions) to two versions: one row, and any number of rows.
-MATMUL_MACS = 1 << 27
+# A one-row step's convolutions (of at most this many multiply-adds: every one of a one-frame step) run as
+# one matrix multiply of their input windows: at batch 1 cuDNN picked NHWC kernels and converted input and
+# weight from NCHW at every call (nchwToNhwc, about 10 us each, 27 a step on the H100). Larger ones (a
+# one-row decode of many frames), and every convolution of a step of several rows, keep cuDNN: with more
+# rows the multiply gained nothing (2 to 256 rows). Deciding by rows, not by the rows' multiply-adds, also
+# keeps the compiled step (compile_hot_functions) to two versions: one row, and any number of rows.
+MATMUL_MACS = 1 << 28
+
+
+@torch.library.custom_op("talkgate::conv_addmm", mutates_args=())
+def conv_addmm(bias: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """bias + a @ b where the product is a convolution (CausalConv's one-row path, CausalTransConv), at the
+    precision PyTorch runs convolutions at: torch.backends.cudnn.allow_tf32, TF32 by default on CUDA, as
+    cuDNN runs the reference's Conv1d and ConvTranspose1d (matrix multiplies default to exact float32).
+    On the H100 TF32 made the batch-1 decoder's convolutions 1.2-3.4x faster (docs/benchmarks.md). An
+    opaque op, so that torch.compile calls it as it is and the setting applies when it runs."""
+    if not a.is_cuda:
+        return torch.addmm(bias, a, b)
+    matmul = torch.backends.cuda.matmul
+    saved, matmul.allow_tf32 = matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    try:
+        return torch.addmm(bias, a, b)
+    finally:
+        matmul.allow_tf32 = saved
+
+
+@conv_addmm.register_fake
+def _(bias, a, b):
+    return a.new_empty(a.shape[0], b.shape[1])
 
 
 class CausalConv(_Stateful):
@@ -220,7 +241,7 @@ class CausalConv(_Stateful):
             return self.conv(x)
         _, sc, st = x.stride()
         windows = x.as_strided((c_in, k, n), (sc, self.conv.dilation[0] * st, st)).reshape(c_in * k, n)
-        return torch.addmm(self.conv.bias[:, None], w.view(c_out, c_in * k), windows)[None]    # [1, C_out, n]
+        return conv_addmm(self.conv.bias[:, None], w.view(c_out, c_in * k), windows)[None]    # [1, C_out, n]
 
 
 class CausalTransConv(_Stateful):
@@ -255,7 +276,7 @@ class CausalTransConv(_Stateful):
         if self.context:
             x = self.with_history(x, tails)
         windows = x.unfold(-1, n, 1).permute(0, 3, 2, 1).reshape(B * n, -1)   # [B * n, (context+1) * C_in]
-        y = torch.addmm(self.taps_bias, windows, self.taps.T)            # [B * n, C_out * stride], bias fused
+        y = conv_addmm(self.taps_bias, windows, self.taps.T)             # [B * n, C_out * stride], bias fused
         # [B, C_out, n, stride]: a view when n == 1 (the streaming step), a copy otherwise
         return y.view(B, n, -1, self.stride).transpose(1, 2).reshape(B, -1, n * self.stride)
 

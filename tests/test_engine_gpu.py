@@ -67,6 +67,24 @@ def test_graphs_equal_eager(checkpoint, eager):
         np.testing.assert_allclose(pcm(ev_graph), pcm(ev_eager), atol=3e-3)
 
 
+def test_convolution_multiplies_follow_the_convolution_precision(monkeypatch):
+    """The codec decoder's convolutions computed as a multiply (codec_decoder.conv_addmm) run at cuDNN's
+    setting, as its convolutions do: TF32 by default, exact float32 when torch.backends.cudnn.allow_tf32
+    is off; the matmul setting is left as it was. The third decoder block's transposed convolution at one
+    frame (160 x 768 by 768 x 768; on the H100 16.8 us exact, 6.9 us TF32), unit normals: exact float32 is
+    ~1e-5 off the float64 result, TF32 (10-bit mantissas) ~1e-2."""
+    from talkgate.synth.codec_decoder import conv_addmm
+    g = torch.Generator(device="cuda").manual_seed(0)
+    a, b, bias = (torch.randn(*shape, device="cuda", generator=g) for shape in ((160, 768), (768, 768), (768,)))
+    want = (a.double() @ b.double() + bias.double()).float()
+    matmul_tf32 = torch.backends.cuda.matmul.allow_tf32
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
+    assert (conv_addmm(bias, a, b) - want).abs().max() < 1e-3
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", True)
+    assert (conv_addmm(bias, a, b) - want).abs().max() > 1e-3
+    assert torch.backends.cuda.matmul.allow_tf32 == matmul_tf32
+
+
 def test_bf16_graphs_run_clean(checkpoint):
     engine = Engine.from_pretrained(str(checkpoint), device="cuda", dtype="bfloat16", max_contexts=20,
                                     max_frames_per_context=64, torch_compile=False)
