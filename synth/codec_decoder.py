@@ -205,8 +205,9 @@ def conv_addmm(bias: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Te
     """bias + a @ b where the product is a convolution (CausalConv's one-row path, CausalTransConv), at the
     precision PyTorch runs convolutions at: torch.backends.cudnn.allow_tf32, TF32 by default on CUDA, as
     cuDNN runs the reference's Conv1d and ConvTranspose1d (matrix multiplies default to exact float32).
-    On the H100 TF32 made the batch-1 decoder's convolutions 1.2-3.4x faster (docs/benchmarks.md). An
-    opaque op, so that torch.compile calls it as it is and the setting applies when it runs."""
+    On the H100 TF32 made the batch-1 decoder's convolutions up to 3.4x faster, most 1.4-1.8x
+    (docs/benchmarks.md). An opaque op, so that torch.compile calls it as it is and the setting applies
+    when it runs."""
     if not a.is_cuda:
         return torch.addmm(bias, a, b)
     matmul = torch.backends.cuda.matmul
