@@ -10,16 +10,12 @@ import traceback
 import torch
 import torch.nn.functional as F
 
+from talkgate.bench.decoder import set_tf32 as tf32
 from talkgate.bench.persistent import graph_ms
 
 
 def graph_us(fn):
     return round(graph_ms(fn) * 1000, 2)
-
-
-def tf32(on):
-    torch.backends.cuda.matmul.allow_tf32 = on
-    torch.backends.cudnn.allow_tf32 = on
 
 
 CONVS = [("pre 1024->1536 k7", 1024, 1536, 7, 1, 4)]
@@ -32,6 +28,7 @@ CONVS.append(("final 96->1 k7", 96, 1, 7, 1, 1920))
 MMS = [("b1 transconv", 4, 3072, 6144), ("b2 transconv", 32, 1536, 1920), ("b3 transconv", 160, 768, 768),
        ("b4 transconv", 640, 384, 288), ("convnext1 pw1", 2, 1024, 4096), ("convnext1 pw2", 2, 4096, 1024),
        ("convnext2 pw1", 4, 1024, 4096), ("convnext2 pw2", 4, 4096, 1024)]
+
 
 def main():
     torch.backends.cudnn.benchmark = True

@@ -12,7 +12,7 @@ from collections import defaultdict
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from talkgate.bench.engine import batch1_runner
+from talkgate.bench.engine import batch1_runner, graph_ms
 
 
 def main():
@@ -20,16 +20,8 @@ def main():
     r = batch1_runner(ck)
     with torch.inference_mode():
         g = r.graphs[("decode", 1)]
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        for _ in range(20):
-            g.replay()
-        torch.cuda.synchronize()
-        a.record()
-        for _ in range(200):
-            g.replay()
-        b.record()
-        torch.cuda.synchronize()
-        print(f"decode graph B=1: {a.elapsed_time(b) / 200 * 1000:.1f} us a replay", flush=True)
+        graph_ms(g, 20)                                             # warm
+        print(f"decode graph B=1: {graph_ms(g, 200) * 1000:.0f} us a replay", flush=True)
         N = 10
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             for _ in range(N):

@@ -207,9 +207,7 @@ def conv_addmm(bias: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Te
     cuDNN runs the reference's Conv1d and ConvTranspose1d (matrix multiplies default to exact float32).
     On the H100 TF32 made the batch-1 decoder's convolutions up to 3.4x faster, most 1.4-1.8x
     (docs/benchmarks.md). An opaque op, so that torch.compile calls it as it is and the setting applies
-    when it runs."""
-    if not a.is_cuda:
-        return torch.addmm(bias, a, b)
+    when it runs (the CPU ignores the setting)."""
     matmul = torch.backends.cuda.matmul
     saved, matmul.allow_tf32 = matmul.allow_tf32, torch.backends.cudnn.allow_tf32
     try:
