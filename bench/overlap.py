@@ -58,6 +58,7 @@ def events_ms(fn, reps, streams):
 def main():
     ck, variants = sys.argv[1], sys.argv[2:] or ["none:24576", "128:16384"]
     r = batch1_runner(ck)
+    prefetch = persistent.PREFETCH
     main_s = torch.cuda.current_stream()
     with torch.inference_mode():
         dec_codes, dec_slots = torch.zeros_like(r.codes), torch.zeros_like(r.inputs[0])
@@ -130,7 +131,7 @@ def main():
             print(res, flush=True)
         for name, k in KERNELS.items():
             setattr(persistent, name, k)
-        persistent.PREFETCH = 24576
+        persistent.PREFETCH = prefetch
         persistent.tiles.cache_clear()
         print("\n| variant (cap:in flight) | talker | codes | decode | serial step | pipelined | pipelined, decode stream high priority |")
         print("| --- | --- | --- | --- | --- | --- | --- |")
