@@ -26,9 +26,9 @@ an SM, a third of an H100's share of its bandwidth (per-phase clock stamps, docs
 Values are rounded to the model dtype where the PyTorch path rounds them. Scratch written inside a launch
 is read with L2-only loads (".cg") after the barrier's acquire. In Triton's interpreter (the CPU tests) one
 program runs every phase and the barriers are skipped. Measured on an H100 (docs/benchmarks.md): a grid
-barrier costs about 0.7 us (one warp polling with acquire loads, _wait; a volatile-load spin was slower), and
-an L2 prefetch of later phases' weights (at a layer's start, or while waiting at a barrier) made the kernels
-slower: the tiles loaded ahead go to registers instead.
+barrier cost about 0.7 us with the earlier one-thread atomic poll (_wait polls with one warp now, a little
+faster; a volatile-load spin was slower), and an L2 prefetch of later phases' weights (at a layer's start, or
+while waiting at a barrier) made the kernels slower: the tiles loaded ahead go to registers instead.
 """
 from __future__ import annotations
 
