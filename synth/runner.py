@@ -307,6 +307,11 @@ def compile_hot_functions() -> None:
         call.talkgate_compiled = True
         return call
 
+    # A function compiles once for each kind of input it meets (a batch of 1 or more, as dynamo specializes
+    # size 1; the Talker's or the code predictor's width; tensors made inside or outside inference mode,
+    # whose dispatch keys differ). Past the default limit of 8, which RMSNorm.residual reached at the end of
+    # a 1.7B warm-up (H100), dynamo runs each new kind unfused inside the captured graphs.
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
     # Not the decoder's whole step: it updates the per-slot state pools in place, which inductor copies
     # whole (5 ms a step). The sampler is one Triton kernel of its own (synth/sample_kernel.py).
     for owner, name in ((model.RMSNorm, "forward"), (model.RMSNorm, "residual"), (model.Attention, "qkv"),
