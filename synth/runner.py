@@ -307,10 +307,10 @@ def compile_hot_functions() -> None:
         call.talkgate_compiled = True
         return call
 
-    # A function compiles once for each kind of input it meets (a batch of 1 or more, as dynamo specializes
-    # size 1; the Talker's or the code predictor's width; tensors made inside or outside inference mode,
-    # whose dispatch keys differ). Past the default limit of 8, which RMSNorm.residual reached at the end of
-    # a 1.7B warm-up (H100), dynamo runs each new kind unfused inside the captured graphs.
+    # A function compiles once for each kind of input it meets (TORCH_LOGS=recompiles on the H100: a batch of
+    # 1 or more, as dynamo specializes size 1; a contiguous tensor or a slice; made inside or outside
+    # inference mode, whose dispatch keys differ). Past the default limit of 8, which RMSNorm.residual
+    # passed at the end of a 1.7B warm-up (9 kinds), dynamo runs each new kind unfused inside the graphs.
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
     # Not the decoder's whole step: it updates the per-slot state pools in place, which inductor copies
     # whole (5 ms a step). The sampler is one Triton kernel of its own (synth/sample_kernel.py).
