@@ -1,4 +1,4 @@
-# Sourced by bench/gpu_engine.sh and bench/gpu_e2e.sh on the GPU machine, which has python3 3.12 with torch,
+# Sourced by talkgate/bench/gpu_engine.sh and talkgate/bench/gpu_e2e.sh on the GPU machine, which has python3 3.12 with torch,
 # triton, numpy, safetensors, tokenizers and transformers but no network. The rest travels with the tree
 # in two git-ignored folders, made on a networked machine:
 #   .e2e/  pip download --no-deps --only-binary=:all: --python-version 3.12 --platform manylinux_2_28_x86_64 \
@@ -12,8 +12,7 @@
 log() { echo "[$(date +%T)] $*"; }
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .e2e/*.whl .whl/*.whl || exit 1
 cp .e2e/libopus.so.0 /usr/lib/x86_64-linux-gnu/ && ldconfig
-mkdir -p /tmp/p && ln -sfn "$PWD" /tmp/p/talkgate
-export PYTHONPATH=/tmp/site:/tmp/p PYTHONUNBUFFERED=1
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 gpu_tests() {
   [ "${GPU_TESTS:-0}" = 1 ] || return 0
   log "GPU tests"

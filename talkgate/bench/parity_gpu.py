@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))          # the repository root: tests.reference
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))          # the repository root: tests.reference
 
 TEXT = ("Talkgate streams speech while the text is still arriving; this sentence is long enough "
         "to keep the text tokens coming for a while.")
