@@ -171,6 +171,22 @@ def test_chinese_one_character_at_a_time_commits_a_word_behind(tokenizers):
     assert ours.decode(s.finish()) == "散步"
 
 
+def test_vocabulary_rule_alone_is_exact(tokenizers):
+    """With the look-ahead off, every id committed inside a Han/kana run is proven by the vocabulary:
+    random runs of common characters, streamed one at a time, give the whole text's ids."""
+    ours, _ = tokenizers
+    rng = random.Random(4)
+    pool = list("的一是不了人我在有他这中大来上国个到说们为子和你地出道也时年得就那要下以生会自着去之过家学"
+                "对可她里后小么心多天而能好都然没日于起还发成事只作当想看文无开手十用主行方又如前所本见经头面"
+                "公同三已老从动两长知民样现分将外但身些与高意进把法此实回二理美点月明其种声全工己话儿者向情部"
+                "がなとカタのです") + ["Python", "GPU", "a", "天天"]
+    for _ in range(300):
+        text = "".join(rng.choice(pool) for _ in range(rng.randint(5, 30)))
+        s = StreamingTokenizer(ours, lookahead=10**9)
+        ids = [i for ch in text for i in s.feed(ch)]
+        assert ids + s.finish() == ours.encode(text), text
+
+
 def test_unspaced_lookahead_bounds_what_is_held(tokenizers):
     """Where some token can cover every boundary, the look-ahead commits CJK_LOOKAHEAD characters behind."""
     ours, _ = tokenizers
