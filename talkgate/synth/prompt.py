@@ -1,7 +1,10 @@
 """Voice, language and instruction resolution, and the Talker prefill, as the reference's generate builds them.
 
 Text is tokenized inside the chat template `<|im_start|>assistant\n{text}<|im_end|>\n<|im_start|>assistant\n`:
-its first 3 ids are the role, ids[3:-5] the text. Prefill (non_streaming_mode=False):
+its first 3 ids are the role, ids[3:-5] the text. The template's control tokens are put in by id and the
+text between them tokenized as client text (QwenTokenizer.encode), so an added token's string in the text
+or the instructions stays text; for other text the ids are the reference's, which tokenizes the whole
+template string. Prefill (non_streaming_mode=False):
 
     [instruction]  projected `<|im_start|>user\n{instructions}<|im_end|>\n` (VoiceDesign; CustomVoice 1.7B)
     role           projected <|im_start|> assistant \n
@@ -80,8 +83,7 @@ class Prompts:
             raise InvalidParams("the base (voice clone) model takes no instructions")
         if cfg.model_type == "custom_voice" and cfg.model_size in "0b6":
             instructions = ""                      # as the reference: no instructions for 0.6B CustomVoice
-        instruction_ids = tuple(self.tokenizer.encode(f"<|im_start|>user\n{instructions}<|im_end|>\n")) \
-            if instructions else ()
+        instruction_ids = self.instruction_ids(instructions) if instructions else ()
         language_id = None if language == "auto" else t.languages[language]
         if voice in t.speaker_dialect and language in ("chinese", "auto"):
             language_id = t.languages[t.speaker_dialect[voice]]
@@ -94,13 +96,20 @@ class Prompts:
         codec.append(t.codec_pad)
         return Prompt(voice=voice, language=language, instruction_ids=instruction_ids, codec_ids=tuple(codec))
 
+    def instruction_ids(self, instructions: str) -> tuple[int, ...]:
+        """`<|im_start|>user\n{instructions}<|im_end|>\n` as the reference tokenizes it (a control token's
+        string in the instructions stays text)."""
+        cfg, encode = self.config, self.tokenizer.encode
+        return (cfg.im_start, *encode(f"user\n{instructions}"), cfg.im_end, *encode("\n"))
+
     def tokenize_text(self, text: str) -> tuple[tuple[int, ...], list[int]]:
         """(role ids, text ids) as the reference tokenizes them, inside the chat template. The role is
         self.role_ids unless the text starts with a line break, which merges with the role's."""
-        ids = self.tokenizer.encode(f"<|im_start|>assistant\n{text}<|im_end|>\n<|im_start|>assistant\n")
-        if len(ids) <= 8:
+        cfg, encode = self.config, self.tokenizer.encode
+        ids = [cfg.im_start, *encode(f"assistant\n{text}")]
+        if len(ids) <= 3:
             raise InvalidParams("empty text")
-        return tuple(ids[:3]), ids[3:-5]
+        return tuple(ids[:3]), ids[3:]
 
     @torch.inference_mode()
     def prefill(self, prompt: Prompt, first_text_id: int, role_ids: tuple[int, ...] | None = None) -> torch.Tensor:
