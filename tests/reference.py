@@ -105,6 +105,21 @@ def tiny_config(variant: str = "custom_voice", *, separate_predictor_hidden: boo
                               tts_bos_token_id=151672, tts_eos_token_id=151673)
 
 
+def load_reference_tokenizer(path, **kwargs):
+    """The reference's speech tokenizer (Qwen3TTSTokenizer.from_pretrained, kwargs as its: dtype, device_map).
+
+    With transformers 5.17 from_pretrained leaves the decoder's RoPE inverse frequencies (a non-persistent
+    buffer) as uninitialized memory on the CPU (the compat fork repairs only all-zero ones), so they are
+    recomputed here by a fresh rotary module of the same config: the reference's own values."""
+    tokenizer = ref.Tokenizer.from_pretrained(str(path), **kwargs)
+    for module in tokenizer.model.modules():
+        if "RotatoryEmbedding" in type(module).__name__ or "RotaryEmbedding" in type(module).__name__:
+            fresh = type(module)(module.config)
+            module.inv_freq = fresh.inv_freq.to(module.inv_freq.device)
+            module.original_inv_freq = module.inv_freq
+    return tokenizer
+
+
 def save_reference(model, out_dir) -> None:
     """The reference's own save_pretrained (config.json, generation_config.json, model.safetensors).
 

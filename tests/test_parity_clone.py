@@ -25,7 +25,7 @@ from talkgate.synth.codec_decoder import write_random_codec_decoder
 from talkgate.synth.loader import load_tts
 from talkgate.synth.offline import generate_codes, synthesize
 from talkgate.synth.voice import make_voice_prompt
-from tests.reference import ref, save_reference, tiny_config
+from tests.reference import load_reference_tokenizer, ref, save_reference, tiny_config
 
 FRAMES = 32
 TOL = 1e-4
@@ -55,18 +55,9 @@ def voice_audio(seed: int, seconds: float, rate: int = 24000) -> np.ndarray:
 
 
 def wrapper_for(model, root):
-    """The reference's public API object (Qwen3TTSModel) around a built model, with its processor.
-
-    The reference's speech tokenizer loads with from_pretrained; with transformers 5.17 that leaves the
-    decoder's RoPE inverse frequencies (a non-persistent buffer) uninitialized memory, so they are copied
-    from a freshly built tokenizer model (the reference's own values)."""
+    """The reference's public API object (Qwen3TTSModel) around a built model, with its processor."""
     from transformers import AutoTokenizer
-    tokenizer = ref.Tokenizer.from_pretrained(str(root / "speech_tokenizer"))
-    fresh = dict(ref.tokenizer_modeling.Qwen3TTSTokenizerV2Model(tokenizer.model.config).named_buffers())
-    for name, buf in tokenizer.model.named_buffers():
-        if "inv_freq" in name:
-            buf.copy_(fresh[name])
-    model.load_speech_tokenizer(tokenizer)
+    model.load_speech_tokenizer(load_reference_tokenizer(root / "speech_tokenizer"))
     processor = ref.Processor(tokenizer=AutoTokenizer.from_pretrained(str(root), fix_mistral_regex=True))
     return ref.TTSModel(model, processor, {})
 
