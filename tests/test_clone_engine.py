@@ -94,9 +94,10 @@ def solo(engine: Engine, voice: VoicePrompt, i: int) -> list:
 def test_eight_interleaved_cloned_voices_equal_their_solo_runs(base_checkpoint, voices):
     """vLLM-Omni #4370: a batch's decoder used one request's reference codes for every request. Here each of
     8 cloned voices (4 x-vector, 4 ICL) is opened at a different step, its text streamed in pieces, all
-    batched together; each context's seeded (or greedy) audio must be its solo run's."""
+    batched together; each context's seeded (or greedy) audio must be its solo run's, on an engine of its own
+    (so that no state one voice leaves in an engine, such as a cached decoder state, can hide in both runs)."""
+    alone = [solo(new_engine(base_checkpoint), v, i) for i, v in enumerate(voices)]
     engine = new_engine(base_checkpoint)
-    alone = [solo(engine, v, i) for i, v in enumerate(voices)]
     batch_sizes = []
     engine.on_step = lambda ms, n: batch_sizes.append(n)
     events = [[] for _ in voices]

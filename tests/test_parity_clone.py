@@ -71,6 +71,11 @@ def clone(tmp_path_factory, tiny_checkpoint):
         for p in model.parameters():         # norm weights 1 and biases 0 would hide a swapped tensor
             if p.dim() == 1:
                 p.add_(torch.randn_like(p) * 0.1)
+        # the reference draws convolutions with std 0.02, under which the speaker encoder's inner blocks barely
+        # reach its output (a swapped Res2Net branch moved the x-vector by < 1e-4): std fan_in^-0.5 instead
+        for p in model.speaker_encoder.parameters():
+            if p.dim() > 1:
+                p.copy_(torch.randn_like(p) * p[0].numel() ** -0.5)
     save_reference(model, root)
     for name in ("vocab.json", "merges.txt", "tokenizer_config.json"):
         shutil.copyfile(tiny_checkpoint / name, root / name)
