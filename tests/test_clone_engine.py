@@ -187,6 +187,8 @@ def test_voice_prompt_errors(base_checkpoint, tiny_checkpoint, tts, voices):
         engine.open(ContextParams(voice="ryan", voice_prompt=voices[0]), sink)
     with pytest.raises(InvalidParams, match="has 65 values; this model's has 64"):
         engine.open(ContextParams(voice_prompt=VoicePrompt.from_arrays(np.append(emb, 0.0))), sink)
+    with pytest.raises(InvalidParams, match="NaN or infinite"):
+        engine.open(ContextParams(voice_prompt=VoicePrompt.from_arrays(emb * np.nan)), sink)
     codes = np.zeros((MAX_REF_FRAMES + 1, 16), dtype=np.int64)
     with pytest.raises(InvalidParams, match="376 frames.*13..375 frames"):
         engine.open(ContextParams(voice_prompt=VoicePrompt.from_arrays(emb, codes, "x")), sink)

@@ -76,7 +76,7 @@ class SamplingParams:
 class VoicePrompt:
     """A cloned voice for a Base checkpoint, computed once from reference audio (synth.voice.make_voice_prompt)
     and reused by every context that speaks with it. Plain bytes, so it pickles small and hashes fast: a 30 s
-    ICL voice is 4 KiB of embedding (1.7B) + 12 KiB of codes.
+    ICL voice is 4 KiB (0.6B) or 8 KiB (1.7B) of embedding + 12 KiB of codes.
 
     embedding: the speaker encoder's x-vector, float32 little-endian [enc_dim] (= the Talker's hidden size).
     codes: the reference audio's codec frames, uint16 little-endian [frames, 16] row-major, or None. With codes

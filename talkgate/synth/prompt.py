@@ -38,6 +38,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Sequence
 
+import numpy as np
 import torch
 
 from talkgate.synth.api import ContextParams, InvalidParams, UnknownLanguage, UnknownVoice, VoicePrompt
@@ -135,6 +136,8 @@ class Prompts:
         if clone.dim != hidden:
             raise InvalidParams(f"the voice prompt's speaker embedding has {clone.dim} values; this model's has "
                                 f"{hidden} (a voice made with another model size?)")
+        if not np.isfinite(clone.embedding_array()).all():
+            raise InvalidParams("the voice prompt's speaker embedding has NaN or infinite values")
         if not clone.icl:
             return ()
         if not MIN_REF_FRAMES <= clone.frames <= MAX_REF_FRAMES:
