@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from talkgate.synth.api import (
-    AudioChunk, ContextDone, ContextFailed, ContextParams, InvalidParams, SamplingParams, UnknownVoice, VoicePrompt,
+    AudioChunk, ContextDone, ContextParams, InvalidParams, SamplingParams, UnknownVoice, VoicePrompt,
 )
 from talkgate.synth.checkpoint import create_checkpoint
 from talkgate.synth.engine import Engine

@@ -31,7 +31,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from talkgate.synth.codec_decoder import CONFIG_FILE, MODEL_TYPE, WEIGHTS_FILE, CodecCheckpointError
-from talkgate.synth.codec_decoder import PUBLISHED_ENCODER_CONFIG  # noqa: F401 (the released encoder_config)
 
 PREFIX = "encoder."
 FRAME_SAMPLES = 1920
@@ -324,12 +323,10 @@ class CodecEncoder(nn.Module):
 
     def forward(self, wav: torch.Tensor) -> torch.Tensor:
         """wav [B, N] -> codes [B, valid_quantizers, ceil(N / 1920)] long."""
-        h = self.encoder(wav[:, None])
-        h = self.encoder_transformer(h.transpose(1, 2)).transpose(1, 2)
-        return self.quantizer.encode(self.downsample(h)).transpose(0, 1)
+        return self.quantizer.encode(self.embeddings(wav)).transpose(0, 1)
 
     def embeddings(self, wav: torch.Tensor) -> torch.Tensor:
-        """wav [B, N] -> the quantizers' input [B, hidden, frames] (for tests and the random writer)."""
+        """wav [B, N] -> the quantizers' input [B, hidden, ceil(N / 1920)]."""
         h = self.encoder(wav[:, None])
         return self.downsample(self.encoder_transformer(h.transpose(1, 2)).transpose(1, 2))
 
@@ -406,8 +403,8 @@ def load_codec_encoder(speech_tokenizer_dir: str | Path, device="cpu", dtype: to
 def random_encoder_tensors(encoder_config: dict, valid_quantizers: int = 16, seed: int = 0) -> dict[str, torch.Tensor]:
     """Deterministic random weights for an encoder_config, every tensor of the official layout (with the
     `encoder.` prefix). Convolutions and projections are drawn with std fan_in^-0.5 (residual branches
-    smaller) so that activations keep their scale, and each quantizer's codebook entries are drawn at the
-    scale of its input on a probe signal: the codes then vary with the audio, as a trained encoder's do."""
+    smaller) so that activations keep their scale, and each quantizer's codebook entries are random directions
+    at the scale of its input on a probe signal: the codes then vary with the audio, as a trained encoder's do."""
     cfg = CodecEncoderConfig.from_dict({"model_type": MODEL_TYPE, "encoder_config": encoder_config,
                                         "encoder_valid_num_quantizers": valid_quantizers})
     gen = torch.Generator().manual_seed(seed + 7919)
@@ -427,7 +424,11 @@ def random_encoder_tensors(encoder_config: dict, valid_quantizers: int = 16, see
         x = rvq.input_proj(h) if rvq.input_proj is not None else h
         for layer in rvq.layers:
             book = layer.codebook
-            book.embed_sum.copy_(torch.randn(book.embed_sum.shape, generator=gen) * float(x.std()))
+            # entries of one norm: with random norms the smallest ones would win whatever the audio (in 256
+            # dimensions the norms' spread outweighs the directions')
+            entries = torch.randn(book.embed_sum.shape, generator=gen)
+            entries *= float(x.std()) * entries.shape[1] ** 0.5 / entries.norm(dim=1, keepdim=True)
+            book.embed_sum.copy_(entries)
             book.cluster_usage.copy_(torch.rand(book.cluster_usage.shape, generator=gen) + 0.5)
             book.embed_sum.mul_(book.cluster_usage[:, None])
     tensors = {PREFIX + k: v.contiguous() for k, v in model.state_dict().items()}
