@@ -42,3 +42,25 @@ def test_errors_are_one_line_and_exit_2(tmp_path, tiny_checkpoint, capsys):
         with pytest.raises(SystemExit) as exit_:
             main(command + ["--seed", str(1 << 64)])
         assert exit_.value.code == 2 and "--seed: must fit in 64 bits" in capsys.readouterr().err
+
+
+def test_synthesize_with_a_cloned_voice(tmp_path, capsys):
+    import numpy as np
+    import soundfile
+
+    from tests.test_parity_clone import voice_audio
+    ck = tmp_path / "base"
+    assert main(["checkpoint", "create", str(ck), "--preset", "tiny", "--variant", "base"]) == 0
+    ref = tmp_path / "ref.flac"
+    soundfile.write(str(ref), np.stack([voice_audio(1, 2.0, 16000)] * 2, axis=1), 16000)     # stereo FLAC
+    common = ["synthesize", "--model", str(ck), "--text", "Hello there.", "--max-frames", "6", "--seed", "1"]
+    assert main(common + ["-o", str(tmp_path / "x.wav"), "--ref-audio", str(ref)]) == 0
+    assert "x-vector only" in capsys.readouterr().err
+    assert main(common + ["-o", str(tmp_path / "icl.wav"), "--ref-audio", str(ref), "--ref-text", "Hi, me here."]) == 0
+    assert "ICL, 25 reference frames" in capsys.readouterr().err
+    assert read_wav(tmp_path / "icl.wav")[0] == 24000
+    (tmp_path / "bad.wav").write_bytes(b"not audio")
+    assert main(common + ["-o", str(tmp_path / "y.wav"), "--ref-audio", str(tmp_path / "bad.wav")]) == 2
+    assert "bad.wav: cannot read audio" in capsys.readouterr().err
+    assert main(common + ["-o", str(tmp_path / "y.wav"), "--ref-text", "x"]) == 2
+    assert "--ref-text needs --ref-audio" in capsys.readouterr().err

@@ -237,7 +237,7 @@ def test_batched_slots_equal_single_runs(custom_voice):
     for job, slot in zip(jobs, slots):
         prompt = tts.prompts.resolve(ContextParams(voice=job["voice"], language=job["language"]))
         role, ids = tts.prompts.tokenize_text(job["text"])
-        x = tts.prompts.prefill(prompt, ids[0], role)
+        x = tts.prompts.prefill(prompt, ids[:1], role)
         hidden.append(talker(x[None], torch.arange(len(x))[None], slot[None])[0, -1])
         prompt_len.append(len(x))
         following.append(ids[1:] + [cfg.tts_eos])

@@ -128,11 +128,11 @@ def prefill_parts(engine: Engine, reps: int = 20) -> dict:
     prompt = r.tts.prompts.resolve(ContextParams())
     out = {}
     with torch.inference_mode():
-        r.tts.prompts.prefill(prompt, 100)
+        r.tts.prompts.prefill(prompt, [100])
         torch.cuda.synchronize()
         t0 = time.perf_counter()
         for _ in range(reps):
-            r.tts.prompts.prefill(prompt, 100)
+            r.tts.prompts.prefill(prompt, [100])
         torch.cuda.synchronize()
         out["prompt_embed_ms"] = round((time.perf_counter() - t0) * 1000 / reps, 3)
         g = r.graphs.get(("prefill", r.prefill_rows[0], r.prefill_lens[0]))

@@ -43,6 +43,10 @@ def add_synthesize_parser(subparsers) -> None:
     p.add_argument("--text", required=True)
     p.add_argument("-o", "--output", required=True, help="WAV file to write (16-bit PCM, 24 kHz)")
     p.add_argument("--voice", help="speaker name (CustomVoice; default: the model's first speaker)")
+    p.add_argument("--ref-audio", help="clone the voice of this 1-30 s recording (Base checkpoints; WAV, FLAC, "
+                   "Ogg, MP3: whatever libsndfile reads)")
+    p.add_argument("--ref-text", help="what is said in --ref-audio: clones in context (ICL) instead of from the "
+                   "speaker embedding alone")
     p.add_argument("--language", default="auto")
     p.add_argument("--instructions", help="voice description (VoiceDesign) or style instruction")
     p.add_argument("--greedy", action="store_true", help="argmax instead of sampling")
@@ -67,16 +71,33 @@ def run_synthesize(args: argparse.Namespace) -> int:
 
     from talkgate.codecs.pcm import s16le_bytes
     from talkgate.codecs.wav import wav_header
-    from talkgate.synth.api import SamplingParams
+    from talkgate.synth.api import InvalidParams, SamplingParams
     from talkgate.synth.loader import load_tts
     from talkgate.synth.offline import synthesize
 
     dtype = getattr(torch, args.dtype) if args.dtype else (torch.float32 if args.device == "cpu" else torch.bfloat16)
+    if args.ref_text is not None and args.ref_audio is None:
+        raise InvalidParams("--ref-text needs --ref-audio")
     tts = load_tts(args.model, device=args.device, dtype=dtype)
     print_model_info(tts.info)
+    voice_prompt = None
+    if args.ref_audio is not None:
+        import soundfile
+
+        from talkgate.synth.voice import make_voice_prompt
+        try:
+            audio, rate = soundfile.read(args.ref_audio, dtype="float32", always_2d=False)
+        except (OSError, RuntimeError, soundfile.LibsndfileError) as e:
+            raise InvalidParams(f"{args.ref_audio}: cannot read audio ({e})") from None
+        t = time.perf_counter()
+        voice_prompt = make_voice_prompt(tts, audio, rate, args.ref_text)
+        print(f"cloned voice from {args.ref_audio} ({len(audio) / rate:.2f} s, "
+              + (f"ICL, {voice_prompt.frames} reference frames" if voice_prompt.icl else "x-vector only")
+              + f") in {time.perf_counter() - t:.2f} s", file=sys.stderr)
     t = time.perf_counter()
     wav, sr = synthesize(tts, args.text, voice=args.voice, language=args.language, instructions=args.instructions,
-                         sampling=SamplingParams(greedy=args.greedy, seed=args.seed), max_frames=args.max_frames)
+                         sampling=SamplingParams(greedy=args.greedy, seed=args.seed), max_frames=args.max_frames,
+                         voice_prompt=voice_prompt)
     elapsed = time.perf_counter() - t
     with open(args.output, "wb") as f:
         f.write(wav_header(sr, len(wav)))

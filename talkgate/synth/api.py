@@ -73,8 +73,74 @@ class SamplingParams:
 
 
 @dataclass(frozen=True)
+class VoicePrompt:
+    """A cloned voice for a Base checkpoint, computed once from reference audio (synth.voice.make_voice_prompt)
+    and reused by every context that speaks with it. Plain bytes, so it pickles small and hashes fast: a 30 s
+    ICL voice is 4 KiB (0.6B) or 8 KiB (1.7B) of embedding + 12 KiB of codes.
+
+    embedding: the speaker encoder's x-vector, float32 little-endian [enc_dim] (= the Talker's hidden size).
+    codes: the reference audio's codec frames, uint16 little-endian [frames, 16] row-major, or None. With codes
+    (and ref_text, the words spoken in the reference audio) the voice is cloned in-context (ICL): the prompt
+    carries the reference text and frames and generation continues the reference audio. Without, x-vector
+    only: the embedding alone."""
+
+    embedding: bytes
+    codes: bytes | None = None
+    ref_text: str | None = None
+
+    CODEBOOKS = 16
+
+    def __post_init__(self):
+        if not isinstance(self.embedding, bytes) or not self.embedding or len(self.embedding) % 4:
+            raise InvalidParams("voice prompt: the embedding must be non-empty float32 bytes")
+        if self.codes is not None:
+            if not isinstance(self.codes, bytes) or not self.codes or len(self.codes) % (2 * self.CODEBOOKS):
+                raise InvalidParams(f"voice prompt: codes must be non-empty uint16 bytes of [frames, {self.CODEBOOKS}]")
+            if not (self.ref_text or "").strip():
+                raise InvalidParams("voice prompt: reference codes need the reference text (ICL)")
+        elif self.ref_text is not None:
+            raise InvalidParams("voice prompt: a reference text needs the reference codes (ICL); "
+                                "an x-vector-only voice has neither")
+
+    @classmethod
+    def from_arrays(cls, embedding, codes=None, ref_text: str | None = None) -> "VoicePrompt":
+        """embedding: [enc_dim] floats; codes: [frames, 16] integers in [0, 65535] (a codec's are < 2048)."""
+        emb = np.ascontiguousarray(embedding, dtype="<f4").reshape(-1)
+        packed = None
+        if codes is not None:
+            c = np.asarray(codes)
+            if c.ndim != 2 or c.shape[1] != cls.CODEBOOKS or (c.size and (c.min() < 0 or c.max() > 0xFFFF)):
+                raise InvalidParams(f"voice prompt: codes must be [frames, {cls.CODEBOOKS}] integers in [0, 65535]")
+            packed = np.ascontiguousarray(c, dtype="<u2").tobytes()
+        return cls(emb.tobytes(), packed, ref_text)
+
+    @property
+    def dim(self) -> int:
+        return len(self.embedding) // 4
+
+    @property
+    def frames(self) -> int:
+        """Reference frames (0 for an x-vector-only voice)."""
+        return len(self.codes) // (2 * self.CODEBOOKS) if self.codes is not None else 0
+
+    @property
+    def icl(self) -> bool:
+        return self.codes is not None
+
+    def embedding_array(self) -> np.ndarray:
+        return np.frombuffer(self.embedding, dtype="<f4")
+
+    def codes_array(self) -> np.ndarray | None:
+        """[frames, 16] int64, or None."""
+        if self.codes is None:
+            return None
+        return np.frombuffer(self.codes, dtype="<u2").reshape(-1, self.CODEBOOKS).astype(np.int64)
+
+
+@dataclass(frozen=True)
 class ContextParams:
     voice: str | None = None          # CustomVoice speaker name (case-insensitive); None: model default
+    voice_prompt: VoicePrompt | None = None   # a cloned voice (Base checkpoints); excludes `voice`
     language: str = "auto"            # "auto" or a language name from ModelInfo.languages
     instructions: str | None = None   # VoiceDesign description / CustomVoice instruction
     sampling: SamplingParams = field(default_factory=SamplingParams)

@@ -87,11 +87,12 @@ class Engine:
     @classmethod
     def from_pretrained(cls, path_or_id: str, device: str | None = None, dtype: str | None = None,
                         max_contexts: int | None = None, max_frames_per_context: int = DEFAULT_MAX_FRAMES,
-                        max_batch: int | None = None, cuda_graphs: bool = True, max_prompt: int = 128,
+                        max_batch: int | None = None, cuda_graphs: bool = True, max_prompt: int | None = None,
                         decoder_dtype: str | None = None, torch_compile: bool = True, **engine_kw) -> "Engine":
         """Load a checkpoint (directory or Hugging Face id). device None: cuda if available, else cpu;
         dtype None: bfloat16 on cuda, float32 on cpu; max_contexts None: sized from free memory
-        (docs/engine.md); max_batch None: max_contexts; decoder_dtype None: float32 (as the reference);
+        (docs/engine.md); max_batch None: max_contexts; max_prompt None: 128 positions, 385 for a Base
+        checkpoint (an ICL voice of 30 s); decoder_dtype None: float32 (as the reference);
         torch_compile: fuse the step's kernels with torch.compile on cuda (minutes of warm-up)."""
         from talkgate.synth.runner import load_runner
         runner, tokenizer_factory, prompts, info = load_runner(
@@ -127,9 +128,7 @@ class Engine:
         if self._stopping:
             raise EngineStopped("engine stopped")
         prompt = self.prompts.resolve(params)                  # InvalidParams / UnknownVoice / ...
-        if prompt.length > self.runner.max_prompt:
-            raise InvalidParams(f"instructions too long: the prompt takes {prompt.length} positions, "
-                                f"at most {self.runner.max_prompt}")
+        self.prompts.check_fits(prompt, self.runner.max_prompt)
         if params.fixed_frames is not None and params.fixed_frames < 1:
             raise InvalidParams("fixed_frames must be >= 1")
         seed = params.sampling.seed
@@ -144,7 +143,8 @@ class Engine:
             ctx = next(self._ids)
             req = Request(context=ctx, slot=self._free_slots.pop(), params=params, sink=sink, prompt=prompt,
                           frame_limit=self.runner.max_frames, budget_factor=self.budget_factor,
-                          budget_min=self.budget_min)
+                          budget_min=self.budget_min, text_lead=prompt.ref_text_ids,
+                          prefill_text=prompt.text_positions)
             self._contexts[ctx] = req
             self._tokenizers[ctx] = tokenizer
             self._commands.append(("open", req, None))

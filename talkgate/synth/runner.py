@@ -27,16 +27,22 @@ overlap saved (3.72-3.83 against 3.71 ms).
 New contexts are prefilled eagerly (batched, right-padded: the padding's KV sits beyond the row's
 position and is overwritten before it is ever attended) and their last hidden state joins the
 running rows' in the codes part, so a new context's first frame and PCM come out of the same step.
+A context with an in-context (ICL) cloned voice starts its decoder state where decoding its voice's
+reference frames left it: the reference decodes reference + generated frames in one sequence and cuts the
+reference's samples off, which this continues exactly (docs/engine.md "Voice cloning"). That state is a
+function of the voice alone: it is computed once per voice and kept for the last PRIMED_VOICES voices.
 """
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from talkgate.synth.api import FRAME_SAMPLES, SamplingParams
+from talkgate.synth.api import FRAME_SAMPLES, SamplingParams, VoicePrompt
 from talkgate.synth.model import sample_codes
+from talkgate.synth.prompt import CLONE_MAX_PROMPT
 from talkgate.synth.request import Request
 from talkgate.synth.sampling import FrameSampler, RowSampling
 
@@ -44,6 +50,9 @@ CODES = 16
 PREFILL_ROWS = (1, 2, 4)               # prefill graph buckets: new contexts per graph (more: in chunks)
 NO_EOS = 1 << 40                       # eos allowed from this frame on, for fixed_frames contexts: never
 EOS_FROM = 2                           # the reference's min_new_tokens
+DEFAULT_MAX_PROMPT = 128               # prompt positions a slot holds (Base: CLONE_MAX_PROMPT, a 30 s ICL voice)
+PRIMED_VOICES = 32                     # ICL voices whose primed decoder state is kept (5.3 MB each, 0.6B/1.7B fp32)
+PRIME_CHUNK = 64                       # reference frames decoded per call when priming
 
 
 @dataclass
@@ -114,7 +123,8 @@ class Runner:
         # warm-up): a padding row costs the code predictor's persistent kernel 0.4 ms a step
         self.buckets = batch_buckets(max(self.max_batch, 2))
         self.prefill_rows = list(PREFILL_ROWS)
-        self.prefill_lens = sorted({t for t in (16, 32, 64) if t < max_prompt} | {max_prompt})
+        self.prefill_lens = sorted({t for t in (16, 32, 64, 128, 256) if t < max_prompt} | {max_prompt})
+        self._primed: OrderedDict[bytes, object] = OrderedDict()     # reference codes -> DecoderState of 1 slot
         self.graphs: dict[tuple[str, int], torch.cuda.CUDAGraph] = {}
         self.warm = False
 
@@ -125,7 +135,33 @@ class Runner:
         self.sampling.copy_rows_(slot, RowSampling.build([req.params.sampling], self.tts.generation_config))
         self.min_frames[req.slot] = NO_EOS if req.params.fixed_frames is not None else EOS_FROM
         self.seen[req.slot] = False
-        self.dec_state.reset_slots(slot)
+        clone = req.prompt.clone if req.prompt is not None else None
+        if clone is not None and clone.icl:
+            self._prime_slot(req.slot, clone)
+        else:
+            self.dec_state.reset_slots(slot)
+
+    def _prime_slot(self, slot: int, clone: VoicePrompt) -> None:
+        """The slot's decoder state after decoding the voice's reference frames (kept per voice)."""
+        state = self._primed.get(clone.codes)
+        if state is None:
+            codes = torch.from_numpy(clone.codes_array()).to(self.device).T[None]      # [1, 16, frames]
+            state = self._primed[clone.codes] = self.prime_decoder(codes)
+            if len(self._primed) > PRIMED_VOICES:
+                self._primed.popitem(last=False)
+        else:
+            self._primed.move_to_end(clone.codes)
+        s = self.dec_state
+        s.tails[slot], s.kv[:, slot], s.pos[slot] = state.tails[0], state.kv[:, 0], state.pos[0]
+
+    @torch.inference_mode()
+    def prime_decoder(self, codes: torch.Tensor):
+        """codes [1, 16, frames] -> a one-slot DecoderState that has decoded them (output discarded)."""
+        state = self.decoder.alloc_state(1)
+        one = torch.zeros(1, dtype=torch.long, device=self.device)
+        for i in range(0, codes.shape[-1], PRIME_CHUNK):
+            self.decoder.decode_step(codes[..., i:i + PRIME_CHUNK], one, state)
+        return state
 
     # ----- one step -----
     @torch.inference_mode()
@@ -193,7 +229,8 @@ class Runner:
         overwritten before it is ever attended); one CUDA graph per (rows, length) bucket."""
         for i in range(0, len(reqs), PREFILL_ROWS[-1]):
             chunk = reqs[i:i + PREFILL_ROWS[-1]]
-            embeds = [self.tts.prompts.prefill(r.prompt, r.text_ids[0]) for r in chunk]   # [P_i, H] each
+            embeds = [self.tts.prompts.prefill(r.prompt, r.prefill_track(self.text_eos, self.text_pad))
+                      for r in chunk]                                                # [P_i, H] each
             n, lengths = len(chunk), [e.shape[0] for e in embeds]
             rows = next(b for b in self.prefill_rows if b >= n) if self.use_graphs else n
             T = next(t for t in self.prefill_lens if t >= max(lengths)) if self.use_graphs else max(lengths)
@@ -259,6 +296,9 @@ class Runner:
             self._decode_step(B)
             self.pre_idx[0] = self.dummy
             self._prefill_step(self.prefill_rows[-1], self.prefill_lens[0])
+            if self.tts.config.model_type == "base":
+                # priming an ICL voice's decoder state decodes many frames a call: compile that shape now
+                self.prime_decoder(torch.zeros(1, CODES, PRIME_CHUNK + 3, dtype=torch.long, device=self.device))
             if not self.use_graphs:
                 return
             torch.cuda.synchronize()
@@ -346,7 +386,7 @@ def slots_from_memory(tts, max_len: int, dtype: torch.dtype, device: torch.devic
 
 
 def load_runner(path_or_id, device=None, dtype=None, max_contexts=None, max_frames_per_context=750, max_batch=None,
-                cuda_graphs=True, max_prompt=128, decoder_dtype=None, torch_compile=True):
+                cuda_graphs=True, max_prompt=None, decoder_dtype=None, torch_compile=True):
     """-> (Runner, tokenizer factory, Prompts, ModelInfo) for synth.engine.Engine."""
     from talkgate.synth.loader import load_tts
     from talkgate.synth.tokenizer import StreamingTokenizer
@@ -358,6 +398,8 @@ def load_runner(path_or_id, device=None, dtype=None, max_contexts=None, max_fram
     # been run through the engine on a GPU yet (docs/benchmarks.md)
     decoder_dtype = _dtype(decoder_dtype) or torch.float32
     tts = load_tts(path_or_id, device=device, dtype=dtype, decoder_dtype=decoder_dtype)
+    if max_prompt is None:
+        max_prompt = CLONE_MAX_PROMPT if tts.config.model_type == "base" else DEFAULT_MAX_PROMPT
     max_len = max_prompt + max_frames_per_context
     if max_contexts is None:
         max_contexts = slots_from_memory(tts, max_len, dtype, device) if device.type == "cuda" else 16
