@@ -48,7 +48,8 @@ def add_synthesize_parser(subparsers) -> None:
     p.add_argument("--greedy", action="store_true", help="argmax instead of sampling")
     p.add_argument("--seed", type=serve.seed_arg, help="sampling seed (default: random)")
     p.add_argument("--max-frames", type=int, help="at most this many 80 ms frames "
-                   "(default: generation_config max_new_tokens)")
+                   "(default: generation_config max_new_tokens; untrained checkpoints: the text-length rule's)")
+    serve.add_untrained_length(p)
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ...")
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None,
                    help="Talker and code predictor dtype (default: bfloat16 on GPU, float32 on CPU)")
@@ -72,7 +73,7 @@ def run_synthesize(args: argparse.Namespace) -> int:
     from talkgate.synth.offline import synthesize
 
     dtype = getattr(torch, args.dtype) if args.dtype else (torch.float32 if args.device == "cpu" else torch.bfloat16)
-    tts = load_tts(args.model, device=args.device, dtype=dtype)
+    tts = load_tts(args.model, device=args.device, dtype=dtype, untrained_length=args.untrained_length)
     print_model_info(tts.info)
     t = time.perf_counter()
     wav, sr = synthesize(tts, args.text, voice=args.voice, language=args.language, instructions=args.instructions,

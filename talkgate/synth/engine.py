@@ -62,6 +62,8 @@ class Engine:
         self.runner, self.new_tokenizer, self.prompts, self.info = runner, tokenizer_factory, prompts, info
         self.default_seed = default_seed
         self.budget_factor, self.budget_min = budget_factor, budget_min
+        # an untrained checkpoint's contexts end by the text-length rule (ModelInfo.end_of_speech, chosen at load)
+        self.length_rule = info.end_of_speech == "text_length_rule"
         self.scheduler = Scheduler(runner.max_batch, min(max_prefills, runner.max_batch))
         self._lock = threading.Lock()
         self._wake = threading.Event()
@@ -88,16 +90,20 @@ class Engine:
     def from_pretrained(cls, path_or_id: str, device: str | None = None, dtype: str | None = None,
                         max_contexts: int | None = None, max_frames_per_context: int = DEFAULT_MAX_FRAMES,
                         max_batch: int | None = None, cuda_graphs: bool = True, max_prompt: int = 128,
-                        decoder_dtype: str | None = None, torch_compile: bool = True, **engine_kw) -> "Engine":
+                        decoder_dtype: str | None = None, torch_compile: bool = True,
+                        untrained_length: str = "text-rule", **engine_kw) -> "Engine":
         """Load a checkpoint (directory or Hugging Face id). device None: cuda if available, else cpu;
         dtype None: bfloat16 on cuda, float32 on cpu; max_contexts None: sized from free memory
         (docs/engine.md); max_batch None: max_contexts; decoder_dtype None: float32 (as the reference);
-        torch_compile: fuse the step's kernels with torch.compile on cuda (minutes of warm-up)."""
+        torch_compile: fuse the step's kernels with torch.compile on cuda (minutes of warm-up, cached);
+        untrained_length: how an untrained checkpoint's contexts end, "text-rule" or "runaway"
+        (synth.api.end_of_speech)."""
         from talkgate.synth.runner import load_runner
         runner, tokenizer_factory, prompts, info = load_runner(
             path_or_id, device=device, dtype=dtype, max_contexts=max_contexts,
             max_frames_per_context=max_frames_per_context, max_batch=max_batch, cuda_graphs=cuda_graphs,
-            max_prompt=max_prompt, decoder_dtype=decoder_dtype, torch_compile=torch_compile)
+            max_prompt=max_prompt, decoder_dtype=decoder_dtype, torch_compile=torch_compile,
+            untrained_length=untrained_length)
         return cls(runner, tokenizer_factory, prompts, info, **engine_kw)
 
     # ----- lifecycle -----
@@ -144,7 +150,7 @@ class Engine:
             ctx = next(self._ids)
             req = Request(context=ctx, slot=self._free_slots.pop(), params=params, sink=sink, prompt=prompt,
                           frame_limit=self.runner.max_frames, budget_factor=self.budget_factor,
-                          budget_min=self.budget_min)
+                          budget_min=self.budget_min, length_rule=self.length_rule)
             self._contexts[ctx] = req
             self._tokenizers[ctx] = tokenizer
             self._commands.append(("open", req, None))
@@ -239,6 +245,8 @@ class Engine:
                 req.text_ended = True
                 if not req.text_ids:
                     self._finish(req, "eos")                    # empty text: nothing to say
+                else:
+                    self._stop_if_at_limit(req)
 
     def _step(self) -> bool:
         """One step over every ready context, and the last step's audio; False when there was neither."""
@@ -283,6 +291,20 @@ class Engine:
                 self.scheduler.remove(req)
             frames.append((i, req, req.frames - 1, finish))
         self._audio = (step, frames) if frames else None
+
+    def _stop_if_at_limit(self, req: Request) -> None:
+        """A context whose limit, known once its text has ended (the text rule), it has already reached
+        (text of many short tokens streams ahead of its frames): it ends after the audio it has."""
+        limit, reason = req.limit()
+        if req.frames < limit:
+            return
+        self.scheduler.remove(req)
+        pending = self._audio[1] if self._audio is not None else []
+        for k, (i, r, frame, _) in enumerate(pending):
+            if r is req:                                        # its last frame's audio is not out yet
+                pending[k] = (i, r, frame, reason)
+                return
+        self._finish(req, reason)
 
     def _emit_audio(self) -> bool:
         """Hand the last step's PCM to its contexts (waits for its decode); False if none was pending."""

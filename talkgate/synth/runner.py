@@ -11,7 +11,7 @@ A step is three parts, each one CUDA graph per batch bucket ([1, 2, 4, 8] + mult
 max_batch, captured largest first):
   talker:  x = next_embed[slot] + embed_text(text id); hidden = Talker(x, position, slot)
   codes:   codebook 0 from the Talker head (repetition penalty, control ids suppressed, eos allowed
-           from frame 2 unless fixed_frames), 15 code-predictor steps with sampling inside, and the
+           from frame 2 unless the length is fixed: fixed_frames or an untrained checkpoint's text rule), 15 code-predictor steps with sampling inside, and the
            embedding sum for the next step
   decode:  one incremental codec-decoder step of those codes -> 1920 samples a row
 launch() queues a step and returns; codes_of() waits for its codes, audio_of() for its PCM. The next
@@ -123,7 +123,7 @@ class Runner:
         """Initialize every per-slot tensor for a new context (engine thread, step boundary)."""
         slot = torch.tensor([req.slot], device=self.device)
         self.sampling.copy_rows_(slot, RowSampling.build([req.params.sampling], self.tts.generation_config))
-        self.min_frames[req.slot] = NO_EOS if req.params.fixed_frames is not None else EOS_FROM
+        self.min_frames[req.slot] = EOS_FROM if req.samples_eos else NO_EOS
         self.seen[req.slot] = False
         self.dec_state.reset_slots(slot)
 
@@ -346,7 +346,7 @@ def slots_from_memory(tts, max_len: int, dtype: torch.dtype, device: torch.devic
 
 
 def load_runner(path_or_id, device=None, dtype=None, max_contexts=None, max_frames_per_context=750, max_batch=None,
-                cuda_graphs=True, max_prompt=128, decoder_dtype=None, torch_compile=True):
+                cuda_graphs=True, max_prompt=128, decoder_dtype=None, torch_compile=True, untrained_length="text-rule"):
     """-> (Runner, tokenizer factory, Prompts, ModelInfo) for synth.engine.Engine."""
     from talkgate.synth.loader import load_tts
     from talkgate.synth.tokenizer import StreamingTokenizer
@@ -357,7 +357,8 @@ def load_runner(path_or_id, device=None, dtype=None, max_contexts=None, max_fram
     # with 41 dB SNR against float32 (bfloat16: 23 dB), saving ~12 ms a step at 256 contexts, but has not
     # been run through the engine on a GPU yet (docs/benchmarks.md)
     decoder_dtype = _dtype(decoder_dtype) or torch.float32
-    tts = load_tts(path_or_id, device=device, dtype=dtype, decoder_dtype=decoder_dtype)
+    tts = load_tts(path_or_id, device=device, dtype=dtype, decoder_dtype=decoder_dtype,
+                   untrained_length=untrained_length)
     max_len = max_prompt + max_frames_per_context
     if max_contexts is None:
         max_contexts = slots_from_memory(tts, max_len, dtype, device) if device.type == "cuda" else 16
