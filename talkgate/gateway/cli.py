@@ -11,7 +11,7 @@ import json
 import sys
 import time
 
-from talkgate.gateway import serve
+from talkgate.gateway import serve, warmup
 
 
 def add_checkpoint_parser(subparsers) -> None:
@@ -99,7 +99,7 @@ def run_bench(argv: list[str]) -> int:
     return load.main(argv)
 
 
-SUBCOMMANDS = [add_checkpoint_parser, add_synthesize_parser, serve.add_parser, add_bench_parser]
+SUBCOMMANDS = [add_checkpoint_parser, add_synthesize_parser, serve.add_parser, warmup.add_parser, add_bench_parser]
 
 
 def main(argv: list[str] | None = None) -> int:

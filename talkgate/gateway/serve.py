@@ -20,9 +20,9 @@ DEFAULT_PRESET = "mini"
 def default_checkpoint() -> Path:
     """The built-in default: a random-weight `mini` checkpoint, created once and cached."""
     from talkgate.synth.checkpoint import create_checkpoint
+    from talkgate.synth.compile_cache import cache_root
 
-    root = Path(os.environ.get("TALKGATE_CACHE", Path.home() / ".cache" / "talkgate"))
-    path = root / f"{DEFAULT_PRESET}-custom_voice"
+    path = cache_root() / f"{DEFAULT_PRESET}-custom_voice"
     if not (path / "config.json").exists():
         log.info("creating the built-in default checkpoint (%s, random weights) in %s", DEFAULT_PRESET, path)
         tmp = path.with_name(path.name + ".partial")
@@ -132,7 +132,8 @@ async def _serve(engine, config: ServerConfig, host: str, port: int) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    await asyncio.to_thread(engine.start)      # warm-up and graph capture; /health says 503 meanwhile
+    # compiles and the first-audio graphs (the other buckets follow in the background); /health says 503 meanwhile
+    await asyncio.to_thread(engine.start)
     gw.ready = True
     print(f"talkgate: ready on http://{host}:{bound}", flush=True)
     await stop.wait()

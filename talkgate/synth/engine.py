@@ -1,7 +1,7 @@
 """The engine: one thread owns the model and the GPU; EngineClient calls only queue commands.
 
     engine = Engine.from_pretrained("/tmp/ck", device="cuda", max_contexts=256)
-    engine.start()                      # warm-up and CUDA graph capture; returns when ready
+    engine.start()                      # warm-up, compiles, first-audio graphs; returns when ready
     ctx = engine.open(ContextParams(voice="ryan"), sink)   # InvalidParams / EngineFull raised here
     engine.append_text(ctx, "Hello "); engine.append_text(ctx, "world."); engine.end_text(ctx)
     ...                                 # sink gets AudioChunk per frame, then ContextDone
@@ -49,6 +49,17 @@ DEFAULT_MAX_FRAMES = 750        # 60 s of audio per context
 DEFAULT_BUDGET_FACTOR = 4.0     # runaway guard: max(4 * frames_for_text, 50) frames
 DEFAULT_BUDGET_MIN = 50
 HOLD_POLL_S = 0.001             # how often a held engine asks again
+# a graph is captured after warm-up only while every ready context's audio runs at least this far ahead
+# of its client (a capture holds the engine thread for tens of ms: docs/engine.md)
+CAPTURE_SLACK_S = 0.5
+
+
+def unnoticed(scheduler: Scheduler, now: float, slack: float = CAPTURE_SLACK_S) -> bool:
+    """Whether the engine thread may stop for a capture now: no context ready for its first frame, and
+    every ready context's audio at least `slack` seconds ahead of its client (contexts waiting for text
+    cannot run anyway)."""
+    return not any(r.ready for r in scheduler.waiting) and all(
+        r.deadline - now >= slack for r in scheduler.running if r.ready)
 
 
 class Engine:
@@ -108,7 +119,9 @@ class Engine:
 
     # ----- lifecycle -----
     def start(self) -> None:
-        """Start the engine thread (warm-up and graph capture happen there); return when it is ready."""
+        """Start the engine thread (warm-up happens there); return when it is ready: everything compiled and
+        the graphs a first audio needs captured. The thread captures the other batch buckets' graphs later,
+        one at a time when no context would notice (stats(): graphs_pending)."""
         if self._thread is not None:
             return
         self._thread = threading.Thread(target=self._run, name="talkgate-engine", daemon=True)
@@ -184,11 +197,13 @@ class Engine:
     def stats(self) -> dict:
         with self._lock:
             free = len(self._free_slots)
-        steps = self._steps
+        steps, captures = self._steps, self.runner.capture_ms
         return {"running": len(self.scheduler.running), "waiting": len(self.scheduler.waiting),
                 "free_slots": free, "slots": self.runner.num_slots, "steps": steps, "frames": self._frames,
                 "step_ms_last": round(self._step_ms_last, 3),
-                "step_ms_avg": round(self._step_ms_total / steps, 3) if steps else 0.0}
+                "step_ms_avg": round(self._step_ms_total / steps, 3) if steps else 0.0,
+                "graphs_captured": len(self.runner.graphs), "graphs_pending": len(self.runner.pending),
+                "capture_ms_max": round(max(captures), 1) if captures else 0.0}
 
     # ----- engine thread -----
     def _push(self, command: tuple) -> None:
@@ -198,7 +213,7 @@ class Engine:
 
     def _run(self) -> None:
         try:
-            self.runner.warmup()
+            self.runner.warmup(first_audio_only=True)
         except BaseException as e:                              # reported by start()
             self._start_error = e
             self._ready.set()
@@ -209,8 +224,28 @@ class Engine:
             if self.hold is not None and self.hold():
                 time.sleep(HOLD_POLL_S)
                 continue
-            if not self.run_once():
+            stepped = self.run_once()
+            if not self._capture_if_unnoticed() and not stepped:
                 self._wake.wait(timeout=0.5)
+
+    def _capture_if_unnoticed(self) -> bool:
+        """Capture one pending graph if no context would notice: no command waits, no context waits for
+        its first audio, and every ready context's audio runs CAPTURE_SLACK_S ahead of its client. The last
+        step's audio is handed out first. True if it captured."""
+        if not self.runner.pending:
+            return False
+        if not unnoticed(self.scheduler, time.perf_counter()):
+            return False
+        with self._lock:
+            if self._commands:
+                return False
+        self._emit_audio()
+        try:
+            self.runner.capture_next()
+        except Exception:                                       # the engine serves on from the captured buckets
+            log.exception("capturing a graph failed; the remaining buckets stay uncaptured")
+            self.runner.pending.clear()
+        return True
 
     def run_once(self) -> bool:
         """Apply queued commands, then one step; False when nobody was ready. The engine thread's loop
