@@ -40,7 +40,7 @@ if [ "${IMAGE:-0}" = 1 ]; then
 fi
 if [ "${GPU_TESTS:-0}" = 1 ]; then
   left=$(( ${DEADLINE:-570} - SECONDS )); log "GPU tests (${left} s left)"
-  [ "$left" -gt 30 ] && timeout "$left" python3 -m pytest -q -p no:cacheprovider tests/test_engine_gpu.py 2>&1 | tail -15
+  [ "$left" -gt 30 ] && timeout "$left" python3 -m pytest -q -p no:cacheprovider tests/test_engine_gpu.py -k "${TESTS_K:-}" -o log_cli=true --log-cli-level=WARNING 2>&1 | tail -40
 fi
 python3 - "$res" <<'EOF'
 import json, sys, pathlib

@@ -49,8 +49,13 @@ DEFAULT_MAX_FRAMES = 750        # 60 s of audio per context
 DEFAULT_BUDGET_FACTOR = 4.0     # runaway guard: max(4 * frames_for_text, 50) frames
 DEFAULT_BUDGET_MIN = 50
 HOLD_POLL_S = 0.001             # how often a held engine asks again
-# a graph is captured after warm-up only while every ready context's audio runs at least this far ahead
-# of its client (a capture holds the engine thread for tens of ms: docs/engine.md)
+# After warm-up the other buckets' graphs are captured one at a time on the engine thread (each holds it for
+# up to about a second, cuDNN's algorithm search mostly: docs/engine.md): once no context has been open for
+# QUIET_S (a request arriving during a capture waits for it); on a server that found no such moment for
+# BUSY_S after warm-up, also between steps where no running context would notice (none waits for its
+# first audio, every ready one is CAPTURE_SLACK_S ahead of its client)
+QUIET_S = 1.0
+BUSY_S = 30.0
 CAPTURE_SLACK_S = 0.5
 
 
@@ -87,6 +92,7 @@ class Engine:
         self._ready = threading.Event()
         self._stopping = False
         self._start_error: BaseException | None = None
+        self._ready_at = self._open_at = 0.0            # when warm-up ended; when a context was last open
         self._steps = self._frames = 0
         # the last launched step's frames whose PCM is not emitted yet: (step, [(row, req, frame, finish)])
         self._audio: tuple | None = None
@@ -218,6 +224,7 @@ class Engine:
             self._start_error = e
             self._ready.set()
             return
+        self._ready_at = self._open_at = time.perf_counter()
         self._ready.set()
         while not self._stopping:
             self._wake.clear()
@@ -229,12 +236,15 @@ class Engine:
                 self._wake.wait(timeout=0.5)
 
     def _capture_if_unnoticed(self) -> bool:
-        """Capture one pending graph if no context would notice: no command waits, no context waits for
-        its first audio, and every ready context's audio runs CAPTURE_SLACK_S ahead of its client. The last
-        step's audio is handed out first. True if it captured."""
+        """Capture one pending graph if no context would notice (QUIET_S, BUSY_S above); the last step's
+        audio is handed out first. True if it captured."""
         if not self.runner.pending:
             return False
-        if not unnoticed(self.scheduler, time.perf_counter()):
+        now = time.perf_counter()
+        if self._contexts:
+            self._open_at = now
+        quiet = not self._contexts and now - self._open_at >= QUIET_S
+        if not quiet and not (now - self._ready_at >= BUSY_S and unnoticed(self.scheduler, now)):
             return False
         with self._lock:
             if self._commands:

@@ -33,6 +33,7 @@ from __future__ import annotations
 import bisect
 import collections
 import logging
+import sys
 import time
 import types
 from dataclasses import dataclass
@@ -98,7 +99,8 @@ class Runner:
         # compile_hot_functions); replayed inside the CUDA graphs they cost no Python time
         self.compiled = torch_compile and device.type == "cuda"
         if self.compiled:
-            compile_hot_functions(self.talker, self.predictor, self.decoder)
+            log.info("torch.compile: %d methods of the model bound to compiled functions",
+                     compile_hot_functions(self.talker, self.predictor, self.decoder))
         S, H, B = num_slots + 1, self.talker.hidden_size, max(self.max_batch, 2)
         with torch.device(device):
             self.talker.setup_cache(S, max_prompt + max_frames, device, dtype)
@@ -137,7 +139,9 @@ class Runner:
         self.captured: list[int] = []                  # buckets whose three graphs are captured, ascending
         self.pending: collections.deque = collections.deque()     # (part, bucket) graphs still to capture
         self.capture_ms: list[float] = []              # each capture_next()'s duration
+        self.captured_later: list[tuple] = []          # the graphs capture_next() captured
         self.warmup_profile: list[tuple[str, float]] = []         # (what, seconds) of warmup()
+        self.capture_split: dict[tuple, tuple[float, float]] = {}  # graph -> (its warm run, its capture) s
         self._pool = self._stream = None
         self.warm = self._warming = False
 
@@ -281,13 +285,24 @@ class Runner:
             self._dummy_inputs()
             B = self.buckets[-1]
             for part in PARTS:
+                search = part == "decode" and torch.backends.cudnn.benchmark
+                # the first decode runs without cuDNN's algorithm search (its compiles and traces alone), the
+                # second searches: the warm-up profile shows the two apart
+                torch.backends.cudnn.benchmark = False if search else torch.backends.cudnn.benchmark
                 self._timed(f"{part}@{B} eager", self._parts[part], B)
+                if search:
+                    torch.backends.cudnn.benchmark = True
+                    self._timed(f"{part}@{B} cuDNN search", self._parts[part], B)
             self.pre_idx[0] = self.dummy
             self._timed("prefill eager", self._prefill_step, self.prefill_rows[-1], self.prefill_lens[0])
             if self.use_graphs:
                 self._capture_first(first_audio_only)
         self._warming = False
         log.info("warm-up: %s", ", ".join(f"{what} {sec:.2f} s" for what, sec in self.warmup_profile))
+        if self.capture_split:
+            warm, capture = (sum(x) for x in zip(*self.capture_split.values()))
+            log.info("warm-up captures: %d graphs, their warm runs %.2f s (new kinds compiled, cuDNN searches), "
+                     "the captures %.2f s", len(self.capture_split), warm, capture)
         if not self.pending:
             log.info("all %d graphs captured", len(self.graphs))
 
@@ -319,10 +334,11 @@ class Runner:
             return None
         t0 = time.perf_counter()
         compiles = _compiled_graphs()
-        part, b = self.pending.popleft()
+        part, b = self.pending[0]               # pending until captured (stats() reads it meanwhile)
         with torch.inference_mode():
             self._dummy_inputs()                # only the dummy slot's state changes
             self._capture((part, b), self._parts[part], b)
+        self.captured_later.append(self.pending.popleft())
         if part == PARTS[-1]:
             bisect.insort(self.captured, b)
         if not self.pending:
@@ -332,8 +348,10 @@ class Runner:
         if _compiled_graphs() != compiles:
             log.warning("capturing %s@%d compiled (a kind of input warmup() did not meet): %.0f ms", part, b, ms)
         if not self.pending and not self._warming:
-            log.info("all %d graphs captured; the last %d after warm-up in %.2f s (each at most %.0f ms)",
-                     len(self.graphs), len(self.capture_ms), sum(self.capture_ms) / 1000, max(self.capture_ms))
+            warm = sum(self.capture_split[(p, b)][0] for p, b in self.captured_later)
+            log.info("all %d graphs captured; the last %d after warm-up in %.2f s (each at most %.0f ms; their "
+                     "warm runs, cuDNN's searches mostly, %.2f s)", len(self.graphs), len(self.capture_ms),
+                     sum(self.capture_ms) / 1000, max(self.capture_ms), warm)
         return ms
 
     @property
@@ -359,8 +377,11 @@ class Runner:
         s = self._stream
         s.wait_stream(torch.cuda.current_stream())
         g = torch.cuda.CUDAGraph()
+        t0 = time.perf_counter()
         with torch.cuda.stream(s):
             fn(*args)
+            s.synchronize()
+            t1 = time.perf_counter()
             g.capture_begin(pool=self._pool, capture_error_mode="thread_local")
             try:
                 fn(*args)
@@ -368,12 +389,13 @@ class Runner:
                 g.capture_end()
         torch.cuda.current_stream().wait_stream(s)
         self.graphs[key] = g
+        self.capture_split[key] = (t1 - t0, time.perf_counter() - t1)
 
 
 def _compiled_graphs() -> int:
-    """How many graphs Dynamo has compiled in this process."""
-    from torch._dynamo.utils import counters
-    return counters["stats"]["unique_graphs"]
+    """How many graphs Dynamo has compiled in this process (0 where it was never imported)."""
+    utils = sys.modules.get("torch._dynamo.utils")
+    return utils.counters["stats"]["unique_graphs"] if utils is not None else 0
 
 
 HOT_FUNCTIONS = (("model", "RMSNorm", "forward"), ("model", "RMSNorm", "residual"), ("model", "Attention", "qkv"),
