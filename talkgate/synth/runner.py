@@ -286,13 +286,11 @@ class Runner:
             B = self.buckets[-1]
             for part in PARTS:
                 search = part == "decode" and torch.backends.cudnn.benchmark
-                # the first decode runs without cuDNN's algorithm search (its compiles and traces alone), the
-                # second searches: the warm-up profile shows the two apart
-                torch.backends.cudnn.benchmark = False if search else torch.backends.cudnn.benchmark
-                self._timed(f"{part}@{B} eager", self._parts[part], B)
-                if search:
+                if search:          # first without cuDNN's algorithm search (its compiles and traces alone)
+                    torch.backends.cudnn.benchmark = False
+                    self._timed(f"{part}@{B} eager", self._parts[part], B)
                     torch.backends.cudnn.benchmark = True
-                    self._timed(f"{part}@{B} cuDNN search", self._parts[part], B)
+                self._timed(f"{part}@{B} " + ("cuDNN search" if search else "eager"), self._parts[part], B)
             self.pre_idx[0] = self.dummy
             self._timed("prefill eager", self._prefill_step, self.prefill_rows[-1], self.prefill_lens[0])
             if self.use_graphs:
