@@ -30,6 +30,16 @@ def test_checkpoint_create_then_synthesize(tmp_path, capsys):
     assert out.read_bytes() == again.read_bytes()                 # a seed makes sampling reproducible
 
 
+def test_synthesize_untrained_ends_by_the_text_rule(tiny_checkpoint, tmp_path, capsys):
+    """Random weights never sample eos: without --max-frames the utterance is as long as the text-length
+    rule says ("Hello there, how are you?": 25 characters, 19 frames), not max_new_tokens of noise."""
+    out = tmp_path / "rule.wav"
+    assert main(["synthesize", "--model", str(tiny_checkpoint), "--text", "Hello there, how are you?",
+                 "-o", str(out), "--seed", "1"]) == 0
+    assert '"end_of_speech": "text_length_rule"' in capsys.readouterr().err
+    assert read_wav(out) == (24000, 19 * 1920)
+
+
 def test_errors_are_one_line_and_exit_2(tmp_path, tiny_checkpoint, capsys):
     assert main(["synthesize", "--model", str(tiny_checkpoint), "--voice", "bob", "--text", "hi",
                  "-o", str(tmp_path / "x.wav")]) == 2

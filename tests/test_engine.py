@@ -240,23 +240,86 @@ def test_empty_text_ends_at_once(engine):
     assert sink.wait().last == ContextDone(sink.last.context, "eos", 0)
 
 
-def test_budget_guard_and_stats(engine):
-    # no fixed length: random weights rarely sample eos, so the runaway guard ends it
+def test_untrained_ends_by_the_text_rule_and_stats(engine):
+    """An untrained checkpoint (random weights never sample eos usefully): a context without fixed_frames
+    ends where the text-length rule puts it for the text it received, streamed deltas included."""
+    from talkgate.synth.engine import frames_for_text
+    assert engine.info.untrained and engine.info.end_of_speech == "text_length_rule"
+    deltas = ["Hello there, ", "this is streamed ", "in three parts."]
+    _, sink = speak(engine, deltas, ContextParams(sampling=SamplingParams(seed=3)))
+    want = frames_for_text("".join(deltas))
+    assert want == 34 and sink.wait().last == ContextDone(sink.last.context, "length_rule", want)
+    assert [c.first_frame for c in sink.chunks] == list(range(want))
     _, sink = speak(engine, ["Hi."], ContextParams(sampling=GREEDY))
+    assert sink.wait().last == ContextDone(sink.last.context, "length_rule", 4)      # at least 4 frames
+    st = engine.stats()
+    assert st["steps"] > 0 and st["frames"] > 0 and st["running"] == 0 and st["free_slots"] == 4
+
+
+def test_text_rule_end_after_the_frames_ran_ahead(engine):
+    """Digits are a token each: while the text is open, frames follow the tokens past the length the text
+    rule gives the text so far; when the text ends the context ends with the audio it has."""
+    from talkgate.synth.engine import frames_for_text
+    text = "1234567890" * 4
+    ctx, sink = speak(engine, [text], ContextParams(sampling=GREEDY), end=False)
+    deadline = time.time() + 30
+    while len(sink.chunks) <= frames_for_text(text) and time.time() < deadline:
+        time.sleep(0.01)
+    assert len(sink.chunks) > frames_for_text(text) == 30
+    engine.end_text(ctx)
+    last = sink.wait().last
+    assert last.reason == "length_rule" and last.frames == len(sink.chunks) <= len(text) + 2
+
+
+@pytest.fixture(scope="module")
+def runaway(checkpoint):
+    eng = Engine.from_pretrained(str(checkpoint), device="cpu", max_contexts=2, max_frames_per_context=120,
+                                 untrained_length="runaway")
+    eng.start()
+    yield eng
+    eng.stop()
+
+
+def test_runaway_choice_runs_to_the_guard(runaway):
+    assert runaway.info.end_of_speech == "runaway_guard" and runaway.info.as_dict()["end_of_speech"] == "runaway_guard"
+    # random weights rarely sample eos, so the runaway guard ends it
+    _, sink = speak(runaway, ["Hi."], ContextParams(sampling=GREEDY))
     last = sink.wait().last
     assert last.reason in ("budget", "eos")
     if last.reason == "budget":
         assert last.frames == 50                           # max(4 * frames_for_text("Hi."), 50)
-    st = engine.stats()
-    assert st["steps"] > 0 and st["frames"] > 0 and st["running"] == 0 and st["free_slots"] == 4
+
+
+def test_trained_checkpoint_ends_by_the_model(checkpoint, tmp_path):
+    """A checkpoint not marked untrained is unaffected: eos or the runaway guard, as the model goes."""
+    import json
+    import shutil
+    d = shutil.copytree(checkpoint, tmp_path / "trained")
+    config = json.loads((d / "config.json").read_text())
+    del config["talkgate"]
+    (d / "config.json").write_text(json.dumps(config))
+    eng = Engine.from_pretrained(str(d), device="cpu", max_contexts=1, max_frames_per_context=120)
+    assert not eng.info.untrained and eng.info.end_of_speech == "model"
+    eng.start()
+    try:
+        _, sink = speak(eng, ["Hi."], ContextParams(sampling=GREEDY))
+        last = sink.wait().last
+        assert last.reason == ("budget" if last.frames == 50 else "eos") and last.frames <= 50
+        _, sink = speak(eng, ["Hi."], ContextParams(sampling=GREEDY, fixed_frames=6))
+        assert sink.wait().last == ContextDone(sink.last.context, "length", 6)
+    finally:
+        eng.stop()
 
 
 def test_engine_equals_offline_synthesis(engine, checkpoint):
     from talkgate.synth.loader import load_tts
     from talkgate.synth.offline import synthesize
-    text = "Hi there."
-    wav, _ = synthesize(load_tts(checkpoint), text, voice="ryan", sampling=GREEDY, max_frames=50)
+    text = "Hi there, this is offline."
+    tts = load_tts(checkpoint)
+    wav, _ = synthesize(tts, text, voice="ryan", sampling=GREEDY)
     _, sink = speak(engine, [text], ContextParams(voice="ryan", sampling=GREEDY))
     last = sink.wait().last
-    assert last.frames * 1920 == len(wav) and last.reason == ("budget" if last.frames == 50 else "eos")
+    assert last == ContextDone(last.context, "length_rule", 20) and last.frames * 1920 == len(wav)
     np.testing.assert_allclose(sink.pcm, wav, atol=1e-5)
+    wav, _ = synthesize(tts, text, voice="ryan", sampling=GREEDY, max_frames=7)
+    assert len(wav) == 7 * 1920

@@ -128,3 +128,46 @@ def test_cuda_kernels_follow_the_cpu_path(checkpoint, eager):
         same = matching_frames(pcm(ev_cuda), pcm(ev_cpu), p.fixed_frames, atol=3e-3)
         print(f"context {p.sampling}: {same}/{p.fixed_frames} frames match the CPU")
         assert same >= 5
+
+
+def test_staged_capture_pads_then_captures_the_rest_between_steps(checkpoint):
+    """Ready with the first-audio graphs (buckets up to 16 and the largest, every prefill graph): a batch of
+    20 pads up to the largest bucket; the engine thread then captures bucket 32 while idle, and the same
+    contexts run in it give the same audio (TF32 convolutions, algorithms per batch size: 3e-3)."""
+    import threading
+    import time
+    engine = Engine.from_pretrained(str(checkpoint), device="cuda", dtype="float32", max_contexts=40,
+                                    max_frames_per_context=64, torch_compile=False)
+    r = engine.runner
+    r.warmup(first_audio_only=True)
+    assert r.captured == [1, 2, 4, 8, 16, 40] and list(r.pending) == [("talker", 32), ("codes", 32), ("decode", 32)]
+    params = [ContextParams(sampling=SamplingParams(seed=i), fixed_frames=10) for i in range(20)]
+    texts = [TEXTS[i % 3] for i in range(20)]
+    padded = run_contexts(engine, params, texts)
+    assert r._bucket(20) == 40
+    engine.start()                                      # warm already: the thread captures what is pending
+    try:
+        deadline = time.time() + 60
+        while engine.stats()["graphs_pending"] and time.time() < deadline:
+            time.sleep(0.05)
+        assert engine.stats()["graphs_pending"] == 0 and r.captured == [1, 2, 4, 8, 16, 32, 40]
+        assert r._bucket(20) == 32
+        events, done = [[] for _ in params], threading.Semaphore(0)
+
+        def sink(i):
+            def put(ev):
+                events[i].append(ev)
+                if isinstance(ev, ContextDone):
+                    done.release()
+            return put
+        ctxs = [engine.open(p, sink(i)) for i, p in enumerate(params)]
+        for c, t in zip(ctxs, texts):
+            engine.append_text(c, t)
+            engine.end_text(c)
+        for _ in params:
+            assert done.acquire(timeout=60)
+    finally:
+        engine.stop()
+    for a, b in zip(padded, events):
+        assert a[-1].reason == b[-1].reason == "length"
+        np.testing.assert_allclose(pcm(b), pcm(a), atol=3e-3)

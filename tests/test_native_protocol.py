@@ -50,6 +50,7 @@ def test_ready_and_config(engine):
     h = Harness(engine)
     (ready,) = _json(h.proto.ready())
     assert ready["type"] == "session.ready" and ready["model"]["untrained"] is True
+    assert ready["model"]["end_of_speech"] == "text_length_rule"
     (conf,) = _json(h.send(type="session.config", voice="RYAN", language="English",
                            format={"encoding": "opus", "sample_rate": 48000}))
     assert conf["config"]["voice"] == "ryan" and conf["config"]["language"] == "english"
@@ -77,7 +78,8 @@ def test_utterance_lifecycle_and_binary_header(engine):
     types = [t for t in map(_type, actions) if t]
     assert types.index("timing") < types.index("context.done")
     done = _json(actions)[-1]
-    assert done["reason"] in ("eos", "budget") and done["frames"] * 80 == done["audio_ms"]
+    # an untrained checkpoint: the text-length rule ends it ("Hello world.": 12 characters, 9 frames)
+    assert done["reason"] == "length_rule" and done["frames"] == 9 and done["frames"] * 80 == done["audio_ms"]
 
 
 def test_cancel_purges_and_reports_sent_audio(engine):

@@ -383,7 +383,7 @@ class Config:
     requests: int | None = None            # stop issuing after this many
     lang: str = "all"
     bucket: str = "all"
-    length: str = "text"                   # "text": fixed_frames = frames_for_text; "model": eos decides
+    length: str = "text"                   # "text": fixed_frames = frames_for_text; "model": the server decides
     cancel_share: float = 0.0
     encoding: str = "pcm_s16le"
     sample_rate: int = 24000
@@ -595,7 +595,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--lang", choices=[*prompt_set.LANGS, "all"], default=d.lang)
     p.add_argument("--bucket", choices=[*prompt_set.BUCKETS, "all"], default=d.bucket)
     p.add_argument("--length", choices=["text", "model"], default=d.length, help="text: send fixed_frames = "
-                   "frames_for_text(text) (random weights never stop by themselves); model: the model's eos")
+                   "frames_for_text(text) (random weights never stop by themselves); model: the server decides (the model's "
+                   "eos; for an untrained checkpoint, the same text rule unless served with --untrained-length runaway)")
     p.add_argument("--cancel-share", type=float, default=d.cancel_share, help="share of requests cancelled after "
                    f"{CANCEL_POINT[0] * 100:.0f}-{CANCEL_POINT[1] * 100:.0f} %% of their audio")
     p.add_argument("--encoding", choices=list(ENCODING_CODES), default=d.encoding, help="native protocol only")

@@ -11,7 +11,7 @@ import json
 import sys
 import time
 
-from talkgate.gateway import serve
+from talkgate.gateway import serve, warmup
 
 
 def add_checkpoint_parser(subparsers) -> None:
@@ -52,7 +52,8 @@ def add_synthesize_parser(subparsers) -> None:
     p.add_argument("--greedy", action="store_true", help="argmax instead of sampling")
     p.add_argument("--seed", type=serve.seed_arg, help="sampling seed (default: random)")
     p.add_argument("--max-frames", type=int, help="at most this many 80 ms frames "
-                   "(default: generation_config max_new_tokens)")
+                   "(default: generation_config max_new_tokens; untrained checkpoints: the text-length rule's)")
+    serve.add_untrained_length(p)
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ...")
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None,
                    help="Talker and code predictor dtype (default: bfloat16 on GPU, float32 on CPU)")
@@ -78,7 +79,7 @@ def run_synthesize(args: argparse.Namespace) -> int:
     dtype = getattr(torch, args.dtype) if args.dtype else (torch.float32 if args.device == "cpu" else torch.bfloat16)
     if args.ref_text is not None and args.ref_audio is None:
         raise InvalidParams("--ref-text needs --ref-audio")
-    tts = load_tts(args.model, device=args.device, dtype=dtype)
+    tts = load_tts(args.model, device=args.device, dtype=dtype, untrained_length=args.untrained_length)
     print_model_info(tts.info)
     voice_prompt = None
     if args.ref_audio is not None:
@@ -119,7 +120,7 @@ def run_bench(argv: list[str]) -> int:
     return load.main(argv)
 
 
-SUBCOMMANDS = [add_checkpoint_parser, add_synthesize_parser, serve.add_parser, add_bench_parser]
+SUBCOMMANDS = [add_checkpoint_parser, add_synthesize_parser, serve.add_parser, warmup.add_parser, add_bench_parser]
 
 
 def main(argv: list[str] | None = None) -> int:

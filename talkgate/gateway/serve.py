@@ -20,9 +20,9 @@ DEFAULT_PRESET = "mini"
 def default_checkpoint() -> Path:
     """The built-in default: a random-weight `mini` checkpoint, created once and cached."""
     from talkgate.synth.checkpoint import create_checkpoint
+    from talkgate.synth.compile_cache import cache_root
 
-    root = Path(os.environ.get("TALKGATE_CACHE", Path.home() / ".cache" / "talkgate"))
-    path = root / f"{DEFAULT_PRESET}-custom_voice"
+    path = cache_root() / f"{DEFAULT_PRESET}-custom_voice"
     if not (path / "config.json").exists():
         log.info("creating the built-in default checkpoint (%s, random weights) in %s", DEFAULT_PRESET, path)
         tmp = path.with_name(path.name + ".partial")
@@ -43,6 +43,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--max-contexts", type=int, help="engine slots (default: sized from free memory)")
     p.add_argument("--seed", type=seed_arg, help="sampling seed of contexts whose request sets none, so that the same "
                    "text and settings give the same audio (default: a fresh random seed each)")
+    add_untrained_length(p)
     p.add_argument("--api-key", action="append", default=[], help="require this API key (repeatable); "
                    "also TALKGATE_API_KEYS=k1,k2")
     p.add_argument("--allow-origin", action="append", default=[], help="allowed browser Origin (repeatable); "
@@ -59,6 +60,15 @@ def add_parser(subparsers) -> None:
                    "(docs/compat.md)")
     p.add_argument("--shutdown-deadline", type=float, default=10.0, help="seconds contexts may finish at shutdown")
     p.set_defaults(func=run)
+
+
+def add_untrained_length(p) -> None:
+    """--untrained-length (serve, synthesize, warmup): how an untrained checkpoint's utterances end."""
+    p.add_argument("--untrained-length", choices=["text-rule", "runaway"], default="text-rule",
+                   help="random-weight checkpoints never sample end of speech: text-rule ends an utterance where "
+                   "the text-length rule puts it (reason length_rule), runaway lets it run to the runaway guard "
+                   "(4x that, reason budget), as a trained model that never ended would; trained checkpoints "
+                   "end by the model either way")
 
 
 def seed_arg(text: str) -> int:
@@ -89,9 +99,10 @@ def run(args: argparse.Namespace) -> int:
         import torch
         torch.set_num_threads(1)
     engine = Engine.from_pretrained(model, device=args.device, dtype=args.dtype, max_contexts=args.max_contexts,
-                                    default_seed=args.seed)
+                                    default_seed=args.seed, untrained_length=args.untrained_length)
     info = engine.info
-    log.info("model %s (%s, %s) on %s/%s%s", info.name, info.model_type, info.size, info.device, info.dtype,
+    log.info("model %s (%s, %s) on %s/%s, end of speech: %s%s", info.name, info.model_type, info.size, info.device,
+             info.dtype, info.end_of_speech,
              " -- UNTRAINED RANDOM WEIGHTS: the audio is noise, not speech" if info.untrained else "")
     keys = tuple(args.api_key) + tuple(k for k in os.environ.get("TALKGATE_API_KEYS", "").split(",") if k)
     limits = Limits(max_message_bytes=args.max_message_bytes, max_text_chars=args.max_text_chars,
@@ -121,7 +132,8 @@ async def _serve(engine, config: ServerConfig, host: str, port: int) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    await asyncio.to_thread(engine.start)      # warm-up and graph capture; /health says 503 meanwhile
+    # compiles and the first-audio graphs (the other buckets follow in the background); /health says 503 meanwhile
+    await asyncio.to_thread(engine.start)
     gw.ready = True
     print(f"talkgate: ready on http://{host}:{bound}", flush=True)
     await stop.wait()

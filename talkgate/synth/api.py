@@ -149,6 +149,21 @@ class ContextParams:
     fixed_frames: int | None = None
 
 
+# How a context ends when its request sets no fixed_frames (ModelInfo.end_of_speech): "model" for a trained
+# checkpoint (the model samples eos; the runaway guard stops one that never does). Random weights never
+# sample eos usefully, so an untrained checkpoint ends where the text-length rule puts it
+# (synth.request.frames_for_text: a stand-in for a trained model's end of speech), or, chosen at load
+# (serve --untrained-length runaway), runs to the runaway guard as a trained model that never ends would.
+UNTRAINED_LENGTHS = {"text-rule": "text_length_rule", "runaway": "runaway_guard"}
+
+
+def end_of_speech(untrained: bool, untrained_length: str = "text-rule") -> str:
+    """ModelInfo.end_of_speech of a checkpoint: "model", "text_length_rule" or "runaway_guard"."""
+    if untrained_length not in UNTRAINED_LENGTHS:
+        raise ValueError(f"untrained_length must be one of {', '.join(UNTRAINED_LENGTHS)}, not {untrained_length!r}")
+    return UNTRAINED_LENGTHS[untrained_length] if untrained else "model"
+
+
 @dataclass(frozen=True)
 class ModelInfo:
     name: str                  # directory or Hugging Face id it was loaded from
@@ -160,6 +175,7 @@ class ModelInfo:
     sample_rate: int = SAMPLE_RATE
     device: str = "cpu"
     dtype: str = "float32"
+    end_of_speech: str = "model"   # what ends a context without fixed_frames: see end_of_speech()
 
     def as_dict(self) -> dict:
         d = {k: getattr(self, k) for k in self.__dataclass_fields__}
@@ -182,8 +198,10 @@ class AudioChunk:
 
 @dataclass(frozen=True)
 class ContextDone:
-    """The context ended by itself: reason is "eos", "length" (fixed_frames reached) or "budget"
-    (runaway guard: frame budget for its text length). Last event of the context."""
+    """The context ended by itself: reason is "eos", "length" (fixed_frames reached), "length_rule"
+    (an untrained checkpoint's stand-in for end of speech: the text-length rule's frames for its text,
+    ModelInfo.end_of_speech "text_length_rule") or "budget" (runaway guard: frame budget for its text
+    length, or the slot's capacity). Last event of the context."""
 
     context: int
     reason: str

@@ -1,7 +1,7 @@
 """The engine: one thread owns the model and the GPU; EngineClient calls only queue commands.
 
     engine = Engine.from_pretrained("/tmp/ck", device="cuda", max_contexts=256)
-    engine.start()                      # warm-up and CUDA graph capture; returns when ready
+    engine.start()                      # warm-up, compiles, first-audio graphs; returns when ready
     ctx = engine.open(ContextParams(voice="ryan"), sink)   # InvalidParams / EngineFull raised here
     engine.append_text(ctx, "Hello "); engine.append_text(ctx, "world."); engine.end_text(ctx)
     ...                                 # sink gets AudioChunk per frame, then ContextDone
@@ -49,6 +49,22 @@ DEFAULT_MAX_FRAMES = 750        # 60 s of audio per context
 DEFAULT_BUDGET_FACTOR = 4.0     # runaway guard: max(4 * frames_for_text, 50) frames
 DEFAULT_BUDGET_MIN = 50
 HOLD_POLL_S = 0.001             # how often a held engine asks again
+# After warm-up the other buckets' graphs are captured one at a time on the engine thread (each holds it for
+# up to about a second, cuDNN's algorithm search mostly: docs/engine.md): once no context has been open for
+# QUIET_S (a request arriving during a capture waits for it); on a server that found no such moment for
+# BUSY_S after warm-up, also between steps where no running context would notice (none waits for its
+# first audio, every ready one is CAPTURE_SLACK_S ahead of its client)
+QUIET_S = 1.0
+BUSY_S = 30.0
+CAPTURE_SLACK_S = 0.5
+
+
+def unnoticed(scheduler: Scheduler, now: float, slack: float = CAPTURE_SLACK_S) -> bool:
+    """Whether the engine thread may stop for a capture now: no context ready for its first frame, and
+    every ready context's audio at least `slack` seconds ahead of its client (contexts waiting for text
+    cannot run anyway)."""
+    return not any(r.ready for r in scheduler.waiting) and all(
+        r.deadline - now >= slack for r in scheduler.running if r.ready)
 
 
 class Engine:
@@ -62,6 +78,8 @@ class Engine:
         self.runner, self.new_tokenizer, self.prompts, self.info = runner, tokenizer_factory, prompts, info
         self.default_seed = default_seed
         self.budget_factor, self.budget_min = budget_factor, budget_min
+        # an untrained checkpoint's contexts end by the text-length rule (ModelInfo.end_of_speech, chosen at load)
+        self.length_rule = info.end_of_speech == "text_length_rule"
         self.scheduler = Scheduler(runner.max_batch, min(max_prefills, runner.max_batch))
         self._lock = threading.Lock()
         self._wake = threading.Event()
@@ -74,6 +92,7 @@ class Engine:
         self._ready = threading.Event()
         self._stopping = False
         self._start_error: BaseException | None = None
+        self._ready_at = self._open_at = 0.0            # when warm-up ended; when a context was last open
         self._steps = self._frames = 0
         # the last launched step's frames whose PCM is not emitted yet: (step, [(row, req, frame, finish)])
         self._audio: tuple | None = None
@@ -88,22 +107,28 @@ class Engine:
     def from_pretrained(cls, path_or_id: str, device: str | None = None, dtype: str | None = None,
                         max_contexts: int | None = None, max_frames_per_context: int = DEFAULT_MAX_FRAMES,
                         max_batch: int | None = None, cuda_graphs: bool = True, max_prompt: int | None = None,
-                        decoder_dtype: str | None = None, torch_compile: bool = True, **engine_kw) -> "Engine":
+                        decoder_dtype: str | None = None, torch_compile: bool = True,
+                        untrained_length: str = "text-rule", **engine_kw) -> "Engine":
         """Load a checkpoint (directory or Hugging Face id). device None: cuda if available, else cpu;
         dtype None: bfloat16 on cuda, float32 on cpu; max_contexts None: sized from free memory
         (docs/engine.md); max_batch None: max_contexts; max_prompt None: 128 positions, 385 for a Base
         checkpoint (an ICL voice of 30 s); decoder_dtype None: float32 (as the reference);
-        torch_compile: fuse the step's kernels with torch.compile on cuda (minutes of warm-up)."""
+        torch_compile: fuse the step's kernels with torch.compile on cuda (minutes of warm-up, cached);
+        untrained_length: how an untrained checkpoint's contexts end, "text-rule" or "runaway"
+        (synth.api.end_of_speech)."""
         from talkgate.synth.runner import load_runner
         runner, tokenizer_factory, prompts, info = load_runner(
             path_or_id, device=device, dtype=dtype, max_contexts=max_contexts,
             max_frames_per_context=max_frames_per_context, max_batch=max_batch, cuda_graphs=cuda_graphs,
-            max_prompt=max_prompt, decoder_dtype=decoder_dtype, torch_compile=torch_compile)
+            max_prompt=max_prompt, decoder_dtype=decoder_dtype, torch_compile=torch_compile,
+            untrained_length=untrained_length)
         return cls(runner, tokenizer_factory, prompts, info, **engine_kw)
 
     # ----- lifecycle -----
     def start(self) -> None:
-        """Start the engine thread (warm-up and graph capture happen there); return when it is ready."""
+        """Start the engine thread (warm-up happens there); return when it is ready: everything compiled and
+        the graphs a first audio needs captured. The thread captures the other batch buckets' graphs later,
+        one at a time when no context would notice (stats(): graphs_pending)."""
         if self._thread is not None:
             return
         self._thread = threading.Thread(target=self._run, name="talkgate-engine", daemon=True)
@@ -144,7 +169,7 @@ class Engine:
             req = Request(context=ctx, slot=self._free_slots.pop(), params=params, sink=sink, prompt=prompt,
                           frame_limit=self.runner.max_frames, budget_factor=self.budget_factor,
                           budget_min=self.budget_min, text_lead=prompt.ref_text_ids,
-                          prefill_text=prompt.text_positions)
+                          prefill_text=prompt.text_positions, length_rule=self.length_rule)
             self._contexts[ctx] = req
             self._tokenizers[ctx] = tokenizer
             self._commands.append(("open", req, None))
@@ -178,11 +203,13 @@ class Engine:
     def stats(self) -> dict:
         with self._lock:
             free = len(self._free_slots)
-        steps = self._steps
+        steps, captures = self._steps, self.runner.capture_ms
         return {"running": len(self.scheduler.running), "waiting": len(self.scheduler.waiting),
                 "free_slots": free, "slots": self.runner.num_slots, "steps": steps, "frames": self._frames,
                 "step_ms_last": round(self._step_ms_last, 3),
-                "step_ms_avg": round(self._step_ms_total / steps, 3) if steps else 0.0}
+                "step_ms_avg": round(self._step_ms_total / steps, 3) if steps else 0.0,
+                "graphs_captured": len(self.runner.graphs), "graphs_pending": len(self.runner.pending),
+                "capture_ms_max": round(max(captures), 1) if captures else 0.0}
 
     # ----- engine thread -----
     def _push(self, command: tuple) -> None:
@@ -192,19 +219,43 @@ class Engine:
 
     def _run(self) -> None:
         try:
-            self.runner.warmup()
+            self.runner.warmup(first_audio_only=True)
         except BaseException as e:                              # reported by start()
             self._start_error = e
             self._ready.set()
             return
+        self._ready_at = self._open_at = time.perf_counter()
         self._ready.set()
         while not self._stopping:
             self._wake.clear()
             if self.hold is not None and self.hold():
                 time.sleep(HOLD_POLL_S)
                 continue
-            if not self.run_once():
+            stepped = self.run_once()
+            if not self._capture_if_unnoticed() and not stepped:
                 self._wake.wait(timeout=0.5)
+
+    def _capture_if_unnoticed(self) -> bool:
+        """Capture one pending graph if no context would notice (QUIET_S, BUSY_S above); the last step's
+        audio is handed out first. True if it captured."""
+        if not self.runner.pending:
+            return False
+        now = time.perf_counter()
+        if self._contexts:
+            self._open_at = now
+        quiet = not self._contexts and now - self._open_at >= QUIET_S
+        if not quiet and not (now - self._ready_at >= BUSY_S and unnoticed(self.scheduler, now)):
+            return False
+        with self._lock:
+            if self._commands:
+                return False
+        self._emit_audio()
+        try:
+            self.runner.capture_next()
+        except Exception:                                       # the engine serves on from the captured buckets
+            log.exception("capturing a graph failed; the remaining buckets stay uncaptured")
+            self.runner.pending.clear()
+        return True
 
     def run_once(self) -> bool:
         """Apply queued commands, then one step; False when nobody was ready. The engine thread's loop
@@ -239,6 +290,8 @@ class Engine:
                 req.text_ended = True
                 if not req.text_ids:
                     self._finish(req, "eos")                    # empty text: nothing to say
+                else:
+                    self._stop_if_at_limit(req)
 
     def _step(self) -> bool:
         """One step over every ready context, and the last step's audio; False when there was neither."""
@@ -283,6 +336,20 @@ class Engine:
                 self.scheduler.remove(req)
             frames.append((i, req, req.frames - 1, finish))
         self._audio = (step, frames) if frames else None
+
+    def _stop_if_at_limit(self, req: Request) -> None:
+        """A context whose limit, known once its text has ended (the text rule), it has already reached
+        (text of many short tokens streams ahead of its frames): it ends after the audio it has."""
+        limit, reason = req.limit()
+        if req.frames < limit:
+            return
+        self.scheduler.remove(req)
+        pending = self._audio[1] if self._audio is not None else []
+        for k, (i, r, frame, _) in enumerate(pending):
+            if r is req:                                        # its last frame's audio is not out yet
+                pending[k] = (i, r, frame, reason)
+                return
+        self._finish(req, reason)
 
     def _emit_audio(self) -> bool:
         """Hand the last step's PCM to its contexts (waits for its decode); False if none was pending."""

@@ -31,7 +31,7 @@ from urllib.parse import urlparse
 
 import torch
 
-from talkgate.synth.api import ModelInfo
+from talkgate.synth.api import ModelInfo, end_of_speech
 from talkgate.synth.codec_decoder import CodecCheckpointError, load_codec_decoder
 from talkgate.synth.codec_encoder import CodecEncoder, load_codec_encoder
 from talkgate.synth.config import ConfigError, GenerationConfig, TTSConfig
@@ -195,8 +195,11 @@ def _load_lm(root: Path, config: TTSConfig, device, dtype) -> tuple[Talker, Code
 
 
 def load_tts(path_or_id: str | os.PathLike, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
-             decoder_dtype: torch.dtype = torch.float32, with_decoder: bool = True) -> LoadedTTS:
-    """Load everything; the codec decoder runs in decoder_dtype (float32 by default, as the reference)."""
+             decoder_dtype: torch.dtype = torch.float32, with_decoder: bool = True,
+             untrained_length: str = "text-rule") -> LoadedTTS:
+    """Load everything; the codec decoder runs in decoder_dtype (float32 by default, as the reference).
+    untrained_length: how an untrained checkpoint's utterances end (synth.api.end_of_speech), in info."""
+    end_of_speech(False, untrained_length)                  # a bad choice fails before the load
     root = resolve_path(path_or_id)
     device = torch.device(device)
     raw = _read_json(root / "config.json")
@@ -228,7 +231,8 @@ def load_tts(path_or_id: str | os.PathLike, device: str | torch.device = "cpu", 
     info = ModelInfo(name=str(path_or_id), model_type=config.model_type,
                      size=str(config.talkgate.get("preset") or config.model_size), untrained=config.untrained,
                      voices=prompts.voices, languages=prompts.languages, device=str(device),
-                     dtype=str(dtype).removeprefix("torch."))
+                     dtype=str(dtype).removeprefix("torch."),
+                     end_of_speech=end_of_speech(config.untrained, untrained_length))
     return LoadedTTS(talker=talker, code_predictor=predictor, codec_decoder=decoder, config=config,
                      generation_config=generation, tokenizer=tokenizer, prompts=prompts, info=info, path=root,
                      speaker_encoder=speaker, codec_encoder=codec_encoder)

@@ -10,6 +10,8 @@ non_streaming_mode=False: frame n's Talker input is frame n-1's embedding sum pl
 may be eos from frame 2 on (the reference's min_new_tokens=2); eos ends the utterance. An ICL voice's
 audio is decoded as the reference's generate_voice_clone does: its reference frames, then the generated
 ones, in one sequence, and the reference frames' samples (1920 each) are cut off.
+An untrained checkpoint (random weights never sample eos usefully) is cut where the text-length rule
+puts it instead, as the engine does (ModelInfo.end_of_speech "text_length_rule").
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ import torch
 
 from talkgate.synth.api import SAMPLE_RATE, ContextParams, InvalidParams, SamplingParams, VoicePrompt
 from talkgate.synth.model import sample_codes
+from talkgate.synth.request import frames_for_text
 from talkgate.synth.sampling import FrameSampler, RowSampling
 
 MIN_FRAMES_BEFORE_EOS = 2
@@ -27,9 +30,10 @@ MIN_FRAMES_BEFORE_EOS = 2
 def generate_codes(tts, text: str, voice: str | None = None, language: str = "auto",
                    instructions: str | None = None, sampling: SamplingParams = SamplingParams(),
                    max_frames: int | None = None, ignore_eos: bool = False, logits: list | None = None,
-                   voice_prompt: VoicePrompt | None = None) -> torch.Tensor:
+                   voice_prompt: VoicePrompt | None = None, eos: bool = True) -> torch.Tensor:
     """Codes [frames, 16] int64 (eos not included).
 
+    eos False: eos is never sampled, so the utterance is max_frames long (the engine's fixed lengths).
     ignore_eos: eos neither stops nor is banned in the first frames, which is what the reference
     does when given an eos_token_id inside the suppressed range (fixed-length runs for random
     weights and parity tests). logits: a list that receives (Talker logits [3072], code predictor
@@ -55,7 +59,7 @@ def generate_codes(tts, text: str, voice: str | None = None, language: str = "au
     frames = []
     for n in range(max_frames):
         sampler = FrameSampler(rows, torch.tensor([n], device=device))
-        allow_eos = torch.tensor([ignore_eos or n >= MIN_FRAMES_BEFORE_EOS], device=device)
+        allow_eos = torch.tensor([eos and (ignore_eos or n >= MIN_FRAMES_BEFORE_EOS)], device=device)
         codes, embed_sum, *step_logits = sample_codes(talker, predictor, hidden, sampler, seen, allow_eos,
                                                       return_logits=logits is not None)
         if logits is not None:
@@ -78,9 +82,13 @@ def generate_codes(tts, text: str, voice: str | None = None, language: str = "au
 def synthesize(tts, text: str, voice: str | None = None, language: str = "auto", instructions: str | None = None,
                sampling: SamplingParams = SamplingParams(), max_frames: int | None = None,
                voice_prompt: VoicePrompt | None = None, ignore_eos: bool = False) -> tuple[np.ndarray, int]:
-    """(float32 waveform in [-1, 1], 24000)."""
+    """(float32 waveform in [-1, 1], 24000). max_frames: at most this many frames (default: the
+    checkpoint's max_new_tokens, or for an untrained checkpoint under the text rule its frames_for_text)."""
+    length_rule = tts.info.end_of_speech == "text_length_rule" and not ignore_eos
+    if length_rule:
+        max_frames = min(max_frames or frames_for_text(text), frames_for_text(text))
     codes = generate_codes(tts, text, voice, language, instructions, sampling, max_frames, ignore_eos=ignore_eos,
-                           voice_prompt=voice_prompt)
+                           voice_prompt=voice_prompt, eos=not length_rule)
     if codes.shape[0] == 0:
         return np.zeros(0, dtype=np.float32), SAMPLE_RATE
     decoder = tts.codec_decoder

@@ -34,6 +34,7 @@ class Request:
     budget_min: int
     text_lead: tuple[int, ...] = ()  # text track ids before the text: an ICL voice's reference text
     prefill_text: int = 1            # text track ids the prefill carries (synth.prompt.Prompt.text_positions)
+    length_rule: bool = False      # untrained checkpoint: the text-length rule ends it, eos is never sampled
     text_ids: list[int] = field(default_factory=list)
     text_ended: bool = False
     text_seconds: float = 0.0      # the frames_for_text rule's seconds, accumulated over the deltas
@@ -69,12 +70,22 @@ class Request:
         """The text track ids of the prefill's text positions."""
         return [self.track_id(k, tts_eos, tts_pad) for k in range(self.prefill_text)]
 
+    @property
+    def samples_eos(self) -> bool:
+        """Whether the model's eos may end it: not with a fixed length (fixed_frames or the text rule)."""
+        return self.params.fixed_frames is None and not self.length_rule
+
     def limit(self) -> tuple[int, str]:
-        """(frames at which it stops, reason): "length" for fixed_frames, else "budget"."""
+        """(frames at which it stops, reason): "length" for fixed_frames; once the text has ended,
+        "length_rule" for the text-length rule, else "budget" (runaway guard); "budget" for the slot's
+        capacity. The text rule's length is known only when the text has ended (streamed deltas count)."""
         fixed = self.params.fixed_frames
         if fixed is not None and fixed <= self.frame_limit:
             return fixed, "length"
         if fixed is None and self.text_ended:
+            if self.length_rule:
+                n = frames_for_seconds(self.text_seconds)
+                return (n, "length_rule") if n <= self.frame_limit else (self.frame_limit, "budget")
             budget = max(round(self.budget_factor * frames_for_seconds(self.text_seconds)), self.budget_min)
             return min(budget, self.frame_limit), "budget"
         return self.frame_limit, "budget"
