@@ -21,13 +21,15 @@ PY=${PYTHON:-python3}
 . .venv/bin/activate
 pip install -q --upgrade pip >/dev/null
 # torch 2.13.0 is the CPU build where this machine keeps one on disk; elsewhere pip picks its default build.
-python -c "import torch" 2>/dev/null || pip install -q "torch==2.13.0" || pip install -q torch
+python -c "import torch" 2>/dev/null || pip install -q "torch==2.13.0" 2>/dev/null || pip install -q torch
 if [ $want_test = 1 ]; then
   pip install -q -e ".[test]"
-  # The official reference (for parity tests only). --no-deps: its torchaudio pin would replace torch.
-  python -c "import qwen_tts" 2>/dev/null || {
-    pip install -q --no-deps "qwen-tts-compat==0.1.1.post1"
+  # The official reference (for parity tests only): its dependencies first, then the reference itself with
+  # --no-deps, last: its torchaudio pin would replace torch, and once it is installed pip reports that unmet
+  # pin as a resolver ERROR whenever a later install touches a package it depends on.
+  python -c "import qwen_tts" >/dev/null 2>&1 || {    # it prints a flash-attn notice on import
     pip install -q "transformers==5.17.0" "accelerate>=1.0" librosa einops onnxruntime sox
+    pip install -q --no-deps "qwen-tts-compat==0.1.1.post1"
   }
 else
   pip install -q -e .
