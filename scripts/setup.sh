@@ -8,7 +8,8 @@ want_test=0; [ "${1:-}" = "--test" ] && want_test=1
 
 as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
 need_pkgs=()
-ldconfig -p 2>/dev/null | grep -q 'libopus\.so\.0' || need_pkgs+=(libopus0)
+# grep without -q: with pipefail, -q's early exit can kill ldconfig with SIGPIPE and fail the pipeline
+ldconfig -p 2>/dev/null | grep 'libopus\.so\.0' >/dev/null || need_pkgs+=(libopus0)
 [ $want_test = 1 ] && ! command -v chromium >/dev/null && need_pkgs+=(chromium)
 if [ ${#need_pkgs[@]} -gt 0 ]; then
   echo "setup: installing ${need_pkgs[*]} with apt-get"
