@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import os
 import socket
 import subprocess
 import sys
@@ -54,8 +55,9 @@ def test_errors_are_one_line_and_exit_2(tmp_path, tiny_checkpoint, capsys):
 TALKGATE = str(Path(sys.executable).parent / "talkgate")
 
 
-def talkgate(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([TALKGATE, *args], capture_output=True, text=True, timeout=timeout)
+def talkgate(*args: str, timeout: float = 120, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([TALKGATE, *args], capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, **(env or {})})
 
 
 def all_parsers():
@@ -121,6 +123,7 @@ def test_every_mistake_is_one_line_and_exit_2_before_the_model_loads(tmp_path, t
     busy.listen()
     port = str(busy.getsockname()[1])
     (tmp_path / "voices.json").write_text('{"elevenlabs": []}')
+    (tmp_path / "a-file").write_text("")
     cases = [
         (["serve", "--model", ck, "--port", port, "--device", "cpu"], "cannot listen on 127.0.0.1:" + port
          + ": the port is in use"),
@@ -134,6 +137,8 @@ def test_every_mistake_is_one_line_and_exit_2_before_the_model_loads(tmp_path, t
         (["serve", "--model", ck, "--device", "cpu", "--voice-map", str(tmp_path / "none.json")], "no such file"),
         (["serve", "--model", ck, "--device", "cpu", "--voice-map", str(tmp_path / "voices.json")],
          "'elevenlabs' must map voice ids"),
+        (["serve", "--port", "0", "--device", "cpu"], "cannot create the default checkpoint in ",
+         {"TALKGATE_CACHE": str(tmp_path / "a-file" / "cache")}),
         (["serve", "--max-contexts", "0"], "argument --max-contexts: 0 is out of range: use 1 or more"),
         (["serve", "--shutdown-deadline", "-1"], "argument --shutdown-deadline: -1 is out of range"),
         (["serve", "--idle-timeout", "0"], "argument --idle-timeout: must be more than 0 seconds"),
@@ -153,10 +158,10 @@ def test_every_mistake_is_one_line_and_exit_2_before_the_model_loads(tmp_path, t
     ]
     try:
         with concurrent.futures.ThreadPoolExecutor(4) as pool:
-            answers = list(pool.map(lambda case: talkgate(*case[0]), cases))
+            answers = list(pool.map(lambda case: talkgate(*case[0], env=case[2] if len(case) > 2 else None), cases))
     finally:
         busy.close()
-    for (args, expected), done in zip(cases, answers):
+    for (args, expected, *_), done in zip(cases, answers):
         assert done.returncode == 2 and not done.stdout, (args, done)
         assert done.stderr.startswith("talkgate") and done.stderr.count("\n") == 1, (args, done.stderr)
         assert expected in done.stderr, (args, done.stderr)

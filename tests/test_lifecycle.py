@@ -122,3 +122,22 @@ def test_drain_finishes_contexts_answers_probes_then_closes_1001(tiny_checkpoint
     assert out["cut_close"] == (None, 1001, ["session.ready", "context.started", "timing"])
     assert "drain deadline reached after" in log and "cutting off 1 context(s) in flight" in log
     assert "closed 2 WebSocket connection(s) with 1001" in log and "talkgate: stopped" in log
+
+
+def test_a_second_signal_cuts_the_drain_short(tiny_checkpoint):
+    with TalkgateServer(tiny_checkpoint, "--shutdown-deadline", "600") as srv:
+        async def go():
+            async with aiohttp.ClientSession() as http:
+                c = Native(await http.ws_connect(srv.ws_url + "/v1/ws"))
+                await c.until("session.ready")
+                await c.send(type="context.start", context_id="open", fixed_frames=200)
+                await c.send(type="text", context_id="open", text="A context whose text never ends ")
+                await c.until("timing")
+                srv.proc.send_signal(signal.SIGINT)
+                srv.wait_output("draining for up to 600 s")
+                srv.proc.send_signal(signal.SIGINT)
+                return await c.until("never"), c.ws.close_code
+
+        assert run(go()) == (None, 1001)
+        assert srv.proc.wait(30) == 0
+    assert "drain cut short by a second signal after" in srv.log() and "cutting off 1 context(s)" in srv.log()

@@ -31,10 +31,15 @@ def default_checkpoint() -> Path:
     root = Path(os.environ.get("TALKGATE_CACHE", Path.home() / ".cache" / "talkgate"))
     path = root / f"{DEFAULT_PRESET}-custom_voice"
     if not (path / "config.json").exists():
-        log.info("creating the built-in default checkpoint (%s, random weights) in %s", DEFAULT_PRESET, path)
         tmp = path.with_name(path.name + ".partial")
-        create_checkpoint(tmp, preset=DEFAULT_PRESET, variant="custom_voice")
-        tmp.rename(path)    # atomic: a half-written default is never picked up
+        try:
+            root.mkdir(parents=True, exist_ok=True)
+            log.info("creating the built-in default checkpoint (%s, random weights) in %s", DEFAULT_PRESET, path)
+            create_checkpoint(tmp, preset=DEFAULT_PRESET, variant="custom_voice")
+            tmp.rename(path)    # atomic: a half-written default is never picked up
+        except OSError as e:
+            raise CommandError(f"cannot create the default checkpoint in {root}: {e.strerror}; set TALKGATE_CACHE "
+                               "to a writable directory, or pass --model") from None
     return path
 
 
