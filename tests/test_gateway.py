@@ -452,24 +452,3 @@ def test_api_key_and_origin(tiny_checkpoint):
     assert out == {"no_key": ("unauthorized", aiohttp.WSMsgType.CLOSE, 1008), "first_message": "session.ready",
                    "query": "session.ready", "bad_origin": 1008, "good_origin": "session.ready",
                    "http_no_key": 401}
-
-
-def test_graceful_shutdown_finishes_contexts_then_closes_1001(tiny_checkpoint):
-    import signal
-
-    with TalkgateServer(tiny_checkpoint, "--shutdown-deadline", "20") as srv:
-        async def go():
-            async with aiohttp.ClientSession() as s:
-                c = await connect(s, srv)
-                await c.send(type="context.start", context_id="last", fixed_frames=25)
-                await c.send(type="text", context_id="last", text="Finishing while the server stops.")
-                await c.send(type="flush", context_id="last")
-                await c.until(lambda e: e["type"] == "timing")
-                srv.proc.send_signal(signal.SIGTERM)
-                done = await c.until(lambda e: e["type"] == "context.done")
-                closing = await c.recv()
-                return done, closing, c.ws.close_code
-
-        done, closing, code = run(go())
-        assert done["frames"] == 25 and closing is None and code == 1001
-        assert srv.proc.wait(30) == 0

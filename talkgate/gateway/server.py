@@ -21,6 +21,8 @@ from talkgate.synth.api import EngineClient
 
 log = logging.getLogger("talkgate.server")
 WEB_DIR = Path(__file__).resolve().parent.parent / "web"
+DRAIN_POLL_S = 0.05      # how often a drain looks whether the contexts in flight have finished
+CLOSE_WAIT_S = 5.0       # after the drain: how long closing sockets may take to write what is queued
 
 
 @dataclass
@@ -40,9 +42,25 @@ class Gateway:
         self.metrics = Metrics()
         self.connections: set[Connection] = set()
         self.ids = itertools.count(1)
-        self.ready = False
-        self.draining = False
+        self.ready = False          # the engine is warm (set by serve once its warm-up is over)
+        self.draining = False       # shutting down: new sessions and requests are refused
         self.pump: EventPump | None = None     # started with the app (it needs the running loop)
+
+    @property
+    def state(self) -> str:
+        """starting (warming up), ready, or draining (shutting down)."""
+        return "draining" if self.draining else "ready" if self.ready else "starting"
+
+    def slots(self) -> tuple[int | None, int | None]:
+        """(free, all) engine context slots; None where the engine does not say."""
+        stats = self.engine.stats() if hasattr(self.engine, "stats") else {}
+        return stats.get("free_slots"), stats.get("slots")
+
+    def in_flight(self) -> tuple[int, int]:
+        """(contexts open in the engine, WebSocket connections with a context in flight)."""
+        free, slots = self.slots()
+        busy = sum(1 for c in self.connections if getattr(getattr(c.protocol, "session", None), "active", None))
+        return (slots - free if slots is not None else 0), busy
 
     # ----- access control -----
     def key_ok(self, key: str | None) -> bool:
@@ -130,10 +148,23 @@ async def native_ws(request: web.Request) -> web.WebSocketResponse:
 
 
 async def health(request: web.Request) -> web.Response:
+    """Liveness: 200 whenever the process serves HTTP; the body says its state and model."""
     gw: Gateway = request.app["gateway"]
-    if gw.ready and not gw.draining:
-        return web.json_response({"status": "ok", "model": gw.engine.info.as_dict()})
-    return web.json_response({"status": "shutting_down" if gw.draining else "starting"}, status=503)
+    return web.json_response({"status": "ok", "state": gw.state, "model": gw.engine.info.as_dict()})
+
+
+async def ready(request: web.Request) -> web.Response:
+    """Readiness: 200 only when the engine is warm, the server is not draining and a context slot is
+    free; else 503, the body's `reason` saying which (starting, draining, full)."""
+    gw: Gateway = request.app["gateway"]
+    free, slots = gw.slots()
+    state = gw.state
+    reason = state if state != "ready" else "full" if free == 0 else None
+    body = {"ready": reason is None, "state": state, "free_slots": free, "slots": slots,
+            "model": gw.engine.info.as_dict()}
+    if reason is not None:
+        body["reason"] = reason
+    return web.json_response(body, status=200 if reason is None else 503)
 
 
 async def metrics(request: web.Request) -> web.Response:
@@ -176,13 +207,14 @@ def create_app(engine: EngineClient, config: ServerConfig | None = None) -> web.
     app["gateway"] = gw
     app.router.add_get("/v1/ws", native_ws)
     app.router.add_get("/health", health)
+    app.router.add_get("/ready", ready)
     app.router.add_get("/metrics", metrics)
     openai_http.add_routes(app)
     compat_routes.add_routes(app, VoiceMap.load(gw.config.voice_map))
     app.router.add_get("/", index)
     app.router.add_static("/web/", WEB_DIR, show_index=False)
     app.on_startup.append(_start)
-    app.on_shutdown.append(_drain)
+    app.on_shutdown.append(drain)
     app.on_cleanup.append(_stop)
     return app
 
@@ -195,18 +227,38 @@ async def _start(app: web.Application) -> None:
         gw.engine.hold = pump.behind            # the engine waits while the gateway is behind on its events
 
 
-async def _drain(app: web.Application) -> None:
-    """Graceful shutdown: refuse new work, let contexts finish up to the deadline, then close 1001."""
+async def drain(app: web.Application, hurry: asyncio.Event | None = None) -> None:
+    """Graceful shutdown, the listener still open: /ready says 503 at once, new WebSocket sessions
+    (close 1001) and HTTP speech requests (503) are refused, contexts in flight finish up to the
+    shutdown deadline (or until `hurry` is set), then every WebSocket closes with 1001. Runs once."""
     gw: Gateway = app["gateway"]
+    if gw.draining:
+        return
     gw.draining = True
-    deadline = asyncio.get_running_loop().time() + gw.config.shutdown_deadline_s
-    while any(c.protocol.session.active for c in gw.connections if hasattr(c.protocol, "session")):
-        if asyncio.get_running_loop().time() > deadline:
-            break
-        await asyncio.sleep(0.05)
-    for conn in list(gw.connections):
+    loop = asyncio.get_running_loop()
+    start, deadline_s = loop.time(), gw.config.shutdown_deadline_s
+    contexts, busy = gw.in_flight()
+    log.info("draining for up to %g s: %d context(s) in flight, %d WebSocket connection(s) open, %d of them with "
+             "contexts in flight", deadline_s, contexts, len(gw.connections), busy)
+    hurry = hurry or asyncio.Event()
+    while (contexts or busy) and loop.time() - start < deadline_s and not hurry.is_set():
+        await asyncio.sleep(DRAIN_POLL_S)
+        contexts, busy = gw.in_flight()
+    elapsed = loop.time() - start
+    if contexts or busy:
+        log.warning("%s after %.1f s: cutting off %d context(s) in flight (%d WebSocket connection(s) with contexts "
+                    "in flight)", "drain cut short by a second signal" if hurry.is_set() else "drain deadline reached",
+                    elapsed, contexts, busy)
+    else:
+        log.info("drained in %.1f s: every context finished", elapsed)
+    closing = list(gw.connections)
+    for conn in closing:
         conn.close(1001, "server shutting down")
-    await asyncio.sleep(0.1)
+    end = loop.time() + CLOSE_WAIT_S
+    while gw.connections and loop.time() < end:
+        await asyncio.sleep(DRAIN_POLL_S)
+    log.info("closed %d WebSocket connection(s) with 1001%s", len(closing),
+             f" ({len(gw.connections)} did not finish closing within {CLOSE_WAIT_S:g} s)" if gw.connections else "")
 
 
 async def _stop(app: web.Application) -> None:

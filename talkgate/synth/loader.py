@@ -194,6 +194,14 @@ def _load_lm(root: Path, config: TTSConfig, device, dtype) -> tuple[Talker, Code
     return talker, predictor, speaker
 
 
+def read_config(root: Path) -> TTSConfig:
+    """config.json of a checkpoint directory, parsed (no weights are read: checks before a load use it)."""
+    try:
+        return TTSConfig.parse(_read_json(root / "config.json"))
+    except ConfigError as e:
+        raise CheckpointError(f"{root / 'config.json'}: {e}") from None
+
+
 def load_tts(path_or_id: str | os.PathLike, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
              decoder_dtype: torch.dtype = torch.float32, with_decoder: bool = True,
              untrained_length: str = "text-rule") -> LoadedTTS:
@@ -202,11 +210,7 @@ def load_tts(path_or_id: str | os.PathLike, device: str | torch.device = "cpu", 
     end_of_speech(False, untrained_length)                  # a bad choice fails before the load
     root = resolve_path(path_or_id)
     device = torch.device(device)
-    raw = _read_json(root / "config.json")
-    try:
-        config = TTSConfig.parse(raw)
-    except ConfigError as e:
-        raise CheckpointError(f"{root / 'config.json'}: {e}") from None
+    config = read_config(root)
     generation = GenerationConfig.parse(_read_json(root / "generation_config.json"))
     try:
         tokenizer = QwenTokenizer.from_dir(root)
