@@ -121,7 +121,7 @@ def check_request(model: str, voice: str | None, language: str, instructions: st
         tokenizer = QwenTokenizer.from_dir(root)
     except ValueError:
         return              # the load reports it, naming the file
-    Prompts(read_config(root), tokenizer, talker=None).resolve(
+    Prompts(read_config(root), tokenizer, talker=None, predictor=None).resolve(
         ContextParams(voice=voice, language=language, instructions=instructions))
 
 
