@@ -192,15 +192,14 @@ def test_output_format_table():
 
 
 def test_inactivity_timeout(tiny_engine):
+    """inactivity_timeout sets the connection's idle time (no message, no audio taken: gateway/connection.py)."""
     h = make(tiny_engine, {"inactivity_timeout": "60"})
     assert h.proto.idle_timeout_s == 60
-    h.send({"text": "Hi. ", "context_id": "c", "flush": True})
-    assert h.proto.idle_timeout() == []          # audio still in flight: stay
-    h.pump(lambda m: m.get("audio"))
-    h.send({"context_id": "c", "close_context": True})
-    h.pump(lambda m: m.get("isFinal"))
-    actions = h.proto.idle_timeout()
-    assert actions[-1].code == 1008
+    h.apply(h.proto.idle_timeout())
+    assert h.queued()[0]["error"] == "input_timeout_exceeded" and h.close.code == 1008
+    for bad in ("0", "181", "²", "1e3", " 60"):
+        h = make(tiny_engine, {"inactivity_timeout": bad})
+        assert h.close.code == 1008 and h.queued()[0]["error"] == "invalid_inactivity_timeout"
 
 
 def test_close_socket_cancels_and_closes(tiny_engine):

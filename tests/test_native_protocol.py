@@ -20,10 +20,20 @@ def engine(tiny_engine):
     return tiny_engine
 
 
+class Clock:
+    def __init__(self):
+        self.t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
 class Harness:
     def __init__(self, engine, limits=Limits(max_contexts_per_connection=2, max_text_chars=100), authenticate=None):
         self.events: queue.Queue = queue.Queue()
-        self.proto = NativeProtocol(Session(engine, self.events.put, limits), limits, "s1", authenticate)
+        self.clock = Clock()
+        self.proto = NativeProtocol(Session(engine, self.events.put, limits, clock=self.clock), limits, "s1",
+                                    authenticate)
 
     def send(self, **msg):
         return self.proto.receive_text(json.dumps(msg))
@@ -105,7 +115,13 @@ def test_slow_consumer_is_cancelled_with_error(engine):
     h.send(type="context.start", context_id="s", fixed_frames=50)
     h.send(type="text", context_id="s", text="Nobody reads this.")
     h.send(type="flush", context_id="s")
-    actions = h.pump("error")
+    h.pump("timing")
+    for _ in range(20):                   # 1.7 s of audio emitted, none of it taken by the client
+        h.proto.engine_event(h.events.get(timeout=60))
+    h.clock.t += 0.3                      # a real-time player would have taken 300 ms: not 400 behind
+    assert h.proto.tick() == []
+    h.clock.t += 0.2
+    actions = h.proto.tick()
     err = _json(actions)[-1]
     assert err["code"] == "slow_consumer" and err["fatal"] is True and err["context_id"] == "s"
     assert Purge(1) in actions

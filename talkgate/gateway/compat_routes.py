@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
+from talkgate.gateway.server import ErrorResponse
 from talkgate.sessions.cartesia import CartesiaProtocol
 from talkgate.sessions.deepgram import DeepgramProtocol
 from talkgate.sessions.elevenlabs import ElevenLabsProtocol
@@ -54,7 +55,7 @@ async def twilio_ws(request: web.Request) -> web.StreamResponse:
     gw = request.app["gateway"]
     stream_sid = request.query.get("stream_sid", "")
     if not stream_sid:
-        raise web.HTTPBadRequest(text="stream_sid (the Twilio Media Stream's streamSid) is required")
+        return ErrorResponse(400, "invalid_request", "stream_sid (the Twilio Media Stream's streamSid) is required")
 
     def make(session_id, sink, authenticate):
         native = NativeProtocol(gw.new_session(sink, "twilio"), gw.limits, session_id, authenticate)

@@ -26,7 +26,8 @@ class Metrics:
                                      "sample would have run dry", registry=r)
         self.finished = Counter("talkgate_contexts_finished_total", "Contexts ended", ["reason"], registry=r)
         self.cancels = Counter("talkgate_cancels_total", "Contexts cancelled by clients", registry=r)
-        self.errors = Counter("talkgate_errors_total", "Error events sent", ["code"], registry=r)
+        self.errors = Counter("talkgate_errors_total", "Errors answered: WebSocket error events and error "
+                              "closes, HTTP error responses, refused connections", ["code"], registry=r)
         self.step_seconds = Histogram("talkgate_engine_step_seconds", "Engine step time",
                                       buckets=(.001, .002, .003, .005, .0075, .01, .015, .02, .03, .04, .06, .1, .2, .5),
                                       registry=r)
@@ -70,6 +71,3 @@ class ContextObserver:
         self.m.finished.labels(reason).inc()
         if reason == "cancelled":
             self.m.cancels.inc()
-
-    def error(self, code: str) -> None:
-        self.m.errors.labels(code).inc()

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from aiohttp import web
 
-from talkgate.gateway.server import ServerConfig, create_app
+from talkgate.gateway.server import AppRunner, ServerConfig, create_app
 from talkgate.sessions.limits import Limits
 
 log = logging.getLogger("talkgate.serve")
@@ -49,12 +49,17 @@ def add_parser(subparsers) -> None:
                    "default: any")
     d = Limits()
     p.add_argument("--max-message-bytes", type=int, default=d.max_message_bytes)
+    p.add_argument("--max-messages-per-s", type=float, default=d.max_messages_per_s,
+                   help="client messages a second per connection (bursts up to as many); past it: close 1008")
     p.add_argument("--max-text-chars", type=int, default=d.max_text_chars, help="text per context")
     p.add_argument("--max-contexts-per-connection", type=int, default=d.max_contexts_per_connection)
     p.add_argument("--max-connections", type=int, default=d.max_connections)
-    p.add_argument("--idle-timeout", type=float, default=d.idle_timeout_s, help="seconds")
+    p.add_argument("--idle-timeout", type=float, default=d.idle_timeout_s,
+                   help="seconds without a client message or audio taken by the client before a connection is "
+                   "closed, contexts or not")
     p.add_argument("--max-backlog-ms", type=int, default=d.max_backlog_ms,
-                   help="unsent audio per context before it is cancelled (slow consumer)")
+                   help="how far behind real time a client may read a context's audio before it is cancelled "
+                   "(slow consumer)")
     p.add_argument("--voice-map", help="JSON file mapping the compatible APIs' voice ids to talkgate voices "
                    "(docs/compat.md)")
     p.add_argument("--shutdown-deadline", type=float, default=10.0, help="seconds contexts may finish at shutdown")
@@ -94,7 +99,8 @@ def run(args: argparse.Namespace) -> int:
     log.info("model %s (%s, %s) on %s/%s%s", info.name, info.model_type, info.size, info.device, info.dtype,
              " -- UNTRAINED RANDOM WEIGHTS: the audio is noise, not speech" if info.untrained else "")
     keys = tuple(args.api_key) + tuple(k for k in os.environ.get("TALKGATE_API_KEYS", "").split(",") if k)
-    limits = Limits(max_message_bytes=args.max_message_bytes, max_text_chars=args.max_text_chars,
+    limits = Limits(max_message_bytes=args.max_message_bytes, max_messages_per_s=args.max_messages_per_s,
+                    max_text_chars=args.max_text_chars,
                     max_contexts_per_connection=args.max_contexts_per_connection,
                     max_connections=args.max_connections, idle_timeout_s=args.idle_timeout,
                     max_backlog_ms=args.max_backlog_ms)
@@ -111,7 +117,7 @@ async def _serve(engine, config: ServerConfig, host: str, port: int) -> None:
     app = create_app(engine, config)
     gw = app["gateway"]
     gw.ready = False
-    runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=config.shutdown_deadline_s + 5)
+    runner = AppRunner(app, handle_signals=False, shutdown_timeout=config.shutdown_deadline_s + 5)
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     await site.start()

@@ -10,10 +10,11 @@ samples. Client mistakes are answered the Deepgram way: a close frame whose reas
 from __future__ import annotations
 
 
-from talkgate.sessions.native import Close, send_json
-from talkgate.sessions.session import AudioFormat, ContextCancelled, ContextError, Session, SessionError, field_of
+from talkgate.sessions.fields import SessionError, field_of, query_int, show
+from talkgate.sessions.session import AudioFormat, ContextCancelled, ContextError, Session
 from talkgate.sessions.utterances import Audio, Event, SegmentDone, UtteranceDone, UtteranceProtocol
 from talkgate.sessions.voices import UnknownVoice, VoiceMap
+from talkgate.sessions.wire import Close, close_code, send_json
 
 ENCODINGS = {"linear16": "pcm_s16le", "mulaw": "mulaw", "alaw": "alaw"}
 RATES = {"linear16": (8000, 16000, 24000, 32000, 48000), "mulaw": (8000,), "alaw": (8000,)}
@@ -25,11 +26,11 @@ MAX_SPEAK_CHARS = 2000      # Deepgram's limit on the text of one Speak message
 def parse_query(query: dict[str, str]) -> AudioFormat:
     enc = query.get("encoding", "linear16")
     if enc not in ENCODINGS:
-        raise SessionError("UNSUPPORTED_ENCODING", f"encoding {enc!r} is not supported: use "
+        raise SessionError("UNSUPPORTED_ENCODING", f"encoding {show(enc)} is not supported: use "
                            f"{', '.join(ENCODINGS)}")
     rate = query.get("sample_rate", "24000" if enc == "linear16" else "8000")
-    if not rate.isdigit() or int(rate) not in RATES[enc]:
-        raise SessionError("UNSUPPORTED_SAMPLE_RATE", f"sample_rate {rate!r} is not supported for {enc}: use "
+    if query_int(rate, 1, 1_000_000) not in RATES[enc]:
+        raise SessionError("UNSUPPORTED_SAMPLE_RATE", f"sample_rate {show(rate)} is not supported for {enc}: use "
                            f"{', '.join(map(str, RATES[enc]))}")
     if query.get("container", "none") not in ("none", "raw"):
         raise SessionError("UNSUPPORTED_CONTAINER", "the WebSocket sends raw audio: container must be none")
@@ -55,17 +56,18 @@ class DeepgramProtocol(UtteranceProtocol):
 
     def ready(self) -> list:
         if self.startup_error is not None:
-            return [Close(1008, f"{self.startup_error.code}: {self.startup_error.message}")]
+            return [self._close(self.startup_error.code, self.startup_error.message)]
         return [send_json({"type": "Metadata", "request_id": self.session_id, "model_name": self.model,
                        "model_version": "talkgate", "model_uuid": self.session_id})]
 
     def idle_timeout(self) -> list:
-        if len(self.utterances):
-            return []
         return [Close(1000, "NET-0001: no messages received within the idle timeout")]
 
+    def abort(self, code: str, message: str, close_code: int) -> list:
+        return [self._close(code, message, close_code)]
+
     def receive_binary(self, data: bytes) -> list:
-        return [Close(1003, "DATA-0000: binary messages are not accepted: send JSON text messages")]
+        return [self._close("DATA-0000", "binary messages are not accepted: send JSON text messages", 1003)]
 
     def receive_text(self, data: str) -> list:
         try:
@@ -85,11 +87,10 @@ class DeepgramProtocol(UtteranceProtocol):
                 if STREAM in self.utterances:
                     return self._wire(self.utterances.end(STREAM))
                 return [Close(1000, "closed by client")]
-            return [send_json({"type": "Warning", "description": f"unknown message type {kind!r}: expected Speak, "
-                           "Flush, Clear or Close", "code": "UNKNOWN_MESSAGE_TYPE"})]
+            return [send_json({"type": "Warning", "description": f"unknown message type {show(kind)}: expected Speak, "
+                               "Flush, Clear or Close", "code": "UNKNOWN_MESSAGE_TYPE"}, error="unknown_type")]
         except SessionError as e:
-            self.session.observer.error(e.code)
-            return [Close(1008, f"DATA-0000: {e.message}"[:120])]
+            return [self._close("DATA-0000", e.message, 1008, e.code)]
 
     def _speak(self, msg: dict) -> list:
         text = field_of(msg, "text", str)
@@ -124,8 +125,13 @@ class DeepgramProtocol(UtteranceProtocol):
                 out += self._purges(None, ev.stream)
             elif isinstance(ev, ContextError):
                 out += self._purges(None, ev.stream)
-                out.append(Close(1011 if ev.code in ("engine_full", "engine_error", "engine_stopped") else 1008,
-                                 f"{ev.code}: {ev.message}"[:120]))
+                out.append(self._close(ev.code, ev.message))
         return out
+
+    @staticmethod
+    def _close(reason_code: str, message: str, code: int | None = None, error: str | None = None) -> Close:
+        """Deepgram reports errors as a close frame: its reason starts with the error's code."""
+        error = error or reason_code
+        return Close(code or close_code(error), f"{reason_code}: {message}", error=error)
 
 

@@ -12,6 +12,7 @@ was already in flight when a cancel happened never reaches the client.
 """
 from __future__ import annotations
 
+import contextlib
 import enum
 import time
 from dataclasses import dataclass, field, replace
@@ -19,33 +20,12 @@ from typing import Callable
 
 from talkgate.codecs import FormatError, make_stream_encoder
 from talkgate.codecs.tempo import TempoStretcher
-from talkgate.synth.api import (
-    AudioChunk, ContextDone, ContextFailed, ContextParams, EngineClient, EngineError, EngineEvent,
-    EventSink, SamplingParams,
-)
+from talkgate.sessions.fields import SessionError, show
 from talkgate.sessions.limits import Limits
-
-
-class SessionError(Exception):
-    """A client mistake answered with an error event; the session lives on."""
-
-    def __init__(self, code: str, message: str, context_id: str | None = None):
-        super().__init__(message)
-        self.code, self.message, self.context_id = code, message, context_id
-
-
-def field_of(msg: dict, name: str, kind, default=None, context_id: str | None = None, required: bool = False):
-    """msg[name] checked against `kind` (a type or tuple; bool is not a number); absent or null ->
-    `default`, or an error when `required`. Every protocol translator parses its fields with this."""
-    v = msg.get(name)
-    if v is None:
-        if required:
-            raise SessionError("invalid_message", f"missing required field {name!r}", context_id)
-        return default
-    kinds = kind if isinstance(kind, tuple) else (kind,)
-    if not isinstance(v, kinds) or (isinstance(v, bool) and bool not in kinds):
-        raise SessionError("invalid_message", f"field {name!r} has the wrong type", context_id)
-    return v
+from talkgate.synth.api import (
+    SEED_RANGE, AudioChunk, ContextDone, ContextFailed, ContextParams, EngineClient, EngineError, EngineEvent,
+    EventSink, SamplingParams, seed_fits,
+)
 
 
 @dataclass(frozen=True)
@@ -143,7 +123,8 @@ class _Context:
     frames: int = 0
     seq: int = 0
     audio_ms_emitted: float = 0.0
-    audio_ms_sent: float = 0.0
+    audio_ms_sent: float = 0.0          # written to the socket
+    audio_ms_delivered: float = 0.0     # taken by the client (left the server's socket buffer)
 
 
 def _payload_durations(encoding: str, payloads: list[bytes], total_ms: float) -> list[float]:
@@ -168,11 +149,14 @@ class Observer:
     def first_audio(self, ttfa_ms: float) -> None: ...
     def audio(self, frames: int, late: bool) -> None: ...
     def ended(self, reason: str) -> None: ...
-    def error(self, code: str) -> None: ...
 
 
 class Session:
-    """Contexts of one connection. `clock` is injectable for tests (seconds, monotonic)."""
+    """Contexts of one connection. `clock` is injectable for tests (seconds, monotonic).
+
+    A context's life ends in one place, `_end`, on every path: done, failed, cancelled, the
+    connection gone, or an exception while handling it (the context ends, then the exception goes on
+    to the protocol's error funnel). So no path leaves an engine slot held."""
 
     def __init__(self, engine: EngineClient, sink: EventSink, limits: Limits,
                  defaults: ContextConfig | None = None, observer: Observer | None = None,
@@ -180,6 +164,7 @@ class Session:
         self.engine, self.sink, self.limits, self.clock = engine, sink, limits, clock
         self.observer = observer or Observer()
         self.defaults = self._checked(defaults or ContextConfig())
+        self.accepting = True           # False once the client said it is done: no new contexts
         self._by_id: dict[str, _Context] = {}
         self._by_handle: dict[int, _Context] = {}
         self._by_stream: dict[int, _Context] = {}
@@ -195,17 +180,19 @@ class Session:
         if cfg.voice is not None:
             voice = cfg.voice.lower()
             if voice not in info.voices:
-                raise SessionError("unknown_voice", f"unknown voice {cfg.voice!r}; available: "
+                raise SessionError("unknown_voice", f"unknown voice {show(cfg.voice)}; available: "
                                    f"{', '.join(info.voices) or 'none (this model takes instructions)'}", context_id)
             cfg = replace(cfg, voice=voice)
         language = (cfg.language or "auto").lower()
         if language not in info.languages:
-            raise SessionError("unknown_language", f"unknown language {cfg.language!r}; available: "
+            raise SessionError("unknown_language", f"unknown language {show(cfg.language)}; available: "
                                f"{', '.join(info.languages)}", context_id)
         if not 0.25 <= cfg.speed <= 4.0:
             raise SessionError("invalid_params", "speed must be between 0.25 and 4.0", context_id)
         if cfg.fixed_frames is not None and not (1 <= cfg.fixed_frames <= 100_000):
             raise SessionError("invalid_params", "fixed_frames must be between 1 and 100000", context_id)
+        if cfg.sampling.seed is not None and not seed_fits(cfg.sampling.seed):
+            raise SessionError("invalid_params", f"seed must fit in 64 bits ({SEED_RANGE})", context_id)
         try:
             _encoder(cfg.format)
         except FormatError as e:
@@ -221,6 +208,8 @@ class Session:
         return context_id in self._by_id
 
     def start(self, context_id: str, **overrides) -> list[SessionEvent]:
+        if not self.accepting:
+            raise SessionError("session_closing", "the session is closing: no new contexts", context_id)
         if context_id in self._by_id:
             raise SessionError("context_exists", f"context {context_id!r} is already active", context_id)
         if len(self._by_id) >= self.limits.max_contexts_per_connection:
@@ -228,14 +217,14 @@ class Session:
                                f"{self.limits.max_contexts_per_connection}); flush or cancel one first", context_id)
         cfg = self._checked(replace(self.defaults, **overrides), context_id) if overrides else self.defaults
         encoder = _encoder(cfg.format)
+        tempo = None if cfg.speed == 1.0 else TempoStretcher(cfg.speed)
         params = ContextParams(voice=cfg.voice, language=cfg.language, instructions=cfg.instructions,
                                sampling=cfg.sampling, fixed_frames=cfg.fixed_frames)
         try:
             handle = self.engine.open(params, self.sink)
         except EngineError as e:
             raise SessionError(e.code, e.message, context_id) from None
-        ctx = _Context(context_id, self._next_stream, handle, encoder,
-                       None if cfg.speed == 1.0 else TempoStretcher(cfg.speed))
+        ctx = _Context(context_id, self._next_stream, handle, encoder, tempo)
         self._next_stream += 1
         self._by_id[context_id] = self._by_handle[handle] = self._by_stream[ctx.stream] = ctx
         self.observer.started()
@@ -255,7 +244,8 @@ class Session:
             ctx.text_chars += len(text)
             if ctx.t_first_text is None:
                 ctx.t_first_text = self.clock()
-            self.engine.append_text(ctx.handle, text)
+            with self._ending_on_error(ctx):
+                self.engine.append_text(ctx.handle, text)
         return events
 
     def flush(self, context_id: str) -> list[SessionEvent]:
@@ -263,9 +253,9 @@ class Session:
         if ctx.state is State.OPEN:
             ctx.state = State.FLUSHED
             if ctx.t_first_text is None:        # nothing to say: end it without a frame
-                self.engine.cancel(ctx.handle)
                 return self._finish(ctx, "empty")
-            self.engine.end_text(ctx.handle)
+            with self._ending_on_error(ctx):
+                self.engine.end_text(ctx.handle)
         return []
 
     def cancel(self, context_id: str | None = None) -> list[SessionEvent]:
@@ -273,36 +263,60 @@ class Session:
         targets = [self._get(context_id)] if context_id is not None else list(self._by_id.values())
         events = []
         for ctx in targets:
-            self.engine.cancel(ctx.handle)
-            self._forget(ctx, "cancelled")
+            self._end(ctx, "cancelled")
             events.append(ContextCancelled(ctx.context_id, ctx.stream, round(ctx.audio_ms_sent, 1)))
         return events
 
     def close(self) -> None:
         """The connection is gone: free every engine slot, say nothing."""
+        self.accepting = False
         for ctx in list(self._by_id.values()):
-            self.engine.cancel(ctx.handle)
-            self._forget(ctx, "disconnected")
+            self._end(ctx, "disconnected")
 
-    def note_sent(self, stream: int, duration_ms: float) -> None:
+    def note_sent(self, stream: int, audio_ms: float) -> None:
         """The I/O layer wrote this much audio of `stream` to the socket."""
         ctx = self._by_stream.get(stream)
         if ctx is not None:
-            ctx.audio_ms_sent += duration_ms
+            ctx.audio_ms_sent += audio_ms
+
+    def note_delivered(self, stream: int, audio_ms: float) -> None:
+        """This much audio of `stream` left the server: the client's TCP took it."""
+        ctx = self._by_stream.get(stream)
+        if ctx is not None:
+            ctx.audio_ms_delivered += audio_ms
+
+    def slow_consumers(self) -> list[SessionEvent]:
+        """Fail the contexts whose client reads more than max_backlog_ms behind real time.
+
+        A client that reads is measured, never the server: what it took (`audio_ms_delivered`) is
+        compared with what a real-time player would have taken by now of the audio that exists,
+        min(audio emitted, time since the first audio). A real-time reader is never behind it; a
+        server slower than real time has emitted less, and the client has taken all of it."""
+        now = self.clock()
+        events: list[SessionEvent] = []
+        for ctx in list(self._by_id.values()):
+            if ctx.t_first_audio is None:
+                continue
+            due = min(ctx.audio_ms_emitted, 1000 * (now - ctx.t_first_audio))
+            if due - ctx.audio_ms_delivered > self.limits.max_backlog_ms:
+                events += self._fail(ctx, "slow_consumer", "the client is not reading audio fast enough "
+                                     f"(over {self.limits.max_backlog_ms} ms behind real time): context cancelled")
+        return events
 
     # ----- engine events -----
     def on_engine_event(self, ev: EngineEvent) -> list[SessionEvent]:
         ctx = self._by_handle.get(ev.context)
         if ctx is None:                 # cancelled or failed already: stale, drop
             return []
-        if isinstance(ev, AudioChunk):
-            return self._audio(ctx, ev)
-        if isinstance(ev, ContextDone):
-            ctx.frames = ev.frames
-            return self._finish(ctx, ev.reason)
-        if isinstance(ev, ContextFailed):
-            return self._fail(ctx, ev.code, ev.message)
-        raise TypeError(f"unknown engine event {ev!r}")
+        with self._ending_on_error(ctx):
+            if isinstance(ev, AudioChunk):
+                return self._audio(ctx, ev)
+            if isinstance(ev, ContextDone):
+                ctx.frames = ev.frames
+                return self._finish(ctx, ev.reason, engine_done=True)
+            if isinstance(ev, ContextFailed):
+                return self._fail(ctx, ev.code, ev.message, engine_done=True)
+            raise TypeError(f"unknown engine event {ev!r}")
 
     def _audio(self, ctx: _Context, chunk: AudioChunk) -> list[SessionEvent]:
         now = self.clock()
@@ -317,9 +331,6 @@ class Session:
             ctx.ttfa_ms = round(1000 * (now - (ctx.t_first_text or now)), 2)
             self.observer.first_audio(ctx.ttfa_ms)
             events.append(FirstAudio(ctx.context_id, ctx.ttfa_ms, ctx.frames, round(ctx.audio_ms_emitted, 1)))
-        if ctx.audio_ms_emitted - ctx.audio_ms_sent > self.limits.max_backlog_ms:
-            return self._fail(ctx, "slow_consumer", "the client is not reading audio fast enough "
-                              f"(over {self.limits.max_backlog_ms} ms unsent): context cancelled")
         return events
 
     def _encoded(self, ctx: _Context, encode, *pcm) -> list[SessionEvent]:
@@ -335,18 +346,16 @@ class Session:
             ctx.audio_ms_emitted += ms
         return events
 
-    def _finish(self, ctx: _Context, reason: str) -> list[SessionEvent]:
+    def _finish(self, ctx: _Context, reason: str, engine_done: bool = False) -> list[SessionEvent]:
         events = [] if ctx.tempo is None else self._encoded(ctx, ctx.encoder.encode, ctx.tempo.flush())
         events += self._encoded(ctx, ctx.encoder.flush)
-        self._forget(ctx, reason)
+        self._end(ctx, reason, engine_done)
         events.append(ContextFinished(ctx.context_id, ctx.stream, reason, ctx.frames,
                                       round(ctx.audio_ms_emitted, 1), ctx.ttfa_ms))
         return events
 
-    def _fail(self, ctx: _Context, code: str, message: str) -> list[SessionEvent]:
-        self.engine.cancel(ctx.handle)
-        self._forget(ctx, "failed")
-        self.observer.error(code)
+    def _fail(self, ctx: _Context, code: str, message: str, engine_done: bool = False) -> list[SessionEvent]:
+        self._end(ctx, "failed", engine_done)
         return [ContextError(ctx.context_id, code, message, fatal=True, stream=ctx.stream)]
 
     def _get(self, context_id: str) -> _Context:
@@ -355,10 +364,25 @@ class Session:
             raise SessionError("unknown_context", f"no active context {context_id!r}", context_id)
         return ctx
 
-    def _forget(self, ctx: _Context, reason: str) -> None:
+    @contextlib.contextmanager
+    def _ending_on_error(self, ctx: _Context):
+        """An exception while handling ctx ends it (slot freed) before going on to the error funnel."""
+        try:
+            yield
+        except Exception:
+            if ctx.state is not State.OVER:
+                self._end(ctx, "failed")
+            raise
+
+    def _end(self, ctx: _Context, reason: str, engine_done: bool = False) -> None:
+        """The one place a context's life ends: the engine lets go of it (unless it already did) and
+        the session forgets it; audio of its stream still queued in the wire layer is purged there."""
+        if ctx.state is State.OVER:
+            return
         ctx.state = State.OVER
-        self.observer.ended(reason)
         self._by_id.pop(ctx.context_id, None)
         self._by_handle.pop(ctx.handle, None)
-        # audio of this stream still queued in the wire layer is purged there; note_sent then ignores it
         self._by_stream.pop(ctx.stream, None)
+        self.observer.ended(reason)
+        if not engine_done:
+            self.engine.cancel(ctx.handle)
