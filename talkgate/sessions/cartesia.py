@@ -57,8 +57,8 @@ class CartesiaProtocol(UtteranceProtocol):
         """Idle for the server's idle timeout: close (Cartesia closes idle sockets too; clients reconnect)."""
         return [Close(1000, "idle timeout")]
 
-    def abort(self, code: str, message: str, close_code: int) -> list:
-        return [self._error(None, code, message), Close(close_code, code)]
+    def abort(self, code: str, message: str, ws_code: int) -> list:
+        return [self._error(None, code, message), Close(ws_code, code)]
 
     def receive_binary(self, data: bytes) -> list:
         return [self._error(None, "invalid_message", "binary frames are not accepted: send JSON text messages")]

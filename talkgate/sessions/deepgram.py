@@ -63,8 +63,8 @@ class DeepgramProtocol(UtteranceProtocol):
     def idle_timeout(self) -> list:
         return [Close(1000, "NET-0001: no messages received within the idle timeout")]
 
-    def abort(self, code: str, message: str, close_code: int) -> list:
-        return [self._close(code, message, close_code)]
+    def abort(self, code: str, message: str, ws_code: int) -> list:
+        return [self._close(code, message, ws_code)]
 
     def receive_binary(self, data: bytes) -> list:
         return [self._close("DATA-0000", "binary messages are not accepted: send JSON text messages", 1003)]

@@ -22,7 +22,7 @@ from talkgate.sessions.utterances import (
     Audio, Event, SegmentDone, UtteranceDone, UtteranceProtocol,
 )
 from talkgate.sessions.voices import UnknownVoice, VoiceMap, resolve_language
-from talkgate.sessions.wire import Close, Send, dumps, send_json
+from talkgate.sessions.wire import Close, Send, close_code, dumps, send_json
 from talkgate.synth.api import SamplingParams
 
 MAX_CONTEXTS = 5                # ElevenLabs' limit of simultaneous contexts per socket
@@ -116,8 +116,8 @@ class ElevenLabsProtocol(UtteranceProtocol):
         return self._fatal("input_timeout_exceeded",
                            f"Have not received new text for {self.idle_timeout_s:g} seconds: closing")
 
-    def abort(self, code: str, message: str, close_code: int) -> list:
-        return [self._error(code, message), Close(close_code, code)]
+    def abort(self, code: str, message: str, ws_code: int) -> list:
+        return [self._error(code, message), Close(ws_code, code)]
 
     # ----- client frames -----
     def receive_binary(self, data: bytes) -> list:
@@ -223,7 +223,7 @@ class ElevenLabsProtocol(UtteranceProtocol):
                 if ev.fatal and ev.context_id is not None:
                     out.append(self._final(ev.context_id))
                     if not self.multi:
-                        out.append(Close(1011, ev.code))
+                        out.append(Close(close_code(ev.code), ev.code))
         return out
 
     def _audio(self, ev: Audio) -> Send:

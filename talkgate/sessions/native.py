@@ -183,9 +183,9 @@ class NativeProtocol:
         return [error("idle_timeout", f"nothing sent or read for {self.limits.idle_timeout_s:g} s: closing"),
                 Close(1000, "idle timeout")]
 
-    def abort(self, code: str, message: str, close_code: int) -> list[Action]:
+    def abort(self, code: str, message: str, ws_code: int) -> list[Action]:
         """The connection must end (internal error, message rate, a full outbox): say why, close."""
-        return [error(code, message), Close(close_code, code)]
+        return [error(code, message), Close(ws_code, code)]
 
     def connection_lost(self) -> None:
         self.session.close()

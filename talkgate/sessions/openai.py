@@ -21,7 +21,7 @@ from talkgate.sessions.fields import SessionError, field_of, integer, number, sh
 from talkgate.sessions.session import (
     AudioFormat, AudioOut, ContextConfig, ContextError, ContextFinished, Session,
 )
-from talkgate.sessions.wire import Close, Send, http_status
+from talkgate.sessions.wire import Close, Send, close_code, http_status
 from talkgate.synth.api import SEED_RANGE, EngineEvent, SamplingParams, seed_fits
 
 # response_format -> (session encoding, sample rate, content type)
@@ -145,7 +145,7 @@ class SpeechProtocol:
     def idle_timeout(self) -> list:
         return self.abort("idle_timeout", "no audio taken for the idle timeout", 1000)
 
-    def abort(self, code: str, message: str, close_code: int) -> list:
+    def abort(self, code: str, message: str, ws_code: int) -> list:
         self.session.close()
         return self._failed(code, message)
 
@@ -182,7 +182,7 @@ class SpeechProtocol:
             return [error_response(http_status(code), code, message)]
         if self.sse:
             return [Send(_sse({"type": "error", "code": code, "message": message}), error=code), Close(1000, code)]
-        return [Close(1011, code, error=code)]      # a truncated chunked body: the client sees it end early
+        return [Close(close_code(code), code, error=code)]     # not 1000: a truncated body, the client sees it
 
 
 def _sse(obj: dict) -> bytes:

@@ -87,8 +87,8 @@ class TwilioProtocol:
     def idle_timeout(self) -> list:
         return self._twilio(self.native.idle_timeout())
 
-    def abort(self, code: str, message: str, close_code: int) -> list:
-        return self.native.abort(code, message, close_code)
+    def abort(self, code: str, message: str, ws_code: int) -> list:
+        return self.native.abort(code, message, ws_code)
 
     def connection_lost(self) -> None:
         self.native.connection_lost()
