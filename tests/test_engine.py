@@ -1,6 +1,7 @@
 """The streaming engine on CPU with the tiny random checkpoint (fp32, greedy where outputs are compared)."""
 from __future__ import annotations
 
+import collections
 import threading
 import time
 
@@ -8,10 +9,11 @@ import numpy as np
 import pytest
 
 from talkgate.synth.api import (
-    AudioChunk, ContextDone, ContextFailed, ContextParams, EngineFull, InvalidParams, SamplingParams,
-    UnknownLanguage, UnknownVoice,
+    AppendText, AudioChunk, CancelContext, ContextDone, ContextFailed, ContextParams, EndText, EngineFull,
+    InvalidParams, OpenContext, SamplingParams, UnknownLanguage, UnknownVoice,
 )
 from talkgate.synth.engine import Engine
+from talkgate.synth.request import text_seconds
 
 GREEDY = SamplingParams(greedy=True)
 TEXT = "Hello there, this is a streaming test. It has two sentences!"
@@ -260,3 +262,161 @@ def test_engine_equals_offline_synthesis(engine, checkpoint):
     last = sink.wait().last
     assert last.frames * 1920 == len(wav) and last.reason == ("budget" if last.frames == 50 else "eos")
     np.testing.assert_allclose(sink.pcm, wav, atol=1e-5)
+
+
+# ----- the command boundary: connect / submit / disconnect -----
+class Client:
+    """A client of Engine.connect: records each delivered batch; `done` per context id."""
+
+    def __init__(self, engine):
+        self.engine, self.batches, self.lock = engine, [], threading.Lock()
+        self.finished: dict[int, threading.Event] = collections.defaultdict(threading.Event)
+        self.id = engine.connect(self.deliver)
+
+    def deliver(self, events):
+        assert threading.current_thread().name == "talkgate-engine"
+        with self.lock:
+            self.batches.append(list(events))
+        for ev in events:
+            if not isinstance(ev, AudioChunk):
+                self.finished[ev.context].set()
+
+    def events(self, context):
+        with self.lock:
+            return [ev for batch in self.batches for ev in batch if ev.context == context]
+
+    def pcm(self, context):
+        return np.concatenate([ev.pcm for ev in self.events(context) if isinstance(ev, AudioChunk)])
+
+    def wait(self, context, timeout=60.0):
+        assert self.finished[context].wait(timeout), f"context {context} did not finish"
+        return self.events(context)[-1]
+
+    def say(self, context, text, params=None, end=True):
+        tok = self.engine.new_tokenizer()
+        cmds = [OpenContext(context, params or ContextParams(sampling=GREEDY, fixed_frames=12)),
+                AppendText(context, tuple(tok.feed(text)), text_seconds(text))]
+        if end:
+            cmds.append(EndText(context, tuple(tok.finish())))
+        self.engine.submit(self.id, cmds)
+
+
+def test_submit_speaks_as_the_per_context_calls_do(engine):
+    """Token ids from a client-side tokenizer give the audio the wrapper's own tokenizing gives."""
+    _, ref = speak(engine, [TEXT])
+    c = Client(engine)
+    try:
+        tok = engine.new_tokenizer()
+        cmds = [OpenContext(5, ContextParams(sampling=GREEDY, fixed_frames=12))]
+        cmds += [AppendText(5, tuple(tok.feed(TEXT[i:i + 7])), text_seconds(TEXT[i:i + 7]))
+                 for i in range(0, len(TEXT), 7)]
+        engine.submit(c.id, cmds)
+        engine.submit(c.id, [EndText(5, tuple(tok.finish()))])
+        assert c.wait(5) == ContextDone(5, "length", 12)
+        np.testing.assert_allclose(c.pcm(5), ref.wait().pcm, atol=1e-5)
+    finally:
+        engine.disconnect(c.id)
+
+
+def test_one_delivery_per_step_per_client_and_ids_are_per_client(engine):
+    """Two clients each use context ids 1 and 2: contexts are keyed by (client, id). Each deliver call
+    carries at most one event per context (one step's), and a client's contexts share calls."""
+    a, b = Client(engine), Client(engine)
+    try:
+        seeds = {(a, 1): 1, (a, 2): 2, (b, 1): 3, (b, 2): 4}
+        for (client, ctx), seed in seeds.items():
+            client.say(ctx, TEXT, ContextParams(sampling=SamplingParams(seed=seed), fixed_frames=10), end=False)
+        for client in (a, b):
+            engine.submit(client.id, [EndText(1), EndText(2)])
+        for (client, ctx) in seeds:
+            assert client.wait(ctx) == ContextDone(ctx, "length", 10)
+        for client in (a, b):
+            for batch in client.batches:
+                audio = [ev.context for ev in batch if isinstance(ev, AudioChunk)]
+                assert len(audio) == len(set(audio))
+            assert any(len(batch) == 2 for batch in client.batches)     # both contexts in one step's call
+        pcms = [client.pcm(ctx) for client, ctx in seeds]
+        assert all(p.shape == (10 * 1920,) for p in pcms)
+        assert not np.allclose(pcms[0], pcms[2], atol=1e-3)            # (a, 1) and (b, 1) are not mixed up
+        alone = Client(engine)
+        alone.say(1, TEXT, ContextParams(sampling=SamplingParams(seed=3), fixed_frames=10))
+        alone.wait(1)
+        np.testing.assert_allclose(alone.pcm(1), pcms[2], atol=1e-5)
+        engine.disconnect(alone.id)
+    finally:
+        engine.disconnect(a.id), engine.disconnect(b.id)
+
+
+def test_refused_opens_come_back_as_events(engine):
+    c = Client(engine)
+    try:
+        engine.submit(c.id, [OpenContext(1, ContextParams(voice="nobody")),
+                             OpenContext(2, ContextParams(language="klingon")),
+                             OpenContext(3, ContextParams(sampling=SamplingParams(seed=1 << 64))),
+                             OpenContext(4, ContextParams(fixed_frames=0))])
+        codes = {ctx: c.wait(ctx).code for ctx in (1, 2, 3, 4)}
+        assert codes == {1: "unknown_voice", 2: "unknown_language", 3: "invalid_params", 4: "invalid_params"}
+        engine.submit(c.id, [OpenContext(ctx, ContextParams()) for ctx in range(10, 14)])   # every slot
+        engine.submit(c.id, [OpenContext(10, ContextParams()), OpenContext(14, ContextParams())])
+        assert c.wait(14) == ContextFailed(14, "engine_full", "all 4 context slots are in use")
+        duplicate = [ev for ev in c.events(10) if isinstance(ev, ContextFailed)]
+        assert [ev.code for ev in duplicate] == ["invalid_params"] and "already open" in duplicate[0].message
+        assert engine.stats()["free_slots"] == 0
+        engine.submit(c.id, [AppendText(99, (1, 2), 0.1), EndText(98), CancelContext(97)])  # not open: ignored
+        engine.submit(c.id, [CancelContext(ctx) for ctx in range(10, 14)])
+        assert engine.stats()["free_slots"] == 4
+    finally:
+        engine.disconnect(c.id)
+
+
+def test_cancel_stops_delivery_at_once_and_the_id_is_reusable(engine):
+    c = Client(engine)
+    try:
+        c.say(1, TEXT * 3, ContextParams(sampling=GREEDY, fixed_frames=120))
+        deadline = time.time() + 30
+        while len(c.events(1)) < 3 and time.time() < deadline:
+            time.sleep(0.005)
+        engine.submit(c.id, [CancelContext(1)])
+        n = len(c.events(1))
+        c.say(1, TEXT)                                          # the same id, a new context
+        assert c.wait(1) == ContextDone(1, "length", 12)
+        events = c.events(1)
+        assert not any(isinstance(ev, ContextDone) for ev in events[:n])
+        assert [ev.first_frame for ev in events[n:-1]] == list(range(12))   # only the new context's frames
+    finally:
+        engine.disconnect(c.id)
+
+
+def test_disconnect_frees_every_slot_and_delivers_nothing_more(engine):
+    c = Client(engine)
+    for ctx in (1, 2, 3):
+        c.say(ctx, TEXT, ContextParams(sampling=GREEDY, fixed_frames=120))
+    deadline = time.time() + 30
+    while not c.batches and time.time() < deadline:
+        time.sleep(0.005)
+    engine.disconnect(c.id)
+    n = len(c.batches)
+    assert engine.stats()["free_slots"] == 4
+    time.sleep(0.3)
+    assert len(c.batches) == n
+    engine.submit(c.id, [OpenContext(1, ContextParams())])     # a gone client: ignored
+    _, sink = speak(engine, [TEXT])
+    assert sink.wait().last.reason == "length"
+
+
+def test_a_client_whose_deliver_raises_is_disconnected_alone(engine):
+    def broken(events):
+        raise RuntimeError("a bug in this client")
+
+    clients = engine.stats()["clients"]
+    bad = engine.connect(broken)
+    good = Client(engine)
+    try:
+        engine.submit(bad, [OpenContext(1, ContextParams(sampling=GREEDY, fixed_frames=100)),
+                            EndText(1, tuple(engine.new_tokenizer().feed(TEXT)), 1.0)])
+        good.say(1, TEXT)
+        assert good.wait(1) == ContextDone(1, "length", 12)
+        st = engine.stats()                                     # bad's 100 frames were cancelled at its first
+        assert st["clients"] == clients + 1 and st["free_slots"] == 4 and st["running"] == 0
+    finally:
+        engine.disconnect(good.id)

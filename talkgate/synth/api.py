@@ -135,6 +135,47 @@ class ContextFailed:
 
 EngineEvent = Union[AudioChunk, ContextDone, ContextFailed]
 EventSink = Callable[[EngineEvent], None]
+# called by the engine once per step per client with that step's events of the client's contexts
+Deliver = Callable[[list[EngineEvent]], None]
+
+
+# ----- commands (client -> engine): `context` is chosen by the client, unique among its open contexts -----
+@dataclass(frozen=True)
+class OpenContext:
+    """Start a context. Never refused by an exception: a bad voice, a full engine, ... come back as
+    ContextFailed(context, code, message) with the codes of the EngineError classes above."""
+
+    context: int
+    params: ContextParams
+
+
+@dataclass(frozen=True)
+class AppendText:
+    """Committed text token ids (synth.tokenizer.StreamingTokenizer.feed) and the text-length rule's
+    seconds of the text they came from (synth.request.text_seconds)."""
+
+    context: int
+    ids: tuple[int, ...]
+    seconds: float = 0.0
+
+
+@dataclass(frozen=True)
+class EndText:
+    """The last ids (StreamingTokenizer.finish: the held-back tail) and seconds; no more text."""
+
+    context: int
+    ids: tuple[int, ...] = ()
+    seconds: float = 0.0
+
+
+@dataclass(frozen=True)
+class CancelContext:
+    """Stop now (idempotent): once submitted, no further event of the context reaches its client."""
+
+    context: int
+
+
+EngineCommand = Union[OpenContext, AppendText, EndText, CancelContext]
 
 
 class EngineClient(Protocol):
