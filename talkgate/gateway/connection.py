@@ -2,10 +2,9 @@
 
 Shape (websockets style): a reader task feeds client frames to the protocol, a writer task drains
 the bounded outbox into the socket, a watch task follows the clock; whichever of reader and writer
-ends first ends the connection. Engine events are turned into actions on the pump thread
-(gateway/pump.py), so every call into the protocol object holds this connection's lock. Actions
-reach `apply` in order per thread; a frame of a stream that was purged (its context cancelled) is
-dropped whenever it arrives, so no stale audio follows a cancel.
+ends first ends the connection. Engine events arrive from gateway/engine_client.py, once per engine
+step, on the same event loop: one thread touches the protocol object and its session, no lock. The
+engine commands among the protocol's actions go to the engine client, those of one call together.
 
 Every call into the protocol goes through `call`, the connection's error funnel: an exception (a bug)
 is logged once, counted as internal_error and answered with the protocol's own abort (its error
@@ -21,15 +20,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import threading
 from typing import Callable
 
 from aiohttp import WSMsgType, web
 
 from talkgate.gateway.delivery import Delivery, ws_frame_bytes
+from talkgate.gateway.engine_client import EngineClient
 from talkgate.gateway.outbox import Outbox, OutboxFull
 from talkgate.sessions.limits import Limits
-from talkgate.sessions.wire import Close, Purge, Send
+from talkgate.sessions.actions import ENGINE_COMMANDS, Close, Purge, Send
 from talkgate.synth.api import EngineEvent
 
 log = logging.getLogger("talkgate.connection")
@@ -63,11 +62,12 @@ class Link:
     """What a WebSocket connection and a streamed HTTP response share: the protocol object behind the
     error funnel, the outbox, what the client took, the clock (slow consumers, idle)."""
 
-    def __init__(self, transport, protocol, limits: Limits, label: str, count_error: Callable[[str], None]):
+    def __init__(self, transport, protocol, engine: EngineClient, limits: Limits, label: str,
+                 count_error: Callable[[str], None]):
         """`protocol` offers engine_event(), note_sent(), note_delivered(), tick(), idle_timeout(),
-        abort(), connection_lost(), each returning actions (sessions/wire.py); `count_error(code)`
+        abort(), connection_lost(), each returning actions (sessions/actions.py); `count_error(code)`
         records an error the client was told about."""
-        self.protocol, self.limits, self.label = protocol, limits, label
+        self.protocol, self.engine, self.limits, self.label = protocol, engine, limits, label
         self.count_error = count_error
         self.outbox = Outbox(limits.max_outbox_items, limits.max_outbox_bytes)
         self.delivery = Delivery(transport)
@@ -75,8 +75,6 @@ class Link:
         self.idle_timeout_s = getattr(protocol, "idle_timeout_s", None) or limits.idle_timeout_s
         self.loop = asyncio.get_running_loop()
         self.last_activity = self.loop.time()
-        self.lock = threading.Lock()
-        self.purged: set[int] = set()
         self._closing: tuple[int, str] | None = None
         self._closing_since = 0.0
         self._lost = False
@@ -84,32 +82,31 @@ class Link:
     # ----- the protocol, behind the error funnel -----
     def call(self, method: str, *args) -> list:
         """The protocol's answer to one call; an exception becomes the protocol's abort (close 1011)."""
-        with self.lock:
-            if self._lost:
-                return []
-            try:
-                return getattr(self.protocol, method)(*args)
-            except Exception:
-                log.exception("%s connection: %s failed", self.label, method)
-                try:
-                    return self.protocol.abort("internal_error", "internal server error", 1011)
-                except Exception:
-                    log.exception("%s connection: abort failed", self.label)
-                    return [Close(1011, "internal error", error="internal_error")]
-
-    def engine_event(self, ev: EngineEvent) -> list:
-        """On the pump thread: the actions for one engine event ([] once the connection is over)."""
-        if self._closing is not None:
+        if self._lost:
             return []
-        return self.call("engine_event", ev)
+        try:
+            return getattr(self.protocol, method)(*args)
+        except Exception:
+            log.exception("%s connection: %s failed", self.label, method)
+            try:
+                return self.protocol.abort("internal_error", "internal server error", 1011)
+            except Exception:
+                log.exception("%s connection: abort failed", self.label)
+                return [Close(1011, "internal error", error="internal_error")]
+
+    def engine_events(self, events: list[EngineEvent]) -> None:
+        """One engine step's events of this link's contexts (gateway/engine_client.py)."""
+        for ev in events:
+            self.apply(self.call("engine_event", ev))
 
     def apply(self, actions) -> None:
+        commands = []
         for a in actions:
-            if isinstance(a, Send):
+            if isinstance(a, ENGINE_COMMANDS):
+                commands.append(a)
+            elif isinstance(a, Send):
                 if a.error is not None:
                     self.count_error(a.error)
-                if a.stream is not None and a.stream in self.purged:
-                    continue
                 try:
                     self.outbox.put(a)
                 except OutboxFull:      # the client is not reading: what is queued goes, the error goes out
@@ -117,9 +114,7 @@ class Link:
                     self.apply(self.call("abort", "slow_consumer", "the client is not reading: over "
                                          f"{self.limits.max_outbox_items} messages or "
                                          f"{self.limits.max_outbox_bytes >> 20} MiB waiting", 1008))
-                    return
             elif isinstance(a, Purge):
-                self.purged.add(a.stream)
                 self.outbox.purge(a.stream)
             elif isinstance(a, Close):
                 if a.error is not None:
@@ -127,6 +122,14 @@ class Link:
                 self.close(a.code, a.reason)
             else:
                 self.other(a)
+        if commands:
+            self.engine.submit(self, commands)
+
+    def end(self) -> None:
+        """The link is over: its session's contexts end (their cancels submitted), nothing more reaches it."""
+        self.apply(self.call("connection_lost"))
+        self._lost = True
+        self.engine.forget(self)
 
     def other(self, action) -> None:
         raise TypeError(f"unknown action {action!r}")
@@ -166,10 +169,10 @@ class Link:
 class Connection(Link):
     """One WebSocket."""
 
-    def __init__(self, ws: web.WebSocketResponse, transport, protocol, limits: Limits, label: str,
-                 count_error: Callable[[str], None]):
+    def __init__(self, ws: web.WebSocketResponse, transport, protocol, engine: EngineClient, limits: Limits,
+                 label: str, count_error: Callable[[str], None]):
         """`protocol` also offers ready(), receive_text(), receive_binary()."""
-        super().__init__(transport, protocol, limits, label, count_error)
+        super().__init__(transport, protocol, engine, limits, label, count_error)
         self.ws = ws
         self.rate = RateLimit(limits.max_messages_per_s, self.last_activity)
 
@@ -190,8 +193,7 @@ class Connection(Link):
             for t in (reader, writer, watch):
                 t.cancel()
             await asyncio.gather(reader, writer, watch, return_exceptions=True)
-            self.call("connection_lost")
-            self._lost = True
+            self.end()
             await self._close_socket()
 
     async def _close_socket(self) -> None:

@@ -14,14 +14,14 @@ from talkgate.gateway.connection import Link
 from talkgate.gateway.server import ErrorResponse
 from talkgate.sessions.fields import SessionError, load_json
 from talkgate.sessions.openai import Begin, Respond, SpeechProtocol, parse_request
-from talkgate.sessions.wire import http_status
+from talkgate.sessions.actions import http_status
 
 
 class HttpStream(Link):
     """One /v1/audio/speech request, from its context's start to the response's end."""
 
-    def __init__(self, request: web.Request, protocol: SpeechProtocol, limits, count_error):
-        super().__init__(request.transport, protocol, limits, "openai", count_error)
+    def __init__(self, request: web.Request, protocol: SpeechProtocol, engine, limits, count_error):
+        super().__init__(request.transport, protocol, engine, limits, "openai", count_error)
         self.request = request
         self.response: web.StreamResponse | None = None
 
@@ -41,8 +41,7 @@ class HttpStream(Link):
             for t in (writer, watch):
                 t.cancel()
             await asyncio.gather(writer, watch, return_exceptions=True)
-            self.call("connection_lost")
-            self._lost = True
+            self.end()
         if self.response is None:           # the client went away before any answer
             return web.Response(status=499, reason="Client Closed Request")
         return self.response
@@ -89,22 +88,19 @@ async def speech(request: web.Request) -> web.StreamResponse:
         text = raw.decode(request.charset or "utf-8")
     except (LookupError, UnicodeDecodeError) as e:
         return ErrorResponse(400, "invalid_json", f"the body is not text in its charset ({e.__class__.__name__})")
-    holder: list[HttpStream] = []
     try:
         req = parse_request(load_json(text, 4 * gw.limits.max_message_bytes), gw.limits.max_http_input_chars)
-        session = gw.new_session(lambda ev: gw.pump.put(holder[0], ev), "openai", req.config)
+        session = gw.new_session("openai", req.config)
     except SessionError as e:
         return ErrorResponse(http_status(e.code), e.code, e.message)
-    stream = HttpStream(request, SpeechProtocol(session, req), gw.limits, gw.count_error)
-    holder.append(stream)
-    return await stream.run()
+    return await HttpStream(request, SpeechProtocol(session, req), gw.client, gw.limits, gw.count_error).run()
 
 
 async def voices(request: web.Request) -> web.Response:
     gw = request.app["gateway"]
     if not gw.authorized(request):
         return ErrorResponse(401, "unauthorized", "a valid API key is required")
-    info = gw.engine.info
+    info = gw.client.info
     return web.json_response({"voices": [{"id": v, "name": v} for v in info.voices],
                               "languages": list(info.languages), "model": info.as_dict()})
 

@@ -15,12 +15,11 @@ from aiohttp.web_protocol import RequestHandler
 
 from talkgate.gateway.connection import Connection
 from talkgate.gateway.metrics import ContextObserver, Metrics
-from talkgate.gateway.pump import EventPump
+from talkgate.gateway.engine_client import EngineClient
 from talkgate.sessions.limits import Limits
 from talkgate.sessions.native import NativeProtocol
 from talkgate.sessions.openai import error_body
 from talkgate.sessions.session import Session
-from talkgate.synth.api import EngineClient
 
 log = logging.getLogger("talkgate.server")
 WEB_DIR = Path(__file__).resolve().parent.parent / "web"
@@ -38,14 +37,15 @@ class ServerConfig:
 class Gateway:
     """State shared by every handler: the engine, limits, metrics, open connections."""
 
-    def __init__(self, engine: EngineClient, config: ServerConfig):
+    def __init__(self, engine, config: ServerConfig):
+        """`engine`: synth.engine.Engine (or an object with its connect/submit/disconnect/stats)."""
         self.engine, self.config, self.limits = engine, config, config.limits
         self.metrics = Metrics()
         self.connections: set[Connection] = set()
         self.ids = itertools.count(1)
         self.ready = False
         self.draining = False
-        self.pump: EventPump | None = None     # started with the app (it needs the running loop)
+        self.client: EngineClient | None = None    # the engine's client, made with the app (on its loop)
 
     # ----- access control -----
     def key_ok(self, key: str | None) -> bool:
@@ -82,8 +82,8 @@ class Gateway:
 
     async def serve_websocket(self, request: web.Request, label: str, make_protocol,
                               first_message_auth: bool = False) -> web.WebSocketResponse:
-        """Accept, check limits and access, then run `make_protocol(session_id, connection_sink,
-        authenticate)` over the socket. Refusals close with 1008 (policy) or 1013 (try later).
+        """Accept, check limits and access, then run `make_protocol(session_id, authenticate)` over the
+        socket. Refusals close with 1008 (policy) or 1013 (try later).
         Nothing raised after the upgrade reaches aiohttp (it would write an HTTP 500 into the
         WebSocket stream): a failure is logged once, counted and closed with 1011."""
         # no permessage-deflate, though browsers and the websockets library offer it: audio does not
@@ -122,10 +122,8 @@ class Gateway:
             await ws.close(code=refusal[0], message=refusal[1].encode())
             return
         session_id = f"s{next(self.ids)}-{secrets.token_hex(4)}"
-        holder: list[Connection] = []
-        protocol = make_protocol(session_id, lambda ev: self.pump.put(holder[0], ev), authenticate)
-        conn = Connection(ws, request.transport, protocol, self.limits, label, self.count_error)
-        holder.append(conn)
+        protocol = make_protocol(session_id, authenticate)
+        conn = Connection(ws, request.transport, protocol, self.client, self.limits, label, self.count_error)
         self.connections.add(conn)
         gauge = self.metrics.connections.labels(label)
         gauge.inc()
@@ -135,16 +133,17 @@ class Gateway:
             self.connections.discard(conn)
             gauge.dec()
 
-    def new_session(self, sink, label: str, defaults=None) -> Session:
-        return Session(self.engine, sink, self.limits, defaults, ContextObserver(self.metrics, label))
+    def new_session(self, label: str, defaults=None) -> Session:
+        return Session(self.client.info, self.limits, self.client.new_tokenizer, defaults,
+                       ContextObserver(self.metrics, label), contexts=self.client.contexts)
 
 
 # ----- handlers -----
 async def native_ws(request: web.Request) -> web.WebSocketResponse:
     gw: Gateway = request.app["gateway"]
 
-    def make(session_id, sink, authenticate):
-        return NativeProtocol(gw.new_session(sink, "native"), gw.limits, session_id, authenticate)
+    def make(session_id, authenticate):
+        return NativeProtocol(gw.new_session("native"), gw.limits, session_id, authenticate)
 
     return await gw.serve_websocket(request, "native", make, first_message_auth=True)
 
@@ -247,7 +246,7 @@ class AppRunner(web.AppRunner):
                                loop=server._loop, count_error=self._app["gateway"].count_error, **server._kwargs)
 
 
-def create_app(engine: EngineClient, config: ServerConfig | None = None) -> web.Application:
+def create_app(engine, config: ServerConfig | None = None) -> web.Application:
     from talkgate.gateway import compat_routes, openai_http
     from talkgate.sessions.voices import VoiceMap
 
@@ -272,9 +271,9 @@ def create_app(engine: EngineClient, config: ServerConfig | None = None) -> web.
 async def _start(app: web.Application) -> None:
     gw: Gateway = app["gateway"]
     app["lag_watch"] = asyncio.create_task(gw.metrics.watch_loop_lag())
-    gw.pump = pump = EventPump(asyncio.get_running_loop())
+    gw.client = EngineClient(gw.engine, asyncio.get_running_loop())
     if hasattr(gw.engine, "hold"):
-        gw.engine.hold = pump.behind            # the engine waits while the gateway is behind on its events
+        gw.engine.hold = gw.client.behind       # the engine waits while the loop is behind on its events
 
 
 async def _drain(app: web.Application) -> None:
@@ -293,4 +292,4 @@ async def _drain(app: web.Application) -> None:
 
 async def _stop(app: web.Application) -> None:
     app["lag_watch"].cancel()
-    app["gateway"].pump.stop()
+    app["gateway"].client.close()

@@ -16,7 +16,7 @@ from talkgate.sessions.utterances import (
     Audio, Event, SegmentDone, UtteranceDone, UtteranceProtocol,
 )
 from talkgate.sessions.voices import UnknownVoice, VoiceMap, resolve_language
-from talkgate.sessions.wire import BUSY, Close, Send, dumps, http_status, send_json
+from talkgate.sessions.actions import BUSY, ENGINE_COMMANDS, Close, Send, dumps, http_status, send_json
 
 ENCODINGS = {"pcm_s16le": "pcm_s16le", "pcm_f32le": "pcm_f32le", "pcm_mulaw": "mulaw", "pcm_alaw": "alaw"}
 PCM_RATES = (8000, 16000, 22050, 24000, 44100, 48000)
@@ -58,7 +58,7 @@ class CartesiaProtocol(UtteranceProtocol):
         return [Close(1000, "idle timeout")]
 
     def abort(self, code: str, message: str, ws_code: int) -> list:
-        return [self._error(None, code, message), Close(ws_code, code)]
+        return [self._error(None, code, message), Close(ws_code, code)] + self.utterances.close()
 
     def receive_binary(self, data: bytes) -> list:
         return [self._error(None, "invalid_message", "binary frames are not accepted: send JSON text messages")]
@@ -105,7 +105,7 @@ class CartesiaProtocol(UtteranceProtocol):
         return self._wire(events)
 
     def _context_config(self, cid: str, msg: dict) -> dict:
-        info = self.session.engine.info
+        info = self.session.info
         voice = msg.get("voice")
         if isinstance(voice, dict) and voice.get("mode") == "embedding":
             raise SessionError("invalid_voice", "voice embeddings are not supported: use {\"mode\": \"id\"}", cid)
@@ -124,6 +124,9 @@ class CartesiaProtocol(UtteranceProtocol):
     def _wire(self, events: list[Event]) -> list:
         out: list = []
         for ev in events:
+            if isinstance(ev, ENGINE_COMMANDS):    # passed through to the I/O layer, in order
+                out.append(ev)
+                continue
             if isinstance(ev, Audio):
                 out.append(self._audio_send(dumps(
                     {"type": "chunk", "data": base64.b64encode(ev.out.payload).decode(), "done": False,

@@ -14,7 +14,7 @@ from talkgate.sessions.fields import SessionError, field_of, query_int, show
 from talkgate.sessions.session import AudioFormat, ContextCancelled, ContextError, Session
 from talkgate.sessions.utterances import Audio, Event, SegmentDone, UtteranceDone, UtteranceProtocol
 from talkgate.sessions.voices import UnknownVoice, VoiceMap
-from talkgate.sessions.wire import Close, close_code, send_json
+from talkgate.sessions.actions import ENGINE_COMMANDS, Close, close_code, send_json
 
 ENCODINGS = {"linear16": "pcm_s16le", "mulaw": "mulaw", "alaw": "alaw"}
 RATES = {"linear16": (8000, 16000, 24000, 32000, 48000), "mulaw": (8000,), "alaw": (8000,)}
@@ -47,7 +47,7 @@ class DeepgramProtocol(UtteranceProtocol):
         self.startup_error: SessionError | None = None
         try:
             try:
-                voice = voices.resolve("deepgram", self.model, session.engine.info.voices)
+                voice = voices.resolve("deepgram", self.model, session.info.voices)
             except UnknownVoice as e:
                 raise SessionError("INVALID_MODEL", str(e)) from None
             self.session.configure(voice=voice, format=parse_query(query))
@@ -64,7 +64,7 @@ class DeepgramProtocol(UtteranceProtocol):
         return [Close(1000, "NET-0001: no messages received within the idle timeout")]
 
     def abort(self, code: str, message: str, ws_code: int) -> list:
-        return [self._close(code, message, ws_code)]
+        return [self._close(code, message, ws_code)] + self.utterances.close()
 
     def receive_binary(self, data: bytes) -> list:
         return [self._close("DATA-0000", "binary messages are not accepted: send JSON text messages", 1003)]
@@ -114,6 +114,9 @@ class DeepgramProtocol(UtteranceProtocol):
     def _wire(self, events: list[Event]) -> list:
         out: list = []
         for ev in events:
+            if isinstance(ev, ENGINE_COMMANDS):    # passed through to the I/O layer, in order
+                out.append(ev)
+                continue
             if isinstance(ev, Audio):
                 out.append(self._audio_send(ev.out.payload, ev.key, ev.out.stream, ev.out.duration_ms))
             elif isinstance(ev, SegmentDone):

@@ -22,7 +22,7 @@ from talkgate.sessions.utterances import (
     Audio, Event, SegmentDone, UtteranceDone, UtteranceProtocol,
 )
 from talkgate.sessions.voices import UnknownVoice, VoiceMap, resolve_language
-from talkgate.sessions.wire import Close, Send, close_code, dumps, send_json
+from talkgate.sessions.actions import ENGINE_COMMANDS, Close, Send, close_code, dumps, send_json
 from talkgate.synth.api import SamplingParams
 
 MAX_CONTEXTS = 5                # ElevenLabs' limit of simultaneous contexts per socket
@@ -81,7 +81,7 @@ class ElevenLabsProtocol(UtteranceProtocol):
             self.startup_error = e
 
     def _configure(self, voice_id: str, query: dict[str, str], voices: VoiceMap) -> None:
-        info = self.session.engine.info
+        info = self.session.info
         try:
             voice = voices.resolve("elevenlabs", voice_id, info.voices)
         except UnknownVoice as e:
@@ -117,7 +117,7 @@ class ElevenLabsProtocol(UtteranceProtocol):
                            f"Have not received new text for {self.idle_timeout_s:g} seconds: closing")
 
     def abort(self, code: str, message: str, ws_code: int) -> list:
-        return [self._error(code, message), Close(ws_code, code)]
+        return [self._error(code, message), Close(ws_code, code)] + self.utterances.close()
 
     # ----- client frames -----
     def receive_binary(self, data: bytes) -> list:
@@ -203,6 +203,9 @@ class ElevenLabsProtocol(UtteranceProtocol):
     def _wire(self, events: list[Event]) -> list:
         out: list = []
         for ev in events:
+            if isinstance(ev, ENGINE_COMMANDS):    # passed through to the I/O layer, in order
+                out.append(ev)
+                continue
             if isinstance(ev, Audio):
                 out.append(self._audio(ev))
             elif isinstance(ev, SegmentDone):

@@ -1,7 +1,7 @@
 """The native WebSocket protocol (docs/protocol.md), Sans-I/O, as a translator onto `Session`.
 
 Feed it client frames (`receive_text`, `receive_binary`) and engine events (`engine_event`); it
-returns actions for the I/O layer (sessions/wire.py: Send, Purge, Close). A client mistake is an
+returns actions for the I/O layer (sessions/actions.py: Send, Purge, Close). A client mistake is an
 `error` event; it never raises on client input (an exception is a bug: the I/O layer's funnel turns
 it into `abort`).
 """
@@ -19,7 +19,7 @@ from talkgate.sessions.session import (
     AudioFormat, AudioOut, ContextCancelled, ContextError, ContextFinished, ContextStarted, FirstAudio,
     Session, SessionEvent,
 )
-from talkgate.sessions.wire import Action, Close, Purge, Send, dumps, send_json
+from talkgate.sessions.actions import ENGINE_COMMANDS, Action, Close, Purge, Send, dumps, send_json
 from talkgate.synth.api import SEED_RANGE, EngineEvent, SamplingParams, seed_fits
 
 AUDIO_HEADER = struct.Struct("<BBHIII")   # version, encoding, reserved, stream, seq, start_ms
@@ -74,7 +74,7 @@ class NativeProtocol:
         if self.authenticate is not None:
             return []
         return [send_json({"type": "session.ready", "session_id": self.session_id,
-                       "model": self.session.engine.info.as_dict(), "limits": self.limits.as_dict(),
+                       "model": self.session.info.as_dict(), "limits": self.limits.as_dict(),
                        "config": self._config_dict()})]
 
     def _config_dict(self) -> dict:
@@ -184,16 +184,21 @@ class NativeProtocol:
                 Close(1000, "idle timeout")]
 
     def abort(self, code: str, message: str, ws_code: int) -> list[Action]:
-        """The connection must end (internal error, message rate, a full outbox): say why, close."""
-        return [error(code, message), Close(ws_code, code)]
+        """The connection must end (internal error, message rate, a full outbox): say why, close, and
+        end its contexts now."""
+        return [error(code, message), Close(ws_code, code)] + self.session.close()
 
-    def connection_lost(self) -> None:
-        self.session.close()
+    def connection_lost(self) -> list[Action]:
+        """The socket is gone: -> the engine commands that end its contexts."""
+        return self.session.close()
 
     # ----- session events -> wire -----
     def _wire(self, events: list[SessionEvent]) -> list[Action]:
         out: list[Action] = []
         for ev in events:
+            if isinstance(ev, ENGINE_COMMANDS):    # passed through to the I/O layer, in order
+                out.append(ev)
+                continue
             if isinstance(ev, AudioOut):
                 out.append(self._audio(ev))
             elif isinstance(ev, ContextStarted):

@@ -2,10 +2,11 @@
 audio the response.
 
 `parse_request(body)` checks the JSON body; `SpeechProtocol(session, request).start()` opens the
-context and returns the first actions. Beside the wire actions (sessions/wire.py: Send a body chunk,
+context and returns the first actions. Beside the wire actions (sessions/actions.py: Send a body chunk,
 Close ends the body: code 1000 normally, any other code breaks the connection so the client sees a
-truncated chunked body) it returns `Begin` (a streamed 200 response's headers) and `Respond` (the
-whole response at once: a non-streamed file, or an error before any audio).
+truncated chunked body; engine commands) it returns `Begin` (a streamed 200 response's headers, sent
+with the first audio, so that a context the engine refuses is still an error status) and `Respond`
+(the whole response at once: a non-streamed file, or an error before any audio).
 
 Streaming (`stream: true`): `stream_format: "audio"` writes the encoded audio as a chunked body as it
 is generated (PCM: raw s16le 24 kHz, `audio/pcm`); `"sse"` sends `speech.audio.delta` events with
@@ -21,7 +22,7 @@ from talkgate.sessions.fields import SessionError, field_of, integer, number, sh
 from talkgate.sessions.session import (
     AudioFormat, AudioOut, ContextConfig, ContextError, ContextFinished, Session,
 )
-from talkgate.sessions.wire import Close, Send, close_code, http_status
+from talkgate.sessions.actions import ENGINE_COMMANDS, Close, Send, close_code, http_status
 from talkgate.synth.api import SEED_RANGE, EngineEvent, SamplingParams, seed_fits
 
 # response_format -> (session encoding, sample rate, content type)
@@ -118,17 +119,18 @@ class SpeechProtocol:
         self.sse = request.stream and request.stream_format == "sse"
         self.content_type = FORMATS[request.response_format][2]
         self.whole: list[bytes] = []        # the file, when not streamed
+        self.begun = False
 
     def start(self) -> list:
+        events: list = []
         try:
-            events = self.session.start(CONTEXT)
+            events += self.session.start(CONTEXT)
             events += self.session.append(CONTEXT, self.request.text)
             if self.session.has(CONTEXT):
                 events += self.session.flush(CONTEXT)
         except SessionError as e:
-            return [error_response(http_status(e.code), e.code, e.message)]
-        begin = [Begin("text/event-stream" if self.sse else self.content_type)] if self.request.stream else []
-        return begin + self._wire(events)
+            return self._wire(events) + [error_response(http_status(e.code), e.code, e.message)] + self.session.close()
+        return self._wire(events)
 
     def engine_event(self, ev: EngineEvent) -> list:
         return self._wire(self.session.on_engine_event(ev))
@@ -146,23 +148,33 @@ class SpeechProtocol:
         return self.abort("idle_timeout", "no audio taken for the idle timeout", 1000)
 
     def abort(self, code: str, message: str, ws_code: int) -> list:
-        self.session.close()
-        return self._failed(code, message)
+        return self._failed(code, message) + self.session.close()
 
-    def connection_lost(self) -> None:
-        self.session.close()
+    def connection_lost(self) -> list:
+        return self.session.close()
+
+    def _begin(self) -> list:
+        if self.begun or not self.request.stream:
+            return []
+        self.begun = True
+        return [Begin("text/event-stream" if self.sse else self.content_type)]
 
     def _wire(self, events) -> list:
         out: list = []
         for ev in events:
+            if isinstance(ev, ENGINE_COMMANDS):    # passed through to the I/O layer, in order
+                out.append(ev)
+                continue
             if isinstance(ev, AudioOut):
                 if not self.request.stream:     # kept for the response: taken, as far as the backlog goes
                     self.whole.append(ev.payload)
                     self.session.note_delivered(ev.stream, ev.duration_ms)
                 elif self.sse:
+                    out += self._begin()
                     out.append(Send(_sse({"type": "speech.audio.delta", "audio": base64.b64encode(ev.payload).decode()}),
                                     ev.stream, ev.duration_ms))
                 else:
+                    out += self._begin()
                     out.append(Send(ev.payload, ev.stream, ev.duration_ms))
             elif isinstance(ev, ContextError):
                 out += self._failed(ev.code, ev.message)
@@ -170,6 +182,7 @@ class SpeechProtocol:
                 if not self.request.stream:
                     out.append(Respond(200, self.content_type, b"".join(self.whole)))
                     continue
+                out += self._begin()
                 if self.sse:
                     out.append(Send(_sse({"type": "speech.audio.done", "usage": {
                         "input_tokens": len(self.request.text), "output_audio_ms": ev.audio_ms,
@@ -178,7 +191,8 @@ class SpeechProtocol:
         return out
 
     def _failed(self, code: str, message: str) -> list:
-        if not self.request.stream:
+        if not self.begun:
+            self.begun = True           # nothing more is sent: this is the answer
             return [error_response(http_status(code), code, message)]
         if self.sse:
             return [Send(_sse({"type": "error", "code": code, "message": message}), error=code), Close(1000, code)]

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from talkgate.sessions.fields import SessionError, load_message
 from talkgate.sessions.native import AUDIO_HEADER, NativeProtocol, error
 from talkgate.sessions.session import AudioFormat
-from talkgate.sessions.wire import Send, dumps
+from talkgate.sessions.actions import Send, dumps
 
 FRAME_BYTES = 160               # 20 ms of 8 kHz mu-law
 FRAME_MS = 20.0
@@ -90,8 +90,8 @@ class TwilioProtocol:
     def abort(self, code: str, message: str, ws_code: int) -> list:
         return self.native.abort(code, message, ws_code)
 
-    def connection_lost(self) -> None:
-        self.native.connection_lost()
+    def connection_lost(self) -> list:
+        return self.native.connection_lost()
 
     # ----- native actions -> Twilio frames, in play order -----
     def _twilio(self, actions: list) -> list:

@@ -9,7 +9,8 @@ queued behind the head waits with its text here (bounded by the text limit); gen
 than real time, so the client has the head's audio queued while the next one starts.
 
 Session events come back re-keyed to the utterance (`context_id` = the client's key), plus
-`Audio` (an AudioOut with its estimated alignment), `SegmentDone` and `UtteranceDone`.
+`Audio` (an AudioOut with its estimated alignment), `SegmentDone` and `UtteranceDone`; the session's
+engine commands pass through unchanged, in order.
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from dataclasses import dataclass, field, replace
 from talkgate.sessions.alignment import CharSpan, Timeline, Word
 from talkgate.sessions.fields import SessionError, load_message
 from talkgate.sessions.session import AudioOut, ContextError, ContextFinished, Session, SessionEvent
-from talkgate.sessions.wire import Action, Purge, Send
+from talkgate.sessions.actions import ENGINE_COMMANDS, Action, Purge, Send
 from talkgate.synth.api import EngineEvent
 
 MAX_SEGMENTS = 256      # queued flushes of one utterance
@@ -161,15 +162,17 @@ class Utterances:
         if head is None or head.sid is None:
             return []
         del self._by_sid[head.sid]
-        return [replace(ev, context_id=key) for ev in self.session.cancel(head.sid)]
+        return [ev if isinstance(ev, ENGINE_COMMANDS) else replace(ev, context_id=key)
+                for ev in self.session.cancel(head.sid)]
 
     def cancel_all(self) -> list[Event]:
         return [ev for key in list(self.by_key) for ev in self.cancel(key)]
 
-    def close(self) -> None:
+    def close(self) -> list:
+        """The connection is gone: -> the engine commands that end what was running."""
         self.by_key.clear()
         self._by_sid.clear()
-        self.session.close()
+        return self.session.close()
 
     # ----- engine events, time -----
     def on_engine_event(self, ev: EngineEvent) -> list[Event]:
@@ -193,20 +196,24 @@ class Utterances:
             return self._segment_done(utt, "empty")
         seg.sid = f"{utt.key}#{next(self._ids)}"
         self._by_sid[seg.sid] = utt
+        events: list = []
         try:
-            events = self.session.start(seg.sid, **utt.overrides)
+            events += self.session.start(seg.sid, **utt.overrides)
             if text:
                 utt.timeline.add_text(text)
                 events += self.session.append(seg.sid, text)
             if seg.flushed and self.session.has(seg.sid):
                 events += self.session.flush(seg.sid)
         except SessionError as e:
-            return self._fail(utt, e.code, e.message)
+            return self._rekey(events) + self._fail(utt, e.code, e.message)
         return self._rekey(events)
 
     def _rekey(self, events: list[SessionEvent]) -> list[Event]:
         out: list[Event] = []
         for ev in events:
+            if isinstance(ev, ENGINE_COMMANDS):
+                out.append(ev)
+                continue
             utt = self._by_sid.get(ev.context_id)
             if utt is None:             # already cancelled or failed here
                 continue
@@ -241,13 +248,16 @@ class Utterances:
 
     def _fail(self, utt: Utterance, code: str, message: str) -> list[Event]:
         """The utterance cannot go on: stop it, tell the client (fatal error naming its stream)."""
-        stream = None
+        stream, commands = None, []
         head = utt.segments[0] if utt.segments else None
         if head is not None and head.sid is not None and self.session.has(head.sid):
-            cancelled = self.session.cancel(head.sid)
-            stream = cancelled[0].stream if cancelled else None
+            for ev in self.session.cancel(head.sid):
+                if isinstance(ev, ENGINE_COMMANDS):
+                    commands.append(ev)
+                else:
+                    stream = ev.stream
         self._drop(utt)
-        return [ContextError(utt.key, code, message, fatal=True, stream=stream)]
+        return [ContextError(utt.key, code, message, fatal=True, stream=stream)] + commands
 
     def _drop(self, utt: Utterance) -> None:
         self.by_key.pop(utt.key, None)
@@ -302,8 +312,8 @@ class UtteranceProtocol:
             self._owner.pop(s, None)
         return [Purge(s) for s in sorted(streams)]
 
-    def connection_lost(self) -> None:
-        self.utterances.close()
+    def connection_lost(self) -> list[Action]:
+        return self.utterances.close()
 
     def _wire(self, events: list[Event]) -> list[Action]:
         raise NotImplementedError

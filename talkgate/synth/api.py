@@ -1,12 +1,13 @@
 """The engine's public surface: what sessions/ and gateway/ may import from synth.
 
 Everything here is plain data (no tensors, no threads) so that callers and tests can build and
-inspect it without a model. The engine itself lives in synth/engine.py and implements `EngineClient`.
+inspect it without a model. The engine itself lives in synth/engine.py: commands in (OpenContext,
+AppendText, EndText, CancelContext through Engine.submit), events out (one deliver call per step).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Protocol, Union
+from typing import Callable, Union
 
 import numpy as np
 
@@ -134,7 +135,6 @@ class ContextFailed:
 
 
 EngineEvent = Union[AudioChunk, ContextDone, ContextFailed]
-EventSink = Callable[[EngineEvent], None]
 # called by the engine once per step per client with that step's events of the client's contexts
 Deliver = Callable[[list[EngineEvent]], None]
 
@@ -177,25 +177,3 @@ class CancelContext:
 
 EngineCommand = Union[OpenContext, AppendText, EndText, CancelContext]
 
-
-class EngineClient(Protocol):
-    """What the gateway uses. All methods are thread-safe, never block on the GPU, and return fast.
-
-    `sink` is called from the engine's thread, in order, one context's events never interleaved out
-    of order; it must not block (hand the event to an event loop with call_soon_threadsafe).
-    After `cancel(ctx)` returns, `sink` is never called again for ctx.
-    """
-
-    info: ModelInfo
-
-    def open(self, params: ContextParams, sink: EventSink) -> int:
-        """Start a context; raises InvalidParams (unknown voice/language...) or EngineFull."""
-
-    def append_text(self, context: int, text: str) -> None:
-        """Append a text delta; generation starts once the first token is certain."""
-
-    def end_text(self, context: int) -> None:
-        """No more text: release the held-back tail, then tts_eos, then tts_pad until done."""
-
-    def cancel(self, context: int) -> None:
-        """Stop now (idempotent); the slot is free before the next step."""

@@ -31,10 +31,6 @@ CancelContext has been submitted (submit returned), no event of that context rea
 cancelled context's slot is free at once; the engine drops it from the scheduler before the next step,
 and a new context re-initializes every per-slot tensor when its own open command is applied (commands
 apply in order).
-
-The per-context methods (open(params, sink) -> int, append_text, end_text, cancel) are thin wrappers
-over one built-in client that tokenizes in the caller's thread and raises open's errors, kept until
-every caller speaks commands.
 """
 from __future__ import annotations
 
@@ -50,10 +46,10 @@ import numpy as np
 
 from talkgate.synth.api import (
     SEED_RANGE, AppendText, AudioChunk, CancelContext, ContextDone, ContextFailed, ContextParams, Deliver,
-    EndText, EngineCommand, EngineError, EngineEvent, EngineFull, EngineStopped, EventSink, InvalidParams,
-    ModelInfo, OpenContext, seed_fits,
+    EndText, EngineCommand, EngineError, EngineEvent, EngineFull, EngineStopped, InvalidParams, ModelInfo,
+    OpenContext, seed_fits,
 )
-from talkgate.synth.request import Request, frames_for_text, text_seconds  # noqa: F401 (frames_for_text is public here)
+from talkgate.synth.request import Request, frames_for_text  # noqa: F401 (frames_for_text is public here)
 from talkgate.synth.scheduler import Scheduler
 
 log = logging.getLogger("talkgate.engine")
@@ -102,12 +98,8 @@ class Engine:
         # called on the engine thread after every step with (ms, contexts in the step); must not block
         self.on_step = None
         # called on the engine thread before every step: while it returns True the engine waits (the
-        # gateway's event pump is behind); must not block
+        # gateway's event loop is behind on the batches delivered to it); must not block
         self.hold = None
-        # the per-context wrappers' client: context id -> (sink, tokenizer)
-        self._legacy: dict[int, list] = {}
-        self._legacy_ids = itertools.count(1)
-        self._legacy_client = self.connect(self._deliver_to_sinks)
 
     @classmethod
     def from_pretrained(cls, path_or_id: str, device: str | None = None, dtype: str | None = None,
@@ -254,62 +246,12 @@ class Engine:
 
     def stats(self) -> dict:
         with self._lock:
-            free, clients = len(self._free_slots), len(self._clients) - 1
+            free, clients = len(self._free_slots), len(self._clients)
         steps = self._steps
         return {"running": len(self.scheduler.running), "waiting": len(self.scheduler.waiting),
                 "free_slots": free, "slots": self.runner.num_slots, "clients": clients, "steps": steps,
                 "frames": self._frames, "step_ms_last": round(self._step_ms_last, 3),
                 "step_ms_avg": round(self._step_ms_total / steps, 3) if steps else 0.0}
-
-    # ----- per-context wrappers (one built-in client; tokenizing in the caller's thread) -----
-    def open(self, params: ContextParams, sink: EventSink) -> int:
-        """Start a context; raises InvalidParams (unknown voice/language...), EngineFull or EngineStopped."""
-        resolved = self._resolve(params)
-        ctx = next(self._legacy_ids)
-        self._legacy[ctx] = [sink, self.new_tokenizer()]
-        with self._lock:
-            err = self._open_locked(self._legacy_client, self._clients[self._legacy_client], ctx, resolved)
-        if err is not None:
-            del self._legacy[ctx]
-            raise err
-        self._wake.set()
-        return ctx
-
-    def append_text(self, context: int, text: str) -> None:
-        """Append a text delta; generation starts once the first token is certain."""
-        entry = self._legacy.get(context)
-        if entry is None or not text:
-            return                                              # finished or cancelled: nothing to do
-        self.submit(self._legacy_client, [AppendText(context, tuple(entry[1].feed(text)), text_seconds(text))])
-
-    def end_text(self, context: int) -> None:
-        """No more text: release the held-back tail, then tts_eos, then tts_pad until done."""
-        entry = self._legacy.get(context)
-        if entry is None or entry[1] is None:
-            return
-        tail, entry[1] = entry[1].finish(), None
-        self.submit(self._legacy_client, [EndText(context, tuple(tail))])
-
-    def cancel(self, context: int) -> None:
-        """Stop now (idempotent); after it returns the sink is never called again for the context."""
-        self.submit(self._legacy_client, [CancelContext(context)])
-        self._legacy.pop(context, None)
-
-    def _deliver_to_sinks(self, events: list[EngineEvent]) -> None:
-        for ev in events:
-            entry = self._legacy.get(ev.context)
-            if entry is None:
-                continue
-            if not isinstance(ev, AudioChunk):
-                del self._legacy[ev.context]
-            try:
-                entry[0](ev)
-            except Exception:
-                log.exception("sink of context %d failed: cancelling it", ev.context)
-                req = self._clients[self._legacy_client].contexts.get(ev.context)
-                if req is not None:
-                    self._cancel_locked(req)                    # deliver runs under the lock
-                self._legacy.pop(ev.context, None)
 
     # ----- engine thread -----
     def _run(self) -> None:
