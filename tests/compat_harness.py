@@ -13,9 +13,9 @@ import json
 
 import numpy as np
 
+from talkgate.sessions.actions import Close, Purge, Send
 from talkgate.sessions.limits import Limits
 from talkgate.sessions.session import Session
-from talkgate.sessions.actions import Close, Purge, Send
 from talkgate.synth.api import (
     FRAME_SAMPLES, AppendText, AudioChunk, CancelContext, ContextDone, ContextFailed, EndText, ModelInfo,
     OpenContext,

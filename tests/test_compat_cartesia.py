@@ -7,10 +7,10 @@ import base64
 import numpy as np
 import pytest
 
+from talkgate.sessions.actions import Purge
 from talkgate.sessions.cartesia import CartesiaProtocol
 from talkgate.sessions.limits import Limits
 from talkgate.sessions.voices import VoiceMap
-from talkgate.sessions.actions import Purge
 from talkgate.synth.api import CancelContext
 from tests.compat_harness import INFO, Harness, jsons
 
@@ -163,4 +163,5 @@ def test_idle_socket_closes(tokenizer):
     """The connection decides when a socket is idle (no message, no audio taken); the protocol closes it."""
     h = make(tokenizer)
     h.send(request("c", "Some words. "))
-    assert h.proto.idle_timeout()[-1].code == 1000
+    h.apply(h.proto.idle_timeout())
+    assert h.close.code == 1000 and h.live() == []          # and its contexts end

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from talkgate.sessions.actions import Close
 from talkgate.sessions.deepgram import DeepgramProtocol
 from talkgate.sessions.voices import VoiceMap
-from talkgate.sessions.actions import Close
 from talkgate.synth.api import CancelContext
 from tests.compat_harness import INFO, Harness, jsons
 

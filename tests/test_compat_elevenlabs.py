@@ -6,10 +6,10 @@ import base64
 
 import pytest
 
+from talkgate.sessions.actions import Close, Purge
 from talkgate.sessions.elevenlabs import ElevenLabsProtocol, parse_output_format
 from talkgate.sessions.fields import SessionError
 from talkgate.sessions.voices import VoiceMap
-from talkgate.sessions.actions import Close, Purge
 from talkgate.synth.api import CancelContext
 from tests.compat_harness import INFO, Harness, jsons
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import base64
 
+from talkgate.sessions.actions import Purge
 from talkgate.sessions.limits import Limits
 from talkgate.sessions.native import NativeProtocol
 from talkgate.sessions.twilio import TwilioProtocol
-from talkgate.sessions.actions import Purge
 from talkgate.synth.api import CancelContext
 from tests.compat_harness import Harness, jsons
 

@@ -9,10 +9,10 @@ import jsonschema
 import pytest
 
 from talkgate.codecs.pcm import s16le_bytes
+from talkgate.sessions.actions import Close, Purge
+from talkgate.sessions.fields import SessionError
 from talkgate.sessions.limits import Limits
 from talkgate.sessions.native import AUDIO_HEADER, FORMATS, NativeProtocol, parse_format
-from talkgate.sessions.fields import SessionError
-from talkgate.sessions.actions import Close, Purge
 from talkgate.synth.api import AppendText, AudioChunk, CancelContext, ContextDone, EndText, OpenContext
 from tests.compat_harness import Harness, jsons, pcm
 
@@ -175,7 +175,9 @@ def test_limits_and_empty_flush(tokenizer):
     err = h.queued()[-1]
     assert err["code"] == "text_too_long" and err["fatal"] is True
     assert h.proto.session.active == [] and h.live() == []
-    assert h.proto.idle_timeout()[-1] == Close(1000, "idle timeout")
+    h.send({"type": "text", "context_id": "d", "text": "Left open "})
+    h.apply(h.proto.idle_timeout())
+    assert h.close == Close(1000, "idle timeout") and h.live() == []
 
 
 def test_speed_stretches_the_delivered_audio(tokenizer):

@@ -1,4 +1,5 @@
-"""Moves bytes between one WebSocket and one Sans-I/O protocol object, and holds it to its limits.
+"""Moves bytes between a client (a WebSocket here, a streamed HTTP response in openai_http.py) and one
+Sans-I/O protocol object, and holds it to its limits.
 
 Shape (websockets style): a reader task feeds client frames to the protocol, a writer task drains
 the bounded outbox into the socket, a watch task follows the clock; whichever of reader and writer
@@ -27,8 +28,8 @@ from aiohttp import WSMsgType, web
 from talkgate.gateway.delivery import Delivery, ws_frame_bytes
 from talkgate.gateway.engine_client import EngineClient
 from talkgate.gateway.outbox import Outbox, OutboxFull
-from talkgate.sessions.limits import Limits
 from talkgate.sessions.actions import ENGINE_COMMANDS, Close, Purge, Send
+from talkgate.sessions.limits import Limits
 from talkgate.synth.api import EngineEvent
 
 log = logging.getLogger("talkgate.connection")

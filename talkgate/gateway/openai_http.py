@@ -12,9 +12,9 @@ from aiohttp.web_protocol import RequestPayloadError
 
 from talkgate.gateway.connection import Link
 from talkgate.gateway.server import ErrorResponse
+from talkgate.sessions.actions import http_status
 from talkgate.sessions.fields import SessionError, load_json
 from talkgate.sessions.openai import Begin, Respond, SpeechProtocol, parse_request
-from talkgate.sessions.actions import http_status
 
 
 class HttpStream(Link):

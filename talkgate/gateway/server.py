@@ -14,8 +14,8 @@ from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 
 from talkgate.gateway.connection import Connection
-from talkgate.gateway.metrics import ContextObserver, Metrics
 from talkgate.gateway.engine_client import EngineClient
+from talkgate.gateway.metrics import ContextObserver, Metrics
 from talkgate.sessions.limits import Limits
 from talkgate.sessions.native import NativeProtocol
 from talkgate.sessions.openai import error_body
@@ -177,7 +177,6 @@ class ErrorResponse(web.Response):
         super().__init__(body=error_body(status, code, message), status=status, content_type="application/json",
                          headers=headers)
         self.code = code
-
 
 
 HTTP_CODES = {400: "bad_request", 401: "unauthorized", 403: "forbidden", 404: "not_found",

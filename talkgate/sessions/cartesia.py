@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import base64
 
+from talkgate.sessions.actions import BUSY, ENGINE_COMMANDS, Close, Send, dumps, http_status, send_json
 from talkgate.sessions.fields import SessionError, field_of, show
 from talkgate.sessions.session import AudioFormat, ContextCancelled, ContextError, Session
 from talkgate.sessions.utterances import (
     Audio, Event, SegmentDone, UtteranceDone, UtteranceProtocol,
 )
 from talkgate.sessions.voices import UnknownVoice, VoiceMap, resolve_language
-from talkgate.sessions.actions import BUSY, ENGINE_COMMANDS, Close, Send, dumps, http_status, send_json
 
 ENCODINGS = {"pcm_s16le": "pcm_s16le", "pcm_f32le": "pcm_f32le", "pcm_mulaw": "mulaw", "pcm_alaw": "alaw"}
 PCM_RATES = (8000, 16000, 22050, 24000, 44100, 48000)
@@ -55,7 +55,7 @@ class CartesiaProtocol(UtteranceProtocol):
 
     def idle_timeout(self) -> list:
         """Idle for the server's idle timeout: close (Cartesia closes idle sockets too; clients reconnect)."""
-        return [Close(1000, "idle timeout")]
+        return [Close(1000, "idle timeout")] + self.utterances.close()
 
     def abort(self, code: str, message: str, ws_code: int) -> list:
         return [self._error(None, code, message), Close(ws_code, code)] + self.utterances.close()

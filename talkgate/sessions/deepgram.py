@@ -10,11 +10,11 @@ samples. Client mistakes are answered the Deepgram way: a close frame whose reas
 from __future__ import annotations
 
 
+from talkgate.sessions.actions import ENGINE_COMMANDS, Close, close_code, send_json
 from talkgate.sessions.fields import SessionError, field_of, query_int, show
 from talkgate.sessions.session import AudioFormat, ContextCancelled, ContextError, Session
 from talkgate.sessions.utterances import Audio, Event, SegmentDone, UtteranceDone, UtteranceProtocol
 from talkgate.sessions.voices import UnknownVoice, VoiceMap
-from talkgate.sessions.actions import ENGINE_COMMANDS, Close, close_code, send_json
 
 ENCODINGS = {"linear16": "pcm_s16le", "mulaw": "mulaw", "alaw": "alaw"}
 RATES = {"linear16": (8000, 16000, 24000, 32000, 48000), "mulaw": (8000,), "alaw": (8000,)}
@@ -61,7 +61,7 @@ class DeepgramProtocol(UtteranceProtocol):
                        "model_version": "talkgate", "model_uuid": self.session_id})]
 
     def idle_timeout(self) -> list:
-        return [Close(1000, "NET-0001: no messages received within the idle timeout")]
+        return [Close(1000, "NET-0001: no messages received within the idle timeout")] + self.utterances.close()
 
     def abort(self, code: str, message: str, ws_code: int) -> list:
         return [self._close(code, message, ws_code)] + self.utterances.close()

@@ -16,13 +16,13 @@ from typing import Callable
 import numpy as np
 
 from talkgate.codecs import FormatError, make_stream_encoder
+from talkgate.sessions.actions import ENGINE_COMMANDS, Close, Send, close_code, dumps, send_json
 from talkgate.sessions.fields import SessionError, field_of, query_int, show
 from talkgate.sessions.session import AudioFormat, ContextCancelled, ContextError, Session
 from talkgate.sessions.utterances import (
     Audio, Event, SegmentDone, UtteranceDone, UtteranceProtocol,
 )
 from talkgate.sessions.voices import UnknownVoice, VoiceMap, resolve_language
-from talkgate.sessions.actions import ENGINE_COMMANDS, Close, Send, close_code, dumps, send_json
 from talkgate.synth.api import SamplingParams
 
 MAX_CONTEXTS = 5                # ElevenLabs' limit of simultaneous contexts per socket
@@ -113,8 +113,8 @@ class ElevenLabsProtocol(UtteranceProtocol):
         return []
 
     def idle_timeout(self) -> list:
-        return self._fatal("input_timeout_exceeded",
-                           f"Have not received new text for {self.idle_timeout_s:g} seconds: closing")
+        return self._fatal("input_timeout_exceeded", f"Have not received new text for {self.idle_timeout_s:g} "
+                           "seconds: closing") + self.utterances.close()
 
     def abort(self, code: str, message: str, ws_code: int) -> list:
         return [self._error(code, message), Close(ws_code, code)] + self.utterances.close()

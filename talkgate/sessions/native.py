@@ -13,13 +13,13 @@ import struct
 from typing import Callable
 
 from talkgate.codecs import ENCODINGS
+from talkgate.sessions.actions import ENGINE_COMMANDS, Action, Close, Purge, Send, dumps, send_json
 from talkgate.sessions.fields import SessionError, field_of, integer, load_message, number, show
 from talkgate.sessions.limits import Limits
 from talkgate.sessions.session import (
     AudioFormat, AudioOut, ContextCancelled, ContextError, ContextFinished, ContextStarted, FirstAudio,
     Session, SessionEvent,
 )
-from talkgate.sessions.actions import ENGINE_COMMANDS, Action, Close, Purge, Send, dumps, send_json
 from talkgate.synth.api import SEED_RANGE, EngineEvent, SamplingParams, seed_fits
 
 AUDIO_HEADER = struct.Struct("<BBHIII")   # version, encoding, reserved, stream, seq, start_ms
@@ -181,7 +181,7 @@ class NativeProtocol:
     def idle_timeout(self) -> list[Action]:
         """No client message and no audio taken by the client for the idle timeout: close."""
         return [error("idle_timeout", f"nothing sent or read for {self.limits.idle_timeout_s:g} s: closing"),
-                Close(1000, "idle timeout")]
+                Close(1000, "idle timeout")] + self.session.close()
 
     def abort(self, code: str, message: str, ws_code: int) -> list[Action]:
         """The connection must end (internal error, message rate, a full outbox): say why, close, and

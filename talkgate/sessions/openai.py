@@ -18,11 +18,11 @@ import base64
 import json
 from dataclasses import dataclass
 
+from talkgate.sessions.actions import ENGINE_COMMANDS, Close, Send, close_code, http_status
 from talkgate.sessions.fields import SessionError, field_of, integer, number, show
 from talkgate.sessions.session import (
     AudioFormat, AudioOut, ContextConfig, ContextError, ContextFinished, Session,
 )
-from talkgate.sessions.actions import ENGINE_COMMANDS, Close, Send, close_code, http_status
 from talkgate.synth.api import SEED_RANGE, EngineEvent, SamplingParams, seed_fits
 
 # response_format -> (session encoding, sample rate, content type)

@@ -22,10 +22,10 @@ import json
 from collections import deque
 from dataclasses import dataclass, field
 
+from talkgate.sessions.actions import Send, dumps
 from talkgate.sessions.fields import SessionError, load_message
 from talkgate.sessions.native import AUDIO_HEADER, NativeProtocol, error
 from talkgate.sessions.session import AudioFormat
-from talkgate.sessions.actions import Send, dumps
 
 FRAME_BYTES = 160               # 20 ms of 8 kHz mu-law
 FRAME_MS = 20.0

@@ -18,10 +18,10 @@ import itertools
 from collections import deque
 from dataclasses import dataclass, field, replace
 
+from talkgate.sessions.actions import ENGINE_COMMANDS, Action, Purge, Send
 from talkgate.sessions.alignment import CharSpan, Timeline, Word
 from talkgate.sessions.fields import SessionError, load_message
 from talkgate.sessions.session import AudioOut, ContextError, ContextFinished, Session, SessionEvent
-from talkgate.sessions.actions import ENGINE_COMMANDS, Action, Purge, Send
 from talkgate.synth.api import EngineEvent
 
 MAX_SEGMENTS = 256      # queued flushes of one utterance
