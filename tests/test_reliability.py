@@ -22,7 +22,7 @@ PCM = {"container": "raw", "encoding": "pcm_s16le", "sample_rate": 24000}
 
 @pytest.fixture(scope="module")
 def server(tiny_checkpoint):
-    args = ["--api-key", KEY, "--idle-timeout", "3", "--max-backlog-ms", "1000", "--max-messages-per-s", "50",
+    args = ["--api-key", KEY, "--idle-timeout", "3", "--max-backlog-ms", "2000", "--max-messages-per-s", "50",
             "--max-contexts-per-connection", "3", "--max-text-chars", "400", "--max-contexts", "4"]
     with TalkgateServer(tiny_checkpoint, *args) as srv:
         yield srv
@@ -232,7 +232,7 @@ class PacedReader(StalledClient):
 
 
 def test_a_client_reading_at_real_time_is_neither_slow_nor_idle(server):
-    """Generation runs ahead of a real-time reader; its backlog grows past --max-backlog-ms (1 s) and its
+    """Generation runs ahead of a real-time reader; its backlog grows past --max-backlog-ms (2 s) and its
     audio lasts past the idle timeout (3 s) with no message from it: it must get all of it."""
     c = PacedReader(server.port)
     c.send(type="auth", api_key=KEY)
@@ -246,7 +246,7 @@ def test_a_client_reading_at_real_time_is_neither_slow_nor_idle(server):
 
 def test_a_stalled_reader_is_cancelled_soon(server):
     """The slow-consumer rule counted after the socket buffer: a client that read nothing was cancelled
-    only after ~26 s of audio. Now the socket buffer counts: about --max-backlog-ms (1 s) after it stops."""
+    only after ~26 s of audio. Now the socket buffer counts: about --max-backlog-ms (2 s) after it stops."""
     slow = StalledClient(server.port)
     slow.send(type="auth", api_key=KEY)
     slow.send(type="context.start", context_id="s", fixed_frames=3000,

@@ -13,9 +13,10 @@ event and close 1011); the connection ends and its contexts with it. Every error
 about is counted in /metrics here, from the actions (Send.error, Close.error).
 
 Limits (docs/protocol.md): messages a second (a burst of that many, refilled as time passes); the
-outbox; idle: no client message and nothing taken by the client (delivery.py: socket buffer
-included) for the idle timeout closes the connection, contexts or not, so a client that streams
-nothing and reads nothing cannot hold engine slots, while one receiving audio stays.
+outbox; idle: no client message, no audio made for the client and nothing taken by it (delivery.py:
+socket buffer included) for the idle timeout closes the connection, contexts or not, so a client that
+streams nothing and reads nothing cannot hold engine slots, while one receiving audio stays (and one
+that stops reading it is a slow consumer first, session.py).
 """
 from __future__ import annotations
 
@@ -108,6 +109,8 @@ class Link:
             elif isinstance(a, Send):
                 if a.error is not None:
                     self.count_error(a.error)
+                if a.stream is not None:        # audio made for the client: not idle
+                    self.last_activity = self.loop.time()
                 try:
                     self.outbox.put(a)
                 except OutboxFull:      # the client is not reading: what is queued goes, the error goes out
