@@ -14,6 +14,7 @@ from aiohttp import web
 from talkgate.gateway.connection import Connection
 from talkgate.gateway.metrics import ContextObserver, Metrics
 from talkgate.gateway.pump import EventPump
+from talkgate.gateway.websocket import GatewayWebSocket
 from talkgate.sessions.limits import Limits
 from talkgate.sessions.native import NativeProtocol
 from talkgate.sessions.session import Session
@@ -78,7 +79,7 @@ class Gateway:
         # no permessage-deflate, though browsers and the websockets library offer it: audio does not
         # compress (deflating a 3840-byte PCM frame costs ~96 us of server CPU for 6%; an Opus packet
         # grows), and that CPU is what limits the number of streams (docs/benchmarks.md)
-        ws = web.WebSocketResponse(heartbeat=20.0, max_msg_size=4 * self.limits.max_message_bytes, compress=False)
+        ws = GatewayWebSocket(heartbeat=20.0, max_msg_size=4 * self.limits.max_message_bytes, compress=False)
         await ws.prepare(request)
         refusal = None
         if self.draining:
