@@ -16,6 +16,7 @@ from aiohttp.web_protocol import RequestHandler
 from talkgate.gateway.connection import Connection
 from talkgate.gateway.engine_client import EngineClient
 from talkgate.gateway.metrics import ContextObserver, Metrics
+from talkgate.gateway.websocket import GatewayWebSocket
 from talkgate.sessions.limits import Limits
 from talkgate.sessions.native import NativeProtocol
 from talkgate.sessions.openai import error_body
@@ -89,7 +90,7 @@ class Gateway:
         # no permessage-deflate, though browsers and the websockets library offer it: audio does not
         # compress (deflating a 3840-byte PCM frame costs ~96 us of server CPU for 6%; an Opus packet
         # grows), and that CPU is what limits the number of streams (docs/benchmarks.md)
-        ws = web.WebSocketResponse(heartbeat=20.0, max_msg_size=4 * self.limits.max_message_bytes, compress=False)
+        ws = GatewayWebSocket(heartbeat=20.0, max_msg_size=4 * self.limits.max_message_bytes, compress=False)
         await ws.prepare(request)
         try:
             await self._run_websocket(request, ws, label, make_protocol, first_message_auth)
