@@ -117,6 +117,7 @@ def test_mulaw_8k(tokenizer):
     ({**request("c", "hi"), "voice": {}}, "invalid_voice"),
     ({**request("c", "hi"), "voice": {"mode": "id", "id": ""}}, "invalid_voice"),
     ({**request("c", "hi"), "output_format": {**F32, "sample_rate": 24000.0}}, "invalid_output_format"),
+    ({**request("c", "hi"), "output_format": {**F32, "encoding": ["pcm_f32le"]}}, "invalid_output_format"),
 ])
 def test_errors_carry_context_id_and_type(tokenizer, msg, code):
     h = make(tokenizer)

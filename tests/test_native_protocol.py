@@ -100,19 +100,28 @@ def test_engine_refusal_ends_the_context_with_one_fatal_error(tokenizer):
     assert h.proto.session.active == [] and CancelContext(ctx) not in h.commands
 
 
-def test_slow_consumer_measures_the_client_against_real_time(tokenizer):
+def test_slow_consumer_is_audio_left_unread_by_a_client_behind_real_time(tokenizer):
     limits = Limits(max_backlog_ms=400)
     h = make(tokenizer, limits)
     h.send({"type": "text", "context_id": "s", "text": "Nobody reads this."})
     (ctx,) = h.opened()
-    h.audio(ctx, 20)                      # 1.6 s of audio emitted at once: generation runs ahead
-    h.clock.t += 0.3                      # a real-time player would have taken 300 ms: not 400 behind
+    h.audio(ctx, 20)                      # 1.6 s of audio made at once: generation runs ahead
+    h.clock.t += 0.3                      # 1.6 s unread, but a real-time player would have taken 0.3 s only
     assert h.apply(h.proto.tick()) == []
-    h.clock.t += 0.2
+    h.clock.t += 0.2                      # 0.5 s behind real time, over min(1 s, the limit)
     out = h.apply(h.proto.tick())
     err = jsons(h.queued())[-1]
     assert err["code"] == "slow_consumer" and err["fatal"] is True and err["context_id"] == "s"
     assert Purge(1) in out and h.commands[-1] == CancelContext(ctx)
+
+
+def test_a_client_behind_real_time_with_little_unread_is_not_cancelled(tokenizer):
+    h = make(tokenizer, Limits(max_backlog_ms=400))
+    h.send({"type": "text", "context_id": "t", "text": "A trickle."})
+    (ctx,) = h.opened()
+    h.audio(ctx, 4)                       # 320 ms made, none taken, the client 2 s behind: under the limit
+    h.clock.t += 2.0
+    assert h.apply(h.proto.tick()) == []
 
 
 def test_a_real_time_reader_is_never_a_slow_consumer(tokenizer):
@@ -243,8 +252,10 @@ def test_formats_match_the_schema():
                 schema = False
             assert server == schema, fmt
     assert set(FORMATS) == {"opus", "pcm_s16le", "pcm_f32le", "mulaw", "alaw"}
-    with pytest.raises(SessionError):
-        parse_format({"encoding": "opus", "sample_rate": 48000, "bitrate": 1}, None)
+    for bad in ({"encoding": "opus", "sample_rate": 48000, "bitrate": 1}, {"encoding": "pcm_s16le", "sample_rate": 44100.0},
+                {"encoding": "mulaw", "sample_rate": True}, {"encoding": ["opus"]}, []):
+        with pytest.raises(SessionError):
+            parse_format(bad, None)
     reasons = next(s for s in SCHEMA["$defs"]["server"]["oneOf"]
                    if s["properties"]["type"].get("const") == "context.done")["properties"]["reason"]["enum"]
     assert set(reasons) == {"eos", "length", "budget", "empty"}

@@ -12,7 +12,7 @@ is logged once, counted as internal_error and answered with the protocol's own a
 event and close 1011); the connection ends and its contexts with it. Every error the client is told
 about is counted in /metrics here, from the actions (Send.error, Close.error).
 
-Limits (docs/protocol.md): messages a second (a burst of that many, refilled as time passes); the
+Limits (docs/protocol.md): messages a second (bursts of BURST_S seconds' worth); the
 outbox; idle: no client message, no audio made for the client and nothing taken by it (delivery.py:
 socket buffer included) for the idle timeout closes the connection, contexts or not, so a client that
 streams nothing and reads nothing cannot hold engine slots, while one receiving audio stays (and one
@@ -39,14 +39,19 @@ DRAIN_S = 5.0           # a closing connection writes what is queued for at most
 DISCONNECTED = (ConnectionError, asyncio.CancelledError)
 
 
+BURST_S = 5.0           # a connection may send this many seconds' worth of its message rate at once
+
+
 class RateLimit:
-    """At most `rate` messages a second: a bucket of `rate` tokens, refilled continuously."""
+    """At most `rate` messages a second on average: a bucket of BURST_S seconds' worth of tokens, refilled
+    continuously (an LLM's buffered tokens may arrive at once)."""
 
     def __init__(self, rate: float, now: float):
-        self.rate, self.tokens, self.t = rate, rate, now
+        self.rate, self.size, self.t = rate, rate * BURST_S, now
+        self.tokens = self.size
 
     def take(self, now: float) -> bool:
-        self.tokens = min(self.rate, self.tokens + (now - self.t) * self.rate)
+        self.tokens = min(self.size, self.tokens + (now - self.t) * self.rate)
         self.t = now
         if self.tokens < 1:
             return False

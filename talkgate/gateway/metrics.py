@@ -33,6 +33,8 @@ class Metrics:
                                       registry=r)
         self.engine_running = Gauge("talkgate_engine_running", "Contexts in the engine's batch", registry=r)
         self.engine_waiting = Gauge("talkgate_engine_waiting", "Contexts waiting for text or a slot", registry=r)
+        self.engine_slots = Gauge("talkgate_engine_slots", "Engine context slots", registry=r)
+        self.engine_slots_free = Gauge("talkgate_engine_slots_free", "Engine slots not held by a context", registry=r)
         self.loop_lag = Histogram("talkgate_event_loop_lag_seconds", "Event-loop lag (late wake-ups)",
                                   buckets=(.0005, .001, .002, .005, .01, .02, .05, .1, .25, 1), registry=r)
 

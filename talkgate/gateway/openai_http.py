@@ -80,8 +80,11 @@ async def speech(request: web.Request) -> web.StreamResponse:
     try:
         raw = await request.read()          # over the body limit: 413 (the errors middleware answers it)
     except (RequestPayloadError, HttpProcessingError):
+        # the rest of the body cannot be decoded either: it is over (aiohttp would read on after the
+        # response and log the same error again), and so is the connection
+        request.content.feed_eof()
         response = ErrorResponse(400, "invalid_body", "the body cannot be decoded (Content-Encoding)")
-        response.force_close()      # the rest of the body cannot be read either
+        response.force_close()
         return response
     try:
         codecs.lookup(request.charset or "utf-8")

@@ -50,7 +50,7 @@ def add_parser(subparsers) -> None:
     d = Limits()
     p.add_argument("--max-message-bytes", type=int, default=d.max_message_bytes)
     p.add_argument("--max-messages-per-s", type=float, default=d.max_messages_per_s,
-                   help="client messages a second per connection (bursts up to as many); past it: close 1008")
+                   help="client messages a second per connection, on average (bursts of 5 s worth); past it: close 1008")
     p.add_argument("--max-text-chars", type=int, default=d.max_text_chars, help="text per context")
     p.add_argument("--max-contexts-per-connection", type=int, default=d.max_contexts_per_connection)
     p.add_argument("--max-connections", type=int, default=d.max_connections)
@@ -58,8 +58,8 @@ def add_parser(subparsers) -> None:
                    help="seconds without a client message or audio taken by the client before a connection is "
                    "closed, contexts or not")
     p.add_argument("--max-backlog-ms", type=int, default=d.max_backlog_ms,
-                   help="how far behind real time a client may read a context's audio before it is cancelled "
-                   "(slow consumer)")
+                   help="audio of a context left unread by a client that is behind real time before the context "
+                   "is cancelled (slow consumer)")
     p.add_argument("--voice-map", help="JSON file mapping the compatible APIs' voice ids to talkgate voices "
                    "(docs/compat.md)")
     p.add_argument("--shutdown-deadline", type=float, default=10.0, help="seconds contexts may finish at shutdown")

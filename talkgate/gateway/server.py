@@ -163,12 +163,24 @@ async def metrics(request: web.Request) -> web.Response:
         gw.metrics.engine_running.set(stats["running"])
     if "waiting" in stats:
         gw.metrics.engine_waiting.set(stats["waiting"])
+    if "slots" in stats:
+        gw.metrics.engine_slots.set(stats["slots"])
+        gw.metrics.engine_slots_free.set(stats["free_slots"])
     return web.Response(body=gw.metrics.render(), content_type="text/plain", charset="utf-8",
                         headers={"X-Content-Type-Options": "nosniff"})
 
 
 async def index(request: web.Request) -> web.FileResponse:
     return web.FileResponse(WEB_DIR / "index.html")
+
+
+async def web_file(request: web.Request) -> web.FileResponse:
+    """A file of the browser client; a missing one is a 404 in the JSON shape of every error (aiohttp's
+    static route answers it from inside FileResponse, past the errors middleware, with an empty body)."""
+    path = WEB_DIR / request.match_info["name"]
+    if path.resolve().parent != WEB_DIR or not path.is_file() or path.suffix not in (".js", ".css", ".html", ".svg"):
+        raise web.HTTPNotFound(text=f"no such file: /web/{request.match_info['name']}")
+    return web.FileResponse(path)
 
 
 class ErrorResponse(web.Response):
@@ -216,10 +228,16 @@ async def errors_as_json(request: web.Request, handler):
 
 class JsonErrorHandler(RequestHandler):
     """What fails before any handler runs (a malformed request, a body aiohttp cannot decode) is
-    answered by aiohttp itself, as text: this answers it in the shape of every other error (ErrorResponse)."""
+    answered by aiohttp itself, as text, and logged as an ERROR: this answers it in the shape of every
+    other error (ErrorResponse), logging only the server's own failures as errors."""
 
     def handle_error(self, request, status: int = 500, exc=None, message=None):
-        super().handle_error(request, status, exc, message)     # logs it; refuses once output started
+        if status >= 500:
+            self.log_exception("Error handling request from %s", request.remote, exc_info=exc)
+        else:
+            self.log_debug("Bad request from %s: %s", request.remote, message or exc)
+        if request.writer.output_size > 0:
+            raise ConnectionError("the response had begun: no error response can follow")
         response = ErrorResponse(status, _http_code(status), message or HTTPStatus(status).phrase)
         response.force_close()
         count = getattr(self._manager, "count_error", None)
@@ -261,7 +279,7 @@ def create_app(engine, config: ServerConfig | None = None) -> web.Application:
     openai_http.add_routes(app)
     compat_routes.add_routes(app, VoiceMap.load(gw.config.voice_map))
     app.router.add_get("/", index)
-    app.router.add_static("/web/", WEB_DIR, show_index=False)
+    app.router.add_get("/web/{name}", web_file)
     app.on_startup.append(_start)
     app.on_shutdown.append(_drain)
     app.on_cleanup.append(_stop)

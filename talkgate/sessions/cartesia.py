@@ -33,7 +33,7 @@ def parse_output_format(fmt: object, cid: str) -> AudioFormat:
     if container != "raw":
         raise SessionError("invalid_output_format", f"container {show(container)} is not supported on the "
                            "WebSocket: use \"raw\"", cid)
-    if enc not in ENCODINGS:
+    if not isinstance(enc, str) or enc not in ENCODINGS:
         raise SessionError("invalid_output_format", f"encoding {show(enc)} is not supported: use "
                            f"{', '.join(ENCODINGS)}", cid)
     rates = (8000,) if enc in ("pcm_mulaw", "pcm_alaw") else PCM_RATES

@@ -50,10 +50,10 @@ def parse_format(fmt: object, cid: str | None) -> AudioFormat:
         raise SessionError("invalid_format", f"unknown format field {show(unknown[0])}; format has encoding "
                            "and sample_rate", cid)
     enc, rate = fmt.get("encoding", "pcm_s16le"), fmt.get("sample_rate", 24000)
-    if enc not in FORMATS:
+    if not isinstance(enc, str) or enc not in FORMATS:
         raise SessionError("invalid_format", f"encoding {show(enc)} is not supported: use "
                            f"{', '.join(FORMATS)}", cid)
-    if isinstance(rate, bool) or rate not in FORMATS[enc]:
+    if not isinstance(rate, int) or isinstance(rate, bool) or rate not in FORMATS[enc]:   # 44100.0 is not a rate
         raise SessionError("invalid_format", f"{enc} takes sample_rate {', '.join(map(str, FORMATS[enc]))}, "
                            f"not {show(rate)}", cid)
     return AudioFormat(enc, rate)
@@ -121,8 +121,9 @@ class NativeProtocol:
 
     def _on_ping(self, msg: dict) -> list[Action]:
         reply = {"type": "pong"}
-        if "id" in msg:
-            reply["id"] = field_of(msg, "id", (str, int, float))
+        ping_id = field_of(msg, "id", (str, int, float))
+        if ping_id is not None:
+            reply["id"] = ping_id
         return [send_json(reply)]
 
     def _on_session_config(self, msg: dict) -> list[Action]:

@@ -321,21 +321,26 @@ class Session:
 
     @_drained
     def slow_consumers(self) -> list:
-        """Fail the contexts whose client reads more than max_backlog_ms behind real time.
+        """Fail the contexts whose client does not read: more than max_backlog_ms of their audio waits on
+        the server (made and not taken by the client: outbox and socket buffer) while the client is
+        behind real time, having taken over min(1 s, max_backlog_ms) less than a real-time player would
+        have taken of the audio made so far, min(audio made, time since its first audio).
 
-        A client that reads is measured, never the server: what it took (`audio_ms_delivered`) is
-        compared with what a real-time player would have taken by now of the audio that exists,
-        min(audio emitted, time since the first audio). A real-time reader is never behind it; a
-        server slower than real time has emitted less, and the client has taken all of it."""
+        So a client that stops reading is cancelled once max_backlog_ms of audio is queued for it; a
+        client that reads at real time is never behind, however far generation runs ahead of it; and a
+        server slower than real time has made less, all of it taken: never blamed on the client."""
         now = self.clock()
+        limit = self.limits.max_backlog_ms
+        grace = min(1000, limit)
         out: list = []
         for ctx in list(self._by_id.values()):
             if ctx.t_first_audio is None:
                 continue
-            due = min(ctx.audio_ms_emitted, 1000 * (now - ctx.t_first_audio))
-            if due - ctx.audio_ms_delivered > self.limits.max_backlog_ms:
-                out += self._fail(ctx, "slow_consumer", "the client is not reading audio fast enough "
-                                  f"(over {self.limits.max_backlog_ms} ms behind real time): context cancelled")
+            queued = ctx.audio_ms_emitted - ctx.audio_ms_delivered
+            behind = min(ctx.audio_ms_emitted, 1000 * (now - ctx.t_first_audio)) - ctx.audio_ms_delivered
+            if queued > limit and behind > grace:
+                out += self._fail(ctx, "slow_consumer", "the client is not reading its audio: over "
+                                  f"{limit} ms of it wait unread and it is behind real time: context cancelled")
         return out
 
     # ----- engine events -----
