@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from talkgate.synth.api import AudioChunk, ContextDone, ContextParams, SamplingParams
+from talkgate.synth.api import AudioChunk, ContextDone, ContextParams, EndText, OpenContext, SamplingParams
 from talkgate.synth.engine import Engine
+from talkgate.synth.request import text_seconds
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (not on this machine)")
 
@@ -19,10 +20,10 @@ TEXTS = ["Hello there, this is the first context.", "A second one, a bit differe
 def run_contexts(engine: Engine, params: list[ContextParams], texts: list[str]) -> list[list]:
     """Drive the engine's loop body in this thread (same batches every run): events per context."""
     events = [[] for _ in params]
-    ctxs = [engine.open(p, events[i].append) for i, p in enumerate(params)]
-    for c, t in zip(ctxs, texts):
-        engine.append_text(c, t)
-        engine.end_text(c)
+    client = engine.connect(lambda batch: [events[ev.context].append(ev) for ev in batch])
+    tokenizer = engine.new_tokenizer().tokenizer
+    engine.submit(client, [cmd for i, (p, t) in enumerate(zip(params, texts))
+                           for cmd in (OpenContext(i, p), EndText(i, tuple(tokenizer.encode(t)), text_seconds(t)))])
     for _ in range(10_000):
         if all(ev and isinstance(ev[-1], ContextDone) for ev in events):
             break

@@ -11,7 +11,7 @@ EOS, PAD = 151673, 151671
 
 
 def req(context: int, tokens: int = 0, ended: bool = False, fixed: int | None = None) -> Request:
-    r = Request(context=context, slot=context, params=ContextParams(fixed_frames=fixed), sink=lambda ev: None,
+    r = Request(context=context, slot=context, params=ContextParams(fixed_frames=fixed), client=1,
                 prompt=None, frame_limit=750, budget_factor=4.0, budget_min=50)
     r.text_ids = list(range(100, 100 + tokens))
     r.text_ended = ended

@@ -80,6 +80,17 @@ def positive_seconds(text: str) -> float:
     return value
 
 
+def positive_number(text: str) -> float:
+    """argparse type: a finite number > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text} is out of range: use a number > 0")
+    return value
+
+
 port = integer(0, 65535)
 
 

@@ -26,12 +26,15 @@ class Metrics:
                                      "sample would have run dry", registry=r)
         self.finished = Counter("talkgate_contexts_finished_total", "Contexts ended", ["reason"], registry=r)
         self.cancels = Counter("talkgate_cancels_total", "Contexts cancelled by clients", registry=r)
-        self.errors = Counter("talkgate_errors_total", "Error events sent", ["code"], registry=r)
+        self.errors = Counter("talkgate_errors_total", "Errors answered: WebSocket error events and error "
+                              "closes, HTTP error responses, refused connections", ["code"], registry=r)
         self.step_seconds = Histogram("talkgate_engine_step_seconds", "Engine step time",
                                       buckets=(.001, .002, .003, .005, .0075, .01, .015, .02, .03, .04, .06, .1, .2, .5),
                                       registry=r)
         self.engine_running = Gauge("talkgate_engine_running", "Contexts in the engine's batch", registry=r)
         self.engine_waiting = Gauge("talkgate_engine_waiting", "Contexts waiting for text or a slot", registry=r)
+        self.engine_slots = Gauge("talkgate_engine_slots", "Engine context slots", registry=r)
+        self.engine_slots_free = Gauge("talkgate_engine_slots_free", "Engine slots not held by a context", registry=r)
         self.loop_lag = Histogram("talkgate_event_loop_lag_seconds", "Event-loop lag (late wake-ups)",
                                   buckets=(.0005, .001, .002, .005, .01, .02, .05, .1, .25, 1), registry=r)
 
@@ -70,6 +73,3 @@ class ContextObserver:
         self.m.finished.labels(reason).inc()
         if reason == "cancelled":
             self.m.cancels.inc()
-
-    def error(self, code: str) -> None:
-        self.m.errors.labels(code).inc()

@@ -75,6 +75,9 @@ def add_parser(subparsers) -> None:
     d = Limits()
     p.add_argument("--max-message-bytes", metavar="N", type=cli_args.integer(1), default=d.max_message_bytes,
                    help="largest client message, in bytes")
+    p.add_argument("--max-messages-per-s", metavar="N", type=cli_args.positive_number, default=d.max_messages_per_s,
+                   help="client messages a second per connection, on average (bursts of 5 s worth); past it the "
+                   "connection closes with 1008")
     p.add_argument("--max-text-chars", metavar="N", type=cli_args.integer(1), default=d.max_text_chars,
                    help="text of one context, in characters")
     p.add_argument("--max-contexts-per-connection", metavar="N", type=cli_args.integer(1),
@@ -82,9 +85,11 @@ def add_parser(subparsers) -> None:
     p.add_argument("--max-connections", metavar="N", type=cli_args.integer(1), default=d.max_connections,
                    help="open WebSocket connections; more are refused (close 1013)")
     p.add_argument("--idle-timeout", metavar="SECONDS", type=cli_args.positive_seconds, default=d.idle_timeout_s,
-                   help="seconds without a client message before a connection without contexts in flight is closed")
+                   help="seconds without a client message or audio taken by the client before a connection is "
+                   "closed, contexts in flight or not")
     p.add_argument("--max-backlog-ms", metavar="MS", type=cli_args.integer(1), default=d.max_backlog_ms,
-                   help="unsent audio of one context, in ms, before it is cancelled as a slow consumer")
+                   help="audio of one context left unread, in ms, by a client that is behind real time before the "
+                   "context is cancelled as a slow consumer")
     p.add_argument("--voice-map", metavar="FILE", help="JSON file mapping the compatible APIs' voice ids to "
                    "talkgate voices (docs/compat.md); default: the built-in map")
     p.add_argument("--shutdown-deadline", metavar="SECONDS", type=cli_args.seconds, default=10.0,
@@ -158,7 +163,8 @@ def run(args: argparse.Namespace) -> int:
             resolve_path(args.model)                    # CheckpointError: no such directory, not reachable, ...
         engine = _load(args, device)
         keys = tuple(args.api_key) + tuple(k for k in os.environ.get("TALKGATE_API_KEYS", "").split(",") if k)
-        limits = Limits(max_message_bytes=args.max_message_bytes, max_text_chars=args.max_text_chars,
+        limits = Limits(max_message_bytes=args.max_message_bytes, max_messages_per_s=args.max_messages_per_s,
+                        max_text_chars=args.max_text_chars,
                         max_contexts_per_connection=args.max_contexts_per_connection,
                         max_connections=args.max_connections, idle_timeout_s=args.idle_timeout,
                         max_backlog_ms=args.max_backlog_ms)
@@ -197,11 +203,11 @@ async def _serve(engine, config, sockets: list[socket.socket], url: str) -> int:
     """Serve until the first SIGINT/SIGTERM, drain (a second signal cuts it short), stop. -> exit status."""
     from aiohttp import web
 
-    from talkgate.gateway.server import create_app, drain
+    from talkgate.gateway.server import AppRunner, create_app, drain
 
     app = create_app(engine, config)
     gw = app["gateway"]
-    runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=CLEANUP_TIMEOUT_S)
+    runner = AppRunner(app, handle_signals=False, shutdown_timeout=CLEANUP_TIMEOUT_S)
     await runner.setup()
     stop, hurry = asyncio.Event(), asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -1,12 +1,13 @@
 """The engine's public surface: what sessions/ and gateway/ may import from synth.
 
 Everything here is plain data (no tensors, no threads) so that callers and tests can build and
-inspect it without a model. The engine itself lives in synth/engine.py and implements `EngineClient`.
+inspect it without a model. The engine itself lives in synth/engine.py: commands in (OpenContext,
+AppendText, EndText, CancelContext through Engine.submit), events out (one deliver call per step).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Protocol, Union
+from typing import Callable, Union
 
 import numpy as np
 
@@ -218,27 +219,45 @@ class ContextFailed:
 
 
 EngineEvent = Union[AudioChunk, ContextDone, ContextFailed]
-EventSink = Callable[[EngineEvent], None]
+# called by the engine once per step per client with that step's events of the client's contexts
+Deliver = Callable[[list[EngineEvent]], None]
 
 
-class EngineClient(Protocol):
-    """What the gateway uses. All methods are thread-safe, never block on the GPU, and return fast.
+# ----- commands (client -> engine): `context` is chosen by the client, unique among its open contexts -----
+@dataclass(frozen=True)
+class OpenContext:
+    """Start a context. Never refused by an exception: a bad voice, a full engine, ... come back as
+    ContextFailed(context, code, message) with the codes of the EngineError classes above."""
 
-    `sink` is called from the engine's thread, in order, one context's events never interleaved out
-    of order; it must not block (hand the event to an event loop with call_soon_threadsafe).
-    After `cancel(ctx)` returns, `sink` is never called again for ctx.
-    """
+    context: int
+    params: ContextParams
 
-    info: ModelInfo
 
-    def open(self, params: ContextParams, sink: EventSink) -> int:
-        """Start a context; raises InvalidParams (unknown voice/language...) or EngineFull."""
+@dataclass(frozen=True)
+class AppendText:
+    """Committed text token ids (synth.tokenizer.StreamingTokenizer.feed) and the text-length rule's
+    seconds of the text they came from (synth.request.text_seconds)."""
 
-    def append_text(self, context: int, text: str) -> None:
-        """Append a text delta; generation starts once the first token is certain."""
+    context: int
+    ids: tuple[int, ...]
+    seconds: float = 0.0
 
-    def end_text(self, context: int) -> None:
-        """No more text: release the held-back tail, then tts_eos, then tts_pad until done."""
 
-    def cancel(self, context: int) -> None:
-        """Stop now (idempotent); the slot is free before the next step."""
+@dataclass(frozen=True)
+class EndText:
+    """The last ids (StreamingTokenizer.finish: the held-back tail) and seconds; no more text."""
+
+    context: int
+    ids: tuple[int, ...] = ()
+    seconds: float = 0.0
+
+
+@dataclass(frozen=True)
+class CancelContext:
+    """Stop now (idempotent): once submitted, no further event of the context reaches its client."""
+
+    context: int
+
+
+EngineCommand = Union[OpenContext, AppendText, EndText, CancelContext]
+

@@ -1,29 +1,36 @@
-"""The engine: one thread owns the model and the GPU; EngineClient calls only queue commands.
+"""The engine: one thread owns the model and the GPU; clients reach it only through commands and events.
 
     engine = Engine.from_pretrained("/tmp/ck", device="cuda", max_contexts=256)
     engine.start()                      # warm-up, compiles, first-audio graphs; returns when ready
-    ctx = engine.open(ContextParams(voice="ryan"), sink)   # InvalidParams / EngineFull raised here
-    engine.append_text(ctx, "Hello "); engine.append_text(ctx, "world."); engine.end_text(ctx)
-    ...                                 # sink gets AudioChunk per frame, then ContextDone
+    client = engine.connect(deliver)    # deliver(events) runs on the engine thread, once per step
+    engine.submit(client, [OpenContext(1, ContextParams(voice="ryan")), AppendText(1, ids, seconds),
+                           EndText(1, tail_ids, 0.0)])
+    ...                                 # deliver gets [AudioChunk(1, ...)] each step, then ContextDone(1, ...)
+    engine.disconnect(client)           # cancels what is still open
     engine.stop()
 
-Callers never wait for a step: open/append_text/end_text/cancel take the lock for O(1) list work
-(tokenizing a delta happens in the caller's thread, outside the lock) and return. The engine thread
-applies queued commands at the step boundary, then runs one step:
+Contexts are keyed by (client, context id chosen by the client), so a client opens one without a round
+trip. Text arrives as token ids: tokenizing is the client's job (synth.tokenizer.StreamingTokenizer).
+submit never blocks and never raises for a context: it checks an open's params (prompt resolution)
+and takes a free slot under the lock, or queues ContextFailed(invalid_params / unknown_voice /
+engine_full / ...) for the client; the rest is O(1) list work. The engine thread applies queued
+commands at the step boundary, then runs one step:
 
     prefill, decode = scheduler.schedule(now)      # who runs (pure Python)
     step = runner.launch(prefill, decode)          # every tensor lives in the runner
     self._emit_audio()                             # the last step's PCM, decoded while this one was launched
     self._postprocess(prefill + decode, runner.codes_of(step))    # eos, limits; this step's audio pending
 
-A frame's audio is emitted once its decode is done, during the next step (or at once when no next step
-runs), before that next step's codes are looked at; a context that reached its frame limit gets its
-ContextDone right after its last AudioChunk.
+and then hands each client its events of that step in one `deliver` call. A frame's audio is emitted
+once its decode is done, during the next step (or at once when no next step runs), before that next
+step's codes are looked at; a context that reached its frame limit gets its ContextDone right after its
+last AudioChunk.
 
-Events are handed to each context's sink under the lock, after checking the context's cancelled
-flag: once cancel(ctx) has returned, no event of ctx is emitted. A cancelled context's slot is free
-at once; the engine drops it from the scheduler before the next step, and a new context re-initializes
-every per-slot tensor when its own open command is applied (commands apply in order).
+deliver is called under the engine lock after dropping the events of cancelled contexts: once a
+CancelContext has been submitted (submit returned), no event of that context reaches its client. A
+cancelled context's slot is free at once; the engine drops it from the scheduler before the next step,
+and a new context re-initializes every per-slot tensor when its own open command is applied (commands
+apply in order).
 """
 from __future__ import annotations
 
@@ -33,14 +40,16 @@ import itertools
 import logging
 import threading
 import time
+from dataclasses import dataclass
 
 import numpy as np
 
 from talkgate.synth.api import (
-    SEED_RANGE, AudioChunk, ContextDone, ContextFailed, ContextParams, EngineEvent, EngineFull, EngineStopped,
-    EventSink, InvalidParams, ModelInfo, seed_fits,
+    SEED_RANGE, AppendText, AudioChunk, CancelContext, ContextDone, ContextFailed, ContextParams, Deliver,
+    EndText, EngineCommand, EngineError, EngineEvent, EngineFull, EngineStopped, InvalidParams, ModelInfo,
+    OpenContext, seed_fits,
 )
-from talkgate.synth.request import Request, frames_for_text, text_seconds  # noqa: F401 (frames_for_text is public here)
+from talkgate.synth.request import Request, frames_for_text  # noqa: F401 (frames_for_text is public here)
 from talkgate.synth.scheduler import Scheduler
 
 log = logging.getLogger("talkgate.engine")
@@ -67,14 +76,21 @@ def unnoticed(scheduler: Scheduler, now: float, slack: float = CAPTURE_SLACK_S) 
         r.deadline - now >= slack for r in scheduler.running if r.ready)
 
 
+@dataclass(eq=False)
+class _Client:
+    deliver: Deliver
+    contexts: dict            # context id -> Request, the client's open contexts
+
+
 class Engine:
     def __init__(self, runner, tokenizer_factory, prompts, info: ModelInfo, *, max_prefills: int = 4,
                  budget_factor: float = DEFAULT_BUDGET_FACTOR, budget_min: int = DEFAULT_BUDGET_MIN,
                  default_seed: int | None = None):
-        """runner: synth.runner.Runner (owns the tensors); tokenizer_factory() -> a StreamingTokenizer;
-        prompts: resolves ContextParams into a prompt (raises InvalidParams) and knows the TTS ids;
-        default_seed: the sampling seed of contexts that set none (None: a fresh random seed each), so
-        that the same text and settings give the same audio (seeded noise does not depend on the batch)."""
+        """runner: synth.runner.Runner (owns the tensors); tokenizer_factory() -> a StreamingTokenizer
+        (for clients: the engine takes token ids); prompts: resolves ContextParams into a prompt (raises
+        InvalidParams) and knows the TTS ids; default_seed: the sampling seed of contexts that set none
+        (None: a fresh random seed each), so that the same text and settings give the same audio (seeded
+        noise does not depend on the batch)."""
         self.runner, self.new_tokenizer, self.prompts, self.info = runner, tokenizer_factory, prompts, info
         self.default_seed = default_seed
         self.budget_factor, self.budget_min = budget_factor, budget_min
@@ -84,10 +100,11 @@ class Engine:
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._commands: collections.deque = collections.deque()
-        self._contexts: dict[int, Request] = {}           # open contexts (not finished, not cancelled)
-        self._tokenizers: dict[int, object] = {}          # touched by the caller of append/end only
+        self._clients: dict[int, _Client] = {}
+        self._client_ids = itertools.count(1)
+        # events not delivered yet, per client: (request or None for a refused open, event)
+        self._pending: dict[int, list[tuple[Request | None, EngineEvent]]] = {}
         self._free_slots = list(range(runner.num_slots - 1, -1, -1))
-        self._ids = itertools.count(1)
         self._thread: threading.Thread | None = None
         self._ready = threading.Event()
         self._stopping = False
@@ -100,7 +117,7 @@ class Engine:
         # called on the engine thread after every step with (ms, contexts in the step); must not block
         self.on_step = None
         # called on the engine thread before every step: while it returns True the engine waits (the
-        # gateway's event pump is behind); must not block
+        # gateway's event loop is behind on the batches delivered to it); must not block
         self.hold = None
 
     @classmethod
@@ -138,85 +155,132 @@ class Engine:
             raise RuntimeError("engine warm-up failed") from self._start_error
 
     def stop(self) -> None:
-        """Stop the thread; open contexts get ContextFailed(engine_stopped)."""
+        """Stop the thread; open contexts get ContextFailed(engine_stopped), delivered from this thread."""
         self._stopping = True
         self._wake.set()
         if self._thread is not None:
             self._thread.join()
         with self._lock:
-            left = list(self._contexts.values())
+            left = [req for c in self._clients.values() for req in c.contexts.values()]
         for req in left:
             self._fail(req, EngineStopped("engine stopped"))
+        self._deliver()
 
-    # ----- EngineClient -----
-    def open(self, params: ContextParams, sink: EventSink) -> int:
-        if self._stopping:
-            raise EngineStopped("engine stopped")
-        prompt = self.prompts.resolve(params)                  # InvalidParams / UnknownVoice / ...
-        self.prompts.check_fits(prompt, self.runner.max_prompt)
-        if params.fixed_frames is not None and params.fixed_frames < 1:
-            raise InvalidParams("fixed_frames must be >= 1")
-        seed = params.sampling.seed
-        if seed is not None and not seed_fits(seed):
-            raise InvalidParams(f"seed must fit in 64 bits ({SEED_RANGE})")
+    # ----- clients -----
+    def connect(self, deliver: Deliver) -> int:
+        """A new client; deliver(events) is called on the engine thread with each step's events of its
+        contexts, in order (one list per step); it must not block."""
+        with self._lock:
+            client = next(self._client_ids)
+            self._clients[client] = _Client(deliver, {})
+        return client
+
+    def disconnect(self, client: int) -> None:
+        """Cancel every open context of the client and forget it; nothing more is delivered to it."""
+        with self._lock:
+            c = self._clients.pop(client, None)
+            self._pending.pop(client, None)
+            if c is None:
+                return
+            for req in c.contexts.values():
+                self._cancel_locked(req)
+            c.contexts.clear()
+        self._wake.set()
+
+    def submit(self, client: int, commands: list[EngineCommand]) -> None:
+        """Queue commands for the next step boundary, in order. Never blocks on a step, never raises for a
+        context: a refused open is answered by ContextFailed; text or a cancel for a context that is not
+        open (finished, failed, cancelled) is ignored."""
+        opens = {id(cmd): self._resolve(cmd.params) for cmd in commands if isinstance(cmd, OpenContext)}
+        with self._lock:
+            c = self._clients.get(client)
+            if c is None:
+                return
+            for cmd in commands:
+                if isinstance(cmd, OpenContext):
+                    err = self._open_locked(client, c, cmd.context, opens[id(cmd)])
+                    if err is not None:
+                        self._pending.setdefault(client, []).append(
+                            (None, ContextFailed(cmd.context, err.code, err.message)))
+                    continue
+                req = c.contexts.get(cmd.context)
+                if req is None:
+                    continue
+                if isinstance(cmd, AppendText):
+                    self._commands.append(("text", req, (cmd.ids, cmd.seconds)))
+                elif isinstance(cmd, EndText):
+                    self._commands.append(("end", req, (cmd.ids, cmd.seconds)))
+                elif isinstance(cmd, CancelContext):
+                    self._cancel_locked(req)
+                else:
+                    raise TypeError(f"not an engine command: {cmd!r}")
+        self._wake.set()
+
+    def _resolve(self, params: ContextParams) -> tuple[ContextParams, object] | EngineError:
+        """(params with the default seed, resolved prompt), or the error that refuses the open."""
+        try:
+            prompt = self.prompts.resolve(params)                  # InvalidParams / UnknownVoice / ...
+            self.prompts.check_fits(prompt, self.runner.max_prompt)
+            if params.fixed_frames is not None and params.fixed_frames < 1:
+                raise InvalidParams("fixed_frames must be >= 1")
+            seed = params.sampling.seed
+            if seed is not None and not seed_fits(seed):
+                raise InvalidParams(f"seed must fit in 64 bits ({SEED_RANGE})")
+        except EngineError as e:
+            return e
+        except Exception as e:                                      # a malformed params object
+            return InvalidParams(f"invalid context parameters: {e}")
         if seed is None and self.default_seed is not None:
             params = dataclasses.replace(params, sampling=dataclasses.replace(params.sampling, seed=self.default_seed))
-        tokenizer = self.new_tokenizer()
-        with self._lock:
-            if not self._free_slots:
-                raise EngineFull(f"all {self.runner.num_slots} context slots are in use")
-            ctx = next(self._ids)
-            req = Request(context=ctx, slot=self._free_slots.pop(), params=params, sink=sink, prompt=prompt,
-                          frame_limit=self.runner.max_frames, budget_factor=self.budget_factor,
-                          budget_min=self.budget_min, text_lead=prompt.ref_text_ids,
-                          prefill_text=prompt.text_positions, length_rule=self.length_rule)
-            self._contexts[ctx] = req
-            self._tokenizers[ctx] = tokenizer
-            self._commands.append(("open", req, None))
-        self._wake.set()
-        return ctx
+        return params, prompt
 
-    def append_text(self, context: int, text: str) -> None:
-        tok, req = self._tokenizers.get(context), self._contexts.get(context)
-        if tok is None or req is None or not text:
-            return                                              # finished or cancelled: nothing to do
-        ids = tok.feed(text)
-        self._push(("text", req, (ids, text_seconds(text))))
+    def _open_locked(self, client: int, c: _Client, context: int, resolved) -> EngineError | None:
+        """Take a slot for a new context and queue its open; or the error that refuses it."""
+        if self._stopping:
+            return EngineStopped("engine stopped")
+        if isinstance(resolved, EngineError):
+            return resolved
+        if context in c.contexts:
+            return InvalidParams(f"context {context} is already open")
+        if not self._free_slots:
+            return EngineFull(f"all {self.runner.num_slots} context slots are in use")
+        params, prompt = resolved
+        req = Request(context=context, client=client, slot=self._free_slots.pop(), params=params, prompt=prompt,
+                      frame_limit=self.runner.max_frames, budget_factor=self.budget_factor,
+                      budget_min=self.budget_min, text_lead=prompt.ref_text_ids,
+                      prefill_text=prompt.text_positions, length_rule=self.length_rule)
+        c.contexts[context] = req
+        self._commands.append(("open", req, None))
+        return None
 
-    def end_text(self, context: int) -> None:
-        tok, req = self._tokenizers.pop(context, None), self._contexts.get(context)
-        if tok is None or req is None:
-            return
-        self._push(("end", req, tok.finish()))
-
-    def cancel(self, context: int) -> None:
-        with self._lock:
-            req = self._contexts.pop(context, None)
-            self._tokenizers.pop(context, None)
-            if req is None:
-                return
-            req.cancelled = True
-            self._free_slots.append(req.slot)
+    def _cancel_locked(self, req: Request) -> None:
+        req.cancelled = True
+        if self._free_locked(req):
             self._commands.append(("cancel", req, None))
-        self._wake.set()
+
+    def _free_locked(self, req: Request) -> bool:
+        """Take req out of its client's open contexts and give its slot back, exactly once."""
+        if req.freed:
+            return False
+        req.freed = True
+        c = self._clients.get(req.client)
+        if c is not None and c.contexts.get(req.context) is req:
+            del c.contexts[req.context]
+        self._free_slots.append(req.slot)
+        return True
 
     def stats(self) -> dict:
         with self._lock:
-            free = len(self._free_slots)
+            free, clients = len(self._free_slots), len(self._clients)
         steps, captures = self._steps, self.runner.capture_ms
         return {"running": len(self.scheduler.running), "waiting": len(self.scheduler.waiting),
-                "free_slots": free, "slots": self.runner.num_slots, "steps": steps, "frames": self._frames,
-                "step_ms_last": round(self._step_ms_last, 3),
+                "free_slots": free, "slots": self.runner.num_slots, "clients": clients, "steps": steps,
+                "frames": self._frames, "step_ms_last": round(self._step_ms_last, 3),
                 "step_ms_avg": round(self._step_ms_total / steps, 3) if steps else 0.0,
                 "graphs_captured": len(self.runner.graphs), "graphs_pending": len(self.runner.pending),
                 "capture_ms_max": round(max(captures), 1) if captures else 0.0}
 
     # ----- engine thread -----
-    def _push(self, command: tuple) -> None:
-        with self._lock:
-            self._commands.append(command)
-        self._wake.set()
-
     def _run(self) -> None:
         try:
             self.runner.warmup(first_audio_only=True)
@@ -258,10 +322,12 @@ class Engine:
         return True
 
     def run_once(self) -> bool:
-        """Apply queued commands, then one step; False when nobody was ready. The engine thread's loop
-        body: call it directly only on an engine that was not started (benchmarks drive it so)."""
+        """Apply queued commands, then one step, then deliver its events; False when nobody was ready and
+        nothing was delivered. The engine thread's loop body: call it directly only on an engine that was
+        not started (benchmarks drive it so)."""
         self._apply_commands()
-        return self._step()
+        stepped = self._step()
+        return self._deliver() or stepped
 
     def _apply_commands(self) -> None:
         while True:
@@ -271,13 +337,13 @@ class Engine:
                 op, req, arg = self._commands.popleft()
             if op == "cancel":
                 self.scheduler.remove(req)
-            elif req.cancelled:
+            elif req.freed:
                 continue
             elif op == "open":
                 try:
                     self.runner.open_slot(req)
                 except Exception as e:                          # this context fails; the engine goes on
-                    log.exception("opening context %d failed", req.context)
+                    log.exception("opening context %d of client %d failed", req.context, req.client)
                     self._fail(req, e)
                     continue
                 self.scheduler.add(req)
@@ -286,7 +352,9 @@ class Engine:
                 req.text_ids.extend(ids)
                 req.text_seconds += seconds
             elif op == "end":
-                req.text_ids.extend(arg)
+                ids, seconds = arg
+                req.text_ids.extend(ids)
+                req.text_seconds += seconds
                 req.text_ended = True
                 if not req.text_ids:
                     self._finish(req, "eos")                    # empty text: nothing to say
@@ -352,41 +420,57 @@ class Engine:
         self._finish(req, reason)
 
     def _emit_audio(self) -> bool:
-        """Hand the last step's PCM to its contexts (waits for its decode); False if none was pending."""
+        """Queue the last step's PCM for its contexts (waits for its decode); False if none was pending."""
         if self._audio is None:
             return False
         step, frames = self._audio
         self._audio = None
-        pcm = self.runner.audio_of(step)
+        pcm = self.runner.audio_of(step).copy()                 # one copy; each chunk is a row of it
         now = time.perf_counter()
-        for i, req, frame, finish in frames:
-            if req.cancelled:
-                continue
-            self._emit(req, AudioChunk(req.context, pcm[i].copy(), frame, 1, now))
-            if finish is not None:
-                self._finish(req, finish)
+        finished = []
+        with self._lock:
+            for i, req, frame, finish in frames:
+                if req.cancelled:
+                    continue
+                self._pending.setdefault(req.client, []).append((req, AudioChunk(req.context, pcm[i], frame, 1, now)))
+                if finish is not None:
+                    finished.append((req, finish))
+        for req, finish in finished:
+            self._finish(req, finish)
         return True
 
     def _emit(self, req: Request, ev: EngineEvent) -> None:
         with self._lock:
-            if req.cancelled:
-                return
-            try:
-                req.sink(ev)
-                return
-            except Exception:
-                log.exception("sink of context %d failed: cancelling it", req.context)
-        self.cancel(req.context)
+            if not req.cancelled:
+                self._pending.setdefault(req.client, []).append((req, ev))
 
-    def _release(self, req: Request) -> bool:
-        """Take req out of the open contexts and free its slot, exactly once."""
+    def _deliver(self) -> bool:
+        """Hand every client its pending events in one call (under the lock, so that a cancel submitted
+        before cannot be overtaken); a client whose deliver raises is disconnected. False if none."""
+        broken = []
         with self._lock:
-            if self._contexts.pop(req.context, None) is None:
+            if not self._pending:
                 return False
-            self._tokenizers.pop(req.context, None)
-            self._free_slots.append(req.slot)
-        self.scheduler.remove(req)
+            pending, self._pending = self._pending, {}
+            for client, items in pending.items():
+                c = self._clients.get(client)
+                events = [ev for req, ev in items if req is None or not req.cancelled]
+                if c is None or not events:
+                    continue
+                try:
+                    c.deliver(events)
+                except Exception:
+                    log.exception("delivering to client %d failed: disconnecting it", client)
+                    broken.append(client)
+        for client in broken:
+            self.disconnect(client)
         return True
+
+    def _release(self, req: Request) -> None:
+        """A finished or failed context: its slot is free, the scheduler drops it."""
+        with self._lock:
+            self._free_locked(req)
+        self.scheduler.remove(req)
 
     def _finish(self, req: Request, reason: str) -> None:
         self._emit(req, ContextDone(req.context, reason, req.frames))

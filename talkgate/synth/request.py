@@ -11,7 +11,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from talkgate.synth.api import FRAME_MS, ContextParams, EventSink
+from talkgate.synth.api import FRAME_MS, ContextParams
 
 FRAME_S = FRAME_MS / 1000
 
@@ -24,10 +24,10 @@ class Status(enum.Enum):
 
 @dataclass(eq=False)
 class Request:
-    context: int
+    context: int                   # the id its client chose
+    client: int                    # the engine client that opened it
     slot: int
     params: ContextParams
-    sink: EventSink
     prompt: object                 # synth.prompt's resolved prompt (voice, language, instructions)
     frame_limit: int               # capacity of the slot (max_frames_per_context) or fixed_frames
     budget_factor: float           # runaway guard: frames <= max(factor * frames_for_text, budget_min)
@@ -43,6 +43,7 @@ class Request:
     frames: int = 0                # frames generated (emitted or not) so far
     t_ready: float | None = None   # when frame 0 could first be computed: its audio deadline starts here
     cancelled: bool = False        # set under the engine lock: no event is emitted once it is True
+    freed: bool = False            # its slot is given back (finished, failed or cancelled): set once
 
     @property
     def ready(self) -> bool:
