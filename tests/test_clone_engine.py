@@ -3,13 +3,14 @@ voices, ICL decode continuity equal to offline synthesis, streamed text, and cle
 from __future__ import annotations
 
 import pickle
+import re
 
 import numpy as np
 import pytest
 import torch
 
 from talkgate.synth.api import (
-    AudioChunk, ContextDone, ContextParams, InvalidParams, SamplingParams, UnknownVoice, VoicePrompt,
+    AudioChunk, ContextDone, ContextFailed, ContextParams, InvalidParams, SamplingParams, VoicePrompt,
 )
 from talkgate.synth.checkpoint import create_checkpoint
 from talkgate.synth.engine import Engine
@@ -17,6 +18,7 @@ from talkgate.synth.loader import load_tts
 from talkgate.synth.offline import synthesize
 from talkgate.synth.prompt import MAX_REF_FRAMES
 from talkgate.synth.voice import make_voice_prompt
+from tests.speaker import Speaker
 from tests.test_parity_clone import voice_audio
 
 TEXTS = ["Good morning, how can I help you today?", "Short one.", "Numbers: one, two, three, four, five.",
@@ -80,15 +82,26 @@ def params(voice: VoicePrompt, i: int) -> ContextParams:
                          fixed_frames=24 + 2 * i)
 
 
+def say(speaker: Speaker, p: ContextParams, text: str, events: list) -> int:
+    ctx = speaker.open(p, events.append)
+    speaker.append(ctx, text)
+    speaker.end(ctx)
+    return ctx
+
+
 def solo(engine: Engine, voice: VoicePrompt, i: int) -> list:
     events: list = []
-
-    def start():
-        ctx = engine.open(params(voice, i), events.append)
-        engine.append_text(ctx, TEXTS[i])
-        engine.end_text(ctx)
-    drive(engine, {0: [start]}, [events])
+    drive(engine, {0: [lambda: say(Speaker(engine), params(voice, i), TEXTS[i], events)]}, [events])
     return events
+
+
+def refusal(engine: Engine, p: ContextParams):
+    """The ContextFailed an open of p is answered with (at the next step boundary)."""
+    events: list = []
+    Speaker(engine).open(p, events.append)
+    engine.run_once()
+    assert len(events) == 1 and isinstance(events[0], ContextFailed), events
+    return events[0]
 
 
 def test_eight_interleaved_cloned_voices_equal_their_solo_runs(base_checkpoint, voices):
@@ -98,6 +111,7 @@ def test_eight_interleaved_cloned_voices_equal_their_solo_runs(base_checkpoint, 
     (so that no state one voice leaves in an engine, such as a cached decoder state, can hide in both runs)."""
     alone = [solo(new_engine(base_checkpoint), v, i) for i, v in enumerate(voices)]
     engine = new_engine(base_checkpoint)
+    speaker = Speaker(engine)
     batch_sizes = []
     engine.on_step = lambda ms, n: batch_sizes.append(n)
     events = [[] for _ in voices]
@@ -107,14 +121,14 @@ def test_eight_interleaved_cloned_voices_equal_their_solo_runs(base_checkpoint, 
         j, v = voice
 
         def open_it(j=j, v=v):
-            ctxs[j] = engine.open(params(v, j), events[j].append)
+            ctxs[j] = speaker.open(params(v, j), events[j].append)
 
         def feed(j=j, piece=0):
             words = TEXTS[j].split(" ")
             half = len(words) // 2
-            engine.append_text(ctxs[j], " ".join(words[:half]) + " " if piece == 0 else " ".join(words[half:]))
+            speaker.append(ctxs[j], " ".join(words[:half]) + " " if piece == 0 else " ".join(words[half:]))
             if piece == 1:
-                engine.end_text(ctxs[j])
+                speaker.end(ctxs[j])
         schedule.setdefault(2 * i, []).append(open_it)
         schedule.setdefault(2 * i + 1, []).append(lambda j=j: feed(j, 0))
         schedule.setdefault(2 * i + 5, []).append(lambda j=j: feed(j, 1))
@@ -137,12 +151,7 @@ def test_engine_icl_equals_offline_synthesis(base_checkpoint, tts, voices):
     for i in (1, 7):
         greedy = ContextParams(voice_prompt=voices[i], language="english", sampling=SamplingParams(greedy=True))
         events: list = []
-
-        def start():
-            ctx = engine.open(greedy, events.append)
-            engine.append_text(ctx, TEXTS[i])
-            engine.end_text(ctx)
-        drive(engine, {0: [start]}, [events])
+        drive(engine, {0: [lambda: say(Speaker(engine), greedy, TEXTS[i], events)]}, [events])
         wav, _ = synthesize(tts, TEXTS[i], language="english", voice_prompt=voices[i],
                             sampling=SamplingParams(greedy=True), max_frames=48)
         # an untrained checkpoint: both end where the text-length rule puts it
@@ -156,14 +165,15 @@ def test_icl_context_waits_for_the_text_its_prefill_carries(base_checkpoint, voi
     engine = new_engine(base_checkpoint)
     voice = voices[5]                                # 2.5 s at 16 kHz: 32 frames, reference text "Testing."
     events: list = []
-    ctx = engine.open(ContextParams(voice_prompt=voice, sampling=SamplingParams(seed=1), fixed_frames=20),
-                      events.append)
-    engine.append_text(ctx, "Not enough text yet, ")
+    speaker = Speaker(engine)
+    ctx = speaker.open(ContextParams(voice_prompt=voice, sampling=SamplingParams(seed=1), fixed_frames=20),
+                       events.append)
+    speaker.append(ctx, "Not enough text yet, ")
     for _ in range(5):
         engine.run_once()
     assert events == [] and engine.stats()["waiting"] == 1
-    engine.append_text(ctx, "but now it ends.")
-    engine.end_text(ctx)
+    speaker.append(ctx, "but now it ends.")
+    speaker.end(ctx)
     drive(engine, {}, [events])
     whole = solo_text(engine, voice, "Not enough text yet, but now it ends.")
     np.testing.assert_allclose(pcm(events), pcm(whole), atol=2e-5)
@@ -171,72 +181,38 @@ def test_icl_context_waits_for_the_text_its_prefill_carries(base_checkpoint, voi
 
 def solo_text(engine, voice, text):
     events: list = []
-    ctx = engine.open(ContextParams(voice_prompt=voice, sampling=SamplingParams(seed=1), fixed_frames=20),
-                      events.append)
-    engine.append_text(ctx, text)
-    engine.end_text(ctx)
+    say(Speaker(engine), ContextParams(voice_prompt=voice, sampling=SamplingParams(seed=1), fixed_frames=20), text,
+        events)
     drive(engine, {}, [events])
     return events
 
 
 def test_voice_prompt_errors(base_checkpoint, tiny_checkpoint, tts, voices):
     engine = new_engine(base_checkpoint)
-    sink = [].append
     emb = voices[0].embedding_array()
-    with pytest.raises(InvalidParams, match="not both"):
-        engine.open(ContextParams(voice="ryan", voice_prompt=voices[0]), sink)
-    with pytest.raises(InvalidParams, match="has 65 values; this model's has 64"):
-        engine.open(ContextParams(voice_prompt=VoicePrompt.from_arrays(np.append(emb, 0.0))), sink)
-    with pytest.raises(InvalidParams, match="NaN or infinite"):
-        engine.open(ContextParams(voice_prompt=VoicePrompt.from_arrays(emb * np.nan)), sink)
     codes = np.zeros((MAX_REF_FRAMES + 1, 16), dtype=np.int64)
-    with pytest.raises(InvalidParams, match="376 frames.*13..375 frames"):
-        engine.open(ContextParams(voice_prompt=VoicePrompt.from_arrays(emb, codes, "x")), sink)
-    with pytest.raises(InvalidParams, match="12 frames"):
-        engine.open(ContextParams(voice_prompt=VoicePrompt.from_arrays(emb, codes[:12], "x")), sink)
-    with pytest.raises(InvalidParams, match="< 2048"):
-        engine.open(ContextParams(voice_prompt=VoicePrompt.from_arrays(emb, codes[:20] + 2048, "x")), sink)
-    with pytest.raises(InvalidParams, match="instructions"):
-        engine.open(ContextParams(voice_prompt=voices[0], instructions="Whisper."), sink)
-    with pytest.raises(UnknownVoice, match="or give a cloned voice prompt"):
-        engine.open(ContextParams(voice="ryan"), sink)
+    cases = [
+        (ContextParams(voice="ryan", voice_prompt=voices[0]), "invalid_params", "not both"),
+        (ContextParams(voice_prompt=VoicePrompt.from_arrays(np.append(emb, 0.0))), "invalid_params",
+         "has 65 values; this model's has 64"),
+        (ContextParams(voice_prompt=VoicePrompt.from_arrays(emb * np.nan)), "invalid_params", "NaN or infinite"),
+        (ContextParams(voice_prompt=VoicePrompt.from_arrays(emb, codes, "x")), "invalid_params",
+         "376 frames.*13..375 frames"),
+        (ContextParams(voice_prompt=VoicePrompt.from_arrays(emb, codes[:12], "x")), "invalid_params", "12 frames"),
+        (ContextParams(voice_prompt=VoicePrompt.from_arrays(emb, codes[:20] + 2048, "x")), "invalid_params", "< 2048"),
+        (ContextParams(voice_prompt=voices[0], instructions="Whisper."), "invalid_params", "instructions"),
+        (ContextParams(voice="ryan"), "unknown_voice", "or give a cloned voice prompt"),
+    ]
+    for p, code, message in cases:
+        failed = refusal(engine, p)
+        assert failed.code == code and re.search(message, failed.message), (failed, message)
     assert engine.stats()["free_slots"] == 8
     small = Engine.from_pretrained(str(base_checkpoint), device="cpu", max_contexts=1, max_prompt=40)
-    with pytest.raises(InvalidParams, match=r"too long for this engine: 32 frames .* at most 31 frames"):
-        small.open(ContextParams(voice_prompt=voices[5]), sink)
+    assert re.search(r"too long for this engine: 32 frames .* at most 31 frames",
+                     refusal(small, ContextParams(voice_prompt=voices[5])).message)
     assert new_engine(tiny_checkpoint).runner.max_prompt == 128 and engine.runner.max_prompt == 385
     other = new_engine(tiny_checkpoint)
-    with pytest.raises(InvalidParams, match="needs a Base checkpoint; this model is custom_voice"):
-        other.open(ContextParams(voice_prompt=voices[0]), sink)
-    with pytest.raises(InvalidParams, match="needs a Base checkpoint"):
-        make_voice_prompt(load_tts(tiny_checkpoint), voice_audio(1, 1.5), 24000)
-
-
-@pytest.mark.parametrize("audio,rate,message", [
-    (voice_audio(1, 0.9), 24000, "0.90 s; it must be 1 to 30 s"),
-    (np.zeros(24000 * 31, dtype=np.float32), 24000, "31.00 s"),
-    (np.full(24000, np.nan, dtype=np.float32), 24000, "NaN"),
-    (voice_audio(1, 1.5), 0, "sample rate 0"),
-    (np.zeros((2, 2, 2)), 24000, "shape"),
-])
-def test_make_voice_prompt_rejects_bad_audio(tts, audio, rate, message):
-    with pytest.raises(InvalidParams, match=message):
-        make_voice_prompt(tts, audio, rate)
-
-
-def test_voice_prompt_is_small_plain_data(tts, voices):
-    icl = voices[7]
-    assert icl.icl and icl.dim == 64 and icl.frames == 39 and icl.ref_text == REF_TEXTS[7]
-    assert pickle.loads(pickle.dumps(icl)) == icl and len(pickle.dumps(icl)) < 2000
-    assert hash(icl) == hash(VoicePrompt(icl.embedding, icl.codes, icl.ref_text))
-    pcm16 = (voice_audio(9, 1.2) * 32767).astype(np.int16)
-    a = make_voice_prompt(tts, pcm16, 24000).embedding_array()
-    b = make_voice_prompt(tts, pcm16.astype(np.float32) / 32768, 24000).embedding_array()
-    np.testing.assert_allclose(a, b, atol=1e-5)
-    with pytest.raises(InvalidParams, match="reference text"):
-        VoicePrompt(icl.embedding, icl.codes, None)
-    with pytest.raises(InvalidParams, match="needs the reference codes"):
-        VoicePrompt(icl.embedding, None, "text")
+    assert "needs a Base checkpoint; this model is custom_voice" in refusal(other, ContextParams(voice_prompt=voices[0])).message
     with pytest.raises(InvalidParams, match="float32 bytes"):
         VoicePrompt(b"abc")
 

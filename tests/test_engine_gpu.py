@@ -11,6 +11,7 @@ import torch
 from talkgate.synth.api import AudioChunk, ContextDone, ContextParams, EndText, OpenContext, SamplingParams
 from talkgate.synth.engine import Engine
 from talkgate.synth.request import text_seconds
+from tests.speaker import Collector, Speaker
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (not on this machine)")
 
@@ -135,7 +136,6 @@ def test_staged_capture_pads_then_captures_the_rest_between_steps(checkpoint):
     """Ready with the first-audio graphs (buckets up to 16 and the largest, every prefill graph): a batch of
     20 pads up to the largest bucket; the engine thread then captures bucket 32 while idle, and the same
     contexts run in it give the same audio (TF32 convolutions, algorithms per batch size: 3e-3)."""
-    import threading
     import time
     engine = Engine.from_pretrained(str(checkpoint), device="cuda", dtype="float32", max_contexts=40,
                                     max_frames_per_context=64, torch_compile=False)
@@ -153,20 +153,13 @@ def test_staged_capture_pads_then_captures_the_rest_between_steps(checkpoint):
             time.sleep(0.05)
         assert engine.stats()["graphs_pending"] == 0 and r.captured == [1, 2, 4, 8, 16, 32, 40]
         assert r._bucket(20) == 32
-        events, done = [[] for _ in params], threading.Semaphore(0)
-
-        def sink(i):
-            def put(ev):
-                events[i].append(ev)
-                if isinstance(ev, ContextDone):
-                    done.release()
-            return put
-        ctxs = [engine.open(p, sink(i)) for i, p in enumerate(params)]
+        speaker = Speaker(engine)
+        sinks = [Collector() for _ in params]
+        ctxs = [speaker.open(p, sink) for p, sink in zip(params, sinks)]
         for c, t in zip(ctxs, texts):
-            engine.append_text(c, t)
-            engine.end_text(c)
-        for _ in params:
-            assert done.acquire(timeout=60)
+            speaker.append(c, t)
+            speaker.end(c)
+        events = [sink.wait().events for sink in sinks]
     finally:
         engine.stop()
     for a, b in zip(padded, events):

@@ -259,4 +259,4 @@ def test_formats_match_the_schema():
             parse_format(bad, None)
     reasons = next(s for s in SCHEMA["$defs"]["server"]["oneOf"]
                    if s["properties"]["type"].get("const") == "context.done")["properties"]["reason"]["enum"]
-    assert set(reasons) == {"eos", "length", "budget", "empty"}
+    assert set(reasons) == {"eos", "length", "length_rule", "budget", "empty"}

@@ -2,7 +2,7 @@
 
     vp = make_voice_prompt(tts, audio, sample_rate)                  # x-vector only
     vp = make_voice_prompt(tts, audio, sample_rate, ref_text="...")  # in-context (ICL): + reference codes
-    engine.open(ContextParams(voice_prompt=vp), sink)
+    OpenContext(context, ContextParams(voice_prompt=vp))       # the engine command that speaks with it
 
 Preprocessing as the reference's create_voice_clone_prompt: channels mixed to mono (the mean; `audio` is
 [samples] or [samples, channels], as soundfile reads it), resampled to 24 kHz with soxr's HQ quality and
