@@ -170,6 +170,13 @@ class Runner:
 
     def _prime_slot(self, slot: int, clone: VoicePrompt) -> None:
         """The slot's decoder state after decoding the voice's reference frames (kept per voice)."""
+        state = self.prime_voice(clone)
+        s = self.dec_state
+        s.tails[slot], s.kv[:, slot], s.pos[slot] = state.tails[0], state.kv[:, 0], state.pos[0]
+
+    def prime_voice(self, clone: VoicePrompt):
+        """An ICL voice's one-slot DecoderState after its reference frames, kept for the last PRIMED_VOICES
+        voices (engine thread: at an open, or when the voice is made)."""
         state = self._primed.get(clone.codes)
         if state is None:
             codes = torch.from_numpy(clone.codes_array()).to(self.device).T[None]      # [1, 16, frames]
@@ -178,8 +185,7 @@ class Runner:
                 self._primed.popitem(last=False)
         else:
             self._primed.move_to_end(clone.codes)
-        s = self.dec_state
-        s.tails[slot], s.kv[:, slot], s.pos[slot] = state.tails[0], state.kv[:, 0], state.pos[0]
+        return state
 
     @torch.inference_mode()
     def prime_decoder(self, codes: torch.Tensor):

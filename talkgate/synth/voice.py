@@ -17,7 +17,6 @@ from __future__ import annotations
 import math
 
 import numpy as np
-import torch
 
 from talkgate.synth.api import SAMPLE_RATE, InvalidParams, VoicePrompt
 
@@ -61,6 +60,8 @@ def make_voice_prompt(tts, audio: np.ndarray, sample_rate: int, ref_text: str | 
     seconds = len(wav) / SAMPLE_RATE
     if not MIN_SECONDS <= seconds <= MAX_SECONDS:
         raise InvalidParams(f"reference audio is {seconds:.2f} s; it must be {MIN_SECONDS:g} to {MAX_SECONDS:g} s")
+    import torch                # here: to_mono_24k serves gateway processes that never load torch
+
     text = ref_text.strip() if ref_text is not None else ""
     with torch.inference_mode():
         embedding = tts.speaker_encoder.embed(wav).float().cpu().numpy()
