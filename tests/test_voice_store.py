@@ -28,7 +28,7 @@ from talkgate.synth.api import (
     AppendText, CancelContext, EndText, MakeVoice, ModelInfo, OpenContext, VoiceFailed, VoiceMade, VoicePrompt,
 )
 from talkgate.synth.voice import to_mono_24k
-from tests.test_parity_clone import voice_audio
+from tests.voicetools import voiced as voice_audio
 
 PROMPT = VoicePrompt.from_arrays(np.arange(8, dtype=np.float32))
 ICL = VoicePrompt.from_arrays(np.ones(8, np.float32), np.arange(32).reshape(2, 16), "Some words.")

@@ -70,6 +70,11 @@ class Form:
 async def read_form(request: web.Request, file_fields: tuple[str, ...]) -> Form:
     """The multipart form, bounded: files (parts with a filename, or named in file_fields) of MAX_BYTES
     together, text fields of MAX_FIELD_BYTES, MAX_PARTS parts."""
+    if request.content_type == "application/x-www-form-urlencoded":    # fields only (the body limit holds)
+        try:
+            return Form({k: v for k, v in (await request.post()).items() if isinstance(v, str)}, [])
+        except (ValueError, UnicodeDecodeError):
+            raise Refused(400, "invalid_body", "the form cannot be read") from None
     if request.content_type != "multipart/form-data":
         raise Refused(415, "unsupported_media_type", f"send the voice as multipart/form-data (the audio file in "
                       f"{' or '.join(repr(f) for f in file_fields)}), not {request.content_type}")
