@@ -263,6 +263,8 @@ async def _openai_delete(request: web.Request) -> web.Response:
 
 # ----- ElevenLabs -----
 def _elevenlabs_error(status: int, code: str, message: str) -> web.Response:
+    # the SDKs retry a 409 (as a 429 or 5xx), re-sending an upload's form without its parts: a name taken is a 400
+    status = 400 if status == 409 else status
     response = web.json_response({"detail": {"status": code, "message": message}}, status=status)
     response.code = code            # counted by the errors middleware
     return response
@@ -348,8 +350,10 @@ async def _elevenlabs_delete(request: web.Request) -> web.Response:
 
 # ----- Cartesia -----
 def _cartesia_error(status: int, code: str, message: str) -> web.Response:
+    status = 400 if status == 409 else status       # as ElevenLabs' (the SDK retries a 409)
     response = web.json_response({"title": code.replace("_", " ").capitalize(), "message": message,
-                                  "error_code": code, "status_code": status}, status=status)
+                                  "error_code": code, "status_code": status}, status=status,
+                                 headers={"x-should-retry": "false"} if status < 500 else None)
     response.code = code
     return response
 
