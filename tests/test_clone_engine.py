@@ -254,9 +254,10 @@ def test_make_voice_command_equals_make_voice_prompt_and_primes_icl(base_checkpo
     assert stats["voices_made"] == 2 and stats["voice_ms_max"] >= stats["voice_ms_last"] > 0
 
 
-def test_one_voice_per_step_boundary(base_checkpoint):
-    """Voices queued together are made one per step boundary, between the steps of a running context, and a
-    context's audio keeps coming: each voice delays at most the next step."""
+def test_voices_are_made_a_step_of_work_per_step_boundary(base_checkpoint):
+    """While a context runs, a voice's work goes one step per step boundary (the speaker encoder; for ICL the
+    codec encoder, then the decoder priming a chunk at a time) and the context's audio keeps coming every
+    step; with no context open, a voice is made at once."""
     engine = new_engine(base_checkpoint)
     client, speaker = Answers(engine), Speaker(engine)
     events: list = []
@@ -266,15 +267,21 @@ def test_one_voice_per_step_boundary(base_checkpoint):
     for r in range(3):
         client.make(r, clip, "Three voices." if r == 1 else None)
     made_per_call, frames_per_call = [], []
-    for _ in range(3):
+    for _ in range(5):
         voices_before, frames_before = len(client.events), sum(isinstance(e, AudioChunk) for e in events)
         engine.run_once()
         made_per_call.append(len(client.events) - voices_before)
         frames_per_call.append(sum(isinstance(e, AudioChunk) for e in events) - frames_before)
-    # a frame's audio is emitted during the next step, or before a voice is made: the first voice takes the
+    # x-vector: one step; ICL: speaker encoder, codec encoder, priming (19 frames: one chunk); x-vector.
+    # A frame's audio is emitted during the next step, or before a voice's work: the first call takes the
     # audio of two steps out, then every step's own
-    assert made_per_call == [1, 1, 1] and frames_per_call == [2, 1, 1]
+    assert made_per_call == [1, 0, 0, 1, 1] and frames_per_call == [2, 1, 1, 1, 1]
     assert [ev.request for ev in client.events] == [0, 1, 2]
+    drive(engine, {}, [events])
+    idle = Answers(engine)
+    idle.make(7, clip, "At once.")
+    engine.run_once()
+    assert [type(ev) for ev in idle.events] == [VoiceMade]
 
 
 def test_make_voice_refusals(base_checkpoint, tiny_checkpoint, monkeypatch):

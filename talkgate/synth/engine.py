@@ -115,7 +115,8 @@ class Engine:
         # the last launched step's frames whose PCM is not emitted yet: (step, [(row, req, frame, finish)])
         self._audio: tuple | None = None
         self._step_ms_last = self._step_ms_total = 0.0
-        self._voices: collections.deque = collections.deque()     # (client, MakeVoice) not made yet
+        self._voices: collections.deque = collections.deque()     # (client, MakeVoice) not begun yet
+        self._voice: list | None = None         # the one being made: [client, MakeVoice, its steps, ms so far]
         self._voices_made = 0
         self._voice_ms_last = self._voice_ms_max = 0.0
         # called on the engine thread after every step with (ms, contexts in the step); must not block
@@ -167,6 +168,9 @@ class Engine:
         with self._lock:
             left = [req for c in self._clients.values() for req in c.contexts.values()]
             voices, self._voices = self._voices, collections.deque()
+            if self._voice is not None:
+                voices.appendleft(tuple(self._voice[:2]))
+                self._voice = None
             for client, cmd in voices:
                 self._pending.setdefault(client, []).append((None, VoiceFailed(cmd.request, "engine_stopped",
                                                                                  "engine stopped")))
@@ -326,13 +330,14 @@ class Engine:
         if not self.runner.pending:
             return False
         now = time.perf_counter()
-        if self._contexts:
+        open_now = bool(self.scheduler.running or self.scheduler.waiting)
+        if open_now:
             self._open_at = now
-        quiet = not self._contexts and now - self._open_at >= QUIET_S
+        quiet = not open_now and now - self._open_at >= QUIET_S
         if not quiet and not (now - self._ready_at >= BUSY_S and unnoticed(self.scheduler, now)):
             return False
         with self._lock:
-            if self._commands or self._voices:
+            if self._commands or self._voices or self._voice is not None:
                 return False
         self._emit_audio()
         try:
@@ -384,42 +389,59 @@ class Engine:
                     self._stop_if_at_limit(req)
 
     def _make_voice(self) -> bool:
-        """Make the first queued voice, after the last step's audio is out: it delays the next step by its
-        time (one voice per step boundary), never audio already made. False if none was queued."""
+        """Advance the voice being made (the first queued MakeVoice) by one step of its work (the speaker
+        encoder, the codec encoder, a chunk of an ICL voice's decoder priming) when contexts are open, by all
+        of it when none is: a voice delays the next step by at most one of its steps, and never audio made
+        already (the last step's audio goes out first). False if no voice is queued."""
         with self._lock:
-            if not self._voices:
-                return False
-            client, cmd = self._voices.popleft()
+            if self._voice is None:
+                if not self._voices:
+                    return False
+                client, cmd = self._voices.popleft()
+                self._voice = [client, cmd, self._voice_steps(cmd), 0.0]
+        client, cmd, steps, _ = self._voice
         self._emit_audio()
         t0 = time.perf_counter()
+        ev = None
         try:
-            voice = self._voice_of(cmd)
+            while True:
+                next(steps)
+                if self.scheduler.running or self.scheduler.waiting:
+                    break
+        except StopIteration as made:
+            ev = made.value
         except EngineError as e:
             ev = VoiceFailed(cmd.request, e.code, e.message)
         except Exception as e:                                  # the voice fails; the engine goes on
             log.exception("making voice %d of client %d failed", cmd.request, client)
             ev = VoiceFailed(cmd.request, "engine_error", f"making the voice failed: {e}")
-        else:
-            ms = (time.perf_counter() - t0) * 1000
+        self._voice[3] += (time.perf_counter() - t0) * 1000
+        if ev is None:
+            return True
+        ms, self._voice = self._voice[3], None
+        if isinstance(ev, VoicePrompt):
             self._voices_made += 1
             self._voice_ms_last, self._voice_ms_max = ms, max(self._voice_ms_max, ms)
-            ev = VoiceMade(cmd.request, voice, round(ms, 3))
+            ev = VoiceMade(cmd.request, ev, round(ms, 3))
         with self._lock:
             if client in self._clients:
                 self._pending.setdefault(client, []).append((None, ev))
         return True
 
-    def _voice_of(self, cmd: MakeVoice) -> VoicePrompt:
-        """The voice, checked as an open would check it (a reference text too long, a prompt over max_prompt),
-        with an ICL voice's decoder state primed for its first context."""
-        from talkgate.synth.voice import make_voice_prompt
+    def _voice_steps(self, cmd: MakeVoice):
+        """A MakeVoice's work in steps (a generator returning the voice): the voice checked as an open would
+        check it (a reference text too long, a prompt over max_prompt), an ICL voice's decoder state primed
+        for its first context."""
+        from talkgate.synth.voice import voice_prompt_steps
 
         if not isinstance(cmd.audio, bytes) or len(cmd.audio) % 4:
             raise InvalidParams("reference audio must be float32 samples (a whole number of 4-byte values)")
-        voice = make_voice_prompt(self.runner.tts, np.frombuffer(cmd.audio, "<f4"), SAMPLE_RATE, cmd.ref_text)
+        voice = yield from voice_prompt_steps(self.runner.tts, np.frombuffer(cmd.audio, "<f4"), SAMPLE_RATE,
+                                              cmd.ref_text)
         self.prompts.check_fits(self.prompts.resolve(ContextParams(voice_prompt=voice)), self.runner.max_prompt)
         if voice.icl:
-            self.runner.prime_voice(voice)
+            yield
+            yield from self.runner.priming(voice)
         return voice
 
     def _step(self) -> bool:
