@@ -35,6 +35,7 @@ COMMON = ["--max-message-bytes", "16384", "--max-contexts-per-connection", str(L
 OPEN_ARGS = COMMON + ["--idle-timeout", str(IDLE_S)]
 GUARDED_ARGS = COMMON + ["--idle-timeout", "60", "--api-key", access.KEY, "--allow-origin", access.ORIGIN]
 PHASE_LIMIT_S = 600 if SCALE.name == "ci" else 4 * 3600
+pytestmark = pytest.mark.timeout(PHASE_LIMIT_S + 300)      # the server's start and the phase's checks too
 
 
 @pytest.fixture(scope="module")

@@ -144,10 +144,15 @@ def junk_then_auth(port: int, ep, junk: str, auth: str, then: str | None) -> str
                 ws.send_text(then)
         except OSError:
             pass
-        frames, end = ws.frames_until_close(8)
-        texts = [f.payload.decode("utf-8", "replace") for f in frames if f.opcode == 1]
-        if any(m in t for t in texts for m in SERVED_MARKS):
-            return f"the key after {junk!r} was accepted: {texts[:3]}"
+        texts, end = [], None
+        while end is None:
+            f = ws.recv_frame(8)
+            if isinstance(f, Ended) or f.opcode == 8:
+                end = f
+            elif f.opcode == 1:
+                texts.append(f.payload.decode("utf-8", "replace"))
+                if any(m in texts[-1] for m in SERVED_MARKS):
+                    return f"the key after {junk!r} was accepted: {texts[:3]}"
         if isinstance(end, Ended):
             return f"still open or no close frame ({end.how}) after {junk!r}: {texts[:3]}"
         if end.close_code != 1008:
