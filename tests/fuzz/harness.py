@@ -141,9 +141,9 @@ def _timeout(s: float):
 class CanaryProcess:
     def __init__(self, ws_url: str, api_key: str | None = None):
         args = [sys.executable, "-m", "tests.fuzz.canary", ws_url] + (["--api-key", api_key] if api_key else [])
+        path = [str(ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
         self.proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT,
-                                     env={**os.environ, "PYTHONPATH": os.pathsep.join(
-                                         [str(ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])})
+                                     env={**os.environ, "PYTHONPATH": os.pathsep.join(path)})
         first = self._line(60)
         assert first.get("ready"), f"the canary did not start: {first}"
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import random
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 DEEP = 1500                  # nesting beyond any sane parser's limit: must be refused
 BIG = 10 ** 400              # a 401-digit number
