@@ -329,7 +329,10 @@ class Conn:
             reply.timed_out = False
             return reply
         await self.send(probe)
-        return await self.collect(lambda i: self.ep.answers_probe(i, n), timeout)
+        reply = await self.collect(lambda i: self.ep.answers_probe(i, n), timeout)
+        if reply.answered:      # the probe's own answer (a Deepgram Warning, say) is not the input's
+            reply.items.pop()
+        return reply
 
     async def drain(self, timeout: float) -> Reply:
         reply = await self.collect(None, timeout)
