@@ -41,11 +41,19 @@ def tiny_engine(tiny_checkpoint):
     engine.stop()
 
 
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny matrices gain nothing from threads; on a busy 2-core machine OpenMP's waiting makes them slower."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="session")
 def tiny_base_checkpoint(tmp_path_factory):
     """A tiny Base checkpoint (voice cloning: speaker encoder, codec encoder), random weights, seed 0."""
     return create_checkpoint(tmp_path_factory.mktemp("ckpt") / "tiny-base", preset="tiny", variant="base", seed=0)
-
 
 
 @pytest.fixture(scope="session")
