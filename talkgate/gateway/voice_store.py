@@ -31,6 +31,7 @@ import json
 import logging
 import os
 import secrets
+import threading
 import time
 import unicodedata
 from collections import OrderedDict
@@ -167,6 +168,7 @@ class VoiceStore:
         self.max_voices = max_voices
         self.voices_dir, self.names_dir, self.tmp_dir = self.root / "voices", self.root / "names", self.root / "tmp"
         self._cache: OrderedDict[str, tuple[tuple, StoredVoice]] = OrderedDict()
+        self._cache_lock = threading.Lock()         # deletes run on a worker thread
         self._opened = False
 
     def open(self) -> None:
@@ -206,9 +208,13 @@ class VoiceStore:
         try:
             st = os.stat(path)
         except OSError:
-            self._cache.pop(voice_id, None)
+            self._forget(voice_id)
             return None
         return self._load(voice_id, path, st)
+
+    def _forget(self, voice_id: str) -> None:
+        with self._cache_lock:
+            self._cache.pop(voice_id, None)
 
     def by_name(self, name: str) -> StoredVoice | None:
         try:
@@ -247,23 +253,25 @@ class VoiceStore:
 
     def _load(self, voice_id: str, path: Path, st: os.stat_result) -> StoredVoice | None:
         sig = (st.st_ino, st.st_size, st.st_mtime_ns)
-        hit = self._cache.get(voice_id)
-        if hit is not None and hit[0] == sig:
-            self._cache.move_to_end(voice_id)
-            return hit[1]
+        with self._cache_lock:
+            hit = self._cache.get(voice_id)
+            if hit is not None and hit[0] == sig:
+                self._cache.move_to_end(voice_id)
+                return hit[1]
         try:
             voice = StoredVoice.from_record(json.loads(path.read_bytes()))
             if voice.id != voice_id:
                 raise ValueError(f"its id is {voice.id!r}")
         except FileNotFoundError:
-            self._cache.pop(voice_id, None)
+            self._forget(voice_id)
             return None
         except Exception as e:                   # a damaged file is skipped, never served
             log.warning("voice store: %s is unreadable (%s): skipped", path, e)
             return None
-        self._cache[voice_id] = (sig, voice)
-        while len(self._cache) > CACHE:
-            self._cache.popitem(last=False)
+        with self._cache_lock:
+            self._cache[voice_id] = (sig, voice)
+            while len(self._cache) > CACHE:
+                self._cache.popitem(last=False)
         return voice
 
     # ----- writing -----
@@ -348,7 +356,7 @@ class VoiceStore:
         except OSError as e:
             raise StoreError("voice_store_unavailable", f"the voice could not be deleted: {e.strerror or e}",
                              500) from None
-        self._cache.pop(voice_id, None)
+        self._forget(voice_id)
         name = self.names_dir / self._digest(voice.name)
         try:
             if os.readlink(name) == f"../voices/{voice_id}.json":

@@ -199,17 +199,22 @@ def _builtin(gw) -> tuple[str, ...]:
     return gw.client.info.voices
 
 
+def _stored(gw) -> list[StoredVoice]:
+    """The stored voices this server speaks: all of them on a Base checkpoint, none on another model."""
+    return gw.store.list() if gw.client.info.model_type == "base" else []
+
+
 def _lookup(gw, key: str) -> StoredVoice | str | None:
-    """A voice of the model (its name) or a stored voice, by id or name."""
+    """A voice of the model (its name) or a stored voice it speaks, by id or name."""
     if key.lower() in _builtin(gw):
         return key.lower()
-    return gw.store.get(key)
+    return gw.store.get(key) if gw.client.info.model_type == "base" else None
 
 
 async def _delete(gw, key: str, error_404: str) -> StoredVoice:
     if key.lower() in _builtin(gw):
         raise Refused(400, "builtin_voice", f"{key!r} is a voice of the model; only stored voices can be deleted")
-    voice = gw.store.get(key)
+    voice = _lookup(gw, key)
     deleted = await asyncio.to_thread(gw.store.delete, voice.id) if voice is not None else None
     if deleted is None:
         raise Refused(404, error_404, f"no voice {key!r}")
@@ -244,7 +249,7 @@ async def _openai_create(request: web.Request) -> web.Response:
 async def _openai_list(request: web.Request) -> web.Response:
     gw = request.app["gateway"]
     info = gw.client.info
-    voices = [openai_voice(v) for v in (*_builtin(gw), *gw.store.list())]
+    voices = [openai_voice(v) for v in (*_builtin(gw), *_stored(gw))]
     return web.json_response({"object": "list", "voices": voices, "languages": list(info.languages),
                               "model": info.as_dict()})
 
@@ -300,7 +305,7 @@ async def _elevenlabs_add(request: web.Request) -> web.Response:
 
 
 def _elevenlabs_all(gw) -> list[dict]:
-    return [elevenlabs_voice(v) for v in (*_builtin(gw), *gw.store.list())]
+    return [elevenlabs_voice(v) for v in (*_builtin(gw), *_stored(gw))]
 
 
 async def _elevenlabs_list(request: web.Request) -> web.Response:
@@ -393,7 +398,7 @@ async def _cartesia_clone(request: web.Request) -> web.Response:
 async def _cartesia_list(request: web.Request) -> web.Response:
     """GET /voices: q, is_owner, limit, starting_after / ending_before (a voice id): one page of `data`."""
     gw, q = request.app["gateway"], request.query
-    voices = [cartesia_voice(v) for v in (*_builtin(gw), *gw.store.list())]
+    voices = [cartesia_voice(v) for v in (*_builtin(gw), *_stored(gw))]
     if q.get("q"):
         needle = q["q"].lower()
         voices = [v for v in voices if needle in v["name"].lower() or needle in v["description"].lower()
@@ -442,7 +447,7 @@ async def _deepgram_models(request: web.Request) -> web.Response:
         return {"name": name, "canonical_name": name, "architecture": "qwen3-tts", "languages": languages,
                 "version": "talkgate", "uuid": uuid, "metadata": extra}
     tts = [model(v, v, {"category": "builtin"}) for v in _builtin(gw)]
-    tts += [model(v.id, v.id, {"display_name": v.name, "category": "cloned"}) for v in gw.store.list()]
+    tts += [model(v.id, v.id, {"display_name": v.name, "category": "cloned"}) for v in _stored(gw)]
     return web.json_response({"stt": [], "tts": tts})
 
 
