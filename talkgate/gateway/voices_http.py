@@ -199,9 +199,10 @@ def _builtin(gw) -> tuple[str, ...]:
     return gw.client.info.voices
 
 
-def _stored(gw) -> list[StoredVoice]:
-    """The stored voices this server speaks: all of them on a Base checkpoint, none on another model."""
-    return gw.store.list() if gw.client.info.model_type == "base" else []
+async def _stored(gw) -> list[StoredVoice]:
+    """The stored voices this server speaks: all of them on a Base checkpoint, none on another model. Read on a
+    worker thread (the first listing of a full store parses 1000 files)."""
+    return await asyncio.to_thread(gw.store.list) if gw.client.info.model_type == "base" else []
 
 
 def _lookup(gw, key: str) -> StoredVoice | str | None:
@@ -249,7 +250,7 @@ async def _openai_create(request: web.Request) -> web.Response:
 async def _openai_list(request: web.Request) -> web.Response:
     gw = request.app["gateway"]
     info = gw.client.info
-    voices = [openai_voice(v) for v in (*_builtin(gw), *_stored(gw))]
+    voices = [openai_voice(v) for v in (*_builtin(gw), *await _stored(gw))]
     return web.json_response({"object": "list", "voices": voices, "languages": list(info.languages),
                               "model": info.as_dict()})
 
@@ -304,18 +305,18 @@ async def _elevenlabs_add(request: web.Request) -> web.Response:
     return web.json_response({"voice_id": voice.id, "requires_verification": False})
 
 
-def _elevenlabs_all(gw) -> list[dict]:
-    return [elevenlabs_voice(v) for v in (*_builtin(gw), *_stored(gw))]
+async def _elevenlabs_all(gw) -> list[dict]:
+    return [elevenlabs_voice(v) for v in (*_builtin(gw), *await _stored(gw))]
 
 
 async def _elevenlabs_list(request: web.Request) -> web.Response:
-    return web.json_response({"voices": _elevenlabs_all(request.app["gateway"])})
+    return web.json_response({"voices": await _elevenlabs_all(request.app["gateway"])})
 
 
 async def _elevenlabs_search(request: web.Request) -> web.Response:
     """GET /v2/voices: search (name or description), voice_type, category, page_size, next_page_token."""
     q = request.query
-    voices = _elevenlabs_all(request.app["gateway"])
+    voices = await _elevenlabs_all(request.app["gateway"])
     search = q.get("search", "").lower()
     if search:
         voices = [v for v in voices if search in v["name"].lower() or search in (v["description"] or "").lower()]
@@ -398,7 +399,7 @@ async def _cartesia_clone(request: web.Request) -> web.Response:
 async def _cartesia_list(request: web.Request) -> web.Response:
     """GET /voices: q, is_owner, limit, starting_after / ending_before (a voice id): one page of `data`."""
     gw, q = request.app["gateway"], request.query
-    voices = [cartesia_voice(v) for v in (*_builtin(gw), *_stored(gw))]
+    voices = [cartesia_voice(v) for v in (*_builtin(gw), *await _stored(gw))]
     if q.get("q"):
         needle = q["q"].lower()
         voices = [v for v in voices if needle in v["name"].lower() or needle in v["description"].lower()
@@ -447,7 +448,7 @@ async def _deepgram_models(request: web.Request) -> web.Response:
         return {"name": name, "canonical_name": name, "architecture": "qwen3-tts", "languages": languages,
                 "version": "talkgate", "uuid": uuid, "metadata": extra}
     tts = [model(v, v, {"category": "builtin"}) for v in _builtin(gw)]
-    tts += [model(v.id, v.id, {"display_name": v.name, "category": "cloned"}) for v in _stored(gw)]
+    tts += [model(v.id, v.id, {"display_name": v.name, "category": "cloned"}) for v in await _stored(gw)]
     return web.json_response({"stt": [], "tts": tts})
 
 
