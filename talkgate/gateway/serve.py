@@ -95,8 +95,8 @@ def add_parser(subparsers) -> None:
     p.add_argument("--voice-map", metavar="FILE", help="JSON file mapping the compatible APIs' voice ids to "
                    "talkgate voices (docs/compat.md); default: the built-in map")
     p.add_argument("--shutdown-deadline", metavar="SECONDS", type=cli_args.seconds, default=10.0,
-                   help="seconds open contexts may finish after SIGTERM/SIGINT (or POST /admin/drain) before their "
-                   "sockets close with 1001")
+                   help="seconds open contexts may finish once a drain begins (SIGTERM, SIGINT, POST /admin/drain); "
+                   "then their sockets close with 1001")
     p.set_defaults(func=run)
 
 
