@@ -243,7 +243,6 @@ async def spread_by_load(fleet: Fleet) -> None:
     await fleet.close([c for c in clients if c.replica != 0] + again)
 
 
-
 async def drain_one(fleet: Fleet) -> None:
     """Replica 0 holds one stream in flight, the others two idle sessions each, so least-conn would pick 0 next;
     POST /admin/drain to it; three new sessions all land on 1 and 2 (nginx: 0 refused the handshake with 503
@@ -306,6 +305,7 @@ async def kill_one(fleet: Fleet) -> None:
         for c in natives:
             if c.replica == victim:
                 assert await c.until("context.done") is None, "a killed replica's session must end"
+                assert c.ws.close_code == 1006          # no close frame: the connection just ended
         for i, c in enumerate(natives):
             if c.replica == survivor:
                 done = await c.finish(f"n{i}")
@@ -313,8 +313,9 @@ async def kill_one(fleet: Fleet) -> None:
                 assert not [e for e in c.events if e["type"] == "error"]
                 assert c.ws.close_code is None, "a session on the live replica must stay open"
         on_survivor = sum(c.replica == survivor for c in natives)
-        await poll(lambda: fleet.counts_are([0, *([None, on_survivor + 1] if victim == 1 else [on_survivor + 1, None])]),
-                   "pipecat to reconnect to the live replica")
+        expected = [0, None, None]
+        expected[survivor] = on_survivor + 1
+        await poll(lambda: fleet.counts_are(expected), "pipecat to reconnect to the live replica")
         p.take()
         await p.say("Bye now. ")
         await asyncio.wait_for(p.stopped.wait(), 90)
