@@ -71,7 +71,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--api-key", metavar="KEY", action="append", default=[], help="require this API key "
                    "(repeatable; also TALKGATE_API_KEYS=k1,k2); default: no key needed")
     p.add_argument("--admin-without-key", action="store_true", help="answer the admin endpoints (POST /admin/drain) "
-                   "without an API key; without --api-key they are refused otherwise (docs/deploy.md)")
+                   "without an API key; without --api-key they are refused otherwise (docs/operations.md)")
     p.add_argument("--allow-origin", metavar="ORIGIN", action="append", default=[],
                    help="allowed browser Origin (repeatable); default: any")
     d = Limits()

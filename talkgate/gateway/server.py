@@ -34,8 +34,8 @@ class ServerConfig:
     api_keys: tuple[str, ...] = ()            # empty: no authentication
     allowed_origins: tuple[str, ...] = ()     # empty: any Origin; else browsers must match one
     shutdown_deadline_s: float = 10.0         # graceful shutdown: contexts may finish for this long
-    admin_without_key: bool = False           # /admin/* answers without api_keys (else refused: docs/deploy.md)
     voice_map: str | None = None              # JSON file: compatible APIs' voice ids -> talkgate voices
+    admin_without_key: bool = False           # /admin/* answers without api_keys (else refused: docs/operations.md)
 
 
 class Gateway:
