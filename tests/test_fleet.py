@@ -232,6 +232,7 @@ def test_fleet_behind_proxy(fleet_parts):
 async def spread_by_load(fleet: Fleet) -> None:
     """Six sessions spread 2/2/2; the two on replica 0 closed, the next two both go there (round robin would
     send one elsewhere)."""
+    await poll(lambda: fleet.counts_are([0, 0, 0]), "the TTFA sessions to close")
     clients = [await fleet.open() for _ in range(6)]
     assert sorted(c.replica for c in clients) == [0, 0, 1, 1, 2, 2]
     first = [c for c in clients if c.replica == 0]
