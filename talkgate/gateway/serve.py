@@ -70,6 +70,8 @@ def add_parser(subparsers) -> None:
     add_untrained_length(p)
     p.add_argument("--api-key", metavar="KEY", action="append", default=[], help="require this API key "
                    "(repeatable; also TALKGATE_API_KEYS=k1,k2); default: no key needed")
+    p.add_argument("--admin-without-key", action="store_true", help="answer the admin endpoints (POST /admin/drain) "
+                   "without an API key; without --api-key they are refused otherwise (docs/operations.md)")
     p.add_argument("--allow-origin", metavar="ORIGIN", action="append", default=[],
                    help="allowed browser Origin (repeatable); default: any")
     d = Limits()
@@ -96,7 +98,8 @@ def add_parser(subparsers) -> None:
                    "servers may share (docs/voices.md); default: voices/ in the talkgate data directory "
                    "($TALKGATE_DATA, else ~/.local/share/talkgate)")
     p.add_argument("--shutdown-deadline", metavar="SECONDS", type=cli_args.seconds, default=10.0,
-                   help="seconds open contexts may finish after SIGTERM/SIGINT before their sockets close with 1001")
+                   help="seconds open contexts may finish once a drain begins (SIGTERM, SIGINT, POST /admin/drain); "
+                   "then their sockets close with 1001")
     p.set_defaults(func=run)
 
 
@@ -179,7 +182,7 @@ def run(args: argparse.Namespace) -> int:
                         max_backlog_ms=args.max_backlog_ms)
         config = ServerConfig(limits=limits, api_keys=keys, allowed_origins=tuple(args.allow_origin),
                               shutdown_deadline_s=args.shutdown_deadline, voice_map=args.voice_map,
-                              voice_store=args.voice_store)
+                              voice_store=args.voice_store, admin_without_key=args.admin_without_key)
         host = f"[{args.host}]" if ":" in args.host else args.host
         url = f"http://{host}:{sockets[0].getsockname()[1]}"
         try:
