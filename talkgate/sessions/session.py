@@ -2,15 +2,17 @@
 
 Sans-I/O and pure: operations (`start`, `append`, `flush`, `cancel`, `close`, `on_engine_event`) return
 a list of session events and engine commands (synth.api: OpenContext, AppendText, EndText,
-CancelContext); the caller (a wire protocol: native, ElevenLabs, Cartesia, Deepgram, OpenAI HTTP)
+CancelContext, MakeVoice); the caller (a wire protocol: native, ElevenLabs, Cartesia, Deepgram, OpenAI HTTP)
 turns the events into its own messages and passes the commands on to the I/O layer, which submits
 them. Every compatible API is a translator onto this class, never a second implementation.
 
 The session tokenizes: one StreamingTokenizer per context turns text deltas into the token ids the
-engine takes. Engine events come back through `on_engine_event`; events of a context that is no
-longer active (cancelled, failed) are dropped here by context id: that is how stale audio that was
-already in flight when a cancel happened never reaches the client. One thread (the connection's
-event loop) touches a session.
+engine takes. It resolves voices (sessions/voices.py Voices: a voice of the model, or a stored cloned
+voice's VoicePrompt, looked up at each context start); a context with its own reference audio (Reference)
+sends MakeVoice first and holds its text commands until VoiceMade opens it. Engine events come back
+through `on_engine_event`; events of a context that is no longer active (cancelled, failed) are dropped
+here by context id: that is how stale audio that was already in flight when a cancel happened never
+reaches the client. One thread (the connection's event loop) touches a session.
 """
 from __future__ import annotations
 
@@ -270,7 +272,7 @@ class Session:
                                language=cfg.language, instructions=cfg.instructions, sampling=cfg.sampling,
                                fixed_frames=cfg.fixed_frames)
         started = ContextStarted(context_id, ctx.stream, cfg.format)
-        if cfg.reference is not None:       # the context opens once its voice is made (_voice_made)
+        if cfg.reference is not None:       # the context opens once its voice is made (VoiceMade)
             ctx.held, ctx.params = [], replace(params, voice=None)
             return [started, MakeVoice(ctx.context, cfg.reference.audio, cfg.reference.ref_text)]
         return [started, OpenContext(ctx.context, params)]
