@@ -48,3 +48,23 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="session")
+def tiny_base_checkpoint(tmp_path_factory):
+    """A tiny Base checkpoint (voice cloning: speaker encoder, codec encoder), random weights, seed 0."""
+    return create_checkpoint(tmp_path_factory.mktemp("ckpt") / "tiny-base", preset="tiny", variant="base", seed=0)
+
+
+@pytest.fixture(scope="session")
+def base_server(tiny_base_checkpoint, tmp_path_factory):
+    """`talkgate serve` of the tiny Base checkpoint with an API key (tests/voicetools.py KEY), a voice store of
+    its own (`.store`) and --seed 1, shared by the voice tests (HTTP, client libraries, the web page)."""
+    from tests.serverproc import TalkgateServer
+    from tests.voicetools import KEY
+
+    store = tmp_path_factory.mktemp("voice-store")
+    with TalkgateServer(tiny_base_checkpoint, "--api-key", KEY, "--voice-store", str(store), "--seed",
+                        "1") as srv:
+        srv.store = store
+        yield srv

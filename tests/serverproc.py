@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -28,7 +30,9 @@ class TalkgateServer:
                      "--port", "0", "--device", "cpu", *extra_args]
         self.timeout_s = timeout_s
         self.wait = {"ready": READY, "listening": LISTENING}[wait]
-        self.env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+        # the default voice store lives under TALKGATE_DATA: one of its own (removed at the end), never the user's
+        self.data = tempfile.mkdtemp(prefix="talkgate-data-")
+        self.env = {**os.environ, "PYTHONUNBUFFERED": "1", "TALKGATE_DATA": self.data, **(env or {})}
         self.proc: subprocess.Popen | None = None
         self.url = self.ws_url = ""
         self.port = 0
@@ -84,3 +88,4 @@ class TalkgateServer:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+        shutil.rmtree(self.data, ignore_errors=True)

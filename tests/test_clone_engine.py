@@ -9,15 +9,17 @@ import numpy as np
 import pytest
 import torch
 
+from talkgate.synth import engine as engine_module
 from talkgate.synth.api import (
-    AudioChunk, ContextDone, ContextFailed, ContextParams, InvalidParams, SamplingParams, VoicePrompt,
+    AudioChunk, ContextDone, ContextFailed, ContextParams, InvalidParams, MakeVoice, SamplingParams, VoiceFailed,
+    VoiceMade, VoicePrompt,
 )
 from talkgate.synth.checkpoint import create_checkpoint
 from talkgate.synth.engine import Engine
 from talkgate.synth.loader import load_tts
 from talkgate.synth.offline import synthesize
 from talkgate.synth.prompt import MAX_REF_FRAMES
-from talkgate.synth.voice import make_voice_prompt
+from talkgate.synth.voice import make_voice_prompt, to_mono_24k
 from tests.speaker import Speaker
 from tests.test_parity_clone import voice_audio
 
@@ -209,6 +211,113 @@ def test_voice_prompt_errors(base_checkpoint, tiny_checkpoint, tts, voices):
     assert "needs a Base checkpoint; this model is custom_voice" in refusal(other, ContextParams(voice_prompt=voices[0])).message
     with pytest.raises(InvalidParams, match="float32 bytes"):
         VoicePrompt(b"abc")
+
+
+class Answers:
+    """A client of Engine.connect that keeps every event it is handed, one list per deliver call."""
+
+    def __init__(self, engine):
+        self.engine, self.batches = engine, []
+        self.id = engine.connect(self.batches.append)
+
+    @property
+    def events(self):
+        return [ev for batch in self.batches for ev in batch]
+
+    def make(self, request, audio, ref_text=None):
+        self.engine.submit(self.id, [MakeVoice(request, np.asarray(audio, "<f4").tobytes(), ref_text)])
+
+
+def test_make_voice_command_equals_make_voice_prompt_and_primes_icl(base_checkpoint, tts):
+    """MakeVoice (24 kHz float32 bytes) answers VoiceMade with the voice make_voice_prompt makes from the
+    original audio; an ICL voice's decoder state is primed then, not at its first context."""
+    engine = new_engine(base_checkpoint)
+    client = Answers(engine)
+    audio = voice_audio(31, 2.2, 16000)
+    clip = to_mono_24k(audio, 16000)
+    client.make(1, clip)
+    client.make(2, clip, "Hello, this is my voice.")
+    while len(client.events) < 2:
+        engine.run_once()
+    made = {ev.request: ev for ev in client.events}
+    assert all(isinstance(ev, VoiceMade) and ev.ms > 0 for ev in made.values())
+    assert made[1].voice == make_voice_prompt(tts, audio, 16000)
+    assert made[2].voice == make_voice_prompt(tts, audio, 16000, "Hello, this is my voice.")
+    assert list(engine.runner._primed) == [made[2].voice.codes]
+    stats = engine.stats()
+    assert stats["voices_made"] == 2 and stats["voice_ms_max"] >= stats["voice_ms_last"] > 0
+
+
+def test_voices_are_made_a_step_of_work_per_step_boundary(base_checkpoint):
+    """While a context runs, a voice's work goes one step per step boundary (the speaker encoder; for ICL the
+    codec encoder, then the decoder priming a chunk at a time) and the context's audio keeps coming every
+    step; with no context open, a voice is made at once."""
+    engine = new_engine(base_checkpoint)
+    client, speaker = Answers(engine), Speaker(engine)
+    events: list = []
+    say(speaker, ContextParams(sampling=SamplingParams(seed=3), fixed_frames=12), "A context that runs.", events)
+    engine.run_once()
+    clip = to_mono_24k(voice_audio(32, 1.5), 24000)
+    for r in range(3):
+        client.make(r, clip, "Three voices." if r == 1 else None)
+    made_per_call, frames_per_call = [], []
+    for _ in range(5):
+        voices_before, frames_before = len(client.events), sum(isinstance(e, AudioChunk) for e in events)
+        engine.run_once()
+        made_per_call.append(len(client.events) - voices_before)
+        frames_per_call.append(sum(isinstance(e, AudioChunk) for e in events) - frames_before)
+    # x-vector: one step; ICL: speaker encoder, codec encoder, priming (19 frames: one chunk); x-vector.
+    # A frame's audio is emitted during the next step, or before a voice's work: the first call takes the
+    # audio of two steps out, then every step's own
+    assert made_per_call == [1, 0, 0, 1, 1] and frames_per_call == [2, 1, 1, 1, 1]
+    assert [ev.request for ev in client.events] == [0, 1, 2]
+    drive(engine, {}, [events])
+    idle = Answers(engine)
+    idle.make(7, clip, "At once.")
+    engine.run_once()
+    assert [type(ev) for ev in idle.events] == [VoiceMade]
+
+
+def test_make_voice_refusals(base_checkpoint, tiny_checkpoint, monkeypatch):
+    engine = new_engine(base_checkpoint)
+    client = Answers(engine)
+    clip = to_mono_24k(voice_audio(33, 1.5), 24000)
+    cases = {
+        1: (clip[:12000], None, "invalid_params", r"0.50 s; it must be 1 to 30 s"),
+        2: (np.zeros(24000 * 31, np.float32), None, "invalid_params", r"31.00 s"),
+        3: (clip, "word " * 1100, "invalid_params", r"reference text is \d+ tokens, at most 1024"),
+        4: (clip * np.nan, None, "invalid_params", "NaN or infinite"),
+    }
+    for request, (audio, ref_text, _, _) in cases.items():
+        client.make(request, audio, ref_text)
+    engine.submit(client.id, [MakeVoice(5, b"abc")])
+    while len(client.events) < 5:
+        engine.run_once()
+    got = {ev.request: ev for ev in client.events}
+    for request, (_, _, code, message) in cases.items():
+        assert isinstance(got[request], VoiceFailed) and got[request].code == code, got[request]
+        assert re.search(message, got[request].message), got[request]
+    assert "float32 samples" in got[5].message
+    # a model that cannot clone
+    other = Answers(new_engine(tiny_checkpoint))
+    other.make(1, clip)
+    other.engine.run_once()
+    assert other.events == [VoiceFailed(1, "invalid_params", "voice cloning needs a Base checkpoint; this model "
+                                                             "is custom_voice")]
+    # a full queue answers at once; a stopped engine refuses what it had queued
+    monkeypatch.setattr(engine_module, "MAX_VOICES_QUEUED", 2)
+    client.batches.clear()
+    for r in range(10, 13):
+        client.make(r, clip)
+    assert client.events == []
+    engine.run_once()
+    assert [type(ev).__name__ for ev in client.events] == ["VoiceFailed", "VoiceMade"]
+    assert client.events[0].request == 12 and client.events[0].code == "engine_full"
+    engine.stop()
+    assert client.events[-1] == VoiceFailed(11, "engine_stopped", "engine stopped")
+    engine.submit(client.id, [MakeVoice(13, clip.tobytes())])
+    engine._deliver()
+    assert client.events[-1] == VoiceFailed(13, "engine_stopped", "engine stopped")
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (not on this machine)")

@@ -107,3 +107,23 @@ def test_a_busy_loop_holds_the_engine_and_nothing_is_dropped(tiny_engine, monkey
     ctx, held, owner = asyncio.run(go())
     assert held == 3                                # the engine stopped at the limit
     assert [ev.first_frame for ev in owner.events if isinstance(ev, AudioChunk)] == list(range(40))
+
+
+def test_make_voice_answers_on_the_loop(tiny_engine):
+    """EngineClient.make_voice: the engine's answer to MakeVoice comes back on the loop as the voice or as the
+    engine's error (a CustomVoice model cannot clone); nothing of it is left behind in the routing."""
+    import numpy as np
+    import pytest
+
+    from talkgate.synth.api import EngineError
+
+    async def go():
+        client = EngineClient(tiny_engine, asyncio.get_running_loop())
+        with pytest.raises(EngineError) as e:
+            await client.make_voice(np.zeros(24000, "<f4").tobytes(), None, 30)
+        owned = client.owned()
+        client.close()
+        return e.value, owned
+
+    err, owned = asyncio.run(go())
+    assert err.code == "invalid_params" and "needs a Base checkpoint" in err.message and owned == 0

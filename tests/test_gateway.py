@@ -106,7 +106,14 @@ def test_health_metrics_voices_and_page(server):
                 assert body["model"]["untrained"] is True and "notice" in body["model"]
             async with s.get(server.url + "/v1/audio/voices") as r:
                 voices = (await r.json())["voices"]
-                assert {"id": "ryan", "name": "ryan"} in voices
+                assert {"id": "ryan", "object": "audio.voice", "name": "ryan", "type": "builtin"} in voices
+            # cloning needs a Base checkpoint: said plainly, and a CustomVoice model lists no stored voices
+            form = aiohttp.FormData()
+            form.add_field("name", "x")
+            form.add_field("consent", "yes")
+            form.add_field("audio_sample", b"RIFF", filename="a.wav")
+            async with s.post(server.url + "/v1/audio/voices", data=form) as r:
+                assert r.status == 400 and (await r.json())["error"]["code"] == "cloning_unavailable"
             async with s.get(server.url + "/") as r:
                 assert r.status == 200 and "<html" in (await r.text()).lower()
             async with s.get(server.url + "/metrics") as r:

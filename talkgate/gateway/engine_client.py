@@ -10,7 +10,9 @@ through this one path.
     client.forget(link)                     # the link is over: whatever it still owns is cancelled
 
 Context ids come from one counter shared by every session of this gateway (`contexts`), so they are
-unique per engine client as the engine requires. The engine calls `deliver` on its own thread once per
+unique per engine client as the engine requires. A session's MakeVoice (a context's own reference audio)
+uses its context's id as request id; `make_voice` (the voice store's uploads) takes an id from the same
+counter: VoiceMade and VoiceFailed are routed to their owner by it like a context's events. The engine calls `deliver` on its own thread once per
 step: the batch crosses to the loop in one call_soon_threadsafe. Batches handed over but not yet routed
 are counted: while MAX_BEHIND are outstanding `behind()` is true, and the engine (its `hold`) waits
 before its next step, so the loop's backlog stays bounded without dropping anything.
@@ -21,7 +23,10 @@ import asyncio
 import itertools
 import threading
 
-from talkgate.synth.api import CancelContext, ContextDone, ContextFailed, EngineCommand, OpenContext
+from talkgate.synth.api import (
+    CancelContext, ContextDone, ContextFailed, EngineCommand, EngineError, MakeVoice, OpenContext, VoiceFailed,
+    VoiceMade, VoicePrompt,
+)
 
 MAX_BEHIND = 32             # step batches handed to the loop and not yet routed (~32 steps of audio)
 
@@ -43,9 +48,24 @@ class EngineClient:
         for cmd in commands:
             if isinstance(cmd, OpenContext):
                 self._owners[cmd.context] = owner
+            elif isinstance(cmd, MakeVoice):
+                self._owners[cmd.request] = owner
             elif isinstance(cmd, CancelContext):
                 self._owners.pop(cmd.context, None)
         self.engine.submit(self.client, commands)
+
+    async def make_voice(self, audio: bytes, ref_text: str | None, timeout_s: float) -> VoicePrompt:
+        """On the loop: the engine's voice made from 24 kHz float32 mono samples; raises EngineError (the
+        engine's refusal, or engine_error after timeout_s)."""
+        waiter = _VoiceWaiter(self.loop)
+        request = next(self.contexts)
+        self.submit(waiter, [MakeVoice(request, audio, ref_text)])
+        try:
+            return await asyncio.wait_for(waiter.future, timeout_s)
+        except asyncio.TimeoutError:
+            raise EngineError(f"the engine did not make the voice within {timeout_s:g} s") from None
+        finally:
+            self._owners.pop(request, None)
 
     def forget(self, owner) -> None:
         """The owner is over: cancel any context it still owns (its session normally cancelled them all)."""
@@ -82,11 +102,12 @@ class EngineClient:
         try:
             batches: dict[int, tuple[object, list]] = {}
             for ev in events:
-                owner = self._owners.get(ev.context)
+                key = ev.request if isinstance(ev, (VoiceMade, VoiceFailed)) else ev.context
+                owner = self._owners.get(key)
                 if owner is None:               # cancelled meanwhile: stale
                     continue
-                if isinstance(ev, (ContextDone, ContextFailed)):
-                    del self._owners[ev.context]
+                if isinstance(ev, (ContextDone, ContextFailed, VoiceMade, VoiceFailed)):
+                    del self._owners[key]
                 batches.setdefault(id(owner), (owner, []))[1].append(ev)
             for owner, evs in batches.values():
                 owner.engine_events(evs)
@@ -94,3 +115,19 @@ class EngineClient:
             if counted:
                 with self._count_lock:
                     self._outstanding -= 1
+
+
+class _VoiceWaiter:
+    """The owner of one make_voice request: its answer resolves the future."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self.future = loop.create_future()
+
+    def engine_events(self, events: list) -> None:
+        for ev in events:
+            if self.future.done():
+                return
+            if isinstance(ev, VoiceMade):
+                self.future.set_result(ev.voice)
+            elif isinstance(ev, VoiceFailed):
+                self.future.set_exception(EngineError(ev.message, ev.code))

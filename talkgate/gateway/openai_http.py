@@ -1,10 +1,11 @@
-"""OpenAI-compatible `POST /v1/audio/speech` and `GET /v1/audio/voices` (sessions/openai.py is the
-translator). A streamed response is a Link like a WebSocket connection: the same outbox, error
+"""OpenAI-compatible `POST /v1/audio/speech` (sessions/openai.py is the translator; the voices endpoints are
+voices_http.py's). A streamed response is a Link like a WebSocket connection: the same outbox, error
 funnel, slow-consumer and idle rules; a client that disconnects ends its context at once."""
 from __future__ import annotations
 
 import asyncio
 import codecs
+from dataclasses import replace
 
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
@@ -15,6 +16,8 @@ from talkgate.gateway.server import ErrorResponse
 from talkgate.sessions.actions import http_status
 from talkgate.sessions.fields import SessionError, load_json
 from talkgate.sessions.openai import Begin, Respond, SpeechProtocol, parse_request
+from talkgate.sessions.reference_audio import AudioError, read_clip
+from talkgate.sessions.session import Reference
 
 
 class HttpStream(Link):
@@ -93,21 +96,17 @@ async def speech(request: web.Request) -> web.StreamResponse:
         return ErrorResponse(400, "invalid_json", f"the body is not text in its charset ({e.__class__.__name__})")
     try:
         req = parse_request(load_json(text, 4 * gw.limits.max_message_bytes), gw.limits.max_http_input_chars)
-        session = gw.new_session("openai", req.config)
+        config = req.config
+        if req.ref_audio is not None:       # this request's own voice: decoded off the loop, made by the engine
+            clip = await asyncio.to_thread(read_clip, req.ref_audio, "ref_audio")
+            config = replace(config, reference=Reference(clip.samples.tobytes(), req.ref_text))
+        session = gw.new_session("openai", config)
+    except AudioError as e:
+        return ErrorResponse(e.status, e.code, e.message)
     except SessionError as e:
         return ErrorResponse(http_status(e.code), e.code, e.message)
     return await HttpStream(request, SpeechProtocol(session, req), gw.client, gw.limits, gw.count_error).run()
 
 
-async def voices(request: web.Request) -> web.Response:
-    gw = request.app["gateway"]
-    if not gw.authorized(request):
-        return ErrorResponse(401, "unauthorized", "a valid API key is required")
-    info = gw.client.info
-    return web.json_response({"voices": [{"id": v, "name": v} for v in info.voices],
-                              "languages": list(info.languages), "model": info.as_dict()})
-
-
 def add_routes(app: web.Application) -> None:
     app.router.add_post("/v1/audio/speech", speech)
-    app.router.add_get("/v1/audio/voices", voices)

@@ -94,6 +94,9 @@ def add_parser(subparsers) -> None:
                    "context is cancelled as a slow consumer")
     p.add_argument("--voice-map", metavar="FILE", help="JSON file mapping the compatible APIs' voice ids to "
                    "talkgate voices (docs/compat.md); default: the built-in map")
+    p.add_argument("--voice-store", metavar="DIR", help="directory of the stored (cloned) voices, which several "
+                   "servers may share (docs/voices.md); default: voices/ in the talkgate data directory "
+                   "($TALKGATE_DATA, else ~/.local/share/talkgate)")
     p.add_argument("--shutdown-deadline", metavar="SECONDS", type=cli_args.seconds, default=10.0,
                    help="seconds open contexts may finish once a drain begins (SIGTERM, SIGINT, POST /admin/drain); "
                    "then their sockets close with 1001")
@@ -158,6 +161,12 @@ def run(args: argparse.Namespace) -> int:
         VoiceMap.load(args.voice_map)
     except ValueError as e:
         raise CommandError(str(e)) from None
+    if args.voice_store:                # one given must be usable; the default is made on the first upload
+        from talkgate.gateway.voice_store import StoreError, VoiceStore
+        try:
+            VoiceStore(args.voice_store).open()
+        except StoreError as e:
+            raise CommandError(f"--voice-store: {e.message}") from None
     sockets = listen(args.host, args.port)
     try:
         device = cli_args.check_device(args.device)
@@ -173,7 +182,7 @@ def run(args: argparse.Namespace) -> int:
                         max_backlog_ms=args.max_backlog_ms)
         config = ServerConfig(limits=limits, api_keys=keys, allowed_origins=tuple(args.allow_origin),
                               shutdown_deadline_s=args.shutdown_deadline, voice_map=args.voice_map,
-                              admin_without_key=args.admin_without_key)
+                              voice_store=args.voice_store, admin_without_key=args.admin_without_key)
         host = f"[{args.host}]" if ":" in args.host else args.host
         url = f"http://{host}:{sockets[0].getsockname()[1]}"
         try:

@@ -16,11 +16,13 @@ from aiohttp.web_protocol import RequestHandler
 from talkgate.gateway.connection import Connection
 from talkgate.gateway.engine_client import EngineClient
 from talkgate.gateway.metrics import ContextObserver, Metrics
+from talkgate.gateway.voice_store import VoiceStore, default_root
 from talkgate.gateway.websocket import GatewayWebSocket
 from talkgate.sessions.limits import Limits
 from talkgate.sessions.native import NativeProtocol
 from talkgate.sessions.openai import error_body
 from talkgate.sessions.session import Session
+from talkgate.sessions.voices import Voices
 
 log = logging.getLogger("talkgate.server")
 WEB_DIR = Path(__file__).resolve().parent.parent / "web"
@@ -35,6 +37,7 @@ class ServerConfig:
     allowed_origins: tuple[str, ...] = ()     # empty: any Origin; else browsers must match one
     shutdown_deadline_s: float = 10.0         # graceful shutdown: contexts may finish for this long
     voice_map: str | None = None              # JSON file: compatible APIs' voice ids -> talkgate voices
+    voice_store: str | None = None            # the voice store's directory (None: voice_store.default_root())
     admin_without_key: bool = False           # /admin/* answers without api_keys (else refused: docs/operations.md)
 
 
@@ -52,6 +55,9 @@ class Gateway:
         self.drain_task: asyncio.Task | None = None    # the drain, once a signal or POST /admin/drain started it
         self.hurry: list[asyncio.Event] = []           # any of them set cuts the drain short
         self.client: EngineClient | None = None    # the engine's client, made with the app (on its loop)
+        self.store = VoiceStore(config.voice_store or default_root())
+        self.voices: Voices | None = None          # what a `voice` names: the model's, the store's (with the client)
+        self.voices_making = 0                     # uploads being decoded and made (voices_http.py)
 
     @property
     def state(self) -> str:
@@ -163,7 +169,7 @@ class Gateway:
 
     def new_session(self, label: str, defaults=None) -> Session:
         return Session(self.client.info, self.limits, self.client.new_tokenizer, defaults,
-                       ContextObserver(self.metrics, label), contexts=self.client.contexts)
+                       ContextObserver(self.metrics, label), contexts=self.client.contexts, voices=self.voices)
 
 
 # ----- handlers -----
@@ -299,7 +305,7 @@ class AppRunner(web.AppRunner):
 
 
 def create_app(engine, config: ServerConfig | None = None) -> web.Application:
-    from talkgate.gateway import admin, compat_routes, openai_http
+    from talkgate.gateway import admin, compat_routes, openai_http, voices_http
     from talkgate.sessions.voices import VoiceMap
 
     gw = Gateway(engine, config or ServerConfig())
@@ -312,7 +318,8 @@ def create_app(engine, config: ServerConfig | None = None) -> web.Application:
     app.router.add_get("/ready", ready)
     app.router.add_get("/metrics", metrics)
     openai_http.add_routes(app)
-    compat_routes.add_routes(app, VoiceMap.load(gw.config.voice_map))
+    voices_http.add_routes(app)
+    compat_routes.add_routes(app, VoiceMap.load(gw.config.voice_map, stored=gw.store.exists))
     admin.add_routes(app)
     app.router.add_get("/", index)
     app.router.add_get("/web/{name}", web_file)
@@ -326,6 +333,7 @@ async def _start(app: web.Application) -> None:
     gw: Gateway = app["gateway"]
     app["lag_watch"] = asyncio.create_task(gw.metrics.watch_loop_lag())
     gw.client = EngineClient(gw.engine, asyncio.get_running_loop())
+    gw.voices = Voices(gw.client.info, gw.store.get)
     if hasattr(gw.engine, "hold"):
         gw.engine.hold = gw.client.behind       # the engine waits while the loop is behind on its events
 

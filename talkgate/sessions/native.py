@@ -16,9 +16,10 @@ from talkgate.codecs import ENCODINGS
 from talkgate.sessions.actions import ENGINE_COMMANDS, Action, Close, Purge, Send, dumps, send_json
 from talkgate.sessions.fields import SessionError, field_of, integer, load_message, number, show
 from talkgate.sessions.limits import Limits
+from talkgate.sessions.reference_audio import check_ref_text, decode_inline, read_clip
 from talkgate.sessions.session import (
     AudioFormat, AudioOut, ContextCancelled, ContextError, ContextFinished, ContextStarted, FirstAudio,
-    Session, SessionEvent,
+    Reference, Session, SessionEvent,
 )
 from talkgate.synth.api import SEED_RANGE, EngineEvent, SamplingParams, seed_fits
 
@@ -140,7 +141,24 @@ class NativeProtocol:
         overrides = self._overrides(msg, cid)
         if "fixed_frames" in msg:
             overrides["fixed_frames"] = integer(msg, "fixed_frames", 1, 100_000, context_id=cid)
+        if msg.get("ref_audio") is not None or msg.get("ref_text") is not None:
+            if "voice" in overrides:
+                raise SessionError("invalid_params", "give a voice or reference audio (ref_audio), not both", cid)
+            overrides["reference"] = self._reference(msg, cid)
         return self._wire(self.session.start(cid, **overrides))
+
+    def _reference(self, msg: dict, cid: str) -> Reference:
+        """A context's own reference audio: `ref_audio` (a data URL or base64 of a WAV/FLAC/Ogg/MP3 file that
+        fits the message limit) and optional `ref_text`, the words spoken in it. Decoded here, on the event
+        loop: at most max_message_bytes of it."""
+        if msg.get("ref_audio") is None:
+            raise SessionError("invalid_params", "ref_text needs ref_audio, the audio whose words it is", cid)
+        try:
+            ref_text = check_ref_text(msg.get("ref_text"))
+            clip = read_clip(decode_inline(msg["ref_audio"], self.limits.max_message_bytes), "ref_audio")
+        except SessionError as e:
+            raise SessionError(e.code, e.message, cid) from None
+        return Reference(clip.samples.tobytes(), ref_text)
 
     def _on_text(self, msg: dict) -> list[Action]:
         cid = self._context_id(msg)

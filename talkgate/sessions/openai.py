@@ -8,6 +8,11 @@ truncated chunked body; engine commands) it returns `Begin` (a streamed 200 resp
 with the first audio, so that a context the engine refuses is still an error status) and `Respond`
 (the whole response at once: a non-streamed file, or an error before any audio).
 
+The voice: `voice` names a voice of the model or a stored (cloned) voice, as a string or as OpenAI's
+custom-voice object `{"id": ...}`; or `ref_audio` (a data URL or base64 of an audio file) with optional
+`ref_text` (its words: an in-context clone) clones a voice for this request only, and `voice`, which
+OpenAI's clients always send, is then ignored.
+
 Streaming (`stream: true`): `stream_format: "audio"` writes the encoded audio as a chunked body as it
 is generated (PCM: raw s16le 24 kHz, `audio/pcm`); `"sse"` sends `speech.audio.delta` events with
 base64 audio and a final `speech.audio.done`. Otherwise the whole file comes at the end.
@@ -20,6 +25,7 @@ from dataclasses import dataclass
 
 from talkgate.sessions.actions import ENGINE_COMMANDS, Close, Send, close_code, http_status
 from talkgate.sessions.fields import SessionError, field_of, integer, number, show
+from talkgate.sessions.reference_audio import MAX_BYTES, check_ref_text, decode_inline
 from talkgate.sessions.session import (
     AudioFormat, AudioOut, ContextConfig, ContextError, ContextFinished, Session,
 )
@@ -66,6 +72,8 @@ class SpeechRequest:
     response_format: str
     stream: bool
     stream_format: str
+    ref_audio: bytes | None = None      # a file of reference audio for this request (the caller decodes it
+    ref_text: str | None = None         # into config.reference: sessions/reference_audio.py read_clip)
 
 
 def parse_request(body: object, max_chars: int) -> SpeechRequest:
@@ -104,11 +112,25 @@ def _parse(body: object, max_chars: int) -> SpeechRequest:
     if seed is not None and not seed_fits(seed):
         raise SessionError("invalid_request", f"seed must fit in 64 bits ({SEED_RANGE})")
     encoding, rate, _ = FORMATS[fmt]
-    cfg = ContextConfig(voice=field_of(body, "voice", str), language=field_of(body, "language", str, "auto"),
+    voice = body.get("voice")
+    if isinstance(voice, dict):             # OpenAI's custom voice: {"id": "voice_..."}
+        voice = field_of(voice, "id", str, required=True)
+    elif voice is not None:
+        voice = field_of(body, "voice", str)
+    ref_audio = ref_text = None
+    if body.get("ref_audio") is not None:
+        ref_audio = decode_inline(body["ref_audio"], MAX_BYTES)
+        ref_text = check_ref_text(body.get("ref_text"))
+        if field_of(body, "x_vector_only_mode", bool, False):
+            ref_text = None
+        voice = None                        # the clients always send one
+    elif body.get("ref_text") is not None:
+        raise SessionError("invalid_request", "ref_text needs ref_audio, the audio whose words it is")
+    cfg = ContextConfig(voice=voice, language=field_of(body, "language", str, "auto"),
                         instructions=field_of(body, "instructions", str),
                         format=AudioFormat(encoding, rate, streaming=stream),
                         sampling=SamplingParams(seed=seed), fixed_frames=fixed, speed=speed)
-    return SpeechRequest(text, cfg, fmt, stream, stream_format)
+    return SpeechRequest(text, cfg, fmt, stream, stream_format, ref_audio, ref_text)
 
 
 class SpeechProtocol:

@@ -2,15 +2,17 @@
 
 Sans-I/O and pure: operations (`start`, `append`, `flush`, `cancel`, `close`, `on_engine_event`) return
 a list of session events and engine commands (synth.api: OpenContext, AppendText, EndText,
-CancelContext); the caller (a wire protocol: native, ElevenLabs, Cartesia, Deepgram, OpenAI HTTP)
+CancelContext, MakeVoice); the caller (a wire protocol: native, ElevenLabs, Cartesia, Deepgram, OpenAI HTTP)
 turns the events into its own messages and passes the commands on to the I/O layer, which submits
 them. Every compatible API is a translator onto this class, never a second implementation.
 
 The session tokenizes: one StreamingTokenizer per context turns text deltas into the token ids the
-engine takes. Engine events come back through `on_engine_event`; events of a context that is no
-longer active (cancelled, failed) are dropped here by context id: that is how stale audio that was
-already in flight when a cancel happened never reaches the client. One thread (the connection's
-event loop) touches a session.
+engine takes. It resolves voices (sessions/voices.py Voices: a voice of the model, or a stored cloned
+voice's VoicePrompt, looked up at each context start); a context with its own reference audio (Reference)
+sends MakeVoice first and holds its text commands until VoiceMade opens it. Engine events come back
+through `on_engine_event`; events of a context that is no longer active (cancelled, failed) are dropped
+here by context id: that is how stale audio that was already in flight when a cancel happened never
+reaches the client. One thread (the connection's event loop) touches a session.
 """
 from __future__ import annotations
 
@@ -25,9 +27,11 @@ from talkgate.codecs import FormatError, make_stream_encoder
 from talkgate.codecs.tempo import TempoStretcher
 from talkgate.sessions.fields import SessionError, show
 from talkgate.sessions.limits import Limits
+from talkgate.sessions.voices import Voices
 from talkgate.synth.api import (
     SEED_RANGE, AppendText, AudioChunk, CancelContext, ContextDone, ContextFailed, ContextParams, EndText,
-    EngineCommand, EngineEvent, ModelInfo, OpenContext, SamplingParams, seed_fits,
+    EngineCommand, EngineEvent, MakeVoice, ModelInfo, OpenContext, SamplingParams, VoiceFailed, VoiceMade,
+    seed_fits,
 )
 from talkgate.synth.request import text_seconds
 
@@ -40,8 +44,18 @@ class AudioFormat:
 
 
 @dataclass(frozen=True)
+class Reference:
+    """One context's own reference audio (a one-off cloned voice, never stored): mono float32 little-endian
+    samples at 24 kHz (sessions/reference_audio.py read_clip) and the words spoken in it (ICL), or None."""
+
+    audio: bytes
+    ref_text: str | None = None
+
+
+@dataclass(frozen=True)
 class ContextConfig:
-    voice: str | None = None
+    voice: str | None = None        # a voice of the model, or a stored voice's id or name (sessions/voices.py)
+    reference: Reference | None = None      # instead of `voice`: made by the engine for this context (MakeVoice)
     language: str = "auto"
     instructions: str | None = None
     format: AudioFormat = field(default_factory=AudioFormat)
@@ -121,6 +135,8 @@ class _Context:
     tokenizer: object               # synth.tokenizer.StreamingTokenizer
     tempo: object | None = None     # codecs.tempo.TempoStretcher when speed != 1
     state: State = State.OPEN
+    held: list | None = None        # its engine commands while the engine makes its voice (Reference)
+    params: ContextParams | None = None     # its OpenContext's, until then
     text_chars: int = 0
     t_first_text: float | None = None
     ttfa_ms: float | None = None
@@ -184,8 +200,11 @@ class Session:
 
     def __init__(self, info: ModelInfo, limits: Limits, new_tokenizer: Callable[[], object],
                  defaults: ContextConfig | None = None, observer: Observer | None = None,
-                 clock: Callable[[], float] = time.perf_counter, contexts: Iterator[int] | None = None):
+                 clock: Callable[[], float] = time.perf_counter, contexts: Iterator[int] | None = None,
+                 voices: Voices | None = None):
+        """`voices`: what a `voice` may name (default: the model's voices only)."""
         self.info, self.limits, self.new_tokenizer, self.clock = info, limits, new_tokenizer, clock
+        self.voices = voices or Voices(info)
         self.observer = observer or Observer()
         self.contexts = contexts if contexts is not None else itertools.count(1)
         self.defaults = self._checked(defaults or ContextConfig())
@@ -204,11 +223,10 @@ class Session:
     def _checked(self, cfg: ContextConfig, context_id: str | None = None) -> ContextConfig:
         info = self.info
         if cfg.voice is not None:
-            voice = cfg.voice.lower()
-            if voice not in info.voices:
-                raise SessionError("unknown_voice", f"unknown voice {show(cfg.voice)}; available: "
-                                   f"{', '.join(info.voices) or 'none (this model takes instructions)'}", context_id)
-            cfg = replace(cfg, voice=voice)
+            cfg = replace(cfg, voice=self.voices.resolve(cfg.voice, context_id)[0])
+        if cfg.reference is not None and info.model_type != "base":
+            raise SessionError("invalid_params", "reference audio (a cloned voice) needs a Base checkpoint; this "
+                               f"server's model is {info.model_type}", context_id)
         language = (cfg.language or "auto").lower()
         if language not in info.languages:
             raise SessionError("unknown_language", f"unknown language {show(cfg.language)}; available: "
@@ -248,9 +266,16 @@ class Session:
         self._next_stream += 1
         self._by_id[context_id] = self._by_context[ctx.context] = self._by_stream[ctx.stream] = ctx
         self.observer.started()
-        params = ContextParams(voice=cfg.voice, language=cfg.language, instructions=cfg.instructions,
-                               sampling=cfg.sampling, fixed_frames=cfg.fixed_frames)
-        return [ContextStarted(context_id, ctx.stream, cfg.format), OpenContext(ctx.context, params)]
+        # a stored voice is looked up again at each start: one deleted since session.config is unknown now
+        voice, prompt = self.voices.resolve(cfg.voice, context_id) if cfg.voice is not None else (None, None)
+        params = ContextParams(voice=None if prompt is not None else voice, voice_prompt=prompt,
+                               language=cfg.language, instructions=cfg.instructions, sampling=cfg.sampling,
+                               fixed_frames=cfg.fixed_frames)
+        started = ContextStarted(context_id, ctx.stream, cfg.format)
+        if cfg.reference is not None:       # the context opens once its voice is made (VoiceMade)
+            ctx.held, ctx.params = [], replace(params, voice=None)
+            return [started, MakeVoice(ctx.context, cfg.reference.audio, cfg.reference.ref_text)]
+        return [started, OpenContext(ctx.context, params)]
 
     @_drained
     def append(self, context_id: str, text: str) -> list:
@@ -271,7 +296,7 @@ class Session:
             except Exception:
                 self._end(ctx, "failed")
                 raise
-            out.append(AppendText(ctx.context, tuple(ids), text_seconds(text)))
+            out += self._engine(ctx, AppendText(ctx.context, tuple(ids), text_seconds(text)))
         return out
 
     @_drained
@@ -287,7 +312,7 @@ class Session:
         except Exception:
             self._end(ctx, "failed")
             raise
-        return [EndText(ctx.context, tuple(tail))]
+        return self._engine(ctx, EndText(ctx.context, tuple(tail)))
 
     @_drained
     def cancel(self, context_id: str | None = None) -> list:
@@ -343,13 +368,26 @@ class Session:
                                   f"{limit} ms of it wait unread and it is behind real time: context cancelled")
         return out
 
+    @staticmethod
+    def _engine(ctx: _Context, cmd: EngineCommand) -> list:
+        """A context's text command: out now, or held until its voice is made."""
+        if ctx.held is None:
+            return [cmd]
+        ctx.held.append(cmd)
+        return []
+
     # ----- engine events -----
     @_drained
     def on_engine_event(self, ev: EngineEvent) -> list:
-        ctx = self._by_context.get(ev.context)
+        ctx = self._by_context.get(ev.request if isinstance(ev, (VoiceMade, VoiceFailed)) else ev.context)
         if ctx is None:                 # cancelled or failed already: stale, drop
             return []
         try:
+            if isinstance(ev, VoiceMade):
+                held, ctx.held = ctx.held or [], None
+                return [OpenContext(ctx.context, replace(ctx.params, voice_prompt=ev.voice)), *held]
+            if isinstance(ev, VoiceFailed):     # the context never opened in the engine
+                return self._fail(ctx, ev.code, ev.message, engine_done=True)
             if isinstance(ev, AudioChunk):
                 return self._audio(ctx, ev)
             if isinstance(ev, ContextDone):

@@ -1,9 +1,16 @@
-"""Which talkgate voice a compatible API's voice identifier means: one configurable table per API.
+"""What a client's voice means: `Voices`, the one resolution every session uses (a voice of the model, or a
+stored cloned voice), and `VoiceMap`, which takes a compatible API's voice identifier to a talkgate voice.
 
-A table maps the API's voice ids (ElevenLabs voice ids, Cartesia voice UUIDs, Deepgram model names)
-onto talkgate voice names, or onto null (the model's default voice). An id that is not in the table
-but names a talkgate voice (case-insensitive) is that voice; otherwise the table's "*" entry, if it
-has one, applies; otherwise the id is unknown and the API answers with its own error shape.
+Voices: a voice of the model (case-insensitive) is itself; otherwise a stored voice by id (`voice_` and 16
+hex digits) or by name (case-insensitive) is its synth.api.VoicePrompt (gateway/voice_store.py keeps them).
+
+VoiceMap: a table per API maps the API's voice ids (ElevenLabs voice ids, Cartesia voice UUIDs, Deepgram
+model names) onto talkgate voices (a model voice's name, a stored voice's id or name), or onto null (the
+model's default voice). A stored voice's id or name is itself (so the ids the clone endpoints return work
+as they are); an id that is not in the table but names a voice of the model (case-insensitive) is that
+voice; otherwise the table's "*" entry, if it has one, applies; otherwise the id is unknown and the API
+answers with its own error shape. A model without named voices (Base, VoiceDesign) speaks every other id
+with its default voice, except an id of the stored-voice form, which is a deleted voice: unknown.
 
 The JSON file given by `talkgate serve --voice-map FILE` has the shape of `DEFAULT_TABLES`, e.g.
     {"elevenlabs": {"21m00Tcm4TlvDq8ikWAM": "vivian", "*": "ryan"}, "deepgram": {"aura-2-thalia-en": null}}
@@ -12,10 +19,17 @@ Its tables replace the defaults API by API (an API it does not name keeps the de
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
+from typing import Callable
+
+from talkgate.sessions.fields import SessionError, show
+from talkgate.synth.api import ModelInfo, VoicePrompt
 
 APIS = ("elevenlabs", "cartesia", "deepgram")
 ANY = "*"
+VOICE_ID_PREFIX = "voice_"
+STORED_ID = re.compile(r"voice_[0-9a-f]{16}\Z")
 
 # Defaults: the voices the clients use out of the box, onto Qwen3-TTS CustomVoice speakers.
 DEFAULT_TABLES: dict[str, dict[str, str | None]] = {
@@ -49,8 +63,44 @@ class UnknownVoice(Exception):
         self.api, self.voice_id = api, voice_id
 
 
+class Voices:
+    """The voices a session may name: the model's, then the store's. `stored(key)` -> a stored voice (with
+    .id, .name and .prompt, gateway/voice_store.py StoredVoice) by id or name, or None."""
+
+    def __init__(self, info: ModelInfo, stored: Callable[[str], object | None] | None = None):
+        self.info = info
+        self.stored = stored or (lambda key: None)
+
+    def resolve(self, voice: str, context_id: str | None = None) -> tuple[str, VoicePrompt | None]:
+        """-> (the voice's canonical name: a model voice's name, lower case, or a stored voice's id; the stored
+        voice's VoicePrompt, else None). SessionError unknown_voice, or invalid_voice for a stored voice on
+        a model that cannot speak cloned voices."""
+        info = self.info
+        if voice.lower() in info.voices:
+            return voice.lower(), None
+        found = self.stored(voice)
+        if found is not None:
+            if info.model_type != "base":
+                raise SessionError("invalid_voice", f"{show(voice)} is a cloned voice, which needs a Base checkpoint; "
+                                   f"this server's model is {info.model_type}", context_id)
+            return found.id, found.prompt
+        if STORED_ID.match(voice):
+            raise SessionError("unknown_voice", f"no voice {show(voice)}: it was deleted, or never stored",
+                               context_id)
+        if info.voices:
+            available = ", ".join(info.voices)
+        elif info.model_type == "base":
+            available = "none of its own (this model speaks cloned voices: see GET /v1/audio/voices)"
+        else:
+            available = "none (this model takes instructions)"
+        raise SessionError("unknown_voice", f"unknown voice {show(voice)}; available: {available}", context_id)
+
+
 class VoiceMap:
-    def __init__(self, tables: dict[str, dict[str, str | None]] | None = None):
+    def __init__(self, tables: dict[str, dict[str, str | None]] | None = None,
+                 stored: Callable[[str], bool] | None = None):
+        """`stored(key)`: whether a stored voice has this id or name."""
+        self.stored = stored or (lambda key: False)
         self.tables = {api: dict(DEFAULT_TABLES[api]) for api in APIS}
         for api, table in (tables or {}).items():
             if api not in APIS:
@@ -61,23 +111,27 @@ class VoiceMap:
             self.tables[api] = dict(table)
 
     @classmethod
-    def load(cls, path: str | Path | None) -> "VoiceMap":
+    def load(cls, path: str | Path | None, stored: Callable[[str], bool] | None = None) -> "VoiceMap":
         if path is None:
-            return cls()
+            return cls(stored=stored)
         try:
             data = json.loads(Path(path).read_text())
         except (OSError, ValueError) as e:
             raise ValueError(f"voice map {path}: {e}") from None
         if not isinstance(data, dict):
             raise ValueError(f"voice map {path}: the file must hold a JSON object")
-        return cls(data)
+        return cls(data, stored)
 
     def resolve(self, api: str, voice_id: str | None, voices: tuple[str, ...]) -> str | None:
-        """-> a talkgate voice name, or None for the model's default voice; raises UnknownVoice.
-        `voices`: the loaded model's voices (an empty id or a model without voices: its default)."""
+        """-> a talkgate voice (a model voice's name, a stored voice's id or name), or None for the model's
+        default voice; raises UnknownVoice. `voices`: the loaded model's voices (an empty id or a model
+        without voices: its default, or a stored voice the table names)."""
         table = self.tables[api]
+        if voice_id and (STORED_ID.match(voice_id) or self.stored(voice_id)):
+            return voice_id     # a cloned voice: the session speaks it, or says it was deleted
         if not voices:      # a model without named voices (voice design, voice clone): its default
-            return None
+            target = table.get(voice_id if voice_id in table else ANY) if voice_id else table.get(ANY)
+            return target if target is not None and (STORED_ID.match(target) or self.stored(target)) else None
         if not voice_id:
             return table.get(ANY)
         if voice_id in table:

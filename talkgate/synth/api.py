@@ -218,8 +218,28 @@ class ContextFailed:
     message: str
 
 
-EngineEvent = Union[AudioChunk, ContextDone, ContextFailed]
-# called by the engine once per step per client with that step's events of the client's contexts
+@dataclass(frozen=True)
+class VoiceMade:
+    """The answer to MakeVoice: the cloned voice, and the engine thread's milliseconds making it."""
+
+    request: int
+    voice: VoicePrompt
+    ms: float = 0.0
+
+
+@dataclass(frozen=True)
+class VoiceFailed:
+    """MakeVoice refused: `code` as the EngineError classes (invalid_params: a model that cannot clone, audio
+    out of range, a reference text too long; engine_full: too many voices queued; engine_stopped)."""
+
+    request: int
+    code: str
+    message: str
+
+
+EngineEvent = Union[AudioChunk, ContextDone, ContextFailed, VoiceMade, VoiceFailed]
+# called by the engine once per step per client with that step's events of the client's contexts (and the
+# answers to its MakeVoice commands)
 Deliver = Callable[[list[EngineEvent]], None]
 
 
@@ -259,5 +279,19 @@ class CancelContext:
     context: int
 
 
-EngineCommand = Union[OpenContext, AppendText, EndText, CancelContext]
+@dataclass(frozen=True)
+class MakeVoice:
+    """Make a cloned voice (Base checkpoints) from reference audio: `audio` is mono float32 little-endian
+    samples at SAMPLE_RATE, 1-30 s (resampling and mixing are the client's: synth.voice.to_mono_24k);
+    with `ref_text`, the words spoken in it, an in-context (ICL) voice, else x-vector only. Answered by
+    VoiceMade or VoiceFailed with the same `request` (chosen by the client; ids of its own, apart from
+    context ids). Plain bytes and a string, so it crosses a process boundary as a value; the engine
+    thread makes one voice per step boundary."""
+
+    request: int
+    audio: bytes
+    ref_text: str | None = None
+
+
+EngineCommand = Union[OpenContext, AppendText, EndText, CancelContext, MakeVoice]
 

@@ -45,9 +45,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from talkgate.synth.api import (
-    SEED_RANGE, AppendText, AudioChunk, CancelContext, ContextDone, ContextFailed, ContextParams, Deliver,
-    EndText, EngineCommand, EngineError, EngineEvent, EngineFull, EngineStopped, InvalidParams, ModelInfo,
-    OpenContext, seed_fits,
+    SAMPLE_RATE, SEED_RANGE, AppendText, AudioChunk, CancelContext, ContextDone, ContextFailed, ContextParams,
+    Deliver, EndText, EngineCommand, EngineError, EngineEvent, EngineFull, EngineStopped, InvalidParams,
+    MakeVoice, ModelInfo, OpenContext, VoiceFailed, VoiceMade, VoicePrompt, seed_fits,
 )
 from talkgate.synth.request import Request, frames_for_text  # noqa: F401 (frames_for_text is public here)
 from talkgate.synth.scheduler import Scheduler
@@ -66,6 +66,7 @@ HOLD_POLL_S = 0.001             # how often a held engine asks again
 QUIET_S = 1.0
 BUSY_S = 30.0
 CAPTURE_SLACK_S = 0.5
+MAX_VOICES_QUEUED = 8           # MakeVoice commands waiting for the engine thread; more are refused (engine_full)
 
 
 def unnoticed(scheduler: Scheduler, now: float, slack: float = CAPTURE_SLACK_S) -> bool:
@@ -114,6 +115,10 @@ class Engine:
         # the last launched step's frames whose PCM is not emitted yet: (step, [(row, req, frame, finish)])
         self._audio: tuple | None = None
         self._step_ms_last = self._step_ms_total = 0.0
+        self._voices: collections.deque = collections.deque()     # (client, MakeVoice) not begun yet
+        self._voice: list | None = None         # the one being made: [client, MakeVoice, its steps, ms so far]
+        self._voices_made = 0
+        self._voice_ms_last = self._voice_ms_max = 0.0
         # called on the engine thread after every step with (ms, contexts in the step); must not block
         self.on_step = None
         # called on the engine thread before every step: while it returns True the engine waits (the
@@ -162,6 +167,13 @@ class Engine:
             self._thread.join()
         with self._lock:
             left = [req for c in self._clients.values() for req in c.contexts.values()]
+            voices, self._voices = self._voices, collections.deque()
+            if self._voice is not None:
+                voices.appendleft(tuple(self._voice[:2]))
+                self._voice = None
+            for client, cmd in voices:
+                self._pending.setdefault(client, []).append((None, VoiceFailed(cmd.request, "engine_stopped",
+                                                                                 "engine stopped")))
         for req in left:
             self._fail(req, EngineStopped("engine stopped"))
         self._deliver()
@@ -182,6 +194,7 @@ class Engine:
             self._pending.pop(client, None)
             if c is None:
                 return
+            self._voices = collections.deque((k, cmd) for k, cmd in self._voices if k != client)
             for req in c.contexts.values():
                 self._cancel_locked(req)
             c.contexts.clear()
@@ -202,6 +215,16 @@ class Engine:
                     if err is not None:
                         self._pending.setdefault(client, []).append(
                             (None, ContextFailed(cmd.context, err.code, err.message)))
+                    continue
+                if isinstance(cmd, MakeVoice):
+                    err = (EngineStopped("engine stopped") if self._stopping else
+                           EngineFull(f"{MAX_VOICES_QUEUED} voices are being made; try again in a moment")
+                           if len(self._voices) >= MAX_VOICES_QUEUED else None)
+                    if err is None:
+                        self._voices.append((client, cmd))
+                    else:
+                        self._pending.setdefault(client, []).append(
+                            (None, VoiceFailed(cmd.request, err.code, err.message)))
                     continue
                 req = c.contexts.get(cmd.context)
                 if req is None:
@@ -274,6 +297,8 @@ class Engine:
             free, clients = len(self._free_slots), len(self._clients)
         steps, captures = self._steps, self.runner.capture_ms
         return {"running": len(self.scheduler.running), "waiting": len(self.scheduler.waiting),
+                "voices_made": self._voices_made, "voice_ms_last": round(self._voice_ms_last, 3),
+                "voice_ms_max": round(self._voice_ms_max, 3),
                 "free_slots": free, "slots": self.runner.num_slots, "clients": clients, "steps": steps,
                 "frames": self._frames, "step_ms_last": round(self._step_ms_last, 3),
                 "step_ms_avg": round(self._step_ms_total / steps, 3) if steps else 0.0,
@@ -305,13 +330,14 @@ class Engine:
         if not self.runner.pending:
             return False
         now = time.perf_counter()
-        if self._contexts:
+        open_now = bool(self.scheduler.running or self.scheduler.waiting)
+        if open_now:
             self._open_at = now
-        quiet = not self._contexts and now - self._open_at >= QUIET_S
+        quiet = not open_now and now - self._open_at >= QUIET_S
         if not quiet and not (now - self._ready_at >= BUSY_S and unnoticed(self.scheduler, now)):
             return False
         with self._lock:
-            if self._commands:
+            if self._commands or self._voices or self._voice is not None:
                 return False
         self._emit_audio()
         try:
@@ -327,7 +353,8 @@ class Engine:
         not started (benchmarks drive it so)."""
         self._apply_commands()
         stepped = self._step()
-        return self._deliver() or stepped
+        voiced = self._make_voice()
+        return self._deliver() or stepped or voiced
 
     def _apply_commands(self) -> None:
         while True:
@@ -360,6 +387,62 @@ class Engine:
                     self._finish(req, "eos")                    # empty text: nothing to say
                 else:
                     self._stop_if_at_limit(req)
+
+    def _make_voice(self) -> bool:
+        """Advance the voice being made (the first queued MakeVoice) by one step of its work (the speaker
+        encoder, the codec encoder, a chunk of an ICL voice's decoder priming) when contexts are open, by all
+        of it when none is: a voice delays the next step by at most one of its steps, and never audio made
+        already (the last step's audio goes out first). False if no voice is queued."""
+        with self._lock:
+            if self._voice is None:
+                if not self._voices:
+                    return False
+                client, cmd = self._voices.popleft()
+                self._voice = [client, cmd, self._voice_steps(cmd), 0.0]
+        client, cmd, steps, _ = self._voice
+        self._emit_audio()
+        t0 = time.perf_counter()
+        ev = None
+        try:
+            while True:
+                next(steps)
+                if self.scheduler.running or self.scheduler.waiting:
+                    break
+        except StopIteration as made:
+            ev = made.value
+        except EngineError as e:
+            ev = VoiceFailed(cmd.request, e.code, e.message)
+        except Exception as e:                                  # the voice fails; the engine goes on
+            log.exception("making voice %d of client %d failed", cmd.request, client)
+            ev = VoiceFailed(cmd.request, "engine_error", f"making the voice failed: {e}")
+        self._voice[3] += (time.perf_counter() - t0) * 1000
+        if ev is None:
+            return True
+        ms, self._voice = self._voice[3], None
+        if isinstance(ev, VoicePrompt):
+            self._voices_made += 1
+            self._voice_ms_last, self._voice_ms_max = ms, max(self._voice_ms_max, ms)
+            ev = VoiceMade(cmd.request, ev, round(ms, 3))
+        with self._lock:
+            if client in self._clients:
+                self._pending.setdefault(client, []).append((None, ev))
+        return True
+
+    def _voice_steps(self, cmd: MakeVoice):
+        """A MakeVoice's work in steps (a generator returning the voice): the voice checked as an open would
+        check it (a reference text too long, a prompt over max_prompt), an ICL voice's decoder state primed
+        for its first context."""
+        from talkgate.synth.voice import voice_prompt_steps
+
+        if not isinstance(cmd.audio, bytes) or len(cmd.audio) % 4:
+            raise InvalidParams("reference audio must be float32 samples (a whole number of 4-byte values)")
+        voice = yield from voice_prompt_steps(self.runner.tts, np.frombuffer(cmd.audio, "<f4"), SAMPLE_RATE,
+                                              cmd.ref_text)
+        self.prompts.check_fits(self.prompts.resolve(ContextParams(voice_prompt=voice)), self.runner.max_prompt)
+        if voice.icl:
+            yield
+            yield from self.runner.priming(voice)
+        return voice
 
     def _step(self) -> bool:
         """One step over every ready context, and the last step's audio; False when there was neither."""

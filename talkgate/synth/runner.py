@@ -52,6 +52,7 @@ from talkgate.synth.model import sample_codes
 from talkgate.synth.prompt import CLONE_MAX_PROMPT
 from talkgate.synth.request import Request
 from talkgate.synth.sampling import FrameSampler, RowSampling
+from talkgate.synth.voice import finish
 
 log = logging.getLogger("talkgate.runner")
 
@@ -170,24 +171,41 @@ class Runner:
 
     def _prime_slot(self, slot: int, clone: VoicePrompt) -> None:
         """The slot's decoder state after decoding the voice's reference frames (kept per voice)."""
-        state = self._primed.get(clone.codes)
-        if state is None:
-            codes = torch.from_numpy(clone.codes_array()).to(self.device).T[None]      # [1, 16, frames]
-            state = self._primed[clone.codes] = self.prime_decoder(codes)
-            if len(self._primed) > PRIMED_VOICES:
-                self._primed.popitem(last=False)
-        else:
-            self._primed.move_to_end(clone.codes)
+        state = self.prime_voice(clone)
         s = self.dec_state
         s.tails[slot], s.kv[:, slot], s.pos[slot] = state.tails[0], state.kv[:, 0], state.pos[0]
 
-    @torch.inference_mode()
+    def prime_voice(self, clone: VoicePrompt):
+        """An ICL voice's one-slot DecoderState after its reference frames, kept for the last PRIMED_VOICES
+        voices (engine thread: at an open, or as the voice is made: priming)."""
+        return finish(self.priming(clone))
+
+    def priming(self, clone: VoicePrompt):
+        """prime_voice in steps (a generator returning the state): it yields between chunks of PRIME_CHUNK
+        reference frames, so that a voice being made delays a step by one chunk's decode at most."""
+        state = self._primed.get(clone.codes)
+        if state is not None:
+            self._primed.move_to_end(clone.codes)
+            return state
+        codes = torch.from_numpy(clone.codes_array()).to(self.device).T[None]      # [1, 16, frames]
+        state = self._primed[clone.codes] = yield from self._prime_chunks(codes)
+        if len(self._primed) > PRIMED_VOICES:
+            self._primed.popitem(last=False)
+        return state
+
     def prime_decoder(self, codes: torch.Tensor):
         """codes [1, 16, frames] -> a one-slot DecoderState that has decoded them (output discarded)."""
-        state = self.decoder.alloc_state(1)
-        one = torch.zeros(1, dtype=torch.long, device=self.device)
+        return finish(self._prime_chunks(codes))
+
+    def _prime_chunks(self, codes: torch.Tensor):
+        with torch.inference_mode():
+            state = self.decoder.alloc_state(1)
+            one = torch.zeros(1, dtype=torch.long, device=self.device)
         for i in range(0, codes.shape[-1], PRIME_CHUNK):
-            self.decoder.decode_step(codes[..., i:i + PRIME_CHUNK], one, state)
+            if i:
+                yield
+            with torch.inference_mode():
+                self.decoder.decode_step(codes[..., i:i + PRIME_CHUNK], one, state)
         return state
 
     # ----- one step -----

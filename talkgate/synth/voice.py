@@ -17,7 +17,6 @@ from __future__ import annotations
 import math
 
 import numpy as np
-import torch
 
 from talkgate.synth.api import SAMPLE_RATE, InvalidParams, VoicePrompt
 
@@ -55,14 +54,35 @@ def make_voice_prompt(tts, audio: np.ndarray, sample_rate: int, ref_text: str | 
     """A Base checkpoint's (synth.loader.LoadedTTS) cloned voice from 1-30 s of reference audio. With ref_text
     (the words spoken in the audio) an ICL voice, else x-vector only. InvalidParams for a model that cannot
     clone, bad audio, or a duration outside 1-30 s."""
+    return finish(voice_prompt_steps(tts, audio, sample_rate, ref_text))
+
+
+def finish(steps):
+    """Run a generator of steps (voice_prompt_steps, Runner.priming) to its end -> what it returns."""
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            return done.value
+
+
+def voice_prompt_steps(tts, audio: np.ndarray, sample_rate: int, ref_text: str | None = None):
+    """make_voice_prompt in steps, a generator returning the VoicePrompt: it yields between the speaker
+    encoder and the codec encoder (the engine thread runs one step per step boundary, synth/engine.py)."""
     if tts.speaker_encoder is None or tts.codec_encoder is None:
         raise InvalidParams(f"voice cloning needs a Base checkpoint; this model is {tts.config.model_type}")
     wav = to_mono_24k(audio, sample_rate)
     seconds = len(wav) / SAMPLE_RATE
     if not MIN_SECONDS <= seconds <= MAX_SECONDS:
         raise InvalidParams(f"reference audio is {seconds:.2f} s; it must be {MIN_SECONDS:g} to {MAX_SECONDS:g} s")
+    import torch                # here: to_mono_24k serves gateway processes that never load torch
+
     text = ref_text.strip() if ref_text is not None else ""
     with torch.inference_mode():
         embedding = tts.speaker_encoder.embed(wav).float().cpu().numpy()
-        codes = tts.codec_encoder.encode(wav).numpy() if text else None
-    return VoicePrompt.from_arrays(embedding, codes, ref_text if text else None)
+    if not text:
+        return VoicePrompt.from_arrays(embedding)
+    yield
+    with torch.inference_mode():
+        codes = tts.codec_encoder.encode(wav).numpy()
+    return VoicePrompt.from_arrays(embedding, codes, ref_text)

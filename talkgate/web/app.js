@@ -7,6 +7,7 @@
 // level instead of the real one (null: the real one again), for tests and demos.
 
 import { BargeIn } from "./bargein.js";
+import { Clones } from "./clones.js";
 import { Connection, defaultUrl } from "./connection.js";
 import { Player, StreamDecoder, opusSupported } from "./player.js";
 import { TextFeed, chunks, wordDeltas } from "./textfeed.js";
@@ -39,6 +40,19 @@ const ERROR_WORDS = {
   internal_error: "The server hit an internal error.",
   engine_stopped: "The server's speech engine has stopped.",
   decode_error: "This browser could not decode the audio.",
+  invalid_voice: "That voice cannot be spoken by this server's model.",
+  cloning_unavailable: "This server's model cannot clone voices.",
+  voice_exists: "A stored voice has that name already.",
+  voice_not_found: "The server has no such stored voice.",
+  invalid_name: "The voice needs a name (at most 100 characters).",
+  invalid_audio: "The clip is not audio the server can read.",
+  unsupported_audio_format: "The server cannot read that audio format: use WAV, FLAC, Ogg or MP3.",
+  audio_too_short: "The clip is too short: record at least 1 second.",
+  audio_too_long: "The clip is too long: at most 30 seconds.",
+  audio_too_large: "The clip is larger than the server takes (10 MB).",
+  audio_silent: "The clip is silent: check the microphone.",
+  reference_text_too_long: "The words spoken are longer than the server takes.",
+  missing_audio: "Record or pick a clip first.",
   client_bad_json: "The server sent something this page cannot read.",
 };
 
@@ -80,6 +94,15 @@ const bargeIn = new BargeIn({
   onBargeIn: () => { stats.bargeIns++; stop("barge-in"); },
   onLevel: showMicLevel,
 });
+const clones = new Clones({
+  base: () => { const u = new URL($("url").value, location.href); return `${u.protocol === "wss:" ? "https:" : "http:"}//${u.host}`; },
+  apiKey: () => $("api-key").value,
+  audioContext: async () => { await player.start(); return player.ctx; },
+  onError: showError,
+  useVoice: (id) => { $("voice").value = id; },
+  onVoices: () => setVoiceSuggestions(),
+});
+stats.clones = clones.stats;
 window.talkgate = {
   stats,
   /** A plain copy of the figures (without the live decoder and feed objects). */
@@ -124,7 +147,7 @@ function onReady(msg) {
   banner.hidden = !m.untrained;
   $("untrained-notice").textContent = m.notice || "random untrained weights: the audio is noise, not speech";
   const rows = [["name", m.name], ["type", m.model_type], ["size", m.size], ["device", `${m.device} / ${m.dtype}`],
-                ["sample rate", `${m.sample_rate} Hz`], ["voices", m.voices.length ? m.voices.join(", ") : "none (instructions)"],
+                ["sample rate", `${m.sample_rate} Hz`], ["voices", m.voices.length ? m.voices.join(", ") : m.model_type === "base" ? "cloned (stored below)" : "none (instructions)"],
                 ["weights", m.untrained ? "UNTRAINED (random)" : "trained"], ["session", msg.session_id]];
   const dl = $("model");
   dl.replaceChildren();
@@ -133,13 +156,20 @@ function onReady(msg) {
     const dd = document.createElement("dd"); dd.textContent = v;
     dl.append(dt, dd);
   }
-  const voices = $("voices");
-  voices.replaceChildren(...m.voices.map((v) => Object.assign(document.createElement("option"), { value: v })));
+  setVoiceSuggestions();
+  clones.setModel(m);
   const lang = $("language");
   const keep = lang.value;
   lang.replaceChildren(...m.languages.map((l) => Object.assign(document.createElement("option"), { value: l, textContent: l })));
   lang.value = m.languages.includes(keep) ? keep : "auto";
   updateCount();
+}
+
+/** The voice box's suggestions: the model's voices, then the stored ones (their id, labelled by name). */
+function setVoiceSuggestions() {
+  const own = (stats.model ? stats.model.voices : []).map((v) => Object.assign(document.createElement("option"), { value: v }));
+  const stored = (clones.stats.available ? clones.stats.voices : []).map((v) => Object.assign(document.createElement("option"), { value: v.id, label: `${v.name} (cloned)` }));
+  $("voices").replaceChildren(...own, ...stored);
 }
 
 // ----- utterances -----
@@ -189,6 +219,7 @@ async function speak() {
   const start = { type: "context.start", context_id: u.id, format: chosenFormat() };
   const voice = $("voice").value.trim();
   if (voice) start.voice = voice;
+  u.voice = voice || null;
   if ($("language").value !== "auto") start.language = $("language").value;
   if ($("instructions").value.trim()) start.instructions = $("instructions").value.trim();
   // sent as typed: the server judges the range (invalid_params, shown in words)
@@ -416,6 +447,7 @@ async function setMic(on) {
 
 function wire() {
   $("url").value = defaultUrl();
+  clones.wire();
   $("speak-form").addEventListener("submit", (e) => { e.preventDefault(); speak(); });
   $("stop").addEventListener("click", (e) => stop("stopped", e.timeStamp));
   $("text").addEventListener("input", updateCount);
