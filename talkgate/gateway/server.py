@@ -19,7 +19,7 @@ from talkgate.gateway.metrics import ContextObserver, Metrics
 from talkgate.gateway.websocket import GatewayWebSocket
 from talkgate.sessions.limits import Limits
 from talkgate.sessions.native import NativeProtocol
-from talkgate.sessions.openai import error_body
+from talkgate.sessions.http import error_body
 from talkgate.sessions.session import Session
 
 log = logging.getLogger("talkgate.server")
@@ -215,7 +215,7 @@ async def web_file(request: web.Request) -> web.FileResponse:
 
 
 class ErrorResponse(web.Response):
-    """Every HTTP error talkgate answers, in one shape (OpenAI's, sessions.openai.error_body)."""
+    """Every HTTP error talkgate answers, in one shape (OpenAI's, sessions.http.error_body)."""
 
     def __init__(self, status: int, code: str, message: str, headers=None):
         super().__init__(body=error_body(status, code, message), status=status, content_type="application/json",
@@ -296,7 +296,7 @@ class AppRunner(web.AppRunner):
 
 
 def create_app(engine, config: ServerConfig | None = None) -> web.Application:
-    from talkgate.gateway import compat_routes, openai_http
+    from talkgate.gateway import compat_http, compat_routes, openai_http
     from talkgate.sessions.voices import VoiceMap
 
     gw = Gateway(engine, config or ServerConfig())
@@ -310,6 +310,7 @@ def create_app(engine, config: ServerConfig | None = None) -> web.Application:
     app.router.add_get("/metrics", metrics)
     openai_http.add_routes(app)
     compat_routes.add_routes(app, VoiceMap.load(gw.config.voice_map))
+    compat_http.add_routes(app)
     app.router.add_get("/", index)
     app.router.add_get("/web/{name}", web_file)
     app.on_startup.append(_start)

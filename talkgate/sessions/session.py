@@ -37,6 +37,7 @@ class AudioFormat:
     encoding: str = "pcm_s16le"
     sample_rate: int = 24000
     streaming: bool = True      # False: one exact file at the end (HTTP, non-streamed wav/mp3/flac)
+    bitrate: int | None = None  # bit/s of a compressed encoding (mp3, opus, aac); None: the codec's default
 
 
 @dataclass(frozen=True)
@@ -144,7 +145,7 @@ def _payload_durations(encoding: str, payloads: list[bytes], total_ms: float) ->
 
 
 def _encoder(fmt: AudioFormat):
-    return make_stream_encoder(fmt.encoding, fmt.sample_rate, streaming=fmt.streaming)
+    return make_stream_encoder(fmt.encoding, fmt.sample_rate, streaming=fmt.streaming, bitrate=fmt.bitrate)
 
 
 class Observer:

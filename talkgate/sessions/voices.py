@@ -1,6 +1,7 @@
 """Which talkgate voice a compatible API's voice identifier means: one configurable table per API.
 
-A table maps the API's voice ids (ElevenLabs voice ids, Cartesia voice UUIDs, Deepgram model names)
+A table maps the API's voice ids (OpenAI voice names, ElevenLabs voice ids, Cartesia voice UUIDs,
+Deepgram model names)
 onto talkgate voice names, or onto null (the model's default voice). An id that is not in the table
 but names a talkgate voice (case-insensitive) is that voice; otherwise the table's "*" entry, if it
 has one, applies; otherwise the id is unknown and the API answers with its own error shape.
@@ -14,14 +15,31 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-APIS = ("elevenlabs", "cartesia", "deepgram")
+APIS = ("openai", "elevenlabs", "cartesia", "deepgram")
 ANY = "*"
 
 # Defaults: the voices the clients use out of the box, onto Qwen3-TTS CustomVoice speakers.
 DEFAULT_TABLES: dict[str, dict[str, str | None]] = {
+    # OpenAI's built-in voices by their character (OpenAI's descriptions: warm / bright, lower / higher)
+    "openai": {
+        "alloy": "serena",      # neutral, balanced
+        "ash": "ryan",          # clear, male
+        "ballad": "aiden",      # expressive, male
+        "coral": "vivian",      # warm, female
+        "echo": "ryan",         # resonant, male
+        "fable": "aiden",       # storyteller, male
+        "nova": "vivian",       # bright, female
+        "onyx": "uncle_fu",     # deep, male
+        "sage": "serena",       # calm, female
+        "shimmer": "vivian",    # light, female
+        "verse": "aiden",       # versatile, male
+        "marin": "serena",      # natural, female
+        "cedar": "ryan",        # natural, male
+    },
     "elevenlabs": {
         "hpp4J3VqNfWAUOO0d1Us": "serena",    # LiveKit plugin default
         "21m00Tcm4TlvDq8ikWAM": "vivian",    # Rachel
+        "JBFqnCBsd6RMkjVDRZzb": "ryan",      # George (the SDK's quickstart)
         "EXAVITQu4vr4xnSDxMaL": "serena",    # Sarah
         "pNInz6obpgDQGcFmaJgB": "ryan",      # Adam
         "TxGEqnHWrfWFTfGW9XjX": "aiden",     # Josh
