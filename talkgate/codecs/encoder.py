@@ -98,6 +98,16 @@ class StreamEncoder:
             raise RuntimeError(f"{self.encoding} stream already flushed")
         return self._packer.encode(self._resampler.process(pcm_f32_24k))
 
+    def drain(self) -> list[bytes]:
+        """At a pause in the audio (a flush whose audio is all made, more may follow): the resampler's
+        held-back tail, and a fresh resampler for what follows. The packer keeps its state (an MP3 or AAC
+        encoder's held-back block comes out with the audio after the pause, or at flush())."""
+        if self._flushed:
+            raise RuntimeError(f"{self.encoding} stream already flushed")
+        tail = self._resampler.flush()
+        self._resampler = Resampler(self._resampler.out_rate, self._resampler.in_rate)
+        return self._packer.encode(tail)
+
     def flush(self) -> list[bytes]:
         """The rest of the stream; the encoder is finished afterwards."""
         if self._flushed:

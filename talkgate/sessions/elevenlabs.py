@@ -200,7 +200,7 @@ class ElevenLabsProtocol(UtteranceProtocol):
         utt = self.utterances.by_key.get(cid)
         if utt is None:
             return [self._final(cid)]       # already over: say so again, harmlessly
-        if utt.open_segment is not None and utt.open_segment.chars:
+        if utt.open_chars:
             events = self.utterances.cancel(cid)     # barge-in: text not flushed
             return self._wire(events) + [self._final(cid)]
         return self._wire(self.utterances.end(cid))

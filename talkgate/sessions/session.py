@@ -1,8 +1,8 @@
 """The one native session model: contexts of one connection, their text, audio encoding and cancel.
 
-Sans-I/O and pure: operations (`start`, `append`, `flush`, `cancel`, `close`, `on_engine_event`) return
-a list of session events and engine commands (synth.api: OpenContext, AppendText, EndText,
-CancelContext); the caller (a wire protocol: native, ElevenLabs, Cartesia, Deepgram, OpenAI HTTP)
+Sans-I/O and pure: operations (`start`, `append`, `flush_text`, `flush`, `cancel`, `close`,
+`on_engine_event`) return a list of session events and engine commands (synth.api: OpenContext,
+AppendText, FlushText, EndText, CancelContext); the caller (a wire protocol: native, ElevenLabs, Cartesia, Deepgram, OpenAI HTTP)
 turns the events into its own messages and passes the commands on to the I/O layer, which submits
 them. Every compatible API is a translator onto this class, never a second implementation.
 
@@ -27,7 +27,7 @@ from talkgate.sessions.fields import SessionError, show
 from talkgate.sessions.limits import Limits
 from talkgate.synth.api import (
     SEED_RANGE, AppendText, AudioChunk, CancelContext, ContextDone, ContextFailed, ContextParams, EndText,
-    EngineCommand, EngineEvent, ModelInfo, OpenContext, SamplingParams, seed_fits,
+    EngineCommand, EngineEvent, FlushText, ModelInfo, OpenContext, SamplingParams, TextSpoken, seed_fits,
 )
 from talkgate.synth.request import text_seconds
 
@@ -89,6 +89,16 @@ class ContextFinished:
 
 
 @dataclass(frozen=True)
+class FlushSpoken:
+    """The audio of the context's text up to a flush_text is all out; the context is open for more."""
+    context_id: str
+    stream: int
+    reason: str
+    frames: int
+    audio_ms: float
+
+
+@dataclass(frozen=True)
 class ContextCancelled:
     context_id: str
     stream: int
@@ -104,7 +114,8 @@ class ContextError:
     stream: int | None = None   # set when fatal: its queued audio must be dropped
 
 
-SessionEvent = ContextStarted | AudioOut | FirstAudio | ContextFinished | ContextCancelled | ContextError
+SessionEvent = (ContextStarted | AudioOut | FirstAudio | FlushSpoken | ContextFinished | ContextCancelled
+                | ContextError)
 
 
 class State(enum.Enum):
@@ -291,6 +302,23 @@ class Session:
         return [EndText(ctx.context, tuple(tail))]
 
     @_drained
+    def flush_text(self, context_id: str) -> list:
+        """Speak the text so far and keep the context open for more (the compatible APIs' flush): the
+        tokenizer's held-back tail goes out with FlushText, and FlushSpoken follows that audio. The text
+        limit counts from here anew."""
+        ctx = self._get(context_id)
+        if ctx.state is not State.OPEN:
+            raise SessionError("context_closed", f"context {context_id!r} was flushed: start a new context "
+                               "for more text", context_id)
+        try:
+            tail = ctx.tokenizer.finish()
+        except Exception:
+            self._end(ctx, "failed")
+            raise
+        ctx.text_chars = 0
+        return [FlushText(ctx.context, tuple(tail))]
+
+    @_drained
     def cancel(self, context_id: str | None = None) -> list:
         """Cancel one context, or all of them (barge-in). Nothing of a cancelled context follows."""
         targets = [self._get(context_id)] if context_id is not None else list(self._by_id.values())
@@ -353,6 +381,10 @@ class Session:
         try:
             if isinstance(ev, AudioChunk):
                 return self._audio(ctx, ev)
+            if isinstance(ev, TextSpoken):
+                events = self._encoded(ctx, ctx.encoder.drain)
+                return events + [FlushSpoken(ctx.context_id, ctx.stream, ev.reason, ev.frames,
+                                             round(ctx.audio_ms_emitted, 1))]
             if isinstance(ev, ContextDone):
                 ctx.frames = ev.frames
                 return self._finish(ctx, ev.reason, engine_done=True)
