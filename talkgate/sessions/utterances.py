@@ -7,9 +7,11 @@ engine speaks what it has (the model finishes its words) and keeps the same cont
 utterance goes on with the same voice state and prosody; text sent meanwhile waits in the engine until
 the flushed audio is made, so audio stays in order. The context ends at the API's end of input
 (`end`), on a cancel, or when the engine ends it (its frame limit, or the model's own end while text
-was still open): then the utterance's next text starts a new context. An utterance of over
-ROLLOVER_FRAMES also moves to a new context at its next flush boundary (an engine context holds 60 s
-of audio by default).
+was still open): then the utterance's next text starts a new context. An utterance also moves to a new
+context at a flush boundary with nothing pending once it has spoken ROLLOVER_FRAMES (an engine context
+holds 60 s of audio by default), or once it has waited RELEASE_S there for text: a context waiting for
+text holds an engine slot, and a client (a Deepgram socket for a whole call) may wait for minutes
+between turns; within a turn, text follows a flush sooner.
 
 Session events come back re-keyed to the utterance (`context_id` = the client's key), plus `Audio`
 (an AudioOut with its estimated alignment), `SegmentDone` (a flush's audio is out, or the last part's
@@ -31,6 +33,7 @@ from talkgate.synth.api import EngineEvent
 
 MAX_FLUSHES = 256           # flushes of one utterance whose audio is not out yet
 ROLLOVER_FRAMES = 375       # 30 s of audio: past it, an utterance continues in a new context at its next flush
+RELEASE_S = 1.0             # an utterance waiting this long for text after its flushes gives its engine slot back
 
 
 @dataclass(frozen=True)
@@ -67,6 +70,7 @@ class Utterance:
     frames: int = 0             # frames of that context spoken by its last spoken flush
     flushes: deque = field(default_factory=deque)     # [tag, characters] of flushes whose audio is not out yet
     open_chars: int = 0         # characters since the last flush
+    idle_since: float | None = None     # its flushes are spoken and no text came since (session clock)
     ended: bool = False         # no more input: over once its audio is out
     timeline: Timeline = field(default_factory=Timeline)
 
@@ -121,6 +125,7 @@ class Utterances:
                 utt.frames = 0
                 events += self.session.start(utt.sid, **utt.overrides)
             utt.open_chars += len(text)
+            utt.idle_since = None
             utt.timeline.add_text(text)
             events += self.session.append(utt.sid, text)
         except SessionError as e:
@@ -131,6 +136,8 @@ class Utterances:
         """Speak what was sent so far. With a tag, a flush with nothing new still yields its SegmentDone
         (in order, after the audio before it)."""
         utt = self._get(key)
+        if utt.ended:                   # the end of input speaks everything: nothing left to flush
+            return []
         if utt.sid is None or (not utt.open_chars and tag is None):
             if tag is None or utt.sid is not None:
                 return []
@@ -144,7 +151,7 @@ class Utterances:
     def end(self, key: str) -> list[Event]:
         """No more input: speak the rest, then UtteranceDone."""
         utt = self.by_key.get(key) or self.open(key)
-        utt.ended = True
+        utt.ended, utt.idle_since = True, None
         if utt.sid is None:
             return self._done(utt)
         utt.open_chars = 0
@@ -174,8 +181,15 @@ class Utterances:
     def on_engine_event(self, ev: EngineEvent) -> list[Event]:
         return self._rekey(self.session.on_engine_event(ev))
 
-    def slow_consumers(self) -> list[Event]:
-        return self._rekey(self.session.slow_consumers())
+    def tick(self) -> list[Event]:
+        """The clock: slow consumers (session.py), and utterances that waited RELEASE_S for text give their
+        engine context up."""
+        out = self._rekey(self.session.slow_consumers())
+        now = self.session.clock()
+        for utt in list(self.by_key.values()):
+            if utt.idle_since is not None and now - utt.idle_since >= RELEASE_S and not utt.ended:
+                out += self._release(utt)
+        return out
 
     # ----- internals -----
     def _get(self, key: str) -> Utterance:
@@ -201,7 +215,10 @@ class Utterances:
                 tag, _ = utt.flushes.popleft()
                 utt.frames = ev.frames
                 out += self._segment_done(utt, tag, ev.reason)
-                out += self._roll_over(utt)
+                if not utt.flushes and not utt.open_chars and not utt.ended:
+                    utt.idle_since = self.session.clock()
+                    if utt.frames >= ROLLOVER_FRAMES:
+                        out += self._release(utt)
             elif isinstance(ev, ContextFinished):
                 if ev.context_id == utt.sid:
                     out += self._context_done(utt, ev.reason)
@@ -218,19 +235,17 @@ class Utterances:
         span, words = utt.timeline.end_segment()
         return [SegmentDone(utt.key, tag, span, words, reason)]
 
-    def _roll_over(self, utt: Utterance) -> list[Event]:
-        """A long utterance with nothing pending moves to a new context for its next text; the old one is
-        ended (its audio is all out)."""
-        if utt.frames < ROLLOVER_FRAMES or utt.flushes or utt.open_chars or utt.ended:
-            return []
-        sid, utt.sid = utt.sid, None
-        return self._rekey(self.session.flush(sid))        # ends at once: nothing new to say
+    def _release(self, utt: Utterance) -> list[Event]:
+        """An utterance with nothing pending ends its context (its audio is all out: it ends at once, nothing
+        new to say); its next text starts a new one."""
+        sid, utt.sid, utt.idle_since = utt.sid, None, None
+        return self._rekey(self.session.flush(sid))
 
     def _context_done(self, utt: Utterance, reason: str) -> list[Event]:
         """Its context ended: at the end of input, the utterance is done; else (the engine ended it) the
         flushes it still owed are answered and the next text starts a new context."""
         self._by_sid.pop(utt.sid, None)
-        utt.sid = None
+        utt.sid, utt.idle_since = None, None
         out: list[Event] = []
         while utt.flushes:
             tag, _ = utt.flushes.popleft()
@@ -278,7 +293,7 @@ class UtteranceProtocol:
         return self._wire(self.utterances.on_engine_event(ev))
 
     def tick(self) -> list[Action]:
-        return self._wire(self.utterances.slow_consumers())
+        return self._wire(self.utterances.tick())
 
     def note_sent(self, stream: int, audio_ms: float) -> None:
         self.session.note_sent(stream, audio_ms)

@@ -467,13 +467,15 @@ class Engine:
         self._audio = None
         pcm = self.runner.audio_of(step).copy()                 # one copy; each chunk is a row of it
         now = time.perf_counter()
-        for i, req, frame, after in frames:
-            with self._lock:
+        ends = []
+        with self._lock:
+            for i, req, frame, after in frames:
                 if req.cancelled:
                     continue
                 self._pending.setdefault(req.client, []).append((req, AudioChunk(req.context, pcm[i], frame, 1, now)))
-            for end in after:
-                self._end(req, end)
+                ends += [(req, end) for end in after]
+        for req, end in ends:
+            self._end(req, end)
         return True
 
     def _emit(self, req: Request, ev: EngineEvent) -> None:
