@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Set up talkgate on a fresh Debian-like machine: system libraries, a virtual environment, the package.
 #   scripts/setup.sh          runtime only (libopus, torch, talkgate)
-#   scripts/setup.sh --test   plus what the tests need (reference code for parity, Chromium, client libraries)
+#   scripts/setup.sh --test   plus what the tests need (reference code for parity, Chromium, nginx, client libraries)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 want_test=0; [ "${1:-}" = "--test" ] && want_test=1
@@ -11,6 +11,8 @@ need_pkgs=()
 # grep without -q: with pipefail, -q's early exit can kill ldconfig with SIGPIPE and fail the pipeline
 ldconfig -p 2>/dev/null | grep 'libopus\.so\.0' >/dev/null || need_pkgs+=(libopus0)
 [ $want_test = 1 ] && ! command -v chromium >/dev/null && need_pkgs+=(chromium)
+# the proxy in front of replicas in tests/test_fleet.py (Envoy comes from PyPI, with the test extra)
+[ $want_test = 1 ] && ! command -v nginx >/dev/null && [ ! -x /usr/sbin/nginx ] && need_pkgs+=(nginx)
 if [ ${#need_pkgs[@]} -gt 0 ]; then
   echo "setup: installing ${need_pkgs[*]} with apt-get"
   as_root apt-get update -qq

@@ -39,3 +39,12 @@ def tiny_engine(tiny_checkpoint):
     engine.start()
     yield engine
     engine.stop()
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny matrices gain nothing from threads; on a busy 2-core machine OpenMP's waiting makes them slower."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

@@ -112,7 +112,7 @@ def test_help_explains_every_option_and_shows_each_default_once():
 
     parsers = dict(all_parsers())
     assert set(parsers) == {"talkgate", "talkgate checkpoint", "talkgate checkpoint create", "talkgate synthesize",
-                            "talkgate serve", "talkgate warmup", "talkgate bench"}
+                            "talkgate serve", "talkgate drain", "talkgate warmup", "talkgate bench"}
     for prog, p in parsers.items():
         text = p.format_help()
         assert "(default: None)" not in text and "%(default)" not in text, prog
@@ -128,7 +128,8 @@ def test_help_explains_every_option_and_shows_each_default_once():
 
 
 def test_help_and_version_from_the_console_command():
-    for command in ([], ["checkpoint"], ["checkpoint", "create"], ["synthesize"], ["serve"], ["warmup"], ["bench"]):
+    for command in ([], ["checkpoint"], ["checkpoint", "create"], ["synthesize"], ["serve"], ["drain"], ["warmup"],
+                    ["bench"]):
         done = talkgate(*command, "--help")
         assert done.returncode == 0 and done.stdout.startswith("usage: talkgate") and not done.stderr, command
     from talkgate import __version__

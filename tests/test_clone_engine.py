@@ -28,13 +28,7 @@ REF_TEXTS = [None, "Hello, this is my voice.", None, "I recorded this on my phon
              None, "Testing.", None, "A slightly longer reference transcript, to push the text track further."]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny matrices gain nothing from threads; on a busy 2-core machine OpenMP's waiting makes them slower."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

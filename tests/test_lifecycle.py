@@ -3,7 +3,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import signal
+import subprocess
+import sys
 import time
 
 import aiohttp
@@ -34,9 +37,12 @@ def test_health_and_ready_from_warm_up_to_ready(tiny_checkpoint):
                     if ready[0] == 200:
                         break
                     await asyncio.sleep(0.02)
-            return seen
 
-        seen = run(go())
+            async with aiohttp.ClientSession() as http, http.post(srv.url + "/admin/drain") as r:
+                return seen, (r.status, (await r.json())["error"]["code"])
+
+        seen, admin = run(go())
+    assert admin == (403, "admin_disabled")       # no --api-key, no --admin-without-key: nobody may drain it
     (h0, b0), (r0, s0) = seen[0]
     assert h0 == 200 and b0["status"] == "ok" and b0["state"] == "starting" and b0["model"]["untrained"] is True
     assert r0 == 503 and s0["ready"] is False and s0["state"] == s0["reason"] == "starting"
@@ -73,8 +79,8 @@ class Native:
 
 def test_drain_finishes_contexts_answers_probes_then_closes_1001(tiny_checkpoint):
     """SIGTERM while two contexts wait for more text: /ready says draining at once, /health still
-    answers, new sessions and HTTP requests are refused; the context whose text then ends finishes,
-    the other is cut off at the deadline, and both sockets close with 1001."""
+    answers, new sessions (HTTP 503 before the upgrade) and HTTP requests are refused; the context whose
+    text then ends finishes, the other is cut off at the deadline, and both sockets close with 1001."""
     deadline_s = 8
     with TalkgateServer(tiny_checkpoint, "--max-contexts", "2", "--shutdown-deadline", str(deadline_s)) as srv:
         async def go():
@@ -94,8 +100,10 @@ def test_drain_finishes_contexts_answers_probes_then_closes_1001(tiny_checkpoint
                 out["log_start"] = srv.wait_output("draining for up to")
                 out["ready"] = await get(http, srv.url + "/ready")
                 out["health"] = await get(http, srv.url + "/health")
-                late = await http.ws_connect(srv.ws_url + "/v1/ws")
-                out["late_ws"] = ((await late.receive()).type, late.close_code)
+                try:
+                    await http.ws_connect(srv.ws_url + "/v1/ws")
+                except aiohttp.WSServerHandshakeError as e:
+                    out["late_ws"] = (e.status, e.headers.get("Retry-After"))
                 async with http.post(srv.url + "/v1/audio/speech", json={"input": "Too late."}) as r:
                     out["late_http"] = (r.status, (await r.json())["error"]["code"])
                 t = time.monotonic()
@@ -115,7 +123,7 @@ def test_drain_finishes_contexts_answers_probes_then_closes_1001(tiny_checkpoint
     assert f"up to {deadline_s} s" in out["log_start"]
     assert out["ready"][0] == 503 and out["ready"][1]["reason"] == "draining"
     assert out["health"][0] == 200 and out["health"][1]["state"] == "draining"
-    assert out["late_ws"] == (aiohttp.WSMsgType.CLOSE, 1001)
+    assert out["late_ws"] == (503, "1")       # refused before the upgrade: a proxy retries another replica
     assert out["late_http"] == (503, "shutting_down")
     assert out["done"]["reason"] == "length" and out["done"]["frames"] == 30 and out["done_before_deadline"]
     assert out["finishes_close"] == (None, 1001)
@@ -141,3 +149,78 @@ def test_a_second_signal_cuts_the_drain_short(tiny_checkpoint):
         assert run(go()) == (None, 1001)
         assert srv.proc.wait(30) == 0
     assert "drain cut short by a second signal after" in srv.log() and "cutting off 1 context(s)" in srv.log()
+
+
+def gauges(text: str) -> dict[str, float]:
+    """The unlabelled talkgate_* samples of a /metrics page."""
+    return {m.group(1): float(m.group(2)) for m in re.finditer(r"(?m)^(talkgate_\w+) ([-\d.e+]+)$", text)}
+
+
+def test_admin_drain_keeps_the_process_up_until_sigterm(tiny_checkpoint):
+    """POST /admin/drain needs the key; it drains as SIGTERM does (/ready 503 at once, new sessions refused,
+    the context in flight finishes, its socket closes 1001) and the process stays up answering /health;
+    `talkgate drain --wait` reports it drained; SIGTERM then stops it at once. The capacity gauges
+    follow: sessions, slots used, load (1 slot of 4), draining."""
+    key = "admin-key"
+    with TalkgateServer(tiny_checkpoint, "--max-contexts", "4", "--api-key", key, "--shutdown-deadline", "60") as srv:
+        auth = {"Authorization": f"Bearer {key}"}
+
+        async def go():
+            out = {}
+            async with aiohttp.ClientSession() as http:
+                async def scrape():
+                    async with http.get(srv.url + "/metrics") as r:
+                        return gauges(await r.text())
+
+                async def admin(method, headers=None):
+                    async with http.request(method, srv.url + "/admin/drain", headers=headers) as r:
+                        return r.status, await r.json()
+
+                out["idle"] = await scrape()
+                c = Native(await http.ws_connect(srv.ws_url + "/v1/ws", headers=auth))
+                await c.until("session.ready")
+                await c.send(type="context.start", context_id="a", fixed_frames=30)
+                await c.send(type="text", context_id="a", text="Still streaming ")
+                await c.until("timing")
+                out["busy"] = await scrape()
+                out["no_key"] = await admin("POST")
+                out["bad_key"] = await admin("POST", {"Authorization": "Bearer nope"})
+                out["status_before"] = await admin("GET", auth)
+                out["post"] = await admin("POST", auth)
+                out["ready"] = await get(http, srv.url + "/ready")
+                out["draining"] = await scrape()
+                try:
+                    await http.ws_connect(srv.ws_url + "/v1/ws", headers=auth)
+                except aiohttp.WSServerHandshakeError as e:
+                    out["late_ws"] = e.status
+                await c.send(type="text", context_id="a", text="to its end.")
+                await c.send(type="flush", context_id="a")
+                out["done"] = await c.until("context.done")
+                out["close"] = (await c.until("never"), c.ws.close_code)
+                cli = await asyncio.to_thread(
+                    subprocess.run, [sys.executable, "-m", "talkgate.gateway.cli", "drain", "--url", srv.url, "--wait",
+                                     "--api-key", key], capture_output=True, text=True, timeout=60)
+                out["cli"] = (cli.returncode, json.loads(cli.stdout) if cli.returncode == 0 else cli.stderr)
+                out["health"] = await get(http, srv.url + "/health")
+            return out
+
+        out = run(go())
+        alive = srv.proc.poll() is None
+        srv.proc.send_signal(signal.SIGTERM)
+        assert srv.proc.wait(30) == 0           # nothing left to drain: well inside the 60-s deadline
+    idle, busy, draining = out["idle"], out["busy"], out["draining"]
+    assert (idle["talkgate_sessions_active"], idle["talkgate_engine_slots_used"], idle["talkgate_load"],
+            idle["talkgate_draining"]) == (0, 0, 0, 0)
+    assert (busy["talkgate_sessions_active"], busy["talkgate_contexts_active"], busy["talkgate_engine_slots_used"],
+            busy["talkgate_engine_slots_free"], busy["talkgate_load"]) == (1, 1, 1, 3, 0.25)
+    assert out["no_key"][0] == out["bad_key"][0] == 401 and out["no_key"][1]["error"]["code"] == "unauthorized"
+    assert out["status_before"] == (200, {"state": "ready", "drained": False, "contexts": 1, "sessions": 1,
+                                          "deadline_s": 60.0})
+    assert out["post"][0] == 202 and out["post"][1]["state"] == "draining" and not out["post"][1]["drained"]
+    assert out["ready"][0] == 503 and out["ready"][1]["reason"] == "draining"
+    assert draining["talkgate_draining"] == 1
+    assert out["late_ws"] == 503
+    assert out["done"]["frames"] == 30 and out["close"] == (None, 1001)
+    assert out["cli"] == (0, {"state": "draining", "drained": True, "contexts": 0, "sessions": 0, "deadline_s": 60.0})
+    assert alive and out["health"][0] == 200 and out["health"][1]["state"] == "draining"
+    assert "drained in" in srv.log() and "talkgate: stopped" in srv.log()

@@ -35,12 +35,7 @@ TINY_DECODER = checkpoint._PRESETS["tiny"][2]
 TINY_ENCODER = checkpoint._CLONE_PRESETS["tiny"][1]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def voice_audio(seed: int, seconds: float, rate: int = 24000) -> np.ndarray:

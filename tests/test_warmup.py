@@ -62,7 +62,7 @@ def test_a_batch_runs_in_the_smallest_captured_bucket():
 
 
 def req(context: int, frames: int, t_ready: float | None, tokens: int = 1, ended: bool = False) -> Request:
-    r = Request(context=context, slot=context, params=ContextParams(), sink=lambda ev: None, prompt=None,
+    r = Request(context=context, client=1, slot=context, params=ContextParams(), prompt=None,
                 frame_limit=750, budget_factor=4.0, budget_min=50)
     r.text_ids, r.frames, r.t_ready, r.text_ended = list(range(tokens)), frames, t_ready, ended
     return r

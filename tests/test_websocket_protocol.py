@@ -101,7 +101,8 @@ def test_close_rules_on_every_endpoint(server, ep):
 
 
 # ----- text must be UTF-8 [6.x] -----
-BAD_UTF8 = [b"\xff", b"\xc0\x80", b"\xed\xa0\x80", b"\xf4\x90\x80\x80", b"\xe2\x82", b"\xce\xba\xe1\xbd\xb9\xcf\x83\xce\xbc\xce\xb5\xed\xa0\x80"]
+BAD_UTF8 = [b"\xff", b"\xc0\x80", b"\xed\xa0\x80", b"\xf4\x90\x80\x80", b"\xe2\x82",
+            "κόσμε".encode() + b"\xed\xa0\x80"]      # 0xFF, overlong, a surrogate, past U+10FFFF, cut, Autobahn 6.4
 
 
 @pytest.mark.parametrize("ep", WS_ENDPOINTS, ids=IDS)

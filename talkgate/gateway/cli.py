@@ -16,7 +16,7 @@ from pathlib import Path
 
 from talkgate import __version__
 from talkgate.gateway import args as cli_args
-from talkgate.gateway import serve, warmup
+from talkgate.gateway import drain_command, serve, warmup
 from talkgate.gateway.args import CommandError
 
 # shared/reference/qwen3-tts.md: the published checkpoints' languages (synth.checkpoint.LANGUAGES writes the
@@ -188,7 +188,8 @@ def run_bench(argv: list[str]) -> int:
     return load.main(argv)
 
 
-SUBCOMMANDS = [add_checkpoint_parser, add_synthesize_parser, serve.add_parser, warmup.add_parser, add_bench_parser]
+SUBCOMMANDS = [add_checkpoint_parser, add_synthesize_parser, serve.add_parser, drain_command.add_parser,
+               warmup.add_parser, add_bench_parser]
 
 
 def parser() -> argparse.ArgumentParser:

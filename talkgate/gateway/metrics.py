@@ -35,8 +35,31 @@ class Metrics:
         self.engine_waiting = Gauge("talkgate_engine_waiting", "Contexts waiting for text or a slot", registry=r)
         self.engine_slots = Gauge("talkgate_engine_slots", "Engine context slots", registry=r)
         self.engine_slots_free = Gauge("talkgate_engine_slots_free", "Engine slots not held by a context", registry=r)
+        # for proxies and autoscalers (docs/deploy.md); set at each scrape, like the engine's gauges above
+        self.engine_slots_used = Gauge("talkgate_engine_slots_used", "Engine slots held by a context", registry=r)
+        self.sessions = Gauge("talkgate_sessions_active", "Open WebSocket sessions, all protocols", registry=r)
+        self.load = Gauge("talkgate_load", "Share of this server's capacity in use, 0-1: the larger of engine slots "
+                          "used / slots and WebSocket sessions / --max-connections", registry=r)
+        self.draining = Gauge("talkgate_draining", "1 while the server drains (SIGTERM or POST /admin/drain)",
+                              registry=r)
         self.loop_lag = Histogram("talkgate_event_loop_lag_seconds", "Event-loop lag (late wake-ups)",
                                   buckets=(.0005, .001, .002, .005, .01, .02, .05, .1, .25, 1), registry=r)
+
+    def observe(self, stats: dict, sessions: int, max_sessions: int, draining: bool) -> None:
+        """The gauges read at a scrape: `stats` the engine's (running, waiting, free_slots, slots; keys it
+        lacks are left alone), `sessions` the open WebSocket sessions of at most `max_sessions`."""
+        for gauge, key in ((self.engine_running, "running"), (self.engine_waiting, "waiting"),
+                           (self.engine_slots, "slots"), (self.engine_slots_free, "free_slots")):
+            if key in stats:
+                gauge.set(stats[key])
+        load = sessions / max_sessions
+        if stats.get("slots"):
+            used = stats["slots"] - stats["free_slots"]
+            self.engine_slots_used.set(used)
+            load = max(load, used / stats["slots"])
+        self.sessions.set(sessions)
+        self.load.set(load)
+        self.draining.set(int(draining))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -73,6 +73,8 @@ def add_parser(subparsers) -> None:
     add_untrained_length(p)
     p.add_argument("--api-key", metavar="KEY", action="append", default=[], help="require this API key "
                    "(repeatable; also TALKGATE_API_KEYS=k1,k2); default: no key needed")
+    p.add_argument("--admin-without-key", action="store_true", help="answer the admin endpoints (POST /admin/drain) "
+                   "without an API key; without --api-key they are refused otherwise (docs/operations.md)")
     p.add_argument("--allow-origin", metavar="ORIGIN", action="append", default=[],
                    help="allowed browser Origin (repeatable); default: any")
     d = Limits()
@@ -99,7 +101,8 @@ def add_parser(subparsers) -> None:
     p.add_argument("--voice-map", metavar="FILE", help="JSON file mapping the compatible APIs' voice ids to "
                    "talkgate voices (docs/compat.md); default: the built-in map")
     p.add_argument("--shutdown-deadline", metavar="SECONDS", type=cli_args.seconds, default=10.0,
-                   help="seconds open contexts may finish after SIGTERM/SIGINT before their sockets close with 1001")
+                   help="seconds open contexts may finish once a drain begins (SIGTERM, SIGINT, POST /admin/drain); "
+                   "then their sockets close with 1001")
     p.set_defaults(func=run)
 
 
@@ -197,7 +200,8 @@ def run(args: argparse.Namespace) -> int:
                         max_connections=args.max_connections, idle_timeout_s=args.idle_timeout,
                         max_backlog_ms=args.max_backlog_ms)
         config = ServerConfig(limits=limits, api_keys=keys, allowed_origins=tuple(args.allow_origin),
-                              shutdown_deadline_s=args.shutdown_deadline, voice_map=args.voice_map)
+                              shutdown_deadline_s=args.shutdown_deadline, voice_map=args.voice_map,
+                              admin_without_key=args.admin_without_key)
         host = f"[{args.host}]" if ":" in args.host else args.host
         url = f"{'https' if tls else 'http'}://{host}:{sockets[0].getsockname()[1]}"
         try:

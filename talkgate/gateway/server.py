@@ -35,6 +35,7 @@ class ServerConfig:
     allowed_origins: tuple[str, ...] = ()     # empty: any Origin; else browsers must match one
     shutdown_deadline_s: float = 10.0         # graceful shutdown: contexts may finish for this long
     voice_map: str | None = None              # JSON file: compatible APIs' voice ids -> talkgate voices
+    admin_without_key: bool = False           # /admin/* answers without api_keys (else refused: docs/operations.md)
 
 
 class Gateway:
@@ -48,6 +49,8 @@ class Gateway:
         self.ids = itertools.count(1)
         self.ready = False          # the engine is warm (set by serve once its warm-up is over)
         self.draining = False       # shutting down: new sessions and requests are refused
+        self.drain_task: asyncio.Task | None = None    # the drain, once a signal or POST /admin/drain started it
+        self.hurry: list[asyncio.Event] = []           # any of them set cuts the drain short
         self.client: EngineClient | None = None    # the engine's client, made with the app (on its loop)
 
     @property
@@ -100,14 +103,20 @@ class Gateway:
         self.metrics.errors.labels(code).inc()
 
     async def serve_websocket(self, request: web.Request, label: str, make_protocol,
-                              first_message_auth: bool = False) -> web.WebSocketResponse:
+                              first_message_auth: bool = False) -> web.StreamResponse:
         """Accept, check limits and access, then run `make_protocol(session_id, authenticate)` over the
-        socket. Refusals close with 1008 (policy) or 1013 (try later).
+        socket. Refusals close with 1008 (policy) or 1013 (try later); while draining, the upgrade itself
+        is refused (HTTP 503 shutting_down).
         Nothing raised after the upgrade reaches aiohttp (it would write an HTTP 500 into the
         WebSocket stream): a failure is logged once, counted and closed with 1011."""
         # no permessage-deflate, though browsers and the websockets library offer it: audio does not
         # compress (deflating a 3840-byte PCM frame costs ~96 us of server CPU for 6%; an Opus packet
         # grows), and that CPU is what limits the number of streams (docs/benchmarks.md)
+        if self.draining:
+            # refused before the upgrade: a proxy tries another replica with the same request (nginx
+            # proxy_next_upstream http_503, Envoy's retry policy: deploy/), and a client's connect fails, which
+            # pipecat retries with backoff; a socket accepted and closed at once counts as a quick failure there
+            return ErrorResponse(503, "shutting_down", "the server is shutting down", {"Retry-After": "1"})
         ws = GatewayWebSocket(heartbeat=20.0, max_msg_size=4 * self.limits.max_message_bytes, compress=False)
         await ws.prepare(request)
         try:
@@ -124,7 +133,7 @@ class Gateway:
 
     async def _run_websocket(self, request, ws, label, make_protocol, first_message_auth) -> None:
         refusal = None
-        if self.draining:
+        if self.draining:           # began after the upgrade
             refusal = (1001, "server shutting down", "shutting_down")
         elif not self.origin_ok(request):
             refusal = (1008, "origin not allowed", "origin_not_allowed")
@@ -189,14 +198,8 @@ async def ready(request: web.Request) -> web.Response:
 
 async def metrics(request: web.Request) -> web.Response:
     gw: Gateway = request.app["gateway"]
-    stats = gw.engine.stats() if hasattr(gw.engine, "stats") else {}
-    if "running" in stats:
-        gw.metrics.engine_running.set(stats["running"])
-    if "waiting" in stats:
-        gw.metrics.engine_waiting.set(stats["waiting"])
-    if "slots" in stats:
-        gw.metrics.engine_slots.set(stats["slots"])
-        gw.metrics.engine_slots_free.set(stats["free_slots"])
+    gw.metrics.observe(gw.engine.stats() if hasattr(gw.engine, "stats") else {}, len(gw.connections),
+                       gw.limits.max_connections, gw.draining)
     return web.Response(body=gw.metrics.render(), content_type="text/plain", charset="utf-8",
                         headers={"X-Content-Type-Options": "nosniff"})
 
@@ -296,7 +299,7 @@ class AppRunner(web.AppRunner):
 
 
 def create_app(engine, config: ServerConfig | None = None) -> web.Application:
-    from talkgate.gateway import compat_http, compat_routes, openai_http
+    from talkgate.gateway import admin, compat_http, compat_routes, openai_http
     from talkgate.sessions.voices import VoiceMap
 
     gw = Gateway(engine, config or ServerConfig())
@@ -311,6 +314,7 @@ def create_app(engine, config: ServerConfig | None = None) -> web.Application:
     openai_http.add_routes(app)
     compat_routes.add_routes(app, VoiceMap.load(gw.config.voice_map))
     compat_http.add_routes(app)
+    admin.add_routes(app)
     app.router.add_get("/", index)
     app.router.add_get("/web/{name}", web_file)
     app.on_startup.append(_start)
@@ -327,27 +331,42 @@ async def _start(app: web.Application) -> None:
         gw.engine.hold = gw.client.behind       # the engine waits while the loop is behind on its events
 
 
-async def drain(app: web.Application, hurry: asyncio.Event | None = None) -> None:
-    """Graceful shutdown, the listener still open: /ready says 503 at once, new WebSocket sessions
-    (close 1001) and HTTP speech requests (503) are refused, contexts in flight finish up to the
-    shutdown deadline (or until `hurry` is set), then every WebSocket closes with 1001. Runs once."""
+def start_drain(app: web.Application) -> asyncio.Task:
+    """The drain (below), started at most once: /ready says 503 and new sessions are refused from here."""
     gw: Gateway = app["gateway"]
-    if gw.draining:
-        return
-    gw.draining = True
+    if gw.drain_task is None:
+        gw.draining = True
+        gw.drain_task = asyncio.ensure_future(_drain(gw))
+    return gw.drain_task
+
+
+async def drain(app: web.Application, hurry: asyncio.Event | None = None) -> None:
+    """Graceful shutdown, the listener still open: /ready says 503 at once, new WebSocket sessions and
+    HTTP speech requests are refused (503), contexts in flight finish up to the shutdown deadline (or
+    until `hurry` is set), then every WebSocket closes with 1001. One drain per server: a call while it
+    runs (SIGTERM after POST /admin/drain) waits for the same one, which its `hurry` can cut short too."""
+    if hurry is not None:
+        app["gateway"].hurry.append(hurry)
+    await asyncio.shield(start_drain(app))
+
+
+async def _drain(gw: Gateway) -> None:
     loop = asyncio.get_running_loop()
     start, deadline_s = loop.time(), gw.config.shutdown_deadline_s
     contexts, busy = gw.in_flight()
     log.info("draining for up to %g s: %d context(s) in flight, %d WebSocket connection(s) open, %d of them with "
              "contexts in flight", deadline_s, contexts, len(gw.connections), busy)
-    hurry = hurry or asyncio.Event()
-    while (contexts or busy) and loop.time() - start < deadline_s and not hurry.is_set():
+
+    def hurried() -> bool:
+        return any(e.is_set() for e in gw.hurry)
+
+    while (contexts or busy) and loop.time() - start < deadline_s and not hurried():
         await asyncio.sleep(DRAIN_POLL_S)
         contexts, busy = gw.in_flight()
     elapsed = loop.time() - start
     if contexts or busy:
         log.warning("%s after %.1f s: cutting off %d context(s) in flight (%d WebSocket connection(s) with contexts "
-                    "in flight)", "drain cut short by a second signal" if hurry.is_set() else "drain deadline reached",
+                    "in flight)", "drain cut short by a second signal" if hurried() else "drain deadline reached",
                     elapsed, contexts, busy)
     else:
         log.info("drained in %.1f s: every context finished", elapsed)

@@ -708,25 +708,26 @@ class CodecDecoder(nn.Module):
 _FLOAT_DTYPES = {"F64", "F32", "F16", "BF16"}
 
 
-def load_codec_decoder(speech_tokenizer_dir: str | Path, device="cpu", dtype: torch.dtype = torch.float32) -> CodecDecoder:
-    """Load the decoder half of a speech_tokenizer directory (mmap; weights cast to `dtype` on `device`)."""
+NEEDED_FOR = {"decoder": "decoder: codes to audio", "encoder": "voice-cloning encoder: audio to codes"}
+
+
+def read_half(root: Path, model: torch.nn.Module, prefix: str, what: str, known: set[str] = frozenset()) -> dict:
+    """The tensors of one half of a speech_tokenizer's model.safetensors (decoder. or encoder.): every tensor of
+    `model`'s state dict under `prefix`, shape and float dtype checked; tensors under `prefix` that are neither the
+    model's nor in `known` are an error (a config that does not fit the file). `what` ("decoder", "encoder")
+    names the half in errors."""
     from safetensors import safe_open
 
-    root = Path(speech_tokenizer_dir)
-    cfg = CodecDecoderConfig.from_file(root / CONFIG_FILE)
     weights = root / WEIGHTS_FILE
     if not weights.is_file():
         raise CodecCheckpointError(f"{weights}: missing (expected the speech tokenizer's weights)")
-    with torch.device("meta"):
-        model = CodecDecoder(cfg)
-    state = {}
+    expected, state = model.state_dict(), {}
     with safe_open(str(weights), framework="pt", device="cpu") as f:
         present = set(f.keys())
-        expected = model.state_dict()
         for name, like in expected.items():
-            key = PREFIX + name
+            key = prefix + name
             if key not in present:
-                raise CodecCheckpointError(f"{weights}: missing tensor {key!r}")
+                raise CodecCheckpointError(f"{weights}: missing tensor {key!r} (the {NEEDED_FOR[what]})")
             sl = f.get_slice(key)
             shape, kind = list(sl.get_shape()), sl.get_dtype()
             if shape != list(like.shape):
@@ -734,10 +735,21 @@ def load_codec_decoder(speech_tokenizer_dir: str | Path, device="cpu", dtype: to
             if kind not in _FLOAT_DTYPES:
                 raise CodecCheckpointError(f"{weights}: tensor {key!r} has dtype {kind}, expected a float type")
             state[name] = f.get_tensor(key)
-        unexpected = sorted(k for k in present if k.startswith(PREFIX) and k[len(PREFIX):] not in expected)
-        if unexpected:
-            raise CodecCheckpointError(f"{weights}: unexpected decoder tensors {unexpected[:5]} "
-                                       f"({len(unexpected)}; is decoder_config right for this file?)")
+    unexpected = sorted(k for k in present if k.startswith(prefix) and k[len(prefix):] not in expected
+                        and k[len(prefix):] not in known)
+    if unexpected:
+        raise CodecCheckpointError(f"{weights}: unexpected {what} tensors {unexpected[:5]} ({len(unexpected)}; "
+                                   f"is its config right for this file?)")
+    return state
+
+
+def load_codec_decoder(speech_tokenizer_dir: str | Path, device="cpu", dtype: torch.dtype = torch.float32) -> CodecDecoder:
+    """Load the decoder half of a speech_tokenizer directory (weights cast to `dtype` on `device`)."""
+    root = Path(speech_tokenizer_dir)
+    cfg = CodecDecoderConfig.from_file(root / CONFIG_FILE)
+    with torch.device("meta"):
+        model = CodecDecoder(cfg)
+    state = read_half(root, model, PREFIX, "decoder")
     # Derived buffers are computed in fp32 from the weights as stored, then everything is cast.
     model.load_state_dict({k: v.float() for k, v in state.items()}, strict=True, assign=True)
     model.prepare()  # replaces the meta buffers

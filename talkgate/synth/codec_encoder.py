@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from talkgate.synth.codec_decoder import CONFIG_FILE, MODEL_TYPE, WEIGHTS_FILE, CodecCheckpointError
+from talkgate.synth.codec_decoder import CONFIG_FILE, MODEL_TYPE, CodecCheckpointError, read_half
 
 PREFIX = "encoder."
 FRAME_SAMPLES = 1920
@@ -341,8 +341,6 @@ class CodecEncoder(nn.Module):
 # ---------------------------------------------------------------------------------------------------
 # Loading and writing (speech_tokenizer/model.safetensors, `encoder.*`)
 
-_FLOAT_DTYPES = {"F64", "F32", "F16", "BF16"}
-
 
 def unused_tensor_shapes(cfg: CodecEncoderConfig) -> dict[str, tuple[int, ...]]:
     """Names (without the prefix) and shapes of the file's encoder tensors that encoding the first
@@ -363,35 +361,11 @@ def unused_tensor_shapes(cfg: CodecEncoderConfig) -> dict[str, tuple[int, ...]]:
 
 def load_codec_encoder(speech_tokenizer_dir: str | Path, device="cpu", dtype: torch.dtype = torch.float32) -> CodecEncoder:
     """Load the encoder half of a speech_tokenizer directory (weights cast to `dtype` on `device`)."""
-    from safetensors import safe_open
-
     root = Path(speech_tokenizer_dir)
     cfg = CodecEncoderConfig.from_file(root / CONFIG_FILE)
-    weights = root / WEIGHTS_FILE
-    if not weights.is_file():
-        raise CodecCheckpointError(f"{weights}: missing (expected the speech tokenizer's weights)")
     with torch.device("meta"):
         model = CodecEncoder(cfg)
-    expected = model.state_dict()
-    state = {}
-    with safe_open(str(weights), framework="pt", device="cpu") as f:
-        present = set(f.keys())
-        for name, like in expected.items():
-            key = PREFIX + name
-            if key not in present:
-                raise CodecCheckpointError(f"{weights}: missing tensor {key!r} (the voice-cloning encoder)")
-            sl = f.get_slice(key)
-            shape, kind = list(sl.get_shape()), sl.get_dtype()
-            if shape != list(like.shape):
-                raise CodecCheckpointError(f"{weights}: tensor {key!r} has shape {shape}, expected {list(like.shape)}")
-            if kind not in _FLOAT_DTYPES:
-                raise CodecCheckpointError(f"{weights}: tensor {key!r} has dtype {kind}, expected a float type")
-            state[name] = f.get_tensor(key)
-    known = set(expected) | set(unused_tensor_shapes(cfg))
-    unexpected = sorted(k for k in present if k.startswith(PREFIX) and k[len(PREFIX):] not in known)
-    if unexpected:
-        raise CodecCheckpointError(f"{weights}: unexpected encoder tensors {unexpected[:5]} ({len(unexpected)}; "
-                                   "is encoder_config right for this file?)")
+    state = read_half(root, model, PREFIX, "encoder", set(unused_tensor_shapes(cfg)))
     model.load_state_dict(state, strict=True, assign=True)
     for m in model.modules():                        # derived buffers, still on meta: computed by prepare()
         if isinstance(m, Codebook):

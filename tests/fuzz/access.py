@@ -144,10 +144,15 @@ def junk_then_auth(port: int, ep, junk: str, auth: str, then: str | None) -> str
                 ws.send_text(then)
         except OSError:
             pass
-        frames, end = ws.frames_until_close(8)
-        texts = [f.payload.decode("utf-8", "replace") for f in frames if f.opcode == 1]
-        if any(m in t for t in texts for m in SERVED_MARKS):
-            return f"the key after {junk!r} was accepted: {texts[:3]}"
+        texts, end = [], None
+        while end is None:
+            f = ws.recv_frame(8)
+            if isinstance(f, Ended) or f.opcode == 8:
+                end = f
+            elif f.opcode == 1:
+                texts.append(f.payload.decode("utf-8", "replace"))
+                if any(m in texts[-1] for m in SERVED_MARKS):
+                    return f"the key after {junk!r} was accepted: {texts[:3]}"
         if isinstance(end, Ended):
             return f"still open or no close frame ({end.how}) after {junk!r}: {texts[:3]}"
         if end.close_code != 1008:
@@ -208,7 +213,8 @@ def http_cases(slots: int, client_max: int) -> list[HttpRequest]:
             HttpRequest(f"gzip body inflating past {client_max} bytes", True,
                         gzip.compress(b'{"input": "' + b"x" * (client_max + 10) + b'"}'), headers={"Content-Encoding": "gzip"}),
             HttpRequest("charset=bogus", True, raw, headers={"Content-Type": "application/json; charset=bogus"}),
-            HttpRequest("charset=utf-16 on a UTF-8 body", True, raw, headers={"Content-Type": "application/json; charset=utf-16"}),
+            HttpRequest("charset=utf-16 on a UTF-8 body", True, raw,
+                        headers={"Content-Type": "application/json; charset=utf-16"}),
             HttpRequest(f"a body of {client_max + 1} bytes", True, raw[:-1] + b" " * client_max + b"}")]
     routes = [("GET", "/nope"), ("GET", "/v1/audio/speech"), ("PUT", "/v1/audio/speech"), ("POST", "/health"),
               ("PUT", "/metrics"), ("DELETE", "/v1/audio/voices"), ("POST", "/"), ("GET", "/web/nope.js"),
@@ -244,7 +250,8 @@ async def http_access(camp, phase, shapes: dict) -> None:
     ok = {"input": "Hello.", "response_format": "pcm", "fixed_frames": 2}
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as s:
         for what, headers, path, expect in (
-                ("no key", {}, "/v1/audio/speech", 401), ("a wrong key", {"Authorization": "Bearer nope"}, "/v1/audio/speech", 401),
+                ("no key", {}, "/v1/audio/speech", 401),
+                ("a wrong key", {"Authorization": "Bearer nope"}, "/v1/audio/speech", 401),
                 ("bearer (lower case scheme)", {"Authorization": f"bearer {KEY}"}, "/v1/audio/speech", 200),
                 ("Token", {"Authorization": f"Token {KEY}"}, "/v1/audio/speech", 200),
                 ("?api_key=", {}, f"/v1/audio/speech?api_key={KEY}", 200),

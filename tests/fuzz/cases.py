@@ -16,7 +16,7 @@ import aiohttp
 
 from tests.fuzz.endpoints import (
     CARTESIA, CARTESIA_PCM, CARTESIA_VOICE, DEEPGRAM, EL_MULTI, EL_SINGLE, NATIVE, TWILIO, WS_ENDPOINTS, Conn,
-    Endpoint, Reply, cartesia_session, deepgram_session, elevenlabs_session, judge, native_session, twilio_session,
+    Endpoint, cartesia_session, deepgram_session, elevenlabs_session, judge, native_session, twilio_session,
 )
 from tests.fuzz.mutate import BIG, CONTROL_TOKENS
 from tests.fuzz.rawws import Ended, HandshakeRefused, RawWebSocket
@@ -356,9 +356,6 @@ def all_message_cases(max_message_bytes: int) -> list[Case]:
     return out
 
 
-__all__ = ["Case", "all_message_cases", "run_cases", "control_token_text", "contexts_after_close", "query_cases",
-           "refused_properly", "Reply"]
-
 
 # ----- docs, schema and server agree -----
 ENCODING_FAMILIES = {"opus": "Opus", "pcm_s16le": "PCM", "pcm_f32le": "PCM", "mulaw": "mu-law", "alaw": "A-law"}
@@ -434,8 +431,10 @@ MALFORMED_HTTP = [
     ("a header line of 9000 bytes", b"GET /health HTTP/1.1\r\nHost: x\r\nX-Long: " + b"a" * 9000 + b"\r\n\r\n"),
     ("a header name with a space", b"GET /health HTTP/1.1\r\nHost: x\r\nBad Name: 1\r\n\r\n"),
     ("a negative Content-Length", b"POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\nContent-Length: -1\r\n\r\n"),
-    ("two Content-Lengths", b"POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\n{}"),
-    ("a bad chunk size", b"POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n{}\r\n0\r\n\r\n"),
+    ("two Content-Lengths",
+     b"POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\n{}"),
+    ("a bad chunk size",
+     b"POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n{}\r\n0\r\n\r\n"),
     ("HTTP/9.9", b"GET /health HTTP/9.9\r\nHost: x\r\n\r\n"),
     ("a NUL in the path", b"GET /he\x00alth HTTP/1.1\r\nHost: x\r\n\r\n"),
 ]

@@ -297,17 +297,17 @@ class Conn:
             except asyncio.TimeoutError:
                 reply.timed_out = True
                 break
-            if msg.type == aiohttp.WSMsgType.TEXT:
-                try:
-                    item = strict_json(msg.data)
-                except ValueError:
-                    item = msg.data
+            if msg.type in (aiohttp.WSMsgType.TEXT, aiohttp.WSMsgType.BINARY):
+                item = msg.data
+                if msg.type == aiohttp.WSMsgType.TEXT:
+                    try:
+                        item = strict_json(msg.data)
+                    except ValueError:
+                        pass
                 reply.items.append(item)
                 if until is not None and until(item):
                     reply.answered = True
                     break
-            elif msg.type == aiohttp.WSMsgType.BINARY:
-                reply.items.append(msg.data)
             elif msg.type == aiohttp.WSMsgType.CLOSE:
                 self.closed = (msg.data, msg.extra or "")
             else:        # CLOSED / ERROR: the TCP connection ended without a close frame from the server
@@ -329,7 +329,10 @@ class Conn:
             reply.timed_out = False
             return reply
         await self.send(probe)
-        return await self.collect(lambda i: self.ep.answers_probe(i, n), timeout)
+        reply = await self.collect(lambda i: self.ep.answers_probe(i, n), timeout)
+        if reply.answered:      # the probe's own answer (a Deepgram Warning, say) is not the input's
+            reply.items.pop()
+        return reply
 
     async def drain(self, timeout: float) -> Reply:
         reply = await self.collect(None, timeout)
@@ -458,12 +461,13 @@ async def warm_up(camp) -> None:
         assert status == 200, (fmt, status, body[:200])
 
     async with aiohttp.ClientSession() as s:
-        jobs = [native_session(s, ws, h, fmt, transport) for fmt, transport in (
-            ({"encoding": "pcm_s16le", "sample_rate": 24000}, "binary"), ({"encoding": "opus", "sample_rate": 48000}, "binary"),
-            ({"encoding": "pcm_f32le", "sample_rate": 16000}, "base64"), ({"encoding": "mulaw", "sample_rate": 8000}, "binary"))]
-        jobs += [elevenlabs_session(s, ws, True, h, out) for out in ("pcm_24000", "mp3_44100_128", "opus_48000_64", "ulaw_8000")]
-        jobs += [elevenlabs_session(s, ws, False, h), cartesia_session(s, ws, h), cartesia_session(s, ws, h, "pcm_f32le", 44100),
-                 deepgram_session(s, ws, h), twilio_session(s, ws, h)]
+        jobs = [native_session(s, ws, h, {"encoding": enc, "sample_rate": rate}, transport) for enc, rate, transport in (
+            ("pcm_s16le", 24000, "binary"), ("opus", 48000, "binary"), ("pcm_f32le", 16000, "base64"),
+            ("mulaw", 8000, "binary"))]
+        jobs += [elevenlabs_session(s, ws, True, h, out)
+                 for out in ("pcm_24000", "mp3_44100_128", "opus_48000_64", "ulaw_8000")]
+        jobs += [elevenlabs_session(s, ws, False, h), cartesia_session(s, ws, h),
+                 cartesia_session(s, ws, h, "pcm_f32le", 44100), deepgram_session(s, ws, h), twilio_session(s, ws, h)]
         jobs += [http(s, fmt) for fmt in ("pcm", "wav", "mp3", "opus", "flac")]
         await asyncio.gather(*jobs)
     await asyncio.sleep(1.0)
@@ -487,7 +491,8 @@ async def slot_probe(camp, s, want: int) -> tuple[int, list]:
             seen = 0
             r = Reply()
             while seen < n:
-                part = await conn.collect(lambda i: isinstance(i, dict) and i.get("type") in ("context.started", "error"), 10)
+                part = await conn.collect(
+                    lambda i: isinstance(i, dict) and i.get("type") in ("context.started", "error"), 10)
                 r.items += part.items
                 if not part.answered:
                     refusals.append(f"no answer to a context.start: {part.brief()}")
