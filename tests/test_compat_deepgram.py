@@ -167,3 +167,31 @@ def test_an_engine_ended_context_answers_its_flushes_and_the_stream_goes_on(toke
     h.send({"type": "Speak", "text": "Three. "})
     h.send({"type": "Flush"})
     assert len(h.opened()) == 2 and h.close is None
+
+
+def test_a_stream_waiting_for_text_gives_its_engine_slot_back(tokenizer):
+    """Between turns a Deepgram socket waits for text: RELEASE_S after its flushes were spoken its engine
+    context ends (the slot is free); the next turn starts a new context, and a turn that goes on sooner
+    keeps its context."""
+    from talkgate.sessions.utterances import RELEASE_S
+    from talkgate.synth.api import EndText
+    h = make(tokenizer)
+    h.send({"type": "Speak", "text": "First turn. "})
+    h.send({"type": "Flush"})
+    h.finish()
+    (ctx,) = h.opened()
+    h.clock.t += RELEASE_S / 2
+    h.apply(h.proto.tick())
+    h.send({"type": "Speak", "text": "Same turn. "})              # soon enough: the same context
+    h.send({"type": "Flush"})
+    h.finish()
+    assert h.opened() == [ctx] and not h.ended_text(ctx)
+    h.clock.t += RELEASE_S
+    h.apply(h.proto.tick())
+    assert h.commands[-1] == EndText(ctx)
+    h.finish()
+    h.send({"type": "Speak", "text": "Next turn. "})
+    h.send({"type": "Flush"})
+    h.finish()
+    assert len(h.opened()) == 2
+    assert [m["sequence_id"] for m in h.deliver() if isinstance(m, dict) and m["type"] == "Flushed"] == [0, 1, 2]
