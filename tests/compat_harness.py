@@ -5,7 +5,7 @@ like the gateway's: Send queues a frame, Purge drops the queued frames of a stre
 
     h = Harness(tokenizer, lambda session: ElevenLabsProtocol(session, ...))
     h.ready(); h.send({...}); ctx = h.opened()[-1]; h.speak(ctx, 3); frames = h.deliver()
-    h.finish()      # every context whose text ended speaks and is done, until none is left
+    h.finish()      # every flush and end of text is answered as the engine answers it, until none is left
 """
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ from talkgate.sessions.actions import Close, Purge, Send
 from talkgate.sessions.limits import Limits
 from talkgate.sessions.session import Session
 from talkgate.synth.api import (
-    FRAME_SAMPLES, AppendText, AudioChunk, CancelContext, ContextDone, ContextFailed, EndText, ModelInfo,
-    OpenContext,
+    FRAME_SAMPLES, AppendText, AudioChunk, CancelContext, ContextDone, ContextFailed, EndText, FlushText, ModelInfo,
+    OpenContext, TextSpoken,
 )
 from talkgate.synth.checkpoint import LANGUAGES, SPEAKERS
 from talkgate.synth.tokenizer import StreamingTokenizer
@@ -27,7 +27,7 @@ from talkgate.synth.tokenizer import StreamingTokenizer
 INFO = ModelInfo(name="tiny", model_type="custom_voice", size="tiny", untrained=True, end_of_speech="text_length_rule",
                  voices=tuple(SPEAKERS),
                  languages=("auto",) + tuple(name for name in LANGUAGES if "dialect" not in name))
-COMMANDS = (OpenContext, AppendText, EndText, CancelContext)
+COMMANDS = (OpenContext, AppendText, FlushText, EndText, CancelContext)
 
 
 class Clock:
@@ -59,6 +59,7 @@ class Harness:
         self.close: Close | None = None
         self.purged: list[int] = []
         self.frames: dict[int, int] = {}    # context -> frames fed so far
+        self.answered: dict[int, int] = {}  # context -> its FlushText / EndText answered so far
         self._ended: set[int] = set()       # contexts a ContextDone / ContextFailed fed here ended
 
     def apply(self, actions: list) -> list:
@@ -93,7 +94,7 @@ class Harness:
         return [c for c in self.opened() if c not in over]
 
     def text_ids(self, context: int) -> list[int]:
-        return [i for c in self.commands if isinstance(c, (AppendText, EndText)) and c.context == context
+        return [i for c in self.commands if isinstance(c, (AppendText, FlushText, EndText)) and c.context == context
                 for i in c.ids]
 
     def ended_text(self, context: int) -> bool:
@@ -120,11 +121,30 @@ class Harness:
         return out + self.event(ContextDone(context, reason, self.frames.get(context, 0)))
 
     def finish(self, frames: int = 3) -> None:
-        """Play the engine: every context whose text has ended speaks `frames` frames and is done,
-        until none is left (an utterance's next part starts when the one before is done)."""
-        while ready := [c for c in self.live() if self.ended_text(c)]:
-            for context in ready:
-                self.speak(context, frames)
+        """Play the engine, until nothing is left to answer: each FlushText or EndText of a live context, in
+        order, is answered as the engine answers it: `frames` frames if text came since the one before,
+        then TextSpoken (a flush: the context stays open) or ContextDone (the end)."""
+        while any([self.answer(c, frames) for c in self.live()]):
+            pass
+
+    def answer(self, context: int, frames: int = 3) -> bool:
+        """Answer the context's next FlushText or EndText (False if there is none)."""
+        cmds = [c for c in self.commands if isinstance(c, (AppendText, FlushText, EndText)) and c.context == context]
+        marks = [i for i, c in enumerate(cmds) if not isinstance(c, AppendText)]
+        done = self.answered.get(context, 0)
+        if done >= len(marks):
+            return False
+        self.answered[context] = done + 1
+        first = marks[done - 1] + 1 if done else 0
+        said = any(c.ids for c in cmds[first:marks[done] + 1])
+        if said:
+            self.audio(context, frames)
+        n = self.frames.get(context, 0)
+        if isinstance(cmds[marks[done]], EndText):
+            self.event(ContextDone(context, "eos", n))
+        else:
+            self.event(TextSpoken(context, "length_rule" if said else "empty", n))
+        return True
 
     def fail(self, context: int, code: str = "engine_full", message: str = "all 4 context slots are in use") -> list:
         return self.event(ContextFailed(context, code, message))

@@ -1,8 +1,8 @@
 """Start a real `talkgate serve` process on a free port for tests, and stop it.
 
     with TalkgateServer(model_dir) as srv:
-        srv.url        # http://127.0.0.1:PORT
-        srv.ws_url     # ws://127.0.0.1:PORT
+        srv.url        # http://127.0.0.1:PORT (https:// when served with --ssl-certfile)
+        srv.ws_url     # ws://127.0.0.1:PORT (wss://)
 
 `wait="listening"` returns as soon as the server answers HTTP, before its warm-up is over.
 """
@@ -19,8 +19,8 @@ import threading
 import time
 from pathlib import Path
 
-READY = re.compile(r"talkgate: ready on (http://[\d.]+:(\d+))")
-LISTENING = re.compile(r"talkgate: listening on (http://[\d.]+:(\d+))")
+READY = re.compile(r"talkgate: ready on (https?://[\d.]+:(\d+))")
+LISTENING = re.compile(r"talkgate: listening on (https?://[\d.]+:(\d+))")
 
 
 class TalkgateServer:
@@ -52,7 +52,7 @@ class TalkgateServer:
                 m = self.wait.search(line)
                 if m and not ready.is_set():
                     self.url, self.port = m.group(1), int(m.group(2))
-                    self.ws_url = self.url.replace("http://", "ws://")
+                    self.ws_url = self.url.replace("http", "ws", 1)
                     ready.set()
 
         threading.Thread(target=pump, daemon=True).start()

@@ -7,12 +7,12 @@ import threading
 
 import numpy as np
 
-from talkgate.synth.api import AppendText, AudioChunk, CancelContext, EndText, OpenContext
+from talkgate.synth.api import AppendText, AudioChunk, CancelContext, EndText, FlushText, OpenContext, TextSpoken
 from talkgate.synth.request import text_seconds
 
 
 class Collector:
-    """One context's events; `done` is set by the last event of the context."""
+    """One context's events; `done` is set by the last event of the context (TextSpoken is not one)."""
 
     def __init__(self):
         self.events, self.done = [], threading.Event()
@@ -21,7 +21,7 @@ class Collector:
     def __call__(self, ev):
         with self.lock:
             self.events.append(ev)
-        if not isinstance(ev, AudioChunk):
+        if not isinstance(ev, (AudioChunk, TextSpoken)):
             self.done.set()
 
     def wait(self, timeout=60.0):
@@ -60,6 +60,9 @@ class Speaker:
 
     def append(self, ctx, text):
         self.engine.submit(self.id, [AppendText(ctx, tuple(self.tokenizers[ctx].feed(text)), text_seconds(text))])
+
+    def flush(self, ctx):
+        self.engine.submit(self.id, [FlushText(ctx, tuple(self.tokenizers[ctx].finish()))])
 
     def end(self, ctx):
         self.engine.submit(self.id, [EndText(ctx, tuple(self.tokenizers[ctx].finish()))])

@@ -176,6 +176,12 @@ def test_every_mistake_is_one_line_and_exit_2_before_the_model_loads(tmp_path, t
         (["serve", "--shutdown-deadline", "-1"], "argument --shutdown-deadline: -1 is out of range"),
         (["serve", "--idle-timeout", "0"], "argument --idle-timeout: must be more than 0 seconds"),
         (["serve", "--tls"], "unrecognized arguments: --tls"),
+        (["serve", "--model", ck, "--ssl-certfile", str(tmp_path / "a-file")], "--ssl-certfile and --ssl-keyfile go "
+         "together"),
+        (["serve", "--model", ck, "--ssl-certfile", str(tmp_path / "none.pem"), "--ssl-keyfile", str(tmp_path / "a-file")],
+         "--ssl-certfile " + str(tmp_path / "none.pem") + ": no such file"),
+        (["serve", "--model", ck, "--ssl-certfile", str(tmp_path / "a-file"), "--ssl-keyfile", str(tmp_path / "a-file")],
+         "cannot load them"),
         (synth + [str(tmp_path / "missing" / "x.wav")], "no such directory"),
         (synth + [str(tmp_path)], "is a directory"),
         (synth + [wav, "--voice", "bob"], "unknown voice 'bob'; available: serena, vivian"),

@@ -1,5 +1,6 @@
 """The real client libraries, unmodified, against a real `talkgate serve` (tiny checkpoint, CPU):
-pipecat's ElevenLabs / Cartesia / Deepgram TTS services in a pipeline, and LiveKit's plugins.
+pipecat's ElevenLabs / Cartesia / Deepgram TTS services in a pipeline (WebSocket and HTTP), and LiveKit's
+plugins (streamed over WebSocket, and synthesize() over HTTP).
 
 Random weights seldom sample eos (now and then a turn ends early): a context mostly ends at the
 engine's frame budget for its text length, so the texts are short, and assertions bound a turn's
@@ -175,6 +176,37 @@ def test_pipecat(server, name):
     run(pipecat_turn_and_interruption(server.url, name))
 
 
+def pipecat_http_service(url: str, name: str, http: aiohttp.ClientSession):
+    from pipecat.services.cartesia.tts import CartesiaHttpTTSService
+    from pipecat.services.deepgram.tts import DeepgramHttpTTSService
+    from pipecat.services.elevenlabs.tts import ElevenLabsHttpTTSService
+
+    if name == "elevenlabs":        # POST /v1/text-to-speech/{voice}/stream/with-timestamps
+        return ElevenLabsHttpTTSService(api_key=API_KEY, base_url=url, aiohttp_session=http,
+                                        settings=ElevenLabsHttpTTSService.Settings(voice="any-voice"))
+    if name == "cartesia":          # POST /tts/bytes
+        return CartesiaHttpTTSService(api_key=API_KEY, base_url=url, aiohttp_session=http,
+                                      settings=CartesiaHttpTTSService.Settings(voice="any-voice"))
+    return DeepgramHttpTTSService(api_key=API_KEY, base_url=url, aiohttp_session=http)     # POST /v1/speak
+
+
+async def pipecat_http_turns(url: str, name: str) -> None:
+    async with aiohttp.ClientSession() as http, Pipecat(pipecat_http_service(url, name, http)) as p:
+        for chunks, words in ((("Hello there. ", "How are you? "), ["Hello", "there.", "How", "are", "you?"]),
+                              (("Bye now. ",), ["Bye", "now."])):
+            await p.say(*chunks)
+            await asyncio.wait_for(p.stopped.wait(), TURN_TIMEOUT_S)
+            audio, text, _ = p.take()
+            assert len(audio) >= 2 * 1280 and len(audio) % 2 == 0        # s16le at 16 kHz, >= one 80 ms frame
+            if name == "elevenlabs":    # word timings from the with-timestamps alignment
+                assert text.split() == words, text
+
+
+@pytest.mark.parametrize("name", ["elevenlabs", "cartesia", "deepgram"])
+def test_pipecat_http(server, name):
+    run(pipecat_http_turns(server.url, name))
+
+
 # ----- LiveKit -----
 def livekit_tts(url: str, name: str, http: aiohttp.ClientSession):
     from livekit.plugins import cartesia, deepgram, elevenlabs
@@ -227,6 +259,26 @@ async def livekit_turns(url: str, name: str) -> None:
 @pytest.mark.parametrize("name", ["elevenlabs", "elevenlabs-mp3", "elevenlabs-opus", "cartesia", "deepgram"])
 def test_livekit(server, name):
     run(livekit_turns(server.url, name))
+
+
+async def livekit_synthesize(url: str, name: str) -> None:
+    """The plugins' non-streaming path, tts.synthesize(text): one HTTP request (ElevenLabs
+    /v1/text-to-speech/{voice}/stream, Cartesia /tts/bytes, Deepgram POST /v1/speak)."""
+    async with aiohttp.ClientSession() as http:
+        tts = livekit_tts(url, name, http)
+        try:
+            seconds, rate = 0.0, 0
+            async for ev in tts.synthesize("Hello there, how are you?"):
+                seconds += ev.frame.samples_per_channel / ev.frame.sample_rate
+                rate = ev.frame.sample_rate
+            assert seconds >= 0.08 and rate == tts.sample_rate
+        finally:
+            await tts.aclose()
+
+
+@pytest.mark.parametrize("name", ["elevenlabs", "elevenlabs-mp3", "cartesia", "deepgram"])
+def test_livekit_http(server, name):
+    run(asyncio.wait_for(livekit_synthesize(server.url, name), TURN_TIMEOUT_S))
 
 
 # ----- Twilio mode (a bridge is plain WebSocket code: no client library) -----

@@ -122,3 +122,76 @@ def test_mulaw_8k(tokenizer):
     h.finish()
     audio = b"".join(m for m in h.deliver() if isinstance(m, bytes))
     assert audio and len(audio) % 640 == 0
+
+
+def test_flushes_keep_one_context_and_a_long_stream_rolls_over(tokenizer):
+    """Flush after flush the stream stays in one engine context; once a flush has been spoken past
+    ROLLOVER_FRAMES of audio, that context ends and the next text opens a new one."""
+    from talkgate.sessions.utterances import ROLLOVER_FRAMES
+    from talkgate.synth.api import EndText, FlushText, TextSpoken
+    h = make(tokenizer)
+    for i in range(3):
+        h.send({"type": "Speak", "text": f"Part {i}. "})
+        h.send({"type": "Flush"})
+    h.finish()
+    (ctx,) = h.opened()
+    assert sum(isinstance(c, FlushText) for c in h.commands) == 3 and not h.ended_text(ctx)
+    h.send({"type": "Speak", "text": "A long one. "})
+    h.send({"type": "Flush"})
+    h.audio(ctx, ROLLOVER_FRAMES)
+    h.answered[ctx] += 1
+    h.event(TextSpoken(ctx, "length_rule", h.frames[ctx]))
+    assert h.commands[-1] == EndText(ctx)                    # nothing new: ends at once
+    h.send({"type": "Speak", "text": "Next. "})
+    h.send({"type": "Flush"})
+    assert len(h.opened()) == 2
+    h.finish()
+    flushed = [m["sequence_id"] for m in h.deliver() if isinstance(m, dict) and m["type"] == "Flushed"]
+    assert flushed == [0, 1, 2, 3, 4]
+
+
+def test_an_engine_ended_context_answers_its_flushes_and_the_stream_goes_on(tokenizer):
+    """The engine ends the context by itself (its frame limit) with two flushes owed: both are answered,
+    in order, and the next text starts a new context."""
+    from talkgate.synth.api import ContextDone
+    h = make(tokenizer)
+    h.send({"type": "Speak", "text": "One. "})
+    h.send({"type": "Flush"})
+    h.send({"type": "Speak", "text": "Two. "})
+    h.send({"type": "Flush"})
+    (ctx,) = h.opened()
+    h.audio(ctx, 3)
+    h.event(ContextDone(ctx, "budget", 3))
+    out = h.deliver()
+    assert [m["sequence_id"] for m in out if isinstance(m, dict) and m["type"] == "Flushed"] == [0, 1]
+    h.send({"type": "Speak", "text": "Three. "})
+    h.send({"type": "Flush"})
+    assert len(h.opened()) == 2 and h.close is None
+
+
+def test_a_stream_waiting_for_text_gives_its_engine_slot_back(tokenizer):
+    """Between turns a Deepgram socket waits for text: RELEASE_S after its flushes were spoken its engine
+    context ends (the slot is free); the next turn starts a new context, and a turn that goes on sooner
+    keeps its context."""
+    from talkgate.sessions.utterances import RELEASE_S
+    from talkgate.synth.api import EndText
+    h = make(tokenizer)
+    h.send({"type": "Speak", "text": "First turn. "})
+    h.send({"type": "Flush"})
+    h.finish()
+    (ctx,) = h.opened()
+    h.clock.t += RELEASE_S / 2
+    h.apply(h.proto.tick())
+    h.send({"type": "Speak", "text": "Same turn. "})              # soon enough: the same context
+    h.send({"type": "Flush"})
+    h.finish()
+    assert h.opened() == [ctx] and not h.ended_text(ctx)
+    h.clock.t += RELEASE_S
+    h.apply(h.proto.tick())
+    assert h.commands[-1] == EndText(ctx)
+    h.finish()
+    h.send({"type": "Speak", "text": "Next turn. "})
+    h.send({"type": "Flush"})
+    h.finish()
+    assert len(h.opened()) == 2
+    assert [m["sequence_id"] for m in h.deliver() if isinstance(m, dict) and m["type"] == "Flushed"] == [0, 1, 2]

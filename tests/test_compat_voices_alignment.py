@@ -27,7 +27,7 @@ def test_load_and_reject_bad_files(tmp_path):
     good = tmp_path / "v.json"
     good.write_text(json.dumps({"deepgram": {"aura-x": "ryan"}}))
     assert VoiceMap.load(good).resolve("deepgram", "aura-x", VOICES) == "ryan"
-    for bad in ({"openai": {}}, {"deepgram": {"x": 3}}, {"deepgram": []}, [1]):
+    for bad in ({"azure": {}}, {"deepgram": {"x": 3}}, {"deepgram": []}, [1]):
         path = tmp_path / "bad.json"
         path.write_text(json.dumps(bad))
         with pytest.raises(ValueError):

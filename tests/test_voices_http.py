@@ -307,7 +307,8 @@ def test_vendor_listings_include_stored_voices(base_server, voices):
         async with aiohttp.ClientSession() as http:
             for path, headers in (("/v1/voices", {"xi-api-key": KEY}), ("/v2/voices?page_size=1", {"xi-api-key": KEY}),
                                   ("/v2/voices?search=isl", {"xi-api-key": KEY}), ("/voices?limit=100", AUTH),
-                                  (f"/voices?limit=1&starting_after={a['id']}", AUTH), ("/v1/models", AUTH),
+                                  (f"/voices?limit=1&starting_after={a['id']}", AUTH),
+                                  ("/v1/models", {"Authorization": f"Token {KEY}"}),
                                   ("/v1/voices", {})):
                 async with http.get(base_server.url + path, headers=headers) as r:
                     out[path + str(bool(headers))] = (r.status, await r.json())

@@ -14,7 +14,7 @@ import random
 
 import numpy as np
 
-from talkgate.codecs import g711, opus, pcm, sndfile
+from talkgate.codecs import aac, g711, opus, pcm, sndfile
 from talkgate.codecs.formaterror import FormatError
 from talkgate.codecs.ogg import OggOpusWriter
 from talkgate.codecs.resample import ENGINE_RATE, RATES, Resampler
@@ -31,6 +31,7 @@ ENCODINGS = {
     "wav": (RATES, "audio/wav"),
     "mp3": (sndfile.MP3_RATES, "audio/mpeg"),
     "flac": (RATES, "audio/flac"),
+    "aac": (aac.RATES, "audio/aac"),      # ADTS
 }
 # raw sample encodings: bytes per sample and float -> bytes
 _RAW = {"pcm_s16le": (2, pcm.s16le_bytes), "pcm_f32le": (4, pcm.f32le_bytes),
@@ -44,7 +45,8 @@ def make_stream_encoder(encoding: str, sample_rate: int, *, frame_ms: int | None
     frame_ms: re-frame raw samples (pcm_s16le, pcm_f32le, mulaw, alaw) into units of this duration
         (whole samples, rounded down; the last unit may be shorter), e.g. 20 for Twilio's 160-byte
         mu-law frames.
-    bitrate: bit/s, for opus / ogg_opus (default 48000) and mp3 (default by rate, 64000 at 24 kHz).
+    bitrate: bit/s, for opus / ogg_opus (default 48000), mp3 (default by rate, 64000 at 24 kHz) and aac
+        (default 64000).
     streaming: False for a response sent whole (wav, mp3, flac): nothing comes out before `flush()`,
         which then returns one complete file with exact header fields. Other encodings ignore it:
         their streamed units concatenated are already the complete file.
@@ -59,9 +61,9 @@ def make_stream_encoder(encoding: str, sample_rate: int, *, frame_ms: int | None
     if frame_ms is not None and (encoding not in _RAW or isinstance(frame_ms, bool)
                                  or not isinstance(frame_ms, int) or not 1 <= frame_ms <= 1000):
         raise FormatError(f"frame_ms is 1..1000 and only for {', '.join(_RAW)}; got {frame_ms!r} for {encoding}")
-    if bitrate is not None and (encoding not in ("opus", "ogg_opus", "mp3") or isinstance(bitrate, bool)
+    if bitrate is not None and (encoding not in ("opus", "ogg_opus", "mp3", "aac") or isinstance(bitrate, bool)
                                 or not isinstance(bitrate, int)):
-        raise FormatError(f"bitrate is an integer in bit/s and applies to opus, ogg_opus and mp3; "
+        raise FormatError(f"bitrate is an integer in bit/s and applies to opus, ogg_opus, mp3 and aac; "
                           f"got {bitrate!r} for {encoding}")
 
     if encoding in _RAW:
@@ -70,6 +72,8 @@ def make_stream_encoder(encoding: str, sample_rate: int, *, frame_ms: int | None
         packer = RawPacker(width, to_bytes, frame_bytes)
     elif encoding == "wav":
         packer = WavPacker(sample_rate, streaming)
+    elif encoding == "aac":
+        packer = AacPacker(aac.AacEncoder(sample_rate, bitrate or aac.DEFAULT_BITRATE))
     elif encoding in ("opus", "ogg_opus"):
         packer = OpusPacker(opus.OpusEncoder(sample_rate, bitrate or opus.DEFAULT_BITRATE), encoding == "ogg_opus")
     else:
@@ -93,6 +97,16 @@ class StreamEncoder:
         if self._flushed:
             raise RuntimeError(f"{self.encoding} stream already flushed")
         return self._packer.encode(self._resampler.process(pcm_f32_24k))
+
+    def drain(self) -> list[bytes]:
+        """At a pause in the audio (a flush whose audio is all made, more may follow): the resampler's
+        held-back tail, and a fresh resampler for what follows. The packer keeps its state (an MP3 or AAC
+        encoder's held-back block comes out with the audio after the pause, or at flush())."""
+        if self._flushed:
+            raise RuntimeError(f"{self.encoding} stream already flushed")
+        tail = self._resampler.flush()
+        self._resampler = Resampler(self._resampler.out_rate, self._resampler.in_rate)
+        return self._packer.encode(tail)
 
     def flush(self) -> list[bytes]:
         """The rest of the stream; the encoder is finished afterwards."""
@@ -203,6 +217,23 @@ class OpusPacker:
             return []
         self._headers_sent = True
         return self._ogg.headers()
+
+
+class AacPacker:
+    """ADTS frames of 1024 samples; samples_out counts the samples of the frames emitted."""
+
+    def __init__(self, encoder: aac.AacEncoder):
+        self._enc = encoder
+
+    @property
+    def samples_out(self) -> int:
+        return self._enc.frames_out * aac.FRAME_SAMPLES
+
+    def encode(self, x: np.ndarray) -> list[bytes]:
+        return self._enc.encode(x)
+
+    def flush(self) -> list[bytes]:
+        return self._enc.flush()
 
 
 class SndfilePacker:

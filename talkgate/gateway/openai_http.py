@@ -1,111 +1,31 @@
-"""OpenAI-compatible `POST /v1/audio/speech` (sessions/openai.py is the translator; the voices endpoints are
-voices_http.py's). A streamed response is a Link like a WebSocket connection: the same outbox, error
-funnel, slow-consumer and idle rules; a client that disconnects ends its context at once."""
+"""OpenAI-compatible `POST /v1/audio/speech` (sessions/openai.py is the translator, gateway/http_speech.py the
+I/O every HTTP speech endpoint shares; the voices endpoints are voices_http.py's)."""
 from __future__ import annotations
 
 import asyncio
-import codecs
 from dataclasses import replace
 
 from aiohttp import web
-from aiohttp.http_exceptions import HttpProcessingError
-from aiohttp.web_protocol import RequestPayloadError
 
-from talkgate.gateway.connection import Link
-from talkgate.gateway.server import ErrorResponse
-from talkgate.sessions.actions import http_status
-from talkgate.sessions.fields import SessionError, load_json
-from talkgate.sessions.openai import Begin, Respond, SpeechProtocol, parse_request
-from talkgate.sessions.reference_audio import AudioError, read_clip
+from talkgate.gateway.compat_routes import VOICE_MAP
+from talkgate.gateway.http_speech import serve_speech
+from talkgate.sessions.openai import SpeechProtocol, parse_request
+from talkgate.sessions.reference_audio import read_clip
 from talkgate.sessions.session import Reference
-
-
-class HttpStream(Link):
-    """One /v1/audio/speech request, from its context's start to the response's end."""
-
-    def __init__(self, request: web.Request, protocol: SpeechProtocol, engine, limits, count_error):
-        super().__init__(request.transport, protocol, engine, limits, "openai", count_error)
-        self.request = request
-        self.response: web.StreamResponse | None = None
-
-    def other(self, action) -> None:
-        if isinstance(action, (Begin, Respond)):
-            self.outbox.put(action)
-        else:
-            super().other(action)
-
-    async def run(self) -> web.StreamResponse:
-        self.apply(self.call("start"))
-        writer = asyncio.create_task(self._write())
-        watch = asyncio.create_task(self._watch())
-        try:
-            await asyncio.wait([writer, watch], return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for t in (writer, watch):
-                t.cancel()
-            await asyncio.gather(writer, watch, return_exceptions=True)
-            self.end()
-        if self.response is None:           # the client went away before any answer
-            return web.Response(status=499, reason="Client Closed Request")
-        return self.response
-
-    async def _write(self) -> None:
-        try:
-            while (item := await self.outbox.get()) is not None:
-                if isinstance(item, Respond):
-                    self.response = web.Response(status=item.status, body=item.body, content_type=item.content_type)
-                    self.response.code = item.error     # counted by the errors middleware
-                    return
-                if isinstance(item, Begin):
-                    self.response = web.StreamResponse(headers={
-                        "Content-Type": item.content_type, "Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-                    await self.response.prepare(self.request)
-                    continue
-                await self.response.write(item.data)
-                n = len(item.data)
-                self.delivery.wrote(n + len(f"{n:x}") + 4, item.stream, item.audio_ms)    # a chunk's framing
-                if item.stream is not None:
-                    self.call("note_sent", item.stream, item.audio_ms)
-            if self._closing is not None and self._closing[0] == 1000:
-                await self.response.write_eof()
-            elif self.request.transport is not None:     # broken off: the client sees a truncated body
-                self.request.transport.abort()
-        except ConnectionError:
-            pass
 
 
 async def speech(request: web.Request) -> web.StreamResponse:
     gw = request.app["gateway"]
-    if not gw.authorized(request):
-        return ErrorResponse(401, "unauthorized", "a valid API key is required")
-    if gw.draining:
-        return ErrorResponse(503, "shutting_down", "the server is shutting down")
-    try:
-        raw = await request.read()          # over the body limit: 413 (the errors middleware answers it)
-    except (RequestPayloadError, HttpProcessingError):
-        # the rest of the body cannot be decoded either: it is over (aiohttp would read on after the
-        # response and log the same error again), and so is the connection
-        request.content.feed_eof()
-        response = ErrorResponse(400, "invalid_body", "the body cannot be decoded (Content-Encoding)")
-        response.force_close()
-        return response
-    try:
-        codecs.lookup(request.charset or "utf-8")
-        text = raw.decode(request.charset or "utf-8")
-    except (LookupError, UnicodeDecodeError) as e:
-        return ErrorResponse(400, "invalid_json", f"the body is not text in its charset ({e.__class__.__name__})")
-    try:
-        req = parse_request(load_json(text, 4 * gw.limits.max_message_bytes), gw.limits.max_http_input_chars)
+
+    async def make(body) -> SpeechProtocol:
+        req = parse_request(body, gw.limits.max_http_input_chars, gw.client.info, request.app[VOICE_MAP])
         config = req.config
         if req.ref_audio is not None:       # this request's own voice: decoded off the loop, made by the engine
             clip = await asyncio.to_thread(read_clip, req.ref_audio, "ref_audio")
             config = replace(config, reference=Reference(clip.samples.tobytes(), req.ref_text))
-        session = gw.new_session("openai", config)
-    except AudioError as e:
-        return ErrorResponse(e.status, e.code, e.message)
-    except SessionError as e:
-        return ErrorResponse(http_status(e.code), e.code, e.message)
-    return await HttpStream(request, SpeechProtocol(session, req), gw.client, gw.limits, gw.count_error).run()
+        return SpeechProtocol(gw.new_session("openai", config), req)
+
+    return await serve_speech(request, "openai", make)
 
 
 def add_routes(app: web.Application) -> None:

@@ -1,7 +1,9 @@
 """`talkgate serve`: check the arguments, bind the port, load the engine, warm up, serve until SIGINT/SIGTERM, drain.
 
 The port is bound before the model loads, so that a busy port is reported at once; HTTP answers from
-the end of the load on (/health 200 "starting", /ready 503 until the warm-up is over).
+the end of the load on (/health 200 "starting", /ready 503 until the warm-up is over). With
+--ssl-certfile / --ssl-keyfile (loaded before the port is bound) every route is served over TLS on that
+port: https:// and wss://.
 """
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import logging
 import os
 import signal
 import socket
+import ssl
 from pathlib import Path
 
 from talkgate.gateway import args as cli_args
@@ -92,6 +95,9 @@ def add_parser(subparsers) -> None:
     p.add_argument("--max-backlog-ms", metavar="MS", type=cli_args.integer(1), default=d.max_backlog_ms,
                    help="audio of one context left unread, in ms, by a client that is behind real time before the "
                    "context is cancelled as a slow consumer")
+    p.add_argument("--ssl-certfile", metavar="FILE", help="PEM certificate (chain) to serve https:// and wss:// on "
+                   "the same port and routes; needs --ssl-keyfile")
+    p.add_argument("--ssl-keyfile", metavar="FILE", help="PEM private key of --ssl-certfile")
     p.add_argument("--voice-map", metavar="FILE", help="JSON file mapping the compatible APIs' voice ids to "
                    "talkgate voices (docs/compat.md); default: the built-in map")
     p.add_argument("--voice-store", metavar="DIR", help="directory of the stored (cloned) voices, which several "
@@ -149,6 +155,27 @@ def listen(host: str, port: int) -> list[socket.socket]:
     return sockets
 
 
+def tls_context(certfile: str | None, keyfile: str | None) -> ssl.SSLContext | None:
+    """The server's TLS context from --ssl-certfile / --ssl-keyfile (both or neither); CommandError for a
+    missing file, a file that is not PEM, or a key that does not match the certificate."""
+    if certfile is None and keyfile is None:
+        return None
+    if certfile is None or keyfile is None:
+        raise CommandError("--ssl-certfile and --ssl-keyfile go together: give both")
+    for flag, path in (("--ssl-certfile", certfile), ("--ssl-keyfile", keyfile)):
+        if not Path(path).is_file():
+            raise CommandError(f"{flag} {path}: no such file")
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    try:
+        context.load_cert_chain(certfile, keyfile)
+    except ssl.SSLError as e:
+        raise CommandError(f"--ssl-certfile {certfile} / --ssl-keyfile {keyfile}: cannot load them ({e.reason or e}); "
+                           "they must be PEM files of a certificate and its private key") from None
+    except OSError as e:
+        raise CommandError(f"--ssl-certfile {certfile} / --ssl-keyfile {keyfile}: {e.strerror}") from None
+    return context
+
+
 def run(args: argparse.Namespace) -> int:
     from talkgate.gateway.server import ServerConfig
     from talkgate.sessions.voices import VoiceMap
@@ -167,6 +194,7 @@ def run(args: argparse.Namespace) -> int:
             VoiceStore(args.voice_store).open()
         except StoreError as e:
             raise CommandError(f"--voice-store: {e.message}") from None
+    tls = tls_context(args.ssl_certfile, args.ssl_keyfile)
     sockets = listen(args.host, args.port)
     try:
         device = cli_args.check_device(args.device)
@@ -184,9 +212,9 @@ def run(args: argparse.Namespace) -> int:
                               shutdown_deadline_s=args.shutdown_deadline, voice_map=args.voice_map,
                               voice_store=args.voice_store, admin_without_key=args.admin_without_key)
         host = f"[{args.host}]" if ":" in args.host else args.host
-        url = f"http://{host}:{sockets[0].getsockname()[1]}"
+        url = f"{'https' if tls else 'http'}://{host}:{sockets[0].getsockname()[1]}"
         try:
-            return asyncio.run(_serve(engine, config, sockets, url))
+            return asyncio.run(_serve(engine, config, sockets, url, tls))
         finally:
             engine.stop()
     finally:
@@ -212,7 +240,7 @@ def _load(args: argparse.Namespace, device: str):
     return engine
 
 
-async def _serve(engine, config, sockets: list[socket.socket], url: str) -> int:
+async def _serve(engine, config, sockets: list[socket.socket], url: str, tls: ssl.SSLContext | None = None) -> int:
     """Serve until the first SIGINT/SIGTERM, drain (a second signal cuts it short), stop. -> exit status."""
     from aiohttp import web
 
@@ -228,7 +256,7 @@ async def _serve(engine, config, sockets: list[socket.socket], url: str) -> int:
         loop.add_signal_handler(sig, lambda: (hurry if stop.is_set() else stop).set())
     try:
         for s in sockets:
-            await web.SockSite(runner, s, backlog=BACKLOG).start()
+            await web.SockSite(runner, s, backlog=BACKLOG, ssl_context=tls).start()
         print(f"talkgate: listening on {url} (warming up)", flush=True)
         # compiles and the first-audio graphs (the other buckets follow in the background)
         warm = asyncio.ensure_future(asyncio.to_thread(engine.start))

@@ -20,7 +20,7 @@ from talkgate.gateway.voice_store import VoiceStore, default_root
 from talkgate.gateway.websocket import GatewayWebSocket
 from talkgate.sessions.limits import Limits
 from talkgate.sessions.native import NativeProtocol
-from talkgate.sessions.openai import error_body
+from talkgate.sessions.http import error_body
 from talkgate.sessions.session import Session
 from talkgate.sessions.voices import Voices
 
@@ -224,7 +224,7 @@ async def web_file(request: web.Request) -> web.FileResponse:
 
 
 class ErrorResponse(web.Response):
-    """Every HTTP error talkgate answers, in one shape (OpenAI's, sessions.openai.error_body)."""
+    """Every HTTP error talkgate answers, in one shape (OpenAI's, sessions.http.error_body)."""
 
     def __init__(self, status: int, code: str, message: str, headers=None):
         super().__init__(body=error_body(status, code, message), status=status, content_type="application/json",
@@ -305,7 +305,7 @@ class AppRunner(web.AppRunner):
 
 
 def create_app(engine, config: ServerConfig | None = None) -> web.Application:
-    from talkgate.gateway import admin, compat_routes, openai_http, voices_http
+    from talkgate.gateway import admin, compat_http, compat_routes, openai_http, voices_http
     from talkgate.sessions.voices import VoiceMap
 
     gw = Gateway(engine, config or ServerConfig())
@@ -320,6 +320,7 @@ def create_app(engine, config: ServerConfig | None = None) -> web.Application:
     openai_http.add_routes(app)
     voices_http.add_routes(app)
     compat_routes.add_routes(app, VoiceMap.load(gw.config.voice_map, stored=gw.store.exists))
+    compat_http.add_routes(app)
     admin.add_routes(app)
     app.router.add_get("/", index)
     app.router.add_get("/web/{name}", web_file)

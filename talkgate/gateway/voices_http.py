@@ -8,7 +8,7 @@
     GET    /v1/voices, /v2/voices, /v1/voices/{id}, DELETE /v1/voices/{id}
     POST   /voices/clone               Cartesia: multipart clip, name, language, description
     GET    /voices, /voices/{id}, DELETE /voices/{id}
-    GET    /v1/models                  Deepgram: the voices as TTS models
+    GET    /v1/models                  Deepgram: the voices as TTS models (for Deepgram's clients: compat_http.models)
 
 An upload: the form read with bounds (one file of at most 10 MB; ElevenLabs' files together), the audio
 decoded and checked on a worker thread (sessions/reference_audio.py: 1-30 s, not silent, mono 24 kHz), the
@@ -473,7 +473,10 @@ def add_routes(app: web.Application) -> None:
             ("POST", "/voices/clone", _cartesia_clone, _cartesia_error),
             ("GET", "/voices", _cartesia_list, _cartesia_error),
             ("GET", "/voices/{voice_id}", _cartesia_get, _cartesia_error),
-            ("DELETE", "/voices/{voice_id}", _cartesia_delete, _cartesia_error),
-            ("GET", "/v1/models", _deepgram_models, _deepgram_error)):
+            ("DELETE", "/voices/{voice_id}", _cartesia_delete, _cartesia_error)):
         r.add_route(method, path, _route(handler, error))
+
+
+# Deepgram's `GET /v1/models` (the path is ElevenLabs' model list too: gateway/compat_http.py's `models` chooses)
+deepgram_models = _route(_deepgram_models, _deepgram_error)
 

@@ -4,17 +4,17 @@
 for what the client really received), `Purge` the queued, unsent frames of a stream (a cancel
 happened), `Close` the socket after what is queued. A Send that reports an error names its code, so
 the I/O layer counts every error the client is told about in one place (/metrics errors_total).
-Engine commands (synth.api: OpenContext, AppendText, EndText, CancelContext, MakeVoice) are actions too:
-the session makes them, every translator passes them through unchanged, the I/O layer submits them.
+Engine commands (synth.api: OpenContext, AppendText, FlushText, EndText, CancelContext, MakeVoice) are actions
+too: the session makes them, every translator passes them through unchanged, the I/O layer submits them.
 """
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
 
-from talkgate.synth.api import AppendText, CancelContext, EndText, MakeVoice, OpenContext
+from talkgate.synth.api import AppendText, CancelContext, EndText, FlushText, MakeVoice, OpenContext
 
-ENGINE_COMMANDS = (OpenContext, AppendText, EndText, CancelContext, MakeVoice)
+ENGINE_COMMANDS = (OpenContext, AppendText, FlushText, EndText, CancelContext, MakeVoice)
 
 
 @dataclass(frozen=True)

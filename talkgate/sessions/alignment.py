@@ -26,9 +26,16 @@ class CharSpan:
     chars: list[str]
     starts_ms: list[int]
     durations_ms: list[int]
+    origin_ms: int = 0      # where the previous span ended: the times above count from here
 
     def as_elevenlabs(self) -> dict:
         return {"chars": self.chars, "charStartTimesMs": self.starts_ms, "charDurationsMs": self.durations_ms}
+
+    def as_elevenlabs_http(self) -> dict:
+        """ElevenLabs' HTTP form: seconds from the start of the utterance's audio."""
+        starts = [self.origin_ms + s for s in self.starts_ms]
+        return {"characters": self.chars, "character_start_times_seconds": [s / 1000 for s in starts],
+                "character_end_times_seconds": [(s + d) / 1000 for s, d in zip(starts, self.durations_ms)]}
 
 
 @dataclass(frozen=True)
@@ -93,4 +100,4 @@ class Timeline:
                 self._word += c
                 self._word_end = e
         return CharSpan([c for c, _ in placed], [s - origin for s in starts],
-                        [e - s for s, e in zip(starts, ends)]), words
+                        [e - s for s, e in zip(starts, ends)], origin), words

@@ -1,4 +1,5 @@
-"""Cartesia WebSocket TTS (`/tts/websocket`), Sans-I/O, onto `Session`.
+"""Cartesia TTS, Sans-I/O, onto `Session`: the WebSocket (`/tts/websocket`) and the HTTP endpoints
+(`/tts/bytes`, `/tts/sse`: sessions/http.py).
 
 A Cartesia context is one utterance (sessions/utterances.py): its generation requests' transcripts
 concatenate verbatim; `continue: false` ends its input; `flush: true` speaks what came so far and is
@@ -10,9 +11,14 @@ from __future__ import annotations
 
 import base64
 
+from talkgate.codecs import ENCODINGS as CODECS
 from talkgate.sessions.actions import BUSY, ENGINE_COMMANDS, Close, Send, dumps, http_status, send_json
+from talkgate.sessions.alignment import Timeline
 from talkgate.sessions.fields import SessionError, field_of, show
-from talkgate.sessions.session import AudioFormat, ContextCancelled, ContextError, Session
+from talkgate.sessions.http import HttpSpeech, Respond, sse
+from talkgate.sessions.session import (
+    AudioFormat, AudioOut, ContextCancelled, ContextError, ContextFinished, Session,
+)
 from talkgate.sessions.utterances import (
     Audio, Event, SegmentDone, UtteranceDone, UtteranceProtocol,
 )
@@ -20,19 +26,33 @@ from talkgate.sessions.voices import UnknownVoice, VoiceMap, resolve_language
 
 ENCODINGS = {"pcm_s16le": "pcm_s16le", "pcm_f32le": "pcm_f32le", "pcm_mulaw": "mulaw", "pcm_alaw": "alaw"}
 PCM_RATES = (8000, 16000, 22050, 24000, 44100, 48000)
+MP3_BITRATES = (32000, 64000, 96000, 128000, 192000)
 STATUS = 206
 
 
 
 
-def parse_output_format(fmt: object, cid: str) -> AudioFormat:
+def parse_output_format(fmt: object, cid: str | None, containers: tuple[str, ...] = ("raw",)) -> AudioFormat:
+    """`output_format` -> the session's format; `containers`: those the endpoint takes (the WebSocket:
+    raw; HTTP: raw, wav with pcm_s16le, mp3 with bit_rate)."""
     if not isinstance(fmt, dict):
         raise SessionError("invalid_output_format", "output_format must be an object with container, encoding "
                            "and sample_rate", cid)
     container, enc, rate = fmt.get("container", "raw"), fmt.get("encoding"), fmt.get("sample_rate")
-    if container != "raw":
-        raise SessionError("invalid_output_format", f"container {show(container)} is not supported on the "
-                           "WebSocket: use \"raw\"", cid)
+    if container not in containers:
+        raise SessionError("invalid_output_format", f"container {show(container)} is not supported here: use "
+                           f"{' or '.join(map(repr, containers))}", cid)
+    if container == "mp3":
+        bitrate = fmt.get("bit_rate", 128000)
+        if not isinstance(rate, int) or isinstance(rate, bool) or rate not in PCM_RATES:
+            raise SessionError("invalid_output_format", f"sample_rate {show(rate)} is not supported: use "
+                               f"{', '.join(map(str, PCM_RATES))}", cid)
+        if not isinstance(bitrate, int) or isinstance(bitrate, bool) or bitrate not in MP3_BITRATES:
+            raise SessionError("invalid_output_format", f"bit_rate {show(bitrate)} is not supported: use "
+                               f"{', '.join(map(str, MP3_BITRATES))}", cid)
+        return AudioFormat("mp3", rate, bitrate=bitrate)
+    if container == "wav" and enc != "pcm_s16le":
+        raise SessionError("invalid_output_format", f"the wav container holds pcm_s16le here, not {show(enc)}", cid)
     if not isinstance(enc, str) or enc not in ENCODINGS:
         raise SessionError("invalid_output_format", f"encoding {show(enc)} is not supported: use "
                            f"{', '.join(ENCODINGS)}", cid)
@@ -40,7 +60,32 @@ def parse_output_format(fmt: object, cid: str) -> AudioFormat:
     if not isinstance(rate, int) or isinstance(rate, bool) or rate not in rates:
         raise SessionError("invalid_output_format", f"sample_rate {show(rate)} is not supported for {enc}: use "
                            f"{', '.join(map(str, rates))}", cid)
-    return AudioFormat(ENCODINGS[enc], rate)
+    return AudioFormat("wav" if container == "wav" else ENCODINGS[enc], rate)
+
+
+def voice_id(voice: object, cid: str | None) -> str:
+    """`voice`: an id, {"id": ...} or {"mode": "id", "id": ...}; embeddings are refused."""
+    if isinstance(voice, str) and voice:
+        return voice
+    if isinstance(voice, dict) and voice.get("mode") == "embedding":
+        raise SessionError("invalid_voice", "voice embeddings are not supported: use {\"mode\": \"id\"}", cid)
+    if (not isinstance(voice, dict) or voice.get("mode", "id") != "id" or not isinstance(voice.get("id"), str)
+            or not voice["id"]):
+        raise SessionError("invalid_voice", "voice must be a voice id, {\"id\": \"<voice id>\"} or "
+                           "{\"mode\": \"id\", \"id\": \"<voice id>\"}", cid)
+    return voice["id"]
+
+
+def context_config(msg: dict, cid: str | None, info, voices: VoiceMap,
+                   containers: tuple[str, ...] = ("raw",)) -> dict:
+    """The context settings of a generation request (voice, format, language), as ContextConfig fields."""
+    try:
+        name = voices.resolve("cartesia", voice_id(msg.get("voice"), cid), info.voices)
+    except UnknownVoice as e:
+        raise SessionError("voice_not_found", str(e), cid) from None
+    fmt = parse_output_format(msg.get("output_format"), cid, containers)
+    language = resolve_language(field_of(msg, "language", str, None, cid), info.languages)
+    return {"voice": name, "format": fmt, "language": language}
 
 
 class CartesiaProtocol(UtteranceProtocol):
@@ -91,7 +136,7 @@ class CartesiaProtocol(UtteranceProtocol):
         flush = field_of(msg, "flush", bool, False, cid)
         add_timestamps = field_of(msg, "add_timestamps", bool, False, cid)
         if cid not in self.utterances:
-            self.utterances.open(cid, **self._context_config(cid, msg))
+            self.utterances.open(cid, **context_config(msg, cid, self.session.info, self.voices))
             self.timestamps[cid] = add_timestamps
             self.flush_ids[cid] = 0
         events: list[Event] = []
@@ -103,22 +148,6 @@ class CartesiaProtocol(UtteranceProtocol):
         if cid in self.utterances and not cont:
             events += self.utterances.end(cid)
         return self._wire(events)
-
-    def _context_config(self, cid: str, msg: dict) -> dict:
-        info = self.session.info
-        voice = msg.get("voice")
-        if isinstance(voice, dict) and voice.get("mode") == "embedding":
-            raise SessionError("invalid_voice", "voice embeddings are not supported: use {\"mode\": \"id\"}", cid)
-        if (not isinstance(voice, dict) or voice.get("mode", "id") != "id" or not isinstance(voice.get("id"), str)
-                or not voice["id"]):
-            raise SessionError("invalid_voice", "voice must be {\"mode\": \"id\", \"id\": \"<voice id>\"}", cid)
-        try:
-            name = self.voices.resolve("cartesia", voice["id"], info.voices)
-        except UnknownVoice as e:
-            raise SessionError("voice_not_found", str(e), cid) from None
-        fmt = parse_output_format(msg.get("output_format"), cid)
-        language = resolve_language(field_of(msg, "language", str, None, cid), info.languages)
-        return {"voice": name, "format": fmt, "language": language}
 
     # ----- utterance events -> wire -----
     def _wire(self, events: list[Event]) -> list:
@@ -164,3 +193,81 @@ class CartesiaProtocol(UtteranceProtocol):
         return send_json({"type": "error", "done": True, "title": code.replace("_", " ").capitalize(),
                           "message": message, "error_code": code, "status_code": status, "context_id": cid},
                          error=code)
+
+
+# ----- HTTP: POST /tts/bytes (the audio as the body) and POST /tts/sse (the WebSocket's messages as events) -----
+HTTP_CONTAINERS = ("raw", "wav", "mp3")
+
+
+def parse_http_request(body: object, info, voices: VoiceMap, max_chars: int, events: bool) -> tuple[str, dict, dict]:
+    """-> (transcript, ContextConfig fields, the request's own fields for /tts/sse: context_id,
+    add_timestamps); raises SessionError."""
+    if not isinstance(body, dict):
+        raise SessionError("invalid_request", "the body must be a JSON object")
+    text = field_of(body, "transcript", str, required=True)
+    if not text.strip():
+        raise SessionError("invalid_request", "transcript is empty")
+    if len(text) > max_chars:
+        raise SessionError("text_too_long", f"transcript is limited to {max_chars} characters")
+    field_of(body, "model_id", str)
+    field_of(body, "generation_config", dict)
+    own = {"context_id": field_of(body, "context_id", str) if events else None,
+           "add_timestamps": field_of(body, "add_timestamps", bool, False) if events else False}
+    return text, context_config(body, None, info, voices, HTTP_CONTAINERS), own
+
+
+def error_fields(code: str, message: str, request_id: str | None, context_id: str | None = None) -> dict:
+    """Cartesia's error (its SSE `error` event, and an HTTP error's body); status_code 500 only for the
+    server's own failures."""
+    return {"type": "error", "done": True, "title": code.replace("_", " ").capitalize(), "message": message,
+            "error_code": code, "status_code": 429 if code == BUSY else http_status(code), "request_id": request_id,
+            "context_id": context_id}
+
+
+def http_error(status: int, code: str, message: str, request_id: str | None = None,
+               context_id: str | None = None) -> Respond:
+    body = {**error_fields(code, message, request_id, context_id), "status_code": status}
+    return Respond(status, "application/json", dumps(body).encode(), error=code)
+
+
+class CartesiaSpeech(HttpSpeech):
+    """/tts/bytes: the audio, streamed as the body. /tts/sse (`events`): the WebSocket's `chunk`,
+    `timestamps` (with add_timestamps: estimated) and `done` messages as server-sent events."""
+
+    def __init__(self, session: Session, text: str, fmt: AudioFormat, events: bool, context_id: str | None = None,
+                 add_timestamps: bool = False):
+        super().__init__(session, text, streamed=True)
+        self.events, self.context_id, self.add_timestamps = events, context_id, add_timestamps
+        self.content_type = "text/event-stream" if events else CODECS[fmt.encoding][1]
+        self.timeline = Timeline()
+        self.timeline.add_text(text)
+
+    def body(self, ev: AudioOut) -> list[bytes]:
+        if not self.events:
+            return [ev.payload]
+        out = [sse({"type": "chunk", "data": base64.b64encode(ev.payload).decode(), "done": False,
+                    "status_code": STATUS, "step_time": ev.duration_ms, "context_id": self.context_id}, "chunk")]
+        _, words = self.timeline.audio(ev.duration_ms)
+        return out + self._words(words)
+
+    def end(self, ev: ContextFinished) -> list[bytes]:
+        if not self.events:
+            return []
+        _, words = self.timeline.end_segment()
+        return self._words(words) + [sse({"type": "done", "done": True, "status_code": 200,
+                                          "context_id": self.context_id}, "done")]
+
+    def failed_body(self, code: str, message: str) -> bytes | None:
+        if not self.events:
+            return None
+        return sse(error_fields(code, message, self.request_id, self.context_id), "error")
+
+    def error(self, status: int, code: str, message: str) -> Respond:
+        return http_error(status, code, message, self.request_id, self.context_id)
+
+    def _words(self, words) -> list[bytes]:
+        if not words or not self.add_timestamps:
+            return []
+        return [sse({"type": "timestamps", "done": False, "status_code": STATUS, "context_id": self.context_id,
+                     "word_timestamps": {"words": [w.text for w in words], "start": [w.start_s for w in words],
+                                         "end": [w.end_s for w in words]}}, "timestamps")]

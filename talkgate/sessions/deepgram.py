@@ -1,4 +1,5 @@
-"""Deepgram streaming TTS (`/v1/speak`), Sans-I/O, onto `Session`.
+"""Deepgram TTS, Sans-I/O, onto `Session`: the streaming WebSocket (`/v1/speak`) and the REST endpoint
+(`POST /v1/speak`: sessions/http.py).
 
 One stream of text per socket, spoken as one utterance (sessions/utterances.py): `Speak` appends
 text, `Flush` speaks what came so far and is answered with `Flushed` (its sequence_id) once that
@@ -9,9 +10,10 @@ samples. Client mistakes are answered the Deepgram way: a close frame whose reas
 """
 from __future__ import annotations
 
-
-from talkgate.sessions.actions import ENGINE_COMMANDS, Close, close_code, send_json
+from talkgate.codecs import ENCODINGS as CODECS
+from talkgate.sessions.actions import ENGINE_COMMANDS, Close, close_code, dumps, send_json
 from talkgate.sessions.fields import SessionError, field_of, query_int, show
+from talkgate.sessions.http import HttpSpeech, Respond
 from talkgate.sessions.session import AudioFormat, ContextCancelled, ContextError, Session
 from talkgate.sessions.utterances import Audio, Event, SegmentDone, UtteranceDone, UtteranceProtocol
 from talkgate.sessions.voices import UnknownVoice, VoiceMap
@@ -138,3 +140,83 @@ class DeepgramProtocol(UtteranceProtocol):
         return Close(code or close_code(error), f"{reason_code}: {message}", error=error)
 
 
+
+
+# ----- REST: POST /v1/speak?model=&encoding=&sample_rate=&container=&bit_rate= with {"text": ...} -----
+# encoding -> (session encoding, sample rates (the first is the default), containers (the first is the
+# default), bit rates: None (the codec's), a tuple of choices or an inclusive range, and its default)
+REST_FORMATS = {
+    "mp3": ("mp3", (22050,), ("none",), (32000, 48000), 48000),
+    "linear16": ("pcm_s16le", (24000, 8000, 16000, 32000, 48000), ("wav", "none"), None, None),
+    "mulaw": ("mulaw", (8000,), ("none",), None, None),
+    "alaw": ("alaw", (8000,), ("none",), None, None),
+    "flac": ("flac", (48000, 8000, 16000, 22050, 24000, 32000), ("none",), None, None),
+    "opus": ("ogg_opus", (48000,), ("ogg",), range(4000, 512001), 12000),
+    "aac": ("aac", (22050,), ("none",), range(4000, 192001), 48000),
+}
+MAX_REST_CHARS = 2000       # Deepgram's limit on the text of one request
+
+
+def parse_rest_query(query: dict[str, str]) -> AudioFormat:
+    """The REST query's format; raises SessionError (Deepgram's codes)."""
+    enc = query.get("encoding", "mp3")
+    if enc not in REST_FORMATS:
+        raise SessionError("UNSUPPORTED_ENCODING", f"encoding {show(enc)} is not supported: use "
+                           f"{', '.join(REST_FORMATS)}")
+    session_enc, rates, containers, bitrates, default_bitrate = REST_FORMATS[enc]
+    rate = query_int(query.get("sample_rate", str(rates[0])), 1, 1_000_000)
+    if rate not in rates:
+        raise SessionError("UNSUPPORTED_SAMPLE_RATE", f"sample_rate {show(query.get('sample_rate'))} is not "
+                           f"supported for {enc}: use {', '.join(map(str, sorted(rates)))}")
+    container = query.get("container", containers[0])
+    if container not in containers:
+        raise SessionError("UNSUPPORTED_CONTAINER", f"container {show(container)} is not supported for {enc}: use "
+                           f"{' or '.join(containers)}")
+    bitrate = None
+    if "bit_rate" in query:
+        bitrate = query_int(query["bit_rate"], 1, 10_000_000)
+        if bitrates is None or bitrate not in bitrates:
+            choices = ("not configurable" if bitrates is None else f"{bitrates.start} to {bitrates.stop - 1}"
+                       if isinstance(bitrates, range) else ", ".join(map(str, bitrates)))
+            raise SessionError("UNSUPPORTED_BIT_RATE", f"bit_rate {show(query['bit_rate'])} for {enc}: {choices}")
+    elif bitrates is not None:
+        bitrate = default_bitrate
+    return AudioFormat("wav" if container == "wav" else session_enc, rate, bitrate=bitrate)
+
+
+def parse_rest_request(query: dict[str, str], body: object, info, voices: VoiceMap) -> tuple[str, str, AudioFormat, str | None]:
+    """-> (text, model name, format, voice); raises SessionError."""
+    if not isinstance(body, dict):
+        raise SessionError("INVALID_REQUEST", "the body must be a JSON object {\"text\": ...}")
+    text = body.get("text")
+    if not isinstance(text, str) or not text.strip():
+        raise SessionError("INVALID_REQUEST", "text (a non-empty string) is required")
+    if len(text) > MAX_REST_CHARS:
+        raise SessionError("INVALID_REQUEST", f"text is limited to {MAX_REST_CHARS} characters")
+    model = query.get("model", DEFAULT_MODEL)
+    try:
+        voice = voices.resolve("deepgram", model, info.voices)
+    except UnknownVoice as e:
+        raise SessionError("INVALID_MODEL", str(e)) from None
+    return text, model, parse_rest_query(query), voice
+
+
+def rest_error(status: int, code: str, message: str, request_id: str | None = None) -> Respond:
+    """Deepgram's REST error: {"err_code", "err_msg", "request_id"}."""
+    return Respond(status, "application/json", dumps({"err_code": code, "err_msg": message,
+                                                      "request_id": request_id}).encode(), error=code)
+
+
+class DeepgramSpeech(HttpSpeech):
+    """The audio as the body, streamed as it is generated."""
+
+    def __init__(self, session: Session, text: str, model: str, fmt: AudioFormat):
+        super().__init__(session, text, streamed=True)
+        self.model = model
+        self.content_type = CODECS[fmt.encoding][1]
+
+    def headers(self) -> tuple[tuple[str, str], ...]:
+        return (("dg-request-id", self.request_id), ("dg-model-name", self.model), ("dg-char-count", str(len(self.text))))
+
+    def error(self, status: int, code: str, message: str) -> Respond:
+        return rest_error(status, code, message, self.request_id)

@@ -1,4 +1,5 @@
-"""ElevenLabs WebSocket TTS (`stream-input` and `multi-stream-input`), Sans-I/O, onto `Session`.
+"""ElevenLabs TTS, Sans-I/O, onto `Session`: the WebSockets (`stream-input`, `multi-stream-input`) and the
+HTTP text-to-speech endpoints (convert, stream, with timestamps: sessions/http.py).
 
 Wire facts: docs/compat.md. One ElevenLabs context is one utterance (sessions/utterances.py): a
 `flush` speaks the text so far and more text may follow in the same context. `close_context` after
@@ -9,16 +10,21 @@ that way); `close_context` with text not yet flushed is a barge-in: the context 
 from __future__ import annotations
 
 import base64
+import json
 import re
 from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
 
-from talkgate.codecs import FormatError, make_stream_encoder
+from talkgate.codecs import ENCODINGS, FormatError, make_stream_encoder
 from talkgate.sessions.actions import ENGINE_COMMANDS, Close, Send, close_code, dumps, send_json
-from talkgate.sessions.fields import SessionError, field_of, query_int, show
-from talkgate.sessions.session import AudioFormat, ContextCancelled, ContextError, Session
+from talkgate.sessions.alignment import Timeline
+from talkgate.sessions.fields import SessionError, field_of, integer, query_int, show
+from talkgate.sessions.http import HttpSpeech, Respond
+from talkgate.sessions.session import (
+    AudioFormat, AudioOut, ContextCancelled, ContextConfig, ContextError, ContextFinished, Session,
+)
 from talkgate.sessions.utterances import (
     Audio, Event, SegmentDone, UtteranceDone, UtteranceProtocol,
 )
@@ -194,7 +200,7 @@ class ElevenLabsProtocol(UtteranceProtocol):
         utt = self.utterances.by_key.get(cid)
         if utt is None:
             return [self._final(cid)]       # already over: say so again, harmlessly
-        if utt.open_segment is not None and utt.open_segment.chars:
+        if utt.open_chars:
             events = self.utterances.cancel(cid)     # barge-in: text not flushed
             return self._wire(events) + [self._final(cid)]
         return self._wire(self.utterances.end(cid))
@@ -268,3 +274,104 @@ class ElevenLabsProtocol(UtteranceProtocol):
 
     def _fatal(self, code: str, message: str) -> list:
         return [self._error(code, message), Close(1008, code)]
+
+
+# ----- HTTP: POST /v1/text-to-speech/{voice_id}[/stream][/with-timestamps | /stream/with-timestamps] -----
+MAX_SEED = (1 << 32) - 1           # ElevenLabs' seed range
+LATENCY_LEVELS = range(5)         # optimize_streaming_latency 0..4: accepted, not applicable
+
+
+def http_format(output: OutputFormat) -> AudioFormat:
+    """The session's format of an HTTP response: compressed formats are the session's own encoding here
+    (one request is one stream)."""
+    if output.container is None:
+        return output.session
+    return AudioFormat(output.container, output.rate, bitrate=output.bitrate)
+
+
+def parse_http_request(voice_id: str, query: dict[str, str], body: object, info, voices: VoiceMap,
+                       max_chars: int) -> tuple[str, ContextConfig, OutputFormat]:
+    """-> (text, context config, output format); raises SessionError."""
+    if not isinstance(body, dict):
+        raise SessionError("invalid_request", "the body must be a JSON object")
+    text = field_of(body, "text", str, required=True)
+    if not text.strip():
+        raise SessionError("invalid_request", "text is empty")
+    if len(text) > max_chars:
+        raise SessionError("text_too_long", f"text is limited to {max_chars} characters")
+    try:
+        voice = voices.resolve("elevenlabs", voice_id, info.voices)
+    except UnknownVoice as e:
+        raise SessionError("voice_not_found", str(e)) from None
+    output = parse_output_format(query.get("output_format", "mp3_44100_128"))
+    latency = query.get("optimize_streaming_latency")
+    if latency is not None and query_int(latency, 0, LATENCY_LEVELS[-1]) is None:
+        raise SessionError("invalid_request", "optimize_streaming_latency must be an integer from 0 to 4")
+    for name in ("model_id", "language_code", "previous_text", "next_text", "apply_text_normalization"):
+        field_of(body, name, str)
+    for name in ("voice_settings", "audio_effects"):
+        field_of(body, name, dict)
+    for name in ("pronunciation_dictionary_locators", "previous_request_ids", "next_request_ids"):
+        field_of(body, name, list)
+    seed = integer(body, "seed", 0, MAX_SEED, code="invalid_request")
+    config = ContextConfig(voice=voice, language=resolve_language(field_of(body, "language_code", str),
+                                                                  info.languages),
+                           format=http_format(output), sampling=SamplingParams(seed=seed))
+    return text, config, output
+
+
+def http_error(status: int, code: str, message: str) -> Respond:
+    """ElevenLabs' HTTP error: {"detail": {"status", "message"}}."""
+    return Respond(status, "application/json", json.dumps({"detail": {"status": code, "message": message}}).encode(),
+                   error=code)
+
+
+class ElevenLabsSpeech(HttpSpeech):
+    """The audio as a body of the output format (`timestamps` False), or with estimated character
+    timings (sessions/alignment.py): one JSON object (not streamed) or one JSON object per line."""
+
+    def __init__(self, session: Session, text: str, output: OutputFormat, timestamps: bool, streamed: bool):
+        super().__init__(session, text, streamed)
+        self.timestamps = timestamps
+        fmt = http_format(output)
+        self.content_type = "application/json" if timestamps else ENCODINGS[fmt.encoding][1]
+        self.timeline = Timeline()
+        self.timeline.add_text(text)
+        self.spans: list = []               # the whole response's alignment
+
+    def body(self, ev: AudioOut) -> list[bytes]:
+        if not self.timestamps:
+            return [ev.payload]
+        span, _ = self.timeline.audio(ev.duration_ms)
+        if not self.streamed:
+            self.spans.append(span)
+            return [ev.payload]
+        return [self._line(ev.payload, span)]
+
+    def end(self, ev: ContextFinished) -> list[bytes]:
+        if not self.timestamps:
+            return []
+        span, _ = self.timeline.end_segment()       # characters the estimate had not placed yet
+        if not self.streamed:
+            self.spans.append(span)
+            return []
+        return [self._line(b"", span)] if span is not None else []
+
+    def whole(self, pieces: list[bytes]) -> bytes:
+        if not self.timestamps:
+            return b"".join(pieces)
+        alignment = {"characters": [], "character_start_times_seconds": [], "character_end_times_seconds": []}
+        for span in filter(None, self.spans):
+            for k, v in span.as_elevenlabs_http().items():
+                alignment[k] += v
+        return json.dumps({"audio_base64": base64.b64encode(b"".join(pieces)).decode(), "alignment": alignment,
+                           "normalized_alignment": alignment}).encode()
+
+    def error(self, status: int, code: str, message: str) -> Respond:
+        return http_error(status, code, message)
+
+    @staticmethod
+    def _line(audio: bytes, span) -> bytes:
+        alignment = span.as_elevenlabs_http() if span is not None else None
+        return (dumps({"audio_base64": base64.b64encode(audio).decode(), "alignment": alignment,
+                       "normalized_alignment": alignment}) + "\n").encode()

@@ -1,68 +1,39 @@
-"""OpenAI `POST /v1/audio/speech`, Sans-I/O, onto `Session`: the request's input is one context, its
-audio the response.
+"""OpenAI `POST /v1/audio/speech`, Sans-I/O, onto `Session` (sessions/http.py): the request's input is
+one context, its audio the response.
 
-`parse_request(body)` checks the JSON body; `SpeechProtocol(session, request).start()` opens the
-context and returns the first actions. Beside the wire actions (sessions/actions.py: Send a body chunk,
-Close ends the body: code 1000 normally, any other code breaks the connection so the client sees a
-truncated chunked body; engine commands) it returns `Begin` (a streamed 200 response's headers, sent
-with the first audio, so that a context the engine refuses is still an error status) and `Respond`
-(the whole response at once: a non-streamed file, or an error before any audio).
+As OpenAI's endpoint: the body streams as the audio is generated (chunked) in every format, and
+`stream_format: "sse"` sends `speech.audio.delta` events (base64 audio of the response format) and a
+last `speech.audio.done` with `usage` (input_tokens: the text's token ids; output_tokens: the codec
+frames made, the model's audio tokens, 12.5 a second). talkgate's own `stream: false` asks for the
+whole file at the end instead (a WAV, MP3 or FLAC with exact length fields). Wire facts: docs/compat.md.
 
-The voice: `voice` names a voice of the model or a stored (cloned) voice, as a string or as OpenAI's
-custom-voice object `{"id": ...}`; or `ref_audio` (a data URL or base64 of an audio file) with optional
-`ref_text` (its words: an in-context clone) clones a voice for this request only, and `voice`, which
-OpenAI's clients always send, is then ignored.
-
-Streaming (`stream: true`): `stream_format: "audio"` writes the encoded audio as a chunked body as it
-is generated (PCM: raw s16le 24 kHz, `audio/pcm`); `"sse"` sends `speech.audio.delta` events with
-base64 audio and a final `speech.audio.done`. Otherwise the whole file comes at the end.
+The voice: `voice` names a voice (OpenAI's names through the voice map's "openai" table, a voice of the
+model, or a stored cloned voice), as a string or as OpenAI's custom-voice object `{"id": ...}`; or
+`ref_audio` (a data URL or base64 of an audio file) with optional `ref_text` (its words: an in-context
+clone) clones a voice for this request only, and `voice`, which OpenAI's clients always send, is then ignored.
 """
 from __future__ import annotations
 
 import base64
-import json
 from dataclasses import dataclass
 
-from talkgate.sessions.actions import ENGINE_COMMANDS, Close, Send, close_code, http_status
+from talkgate.sessions.actions import SERVER_ERRORS
 from talkgate.sessions.fields import SessionError, field_of, integer, number, show
+from talkgate.sessions.http import HttpSpeech, sse
 from talkgate.sessions.reference_audio import MAX_BYTES, check_ref_text, decode_inline
-from talkgate.sessions.session import (
-    AudioFormat, AudioOut, ContextConfig, ContextError, ContextFinished, Session,
-)
-from talkgate.synth.api import SEED_RANGE, EngineEvent, SamplingParams, seed_fits
+from talkgate.sessions.session import AudioFormat, AudioOut, ContextConfig, ContextFinished, Session
+from talkgate.sessions.voices import UnknownVoice, VoiceMap
+from talkgate.synth.api import SEED_RANGE, ModelInfo, SamplingParams, seed_fits
 
 # response_format -> (session encoding, sample rate, content type)
 FORMATS = {
-    "pcm": ("pcm_s16le", 24000, "audio/pcm"),
-    "wav": ("wav", 24000, "audio/wav"),
     "mp3": ("mp3", 24000, "audio/mpeg"),
     "opus": ("ogg_opus", 24000, "audio/ogg"),   # players decode Ogg/Opus at 48 kHz whatever the input rate
+    "aac": ("aac", 24000, "audio/aac"),         # ADTS
     "flac": ("flac", 24000, "audio/flac"),
+    "wav": ("wav", 24000, "audio/wav"),
+    "pcm": ("pcm_s16le", 24000, "audio/pcm"),
 }
-CONTEXT = "speech"
-
-
-@dataclass(frozen=True)
-class Begin:
-    content_type: str
-
-
-@dataclass(frozen=True)
-class Respond:
-    status: int
-    content_type: str
-    body: bytes
-    error: str | None = None
-
-
-def error_body(status: int, code: str, message: str) -> bytes:
-    """Every HTTP error of talkgate has this shape (OpenAI's)."""
-    kind = "server_error" if status >= 500 else "invalid_request_error"
-    return json.dumps({"error": {"message": message, "type": kind, "code": code}}).encode()
-
-
-def error_response(status: int, code: str, message: str) -> Respond:
-    return Respond(status, "application/json", error_body(status, code, message), error=code)
 
 
 @dataclass(frozen=True)
@@ -70,23 +41,43 @@ class SpeechRequest:
     text: str
     config: ContextConfig
     response_format: str
-    stream: bool
-    stream_format: str
+    streamed: bool
+    sse: bool
     ref_audio: bytes | None = None      # a file of reference audio for this request (the caller decodes it
     ref_text: str | None = None         # into config.reference: sessions/reference_audio.py read_clip)
 
 
-def parse_request(body: object, max_chars: int) -> SpeechRequest:
+def parse_request(body: object, max_chars: int, info: ModelInfo, voices: VoiceMap) -> SpeechRequest:
     """The JSON body -> SpeechRequest; raises SessionError (codes as OpenAI's: invalid_request, ...)."""
     try:
-        return _parse(body, max_chars)
+        return _parse(body, max_chars, info, voices)
     except SessionError as e:
         if e.code in ("invalid_message", "invalid_params"):    # a missing or mistyped field
             raise SessionError("invalid_request", e.message) from None
         raise
 
 
-def _parse(body: object, max_chars: int) -> SpeechRequest:
+def _voice(body: dict, info: ModelInfo, voices: VoiceMap) -> str | None:
+    """`voice`: a name (OpenAI's, mapped by the voice map's "openai" table, or a talkgate voice) or
+    {"id": ...}, resolved the same way."""
+    voice = body.get("voice")
+    if isinstance(voice, dict):
+        voice = voice.get("id")
+        if not isinstance(voice, str) or not voice:
+            raise SessionError("invalid_request", "voice must be a name or an object {\"id\": \"<voice id>\"}")
+    elif voice is not None and not isinstance(voice, str):
+        raise SessionError("invalid_request", "voice must be a name or an object {\"id\": \"<voice id>\"}")
+    if voice is None:
+        return None
+    try:
+        return voices.resolve("openai", voice, info.voices)
+    except UnknownVoice:
+        raise SessionError("unknown_voice", f"unknown voice {show(voice)}; available: OpenAI's voices "
+                           f"({', '.join(voices.tables['openai']) or 'none mapped'}) and this model's "
+                           f"({', '.join(info.voices) or 'none: it takes instructions'})") from None
+
+
+def _parse(body: object, max_chars: int, info: ModelInfo, voices: VoiceMap) -> SpeechRequest:
     if not isinstance(body, dict):
         raise SessionError("invalid_request", "the body must be a JSON object")
     text = field_of(body, "input", str, required=True)
@@ -99,10 +90,13 @@ def _parse(body: object, max_chars: int) -> SpeechRequest:
         raise SessionError("invalid_format", f"response_format {show(fmt)} is not supported; use one of "
                            f"{', '.join(FORMATS)}")
     speed = number(body, "speed", 0.25, 4.0, 1.0)
-    stream = field_of(body, "stream", bool, False)
+    streamed = field_of(body, "stream", bool, True)
     stream_format = field_of(body, "stream_format", str, "audio")
     if stream_format not in ("audio", "sse"):
         raise SessionError("invalid_request", "stream_format must be 'audio' or 'sse'")
+    if stream_format == "sse" and not streamed:
+        raise SessionError("invalid_request", "stream_format 'sse' streams its events: it cannot be combined with "
+                           "stream: false")
     if field_of(body, "non_streaming_mode", bool, False):
         raise SessionError("unsupported", "non_streaming_mode=true is not supported: talkgate feeds text to "
                            "the model as it arrives (non_streaming_mode=false)")
@@ -112,11 +106,7 @@ def _parse(body: object, max_chars: int) -> SpeechRequest:
     if seed is not None and not seed_fits(seed):
         raise SessionError("invalid_request", f"seed must fit in 64 bits ({SEED_RANGE})")
     encoding, rate, _ = FORMATS[fmt]
-    voice = body.get("voice")
-    if isinstance(voice, dict):             # OpenAI's custom voice: {"id": "voice_..."}
-        voice = field_of(voice, "id", str, required=True)
-    elif voice is not None:
-        voice = field_of(body, "voice", str)
+    voice = _voice(body, info, voices)
     ref_audio = ref_text = None
     if body.get("ref_audio") is not None:
         ref_audio = decode_inline(body["ref_audio"], MAX_BYTES)
@@ -128,98 +118,30 @@ def _parse(body: object, max_chars: int) -> SpeechRequest:
         raise SessionError("invalid_request", "ref_text needs ref_audio, the audio whose words it is")
     cfg = ContextConfig(voice=voice, language=field_of(body, "language", str, "auto"),
                         instructions=field_of(body, "instructions", str),
-                        format=AudioFormat(encoding, rate, streaming=stream),
+                        format=AudioFormat(encoding, rate, streaming=streamed),
                         sampling=SamplingParams(seed=seed), fixed_frames=fixed, speed=speed)
-    return SpeechRequest(text, cfg, fmt, stream, stream_format, ref_audio, ref_text)
+    return SpeechRequest(text, cfg, fmt, streamed, stream_format == "sse", ref_audio, ref_text)
 
 
-class SpeechProtocol:
-    idle_timeout_s: float | None = None
-
+class SpeechProtocol(HttpSpeech):
     def __init__(self, session: Session, request: SpeechRequest):
-        self.session, self.request = session, request
-        self.sse = request.stream and request.stream_format == "sse"
-        self.content_type = FORMATS[request.response_format][2]
-        self.whole: list[bytes] = []        # the file, when not streamed
-        self.begun = False
+        super().__init__(session, request.text, request.streamed)
+        self.request = request
+        self.content_type = "text/event-stream" if request.sse else FORMATS[request.response_format][2]
 
-    def start(self) -> list:
-        events: list = []
-        try:
-            events += self.session.start(CONTEXT)
-            events += self.session.append(CONTEXT, self.request.text)
-            if self.session.has(CONTEXT):
-                events += self.session.flush(CONTEXT)
-        except SessionError as e:
-            return self._wire(events) + [error_response(http_status(e.code), e.code, e.message)] + self.session.close()
-        return self._wire(events)
+    def body(self, ev: AudioOut) -> list[bytes]:
+        if self.request.sse:
+            return [sse({"type": "speech.audio.delta", "audio": base64.b64encode(ev.payload).decode()})]
+        return [ev.payload]
 
-    def engine_event(self, ev: EngineEvent) -> list:
-        return self._wire(self.session.on_engine_event(ev))
-
-    def note_sent(self, stream: int, audio_ms: float) -> None:
-        self.session.note_sent(stream, audio_ms)
-
-    def note_delivered(self, stream: int, audio_ms: float) -> None:
-        self.session.note_delivered(stream, audio_ms)
-
-    def tick(self) -> list:
-        return self._wire(self.session.slow_consumers())
-
-    def idle_timeout(self) -> list:
-        return self.abort("idle_timeout", "no audio taken for the idle timeout", 1000)
-
-    def abort(self, code: str, message: str, ws_code: int) -> list:
-        return self._failed(code, message) + self.session.close()
-
-    def connection_lost(self) -> list:
-        return self.session.close()
-
-    def _begin(self) -> list:
-        if self.begun or not self.request.stream:
+    def end(self, ev: ContextFinished) -> list[bytes]:
+        if not self.request.sse:
             return []
-        self.begun = True
-        return [Begin("text/event-stream" if self.sse else self.content_type)]
+        return [sse({"type": "speech.audio.done", "usage": {
+            "input_tokens": self.text_tokens, "output_tokens": ev.frames, "total_tokens": self.text_tokens + ev.frames}})]
 
-    def _wire(self, events) -> list:
-        out: list = []
-        for ev in events:
-            if isinstance(ev, ENGINE_COMMANDS):    # passed through to the I/O layer, in order
-                out.append(ev)
-                continue
-            if isinstance(ev, AudioOut):
-                if not self.request.stream:     # kept for the response: taken, as far as the backlog goes
-                    self.whole.append(ev.payload)
-                    self.session.note_delivered(ev.stream, ev.duration_ms)
-                elif self.sse:
-                    out += self._begin()
-                    out.append(Send(_sse({"type": "speech.audio.delta", "audio": base64.b64encode(ev.payload).decode()}),
-                                    ev.stream, ev.duration_ms))
-                else:
-                    out += self._begin()
-                    out.append(Send(ev.payload, ev.stream, ev.duration_ms))
-            elif isinstance(ev, ContextError):
-                out += self._failed(ev.code, ev.message)
-            elif isinstance(ev, ContextFinished):
-                if not self.request.stream:
-                    out.append(Respond(200, self.content_type, b"".join(self.whole)))
-                    continue
-                out += self._begin()
-                if self.sse:
-                    out.append(Send(_sse({"type": "speech.audio.done", "usage": {
-                        "input_tokens": len(self.request.text), "output_audio_ms": ev.audio_ms,
-                        "frames": ev.frames}})))
-                out.append(Close(1000, "done"))
-        return out
-
-    def _failed(self, code: str, message: str) -> list:
-        if not self.begun:
-            self.begun = True           # nothing more is sent: this is the answer
-            return [error_response(http_status(code), code, message)]
-        if self.sse:
-            return [Send(_sse({"type": "error", "code": code, "message": message}), error=code), Close(1000, code)]
-        return [Close(close_code(code), code, error=code)]     # not 1000: a truncated body, the client sees it
-
-
-def _sse(obj: dict) -> bytes:
-    return f"data: {json.dumps(obj, separators=(',', ':'))}\n\n".encode()
+    def failed_body(self, code: str, message: str) -> bytes | None:
+        if not self.request.sse:
+            return None
+        kind = "server_error" if code in SERVER_ERRORS else "invalid_request_error"
+        return sse({"type": "error", "error": {"message": message, "type": kind, "code": code}})

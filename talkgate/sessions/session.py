@@ -1,8 +1,9 @@
 """The one native session model: contexts of one connection, their text, audio encoding and cancel.
 
-Sans-I/O and pure: operations (`start`, `append`, `flush`, `cancel`, `close`, `on_engine_event`) return
-a list of session events and engine commands (synth.api: OpenContext, AppendText, EndText,
-CancelContext, MakeVoice); the caller (a wire protocol: native, ElevenLabs, Cartesia, Deepgram, OpenAI HTTP)
+Sans-I/O and pure: operations (`start`, `append`, `flush_text`, `flush`, `cancel`, `close`,
+`on_engine_event`) return a list of session events and engine commands (synth.api: OpenContext,
+AppendText, FlushText, EndText, CancelContext, MakeVoice); the caller (a wire protocol: native, ElevenLabs,
+Cartesia, Deepgram, OpenAI HTTP)
 turns the events into its own messages and passes the commands on to the I/O layer, which submits
 them. Every compatible API is a translator onto this class, never a second implementation.
 
@@ -30,8 +31,8 @@ from talkgate.sessions.limits import Limits
 from talkgate.sessions.voices import Voices
 from talkgate.synth.api import (
     SEED_RANGE, AppendText, AudioChunk, CancelContext, ContextDone, ContextFailed, ContextParams, EndText,
-    EngineCommand, EngineEvent, MakeVoice, ModelInfo, OpenContext, SamplingParams, VoiceFailed, VoiceMade,
-    seed_fits,
+    EngineCommand, EngineEvent, FlushText, MakeVoice, ModelInfo, OpenContext, SamplingParams, TextSpoken,
+    VoiceFailed, VoiceMade, seed_fits,
 )
 from talkgate.synth.request import text_seconds
 
@@ -41,6 +42,7 @@ class AudioFormat:
     encoding: str = "pcm_s16le"
     sample_rate: int = 24000
     streaming: bool = True      # False: one exact file at the end (HTTP, non-streamed wav/mp3/flac)
+    bitrate: int | None = None  # bit/s of a compressed encoding (mp3, opus, aac); None: the codec's default
 
 
 @dataclass(frozen=True)
@@ -102,6 +104,16 @@ class ContextFinished:
 
 
 @dataclass(frozen=True)
+class FlushSpoken:
+    """The audio of the context's text up to a flush_text is all out; the context is open for more."""
+    context_id: str
+    stream: int
+    reason: str
+    frames: int
+    audio_ms: float
+
+
+@dataclass(frozen=True)
 class ContextCancelled:
     context_id: str
     stream: int
@@ -117,7 +129,8 @@ class ContextError:
     stream: int | None = None   # set when fatal: its queued audio must be dropped
 
 
-SessionEvent = ContextStarted | AudioOut | FirstAudio | ContextFinished | ContextCancelled | ContextError
+SessionEvent = (ContextStarted | AudioOut | FirstAudio | FlushSpoken | ContextFinished | ContextCancelled
+                | ContextError)
 
 
 class State(enum.Enum):
@@ -160,7 +173,7 @@ def _payload_durations(encoding: str, payloads: list[bytes], total_ms: float) ->
 
 
 def _encoder(fmt: AudioFormat):
-    return make_stream_encoder(fmt.encoding, fmt.sample_rate, streaming=fmt.streaming)
+    return make_stream_encoder(fmt.encoding, fmt.sample_rate, streaming=fmt.streaming, bitrate=fmt.bitrate)
 
 
 class Observer:
@@ -315,6 +328,23 @@ class Session:
         return self._engine(ctx, EndText(ctx.context, tuple(tail)))
 
     @_drained
+    def flush_text(self, context_id: str) -> list:
+        """Speak the text so far and keep the context open for more (the compatible APIs' flush): the
+        tokenizer's held-back tail goes out with FlushText, and the engine's TextSpoken follows that audio. The text
+        limit counts from here anew."""
+        ctx = self._get(context_id)
+        if ctx.state is not State.OPEN:
+            raise SessionError("context_closed", f"context {context_id!r} was flushed: start a new context "
+                               "for more text", context_id)
+        try:
+            tail = ctx.tokenizer.finish()
+        except Exception:
+            self._end(ctx, "failed")
+            raise
+        ctx.text_chars = 0
+        return self._engine(ctx, FlushText(ctx.context, tuple(tail)))
+
+    @_drained
     def cancel(self, context_id: str | None = None) -> list:
         """Cancel one context, or all of them (barge-in). Nothing of a cancelled context follows."""
         targets = [self._get(context_id)] if context_id is not None else list(self._by_id.values())
@@ -390,6 +420,10 @@ class Session:
                 return self._fail(ctx, ev.code, ev.message, engine_done=True)
             if isinstance(ev, AudioChunk):
                 return self._audio(ctx, ev)
+            if isinstance(ev, TextSpoken):
+                events = self._encoded(ctx, ctx.encoder.drain)
+                return events + [FlushSpoken(ctx.context_id, ctx.stream, ev.reason, ev.frames,
+                                             round(ctx.audio_ms_emitted, 1))]
             if isinstance(ev, ContextDone):
                 ctx.frames = ev.frames
                 return self._finish(ctx, ev.reason, engine_done=True)

@@ -1,16 +1,21 @@
-"""Client-visible utterances of the compatible APIs, spoken as consecutive `Session` contexts.
+"""Client-visible utterances of the compatible APIs, each spoken as one `Session` context that stays open
+across flushes.
 
-ElevenLabs `flush`, Cartesia `flush` and Deepgram `Flush` force out the text received so far but let
-more text follow in the same utterance, while a session context's text is over once it is flushed.
-So an utterance is a queue of segments: each flush closes one, text after it opens the next. Only the
-head segment runs in the engine (as one session context); the next starts when the head's audio is
-over, so audio stays in order and the engine never holds two contexts of one utterance. A segment
-queued behind the head waits with its text here (bounded by the text limit); generation runs faster
-than real time, so the client has the head's audio queued while the next one starts.
+ElevenLabs `flush`, Cartesia `flush` (and `continue`) and Deepgram `Flush` force out the text received
+so far and let more text follow in the same utterance. Here a flush is the session's `flush_text`: the
+engine speaks what it has (the model finishes its words) and keeps the same context open, so the
+utterance goes on with the same voice state and prosody; text sent meanwhile waits in the engine until
+the flushed audio is made, so audio stays in order. The context ends at the API's end of input
+(`end`), on a cancel, or when the engine ends it (its frame limit, or the model's own end while text
+was still open): then the utterance's next text starts a new context. An utterance also moves to a new
+context at a flush boundary with nothing pending once it has spoken ROLLOVER_FRAMES (an engine context
+holds 60 s of audio by default), or once it has waited RELEASE_S there for text: a context waiting for
+text holds an engine slot, and a client (a Deepgram socket for a whole call) may wait for minutes
+between turns; within a turn, text follows a flush sooner.
 
-Session events come back re-keyed to the utterance (`context_id` = the client's key), plus
-`Audio` (an AudioOut with its estimated alignment), `SegmentDone` and `UtteranceDone`; the session's
-engine commands pass through unchanged, in order.
+Session events come back re-keyed to the utterance (`context_id` = the client's key), plus `Audio`
+(an AudioOut with its estimated alignment), `SegmentDone` (a flush's audio is out, or the last part's
+at the end) and `UtteranceDone`; the session's engine commands pass through unchanged, in order.
 """
 from __future__ import annotations
 
@@ -21,16 +26,20 @@ from dataclasses import dataclass, field, replace
 from talkgate.sessions.actions import ENGINE_COMMANDS, Action, Purge, Send
 from talkgate.sessions.alignment import CharSpan, Timeline, Word
 from talkgate.sessions.fields import SessionError, load_message
-from talkgate.sessions.session import AudioOut, ContextError, ContextFinished, Session, SessionEvent
+from talkgate.sessions.session import (
+    AudioOut, ContextError, ContextFinished, FlushSpoken, Session, SessionEvent,
+)
 from talkgate.synth.api import EngineEvent
 
-MAX_SEGMENTS = 256      # queued flushes of one utterance
+MAX_FLUSHES = 256           # flushes of one utterance whose audio is not out yet
+ROLLOVER_FRAMES = 375       # 30 s of audio: past it, an utterance continues in a new context at its next flush
+RELEASE_S = 1.0             # an utterance waiting this long for text after its flushes gives its engine slot back
 
 
 @dataclass(frozen=True)
 class Audio:
     key: str
-    out: AudioOut               # context_id = key; stream = the running segment's session stream
+    out: AudioOut               # context_id = key; stream = the utterance's current session stream
     span: CharSpan | None       # estimated characters of this audio
     words: list[Word]           # words the estimate completed with it
 
@@ -38,7 +47,7 @@ class Audio:
 @dataclass(frozen=True)
 class SegmentDone:
     key: str
-    tag: object                 # what the flush that closed it carried (Deepgram sequence_id, Cartesia flush_id)
+    tag: object                 # what the flush carried (Deepgram sequence_id, Cartesia flush_id); None at the end
     span: CharSpan | None       # characters left over at its end (estimate)
     words: list[Word]
     reason: str
@@ -54,29 +63,21 @@ Event = SessionEvent | Audio | SegmentDone | UtteranceDone
 
 
 @dataclass
-class _Segment:
-    text: list[str] = field(default_factory=list)     # waiting until the segment runs
-    chars: int = 0
-    flushed: bool = False
-    tag: object = None
-    sid: str | None = None                            # its session context while it runs
-
-
-@dataclass
 class Utterance:
     key: str
     overrides: dict
-    segments: deque = field(default_factory=deque)
-    ended: bool = False         # no more input: over once its segments are spoken
+    sid: str | None = None      # its session context, from its first text on
+    frames: int = 0             # frames of that context spoken by its last spoken flush
+    flushes: deque = field(default_factory=deque)     # [tag, characters] of flushes whose audio is not out yet
+    open_chars: int = 0         # characters since the last flush
+    idle_since: float | None = None     # its flushes are spoken and no text came since (session clock)
+    ended: bool = False         # no more input: over once its audio is out
     timeline: Timeline = field(default_factory=Timeline)
 
     @property
-    def open_segment(self) -> _Segment | None:
-        return self.segments[-1] if self.segments and not self.segments[-1].flushed else None
-
-    @property
     def waiting_chars(self) -> int:
-        return sum(seg.chars for seg in self.segments if seg.sid is None)
+        """Text behind the flush being spoken (held in the engine until it is)."""
+        return sum(chars for _, chars in list(self.flushes)[1:]) + (self.open_chars if self.flushes else 0)
 
 
 class Utterances:
@@ -111,59 +112,61 @@ class Utterances:
             raise SessionError("context_closed", f"context {key!r} was closed: start a new context for more text", key)
         if not text:
             return []
-        seg = utt.open_segment
-        if seg is None:
-            if len(utt.segments) >= MAX_SEGMENTS:
-                raise SessionError("too_many_flushes", f"over {MAX_SEGMENTS} flushes waiting in context {key!r}", key)
-            seg = _Segment()
-            utt.segments.append(seg)
         limit = self.session.limits.max_text_chars
-        if seg.chars + len(text) > limit:
+        if utt.open_chars + len(text) > limit:
             return self._fail(utt, "text_too_long", f"text between two flushes is limited to {limit} characters")
-        # text waiting behind the running segment is held here: bounded by the same limit
-        if seg.sid is None and utt.waiting_chars + len(text) > limit:
+        if utt.flushes and utt.waiting_chars + len(text) > limit:
             return self._fail(utt, "text_too_long", f"over {limit} characters waiting behind the audio in progress")
-        seg.chars += len(text)
-        if seg.sid is not None:
+        events: list = []
+        try:
+            if utt.sid is None:
+                utt.sid = f"{utt.key}#{next(self._ids)}"
+                self._by_sid[utt.sid] = utt
+                utt.frames = 0
+                events += self.session.start(utt.sid, **utt.overrides)
+            utt.open_chars += len(text)
+            utt.idle_since = None
             utt.timeline.add_text(text)
-            return self._rekey(self.session.append(seg.sid, text))
-        seg.text.append(text)
-        return self._start_head(utt) if seg is utt.segments[0] else []
+            events += self.session.append(utt.sid, text)
+        except SessionError as e:
+            return self._rekey(events) + self._fail(utt, e.code, e.message)
+        return self._rekey(events)
 
     def flush(self, key: str, tag: object = None) -> list[Event]:
-        """Speak what was sent so far. With a tag, an empty flush still yields its SegmentDone (in order)."""
+        """Speak what was sent so far. With a tag, a flush with nothing new still yields its SegmentDone
+        (in order, after the audio before it)."""
         utt = self._get(key)
-        seg = utt.open_segment
-        if seg is None:
-            if tag is None:
+        if utt.ended:                   # the end of input speaks everything: nothing left to flush
+            return []
+        if utt.sid is None or (not utt.open_chars and tag is None):
+            if tag is None or utt.sid is not None:
                 return []
-            seg = _Segment()
-            utt.segments.append(seg)
-        seg.flushed, seg.tag = True, tag
-        if seg.sid is not None:
-            return self._rekey(self.session.flush(seg.sid))
-        return self._start_head(utt) if seg is utt.segments[0] else []
+            return self._segment_done(utt, tag, "empty")      # no context: nothing before it is pending
+        if len(utt.flushes) >= MAX_FLUSHES:
+            raise SessionError("too_many_flushes", f"over {MAX_FLUSHES} flushes waiting in context {key!r}", key)
+        utt.flushes.append([tag, utt.open_chars])
+        utt.open_chars = 0
+        return self._rekey(self.session.flush_text(utt.sid))
 
     def end(self, key: str) -> list[Event]:
         """No more input: speak the rest, then UtteranceDone."""
         utt = self.by_key.get(key) or self.open(key)
-        events = self.flush(key)
-        if key in self.by_key:
-            utt.ended = True
-            if not utt.segments:
-                events += self._done(utt)
-        return events
+        utt.ended, utt.idle_since = True, None
+        if utt.sid is None:
+            return self._done(utt)
+        utt.open_chars = 0
+        return self._rekey(self.session.flush(utt.sid))
 
     def cancel(self, key: str) -> list[Event]:
-        """Stop now; the ContextCancelled (if a segment was running) names the stream to purge."""
+        """Stop now; the ContextCancelled (if a context was running) names the stream to purge."""
         utt = self._get(key)
         del self.by_key[key]
-        head = utt.segments[0] if utt.segments else None
-        if head is None or head.sid is None:
+        if utt.sid is None:
             return []
-        del self._by_sid[head.sid]
+        sid = utt.sid
+        del self._by_sid[sid]
         return [ev if isinstance(ev, ENGINE_COMMANDS) else replace(ev, context_id=key)
-                for ev in self.session.cancel(head.sid)]
+                for ev in self.session.cancel(sid)]
 
     def cancel_all(self) -> list[Event]:
         return [ev for key in list(self.by_key) for ev in self.cancel(key)]
@@ -178,8 +181,15 @@ class Utterances:
     def on_engine_event(self, ev: EngineEvent) -> list[Event]:
         return self._rekey(self.session.on_engine_event(ev))
 
-    def slow_consumers(self) -> list[Event]:
-        return self._rekey(self.session.slow_consumers())
+    def tick(self) -> list[Event]:
+        """The clock: slow consumers (session.py), and utterances that waited RELEASE_S for text give their
+        engine context up."""
+        out = self._rekey(self.session.slow_consumers())
+        now = self.session.clock()
+        for utt in list(self.by_key.values()):
+            if utt.idle_since is not None and now - utt.idle_since >= RELEASE_S and not utt.ended:
+                out += self._release(utt)
+        return out
 
     # ----- internals -----
     def _get(self, key: str) -> Utterance:
@@ -187,26 +197,6 @@ class Utterances:
         if utt is None:
             raise SessionError("unknown_context", f"no active context {key!r}", key)
         return utt
-
-    def _start_head(self, utt: Utterance) -> list[Event]:
-        seg = utt.segments[0]
-        text = "".join(seg.text)
-        seg.text.clear()
-        if not text and seg.flushed:        # a flush with nothing new to say: done, no engine context
-            return self._segment_done(utt, "empty")
-        seg.sid = f"{utt.key}#{next(self._ids)}"
-        self._by_sid[seg.sid] = utt
-        events: list = []
-        try:
-            events += self.session.start(seg.sid, **utt.overrides)
-            if text:
-                utt.timeline.add_text(text)
-                events += self.session.append(seg.sid, text)
-            if seg.flushed and self.session.has(seg.sid):
-                events += self.session.flush(seg.sid)
-        except SessionError as e:
-            return self._rekey(events) + self._fail(utt, e.code, e.message)
-        return self._rekey(events)
 
     def _rekey(self, events: list[SessionEvent]) -> list[Event]:
         out: list[Event] = []
@@ -221,8 +211,19 @@ class Utterances:
             if isinstance(ev, AudioOut):
                 span, words = utt.timeline.audio(ev.duration_ms)
                 out.append(Audio(key, replace(ev, context_id=key), span, words))
+            elif isinstance(ev, FlushSpoken):
+                tag, _ = utt.flushes.popleft()
+                utt.frames = ev.frames
+                out += self._segment_done(utt, tag, ev.reason)
+                if not utt.flushes and not utt.open_chars and not utt.ended:
+                    utt.idle_since = self.session.clock()
+                    if utt.frames >= ROLLOVER_FRAMES:
+                        out += self._release(utt)
             elif isinstance(ev, ContextFinished):
-                out += self._segment_done(utt, ev.reason)
+                if ev.context_id == utt.sid:
+                    out += self._context_done(utt, ev.reason)
+                else:                   # a context the utterance rolled over from
+                    self._by_sid.pop(ev.context_id, None)
             elif isinstance(ev, ContextError) and ev.fatal:
                 self._drop(utt)
                 out.append(replace(ev, context_id=key))
@@ -230,16 +231,27 @@ class Utterances:
                 out.append(replace(ev, context_id=key))
         return out
 
-    def _segment_done(self, utt: Utterance, reason: str) -> list[Event]:
-        seg = utt.segments.popleft()
-        self._by_sid.pop(seg.sid, None)
+    def _segment_done(self, utt: Utterance, tag: object, reason: str) -> list[Event]:
         span, words = utt.timeline.end_segment()
-        out: list[Event] = [SegmentDone(utt.key, seg.tag, span, words, reason)]
-        if utt.segments:
-            if utt.segments[0].flushed or utt.segments[0].text:
-                out += self._start_head(utt)
-        elif utt.ended:
-            out += self._done(utt)
+        return [SegmentDone(utt.key, tag, span, words, reason)]
+
+    def _release(self, utt: Utterance) -> list[Event]:
+        """An utterance with nothing pending ends its context (its audio is all out: it ends at once, nothing
+        new to say); its next text starts a new one."""
+        sid, utt.sid, utt.idle_since = utt.sid, None, None
+        return self._rekey(self.session.flush(sid))
+
+    def _context_done(self, utt: Utterance, reason: str) -> list[Event]:
+        """Its context ended: at the end of input, the utterance is done; else (the engine ended it) the
+        flushes it still owed are answered and the next text starts a new context."""
+        self._by_sid.pop(utt.sid, None)
+        utt.sid, utt.idle_since = None, None
+        out: list[Event] = []
+        while utt.flushes:
+            tag, _ = utt.flushes.popleft()
+            out += self._segment_done(utt, tag, reason)
+        if utt.ended:
+            out += self._segment_done(utt, None, reason) + self._done(utt)
         return out
 
     def _done(self, utt: Utterance) -> list[Event]:
@@ -249,9 +261,8 @@ class Utterances:
     def _fail(self, utt: Utterance, code: str, message: str) -> list[Event]:
         """The utterance cannot go on: stop it, tell the client (fatal error naming its stream)."""
         stream, commands = None, []
-        head = utt.segments[0] if utt.segments else None
-        if head is not None and head.sid is not None and self.session.has(head.sid):
-            for ev in self.session.cancel(head.sid):
+        if utt.sid is not None and self.session.has(utt.sid):
+            for ev in self.session.cancel(utt.sid):
                 if isinstance(ev, ENGINE_COMMANDS):
                     commands.append(ev)
                 else:
@@ -261,9 +272,8 @@ class Utterances:
 
     def _drop(self, utt: Utterance) -> None:
         self.by_key.pop(utt.key, None)
-        for seg in utt.segments:
-            if seg.sid is not None:
-                self._by_sid.pop(seg.sid, None)
+        if utt.sid is not None:
+            self._by_sid.pop(utt.sid, None)
 
 
 class UtteranceProtocol:
@@ -283,7 +293,7 @@ class UtteranceProtocol:
         return self._wire(self.utterances.on_engine_event(ev))
 
     def tick(self) -> list[Action]:
-        return self._wire(self.utterances.slow_consumers())
+        return self._wire(self.utterances.tick())
 
     def note_sent(self, stream: int, audio_ms: float) -> None:
         self.session.note_sent(stream, audio_ms)

@@ -4,9 +4,9 @@ stored cloned voice), and `VoiceMap`, which takes a compatible API's voice ident
 Voices: a voice of the model (case-insensitive) is itself; otherwise a stored voice by id (`voice_` and 16
 hex digits) or by name (case-insensitive) is its synth.api.VoicePrompt (gateway/voice_store.py keeps them).
 
-VoiceMap: a table per API maps the API's voice ids (ElevenLabs voice ids, Cartesia voice UUIDs, Deepgram
-model names) onto talkgate voices (a model voice's name, a stored voice's id or name), or onto null (the
-model's default voice). A stored voice's id or name is itself (so the ids the clone endpoints return work
+VoiceMap: a table per API maps the API's voice ids (OpenAI voice names, ElevenLabs voice ids, Cartesia voice
+UUIDs, Deepgram model names) onto talkgate voices (a model voice's name, a stored voice's id or name), or onto
+null (the model's default voice). A stored voice's id or name is itself (so the ids the clone endpoints return work
 as they are); an id that is not in the table but names a voice of the model (case-insensitive) is that
 voice; otherwise the table's "*" entry, if it has one, applies; otherwise the id is unknown and the API
 answers with its own error shape. A model without named voices (Base, VoiceDesign) speaks every other id
@@ -26,16 +26,33 @@ from typing import Callable
 from talkgate.sessions.fields import SessionError, show
 from talkgate.synth.api import ModelInfo, VoicePrompt
 
-APIS = ("elevenlabs", "cartesia", "deepgram")
+APIS = ("openai", "elevenlabs", "cartesia", "deepgram")
 ANY = "*"
 VOICE_ID_PREFIX = "voice_"
 STORED_ID = re.compile(r"voice_[0-9a-f]{16}\Z")
 
 # Defaults: the voices the clients use out of the box, onto Qwen3-TTS CustomVoice speakers.
 DEFAULT_TABLES: dict[str, dict[str, str | None]] = {
+    # OpenAI's built-in voices by their character (OpenAI's descriptions: warm / bright, lower / higher)
+    "openai": {
+        "alloy": "serena",      # neutral, balanced
+        "ash": "ryan",          # clear, male
+        "ballad": "aiden",      # expressive, male
+        "coral": "vivian",      # warm, female
+        "echo": "ryan",         # resonant, male
+        "fable": "aiden",       # storyteller, male
+        "nova": "vivian",       # bright, female
+        "onyx": "uncle_fu",     # deep, male
+        "sage": "serena",       # calm, female
+        "shimmer": "vivian",    # light, female
+        "verse": "aiden",       # versatile, male
+        "marin": "serena",      # natural, female
+        "cedar": "ryan",        # natural, male
+    },
     "elevenlabs": {
         "hpp4J3VqNfWAUOO0d1Us": "serena",    # LiveKit plugin default
         "21m00Tcm4TlvDq8ikWAM": "vivian",    # Rachel
+        "JBFqnCBsd6RMkjVDRZzb": "ryan",      # George (the SDK's quickstart)
         "EXAVITQu4vr4xnSDxMaL": "serena",    # Sarah
         "pNInz6obpgDQGcFmaJgB": "ryan",      # Adam
         "TxGEqnHWrfWFTfGW9XjX": "aiden",     # Josh

@@ -2,7 +2,7 @@
 
 Everything here is plain data (no tensors, no threads) so that callers and tests can build and
 inspect it without a model. The engine itself lives in synth/engine.py: commands in (OpenContext,
-AppendText, EndText, CancelContext through Engine.submit), events out (one deliver call per step).
+AppendText, FlushText, EndText, CancelContext through Engine.submit), events out (one deliver call per step).
 """
 from __future__ import annotations
 
@@ -237,7 +237,19 @@ class VoiceFailed:
     message: str
 
 
-EngineEvent = Union[AudioChunk, ContextDone, ContextFailed, VoiceMade, VoiceFailed]
+@dataclass(frozen=True)
+class TextSpoken:
+    """The audio of the text up to a FlushText is all out (its last AudioChunk came before): the context
+    stays open and waits for more text. reason: "eos" (the model's end of speech), "length_rule" (an
+    untrained checkpoint's, or a fixed length's, text-length rule for the text so far), "budget" (the
+    runaway guard for the text so far) or "empty" (no text since the last flush)."""
+
+    context: int
+    reason: str
+    frames: int
+
+
+EngineEvent = Union[AudioChunk, ContextDone, ContextFailed, TextSpoken, VoiceMade, VoiceFailed]
 # called by the engine once per step per client with that step's events of the client's contexts (and the
 # answers to its MakeVoice commands)
 Deliver = Callable[[list[EngineEvent]], None]
@@ -273,6 +285,19 @@ class EndText:
 
 
 @dataclass(frozen=True)
+class FlushText:
+    """Speak the text so far and keep the context open: the last ids (StreamingTokenizer.finish: the
+    held-back tail) and seconds. The model finishes the words it has (its text track runs on past the
+    text with tts_eos, then tts_pad, as at the end of a text) until its end of speech (an untrained
+    checkpoint: the text-length rule of the text so far), then TextSpoken; text sent meanwhile waits
+    for it and then continues the same context, from its last frame. EndText still ends the context."""
+
+    context: int
+    ids: tuple[int, ...] = ()
+    seconds: float = 0.0
+
+
+@dataclass(frozen=True)
 class CancelContext:
     """Stop now (idempotent): once submitted, no further event of the context reaches its client."""
 
@@ -293,5 +318,5 @@ class MakeVoice:
     ref_text: str | None = None
 
 
-EngineCommand = Union[OpenContext, AppendText, EndText, CancelContext, MakeVoice]
+EngineCommand = Union[OpenContext, AppendText, FlushText, EndText, CancelContext, MakeVoice]
 

@@ -46,8 +46,8 @@ import numpy as np
 
 from talkgate.synth.api import (
     SAMPLE_RATE, SEED_RANGE, AppendText, AudioChunk, CancelContext, ContextDone, ContextFailed, ContextParams,
-    Deliver, EndText, EngineCommand, EngineError, EngineEvent, EngineFull, EngineStopped, InvalidParams,
-    MakeVoice, ModelInfo, OpenContext, VoiceFailed, VoiceMade, VoicePrompt, seed_fits,
+    Deliver, EndText, EngineCommand, EngineError, EngineEvent, EngineFull, EngineStopped, FlushText, InvalidParams,
+    MakeVoice, ModelInfo, OpenContext, TextSpoken, VoiceFailed, VoiceMade, VoicePrompt, seed_fits,
 )
 from talkgate.synth.request import Request, frames_for_text  # noqa: F401 (frames_for_text is public here)
 from talkgate.synth.scheduler import Scheduler
@@ -231,6 +231,8 @@ class Engine:
                     continue
                 if isinstance(cmd, AppendText):
                     self._commands.append(("text", req, (cmd.ids, cmd.seconds)))
+                elif isinstance(cmd, FlushText):
+                    self._commands.append(("flush", req, (cmd.ids, cmd.seconds)))
                 elif isinstance(cmd, EndText):
                     self._commands.append(("end", req, (cmd.ids, cmd.seconds)))
                 elif isinstance(cmd, CancelContext):
@@ -374,19 +376,30 @@ class Engine:
                     self._fail(req, e)
                     continue
                 self.scheduler.add(req)
-            elif op == "text":
-                ids, seconds = arg
-                req.text_ids.extend(ids)
-                req.text_seconds += seconds
-            elif op == "end":
-                ids, seconds = arg
-                req.text_ids.extend(ids)
-                req.text_seconds += seconds
-                req.text_ended = True
-                if not req.text_ids:
-                    self._finish(req, "eos")                    # empty text: nothing to say
-                else:
-                    self._stop_if_at_limit(req)
+            else:
+                self._apply_text(op, req, arg)
+
+    def _apply_text(self, op: str, req: Request, arg: tuple) -> None:
+        """Text, a flush or the end of a context's text; held while a flush is being spoken."""
+        if req.flushing:
+            req.held.append((op, arg))
+            return
+        ids, seconds = arg
+        req.text_ids.extend(ids)
+        req.text_seconds += seconds
+        if op == "end":
+            req.text_ended = True
+            if not req.has_new_text:                        # nothing (more) to say
+                self.scheduler.remove(req)
+                self._then(req, ("done", req.spoken_reason))
+            else:
+                self._check_limits(req)
+        elif op == "flush":
+            if not req.has_new_text:
+                self._then(req, ("spoken", "empty"))
+            else:
+                req.flushing = True
+                self._check_limits(req)
 
     def _make_voice(self) -> bool:
         """Advance the voice being made (the first queued MakeVoice) by one step of its work (the speaker
@@ -469,38 +482,65 @@ class Engine:
         return True
 
     def _postprocess(self, step, reqs: list[Request], codes: np.ndarray) -> None:
-        """codes[i] = the 16 codes of reqs[i]'s new frame: finish on eos; otherwise its audio is pending
-        (emitted by _emit_audio) and a context at its frame limit stops being scheduled."""
+        """codes[i] = the 16 codes of reqs[i]'s new frame: on eos the context finishes (a flushing one has
+        spoken its flush, and the eos row changed nothing of its slot: runner); otherwise its audio is
+        pending (emitted by _emit_audio), and an end or spoken flush reached at this frame follows it."""
         eos = self.runner.codec_eos
         frames = []
         for i, req in enumerate(reqs):
             if req.cancelled:
                 continue
             if int(codes[i, 0]) == eos:                         # the runner only lets eos through if allowed
-                self._finish(req, "eos")
+                if req.flushing:
+                    self._spoken(req, "eos")
+                else:
+                    self._finish(req, "eos")
                 continue
             req.frames += 1
             self._frames += 1
-            limit, reason = req.limit()
-            finish = reason if req.frames >= limit else None
-            if finish is not None:
-                self.scheduler.remove(req)
-            frames.append((i, req, req.frames - 1, finish))
+            frames.append((i, req, req.frames - 1, []))
         self._audio = (step, frames) if frames else None
+        for _, req, _, _ in frames:
+            self._check_limits(req)
 
-    def _stop_if_at_limit(self, req: Request) -> None:
-        """A context whose limit, known once its text has ended (the text rule), it has already reached
-        (text of many short tokens streams ahead of its frames): it ends after the audio it has."""
+    def _check_limits(self, req: Request) -> None:
+        """A context at its frame limit stops being scheduled and ends; a flushing one at its flush's
+        length has spoken it. Either after the audio it has (text of many short tokens can stream ahead
+        of its frames, so a limit known once the text ends or is flushed may be reached already)."""
         limit, reason = req.limit()
-        if req.frames < limit:
-            return
-        self.scheduler.remove(req)
-        pending = self._audio[1] if self._audio is not None else []
-        for k, (i, r, frame, _) in enumerate(pending):
-            if r is req:                                        # its last frame's audio is not out yet
-                pending[k] = (i, r, frame, reason)
+        if req.frames >= limit:
+            self.scheduler.remove(req)
+            self._then(req, ("done", reason))
+        elif req.flushing:
+            limit, reason = req.flush_limit()
+            if req.frames >= limit:
+                self._spoken(req, reason)
+
+    def _spoken(self, req: Request, reason: str) -> None:
+        """The flush is spoken: the context waits for text, TextSpoken follows its audio, and what was held
+        meanwhile applies (it may start the next flush, or end the context)."""
+        req.spoken(reason, self.runner.text_eos, self.runner.text_pad)
+        self._then(req, ("spoken", reason))
+        while req.held and not req.flushing:
+            op, arg = req.held.popleft()
+            self._apply_text(op, req, arg)
+
+    def _then(self, req: Request, end: tuple[str, str]) -> None:
+        """("done", reason) or ("spoken", reason), after the context's audio made so far: after its pending
+        frame's audio, else at once."""
+        end = (*end, req.frames)
+        for _, r, _, after in (self._audio[1] if self._audio is not None else ()):
+            if r is req:
+                after.append(end)
                 return
-        self._finish(req, reason)
+        self._end(req, end)
+
+    def _end(self, req: Request, end: tuple[str, str, int]) -> None:
+        kind, reason, frames = end
+        if kind == "done":
+            self._finish(req, reason)
+        else:
+            self._emit(req, TextSpoken(req.context, reason, frames))
 
     def _emit_audio(self) -> bool:
         """Queue the last step's PCM for its contexts (waits for its decode); False if none was pending."""
@@ -510,16 +550,15 @@ class Engine:
         self._audio = None
         pcm = self.runner.audio_of(step).copy()                 # one copy; each chunk is a row of it
         now = time.perf_counter()
-        finished = []
+        ends = []
         with self._lock:
-            for i, req, frame, finish in frames:
+            for i, req, frame, after in frames:
                 if req.cancelled:
                     continue
                 self._pending.setdefault(req.client, []).append((req, AudioChunk(req.context, pcm[i], frame, 1, now)))
-                if finish is not None:
-                    finished.append((req, finish))
-        for req, finish in finished:
-            self._finish(req, finish)
+                ends += [(req, end) for end in after]
+        for req, end in ends:
+            self._end(req, end)
         return True
 
     def _emit(self, req: Request, ev: EngineEvent) -> None:

@@ -5,10 +5,16 @@ position: the track is `text_lead` (an ICL voice's reference text ids), the text
 tts_pad. The prefill carries the track's first `prefill_text` ids (1, or 1 + the reference frames of an ICL
 voice); frame k >= 1 is computed from frame k-1's codes plus track id prefill_text - 1 + k. So a context can
 make frame k as soon as that id is committed, or once the text has ended: `ready` is exactly that.
+
+A flush (FlushText) speaks the text so far and keeps the context open: while `flushing`, the track runs on
+past the text as at its end (tts_eos, then tts_pad) until the model's eos (or the flush's length, see
+`flush_limit`); then those ids become part of `text_ids` (`spoken`), so that text sent later is read from
+the next frame on, in the same context. Commands that come while flushing are `held` until then.
 """
 from __future__ import annotations
 
 import enum
+from collections import deque
 from dataclasses import dataclass, field
 
 from talkgate.synth.api import FRAME_MS, ContextParams
@@ -35,9 +41,14 @@ class Request:
     text_lead: tuple[int, ...] = ()  # text track ids before the text: an ICL voice's reference text
     prefill_text: int = 1            # text track ids the prefill carries (synth.prompt.Prompt.text_positions)
     length_rule: bool = False      # untrained checkpoint: the text-length rule ends it, eos is never sampled
+    # the track after the lead: the text's tokens and, after each spoken flush, the tts_eos / tts_pad ids read
     text_ids: list[int] = field(default_factory=list)
     text_ended: bool = False
     text_seconds: float = 0.0      # the frames_for_text rule's seconds, accumulated over the deltas
+    flushing: bool = False         # a flush is being spoken: the track runs on past the text
+    held: deque = field(default_factory=deque)   # (op, (ids, seconds)) that came while flushing
+    spoken_upto: int = 0           # len(text_ids) when the last flush was spoken: text after it is new
+    spoken_reason: str = "eos"     # how the last flush ended (what an EndText with nothing new ends with)
     status: Status = Status.WAITING
     prompt_len: int = 0            # Talker positions used by the prefill
     frames: int = 0                # frames generated (emitted or not) so far
@@ -47,8 +58,24 @@ class Request:
 
     @property
     def ready(self) -> bool:
-        """Its next frame can be computed now (its text track id is committed, or the text ended)."""
-        return self.text_ended or len(self.text_lead) + len(self.text_ids) > self.prefill_text - 1 + self.frames
+        """Its next frame can be computed now (its text track id is committed, or the text ended or is
+        being flushed)."""
+        return (self.text_ended or self.flushing
+                or len(self.text_lead) + len(self.text_ids) > self.prefill_text - 1 + self.frames)
+
+    @property
+    def has_new_text(self) -> bool:
+        """Text came since the last flush was spoken (or since the start)."""
+        return len(self.text_ids) > self.spoken_upto
+
+    def spoken(self, reason: str, tts_eos: int, tts_pad: int) -> None:
+        """The flush is spoken: the tts_eos / tts_pad ids the model read past the text join the track, so
+        the next text token is the next frame's."""
+        self.flushing = False
+        past = self.prefill_text - 1 + self.frames - len(self.text_lead) - len(self.text_ids)
+        if past > 0:
+            self.text_ids += [tts_eos] + [tts_pad] * (past - 1)
+        self.spoken_upto, self.spoken_reason = len(self.text_ids), reason
 
     @property
     def deadline(self) -> float:
@@ -75,6 +102,15 @@ class Request:
     def samples_eos(self) -> bool:
         """Whether the model's eos may end it: not with a fixed length (fixed_frames or the text rule)."""
         return self.params.fixed_frames is None and not self.length_rule
+
+    def flush_limit(self) -> tuple[int, str]:
+        """While flushing: (frames at which the text so far counts as spoken, reason), unless the model's
+        eos comes first: the text-length rule of the text so far where the length is not the model's
+        (an untrained checkpoint, fixed_frames), else the runaway guard's budget for it."""
+        n = frames_for_seconds(self.text_seconds)
+        if not self.samples_eos:
+            return n, "length_rule"
+        return max(round(self.budget_factor * n), self.budget_min), "budget"
 
     def limit(self) -> tuple[int, str]:
         """(frames at which it stops, reason): "length" for fixed_frames; once the text has ended,

@@ -14,6 +14,8 @@ max_batch; a batch runs in the smallest captured bucket that holds it, padded wi
            from frame 2 unless the length is fixed: fixed_frames or an untrained checkpoint's text rule), 15 code-predictor steps with sampling inside, and the
            embedding sum for the next step
   decode:  one incremental codec-decoder step of those codes -> 1920 samples a row
+A row that samples eos makes no frame and changes none of its slot's state but the Talker's KV at its
+position, which the slot's next step (if a flushed context goes on) overwrites.
 launch() queues a step and returns; codes_of() waits for its codes, audio_of() for its PCM. The next
 step needs only the codes, so the host's work between steps (events, scheduling, the next launch) runs
 while the GPU decodes: the engine takes step t's codes, launches step t + 1 (queued behind step t's
@@ -315,16 +317,20 @@ class Runner:
         seen = self.seen[slots]
         codes, embed_sum = sample_codes(self.talker, self.predictor, h, sampler, seen,
                                         frame >= self.min_frames[slots])
-        self.seen[slots] = seen.scatter_(1, codes[:, :1], True)
-        self.next_embed[slots] = embed_sum.to(self.dtype)
+        # an eos row makes no frame: its slot keeps the state it had (the dummy slot takes the row's), so a
+        # flushed context goes on from its last frame when more text comes (Engine, FlushText)
+        kept = torch.where(codes[:, 0] == self.codec_eos, self.dummy, slots)
+        self.seen[kept] = seen.scatter_(1, codes[:, :1], True)
+        self.next_embed[kept] = embed_sum.to(self.dtype)
         self.codes[:b] = codes
 
     def _decode_step(self, b: int) -> None:
         codes = self.codes[:b, :, None]
-        # an eos frame is never emitted; its codebook-0 id is out of the decoder's range
-        code0 = codes[:, :1]
-        codes = torch.cat([torch.where(code0 == self.codec_eos, 0, code0), codes[:, 1:]], 1)
-        self.pcm[:b] = self.decoder.decode_step(codes, self.inputs[0, :b], self.dec_state)
+        # an eos frame is never emitted (its codebook-0 id is out of the decoder's range) and leaves its slot's
+        # decoder state as it was
+        eos = codes[:, 0, 0] == self.codec_eos
+        codes = torch.cat([torch.where(eos[:, None, None], 0, codes[:, :1]), codes[:, 1:]], 1)
+        self.pcm[:b] = self.decoder.decode_step(codes, torch.where(eos, self.dummy, self.inputs[0, :b]), self.dec_state)
 
     # ----- warm-up and capture -----
     def warmup(self, first_audio_only: bool = False) -> None:

@@ -198,7 +198,7 @@ def http_cases(slots: int, client_max: int) -> list[HttpRequest]:
            ("input empty", b'{"input": ""}'), ("input blank", b'{"input": "   "}'),
            ("input of 4097 characters", json.dumps({"input": "x" * 4097}).encode()),
            ("voice a list", b'{"input": "hi", "voice": ["ryan"]}'), ("stream \"yes\"", b'{"input": "hi", "stream": "yes"}'),
-           ("response_format \"aac\"", b'{"input": "hi", "response_format": "aac"}'),
+           ("response_format \"ogg\"", b'{"input": "hi", "response_format": "ogg"}'),
            ("non_streaming_mode true", b'{"input": "hi", "non_streaming_mode": true}'),
            ("a list body", b'[{"input": "hi"}]'), ("a scalar body", b"5"), ("an empty body", b""),
            ("invalid JSON", b'{"input": "hi"'), ("invalid UTF-8", b'{"input": "\xff\xfe hi"}'),

@@ -143,7 +143,8 @@ def message_cases(ep: Endpoint, max_message_bytes: int) -> list[Case]:
         bad("neither text nor flush", json.dumps({"voice_settings": {}}))
     if ep is CARTESIA:
         base = {k: v for k, v in t.items() if k != "voice"}
-        for v in ({}, {"mode": "id"}, {"mode": "id", "id": 5}, {"mode": "embedding", "embedding": [0.1]}, "ryan",
+        # a voice id as a plain string is valid (the Cartesia SDK 4 sends it so); an empty one is not
+        for v in ({}, {"mode": "id"}, {"mode": "id", "id": 5}, {"mode": "embedding", "embedding": [0.1]}, "",
                   {"mode": "id", "id": "\ud800"}):
             bad(f"voice = {_short(v)}", json.dumps({**base, "context_id": "v1", "voice": v}))
         for fmt in ({"container": "raw", "encoding": "pcm_s16le", "sample_rate": BIG},

@@ -1,0 +1,176 @@
+"""One HTTP request's text spoken as one session context, its audio the response: what every HTTP speech
+endpoint shares (OpenAI `POST /v1/audio/speech`, ElevenLabs text-to-speech, Cartesia `/tts/bytes` and
+`/tts/sse`, Deepgram `POST /v1/speak`). Sans-I/O, onto `Session`.
+
+`HttpSpeech(session, text, streamed).start()` opens the context (text appended and ended at once) and
+returns the first actions. Beside the wire actions (sessions/actions.py: Send a body piece, Close ends
+the body: code 1000 normally, any other code breaks the connection so the client sees a truncated chunked
+body; engine commands) it returns `Begin` (a streamed 200 response's headers, sent with the first audio,
+so that a context the engine refuses is still an error status) and `Respond` (the whole response at
+once: a body made at the end, or an error before any audio).
+
+A translator subclasses it and says how the body is framed (`body`, `end`, `whole`, `failed_body`) and
+what its errors look like (`error`); the route (gateway/http_speech.py) parses the request into one.
+"""
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass
+
+from talkgate.sessions.actions import ENGINE_COMMANDS, Close, Send, close_code, http_status
+from talkgate.sessions.fields import SessionError
+from talkgate.sessions.session import AudioOut, ContextError, ContextFinished, Session
+from talkgate.synth.api import AppendText, EndText, EngineEvent
+
+CONTEXT = "speech"
+
+
+@dataclass(frozen=True)
+class Begin:
+    content_type: str
+    headers: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True)
+class Respond:
+    status: int
+    content_type: str
+    body: bytes
+    error: str | None = None
+    headers: tuple[tuple[str, str], ...] = ()
+
+
+def error_body(status: int, code: str, message: str) -> bytes:
+    """talkgate's own HTTP error shape (OpenAI's): every route that has no shape of its own uses it."""
+    kind = "server_error" if status >= 500 else "invalid_request_error"
+    return json.dumps({"error": {"message": message, "type": kind, "code": code}}).encode()
+
+
+def error_response(status: int, code: str, message: str) -> Respond:
+    return Respond(status, "application/json", error_body(status, code, message), error=code)
+
+
+def sse(obj: dict, event: str | None = None) -> bytes:
+    """One server-sent event carrying a JSON object."""
+    head = f"event: {event}\n" if event else ""
+    return f"{head}data: {json.dumps(obj, separators=(',', ':'))}\n\n".encode()
+
+
+class HttpSpeech:
+    """The audio of `text` as one response: streamed as generated (`streamed`), or whole at the end."""
+
+    idle_timeout_s: float | None = None
+    content_type = "application/octet-stream"
+
+    def __init__(self, session: Session, text: str, streamed: bool):
+        self.session, self.text, self.streamed = session, text, streamed
+        self.pieces: list[bytes] = []       # the body so far, when it is sent whole
+        self.text_tokens = 0                # the text's token ids handed to the engine
+        self.request_id = str(uuid.uuid4())
+        self.begun = False
+
+    # ----- what a translator says -----
+    def headers(self) -> tuple[tuple[str, str], ...]:
+        """Extra response headers (streamed or whole)."""
+        return ()
+
+    def body(self, ev: AudioOut) -> list[bytes]:
+        """The body pieces carrying one chunk of audio."""
+        return [ev.payload]
+
+    def end(self, ev: ContextFinished) -> list[bytes]:
+        """The body pieces after the last audio."""
+        return []
+
+    def whole(self, pieces: list[bytes]) -> bytes:
+        """The body of a response sent at once, from every piece body() and end() made."""
+        return b"".join(pieces)
+
+    def failed_body(self, code: str, message: str) -> bytes | None:
+        """What a streamed body says when it fails after it began (an in-band error event), or None:
+        the connection is broken off and the client sees a truncated body."""
+        return None
+
+    def error(self, status: int, code: str, message: str) -> Respond:
+        """An error response in the API's own shape (talkgate's by default)."""
+        return error_response(status, code, message)
+
+    # ----- the Link-facing surface (gateway/connection.py) -----
+    def start(self) -> list:
+        events: list = []
+        try:
+            events += self.session.start(CONTEXT)
+            events += self.session.append(CONTEXT, self.text)
+            if self.session.has(CONTEXT):
+                events += self.session.flush(CONTEXT)
+        except SessionError as e:
+            return self._wire(events) + [self.error(http_status(e.code), e.code, e.message)] + self.session.close()
+        return self._wire(events)
+
+    def engine_event(self, ev: EngineEvent) -> list:
+        return self._wire(self.session.on_engine_event(ev))
+
+    def note_sent(self, stream: int, audio_ms: float) -> None:
+        self.session.note_sent(stream, audio_ms)
+
+    def note_delivered(self, stream: int, audio_ms: float) -> None:
+        self.session.note_delivered(stream, audio_ms)
+
+    def tick(self) -> list:
+        return self._wire(self.session.slow_consumers())
+
+    def idle_timeout(self) -> list:
+        return self.abort("idle_timeout", "no audio taken for the idle timeout", 1000)
+
+    def abort(self, code: str, message: str, ws_code: int) -> list:
+        return self._failed(code, message) + self.session.close()
+
+    def connection_lost(self) -> list:
+        return self.session.close()
+
+    # ----- internals -----
+    def _begin(self) -> list:
+        if self.begun:
+            return []
+        self.begun = True
+        return [Begin(self.content_type, self.headers())]
+
+    def _wire(self, events) -> list:
+        out: list = []
+        for ev in events:
+            if isinstance(ev, ENGINE_COMMANDS):    # passed through to the I/O layer, in order
+                if isinstance(ev, (AppendText, EndText)):
+                    self.text_tokens += len(ev.ids)
+                out.append(ev)
+            elif isinstance(ev, AudioOut):
+                pieces = self.body(ev)
+                if not self.streamed:           # kept for the response: taken, as far as the backlog goes
+                    self.pieces += pieces
+                    self.session.note_delivered(ev.stream, ev.duration_ms)
+                    continue
+                out += self._begin()
+                # the audio's duration rides on the first piece (the writer credits it once written)
+                out += [Send(p, ev.stream, ev.duration_ms if i == 0 else 0.0) for i, p in enumerate(pieces)]
+            elif isinstance(ev, ContextError):
+                out += self._failed(ev.code, ev.message)
+            elif isinstance(ev, ContextFinished):
+                pieces = self.end(ev)
+                if not self.streamed:
+                    self.begun = True
+                    out.append(Respond(200, self.content_type, self.whole(self.pieces + pieces),
+                                       headers=self.headers()))
+                    continue
+                out += self._begin()
+                out += [Send(p) for p in pieces]
+                out.append(Close(1000, "done"))
+        return out
+
+    def _failed(self, code: str, message: str) -> list:
+        if not self.begun:
+            self.begun = True           # nothing more is sent: this is the answer
+            return [self.error(http_status(code), code, message)]
+        data = self.failed_body(code, message)
+        if data is not None:
+            return [Send(data, error=code), Close(1000, code)]
+        return [Close(close_code(code), code, error=code)]     # not 1000: a truncated body, the client sees it

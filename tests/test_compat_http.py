@@ -1,0 +1,168 @@
+"""The HTTP speech translators, Sans-I/O (sessions/http.py and its users): one request's context in, the
+response's actions out, engine events built here. The real endpoints are run with the vendors' SDKs in
+tests/test_compat_sdks.py; this covers what a healthy engine never does (a refused context, a failure
+after the body began) and the parsing each API refuses."""
+from __future__ import annotations
+
+import base64
+import json
+
+import pytest
+
+from talkgate.sessions.actions import Close, Send
+from talkgate.sessions.cartesia import CartesiaSpeech, parse_http_request as cartesia_request
+from talkgate.sessions.deepgram import DeepgramSpeech, parse_rest_query, parse_rest_request
+from talkgate.sessions.elevenlabs import ElevenLabsSpeech, parse_http_request as elevenlabs_request
+from talkgate.sessions.fields import SessionError
+from talkgate.sessions.http import Begin, Respond
+from talkgate.sessions.limits import Limits
+from talkgate.sessions.openai import SpeechProtocol, parse_request
+from talkgate.sessions.session import Session
+from talkgate.sessions.voices import VoiceMap
+from talkgate.synth.api import AudioChunk, ContextDone, ContextFailed, OpenContext
+from talkgate.synth.tokenizer import StreamingTokenizer
+from tests.compat_harness import INFO, pcm
+
+VOICES = VoiceMap()
+
+
+def session(tokenizer) -> Session:
+    return Session(INFO, Limits(), lambda: StreamingTokenizer(tokenizer))
+
+
+def started(proto) -> tuple[int, list]:
+    actions = proto.start()
+    (ctx,) = [a.context for a in actions if isinstance(a, OpenContext)]
+    return ctx, actions
+
+
+def openai(tokenizer, **body):
+    req = parse_request({"input": "Hello there.", **body}, 4096, INFO, VOICES)
+    s = session(tokenizer)
+    s.configure(**{k: getattr(req.config, k) for k in ("voice", "format", "language")})
+    return SpeechProtocol(s, req)
+
+
+def test_openai_voices_and_defaults():
+    req = parse_request({"input": "Hi.", "voice": "onyx"}, 4096, INFO, VOICES)
+    assert req.config.voice == "uncle_fu" and req.streamed and not req.sse and req.response_format == "mp3"
+    assert parse_request({"input": "Hi.", "voice": {"id": "Ryan"}}, 4096, INFO, VOICES).config.voice == "ryan"
+    assert parse_request({"input": "Hi.", "stream": False}, 4096, INFO, VOICES).config.format.streaming is False
+    for body, code in (({"voice": {"name": "x"}}, "invalid_request"), ({"voice": 3}, "invalid_request"),
+                       ({"voice": "nobody"}, "unknown_voice"), ({"stream": False, "stream_format": "sse"},
+                                                                 "invalid_request")):
+        with pytest.raises(SessionError) as e:
+            parse_request({"input": "Hi.", **body}, 4096, INFO, VOICES)
+        assert e.value.code == code, body
+
+
+def test_refused_context_is_an_error_status_in_each_apis_shape(tokenizer):
+    s = session(tokenizer)
+    text, config, output = elevenlabs_request("21m00Tcm4TlvDq8ikWAM", {"output_format": "pcm_16000"},
+                                              {"text": "Hi."}, INFO, VOICES, 1000)
+    s.configure(**{k: getattr(config, k) for k in ("voice", "format", "language")})
+    protocols = [openai(tokenizer), ElevenLabsSpeech(s, text, output, timestamps=False, streamed=True)]
+    s = session(tokenizer)
+    text, model, fmt, voice = parse_rest_request({}, {"text": "Hi."}, INFO, VOICES)
+    s.configure(voice=voice, format=fmt)
+    protocols.append(DeepgramSpeech(s, text, model, fmt))
+    bodies = []
+    for proto in protocols:
+        ctx, _ = started(proto)
+        (answer,) = [a for a in proto.engine_event(ContextFailed(ctx, "engine_full", "all slots busy"))
+                     if isinstance(a, Respond)]
+        assert answer.status == 503 and answer.error == "engine_full"
+        bodies.append(json.loads(answer.body))
+    assert bodies[0]["error"]["code"] == "engine_full"
+    assert bodies[1] == {"detail": {"status": "engine_full", "message": "all slots busy"}}
+    assert bodies[2]["err_code"] == "engine_full" and bodies[2]["request_id"] == protocols[2].request_id
+
+
+def test_openai_streams_then_a_failure_ends_the_body(tokenizer):
+    proto = openai(tokenizer, response_format="pcm")
+    ctx, _ = started(proto)
+    out = proto.engine_event(AudioChunk(ctx, pcm(0), 0, 1, 0.0))
+    assert isinstance(out[0], Begin) and out[0].content_type == "audio/pcm" and isinstance(out[1], Send)
+    out = proto.engine_event(ContextFailed(ctx, "engine_error", "boom"))
+    assert out == [Close(1011, "engine_error", error="engine_error")]     # a truncated body: the client sees it
+
+    proto = openai(tokenizer, response_format="pcm", stream_format="sse")
+    ctx, _ = started(proto)
+    proto.engine_event(AudioChunk(ctx, pcm(0), 0, 1, 0.0))
+    send, close = proto.engine_event(ContextFailed(ctx, "engine_error", "boom"))
+    assert json.loads(send.data.decode()[6:]) == {"type": "error", "error": {"message": "boom", "type": "server_error",
+                                                                             "code": "engine_error"}}
+    assert close == Close(1000, "engine_error")
+
+
+def test_openai_whole_file_at_the_end(tokenizer):
+    proto = openai(tokenizer, response_format="wav", stream=False)
+    ctx, _ = started(proto)
+    assert proto.engine_event(AudioChunk(ctx, pcm(0), 0, 1, 0.0)) == []
+    (answer,) = [a for a in proto.engine_event(ContextDone(ctx, "length_rule", 1)) if isinstance(a, Respond)]
+    assert answer.status == 200 and answer.content_type == "audio/wav" and len(answer.body) == 44 + 1920 * 2
+
+
+def test_elevenlabs_with_timestamps_whole_and_streamed(tokenizer):
+    for streamed in (False, True):
+        s = session(tokenizer)
+        text, config, output = elevenlabs_request("21m00Tcm4TlvDq8ikWAM", {"output_format": "pcm_24000"},
+                                                  {"text": "Hi there."}, INFO, VOICES, 1000)
+        s.configure(**{k: getattr(config, k) for k in ("voice", "format", "language")})
+        proto = ElevenLabsSpeech(s, text, output, timestamps=True, streamed=streamed)
+        ctx, _ = started(proto)
+        out = proto.engine_event(AudioChunk(ctx, pcm(0), 0, 1, 0.0))
+        out += proto.engine_event(ContextDone(ctx, "length_rule", 1))
+        if streamed:
+            lines = [json.loads(a.data) for a in out if isinstance(a, Send)]
+            chars = "".join(c for line in lines if line["alignment"] for c in line["alignment"]["characters"])
+            assert chars == "Hi there." and lines[-1]["audio_base64"] == ""      # the rest, at the end
+            assert lines[-1]["alignment"]["character_start_times_seconds"][-1] == 0.08
+        else:
+            (answer,) = [a for a in out if isinstance(a, Respond)]
+            whole = json.loads(answer.body)
+            assert len(base64.b64decode(whole["audio_base64"])) == 1920 * 2
+            assert "".join(whole["alignment"]["characters"]) == "Hi there."
+
+
+def test_cartesia_and_deepgram_requests_refused_in_their_terms(tokenizer):
+    for body, code in (({"transcript": "Hi.", "voice": {"mode": "embedding", "embedding": [0.1]},
+                         "output_format": {"container": "raw", "encoding": "pcm_s16le", "sample_rate": 16000}},
+                        "invalid_voice"),
+                       ({"transcript": "Hi.", "voice": "ryan", "output_format": {"container": "wav",
+                                                                                "encoding": "pcm_mulaw",
+                                                                                "sample_rate": 8000}},
+                        "invalid_output_format"),
+                       ({"transcript": "Hi.", "voice": "ryan", "output_format": {"container": "mp3",
+                                                                                "sample_rate": 24000,
+                                                                                "bit_rate": 1000}},
+                        "invalid_output_format"),
+                       ({"transcript": " ", "voice": "ryan"}, "invalid_request")):
+        with pytest.raises(SessionError) as e:
+            cartesia_request(body, INFO, VOICES, 1000, events=False)
+        assert e.value.code == code, body
+    for query, code in (({"encoding": "pcm"}, "UNSUPPORTED_ENCODING"),
+                        ({"encoding": "linear16", "sample_rate": "44100"}, "UNSUPPORTED_SAMPLE_RATE"),
+                        ({"encoding": "mulaw", "container": "wav"}, "UNSUPPORTED_CONTAINER"),
+                        ({"encoding": "mp3", "bit_rate": "64000"}, "UNSUPPORTED_BIT_RATE"),
+                        ({"encoding": "flac", "bit_rate": "64000"}, "UNSUPPORTED_BIT_RATE")):
+        with pytest.raises(SessionError) as e:
+            parse_rest_query(query)
+        assert e.value.code == code, query
+    assert parse_rest_query({}).encoding == "mp3" and parse_rest_query({}).bitrate == 48000
+    assert parse_rest_query({"encoding": "linear16"}).encoding == "wav"
+
+
+def test_cartesia_sse_failure_after_audio_is_an_error_event(tokenizer):
+    text, config, own = cartesia_request({"transcript": "Hi.", "voice": "ryan", "context_id": "c9",
+                                          "output_format": {"container": "raw", "encoding": "pcm_s16le",
+                                                            "sample_rate": 24000}}, INFO, VOICES, 1000, events=True)
+    s = session(tokenizer)
+    s.configure(**config)
+    proto = CartesiaSpeech(s, text, config["format"], True, **own)
+    ctx, _ = started(proto)
+    proto.engine_event(AudioChunk(ctx, pcm(0), 0, 1, 0.0))
+    send, close = proto.engine_event(ContextFailed(ctx, "engine_error", "boom"))
+    event = json.loads(send.data.decode().split("data: ")[1])
+    assert event["type"] == "error" and event["error_code"] == "engine_error" and event["status_code"] == 500
+    assert event["context_id"] == "c9" and close == Close(1000, "engine_error")

@@ -1,0 +1,271 @@
+"""The vendors' official Python SDKs, unmodified (openai, elevenlabs, cartesia, deepgram-sdk: versions pinned in
+the test extra), against one real `talkgate serve` over TLS (a self-signed certificate made here: https://
+and wss:// on the same port), every HTTP and WebSocket call of docs/compat.md. Each SDK is pointed at
+talkgate as docs/compat.md shows; it trusts the certificate through its own HTTP client option
+(`http_client` / `httpx_client`) or, for the SDKs' WebSocket helpers, SSL_CERT_FILE (Python's default
+certificate store, which the `websockets` library uses). The key goes in each SDK's own header.
+
+The tiny checkpoint's contexts end by the untrained text-length rule: short texts, exact frame counts.
+"""
+from __future__ import annotations
+
+import base64
+import io
+import json
+import re
+import ssl
+import subprocess
+import time
+
+import httpx
+import numpy as np
+import pytest
+
+from talkgate.synth.request import frames_for_text
+from tests.serverproc import TalkgateServer
+
+KEY = "sdk-key"
+TEXT = "Hello there."
+FRAMES = frames_for_text(TEXT)          # 9 frames of 80 ms: 1920 samples each at 24 kHz
+
+
+@pytest.fixture(scope="module")
+def cert(tmp_path_factory):
+    d = tmp_path_factory.mktemp("tls")
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(d / "key.pem"),
+                    "-out", str(d / "cert.pem"), "-days", "2", "-subj", "/CN=127.0.0.1",
+                    "-addext", "subjectAltName=IP:127.0.0.1"], check=True, capture_output=True)
+    return d / "cert.pem", d / "key.pem"
+
+
+@pytest.fixture(scope="module")
+def server(tiny_checkpoint, cert):
+    with TalkgateServer(tiny_checkpoint, "--api-key", KEY, "--ssl-certfile", str(cert[0]), "--ssl-keyfile",
+                        str(cert[1])) as srv:
+        assert srv.url.startswith("https://") and srv.ws_url.startswith("wss://")
+        yield srv
+
+
+@pytest.fixture
+def tls(cert, monkeypatch):
+    """An SSL context trusting the test certificate, and SSL_CERT_FILE for the SDKs' WebSocket helpers."""
+    monkeypatch.setenv("SSL_CERT_FILE", str(cert[0]))
+    return ssl.create_default_context(cafile=str(cert[0]))
+
+
+def pcm_frames(audio: bytes, rate: int) -> float:
+    """80 ms frames in s16le audio at `rate`."""
+    return len(audio) / 2 / (rate * 0.08)
+
+
+def mp3_close(data: bytes, samples: int) -> bool:
+    """A streamed MP3 decodes to the audio's samples plus at most 3 frames: the info frame left empty (one
+    frame of silence), the encoder's delay and the last frame's padding."""
+    return 0 <= decoded_samples(data, "mp3") - samples <= 3 * 1152
+
+
+def decoded_samples(data: bytes, fmt: str | None = None) -> int:
+    import av
+    with av.open(io.BytesIO(data), format=fmt) as c:
+        return sum(f.samples for f in c.decode(audio=0))
+
+
+def contexts_active(url: str, tls: ssl.SSLContext) -> float:
+    text = httpx.get(f"{url}/metrics", verify=tls).text
+    return float(re.search(r"^talkgate_contexts_active (\S+)", text, re.M).group(1))
+
+
+# ----- OpenAI -----
+def test_openai_speech(server, tls, tokenizer):
+    import openai
+    client = openai.OpenAI(api_key=KEY, base_url=f"{server.url}/v1", http_client=httpx.Client(verify=tls))
+    speech = client.audio.speech
+
+    # the body streams by default: the first bytes arrive while the context is still generating
+    with speech.with_streaming_response.create(model="gpt-4o-mini-tts", voice="alloy", input=TEXT,
+                                               response_format="pcm", extra_body={"fixed_frames": 400}) as r:
+        assert r.headers["content-type"] == "audio/pcm" and r.headers.get("transfer-encoding") == "chunked"
+        chunks = r.iter_bytes()
+        first = next(chunks)
+        assert first and contexts_active(server.url, tls) == 1.0
+        rest = b"".join(chunks)
+    assert len(first + rest) == 400 * 1920 * 2
+
+    for fmt, container in (("mp3", "mp3"), ("aac", "aac"), ("opus", "ogg"), ("flac", "flac"), ("wav", "wav")):
+        with speech.with_streaming_response.create(model="tts-1", voice="nova", input=TEXT, response_format=fmt) as r:
+            data = r.read()
+        # within the encoders' priming and block padding of the exact length
+        assert 0 <= decoded_samples(data, container) * 24000 / (48000 if fmt == "opus" else 24000) - FRAMES * 1920 \
+            <= 2048 + 1152, fmt
+
+    # stream_format="sse": OpenAI's events, its usage
+    with speech.with_streaming_response.create(model="gpt-4o-mini-tts", voice={"id": "ryan"}, input=TEXT,
+                                               response_format="pcm", stream_format="sse") as r:
+        assert r.headers["content-type"].startswith("text/event-stream")
+        events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: ")]
+    assert {e["type"] for e in events[:-1]} == {"speech.audio.delta"}
+    audio = b"".join(base64.b64decode(e["audio"]) for e in events[:-1])
+    assert len(audio) == FRAMES * 1920 * 2
+    tokens = len(tokenizer.encode(TEXT))
+    assert events[-1] == {"type": "speech.audio.done",
+                          "usage": {"input_tokens": tokens, "output_tokens": FRAMES, "total_tokens": tokens + FRAMES}}
+
+    # the whole file at once: speech.create (the SDK reads the streamed body to its end)
+    wav = speech.create(model="tts-1", voice="shimmer", input=TEXT, response_format="wav").read()
+    assert wav[:4] == b"RIFF" and len(wav) == 44 + FRAMES * 1920 * 2
+
+    with pytest.raises(openai.BadRequestError) as e:
+        speech.create(model="tts-1", voice="nobody", input=TEXT)
+    assert e.value.status_code == 400 and e.value.body["code"] == "unknown_voice"
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(api_key="wrong", base_url=f"{server.url}/v1",
+                      http_client=httpx.Client(verify=tls)).audio.speech.create(model="tts-1", voice="alloy", input="x")
+
+
+# ----- ElevenLabs -----
+def elevenlabs_client(server, tls, key=KEY):
+    from elevenlabs.client import ElevenLabs
+    return ElevenLabs(api_key=key, base_url=server.url, httpx_client=httpx.Client(verify=tls, timeout=60))
+
+
+def test_elevenlabs_http(server, tls):
+    el = elevenlabs_client(server, tls)
+    tts, voice = el.text_to_speech, "21m00Tcm4TlvDq8ikWAM"
+    audio = b"".join(tts.convert(voice, text=TEXT, output_format="pcm_16000", model_id="eleven_flash_v2_5",
+                                 optimize_streaming_latency=2, voice_settings={"stability": 0.5}, seed=7))
+    assert pcm_frames(audio, 16000) == FRAMES
+    mp3 = b"".join(tts.stream(voice, text=TEXT, output_format="mp3_44100_128", previous_text="Before."))
+    assert mp3_close(mp3, FRAMES * 3528)
+
+    whole = tts.convert_with_timestamps(voice, text=TEXT, output_format="pcm_24000")
+    assert pcm_frames(base64.b64decode(whole.audio_base_64), 24000) == FRAMES
+    a = whole.alignment
+    assert "".join(a.characters) == TEXT and a == whole.normalized_alignment
+    assert a.character_start_times_seconds == sorted(a.character_start_times_seconds)
+    assert a.character_end_times_seconds[-1] <= FRAMES * 0.08
+
+    chunks = list(tts.stream_with_timestamps(voice, text=TEXT, output_format="pcm_16000"))
+    assert pcm_frames(b"".join(base64.b64decode(c.audio_base_64) for c in chunks), 16000) == FRAMES
+    assert "".join(ch for c in chunks if c.alignment for ch in c.alignment.characters) == TEXT
+
+    models = el.models.list()
+    assert models[0].model_id == "talkgate" and models[0].can_do_text_to_speech
+    assert "eleven_flash_v2_5" in [m.model_id for m in models]
+
+    from elevenlabs.core.api_error import ApiError
+    with pytest.raises(ApiError) as e:
+        b"".join(tts.convert("no-such-voice", text=TEXT))
+    assert e.value.status_code == 400 and e.value.body["detail"]["status"] == "voice_not_found"
+    with pytest.raises(ApiError) as e:
+        b"".join(elevenlabs_client(server, tls, "wrong").text_to_speech.convert(voice, text=TEXT))
+    assert e.value.status_code == 401
+
+
+def test_elevenlabs_realtime_over_wss(server, tls):
+    """The SDK's realtime helper always connects with wss://."""
+    el = elevenlabs_client(server, tls)
+    words = iter(["Hello ", "there, ", "how are ", "you?"])
+    audio = b"".join(el.text_to_speech.convert_realtime("21m00Tcm4TlvDq8ikWAM", text=words,
+                                                        output_format="pcm_16000"))
+    assert pcm_frames(audio, 16000) == frames_for_text("Hello there, how are you? ")
+
+
+# ----- Cartesia -----
+def cartesia_client(server, tls):
+    from cartesia import Cartesia
+    return Cartesia(api_key=KEY, base_url=server.url, http_client=httpx.Client(verify=tls, timeout=60))
+
+
+def test_cartesia_http(server, tls):
+    c = cartesia_client(server, tls)
+    raw = c.tts.generate(model_id="sonic-3", transcript=TEXT, voice="ryan",
+                         output_format={"container": "raw", "encoding": "pcm_s16le", "sample_rate": 16000}).read()
+    assert pcm_frames(raw, 16000) == FRAMES
+    wav = c.tts.generate(model_id="sonic-3", transcript=TEXT, voice={"id": "ryan"},
+                         output_format={"container": "wav", "encoding": "pcm_s16le", "sample_rate": 24000}).read()
+    assert wav[:4] == b"RIFF" and pcm_frames(wav[44:], 24000) == FRAMES
+    mp3 = c.tts.generate(model_id="sonic-3", transcript=TEXT, voice={"mode": "id", "id": "ryan"},
+                         output_format={"container": "mp3", "sample_rate": 24000, "bit_rate": 64000}).read()
+    assert mp3_close(mp3, FRAMES * 1920)
+
+    events = list(c.tts.generate_sse(model_id="sonic-3", transcript="Hello there, how are you?", voice="ryan",
+                                     output_format={"container": "raw", "encoding": "pcm_f32le", "sample_rate": 24000},
+                                     add_timestamps=True, context_id="sse-1"))
+    assert events[-1].type == "done" and all(e.context_id == "sse-1" for e in events)
+    audio = b"".join(e.audio for e in events if e.type == "chunk")
+    assert len(audio) == frames_for_text("Hello there, how are you?") * 1920 * 4
+    words = [w for e in events if e.type == "timestamps" for w in e.word_timestamps.words]
+    assert words == ["Hello", "there,", "how", "are", "you?"]
+
+    import cartesia
+    with pytest.raises(cartesia.BadRequestError) as e:
+        c.tts.generate(model_id="sonic-3", transcript=TEXT, voice="ryan",
+                       output_format={"container": "ogg", "encoding": "pcm_s16le", "sample_rate": 16000})
+    assert e.value.body["error_code"] == "invalid_output_format"
+
+
+def test_cartesia_websocket(server, tls):
+    c = cartesia_client(server, tls)
+    fmt = {"container": "raw", "encoding": "pcm_s16le", "sample_rate": 16000}
+    with c.tts.websocket_connect() as conn:
+        ctx = conn.context(model_id="sonic-3", voice="ryan", output_format=fmt)
+        ctx.push("Hello there. ", flush=True)
+        ctx.push("Bye now.")
+        ctx.no_more_inputs()
+        events = list(ctx.receive())
+    kinds = [e.type for e in events]
+    assert kinds[-1] == "done" and kinds.count("flush_done") == 1
+    flushed = kinds.index("flush_done")
+    before = b"".join(base64.b64decode(e.data) for e in events[:flushed] if e.type == "chunk")
+    after = b"".join(base64.b64decode(e.data) for e in events[flushed:] if e.type == "chunk")
+    # one engine context across the flush: the text-length rule counts the whole text
+    n1 = frames_for_text("Hello there. ")
+    assert pcm_frames(before, 16000) == n1
+    assert pcm_frames(after, 16000) == frames_for_text("Hello there. Bye now.") - n1
+
+
+# ----- Deepgram -----
+def deepgram_client(server, tls):
+    from deepgram import DeepgramClient, DeepgramClientEnvironment
+    env = DeepgramClientEnvironment(base=server.url, production=server.ws_url, agent=server.ws_url,
+                                    agent_rest=server.url)
+    return DeepgramClient(api_key=KEY, environment=env, httpx_client=httpx.Client(verify=tls, timeout=60))
+
+
+def test_deepgram_rest(server, tls):
+    dg = deepgram_client(server, tls)
+    mp3 = b"".join(dg.speak.v1.audio.generate(text=TEXT))        # Deepgram's default: MP3 at 22050 Hz
+    assert mp3_close(mp3, FRAMES * 1764)
+    pcm = b"".join(dg.speak.v1.audio.generate(text=TEXT, model="aura-2-thalia-en", encoding="linear16",
+                                              sample_rate=16000, container="none"))
+    assert pcm_frames(pcm, 16000) == FRAMES
+    wav = b"".join(dg.speak.v1.audio.generate(text=TEXT, encoding="linear16"))
+    assert wav[:4] == b"RIFF" and pcm_frames(wav[44:], 24000) == FRAMES
+    for enc, container in (("aac", "aac"), ("opus", "ogg"), ("flac", "flac")):
+        assert decoded_samples(b"".join(dg.speak.v1.audio.generate(text=TEXT, encoding=enc)), container) > 0, enc
+    mulaw = b"".join(dg.speak.v1.audio.generate(text=TEXT, encoding="mulaw", container="none"))
+    assert len(mulaw) == FRAMES * 640
+
+    from deepgram.core.api_error import ApiError
+    with pytest.raises(ApiError) as e:
+        b"".join(dg.speak.v1.audio.generate(text=TEXT, encoding="linear16", sample_rate=11025))
+    assert e.value.status_code == 400 and e.value.body["err_code"] == "UNSUPPORTED_SAMPLE_RATE"
+
+
+def test_deepgram_websocket(server, tls):
+    from deepgram.speak.v1.types import SpeakV1Close, SpeakV1Flush, SpeakV1Text
+    dg = deepgram_client(server, tls)
+    with dg.speak.v1.connect(model="aura-2-thalia-en", encoding="linear16", sample_rate=16000) as ws:
+        ws.send_text(SpeakV1Text(type="Speak", text="Hello there. "))
+        ws.send_flush(SpeakV1Flush(type="Flush"))
+        ws.send_text(SpeakV1Text(type="Speak", text="Bye now."))
+        ws.send_flush(SpeakV1Flush(type="Flush"))
+        ws.send_close(SpeakV1Close(type="Close"))
+        messages = list(ws)
+    assert messages[0].type == "Metadata" and messages[0].model_name == "aura-2-thalia-en"
+    flushed = [i for i, m in enumerate(messages) if getattr(m, "type", None) == "Flushed"]
+    assert [messages[i].sequence_id for i in flushed] == [0, 1]
+    n1 = frames_for_text("Hello there. ")
+    assert pcm_frames(b"".join(m for m in messages[:flushed[0]] if isinstance(m, bytes)), 16000) == n1
+    later = b"".join(m for m in messages[flushed[0]:flushed[1]] if isinstance(m, bytes))
+    assert pcm_frames(later, 16000) == frames_for_text("Hello there. Bye now.") - n1
