@@ -35,6 +35,8 @@ from talkgate.synth.api import EngineEvent
 
 log = logging.getLogger("talkgate.connection")
 TICK_S = 0.25           # how often the watch task measures the client and asks the protocol's clock
+SOCKET_AUDIO_MS = 1000  # audio in the socket not yet taken by the client, at most (delivery.py)
+ROOM_POLL_S = 0.02      # how often a writer held by that looks again
 DRAIN_S = 5.0           # a closing connection writes what is queued for at most this long
 DISCONNECTED = (ConnectionError, asyncio.CancelledError)
 
@@ -150,6 +152,26 @@ class Link:
             self._closing_since = self.loop.time()
             self.outbox.close()
 
+    def take(self) -> None:
+        """Tell the protocol what the client's TCP took since the last look (its slow-consumer clock)."""
+        taken_before = self.delivery.taken_bytes
+        for stream, audio_ms in self.delivery.taken():
+            self.call("note_delivered", stream, audio_ms)
+        if self.delivery.taken_bytes > taken_before:
+            self.last_activity = self.loop.time()
+
+    async def room(self) -> None:
+        """Wait until the socket holds less than SOCKET_AUDIO_MS of audio the client has not taken, so that a
+        frame about to be written is the client's next second, not one behind megabytes of kernel buffer."""
+        while self.delivery.in_flight_ms >= SOCKET_AUDIO_MS:
+            await asyncio.sleep(ROOM_POLL_S)
+            self.take()
+
+    async def next_frame(self):
+        """The outbox's next frame once the socket has room for it (a frame waiting here can still be purged)."""
+        await self.room()
+        return await self.outbox.get()
+
     async def _watch(self) -> None:
         """Every TICK_S: what the client took, the protocol's clock (slow consumers), the idle rule;
         returns when the client went away or a close has been draining for DRAIN_S."""
@@ -163,12 +185,8 @@ class Link:
                 if self.loop.time() - self._closing_since > DRAIN_S:
                     return
                 continue
-            taken_before = self.delivery.taken_bytes
-            for stream, audio_ms in self.delivery.taken():
-                self.call("note_delivered", stream, audio_ms)
+            self.take()
             now = self.loop.time()
-            if self.delivery.taken_bytes > taken_before:
-                self.last_activity = now
             self.apply(self.call("tick"))
             if not idle_said and now - self.last_activity > self.idle_timeout_s:
                 idle_said = True
@@ -231,7 +249,7 @@ class Connection(Link):
 
     async def _write(self) -> None:
         try:
-            while (item := await self.outbox.get()) is not None:
+            while (item := await self.next_frame()) is not None:
                 if isinstance(item.data, bytes):
                     await self.ws.send_bytes(item.data)
                 else:

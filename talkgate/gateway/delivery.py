@@ -8,6 +8,11 @@ client that stopped reading is seen as soon as its TCP window closes, not megaby
     d = Delivery(transport)
     d.wrote(n_bytes, stream, audio_ms)     # after each frame handed to the transport
     for stream, audio_ms in d.taken(): ... # frames the client's TCP has acknowledged since last time
+    d.in_flight_ms                         # audio handed to the socket and not taken, as of the last taken()
+
+The writers keep at most SOCKET_AUDIO_MS of audio in the socket (connection.py Link.room): the rest waits
+in the outbox, where a cancel purges it. Audio in the kernel's send queue cannot be taken back, and the
+kernel grows that queue to megabytes, seconds of audio a barge-in or a slow-consumer cancel would let through.
 """
 from __future__ import annotations
 
@@ -40,11 +45,13 @@ class Delivery:
         self.written = 0                    # bytes handed to the transport, framing included
         self.taken_bytes = 0                # of which the client has taken this many
         self._frames: collections.deque = collections.deque()   # (end offset, stream, audio_ms) of audio
+        self.in_flight_ms = 0.0             # audio of those frames
 
     def wrote(self, n_bytes: int, stream: int | None = None, audio_ms: float = 0.0) -> None:
         self.written += n_bytes
         if stream is not None:
             self._frames.append((self.written, stream, audio_ms))
+            self.in_flight_ms += audio_ms
 
     def taken(self) -> list[tuple[int, float]]:
         """(stream, audio_ms) of the audio frames the client took since the last call."""
@@ -53,6 +60,9 @@ class Delivery:
         while self._frames and self._frames[0][0] <= self.taken_bytes:
             _, stream, audio_ms = self._frames.popleft()
             out.append((stream, audio_ms))
+            self.in_flight_ms -= audio_ms
+        if not self._frames:
+            self.in_flight_ms = 0.0         # no float drift
         return out
 
 
