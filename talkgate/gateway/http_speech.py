@@ -57,7 +57,7 @@ class HttpStream(Link):
 
     async def _write(self) -> None:
         try:
-            while (item := await self.outbox.get()) is not None:
+            while (item := await self.next_frame()) is not None:
                 if isinstance(item, Respond):
                     self.response = respond(item)
                     return
