@@ -182,8 +182,11 @@ class VoiceStore:
             probe.unlink()
             now = time.time()
             for entry in os.scandir(self.tmp_dir):
-                if now - entry.stat(follow_symlinks=False).st_mtime > TMP_STALE_S:
-                    os.unlink(entry.path)
+                try:
+                    if now - entry.stat(follow_symlinks=False).st_mtime > TMP_STALE_S:
+                        os.unlink(entry.path)
+                except FileNotFoundError:           # another process's file, gone meanwhile (its probe)
+                    pass
         except OSError as e:
             raise StoreError("voice_store_unavailable", f"the voice store {self.root} cannot be written: "
                              f"{e.strerror or e}", 500) from None
