@@ -1,4 +1,5 @@
-"""`talkgate serve`: load the engine, bind the port, warm up, serve until SIGINT/SIGTERM."""
+"""`talkgate serve`: engine processes and gateway workers under a supervisor (gateway/supervisor.py), or with
+`--workers 0` one process (load the engine, bind the port, warm up, serve until SIGINT/SIGTERM)."""
 from __future__ import annotations
 
 import argparse
@@ -12,9 +13,12 @@ from aiohttp import web
 
 from talkgate.gateway.server import ServerConfig, create_app
 from talkgate.sessions.limits import Limits
+from talkgate.synth.api import EngineError
 
 log = logging.getLogger("talkgate.serve")
 DEFAULT_PRESET = "mini"
+MAX_DEFAULT_WORKERS = 8
+DEFAULT_WORKERS_HELP = f"the cores less one per engine process, 1 to {MAX_DEFAULT_WORKERS}"
 
 
 def default_checkpoint() -> Path:
@@ -40,6 +44,10 @@ def add_parser(subparsers) -> None:
     p.add_argument("--port", type=int, default=8080, help="0 picks a free port (printed at start)")
     p.add_argument("--device", help="cuda, cpu (default: cuda when available)")
     p.add_argument("--dtype", choices=["bfloat16", "float16", "float32"], help="default: bfloat16 on GPU, float32 on CPU")
+    p.add_argument("--gpus", help="'all' or GPU indices like 0,1: one engine process per GPU (default: all GPUs; "
+                   "one engine process on the CPU where there is none or with --device cpu)")
+    p.add_argument("--workers", type=int, help="gateway worker processes sharing the port (default: "
+                   f"{DEFAULT_WORKERS_HELP}); 0: one process, the engine a thread in it")
     p.add_argument("--max-contexts", type=int, help="engine slots (default: sized from free memory)")
     p.add_argument("--seed", type=seed_arg, help="sampling seed of contexts whose request sets none, so that the same "
                    "text and settings give the same audio (default: a fresh random seed each)")
@@ -51,7 +59,8 @@ def add_parser(subparsers) -> None:
     p.add_argument("--max-message-bytes", type=int, default=d.max_message_bytes)
     p.add_argument("--max-text-chars", type=int, default=d.max_text_chars, help="text per context")
     p.add_argument("--max-contexts-per-connection", type=int, default=d.max_contexts_per_connection)
-    p.add_argument("--max-connections", type=int, default=d.max_connections)
+    p.add_argument("--max-connections", type=int, default=d.max_connections, help="WebSocket connections of the "
+                   "server; each worker takes at most 1.5x an even share")
     p.add_argument("--idle-timeout", type=float, default=d.idle_timeout_s, help="seconds")
     p.add_argument("--max-backlog-ms", type=int, default=d.max_backlog_ms,
                    help="unsent audio per context before it is cancelled (slow consumer)")
@@ -78,28 +87,85 @@ def _cuda_available() -> bool:
     return torch.cuda.is_available()
 
 
-def run(args: argparse.Namespace) -> int:
-    from talkgate.synth.engine import Engine
+def default_workers(engines: int, cores: int | None = None) -> int:
+    """Worker processes for `engines` engine processes on `cores` cores: a core per engine process (its step
+    loop) and the rest for workers, at most MAX_DEFAULT_WORKERS (docs/benchmarks.md measures the choice)."""
+    cores = cores or len(os.sched_getaffinity(0))
+    return max(1, min(MAX_DEFAULT_WORKERS, cores - engines))
 
+
+def parse_gpus(text: str | None, count: int) -> list[int]:
+    if text in (None, "all"):
+        return list(range(count))
+    try:
+        gpus = [int(g) for g in text.split(",")]
+    except ValueError:
+        raise EngineError(f"--gpus {text!r}: give 'all' or GPU indices like 0,1") from None
+    bad = [g for g in gpus if not 0 <= g < count]
+    if bad or len(set(gpus)) != len(gpus):
+        raise EngineError(f"--gpus {text!r}: this machine has {count} GPU(s) (indices 0-{count - 1}), each once")
+    return gpus
+
+
+def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     model = args.model or str(default_checkpoint())
-    if (args.device or ("cuda" if _cuda_available() else "cpu")) == "cpu":
-        # one intra-op thread: under load, two made the small CPU models several times slower, and
-        # the other core is left to the event loop and the audio encoders
+    device = args.device or ("cuda" if _cuda_available() else "cpu")
+    if args.workers == 0:
+        return run_single_process(args, model, device)
+    from talkgate.gateway.supervisor import Plan, Supervisor
+    gpus = None
+    if device.startswith("cuda"):
         import torch
-        torch.set_num_threads(1)
-    engine = Engine.from_pretrained(model, device=args.device, dtype=args.dtype, max_contexts=args.max_contexts,
-                                    default_seed=args.seed)
-    info = engine.info
-    log.info("model %s (%s, %s) on %s/%s%s", info.name, info.model_type, info.size, info.device, info.dtype,
-             " -- UNTRAINED RANDOM WEIGHTS: the audio is noise, not speech" if info.untrained else "")
+        gpus = parse_gpus(args.gpus, torch.cuda.device_count())
+        if not gpus:
+            raise EngineError("no GPU found: use --device cpu")
+    elif args.gpus is not None:
+        raise EngineError("--gpus needs --device cuda")
+    workers = args.workers if args.workers is not None else default_workers(len(gpus or [0]))
+    if gpus is None:
+        engines = [{"device": device, "cuda_visible": None}]
+    else:
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")     # the GPU indices are of the visible ones
+        ids = visible.split(",") if visible else [str(g) for g in range(max(gpus) + 1)]
+        engines = [{"device": "cuda", "cuda_visible": ids[g]} for g in gpus]
+    engine_args = []
+    for flag, value in (("--dtype", args.dtype), ("--max-contexts", args.max_contexts), ("--seed", args.seed)):
+        if value is not None:
+            engine_args += [flag, str(value)]
+    config = server_config(args)
+    plan = Plan(host=args.host, port=args.port, model=model, engines=engines, workers=workers,
+                engine_args=engine_args, limits=config.limits.as_dict(),
+                server={"api_keys": list(config.api_keys), "allowed_origins": list(config.allowed_origins),
+                        "shutdown_deadline_s": config.shutdown_deadline_s, "voice_map": config.voice_map})
+    return Supervisor(plan).run()
+
+
+def server_config(args: argparse.Namespace) -> ServerConfig:
     keys = tuple(args.api_key) + tuple(k for k in os.environ.get("TALKGATE_API_KEYS", "").split(",") if k)
     limits = Limits(max_message_bytes=args.max_message_bytes, max_text_chars=args.max_text_chars,
                     max_contexts_per_connection=args.max_contexts_per_connection,
                     max_connections=args.max_connections, idle_timeout_s=args.idle_timeout,
                     max_backlog_ms=args.max_backlog_ms)
-    config = ServerConfig(limits=limits, api_keys=keys, allowed_origins=tuple(args.allow_origin),
-                          shutdown_deadline_s=args.shutdown_deadline, voice_map=args.voice_map)
+    return ServerConfig(limits=limits, api_keys=keys, allowed_origins=tuple(args.allow_origin),
+                        shutdown_deadline_s=args.shutdown_deadline, voice_map=args.voice_map)
+
+
+def run_single_process(args: argparse.Namespace, model: str, device: str) -> int:
+    """The engine as a thread of the gateway process (`--workers 0`): no IPC, one GIL."""
+    from talkgate.synth.engine import Engine
+
+    if device == "cpu":
+        # one intra-op thread: under load, two made the small CPU models several times slower, and
+        # the other core is left to the event loop and the audio encoders
+        import torch
+        torch.set_num_threads(1)
+    engine = Engine.from_pretrained(model, device=device, dtype=args.dtype, max_contexts=args.max_contexts,
+                                    default_seed=args.seed)
+    info = engine.info
+    log.info("model %s (%s, %s) on %s/%s%s", info.name, info.model_type, info.size, info.device, info.dtype,
+             " -- UNTRAINED RANDOM WEIGHTS: the audio is noise, not speech" if info.untrained else "")
+    config = server_config(args)
     try:
         asyncio.run(_serve(engine, config, args.host, args.port))
     finally:

@@ -35,9 +35,9 @@ class ServerConfig:
 class Gateway:
     """State shared by every handler: the engine, limits, metrics, open connections."""
 
-    def __init__(self, engine: EngineClient, config: ServerConfig):
+    def __init__(self, engine: EngineClient, config: ServerConfig, metrics: Metrics | None = None):
         self.engine, self.config, self.limits = engine, config, config.limits
-        self.metrics = Metrics()
+        self.metrics = metrics or Metrics()
         self.connections: set[Connection] = set()
         self.ids = itertools.count(1)
         self.ready = False
@@ -165,11 +165,12 @@ async def errors_as_json(request: web.Request, handler):
                                  status=500)
 
 
-def create_app(engine: EngineClient, config: ServerConfig | None = None) -> web.Application:
+def create_app(engine: EngineClient, config: ServerConfig | None = None,
+               gateway_metrics: Metrics | None = None) -> web.Application:
     from talkgate.gateway import compat_routes, openai_http
     from talkgate.sessions.voices import VoiceMap
 
-    gw = Gateway(engine, config or ServerConfig())
+    gw = Gateway(engine, config or ServerConfig(), gateway_metrics)
     if hasattr(engine, "on_step"):
         engine.on_step = lambda ms, batch: gw.metrics.step_seconds.observe(ms / 1000)
     app = web.Application(middlewares=[errors_as_json], client_max_size=4 * gw.limits.max_message_bytes)
@@ -189,7 +190,7 @@ def create_app(engine: EngineClient, config: ServerConfig | None = None) -> web.
 
 async def _start(app: web.Application) -> None:
     gw: Gateway = app["gateway"]
-    app["lag_watch"] = asyncio.create_task(gw.metrics.watch_loop_lag())
+    app["lag_watch"] = asyncio.create_task(gw.metrics.watch_loop_lag(sample=app.get("sample_metrics")))
     gw.pump = pump = EventPump(asyncio.get_running_loop())
     if hasattr(gw.engine, "hold"):
         gw.engine.hold = pump.behind            # the engine waits while the gateway is behind on its events

@@ -169,6 +169,15 @@ class Engine:
             c.contexts.clear()
         self._wake.set()
 
+    def fail_client(self, client: int, err: EngineError) -> None:
+        """Fail every open context of the client with err at the next step boundary (their ContextFailed
+        events are delivered as usual); the client stays connected."""
+        with self._lock:
+            c = self._clients.get(client)
+            for req in c.contexts.values() if c is not None else ():
+                self._commands.append(("fail", req, err))
+        self._wake.set()
+
     def submit(self, client: int, commands: list[EngineCommand]) -> None:
         """Queue commands for the next step boundary, in order. Never blocks on a step, never raises for a
         context: a refused open is answered by ContextFailed; text or a cancel for a context that is not
@@ -251,6 +260,11 @@ class Engine:
             del c.contexts[req.context]
         self._free_slots.append(req.slot)
         return True
+
+    @property
+    def free_slots(self) -> int:
+        """Slots not taken by an open context (no lock: callable from deliver)."""
+        return len(self._free_slots)
 
     def stats(self) -> dict:
         with self._lock:
@@ -346,6 +360,8 @@ class Engine:
                 self.scheduler.remove(req)
             elif req.freed:
                 continue
+            elif op == "fail":
+                self._fail(req, arg)
             elif op == "open":
                 try:
                     self.runner.open_slot(req)

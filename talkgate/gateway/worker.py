@@ -1,0 +1,113 @@
+"""A gateway worker process: the aiohttp server (sessions, tokenization, tempo, resampling, Opus, framing) on
+the shared port, its engines reached over ZMQ (gateway/remote_engines.py). Started by the supervisor
+(`talkgate serve`, gateway/supervisor.py) with its settings as JSON in TALKGATE_WORKER:
+
+    {"index", "host", "port", "engines": [endpoint, ...], "status_fd", "server": ServerConfig fields,
+     "limits": Limits fields}
+
+Every worker binds the port with SO_REUSEPORT, so the kernel spreads new connections over the workers; its
+`limits.max_connections` is its own cap (supervisor.py sizes it), past which it refuses with 1013. It waits
+for an engine's WELCOME (model info, tokenizer) before it listens, is ready (/health 200) while at least one
+engine is, and tells the supervisor through its status pipe: "listening", "ready", "not_ready".
+SIGTERM or SIGINT: drain as the single-process server does (refuse new sessions, let contexts finish up to
+the shutdown deadline, close with 1001), then exit.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import signal
+import sys
+import time
+
+log = logging.getLogger("talkgate.worker")
+
+
+class StatusPipe:
+    """Lines to the supervisor; a gone supervisor is ignored (child_setup stops this process then)."""
+
+    def __init__(self, fd: int | None):
+        self.fd, self.last = fd, None
+
+    def say(self, line: str) -> None:
+        if self.fd is None or line == self.last:
+            return
+        self.last = line
+        try:
+            os.write(self.fd, (line + "\n").encode())
+        except OSError:
+            pass
+
+
+async def serve_worker(cfg: dict) -> None:
+    from aiohttp import web
+
+    from talkgate.gateway.metrics import Metrics
+    from talkgate.gateway.remote_engines import RemoteEngines
+    from talkgate.gateway.server import ServerConfig, create_app
+    from talkgate.sessions.limits import Limits
+
+    index = cfg["index"]
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    status = StatusPipe(cfg.get("status_fd"))
+    engines = RemoteEngines(cfg["engines"], worker=index)
+    engines.start()
+    info = asyncio.ensure_future(engines.wait_info())
+    await asyncio.wait([info, asyncio.ensure_future(stop.wait())], return_when=asyncio.FIRST_COMPLETED)
+    if stop.is_set():
+        engines.close()
+        return
+    server = cfg["server"]
+    config = ServerConfig(limits=Limits(**cfg["limits"]), api_keys=tuple(server["api_keys"]),
+                          allowed_origins=tuple(server["allowed_origins"]),
+                          shutdown_deadline_s=server["shutdown_deadline_s"], voice_map=server["voice_map"])
+    metrics = Metrics(worker=index, engines=engines)
+    app = create_app(engines, config, metrics)
+    gw = app["gateway"]
+    listening = False
+
+    def on_state():
+        gw.ready = engines.ready
+        if listening:
+            status.say("ready" if gw.ready else "not_ready")
+
+    def sample():
+        metrics.worker_connections.labels(str(index)).set(len(gw.connections))
+        metrics.worker_contexts.labels(str(index)).set(engines.stats()["contexts"])
+        metrics.worker_cpu.labels(str(index)).set(time.process_time())
+
+    engines.on_state = on_state
+    app["sample_metrics"] = sample
+    runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=config.shutdown_deadline_s + 5)
+    await runner.setup()
+    site = web.TCPSite(runner, cfg["host"], cfg["port"], reuse_port=True)
+    await site.start()
+    listening = True
+    status.say("listening")
+    on_state()
+    log.info("worker %d (pid %d) listening on %s:%d, at most %d connections", index, os.getpid(), cfg["host"],
+             cfg["port"], config.limits.max_connections)
+    await stop.wait()
+    status.say("draining")
+    await runner.cleanup()          # on_shutdown drains contexts up to the deadline, then closes with 1001
+    engines.close()
+
+
+def main() -> int:
+    from talkgate.gateway.supervisor import child_setup
+
+    cfg = json.loads(os.environ["TALKGATE_WORKER"])
+    child_setup()
+    logging.basicConfig(level=logging.INFO,
+                        format=f"%(asctime)s worker{cfg['index']} %(name)s %(levelname)s %(message)s")
+    asyncio.run(serve_worker(cfg))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
