@@ -368,6 +368,7 @@ class RemoteEngines:
         if link.incarnation is not None and w["incarnation"] != link.incarnation and link.routes:
             self._engine_down(link, "it was restarted")
         link.incarnation = w["incarnation"]
+        link.acked = link.ack_sent = 0                  # the engine counts this connection's STEPs from 1
         if self.info is None:
             self.info, self.checkpoint = wire.info_from_wire(w["info"]), w["checkpoint"]
             self._info_ready.set()

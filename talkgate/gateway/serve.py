@@ -46,6 +46,8 @@ def add_parser(subparsers) -> None:
     p.add_argument("--dtype", choices=["bfloat16", "float16", "float32"], help="default: bfloat16 on GPU, float32 on CPU")
     p.add_argument("--gpus", help="'all' or GPU indices like 0,1: one engine process per GPU (default: all GPUs; "
                    "one engine process on the CPU where there is none or with --device cpu)")
+    p.add_argument("--engines", type=int, default=1, help="engine processes per GPU (or on the CPU); more than "
+                   "one on a GPU needs --max-contexts, as each would size its slots from the whole GPU")
     p.add_argument("--workers", type=int, help="gateway worker processes sharing the port (default: "
                    f"{DEFAULT_WORKERS_HELP}); 0: one process, the engine a thread in it")
     p.add_argument("--max-contexts", type=int, help="engine slots (default: sized from free memory)")
@@ -122,13 +124,18 @@ def run(args: argparse.Namespace) -> int:
             raise EngineError("no GPU found: use --device cpu")
     elif args.gpus is not None:
         raise EngineError("--gpus needs --device cuda")
-    workers = args.workers if args.workers is not None else default_workers(len(gpus or [0]))
+    if args.engines < 1:
+        raise EngineError("--engines must be at least 1")
     if gpus is None:
-        engines = [{"device": device, "cuda_visible": None}]
+        engines = [{"device": device, "cuda_visible": None}] * args.engines
     else:
+        if args.engines > 1 and args.max_contexts is None:
+            raise EngineError("--engines above 1 on a GPU needs --max-contexts (each engine process would size "
+                              "its slots from the whole GPU's free memory)")
         visible = os.environ.get("CUDA_VISIBLE_DEVICES")     # the GPU indices are of the visible ones
         ids = visible.split(",") if visible else [str(g) for g in range(max(gpus) + 1)]
-        engines = [{"device": "cuda", "cuda_visible": ids[g]} for g in gpus]
+        engines = [{"device": "cuda", "cuda_visible": ids[g]} for g in gpus for _ in range(args.engines)]
+    workers = args.workers if args.workers is not None else default_workers(len(engines))
     engine_args = []
     for flag, value in (("--dtype", args.dtype), ("--max-contexts", args.max_contexts), ("--seed", args.seed)):
         if value is not None:
