@@ -363,9 +363,25 @@ def server_numbers(before: dict, after: dict, wall_s: float) -> dict:
     counter = lambda name: (sum(v for (n, _), v in after.items() if n == name)
                             - sum(v for (n, _), v in before.items() if n == name)) if any(
                                 n == name for n, _ in after) else None
-    return {"cpu_cores": (cpu[1] - cpu[0]) / wall_s if None not in cpu and wall_s > 0 else None,
+    # with worker processes: CPU per process (its gauges), loop lag per worker and step time per engine
+    cores = {}
+    for name, label, kind in (("talkgate_worker_cpu_seconds", "worker", "worker"),
+                              ("talkgate_engine_cpu_seconds", "engine", "engine")):
+        for (n, labels), v in after.items():
+            if n == name and wall_s > 0:
+                start = before.get((n, labels))
+                if start is not None and v >= start:      # a restarted process counts from 0
+                    cores[f"{kind}{dict(labels)[label]}"] = (v - start) / wall_s
+    by = lambda name, label: {dict(labels)[label]: histogram_delta(before, after, name, **{label: dict(labels)[label]})
+                              for (n, labels) in after if n == name + "_count" and label in dict(labels)}
+    total = sum(cores.values()) if cores else None
+    return {"cpu_cores": total if total is not None else
+            (cpu[1] - cpu[0]) / wall_s if None not in cpu and wall_s > 0 else None,
+            "cpu_cores_by_process": cores or None,
             "event_loop_lag_s": histogram_delta(before, after, "talkgate_event_loop_lag_seconds"),
+            "event_loop_lag_s_by_worker": by("talkgate_event_loop_lag_seconds", "worker") or None,
             "engine_step_s": histogram_delta(before, after, "talkgate_engine_step_seconds"),
+            "engine_step_s_by_engine": by("talkgate_engine_step_seconds", "engine") or None,
             "server_ttfa_ms": histogram_delta(before, after, "talkgate_ttfa_ms"),
             "underrun_risk": counter("talkgate_underrun_risk_total"),
             "contexts_active_after": after.get(("talkgate_contexts_active", ())),   # a leak shows here
