@@ -158,8 +158,7 @@ class EngineServer:
         peer.client = self.engine.connect(lambda events, peer=peer: self._deliver(peer, events))
         self.peers[identity] = peer
         self._send(peer, wire.welcome_message(self.index, self.incarnation, self.engine.info, self.checkpoint,
-                                              self.state))
-        self._send(peer, wire.stats_message(self._stats()))
+                                              self._stats()))
 
     def _ack(self, peer: Peer, ack: int) -> None:
         while peer.unacked and peer.unacked[0][0] <= ack:

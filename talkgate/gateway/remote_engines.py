@@ -372,8 +372,9 @@ class RemoteEngines:
         if self.info is None:
             self.info, self.checkpoint = wire.info_from_wire(w["info"]), w["checkpoint"]
             self._info_ready.set()
-        log.info("engine %d (pid %d) greeted worker %d: %s", link.index, w["incarnation"], self.worker, w["state"])
-        self._set_state(link, w["state"])
+        log.info("engine %d (pid %d) greeted worker %d: %s", link.index, w["incarnation"], self.worker,
+                 w["stats"]["state"])
+        self._stats(link, w["stats"])
 
     def _set_state(self, link: _Link, state: str) -> None:
         if state != link.state:

@@ -8,7 +8,8 @@ Worker -> engine (the worker's DEALER, the engine's ROUTER):
                                                             | [END, context, ids, seconds] | [CANCEL, context]
     ACK       [b"A", msgpack(ack)]                          ack: the last STEP seq the worker has handled
 Engine -> worker:
-    WELCOME   [b"W", msgpack(dict)]      engine index, incarnation (its pid), ModelInfo, checkpoint directory
+    WELCOME   [b"W", msgpack(dict)]      engine index, incarnation (its pid), ModelInfo, checkpoint directory,
+                                         its stats (state, free slots: a worker can place at once)
     STEP      [b"S", msgpack([seq, t_emitted, free_slots, contexts int64 bytes, frames int32 bytes, ends]),
                pcm float32 bytes [rows * 1920]]             one per engine step per worker that has events;
                                                             ends: [[context, DONE, reason, frames] |
@@ -109,9 +110,9 @@ def decode(frame) -> object:
 
 
 # ----- engine -> worker -----
-def welcome_message(engine: int, incarnation: int, info: ModelInfo, checkpoint: str, state: str) -> list[bytes]:
+def welcome_message(engine: int, incarnation: int, info: ModelInfo, checkpoint: str, stats: dict) -> list[bytes]:
     return [WELCOME, _pack({"engine": engine, "incarnation": incarnation, "info": info_to_wire(info),
-                            "checkpoint": checkpoint, "state": state})]
+                            "checkpoint": checkpoint, "stats": stats})]
 
 
 def info_to_wire(info: ModelInfo) -> dict:

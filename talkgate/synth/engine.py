@@ -21,10 +21,10 @@ commands at the step boundary, then runs one step:
     self._emit_audio()                             # the last step's PCM, decoded while this one was launched
     self._postprocess(prefill + decode, runner.codes_of(step))    # eos, limits; this step's audio pending
 
-and then hands each client its events of that step in one `deliver` call. A frame's audio is emitted
-once its decode is done, during the next step (or at once when no next step runs), before that next
-step's codes are looked at; a context that reached its frame limit gets its ContextDone right after its
-last AudioChunk.
+A frame's audio is emitted once its decode is done, during the next step (or at once when no next step
+runs), and each client gets that step's audio in one `deliver` call before the engine waits for the next
+step's codes; what the codes decide (eos, failures) is delivered at the end of run_once. A context that
+reached its frame limit gets its ContextDone right after its last AudioChunk.
 
 deliver is called under the engine lock after dropping the events of cancelled contexts: once a
 CancelContext has been submitted (submit returned), no event of that context reaches its client. A
@@ -116,7 +116,7 @@ class Engine:
                         decoder_dtype: str | None = None, torch_compile: bool = True, **engine_kw) -> "Engine":
         """Load a checkpoint (directory or Hugging Face id). device None: cuda if available, else cpu;
         dtype None: bfloat16 on cuda, float32 on cpu; max_contexts None: sized from free memory
-        (docs/engine.md); max_batch None: max_contexts; decoder_dtype None: float32 (as the reference);
+        (docs/engine.md); max_batch None: max_contexts, at most 256; decoder_dtype None: float32 (as the reference);
         torch_compile: fuse the step's kernels with torch.compile on cuda (minutes of warm-up)."""
         from talkgate.synth.runner import load_runner
         runner, tokenizer_factory, prompts, info = load_runner(
@@ -391,6 +391,7 @@ class Engine:
         try:
             step = self.runner.launch(prefill, decode)
             self._emit_audio()
+            self._deliver()                                     # the last step's audio, while this one runs
             codes = self.runner.codes_of(step)
         except Exception as e:                                  # fail this step's contexts, keep serving
             log.exception("engine step failed")
