@@ -166,8 +166,8 @@ def test_placement_by_free_slots_and_a_full_engine_is_retried(engines):
         results = [await ca.wait(1)] + [await cb.wait(ctx) for ctx in (1, 2, 3)]
         assert all(r == ContextDone(r.context, "length", 40) for r in results), results
         assert all(c.frames(ctx) == 40 for c, ctx in ((ca, 1), (cb, 1), (cb, 2), (cb, 3)))
-        for ctx in (4, 5, 6, 7):
-            cb.say(ctx, end=False)
+        for ctx in (4, 5, 6, 7):                                    # open until their text ends
+            cb.say(ctx, params=ContextParams(sampling=GREEDY, fixed_frames=100_000), end=False)
         await asyncio.sleep(0.5)
         cb.say(8)                                                   # all 4 slots taken
         assert (await cb.wait(8)).code == "engine_full"

@@ -14,10 +14,11 @@ A client's context id is mapped to a wire id unique in this worker, so the engin
 worker; events come back as the client's ids, their audio rows as views of the received buffer.
 
 Placement: a new context goes to the ready engine with the most free slots as last heard (each STEP and
-STATS message carries the engine's free slots; opens sent since are counted off). That view may be stale:
-an engine that is full answers ContextFailed(engine_full), and the context (its commands are kept until
-its first event) is sent to the next engine not tried yet; when none is left the client gets that
-engine_full, the capacity error of a single engine.
+STATS message carries the engine's free slots; opens sent since are counted off). That view may be stale
+either way, so an engine that seems full is still asked: one that is full answers ContextFailed
+(engine_full), and the context (its commands are kept until its first event) is sent to the next ready
+engine not tried yet; when none is left the client gets that engine_full, the capacity error of a single
+engine.
 
 Faults: an engine process that dies closes its connection (a ZMQ monitor event): its contexts fail with
 `engine_failed`, except those that have had no event yet, which move to another ready engine. Its
@@ -234,9 +235,10 @@ class RemoteEngines:
         link.opened += 1
 
     def _place(self, tried) -> _Link | None:
-        """The ready engine not tried yet with the most free slots, if it has one."""
-        best = max((link for link in self.links if link.index not in tried), key=lambda l: l.room, default=None)
-        return best if best is not None and best.room > 0 else None
+        """The ready engine not tried yet with the most free slots as last heard. One that seems full is still
+        asked (the view may be stale either way): it refuses with engine_full if it is."""
+        ready = [link for link in self.links if link.index not in tried and link.state == "ready"]
+        return max(ready, key=lambda l: l.room, default=None)
 
     def _full_message(self) -> str:
         if not self.ready:
@@ -429,9 +431,9 @@ class RemoteEngines:
 
     # ----- per-context wrappers (one built-in client; tokenizing here, in the caller's thread) -----
     def open(self, params: ContextParams, sink: EventSink) -> int:
-        """Start a context; raises EngineFull when no engine has a free slot as last heard. Other refusals
-        (a voice the engine does not know, ...) come to the sink as ContextFailed."""
-        if self.capacity() <= 0:
+        """Start a context; raises EngineFull when no engine is ready. Other refusals (no free slot, a voice
+        the engine does not know, ...) come to the sink as ContextFailed."""
+        if not self.ready:
             raise EngineFull(self._full_message())
         ctx = next(self._sink_ids)
         self._sinks[ctx] = [sink, self.new_tokenizer()]
