@@ -8,7 +8,8 @@ want_test=0; [ "${1:-}" = "--test" ] && want_test=1
 
 as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
 need_pkgs=()
-ldconfig -p 2>/dev/null | grep -q 'libopus\.so\.0' || need_pkgs+=(libopus0)
+# grep without -q: with pipefail, -q's early exit can kill ldconfig with SIGPIPE and fail the pipeline
+ldconfig -p 2>/dev/null | grep 'libopus\.so\.0' >/dev/null || need_pkgs+=(libopus0)
 [ $want_test = 1 ] && ! command -v chromium >/dev/null && need_pkgs+=(chromium)
 if [ ${#need_pkgs[@]} -gt 0 ]; then
   echo "setup: installing ${need_pkgs[*]} with apt-get"
@@ -21,13 +22,15 @@ PY=${PYTHON:-python3}
 . .venv/bin/activate
 pip install -q --upgrade pip >/dev/null
 # torch 2.13.0 is the CPU build where this machine keeps one on disk; elsewhere pip picks its default build.
-python -c "import torch" 2>/dev/null || pip install -q "torch==2.13.0" || pip install -q torch
+python -c "import torch" 2>/dev/null || pip install -q "torch==2.13.0" 2>/dev/null || pip install -q torch
 if [ $want_test = 1 ]; then
   pip install -q -e ".[test]"
-  # The official reference (for parity tests only). --no-deps: its torchaudio pin would replace torch.
-  python -c "import qwen_tts" 2>/dev/null || {
-    pip install -q --no-deps "qwen-tts-compat==0.1.1.post1"
+  # The official reference (for parity tests only): its dependencies first, then the reference itself with
+  # --no-deps, last: its torchaudio pin would replace torch, and once it is installed pip reports that unmet
+  # pin as a resolver ERROR whenever a later install touches a package it depends on.
+  python -c "import qwen_tts" >/dev/null 2>&1 || {    # it prints a flash-attn notice on import
     pip install -q "transformers==5.17.0" "accelerate>=1.0" librosa einops onnxruntime sox
+    pip install -q --no-deps "qwen-tts-compat==0.1.1.post1"
   }
 else
   pip install -q -e .

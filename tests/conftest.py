@@ -23,8 +23,16 @@ def tiny_checkpoint(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def tokenizer(tiny_checkpoint):
+    """The tiny checkpoint's text tokenizer (the sessions tokenize; the Sans-I/O protocol tests need no engine)."""
+    from talkgate.synth.tokenizer import QwenTokenizer
+
+    return QwenTokenizer.from_dir(tiny_checkpoint)
+
+
+@pytest.fixture(scope="session")
 def tiny_engine(tiny_checkpoint):
-    """One started engine on the tiny checkpoint (CPU, fp32), shared by the Sans-I/O protocol tests."""
+    """One started engine on the tiny checkpoint (CPU, fp32), shared by the engine tests."""
     from talkgate.synth.engine import Engine
 
     engine = Engine.from_pretrained(str(tiny_checkpoint), device="cpu")

@@ -48,6 +48,9 @@ class ref:
     DecoderConfig = _tok_cfg.Qwen3TTSTokenizerV2DecoderConfig
     Decoder = _tok_model.Qwen3TTSTokenizerV2Decoder
     tokenizer_modeling = _tok_model
+    Tokenizer = sys.modules["qwen_tts.inference.qwen3_tts_tokenizer"].Qwen3TTSTokenizer
+    TTSModel = sys.modules["qwen_tts.inference.qwen3_tts_model"].Qwen3TTSModel
+    Processor = sys.modules["qwen_tts.core.models.processing_qwen3_tts"].Qwen3TTSProcessor
 
 
 # Control ids as in the real checkpoints (docs: shared/reference/qwen3-tts.md "Ids").
@@ -65,6 +68,10 @@ _TINY_TALKER = dict(vocab_size=3072, hidden_size=64, intermediate_size=128, num_
                     rope_scaling={"interleaved": True, "mrope_section": [2, 3, 3], "rope_type": "default"},
                     text_vocab_size=151936, text_hidden_size=48, num_code_groups=16,
                     max_position_embeddings=4096, pad_token_id=None, **CODEC_IDS)
+# A tiny ECAPA speaker encoder (Base); enc_dim is the Talker's hidden size.
+TINY_SPEAKER_ENCODER = dict(mel_dim=128, enc_channels=[32, 32, 32, 32, 96], enc_kernel_sizes=[5, 3, 3, 3, 1],
+                            enc_dilations=[1, 2, 3, 4, 1], enc_attention_channels=16, enc_res2net_scale=4,
+                            enc_se_channels=16, sample_rate=24000)
 _TINY_PREDICTOR = dict(vocab_size=2048, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                        num_attention_heads=4, num_key_value_heads=2, head_dim=8, rope_theta=1e6,
                        num_code_groups=16, max_position_embeddings=4096, pad_token_id=None)
@@ -90,10 +97,27 @@ def tiny_config(variant: str = "custom_voice", *, separate_predictor_hidden: boo
         t["spk_is_dialect"] = {name: DIALECTS.get(name, False) for name in SPEAKERS}
     else:
         t["spk_id"], t["spk_is_dialect"] = {}, {}
+    speaker = dict(TINY_SPEAKER_ENCODER, enc_dim=t["hidden_size"]) if variant == "base" else None
     return ref.Qwen3TTSConfig(talker_config=t, tts_model_type=variant, tts_model_size=model_size,
+                              speaker_encoder_config=speaker,
                               tokenizer_type="qwen3_tts_tokenizer_12hz",
                               im_start_token_id=151644, im_end_token_id=151645, tts_pad_token_id=151671,
                               tts_bos_token_id=151672, tts_eos_token_id=151673)
+
+
+def load_reference_tokenizer(path, **kwargs):
+    """The reference's speech tokenizer (Qwen3TTSTokenizer.from_pretrained, kwargs as its: dtype, device_map).
+
+    With transformers 5.17 from_pretrained leaves the decoder's RoPE inverse frequencies (a non-persistent
+    buffer) as uninitialized memory on the CPU (the compat fork repairs only all-zero ones), so they are
+    recomputed here by a fresh rotary module of the same config: the reference's own values."""
+    tokenizer = ref.Tokenizer.from_pretrained(str(path), **kwargs)
+    for module in tokenizer.model.modules():
+        if "RotatoryEmbedding" in type(module).__name__ or "RotaryEmbedding" in type(module).__name__:
+            fresh = type(module)(module.config)
+            module.inv_freq = fresh.inv_freq.to(module.inv_freq.device)
+            module.original_inv_freq = module.inv_freq
+    return tokenizer
 
 
 def save_reference(model, out_dir) -> None:

@@ -3,6 +3,8 @@
     with TalkgateServer(model_dir) as srv:
         srv.url        # http://127.0.0.1:PORT
         srv.ws_url     # ws://127.0.0.1:PORT
+
+`wait="listening"` returns as soon as the server answers HTTP, before its warm-up is over.
 """
 from __future__ import annotations
 
@@ -16,18 +18,22 @@ import time
 from pathlib import Path
 
 READY = re.compile(r"talkgate: ready on (http://[\d.]+:(\d+))")
+LISTENING = re.compile(r"talkgate: listening on (http://[\d.]+:(\d+))")
 
 
 class TalkgateServer:
-    def __init__(self, model_dir: str | Path, *extra_args: str, timeout_s: float = 180.0, env: dict | None = None):
+    def __init__(self, model_dir: str | Path, *extra_args: str, timeout_s: float = 180.0, env: dict | None = None,
+                 wait: str = "ready"):
         self.args = [sys.executable, "-m", "talkgate.gateway.cli", "serve", "--model", str(model_dir),
                      "--port", "0", "--device", "cpu", *extra_args]
         self.timeout_s = timeout_s
+        self.wait = {"ready": READY, "listening": LISTENING}[wait]
         self.env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
         self.proc: subprocess.Popen | None = None
         self.url = self.ws_url = ""
         self.port = 0
         self.output: list[str] = []
+        self._line = threading.Condition()
 
     def __enter__(self) -> "TalkgateServer":
         self.proc = subprocess.Popen(self.args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -36,8 +42,10 @@ class TalkgateServer:
 
         def pump():
             for line in self.proc.stdout:
-                self.output.append(line)
-                m = READY.search(line)
+                with self._line:
+                    self.output.append(line)
+                    self._line.notify_all()
+                m = self.wait.search(line)
                 if m and not ready.is_set():
                     self.url, self.port = m.group(1), int(m.group(2))
                     self.ws_url = self.url.replace("http://", "ws://")
@@ -53,6 +61,16 @@ class TalkgateServer:
 
     def log(self) -> str:
         return "".join(self.output)
+
+    def wait_output(self, text: str, timeout_s: float = 30.0) -> str:
+        """The first output line containing `text`, waiting up to timeout_s for it."""
+        deadline = time.monotonic() + timeout_s
+        with self._line:
+            while (hit := next((line for line in self.output if text in line), None)) is None:
+                if time.monotonic() > deadline:
+                    raise AssertionError(f"no output line with {text!r}:\n" + "".join(self.output[-40:]))
+                self._line.wait(0.2)
+        return hit
 
     def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 30.0) -> int | None:
         if self.proc is None or self.proc.poll() is not None:

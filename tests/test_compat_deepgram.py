@@ -1,82 +1,86 @@
-"""Deepgram /v1/speak translator, Sans-I/O, on the real tiny engine."""
+"""Deepgram /v1/speak translator, Sans-I/O: messages in, engine commands and wire messages out, engine
+events built in the test (tests/compat_harness.py)."""
 from __future__ import annotations
 
 import pytest
 
+from talkgate.sessions.actions import Close
 from talkgate.sessions.deepgram import DeepgramProtocol
-from talkgate.sessions.native import Close
 from talkgate.sessions.voices import VoiceMap
-from tests.compat_harness import Harness, jsons
+from talkgate.synth.api import CancelContext
+from tests.compat_harness import INFO, Harness, jsons
 
 
-def make(engine, **query):
-    voices = VoiceMap({"deepgram": {"aura-test": engine.info.voices[0] if engine.info.voices else None}})
-    h = Harness(engine, lambda s: DeepgramProtocol(s, "s1", {"model": "aura-test", **query}, voices))
+def make(tokenizer, **query):
+    voices = VoiceMap({"deepgram": {"aura-test": INFO.voices[0]}})
+    h = Harness(tokenizer, lambda s: DeepgramProtocol(s, "s1", {"model": "aura-test", **query}, voices))
     h.ready()
     return h
 
 
-def test_metadata_speak_flush_flushed(tiny_engine):
-    h = make(tiny_engine, encoding="linear16", sample_rate="16000")
+def test_metadata_speak_flush_flushed(tokenizer):
+    h = make(tokenizer, encoding="linear16", sample_rate="16000")
     (meta,) = h.deliver()
     assert meta["type"] == "Metadata" and meta["model_name"] == "aura-test" and meta["request_id"]
     h.send({"type": "Speak", "text": "Hello "})
     h.send({"type": "Speak", "text": "world."})
     h.send({"type": "Flush"})
-    h.pump(lambda m: isinstance(m, dict) and m["type"] == "Flushed")
+    h.finish()
     out = h.deliver()
     audio = [m for m in out if isinstance(m, bytes)]
     assert audio and out[-1] == {"type": "Flushed", "sequence_id": 0}
     assert sum(map(len, audio)) % (2 * 1280) == 0        # 80 ms frames of s16le at 16 kHz
 
 
-def test_several_flushes_answer_in_order(tiny_engine):
-    h = make(tiny_engine)
+def test_several_flushes_answer_in_order(tokenizer):
+    h = make(tokenizer)
     h.send({"type": "Speak", "text": "One."})
     h.send({"type": "Flush"})
     h.send({"type": "Flush"})                                  # nothing new: answered after the first
     h.send({"type": "Speak", "text": "Two."})
     h.send({"type": "Flush"})
-    h.pump(lambda m: isinstance(m, dict) and m.get("sequence_id") == 2)
+    h.finish()
     out = h.deliver()
     flushed = [(i, m["sequence_id"]) for i, m in enumerate(out) if isinstance(m, dict) and m["type"] == "Flushed"]
     assert [s for _, s in flushed] == [0, 1, 2]
     assert any(isinstance(m, bytes) for m in out[flushed[1][0]:flushed[2][0]])    # "Two." after Flushed 1
 
 
-def test_clear_purges_before_cleared(tiny_engine):
-    h = make(tiny_engine)
+def test_clear_purges_before_cleared(tokenizer):
+    h = make(tokenizer)
     h.deliver()
     h.send({"type": "Speak", "text": "A rather long sentence that will be interrupted by the caller."})
     h.send({"type": "Flush"})
-    h.pump(lambda m: isinstance(m, bytes))
+    (ctx,) = h.opened()
+    h.audio(ctx, 2)
     h.deliver()                                               # some audio reached the client
-    h.pump(lambda m: isinstance(m, bytes))                    # more is queued, not yet written
+    h.audio(ctx, 2)                                           # more is queued, not yet written
     assert h.close is None
     h.send({"type": "Clear"})
+    assert h.commands[-1] == CancelContext(ctx)
     queued = h.queued()         # queued audio of the old turn is dropped (its Flushed may remain)
     assert not any(isinstance(m, bytes) for m in queued) and queued[-1] == {"type": "Cleared", "sequence_id": 0}
-    h.pump_all()
+    h.audio(ctx, 2)
     assert h.queued() == queued                                     # and none follows
     h.deliver()
     h.send({"type": "Speak", "text": "New turn."})            # the socket goes on
     h.send({"type": "Flush"})
-    h.pump(lambda m: isinstance(m, dict) and m["type"] == "Flushed")
+    h.finish()
     out = h.deliver()
     assert isinstance(out[0], bytes) and out[-1] == {"type": "Flushed", "sequence_id": 1}
 
 
-def test_close_finishes_then_closes(tiny_engine):
-    h = make(tiny_engine)
+def test_close_finishes_then_closes(tokenizer):
+    h = make(tokenizer)
     h.send({"type": "Speak", "text": "Bye now."})
     h.send({"type": "Close"})
     assert h.close is None
-    h.pump(lambda m: False)
+    h.finish()
     assert h.close == Close(1000, "closed by client") and any(isinstance(m, bytes) for m in h.deliver())
 
 
-def test_close_with_nothing_pending_closes_now(tiny_engine):
-    h = make(tiny_engine)
+def test_close_with_nothing_pending_closes_now(tokenizer):
+    h = make(tokenizer)
     h.send({"type": "Close"})
     assert h.close == Close(1000, "closed by client")
 
@@ -86,32 +90,35 @@ def test_close_with_nothing_pending_closes_now(tiny_engine):
     ({"encoding": "mulaw", "sample_rate": "16000"}, "UNSUPPORTED_SAMPLE_RATE"),
     ({"sample_rate": "44100"}, "UNSUPPORTED_SAMPLE_RATE"),
     ({"model": "aura-nobody"}, "INVALID_MODEL"),
+    ({"sample_rate": "\u00b2"}, "UNSUPPORTED_SAMPLE_RATE"),
+    ({"sample_rate": "16000.0"}, "UNSUPPORTED_SAMPLE_RATE"),
 ])
-def test_bad_query_is_a_close_frame(tiny_engine, query, reason):
-    h = make(tiny_engine, **query)
+def test_bad_query_is_a_close_frame(tokenizer, query, reason):
+    h = make(tokenizer, **query)
     assert h.queued() == [] and h.close.code == 1008 and h.close.reason.startswith(reason)
 
 
 @pytest.mark.parametrize("msg", ["{nope", "[]", {"type": "Speak"}, {"type": "Speak", "text": 3},
-                                 {"type": "Speak", "text": "x" * 2001}])
-def test_malformed_messages_close_1008(tiny_engine, msg):
-    h = make(tiny_engine)
+                                 {"type": "Speak", "text": "x" * 2001}, '{"type": "Speak", "text": "\\udc00"}',
+                                 "[" * 2000 + "]" * 2000])
+def test_malformed_messages_close_1008(tokenizer, msg):
+    h = make(tokenizer)
     h.send(msg)
-    assert h.close.code == 1008 and h.close.reason.startswith("DATA-0000")
+    assert h.close.code == 1008 and h.close.reason.startswith("DATA-0000") and h.close.error
 
 
-def test_unknown_type_warns(tiny_engine):
-    h = make(tiny_engine)
+def test_unknown_type_warns(tokenizer):
+    h = make(tokenizer)
     h.deliver()
     h.send({"type": "Dance"})
     (warning,) = jsons(h.queued())
     assert warning["type"] == "Warning" and warning["code"] == "UNKNOWN_MESSAGE_TYPE" and h.close is None
 
 
-def test_mulaw_8k(tiny_engine):
-    h = make(tiny_engine, encoding="mulaw", sample_rate="8000")
+def test_mulaw_8k(tokenizer):
+    h = make(tokenizer, encoding="mulaw", sample_rate="8000")
     h.send({"type": "Speak", "text": "Hi."})
     h.send({"type": "Flush"})
-    h.pump(lambda m: isinstance(m, dict) and m["type"] == "Flushed")
+    h.finish()
     audio = b"".join(m for m in h.deliver() if isinstance(m, bytes))
     assert audio and len(audio) % 640 == 0

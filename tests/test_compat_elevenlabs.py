@@ -1,21 +1,23 @@
-"""ElevenLabs stream-input / multi-stream-input translator, Sans-I/O, on the real tiny engine."""
+"""ElevenLabs stream-input / multi-stream-input translator, Sans-I/O: messages in, engine commands and
+wire messages out, engine events built in the test (tests/compat_harness.py)."""
 from __future__ import annotations
 
 import base64
 
 import pytest
 
+from talkgate.sessions.actions import Close, Purge
 from talkgate.sessions.elevenlabs import ElevenLabsProtocol, parse_output_format
-from talkgate.sessions.native import Close, Purge
-from talkgate.sessions.session import SessionError
+from talkgate.sessions.fields import SessionError
 from talkgate.sessions.voices import VoiceMap
-from tests.compat_harness import Harness, jsons
+from talkgate.synth.api import CancelContext
+from tests.compat_harness import INFO, Harness, jsons
 
 
-def make(engine, query=None, voice_id="v1", multi=True, authenticate=None, voices=None):
-    voices = voices or VoiceMap({"elevenlabs": {"v1": engine.info.voices[0] if engine.info.voices else None}})
+def make(tokenizer, query=None, voice_id="v1", multi=True, authenticate=None, voices=None):
+    voices = voices or VoiceMap({"elevenlabs": {"v1": INFO.voices[0]}})
     q = {"output_format": "pcm_16000", **(query or {})}
-    h = Harness(engine, lambda s: ElevenLabsProtocol(s, "s1", voice_id, q, voices, multi, authenticate))
+    h = Harness(tokenizer, lambda s: ElevenLabsProtocol(s, "s1", voice_id, q, voices, multi, authenticate))
     h.ready()
     return h
 
@@ -28,14 +30,15 @@ def alignment_text(items):
     return "".join("".join(m["alignment"]["chars"]) for m in jsons(items) if m.get("alignment"))
 
 
-def test_turn_flush_then_close_context_finishes_with_alignment(tiny_engine):
-    h = make(tiny_engine)
+def test_turn_flush_then_close_context_finishes_with_alignment(tokenizer):
+    h = make(tokenizer)
     assert h.send({"text": " ", "context_id": "c1", "voice_settings": {"stability": 0.5}}) == []
     h.send({"text": "Hi ", "context_id": "c1"})
     h.send({"text": "there. ", "context_id": "c1"})
     h.send({"context_id": "c1", "flush": True})
     h.send({"context_id": "c1", "close_context": True})       # pipecat's end of turn: audio must finish
-    h.pump(lambda m: m.get("isFinal"))
+    assert h.commands[0].params.voice == INFO.voices[0]
+    h.finish(3)
     out = h.deliver()
     msgs = jsons(out)
     assert msgs[-1] == {"isFinal": True, "contextId": "c1"}
@@ -52,13 +55,13 @@ def test_turn_flush_then_close_context_finishes_with_alignment(tiny_engine):
             assert m["normalizedAlignment"] == a
 
 
-def test_alignment_clock_matches_audio_clock(tiny_engine):
+def test_alignment_clock_matches_audio_clock(tokenizer):
     """pipecat advances its word clock by each alignment span: the sum must not run past the audio."""
-    h = make(tiny_engine)
+    h = make(tokenizer)
     h.send({"text": "One two three four five six seven. ", "context_id": "c"})
     h.send({"context_id": "c", "flush": True})
     h.send({"context_id": "c", "close_context": True})
-    h.pump(lambda m: m.get("isFinal"))
+    h.finish(6)
     out = h.deliver()
     audio_ms = sum(len(base64.b64decode(m["audio"])) / 32 for m in audio_messages(out))
     clock = sum(m["alignment"]["charStartTimesMs"][-1] + m["alignment"]["charDurationsMs"][-1]
@@ -66,32 +69,34 @@ def test_alignment_clock_matches_audio_clock(tiny_engine):
     assert clock <= audio_ms + 1
 
 
-def test_close_context_without_flush_cancels(tiny_engine):
-    h = make(tiny_engine)
+def test_close_context_without_flush_cancels(tokenizer):
+    h = make(tokenizer)
     h.send({"text": "A long sentence that would take a while to say. ", "context_id": "c1"})
-    h.pump(lambda m: m.get("audio"))
+    (ctx,) = h.opened()
+    h.audio(ctx, 2)
     actions = h.send({"context_id": "c1", "close_context": True})
-    assert any(isinstance(a, Purge) for a in actions)
-    assert jsons(h.queued())[-1] == {"isFinal": True, "contextId": "c1"}
+    assert any(isinstance(a, Purge) for a in actions) and h.commands[-1] == CancelContext(ctx)
     assert h.queued() == [{"isFinal": True, "contextId": "c1"}]     # queued audio was purged
-    h.pump_all()
+    h.audio(ctx, 2)
     assert h.queued() == [{"isFinal": True, "contextId": "c1"}]     # nothing of it follows
 
 
-def test_text_after_flush_continues_the_context_in_order(tiny_engine):
-    h = make(tiny_engine)
+def test_text_after_flush_continues_the_context_in_order(tokenizer):
+    h = make(tokenizer)
     h.send({"text": "First part. ", "context_id": "c", "flush": True})
     h.send({"text": "Second part. ", "context_id": "c"})
     h.send({"text": "", "context_id": "c", "flush": True})
     h.send({"context_id": "c", "close_context": True})
-    h.pump(lambda m: m.get("isFinal"))
+    assert len(h.opened()) == 1             # the second part waits for the first one's audio
+    h.finish()
+    assert len(h.opened()) == 2
     out = h.deliver()
     assert alignment_text(out) == "First part. Second part. "
     assert jsons(out)[-1] == {"isFinal": True, "contextId": "c"}
 
 
-def test_keepalives_are_harmless(tiny_engine):
-    h = make(tiny_engine)
+def test_keepalives_are_harmless(tokenizer):
+    h = make(tokenizer)
     assert h.send({"text": ""}) == []                               # bare, before any context
     assert h.send({"text": "", "context_id": "nope"}) == []         # keepalive of a context not opened
     h.send({"text": "Hi. ", "context_id": "k"})
@@ -99,8 +104,8 @@ def test_keepalives_are_harmless(tiny_engine):
     assert h.close is None
 
 
-def test_five_context_limit(tiny_engine):
-    h = make(tiny_engine)
+def test_five_context_limit(tokenizer):
+    h = make(tokenizer)
     for i in range(5):
         h.send({"text": " ", "context_id": f"c{i}"})
     actions = h.send({"text": " ", "context_id": "c5"})
@@ -109,8 +114,8 @@ def test_five_context_limit(tiny_engine):
     assert actions[-1] == Close(1008, "max_active_conversations")
 
 
-def test_closed_contexts_do_not_count_toward_the_limit(tiny_engine):
-    h = make(tiny_engine)
+def test_closed_contexts_do_not_count_toward_the_limit(tokenizer):
+    h = make(tokenizer)
     for i in range(7):          # each turn ends the pipecat way while its audio is still being made
         h.send({"text": "Hi. ", "context_id": f"t{i}", "flush": True})
         h.send({"context_id": f"t{i}", "close_context": True})
@@ -126,8 +131,8 @@ def test_closed_contexts_do_not_count_toward_the_limit(tiny_engine):
     ({"context_id": "c", "flush": "yes"}, "invalid_message"),
     ({"context_id": "c", "close_context": True}, None),            # unknown context: just isFinal
 ])
-def test_malformed_messages(tiny_engine, msg, code):
-    h = make(tiny_engine)
+def test_malformed_messages(tokenizer, msg, code):
+    h = make(tokenizer)
     h.send(msg)
     (reply,) = h.queued()
     if code is None:
@@ -139,22 +144,25 @@ def test_malformed_messages(tiny_engine, msg, code):
     assert h.queued()[-1]["error"] == "invalid_message"
 
 
-def test_first_message_auth(tiny_engine):
-    h = make(tiny_engine, authenticate=lambda k: k == "secret")
+def test_first_message_auth(tokenizer):
+    h = make(tokenizer, authenticate=lambda k: k == "secret")
     h.send({"text": " ", "context_id": "c", "xi_api_key": "wrong"})
     assert h.queued()[0]["error"] == "invalid_api_key" and h.close.code == 1008
-    h = make(tiny_engine, authenticate=lambda k: k == "secret")
+    h = make(tokenizer, authenticate=lambda k: k == "secret")
     h.send({"text": "Hi. ", "context_id": "c", "xi_api_key": "secret", "flush": True})
-    h.pump(lambda m: m.get("audio"))
-    assert h.close is None
+    h.finish()
+    assert h.close is None and audio_messages(h.deliver())
+    h = make(tokenizer, authenticate=lambda k: k == "secret")
+    h.send("{junk")                                            # the first message decides
+    assert h.queued()[0]["error"] == "invalid_api_key" and h.close.code == 1008
 
 
 @pytest.mark.parametrize("name, magic", [("mp3_22050_32", None), ("opus_48000_64", b"OggS")])
-def test_compressed_output_formats(tiny_engine, name, magic):
-    h = make(tiny_engine, {"output_format": name})
+def test_compressed_output_formats(tokenizer, name, magic):
+    h = make(tokenizer, {"output_format": name})
     h.send({"text": "Hi. ", "context_id": "c", "flush": True})
     h.send({"context_id": "c", "close_context": True})
-    h.pump(lambda m: m.get("isFinal"))
+    h.finish()
     data = b"".join(base64.b64decode(m["audio"]) for m in audio_messages(h.deliver()))
     if magic:
         assert data.startswith(magic)
@@ -162,11 +170,11 @@ def test_compressed_output_formats(tiny_engine, name, magic):
         assert data[0] == 0xFF and data[1] & 0xE0 == 0xE0
 
 
-def test_ulaw_output(tiny_engine):
-    h = make(tiny_engine, {"output_format": "ulaw_8000"})
+def test_ulaw_output(tokenizer):
+    h = make(tokenizer, {"output_format": "ulaw_8000"})
     h.send({"text": "Hi. ", "context_id": "c", "flush": True})
     h.send({"context_id": "c", "close_context": True})
-    h.pump(lambda m: m.get("isFinal"))
+    h.finish()
     ulaw = b"".join(base64.b64decode(m["audio"]) for m in audio_messages(h.deliver()))
     assert len(ulaw) % 640 == 0      # 80 ms frames of 8 kHz mu-law, one byte per sample
 
@@ -178,8 +186,8 @@ def test_ulaw_output(tiny_engine):
     ({"inactivity_timeout": "abc"}, "v1", "invalid_inactivity_timeout"),
     ({}, "no-such-voice", "voice_not_found"),
 ])
-def test_bad_socket_parameters_close_1008(tiny_engine, query, voice_id, code):
-    h = make(tiny_engine, query, voice_id)
+def test_bad_socket_parameters_close_1008(tokenizer, query, voice_id, code):
+    h = make(tokenizer, query, voice_id)
     assert h.queued()[0]["error"] == code and h.close.code == 1008
 
 
@@ -191,41 +199,41 @@ def test_output_format_table():
         parse_output_format("ulaw_16000")
 
 
-def test_inactivity_timeout(tiny_engine):
-    h = make(tiny_engine, {"inactivity_timeout": "60"})
+def test_inactivity_timeout(tokenizer):
+    """inactivity_timeout sets the connection's idle time (no message, no audio taken: gateway/connection.py)."""
+    h = make(tokenizer, {"inactivity_timeout": "60"})
     assert h.proto.idle_timeout_s == 60
-    h.send({"text": "Hi. ", "context_id": "c", "flush": True})
-    assert h.proto.idle_timeout() == []          # audio still in flight: stay
-    h.pump(lambda m: m.get("audio"))
-    h.send({"context_id": "c", "close_context": True})
-    h.pump(lambda m: m.get("isFinal"))
-    actions = h.proto.idle_timeout()
-    assert actions[-1].code == 1008
+    h.apply(h.proto.idle_timeout())
+    assert h.queued()[0]["error"] == "input_timeout_exceeded" and h.close.code == 1008
+    for bad in ("0", "181", "²", "1e3", " 60"):
+        h = make(tokenizer, {"inactivity_timeout": bad})
+        assert h.close.code == 1008 and h.queued()[0]["error"] == "invalid_inactivity_timeout"
 
 
-def test_close_socket_cancels_and_closes(tiny_engine):
-    h = make(tiny_engine)
+def test_close_socket_cancels_and_closes(tokenizer):
+    h = make(tokenizer)
     h.send({"text": "Some words to say. ", "context_id": "c", "flush": True})
-    h.pump(lambda m: m.get("audio"))
+    (ctx,) = h.opened()
+    h.audio(ctx, 1)
     actions = h.send({"close_socket": True})
     assert any(isinstance(a, Purge) for a in actions) and h.close == Close(1000, "close_socket")
+    assert h.commands[-1] == CancelContext(ctx)
 
 
-def test_stream_input_single_utterance(tiny_engine):
-    h = make(tiny_engine, multi=False)
+def test_stream_input_single_utterance(tokenizer):
+    h = make(tokenizer, multi=False)
     h.send({"text": " ", "voice_settings": {}, "generation_config": {"chunk_length_schedule": [50]}})
     h.send({"text": "Hi there. ", "flush": True})
     h.send({"text": ""})
-    h.pump(lambda m: m.get("isFinal"))
-    h.pump_all(0.1)
+    h.finish()
     out = h.deliver()
     assert audio_messages(out) and all("contextId" not in m for m in jsons(out))
     assert jsons(out)[-1] == {"isFinal": True} and h.close == Close(1000, "done")
     assert alignment_text(out) == "Hi there. "
 
 
-def test_stream_input_text_after_end_is_an_error(tiny_engine):
-    h = make(tiny_engine, multi=False)
+def test_stream_input_text_after_end_is_an_error(tokenizer):
+    h = make(tokenizer, multi=False)
     h.send({"text": "Hi. "})
     h.send({"text": ""})
     h.send({"text": "more"})

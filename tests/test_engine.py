@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import collections
+import itertools
 import threading
 import time
 
@@ -9,11 +10,12 @@ import numpy as np
 import pytest
 
 from talkgate.synth.api import (
-    AppendText, AudioChunk, CancelContext, ContextDone, ContextFailed, ContextParams, EndText, EngineFull,
-    InvalidParams, OpenContext, SamplingParams, UnknownLanguage, UnknownVoice,
+    AppendText, AudioChunk, CancelContext, ContextDone, ContextFailed, ContextParams, EndText, OpenContext,
+    SamplingParams,
 )
 from talkgate.synth.engine import Engine
 from talkgate.synth.request import text_seconds
+from tests.speaker import Collector, Speaker
 
 GREEDY = SamplingParams(greedy=True)
 TEXT = "Hello there, this is a streaming test. It has two sentences!"
@@ -32,64 +34,41 @@ def engine(checkpoint):
     eng.stop()
 
 
-class Collector:
-    """A sink: records events; `done` is set by the last event of the context."""
-
-    def __init__(self):
-        self.events, self.done = [], threading.Event()
-        self.lock = threading.Lock()
-
-    def __call__(self, ev):
-        with self.lock:
-            self.events.append(ev)
-        if not isinstance(ev, AudioChunk):
-            self.done.set()
-
-    def wait(self, timeout=60.0):
-        assert self.done.wait(timeout), "context did not finish"
-        return self
-
-    @property
-    def chunks(self):
-        return [e for e in self.events if isinstance(e, AudioChunk)]
-
-    @property
-    def pcm(self):
-        return np.concatenate([c.pcm for c in self.chunks])
-
-    @property
-    def last(self):
-        return self.events[-1]
+@pytest.fixture(scope="module")
+def speaker(engine):
+    s = Speaker(engine)
+    yield s
+    engine.disconnect(s.id)
 
 
-def speak(engine, deltas, params=None, end=True):
+def speak(speaker, deltas, params=None, end=True):
     sink = Collector()
-    ctx = engine.open(params or ContextParams(sampling=GREEDY, fixed_frames=12), sink)
+    ctx = speaker.open(params or ContextParams(sampling=GREEDY, fixed_frames=12), sink)
     for d in deltas:
-        engine.append_text(ctx, d)
+        speaker.append(ctx, d)
     if end:
-        engine.end_text(ctx)
+        speaker.end(ctx)
     return ctx, sink
 
 
-def test_fixed_frames_honoured(engine):
-    _, sink = speak(engine, [TEXT], ContextParams(sampling=SamplingParams(seed=1), fixed_frames=9))
+def test_fixed_frames_honoured(speaker):
+    _, sink = speak(speaker, [TEXT], ContextParams(sampling=SamplingParams(seed=1), fixed_frames=9))
     sink.wait()
     assert [c.first_frame for c in sink.chunks] == list(range(9))
     assert all(c.pcm.shape == (1920,) and c.pcm.dtype == np.float32 for c in sink.chunks)
     assert sink.last == ContextDone(sink.last.context, "length", 9)
 
 
-def test_streamed_deltas_equal_whole_text(engine):
-    _, whole = speak(engine, [TEXT])
+def test_streamed_deltas_equal_whole_text(speaker):
+    _, whole = speak(speaker, [TEXT])
     pieces = [TEXT[i:i + 3] for i in range(0, len(TEXT), 3)]
-    _, streamed = speak(engine, pieces)
+    _, streamed = speak(speaker, pieces)
     whole.wait(), streamed.wait()
     assert len(whole.chunks) == 12
     np.testing.assert_allclose(whole.pcm, streamed.pcm, atol=1e-5)   # run side by side: batch 2 vs 1
 
 
-def test_batching_invariance(engine):
+def test_batching_invariance(speaker):
     """Contexts side by side give what each gives alone (greedy, and seeded sampling: the noise is a
     function of seed and frame, never of the batch). The tiny random model hardly hears its text, so
     the seeds are what tells these contexts apart."""
@@ -97,80 +76,81 @@ def test_batching_invariance(engine):
             (TEXT, SamplingParams(seed=2))]
     alone = []
     for text, sampling in runs:
-        _, s = speak(engine, [text], ContextParams(sampling=sampling, fixed_frames=12))
+        _, s = speak(speaker, [text], ContextParams(sampling=sampling, fixed_frames=12))
         alone.append(s.wait().pcm)
-    together = [speak(engine, [text], ContextParams(sampling=sampling, fixed_frames=12), end=False)
+    together = [speak(speaker, [text], ContextParams(sampling=sampling, fixed_frames=12), end=False)
                 for text, sampling in runs]
     for ctx, _ in together:
-        engine.end_text(ctx)
+        speaker.end(ctx)
     for (_, s), ref in zip(together, alone):
         np.testing.assert_allclose(s.wait().pcm, ref, atol=1e-5)
     assert not np.allclose(alone[1], alone[2], atol=1e-3)
 
 
-def test_seeded_sampling_is_reproducible_and_batch_independent(engine):
+def test_seeded_sampling_is_reproducible_and_batch_independent(speaker):
     p = ContextParams(sampling=SamplingParams(seed=7), fixed_frames=10)
-    _, a = speak(engine, [TEXT], p)
+    _, a = speak(speaker, [TEXT], p)
     a.wait()
-    _, b = speak(engine, [TEXT], p)
-    _, other = speak(engine, ["Something else entirely."], ContextParams(sampling=SamplingParams(seed=8), fixed_frames=10))
+    _, b = speak(speaker, [TEXT], p)
+    _, other = speak(speaker, ["Something else entirely."], ContextParams(sampling=SamplingParams(seed=8), fixed_frames=10))
     np.testing.assert_allclose(b.wait().pcm, a.pcm, atol=1e-5)
     other.wait()
 
 
-def test_default_seed_makes_unseeded_contexts_reproducible(checkpoint, engine):
+def test_default_seed_makes_unseeded_contexts_reproducible(checkpoint, speaker):
     unseeded = ContextParams(fixed_frames=8)
     seeded = Engine.from_pretrained(str(checkpoint), device="cpu", max_contexts=2, max_frames_per_context=120,
                                     default_seed=11)
     seeded.start()
     try:
-        _, a = speak(seeded, [TEXT], unseeded)
-        _, b = speak(seeded, [TEXT], unseeded)
+        other = Speaker(seeded)
+        _, a = speak(other, [TEXT], unseeded)
+        _, b = speak(other, [TEXT], unseeded)
         np.testing.assert_allclose(b.wait().pcm, a.wait().pcm, atol=1e-5)
-        _, own = speak(seeded, [TEXT], ContextParams(sampling=SamplingParams(seed=12), fixed_frames=8))
+        _, own = speak(other, [TEXT], ContextParams(sampling=SamplingParams(seed=12), fixed_frames=8))
         assert not np.allclose(own.wait().pcm, a.pcm, atol=1e-3)        # a context's own seed wins
     finally:
         seeded.stop()
-    _, fresh = speak(engine, [TEXT], unseeded)                            # no default: a fresh seed each
-    _, fresh2 = speak(engine, [TEXT], unseeded)
+    _, fresh = speak(speaker, [TEXT], unseeded)                           # no default: a fresh seed each
+    _, fresh2 = speak(speaker, [TEXT], unseeded)
     assert not np.allclose(fresh.wait().pcm, fresh2.wait().pcm, atol=1e-3)
 
 
-def test_seed_range_and_a_failed_slot_fails_only_its_context(engine):
-    with pytest.raises(InvalidParams, match="64 bits"):
-        engine.open(ContextParams(sampling=SamplingParams(seed=1 << 64)), Collector())
-    with pytest.raises(InvalidParams, match="64 bits"):
-        engine.open(ContextParams(sampling=SamplingParams(seed=-(1 << 63) - 1)), Collector())
+def test_seed_range_and_a_failed_slot_fails_only_its_context(speaker):
+    for seed in (1 << 64, -(1 << 63) - 1):
+        _, refused = speak(speaker, [], ContextParams(sampling=SamplingParams(seed=seed)), end=False)
+        last = refused.wait().last
+        assert isinstance(last, ContextFailed) and last.code == "invalid_params" and "64 bits" in last.message
     # an unsigned 64-bit seed is the signed one of the same bits
     p = [ContextParams(sampling=SamplingParams(seed=s), fixed_frames=4) for s in ((1 << 64) - 1, -1)]
-    _, big = speak(engine, [TEXT], p[0])
-    _, minus_one = speak(engine, [TEXT], p[1])
+    _, big = speak(speaker, [TEXT], p[0])
+    _, minus_one = speak(speaker, [TEXT], p[1])
     np.testing.assert_allclose(big.wait().pcm, minus_one.wait().pcm, atol=1e-5)
     # a value the slot's tensors cannot hold (the Python API checks no ranges): that context fails, the
     # engine thread goes on
-    _, bad = speak(engine, [TEXT], ContextParams(sampling=SamplingParams(top_k=1 << 70), fixed_frames=4))
+    _, bad = speak(speaker, [TEXT], ContextParams(sampling=SamplingParams(top_k=1 << 70), fixed_frames=4))
     assert isinstance(bad.wait().last, ContextFailed)
-    _, after = speak(engine, [TEXT])
+    _, after = speak(speaker, [TEXT])
     assert len(after.wait().chunks) == 12
 
 
-def test_waiting_context_does_not_block_others(engine):
-    ctx_wait, waiting = speak(engine, [], end=False)      # no text yet: nothing to compute
-    _, other = speak(engine, [TEXT])
+def test_waiting_context_does_not_block_others(speaker):
+    ctx_wait, waiting = speak(speaker, [], end=False)     # no text yet: nothing to compute
+    _, other = speak(speaker, [TEXT])
     other.wait()
     assert len(other.chunks) == 12 and waiting.events == []
-    engine.append_text(ctx_wait, "Now it comes.")
-    engine.end_text(ctx_wait)
+    speaker.append(ctx_wait, "Now it comes.")
+    speaker.end(ctx_wait)
     assert len(waiting.wait().chunks) == 12
 
 
-def test_held_engine_steps_nothing_until_released(engine):
-    """Engine.hold (the gateway's event pump is behind) stops steps, not contexts: nothing is lost."""
+def test_held_engine_steps_nothing_until_released(engine, speaker):
+    """Engine.hold (the gateway's event loop is behind) stops steps, not contexts: nothing is lost."""
     held = threading.Event()
     held.set()
     engine.hold = held.is_set
     try:
-        _, sink = speak(engine, [TEXT])
+        _, sink = speak(speaker, [TEXT])
         time.sleep(0.3)
         assert sink.events == []
         held.clear()
@@ -179,17 +159,17 @@ def test_held_engine_steps_nothing_until_released(engine):
         engine.hold = None
 
 
-def test_context_waits_for_its_next_token(engine):
+def test_context_waits_for_its_next_token(speaker):
     """With text still open, a context cannot run ahead of its committed tokens (one token a frame)."""
-    ctx, sink = speak(engine, ["Hello there "], ContextParams(sampling=GREEDY, fixed_frames=40), end=False)
+    ctx, sink = speak(speaker, ["Hello there "], ContextParams(sampling=GREEDY, fixed_frames=40), end=False)
     time.sleep(0.5)
     n = len(sink.chunks)
     assert 1 <= n <= 3                                      # "Hello", " there": at most a token per frame
-    engine.end_text(ctx)
+    speaker.end(ctx)
     assert sink.wait().last.reason == "length" and len(sink.chunks) == 40
 
 
-def test_cancel_mid_utterance_then_slot_reused(engine):
+def test_cancel_mid_utterance_then_slot_reused(speaker):
     params = ContextParams(sampling=GREEDY, fixed_frames=120)
     late = []
     cancelled = threading.Event()
@@ -201,67 +181,124 @@ def test_cancel_mid_utterance_then_slot_reused(engine):
             super().__call__(ev)
 
     sink = Sink()
-    ctx = engine.open(params, sink)
-    engine.append_text(ctx, TEXT * 3)
-    engine.end_text(ctx)
+    ctx = speaker.open(params, sink)
+    speaker.append(ctx, TEXT * 3)
+    speaker.end(ctx)
     deadline = time.time() + 30
     while len(sink.chunks) < 3 and time.time() < deadline:
         time.sleep(0.005)
-    engine.cancel(ctx)
+    speaker.cancel(ctx)
     cancelled.set()
-    engine.cancel(ctx)                                      # idempotent
+    speaker.cancel(ctx)                                     # idempotent
     time.sleep(0.3)
     assert late == [] and 3 <= len(sink.chunks) < 120
     assert not any(isinstance(e, ContextDone) for e in sink.events)
     # all slots usable again
-    runs = [speak(engine, [TEXT]) for _ in range(4)]
+    runs = [speak(speaker, [TEXT]) for _ in range(4)]
     for _, s in runs:
         assert s.wait().last.reason == "length"
 
 
-def test_engine_full_when_out_of_slots(engine):
-    opened = [speak(engine, [], end=False) for _ in range(4)]
-    with pytest.raises(EngineFull):
-        engine.open(ContextParams(), Collector())
+def test_engine_full_when_out_of_slots(speaker):
+    opened = [speak(speaker, [], end=False) for _ in range(4)]
+    _, refused = speak(speaker, [], ContextParams(), end=False)
+    assert refused.wait().last.code == "engine_full"
     for ctx, _ in opened:
-        engine.cancel(ctx)
-    ctx, sink = speak(engine, [TEXT])
+        speaker.cancel(ctx)
+    ctx, sink = speak(speaker, [TEXT])
     assert sink.wait().last.reason == "length"
 
 
-def test_invalid_params_raised_by_open(engine):
-    with pytest.raises(UnknownVoice):
-        engine.open(ContextParams(voice="nobody"), Collector())
-    with pytest.raises(UnknownLanguage):
-        engine.open(ContextParams(language="klingon"), Collector())
-    assert engine.stats()["free_slots"] == 4
-
-
-def test_empty_text_ends_at_once(engine):
-    _, sink = speak(engine, [])
+def test_empty_text_ends_at_once(speaker):
+    _, sink = speak(speaker, [])
     assert sink.wait().last == ContextDone(sink.last.context, "eos", 0)
 
 
-def test_budget_guard_and_stats(engine):
-    # no fixed length: random weights rarely sample eos, so the runaway guard ends it
-    _, sink = speak(engine, ["Hi."], ContextParams(sampling=GREEDY))
-    last = sink.wait().last
-    assert last.reason in ("budget", "eos")
-    if last.reason == "budget":
-        assert last.frames == 50                           # max(4 * frames_for_text("Hi."), 50)
+def test_untrained_ends_by_the_text_rule_and_stats(engine, speaker):
+    """An untrained checkpoint (random weights never sample eos usefully): a context without fixed_frames
+    ends where the text-length rule puts it for the text it received, streamed deltas included."""
+    from talkgate.synth.engine import frames_for_text
+    assert engine.info.untrained and engine.info.end_of_speech == "text_length_rule"
+    deltas = ["Hello there, ", "this is streamed ", "in three parts."]
+    _, sink = speak(speaker, deltas, ContextParams(sampling=SamplingParams(seed=3)))
+    want = frames_for_text("".join(deltas))
+    assert want == 34 and sink.wait().last == ContextDone(sink.last.context, "length_rule", want)
+    assert [c.first_frame for c in sink.chunks] == list(range(want))
+    _, sink = speak(speaker, ["Hi."], ContextParams(sampling=GREEDY))
+    assert sink.wait().last == ContextDone(sink.last.context, "length_rule", 4)      # at least 4 frames
     st = engine.stats()
     assert st["steps"] > 0 and st["frames"] > 0 and st["running"] == 0 and st["free_slots"] == 4
 
 
-def test_engine_equals_offline_synthesis(engine, checkpoint):
+def test_text_rule_end_after_the_frames_ran_ahead(speaker):
+    """Digits are a token each: while the text is open, frames follow the tokens past the length the text
+    rule gives the text so far; when the text ends the context ends with the audio it has."""
+    from talkgate.synth.engine import frames_for_text
+    text = "1234567890" * 4
+    ctx, sink = speak(speaker, [text], ContextParams(sampling=GREEDY), end=False)
+    deadline = time.time() + 30
+    while len(sink.chunks) <= frames_for_text(text) and time.time() < deadline:
+        time.sleep(0.01)
+    assert len(sink.chunks) > frames_for_text(text) == 30
+    speaker.end(ctx)
+    last = sink.wait().last
+    assert last.reason == "length_rule" and last.frames == len(sink.chunks) <= len(text) + 2
+
+
+@pytest.fixture(scope="module")
+def runaway(checkpoint):
+    eng = Engine.from_pretrained(str(checkpoint), device="cpu", max_contexts=2, max_frames_per_context=120,
+                                 untrained_length="runaway")
+    eng.start()
+    yield Speaker(eng)
+    eng.stop()
+
+
+def test_runaway_choice_runs_to_the_guard(runaway):
+    info = runaway.engine.info
+    assert info.end_of_speech == "runaway_guard" and info.as_dict()["end_of_speech"] == "runaway_guard"
+    # random weights rarely sample eos, so the runaway guard ends it
+    _, sink = speak(runaway, ["Hi."], ContextParams(sampling=GREEDY))
+    last = sink.wait().last
+    assert last.reason in ("budget", "eos")
+    if last.reason == "budget":
+        assert last.frames == 50                           # max(4 * frames_for_text("Hi."), 50)
+
+
+def test_trained_checkpoint_ends_by_the_model(checkpoint, tmp_path):
+    """A checkpoint not marked untrained is unaffected: eos or the runaway guard, as the model goes."""
+    import json
+    import shutil
+    d = shutil.copytree(checkpoint, tmp_path / "trained")
+    config = json.loads((d / "config.json").read_text())
+    del config["talkgate"]
+    (d / "config.json").write_text(json.dumps(config))
+    eng = Engine.from_pretrained(str(d), device="cpu", max_contexts=1, max_frames_per_context=120)
+    assert not eng.info.untrained and eng.info.end_of_speech == "model"
+    eng.start()
+    try:
+        trained = Speaker(eng)
+        _, sink = speak(trained, ["Hi."], ContextParams(sampling=GREEDY))
+        last = sink.wait().last
+        assert last.reason == ("budget" if last.frames == 50 else "eos") and last.frames <= 50
+        _, sink = speak(trained, ["Hi."], ContextParams(sampling=GREEDY, fixed_frames=6))
+        assert sink.wait().last == ContextDone(sink.last.context, "length", 6)
+    finally:
+        eng.stop()
+
+
+def test_engine_equals_offline_synthesis(speaker, checkpoint):
     from talkgate.synth.loader import load_tts
     from talkgate.synth.offline import synthesize
-    text = "Hi there."
-    wav, _ = synthesize(load_tts(checkpoint), text, voice="ryan", sampling=GREEDY, max_frames=50)
-    _, sink = speak(engine, [text], ContextParams(voice="ryan", sampling=GREEDY))
+    text = "Hi there, this is offline."
+    tts = load_tts(checkpoint)
+    wav, _ = synthesize(tts, text, voice="ryan", sampling=GREEDY)
+    _, sink = speak(speaker, [text], ContextParams(voice="ryan", sampling=GREEDY))
     last = sink.wait().last
-    assert last.frames * 1920 == len(wav) and last.reason == ("budget" if last.frames == 50 else "eos")
+    assert last == ContextDone(last.context, "length_rule", 20) and last.frames * 1920 == len(wav)
     np.testing.assert_allclose(sink.pcm, wav, atol=1e-5)
+    wav, _ = synthesize(tts, text, voice="ryan", sampling=GREEDY, max_frames=7)
+    assert len(wav) == 7 * 1920
 
 
 # ----- the command boundary: connect / submit / disconnect -----
@@ -301,9 +338,9 @@ class Client:
         self.engine.submit(self.id, cmds)
 
 
-def test_submit_speaks_as_the_per_context_calls_do(engine):
-    """Token ids from a client-side tokenizer give the audio the wrapper's own tokenizing gives."""
-    _, ref = speak(engine, [TEXT])
+def test_deltas_in_any_pieces_speak_alike(engine, speaker):
+    """Token ids from deltas cut anywhere, sent in several submits, give the audio of the whole text."""
+    _, ref = speak(speaker, [TEXT])
     c = Client(engine)
     try:
         tok = engine.new_tokenizer()
@@ -387,7 +424,7 @@ def test_cancel_stops_delivery_at_once_and_the_id_is_reusable(engine):
         engine.disconnect(c.id)
 
 
-def test_disconnect_frees_every_slot_and_delivers_nothing_more(engine):
+def test_disconnect_frees_every_slot_and_delivers_nothing_more(engine, speaker):
     c = Client(engine)
     for ctx in (1, 2, 3):
         c.say(ctx, TEXT, ContextParams(sampling=GREEDY, fixed_frames=120))
@@ -400,7 +437,7 @@ def test_disconnect_frees_every_slot_and_delivers_nothing_more(engine):
     time.sleep(0.3)
     assert len(c.batches) == n
     engine.submit(c.id, [OpenContext(1, ContextParams())])     # a gone client: ignored
-    _, sink = speak(engine, [TEXT])
+    _, sink = speak(speaker, [TEXT])
     assert sink.wait().last.reason == "length"
 
 

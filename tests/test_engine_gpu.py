@@ -8,8 +8,10 @@ import numpy as np
 import pytest
 import torch
 
-from talkgate.synth.api import AudioChunk, ContextDone, ContextParams, SamplingParams
+from talkgate.synth.api import AudioChunk, ContextDone, ContextParams, EndText, OpenContext, SamplingParams
 from talkgate.synth.engine import Engine
+from talkgate.synth.request import text_seconds
+from tests.speaker import Collector, Speaker
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (not on this machine)")
 
@@ -19,10 +21,10 @@ TEXTS = ["Hello there, this is the first context.", "A second one, a bit differe
 def run_contexts(engine: Engine, params: list[ContextParams], texts: list[str]) -> list[list]:
     """Drive the engine's loop body in this thread (same batches every run): events per context."""
     events = [[] for _ in params]
-    ctxs = [engine.open(p, events[i].append) for i, p in enumerate(params)]
-    for c, t in zip(ctxs, texts):
-        engine.append_text(c, t)
-        engine.end_text(c)
+    client = engine.connect(lambda batch: [events[ev.context].append(ev) for ev in batch])
+    tokenizer = engine.new_tokenizer().tokenizer
+    engine.submit(client, [cmd for i, (p, t) in enumerate(zip(params, texts))
+                           for cmd in (OpenContext(i, p), EndText(i, tuple(tokenizer.encode(t)), text_seconds(t)))])
     for _ in range(10_000):
         if all(ev and isinstance(ev[-1], ContextDone) for ev in events):
             break
@@ -128,3 +130,38 @@ def test_cuda_kernels_follow_the_cpu_path(checkpoint, eager):
         same = matching_frames(pcm(ev_cuda), pcm(ev_cpu), p.fixed_frames, atol=3e-3)
         print(f"context {p.sampling}: {same}/{p.fixed_frames} frames match the CPU")
         assert same >= 5
+
+
+def test_staged_capture_pads_then_captures_the_rest_between_steps(checkpoint):
+    """Ready with the first-audio graphs (buckets up to 16 and the largest, every prefill graph): a batch of
+    20 pads up to the largest bucket; the engine thread then captures bucket 32 while idle, and the same
+    contexts run in it give the same audio (TF32 convolutions, algorithms per batch size: 3e-3)."""
+    import time
+    engine = Engine.from_pretrained(str(checkpoint), device="cuda", dtype="float32", max_contexts=40,
+                                    max_frames_per_context=64, torch_compile=False)
+    r = engine.runner
+    r.warmup(first_audio_only=True)
+    assert r.captured == [1, 2, 4, 8, 16, 40] and list(r.pending) == [("talker", 32), ("codes", 32), ("decode", 32)]
+    params = [ContextParams(sampling=SamplingParams(seed=i), fixed_frames=10) for i in range(20)]
+    texts = [TEXTS[i % 3] for i in range(20)]
+    padded = run_contexts(engine, params, texts)
+    assert r._bucket(20) == 40
+    engine.start()                                      # warm already: the thread captures what is pending
+    try:
+        deadline = time.time() + 60
+        while engine.stats()["graphs_pending"] and time.time() < deadline:
+            time.sleep(0.05)
+        assert engine.stats()["graphs_pending"] == 0 and r.captured == [1, 2, 4, 8, 16, 32, 40]
+        assert r._bucket(20) == 32
+        speaker = Speaker(engine)
+        sinks = [Collector() for _ in params]
+        ctxs = [speaker.open(p, sink) for p, sink in zip(params, sinks)]
+        for c, t in zip(ctxs, texts):
+            speaker.append(c, t)
+            speaker.end(c)
+        events = [sink.wait().events for sink in sinks]
+    finally:
+        engine.stop()
+    for a, b in zip(padded, events):
+        assert a[-1].reason == b[-1].reason == "length"
+        np.testing.assert_allclose(pcm(b), pcm(a), atol=3e-3)

@@ -125,15 +125,17 @@ def run(coro):
 
 def test_remote_audio_equals_the_in_process_engine(engines, tiny_checkpoint):
     from talkgate.synth.engine import Engine
+    from tests.speaker import Speaker
     local = Engine.from_pretrained(str(tiny_checkpoint), device="cpu", max_contexts=1)
-    local.runner.warmup()
-    got = []
-    ctx = local.open(ContextParams(sampling=GREEDY, fixed_frames=12), got.append)
-    local.append_text(ctx, TEXT)
-    local.end_text(ctx)
-    while not got or isinstance(got[-1], AudioChunk):
-        local.run_once()
-    ref = np.concatenate([e.pcm for e in got if isinstance(e, AudioChunk)])
+    local.warm_up()
+    speaker = Speaker(local)
+    ctx = speaker.open(ContextParams(sampling=GREEDY, fixed_frames=12))
+    speaker.append(ctx, TEXT)
+    speaker.end(ctx)
+    sink = speaker.sinks[ctx]
+    while not sink.done.is_set():
+        local.turn()
+    ref = sink.pcm
 
     async def go():
         remote = await ready(RemoteEngines(endpoints(engines), worker=0), 2)
@@ -181,25 +183,40 @@ def test_placement_by_free_slots_and_a_full_engine_is_retried(engines):
 
 
 def test_a_worker_that_falls_behind_loses_only_its_own_contexts(engines):
-    async def go():
+    """The slow worker's event loop (a thread of its own here) stops for 2.5 s: the engine, which never
+    waits, fails that worker's context (worker_behind) while the other worker is served meanwhile."""
+    import threading
+    started, outcome = threading.Event(), {}
+
+    async def slow_worker():
         slow = await ready(RemoteEngines(endpoints(engines), worker=3), 2)
-        fast = await ready(RemoteEngines(endpoints(engines), worker=4), 2)
-        cs, cf = Client(slow), Client(fast)
+        cs = Client(slow)
         cs.say(1, params=ContextParams(sampling=GREEDY, fixed_frames=100_000))
         while cs.frames(1) < 2:
             await asyncio.sleep(0.01)
-        slow.hold = lambda: True                                    # its loop stops reading
-        cf.say(1, params=ContextParams(sampling=GREEDY, fixed_frames=60))
-        assert await cf.wait(1) == ContextDone(1, "length", 60)    # served meanwhile
-        await asyncio.sleep(2.5)                                    # past the engine's 2-s lag limit
-        slow.hold = None                                            # it reads its backlog, then the failure
-        last = await cs.wait(1)
-        assert isinstance(last, ContextFailed) and last.code == "worker_behind"
+        started.set()
+        time.sleep(2.5)                                             # the loop is stuck: nothing read or acked
+        outcome["last"] = await cs.wait(1)                          # its backlog, then the failure
         cs.say(2)                                                   # caught up: served again
-        assert await cs.wait(2) == ContextDone(2, "length", 12)
-        slow.close(), fast.close()
+        outcome["again"] = await cs.wait(2)
+        slow.close()
 
-    run(go())
+    thread = threading.Thread(target=lambda: run(slow_worker()))
+    thread.start()
+
+    async def fast_worker():
+        fast = await ready(RemoteEngines(endpoints(engines), worker=4), 2)
+        cf = Client(fast)
+        await asyncio.to_thread(started.wait, 120)
+        cf.say(1, params=ContextParams(sampling=GREEDY, fixed_frames=60))
+        assert await cf.wait(1) == ContextDone(1, "length", 60)    # served while the other is stuck
+        fast.close()
+
+    run(fast_worker())
+    thread.join(180)
+    last = outcome["last"]
+    assert isinstance(last, ContextFailed) and last.code == "worker_behind", last
+    assert outcome["again"] == ContextDone(2, "length", 12)
 
 
 def test_a_killed_engine_fails_only_its_contexts_and_is_greeted_again(engines):

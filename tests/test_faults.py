@@ -85,7 +85,8 @@ def test_killed_engine_fails_only_its_contexts_and_is_restarted(tiny_checkpoint)
                 for c in clients:
                     await c.until(lambda e: e["type"] == "timing")          # audio is flowing
                 before = await metrics(s, srv)
-                used = series(before, "talkgate_engine_slots", engine="0", state="used")
+                used = (series(before, "talkgate_engine_slots", engine="0")
+                        - series(before, "talkgate_engine_slots_free", engine="0"))
                 os.kill(pids(srv, "engine")[0], signal.SIGKILL)
                 ends = [await finish(c, f"c{i}") for i, c in enumerate(clients)]
                 failed = [e for e in ends if e["type"] == "error"]

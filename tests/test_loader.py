@@ -147,3 +147,65 @@ def test_hugging_face_id_fails_fast_offline(tmp_path, monkeypatch):
     with pytest.raises(CheckpointError, match="Qwen/Qwen3-TTS-12Hz-0.6B-CustomVoice: .*unreachable"):
         load_tts("Qwen/Qwen3-TTS-12Hz-0.6B-CustomVoice")
     assert time.perf_counter() - t < 10
+
+
+@pytest.fixture(scope="module")
+def tiny_base(tmp_path_factory):
+    return create_checkpoint(tmp_path_factory.mktemp("ckpt") / "tiny-base", preset="tiny", variant="base")
+
+
+def test_base_checkpoint_loads_its_encoders(tiny_base, tiny_checkpoint):
+    base = load_tts(tiny_base, with_decoder=False)
+    assert base.speaker_encoder is not None and base.codec_encoder is not None
+    assert base.speaker_encoder.fc.weight.shape == (64, 192, 1)
+    assert base.codec_encoder.config.valid_quantizers == 16 and base.codec_encoder.config.num_quantizers == 32
+    custom = load_tts(tiny_checkpoint, with_decoder=False)
+    assert custom.speaker_encoder is None and custom.codec_encoder is None
+    assert (tiny_checkpoint / "speech_tokenizer" / "preprocessor_config.json").is_file()   # every variant: encoder too
+    assert "encoder.downsample.conv.weight" in load_file(str(tiny_checkpoint / "speech_tokenizer" / "model.safetensors"))
+
+
+def rewrite_speech_tokenizer(d, change):
+    path = d / "speech_tokenizer" / "model.safetensors"
+    tensors = load_file(str(path))
+    change(tensors)
+    save_file(tensors, str(path))
+
+
+@pytest.mark.parametrize("where,change,message", [
+    ("model", lambda t: t.pop("speaker_encoder.blocks.2.se_block.conv2.weight"),
+     "model.safetensors: missing tensor 'speaker_encoder.blocks.2.se_block.conv2.weight' "
+     r"\(1 missing; a Base checkpoint's speaker encoder\)"),
+    ("model", lambda t: t.__setitem__("speaker_encoder.fc.weight", torch.zeros(64, 191, 1)),
+     r"'speaker_encoder.fc.weight' has shape \[64, 191, 1\], expected \[64, 192, 1\]"),
+    ("model", lambda t: t.__setitem__("speaker_encoder.extra.weight", torch.zeros(2)),
+     "unexpected tensor 'speaker_encoder.extra.weight'"),
+    ("speech", lambda t: t.pop("encoder.quantizer.acoustic_residual_vector_quantizer.layers.3.codebook.embed_sum"),
+     r"speech_tokenizer/model.safetensors: missing tensor "
+     r"'encoder.quantizer.acoustic_residual_vector_quantizer.layers.3.codebook.embed_sum' \(the voice-cloning"),
+    ("speech", lambda t: t.__setitem__("encoder.encoder_transformer.layers.1.mlp.fc1.weight", torch.zeros(64, 31)),
+     r"'encoder.encoder_transformer.layers.1.mlp.fc1.weight' has shape \[64, 31\], expected \[64, 32\]"),
+    ("speech", lambda t: t.__setitem__("encoder.quantizer.semantic_residual_vector_quantizer.layers.1.codebook.embed_sum",
+                                       torch.zeros(2048, 8)),
+     r"unexpected encoder tensors \['encoder.quantizer.semantic_residual_vector_quantizer.layers.1.codebook"),
+])
+def test_base_encoder_tensors_are_named(tiny_base, tmp_path, where, change, message):
+    d = copy(tiny_base, tmp_path / "ck")
+    (rewrite_weights if where == "model" else rewrite_speech_tokenizer)(d, change)
+    with pytest.raises(CheckpointError, match=message):
+        load_tts(d, with_decoder=False)
+
+
+def test_base_config_errors_are_named(tiny_base, tmp_path):
+    d = copy(tiny_base, tmp_path / "ck")
+    config = json.loads((d / "config.json").read_text())
+    config["speaker_encoder_config"]["enc_dim"] = 32
+    (d / "config.json").write_text(json.dumps(config))
+    with pytest.raises(CheckpointError, match="enc_dim 32 != talker hidden_size 64"):
+        load_tts(d)
+    d = copy(tiny_base, tmp_path / "ck2")
+    st = json.loads((d / "speech_tokenizer" / "config.json").read_text())
+    del st["encoder_config"]
+    (d / "speech_tokenizer" / "config.json").write_text(json.dumps(st))
+    with pytest.raises(CheckpointError, match="encoder_config is required"):
+        load_tts(d)

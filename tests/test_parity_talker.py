@@ -53,13 +53,16 @@ def build(tmp_path, tiny_checkpoint, seed: int, variant: str, prepare=None, **co
 
 
 def reference_run(model, tts, text, voice, language, instructions, frames, repetition_penalty=1.05):
-    """Reference greedy generate: codes [frames, 16] and raw logits per frame, caught by hooks."""
+    """Reference greedy generate: codes [frames, 16] and raw logits per frame, caught by hooks. Its input
+    ids are its own: the template strings through transformers' tokenizer, as its processor does."""
+    from transformers import AutoTokenizer
     device = model.talker.codec_head.weight.device
-    ids = torch.tensor([tts.tokenizer.encode(f"<|im_start|>assistant\n{text}<|im_end|>\n<|im_start|>assistant\n")],
+    tokenizer = AutoTokenizer.from_pretrained(str(tts.path))
+    ids = torch.tensor([tokenizer(f"<|im_start|>assistant\n{text}<|im_end|>\n<|im_start|>assistant\n")["input_ids"]],
                        device=device)
     instruct = None
     if instructions:
-        instruct = [torch.tensor([tts.tokenizer.encode(f"<|im_start|>user\n{instructions}<|im_end|>\n")],
+        instruct = [torch.tensor([tokenizer(f"<|im_start|>user\n{instructions}<|im_end|>\n")["input_ids"]],
                                  device=device)]
     talker_logits, predictor_logits = [], [[] for _ in range(15)]
     hooks = [model.talker.codec_head.register_forward_hook(lambda m, i, o: talker_logits.append(o[0, -1].clone()))]
@@ -234,7 +237,7 @@ def test_batched_slots_equal_single_runs(custom_voice):
     for job, slot in zip(jobs, slots):
         prompt = tts.prompts.resolve(ContextParams(voice=job["voice"], language=job["language"]))
         role, ids = tts.prompts.tokenize_text(job["text"])
-        x = tts.prompts.prefill(prompt, ids[0], role)
+        x = tts.prompts.prefill(prompt, ids[:1], role)
         hidden.append(talker(x[None], torch.arange(len(x))[None], slot[None])[0, -1])
         prompt_len.append(len(x))
         following.append(ids[1:] + [cfg.tts_eos])

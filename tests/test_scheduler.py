@@ -58,6 +58,25 @@ def test_limits():
     assert r.limit() == (500, "budget")
 
 
+def test_text_rule_limits():
+    """An untrained checkpoint's contexts (length_rule): the text rule's frames once the text has ended,
+    eos never sampled; fixed_frames still wins; the slot's capacity still caps."""
+    r = req(1, tokens=3)
+    r.length_rule = True
+    r.text_seconds = 1.0
+    assert r.limit() == (750, "budget") and not r.samples_eos
+    r.text_ended = True
+    assert r.limit() == (12, "length_rule")                   # round(12.5 * 1.0)
+    r.text_seconds = 0.1
+    assert r.limit() == (4, "length_rule")                    # at least 4
+    r.text_seconds = 100.0
+    assert r.limit() == (750, "budget")
+    f = req(2, tokens=3, ended=True, fixed=9)
+    f.length_rule = True
+    assert f.limit() == (9, "length")
+    assert req(3).samples_eos and not req(4, fixed=5).samples_eos
+
+
 def test_waiting_context_does_not_block_others():
     s = Scheduler(max_batch=8, max_prefills=2)
     a, b = req(1), req(2, tokens=1)

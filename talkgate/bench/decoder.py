@@ -58,10 +58,13 @@ def restore(state, snap):
     state.tails.copy_(snap[0]), state.kv.copy_(snap[1]), state.pos.copy_(snap[2])
 
 
-def bench_precision(name, path, batches, iters, gen):
+def bench_precision(name, path, batches, iters, gen, engine_compile=False):
     dtype, tf32 = PRECISIONS[name]
     set_tf32(tf32)
     model = load_codec_decoder(path, "cuda", dtype)
+    if engine_compile:
+        from talkgate.synth.runner import compile_hot_functions
+        compile_hot_functions(model)
     cfg = model.config
     slots_total = max(batches) + 1
     state = model.alloc_state(slots_total)
@@ -180,9 +183,6 @@ def main():
     args = ap.parse_args()
     batches = [int(b) for b in args.batches.split(",")]
     gen = torch.Generator().manual_seed(0)
-    if args.engine_compile:
-        from talkgate.synth.runner import compile_hot_functions
-        compile_hot_functions()
     print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}")
     with tempfile.TemporaryDirectory() as tmp:
         t = time.perf_counter()
@@ -196,7 +196,7 @@ def main():
             for macs in [int(c) for c in args.matmul_macs.split(",")]:
                 codec_decoder.MATMUL_MACS = macs
                 try:
-                    rows, peak = bench_precision(name, path, batches, args.iters, gen)
+                    rows, peak = bench_precision(name, path, batches, args.iters, gen, args.engine_compile)
                 except Exception:
                     traceback.print_exc()
                     continue

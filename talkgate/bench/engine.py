@@ -7,8 +7,8 @@ Step time: B contexts with all their text given (fixed_frames, so random weights
 prefilled, then the engine's own loop body (`Engine.run_once`: commands, schedule, runner launch, the
 last step's audio, this step's codes, events; the host's work overlaps the GPU's decode) is timed per
 step; median of `--steps` steps. RTF = step ms / 80 ms (one frame is 80 ms of audio for every context in
-the step). First PCM: on the started engine (its own
-thread), from append_text + end_text of a new context to the engine handing over its first
+the step). First PCM: on the started engine (its own thread), from the AppendText + EndText of a new
+context (its text tokenized beforehand, as a session does) to the engine handing over its first
 AudioChunk (t_emitted), median of `--latency-runs`, with nothing else running.
 """
 from __future__ import annotations
@@ -22,8 +22,9 @@ import time
 
 import torch
 
-from talkgate.synth.api import FRAME_MS, AudioChunk, ContextParams, SamplingParams
+from talkgate.synth.api import FRAME_MS, AppendText, AudioChunk, ContextParams, EndText, OpenContext, SamplingParams
 from talkgate.synth.engine import Engine
+from talkgate.synth.request import text_seconds
 
 TEXT = "The quick brown fox jumps over the lazy dog, then naps in the afternoon sun. " * 6
 
@@ -55,17 +56,20 @@ def graph_ms(g: torch.cuda.CUDAGraph, reps: int) -> float:
     return round(start.elapsed_time(end) / reps, 3)
 
 
+def speaking_client(engine: Engine, batch: int, sampling: SamplingParams) -> int:
+    """A client of the engine with `batch` contexts given all of TEXT (their length fixed far out)."""
+    client = engine.connect(lambda events: None)
+    ids = tuple(engine.new_tokenizer().tokenizer.encode(TEXT))
+    commands = []
+    for ctx in range(1, batch + 1):
+        commands += [OpenContext(ctx, ContextParams(sampling=sampling, fixed_frames=100_000)),
+                     EndText(ctx, ids, text_seconds(TEXT))]
+    engine.submit(client, commands)
+    return client
+
+
 def step_times(engine: Engine, batch: int, steps: int, sampling: SamplingParams, skip: int = 3) -> dict:
-    chunks = [0]
-
-    def sink(ev):
-        if isinstance(ev, AudioChunk):
-            chunks[0] += 1
-
-    ctxs = [engine.open(ContextParams(sampling=sampling, fixed_frames=100_000), sink) for _ in range(batch)]
-    for c in ctxs:
-        engine.append_text(c, TEXT)
-        engine.end_text(c)
+    client = speaking_client(engine, batch, sampling)
     while engine.scheduler.waiting or engine._commands:      # prefill everyone first
         engine.run_once()
     for _ in range(skip):                                     # skip: how far into the utterance timing starts
@@ -83,8 +87,7 @@ def step_times(engine: Engine, batch: int, steps: int, sampling: SamplingParams,
         g = engine.runner.graphs.get((part, engine.runner._bucket(batch)))
         if g is not None:
             parts[f"{part}_graph_ms"] = graph_ms(g, steps)
-    for c in ctxs:
-        engine.cancel(c)
+    engine.disconnect(client)
     engine.run_once()
     med = statistics.median(times)
     return {"batch": batch, "from_frame": skip, "running": running, "step_ms_median": round(med, 3),
@@ -97,23 +100,25 @@ def first_pcm_ms(engine: Engine, runs: int, sampling: SamplingParams) -> tuple[l
     out, steps = [], []
     step_ms: list[float] = []
     engine.on_step = lambda dt, rows: step_ms.append(dt)
+    text = "Hello there, how can I help you today?"
+    ids = tuple(engine.new_tokenizer().tokenizer.encode(text))
     for _ in range(runs):
         step_ms.clear()
         got = threading.Event()
         first: list[float] = []
 
-        def sink(ev):
-            if isinstance(ev, AudioChunk) and not first:
-                first.append(ev.t_emitted)
+        def deliver(events):
+            if not first and any(isinstance(ev, AudioChunk) for ev in events):
+                first.append(next(ev for ev in events if isinstance(ev, AudioChunk)).t_emitted)
                 got.set()
 
-        ctx = engine.open(ContextParams(sampling=sampling, fixed_frames=20), sink)
+        client = engine.connect(deliver)
+        engine.submit(client, [OpenContext(1, ContextParams(sampling=sampling, fixed_frames=20))])
         time.sleep(0.02)                                      # the open is applied; the engine idles
         t0 = time.perf_counter()
-        engine.append_text(ctx, "Hello there, how can I help you today?")
-        engine.end_text(ctx)
+        engine.submit(client, [AppendText(1, ids, text_seconds(text)), EndText(1)])
         got.wait(10)
-        engine.cancel(ctx)
+        engine.disconnect(client)
         out.append((first[0] - t0) * 1000 if first else float("nan"))
         steps.append(step_ms[0] if step_ms else float("nan"))
         time.sleep(0.02)
@@ -128,11 +133,11 @@ def prefill_parts(engine: Engine, reps: int = 20) -> dict:
     prompt = r.tts.prompts.resolve(ContextParams())
     out = {}
     with torch.inference_mode():
-        r.tts.prompts.prefill(prompt, 100)
+        r.tts.prompts.prefill(prompt, [100])
         torch.cuda.synchronize()
         t0 = time.perf_counter()
         for _ in range(reps):
-            r.tts.prompts.prefill(prompt, 100)
+            r.tts.prompts.prefill(prompt, [100])
         torch.cuda.synchronize()
         out["prompt_embed_ms"] = round((time.perf_counter() - t0) * 1000 / reps, 3)
         g = r.graphs.get(("prefill", r.prefill_rows[0], r.prefill_lens[0]))
@@ -143,18 +148,14 @@ def prefill_parts(engine: Engine, reps: int = 20) -> dict:
 
 def profile_steps(engine: Engine, batch: int, sampling: SamplingParams, steps: int = 5) -> str:
     from torch.profiler import ProfilerActivity, profile
-    ctxs = [engine.open(ContextParams(sampling=sampling, fixed_frames=100_000), lambda ev: None) for _ in range(batch)]
-    for c in ctxs:
-        engine.append_text(c, TEXT)
-        engine.end_text(c)
+    client = speaking_client(engine, batch, sampling)
     while engine.scheduler.waiting or engine._commands:
         engine.run_once()
     engine.run_once()
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         for _ in range(steps):
             engine.run_once()
-    for c in ctxs:
-        engine.cancel(c)
+    engine.disconnect(client)
     engine.run_once()
     return prof.key_averages().table(sort_by="cuda_time_total", row_limit=25)
 

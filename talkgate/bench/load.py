@@ -1,9 +1,9 @@
 """End-to-end load generator for a running talkgate server: measures what its users experience.
 
-    python bench/load.py --url http://127.0.0.1:8080 --protocol openai --rps 5 --duration 30 --out results/x
-    python bench/load.py --protocol native --encoding opus --concurrency 256 --duration 60 --out results/c
-    python bench/load.py --protocol openai --sweep 1,2,5,10,20,40,60,80 --duration 30 --out results/s
-    python bench/load.py --dump-prompts > prompts.json
+    talkgate bench --url http://127.0.0.1:8080 --protocol openai --rps 5 --duration 30 --out results/x
+    talkgate bench --protocol native --encoding opus --concurrency 256 --duration 60 --out results/c
+    talkgate bench --protocol openai --sweep 1,2,5,10,20,40,60,80 --duration 30 --out results/s
+    talkgate bench --dump-prompts > prompts.json
 
 Open loop (`--rps`): Poisson arrivals at the target rate, independent of completions, so a slow server
 meets the same offered load a real one would (a closed loop would slow down with it and hide queueing).
@@ -37,6 +37,7 @@ from talkgate.bench.measure import (
     HEADER, histogram_delta, opus_packet_ms, parse_audio_header, parse_prometheus, poisson_arrivals, simulate_player,
     stats, text_deltas,
 )
+from talkgate.gateway.args import Parser
 from talkgate.synth.request import frames_for_text   # the engine's documented text-length rule
 
 ENCODING_CODES = {"opus": 1, "pcm_s16le": 2}
@@ -399,7 +400,7 @@ class Config:
     requests: int | None = None            # stop issuing after this many
     lang: str = "all"
     bucket: str = "all"
-    length: str = "text"                   # "text": fixed_frames = frames_for_text; "model": eos decides
+    length: str = "text"                   # "text": fixed_frames = frames_for_text; "model": the server decides
     cancel_share: float = 0.0
     encoding: str = "pcm_s16le"
     sample_rate: int = 24000
@@ -631,39 +632,43 @@ async def sweep(cfg: Config, levels: list[float], out: Path | None) -> tuple[flo
 
 
 async def wait_ready(cfg: Config, timeout_s: float) -> None:
-    """Poll /health until the server says it is ready (it answers 503 while warming up)."""
+    """Poll /ready until the server says it is ready (it answers 503 while warming up)."""
     deadline = time.monotonic() + timeout_s
     async with aiohttp.ClientSession() as http:
         while True:
             try:
-                async with http.get(cfg.url + "/health", headers=cfg.auth_headers()) as resp:
+                async with http.get(cfg.url + "/ready", headers=cfg.auth_headers()) as resp:
                     if resp.status == 200:
                         return
             except aiohttp.ClientError:
                 pass
             if time.monotonic() > deadline:
-                raise SystemExit(f"error: {cfg.url}/health did not answer 200 within {timeout_s:.0f} s")
+                raise SystemExit(f"error: {cfg.url}/ready did not answer 200 within {timeout_s:.0f} s")
             await asyncio.sleep(0.5)
 
 
 # ----------------------------------------------------------------------------- CLI
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="talkgate bench", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = Parser(prog="talkgate bench", description=__doc__.split("\n\n")[0] + " (docs/bench-load.md)")
     d = Config()
     p.add_argument("--url", default=d.url, help="the server's base URL")
-    p.add_argument("--protocol", choices=["native", "openai"], default=d.protocol)
+    p.add_argument("--protocol", choices=["native", "openai"], default=d.protocol,
+                   help="native WebSocket (/v1/ws) or OpenAI HTTP (/v1/audio/speech)")
     load = p.add_mutually_exclusive_group()
-    load.add_argument("--rps", type=float, help="open loop: Poisson arrivals at this many requests/s (default 1)")
+    load.add_argument("--rps", type=float, help="open loop: Poisson arrivals at this many requests/s (default: 1, when "
+                      "--concurrency is not given)")
     load.add_argument("--concurrency", type=int, help="closed loop: this many clients back to back")
     p.add_argument("--sweep", help="comma-separated load levels (req/s, or clients with --concurrency), raised "
                    "until a level has underruns, errors or p95 TTFA over --ttfa-limit-ms")
     p.add_argument("--duration", type=float, default=d.duration_s, help="seconds during which requests start")
     p.add_argument("--requests", type=int, help="start at most this many requests")
-    p.add_argument("--lang", choices=[*prompt_set.LANGS, "all"], default=d.lang)
-    p.add_argument("--bucket", choices=[*prompt_set.BUCKETS, "all"], default=d.bucket)
+    p.add_argument("--lang", choices=[*prompt_set.LANGS, "all"], default=d.lang,
+                   help="language of the prompts (mixed: Chinese and English in one text)")
+    p.add_argument("--bucket", choices=[*prompt_set.BUCKETS, "all"], default=d.bucket, help="prompt length: "
+                   + ", ".join(f"{b} {lo}-{hi}" for b, (lo, hi) in prompt_set.BUCKET_CHARS.items()) + " characters")
     p.add_argument("--length", choices=["text", "model"], default=d.length, help="text: send fixed_frames = "
-                   "frames_for_text(text) (random weights never stop by themselves); model: the model's eos")
+                   "frames_for_text(text) (random weights never stop by themselves); model: the server decides (the model's "
+                   "eos; for an untrained checkpoint, the same text rule unless served with --untrained-length runaway)")
     p.add_argument("--cancel-share", type=float, default=d.cancel_share, help="share of requests cancelled after "
                    f"{CANCEL_POINT[0] * 100:.0f}-{CANCEL_POINT[1] * 100:.0f} %% of their audio")
     p.add_argument("--encoding", choices=list(ENCODING_CODES), default=d.encoding, help="native protocol only")
@@ -674,18 +679,20 @@ def parser() -> argparse.ArgumentParser:
                    help="native: pause between context.start and the first text delta (not part of TTFA)")
     p.add_argument("--voice", help="speaker (default: the server's)")
     p.add_argument("--model", default=d.model, help="OpenAI `model` field")
-    p.add_argument("--api-key")
+    p.add_argument("--api-key", help="the server's API key, if it requires one")
     p.add_argument("--max-in-flight", type=int, default=d.max_in_flight,
                    help="client cap; an arrival over it is an error (the server is not keeping up)")
     p.add_argument("--request-timeout", type=float, default=d.request_timeout_s, help="seconds per request")
     p.add_argument("--underrun-tolerance-ms", type=float, default=d.underrun_tolerance_ms,
                    help="a player stall up to this long is not counted")
     p.add_argument("--ttfa-limit-ms", type=float, default=d.ttfa_limit_ms, help="p95 TTFA bound of a clean level")
-    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--seed", type=int, default=d.seed, help="seed of the prompt choice, arrivals and cancels "
+                   "(the same seed replays the same run)")
     p.add_argument("--processes", type=int, default=d.processes, help="client processes to split the load over "
                    "(one Python process saturates near a few hundred Opus streams)")
     p.add_argument("--warmup", type=int, default=2, help="short requests sent one by one before measuring")
-    p.add_argument("--wait-ready", type=float, default=120.0, help="seconds to wait for /health before starting")
+    p.add_argument("--wait-ready", type=float, default=120.0, help="seconds to wait for the server's /ready "
+                   "before starting")
     p.add_argument("--out", type=Path, help="results folder (requests.json, summary.json/.md, plots)")
     p.add_argument("--dump-prompts", action="store_true", help="print the selected prompts as JSON and exit")
     return p

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
+from talkgate.gateway.server import ErrorResponse
 from talkgate.sessions.cartesia import CartesiaProtocol
 from talkgate.sessions.deepgram import DeepgramProtocol
 from talkgate.sessions.elevenlabs import ElevenLabsProtocol
@@ -22,8 +23,8 @@ def _elevenlabs(multi: bool):
         gw = request.app["gateway"]
         voice_id, query = request.match_info["voice_id"], dict(request.query)
 
-        def make(session_id, sink, authenticate):
-            return ElevenLabsProtocol(gw.new_session(sink, label), session_id, voice_id, query,
+        def make(session_id, authenticate):
+            return ElevenLabsProtocol(gw.new_session(label), session_id, voice_id, query,
                                       request.app[VOICE_MAP], multi, authenticate)
 
         return await gw.serve_websocket(request, label, make, first_message_auth=True)
@@ -34,8 +35,8 @@ def _elevenlabs(multi: bool):
 async def cartesia_ws(request: web.Request) -> web.WebSocketResponse:
     gw = request.app["gateway"]
 
-    def make(session_id, sink, authenticate):
-        return CartesiaProtocol(gw.new_session(sink, "cartesia"), session_id, request.app[VOICE_MAP])
+    def make(session_id, authenticate):
+        return CartesiaProtocol(gw.new_session("cartesia"), session_id, request.app[VOICE_MAP])
 
     return await gw.serve_websocket(request, "cartesia", make)
 
@@ -44,8 +45,8 @@ async def deepgram_ws(request: web.Request) -> web.WebSocketResponse:
     gw = request.app["gateway"]
     query = dict(request.query)
 
-    def make(session_id, sink, authenticate):
-        return DeepgramProtocol(gw.new_session(sink, "deepgram"), session_id, query, request.app[VOICE_MAP])
+    def make(session_id, authenticate):
+        return DeepgramProtocol(gw.new_session("deepgram"), session_id, query, request.app[VOICE_MAP])
 
     return await gw.serve_websocket(request, "deepgram", make)
 
@@ -54,10 +55,10 @@ async def twilio_ws(request: web.Request) -> web.StreamResponse:
     gw = request.app["gateway"]
     stream_sid = request.query.get("stream_sid", "")
     if not stream_sid:
-        raise web.HTTPBadRequest(text="stream_sid (the Twilio Media Stream's streamSid) is required")
+        return ErrorResponse(400, "invalid_request", "stream_sid (the Twilio Media Stream's streamSid) is required")
 
-    def make(session_id, sink, authenticate):
-        native = NativeProtocol(gw.new_session(sink, "twilio"), gw.limits, session_id, authenticate)
+    def make(session_id, authenticate):
+        native = NativeProtocol(gw.new_session("twilio"), gw.limits, session_id, authenticate)
         return TwilioProtocol(native, stream_sid)
 
     return await gw.serve_websocket(request, "twilio", make, first_message_auth=True)

@@ -4,10 +4,11 @@ nothing else; gateway workers reach it over ZMQ with the messages of gateway/wir
     python -m talkgate.gateway.engine_process --index 0 --endpoint ipc:///tmp/tg/engine-0.ipc --model DIR
 
 One thread, the main one, runs the loop (vLLM's EngineCore shape): take the workers' messages (commands go to
-Engine.submit), one engine step (Engine.run_once, whose deliver sends each worker its step's events as one
-STEP message), check the workers' backlogs, publish stats every STATS_INTERVAL_S; while nothing is ready it
-waits on the socket. Warm-up (minutes on a GPU: compiles, graph capture) runs on the main thread first while
-a second thread answers HELLOs and publishes stats (state "warming"), so workers learn the model at once.
+Engine.submit), one turn of the engine (Engine.turn: a step, whose deliver sends each worker its step's events
+as one STEP message, or a pending graph capture no context would notice), check the workers' backlogs,
+publish stats every STATS_INTERVAL_S; while nothing is ready it waits on the socket. Warm-up (compiles and the
+first-audio graphs: minutes on a GPU without the compile cache) runs on the main thread first while a second
+thread answers HELLOs and publishes stats (state "warming"), so workers learn the model at once.
 
 The engine never waits for a worker. ZMQ's I/O thread writes the messages out; the engine counts what each
 worker has not acknowledged yet. A worker that falls behind (its oldest unacknowledged STEP over
@@ -90,7 +91,7 @@ class EngineServer:
         helper = threading.Thread(target=greet, name="talkgate-greeter", daemon=True)
         helper.start()
         try:
-            self.engine.runner.warmup()
+            self.engine.warm_up()
         finally:
             done.set()
             helper.join()            # the socket is this thread's from here on
@@ -112,7 +113,7 @@ class EngineServer:
 
     def _turn(self, step: bool) -> None:
         self._receive()
-        busy = step and self.engine.run_once()
+        busy = step and self.engine.turn()
         self._check_peers()
         now = time.monotonic()
         if now >= self._next_stats:
@@ -231,6 +232,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dtype")
     p.add_argument("--max-contexts", type=int)
     p.add_argument("--seed", type=int)
+    p.add_argument("--untrained-length", choices=["text-rule", "runaway"], default="text-rule")
     args = p.parse_args(argv)
     child_setup()
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s engine{args.index} %(name)s %(levelname)s %(message)s")
@@ -238,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
         import torch
         torch.set_num_threads(1)     # as the single-process server: one intra-op thread on a CPU engine
     engine = Engine.from_pretrained(args.model, device=args.device, dtype=args.dtype, max_contexts=args.max_contexts,
-                                    default_seed=args.seed)
+                                    default_seed=args.seed, untrained_length=args.untrained_length)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())

@@ -1,11 +1,12 @@
 """Prometheus metrics of one server (its own registry: several servers in one process stay apart).
 
-With gateway worker processes (`talkgate serve --workers N`) every worker writes its series to files in
+With gateway worker processes (`talkgate serve`) every worker writes its series to files in
 PROMETHEUS_MULTIPROC_DIR (prometheus_client's multiprocess mode, chosen when that variable is set at start)
 and renders all workers' files, so /metrics shows the whole server whichever worker answers: counters and
 histograms summed, `talkgate_connections` and `talkgate_contexts_active` summed over live workers, the
-`talkgate_worker_*` series and the event-loop lag per worker. The engine processes' series (step time, slots,
-CPU) come from the stats they publish to every worker (EngineCollector), labelled by engine.
+`talkgate_worker_*` series and the event-loop lag per worker. The engine series (step time, slots, batch)
+come from the stats every engine process publishes to every worker (EngineCollector), with an `engine`
+label; a single-process server (`--workers 0`) has them without it.
 """
 from __future__ import annotations
 
@@ -27,8 +28,9 @@ class Metrics:
     def __init__(self, worker: int = 0, engines=None):
         """worker: this process's worker index (the label of its loop lag); engines: a gateway worker's
         RemoteEngines, whose published stats become the engine series (None: an in-process engine, whose
-        step time the server observes itself)."""
+        stats and step times the server reads itself)."""
         self.worker, self.multiprocess = str(worker), "PROMETHEUS_MULTIPROC_DIR" in os.environ
+        self.engines = engines
         r = self.registry = CollectorRegistry()
         ProcessCollector(registry=r)
         self.connections = Gauge("talkgate_connections", "Open WebSocket connections", ["protocol"], registry=r,
@@ -44,13 +46,16 @@ class Metrics:
                                      "sample would have run dry", registry=r)
         self.finished = Counter("talkgate_contexts_finished_total", "Contexts ended", ["reason"], registry=r)
         self.cancels = Counter("talkgate_cancels_total", "Contexts cancelled by clients", registry=r)
-        self.errors = Counter("talkgate_errors_total", "Error events sent", ["code"], registry=r)
-        self.engines = engines
+        self.errors = Counter("talkgate_errors_total", "Errors answered: WebSocket error events and error "
+                              "closes, HTTP error responses, refused connections", ["code"], registry=r)
         if engines is None:
             self.step_seconds = Histogram("talkgate_engine_step_seconds", "Engine step time", buckets=STEP_BUCKETS,
                                           registry=r)
             self.engine_running = Gauge("talkgate_engine_running", "Contexts in the engine's batch", registry=r)
             self.engine_waiting = Gauge("talkgate_engine_waiting", "Contexts waiting for text or a slot", registry=r)
+            self.engine_slots = Gauge("talkgate_engine_slots", "Engine context slots", registry=r)
+            self.engine_slots_free = Gauge("talkgate_engine_slots_free", "Engine slots not held by a context",
+                                           registry=r)
         self.loop_lag = Histogram("talkgate_event_loop_lag_seconds", "Event-loop lag (late wake-ups), per worker",
                                   ["worker"], buckets=(.0005, .001, .002, .005, .01, .02, .05, .1, .25, 1), registry=r)
         self._lag = self.loop_lag.labels(self.worker)
@@ -91,32 +96,32 @@ class EngineCollector:
 
     def collect(self):
         engines = self.engines.stats()["engines"]
-        ready = GaugeMetricFamily("talkgate_engine_ready", "1 while the engine process is warm and connected",
-                                  labels=["engine"])
-        slots = GaugeMetricFamily("talkgate_engine_slots", "Context slots by state", labels=["engine", "state"])
-        running = GaugeMetricFamily("talkgate_engine_running", "Contexts in the engine's batch", labels=["engine"])
-        waiting = GaugeMetricFamily("talkgate_engine_waiting", "Contexts waiting for text", labels=["engine"])
-        cpu = GaugeMetricFamily("talkgate_engine_cpu_seconds", "CPU time of the engine process", labels=["engine"])
-        behind = GaugeMetricFamily("talkgate_engine_workers_behind", "Workers whose contexts it is failing "
-                                   "(worker_behind)", labels=["engine"])
+        family = lambda name, doc: GaugeMetricFamily(name, doc, labels=["engine"])
+        ready = family("talkgate_engine_ready", "1 while the engine process is warm and connected")
+        slots = family("talkgate_engine_slots", "Engine context slots")
+        free = family("talkgate_engine_slots_free", "Engine slots not held by a context")
+        running = family("talkgate_engine_running", "Contexts in the engine's batch")
+        waiting = family("talkgate_engine_waiting", "Contexts waiting for text or a slot")
+        cpu = family("talkgate_engine_cpu_seconds", "CPU time of the engine process")
+        behind = family("talkgate_engine_workers_behind", "Workers whose contexts it fails (worker_behind)")
         step = HistogramMetricFamily("talkgate_engine_step_seconds", "Engine step time", labels=["engine"])
         for i, e in enumerate(engines):
-            label = str(i)
-            ready.add_metric([label], float(e["state"] == "ready"))
+            label = [str(i)]
+            ready.add_metric(label, float(e["state"] == "ready"))
             if "slots" not in e:
                 continue                                    # not heard from yet
-            slots.add_metric([label, "free"], e["free_slots"])
-            slots.add_metric([label, "used"], e["slots"] - e["free_slots"])
-            running.add_metric([label], e["running"])
-            waiting.add_metric([label], e["waiting"])
-            cpu.add_metric([label], e.get("cpu_s", 0.0))
-            behind.add_metric([label], e.get("workers_behind", 0))
+            slots.add_metric(label, e["slots"])
+            free.add_metric(label, e["free_slots"])
+            running.add_metric(label, e["running"])
+            waiting.add_metric(label, e["waiting"])
+            cpu.add_metric(label, e.get("cpu_s", 0.0))
+            behind.add_metric(label, e.get("workers_behind", 0))
             cum, buckets = 0, []
             for bound, n in zip((*map(str, STEP_BUCKETS), "+Inf"), e["step_buckets"]):
                 cum += n
                 buckets.append((bound, cum))
-            step.add_metric([label], buckets, e["step_sum"])
-        yield from (ready, slots, running, waiting, cpu, behind, step)
+            step.add_metric(label, buckets, e["step_sum"])
+        yield from (ready, slots, free, running, waiting, cpu, behind, step)
 
 
 class ContextObserver:
@@ -143,6 +148,3 @@ class ContextObserver:
         self.m.finished.labels(reason).inc()
         if reason == "cancelled":
             self.m.cancels.inc()
-
-    def error(self, code: str) -> None:
-        self.m.errors.labels(code).inc()

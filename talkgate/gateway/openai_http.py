@@ -1,172 +1,109 @@
-"""OpenAI-compatible `POST /v1/audio/speech` and `GET /v1/audio/voices`: a translator onto Session.
-
-Streaming (`stream: true`): `stream_format: "audio"` writes the encoded audio as a chunked body as
-it is generated (PCM: raw s16le 24 kHz, `audio/pcm`); `"sse"` sends `speech.audio.delta` events with
-base64 audio and a final `speech.audio.done`. Otherwise the whole file is returned at the end.
-A client that disconnects cancels the work.
-"""
+"""OpenAI-compatible `POST /v1/audio/speech` and `GET /v1/audio/voices` (sessions/openai.py is the
+translator). A streamed response is a Link like a WebSocket connection: the same outbox, error
+funnel, slow-consumer and idle rules; a client that disconnects ends its context at once."""
 from __future__ import annotations
 
 import asyncio
-import base64
-import json
+import codecs
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
+from aiohttp.web_protocol import RequestPayloadError
 
-from talkgate.sessions.session import (
-    AudioFormat, AudioOut, ContextConfig, ContextError, ContextFinished, SessionError, field_of,
-)
-from talkgate.synth.api import SamplingParams
-
-# response_format -> (session encoding, sample rate, content type)
-FORMATS = {
-    "pcm": ("pcm_s16le", 24000, "audio/pcm"),
-    "wav": ("wav", 24000, "audio/wav"),
-    "mp3": ("mp3", 24000, "audio/mpeg"),
-    "opus": ("ogg_opus", 24000, "audio/ogg"),   # players decode Ogg/Opus at 48 kHz whatever the input rate
-    "flac": ("flac", 24000, "audio/flac"),
-}
-CONTEXT = "speech"
+from talkgate.gateway.connection import Link
+from talkgate.gateway.server import ErrorResponse
+from talkgate.sessions.actions import http_status
+from talkgate.sessions.fields import SessionError, load_json
+from talkgate.sessions.openai import Begin, Respond, SpeechProtocol, parse_request
 
 
-def _error(status: int, code: str, message: str) -> web.Response:
-    return web.json_response({"error": {"message": message, "type": "invalid_request_error", "code": code}},
-                             status=status)
+class HttpStream(Link):
+    """One /v1/audio/speech request, from its context's start to the response's end."""
 
+    def __init__(self, request: web.Request, protocol: SpeechProtocol, engine, limits, count_error):
+        super().__init__(request.transport, protocol, engine, limits, "openai", count_error)
+        self.request = request
+        self.response: web.StreamResponse | None = None
 
-class BadRequest(Exception):
-    def __init__(self, code: str, message: str):
-        super().__init__(message)
-        self.code, self.message = code, message
+    def other(self, action) -> None:
+        if isinstance(action, (Begin, Respond)):
+            self.outbox.put(action)
+        else:
+            super().other(action)
 
+    async def run(self) -> web.StreamResponse:
+        self.apply(self.call("start"))
+        writer = asyncio.create_task(self._write())
+        watch = asyncio.create_task(self._watch())
+        try:
+            await asyncio.wait([writer, watch], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for t in (writer, watch):
+                t.cancel()
+            await asyncio.gather(writer, watch, return_exceptions=True)
+            self.end()
+        if self.response is None:           # the client went away before any answer
+            return web.Response(status=499, reason="Client Closed Request")
+        return self.response
 
-def parse_request(body: object, max_chars: int) -> tuple[str, ContextConfig, str, bool, str]:
-    """-> (input text, context config, response_format, stream, stream_format); raises BadRequest."""
-    try:
-        return _parse(body, max_chars)
-    except SessionError as e:     # a missing or mistyped field: OpenAI calls it invalid_request
-        raise BadRequest("invalid_request", e.message) from None
-
-
-def _parse(body: object, max_chars: int) -> tuple[str, ContextConfig, str, bool, str]:
-    if not isinstance(body, dict):
-        raise BadRequest("invalid_request", "the body must be a JSON object")
-    text = field_of(body, "input", str, required=True)
-    if not text.strip():
-        raise BadRequest("invalid_request", "input is empty")
-    if len(text) > max_chars:
-        raise BadRequest("text_too_long", f"input is limited to {max_chars} characters")
-    fmt = field_of(body, "response_format", str, "mp3")
-    if fmt not in FORMATS:
-        raise BadRequest("invalid_format", f"response_format {fmt!r} is not supported; use one of "
-                         f"{', '.join(FORMATS)}")
-    speed = field_of(body, "speed", (int, float), 1.0)
-    if not 0.25 <= speed <= 4.0:
-        raise BadRequest("invalid_request", "speed must be between 0.25 and 4.0")
-    stream = field_of(body, "stream", bool, False)
-    stream_format = field_of(body, "stream_format", str, "audio")
-    if stream_format not in ("audio", "sse"):
-        raise BadRequest("invalid_request", "stream_format must be 'audio' or 'sse'")
-    if field_of(body, "non_streaming_mode", bool, False):
-        raise BadRequest("unsupported", "non_streaming_mode=true is not supported: talkgate feeds text to "
-                         "the model as it arrives (non_streaming_mode=false)")
-    field_of(body, "model", str)
-    fixed = field_of(body, "fixed_frames", int)
-    seed = field_of(body, "seed", int)
-    encoding, rate, _ = FORMATS[fmt]
-    cfg = ContextConfig(voice=field_of(body, "voice", str), language=field_of(body, "language", str, "auto"),
-                        instructions=field_of(body, "instructions", str), format=AudioFormat(encoding, rate, streaming=stream),
-                        sampling=SamplingParams(seed=seed), fixed_frames=fixed, speed=float(speed))
-    return text, cfg, fmt, stream, stream_format
+    async def _write(self) -> None:
+        try:
+            while (item := await self.outbox.get()) is not None:
+                if isinstance(item, Respond):
+                    self.response = web.Response(status=item.status, body=item.body, content_type=item.content_type)
+                    self.response.code = item.error     # counted by the errors middleware
+                    return
+                if isinstance(item, Begin):
+                    self.response = web.StreamResponse(headers={
+                        "Content-Type": item.content_type, "Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+                    await self.response.prepare(self.request)
+                    continue
+                await self.response.write(item.data)
+                n = len(item.data)
+                self.delivery.wrote(n + len(f"{n:x}") + 4, item.stream, item.audio_ms)    # a chunk's framing
+                if item.stream is not None:
+                    self.call("note_sent", item.stream, item.audio_ms)
+            if self._closing is not None and self._closing[0] == 1000:
+                await self.response.write_eof()
+            elif self.request.transport is not None:     # broken off: the client sees a truncated body
+                self.request.transport.abort()
+        except ConnectionError:
+            pass
 
 
 async def speech(request: web.Request) -> web.StreamResponse:
     gw = request.app["gateway"]
     if not gw.authorized(request):
-        return _error(401, "unauthorized", "a valid API key is required")
+        return ErrorResponse(401, "unauthorized", "a valid API key is required")
     if gw.draining:
-        return _error(503, "shutting_down", "the server is shutting down")
+        return ErrorResponse(503, "shutting_down", "the server is shutting down")
     try:
-        body = await request.json()
-    except (ValueError, UnicodeDecodeError):
-        return _error(400, "invalid_json", "the body is not valid JSON")
+        raw = await request.read()          # over the body limit: 413 (the errors middleware answers it)
+    except (RequestPayloadError, HttpProcessingError):
+        # the rest of the body cannot be decoded either: it is over (aiohttp would read on after the
+        # response and log the same error again), and so is the connection
+        request.content.feed_eof()
+        response = ErrorResponse(400, "invalid_body", "the body cannot be decoded (Content-Encoding)")
+        response.force_close()
+        return response
     try:
-        text, cfg, fmt, stream, stream_format = parse_request(body, gw.limits.max_http_input_chars)
-    except BadRequest as e:
-        return _error(400, e.code, e.message)
-
-    loop = asyncio.get_running_loop()
-    events: asyncio.Queue = asyncio.Queue()    # bounded by the context's own length
-    session = None
+        codecs.lookup(request.charset or "utf-8")
+        text = raw.decode(request.charset or "utf-8")
+    except (LookupError, UnicodeDecodeError) as e:
+        return ErrorResponse(400, "invalid_json", f"the body is not text in its charset ({e.__class__.__name__})")
     try:
-        session = gw.new_session(lambda ev: loop.call_soon_threadsafe(events.put_nowait, ev), "openai", cfg)
-        session.start(CONTEXT)
-        session.append(CONTEXT, text)
-        session.flush(CONTEXT)
+        req = parse_request(load_json(text, 4 * gw.limits.max_message_bytes), gw.limits.max_http_input_chars)
+        session = gw.new_session("openai", req.config)
     except SessionError as e:
-        if session is not None:
-            session.close()
-        status = 503 if e.code == "engine_full" else 400
-        return _error(status, e.code, e.message)
-
-    content_type = FORMATS[fmt][2]
-    response: web.StreamResponse | None = None
-    whole: list[bytes] = []
-    try:
-        if stream:
-            response = web.StreamResponse(headers={
-                "Content-Type": "text/event-stream" if stream_format == "sse" else content_type,
-                "Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-            await response.prepare(request)
-        while True:
-            out = session.on_engine_event(await _next_event(events, request))
-            for ev in out:
-                if isinstance(ev, AudioOut):
-                    if response is None:
-                        whole.append(ev.payload)
-                    elif stream_format == "sse":
-                        await response.write(_sse({"type": "speech.audio.delta",
-                                                   "audio": base64.b64encode(ev.payload).decode()}))
-                    else:
-                        await response.write(ev.payload)
-                    session.note_sent(ev.stream, ev.duration_ms)
-                elif isinstance(ev, ContextError):
-                    if response is None:
-                        return _error(500, ev.code, ev.message)
-                    if stream_format == "sse":
-                        await response.write(_sse({"type": "error", "code": ev.code, "message": ev.message}))
-                    return response     # a truncated chunked body: the client sees the stream end early
-                elif isinstance(ev, ContextFinished):
-                    if response is None:
-                        return web.Response(body=b"".join(whole), content_type=content_type)
-                    if stream_format == "sse":
-                        await response.write(_sse({"type": "speech.audio.done", "usage": {
-                            "input_tokens": len(text), "output_audio_ms": ev.audio_ms, "frames": ev.frames}}))
-                    await response.write_eof()
-                    return response
-    finally:
-        session.close()     # disconnect or error: free the engine slot (no-op when finished)
-
-
-async def _next_event(events: asyncio.Queue, request: web.Request):
-    """The next engine event; raises ConnectionResetError when the client has gone away meanwhile."""
-    while True:
-        try:
-            return await asyncio.wait_for(events.get(), timeout=0.25)
-        except asyncio.TimeoutError:
-            if request.transport is None or request.transport.is_closing():
-                raise ConnectionResetError("client disconnected") from None
-
-
-def _sse(obj: dict) -> bytes:
-    return f"data: {json.dumps(obj, separators=(',', ':'))}\n\n".encode()
+        return ErrorResponse(http_status(e.code), e.code, e.message)
+    return await HttpStream(request, SpeechProtocol(session, req), gw.client, gw.limits, gw.count_error).run()
 
 
 async def voices(request: web.Request) -> web.Response:
     gw = request.app["gateway"]
     if not gw.authorized(request):
-        return _error(401, "unauthorized", "a valid API key is required")
-    info = gw.engine.info
+        return ErrorResponse(401, "unauthorized", "a valid API key is required")
+    info = gw.client.info
     return web.json_response({"voices": [{"id": v, "name": v} for v in info.voices],
                               "languages": list(info.languages), "model": info.as_dict()})
 

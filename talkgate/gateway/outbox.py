@@ -9,10 +9,16 @@ class OutboxFull(Exception):
     pass
 
 
+def _size(item) -> int:
+    data = getattr(item, "data", b"")
+    return len(data) if isinstance(data, (bytes, str)) else 0
+
+
 class Outbox:
-    def __init__(self, max_items: int):
-        self.max_items = max_items
+    def __init__(self, max_items: int, max_bytes: int):
+        self.max_items, self.max_bytes = max_items, max_bytes
         self._items: deque = deque()
+        self._bytes = 0
         self._ready = asyncio.Event()
         self.closed = False
 
@@ -23,14 +29,21 @@ class Outbox:
         """Never blocks: a client that does not read must not stall the engine or other sessions."""
         if self.closed:
             return
-        if len(self._items) >= self.max_items:
-            raise OutboxFull(f"over {self.max_items} frames waiting to be written")
+        size = _size(item)
+        if len(self._items) >= self.max_items or self._bytes + size > self.max_bytes:
+            raise OutboxFull(f"over {self.max_items} frames or {self.max_bytes} bytes waiting to be written")
         self._items.append(item)
+        self._bytes += size
         self._ready.set()
 
     def purge(self, stream: int) -> None:
         """Drop the queued frames of one stream (its context was cancelled)."""
         self._items = deque(i for i in self._items if getattr(i, "stream", None) != stream)
+        self._bytes = sum(map(_size, self._items))
+
+    def clear(self) -> None:
+        self._items.clear()
+        self._bytes = 0
 
     def close(self) -> None:
         """No more puts; get() returns what is queued, then None."""
@@ -43,4 +56,6 @@ class Outbox:
                 return None
             self._ready.clear()
             await self._ready.wait()
-        return self._items.popleft()
+        item = self._items.popleft()
+        self._bytes -= _size(item)
+        return item

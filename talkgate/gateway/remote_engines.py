@@ -8,8 +8,8 @@
     engines.submit(client, [OpenContext(1, params), AppendText(1, ids, seconds), EndText(1)])
 
 Everything runs on the worker's event loop: each engine's DEALER socket is read by a loop reader, and the
-commands submitted during one loop iteration go out as one COMMANDS message per engine. submit may be
-called from another thread (the gateway's pump thread): it only queues under a lock and wakes the loop.
+commands submitted during one loop iteration go out as one COMMANDS message per engine. submit may also be
+called from another thread: it only queues under a lock and wakes the loop.
 A client's context id is mapped to a wire id unique in this worker, so the engine sees one client per
 worker; events come back as the client's ids, their audio rows as views of the received buffer.
 
@@ -23,9 +23,9 @@ engine.
 Faults: an engine process that dies closes its connection (a ZMQ monitor event): its contexts fail with
 `engine_failed`, except those that have had no event yet, which move to another ready engine. Its
 restarted successor is greeted again (HELLO -> WELCOME) and takes new contexts once it says "ready".
-Backpressure: STEP messages are acknowledged as the loop handles them; while `hold()` (the gateway's event
-pump is behind) is true this worker reads nothing, so its acknowledgements stop and the engine, which
-never waits, fails this worker's contexts once it is WORKER_LAG_LIMIT_S behind (engine_process.py).
+Backpressure: a STEP is read when the loop is free and handled at once (deliver runs on the loop), and
+acknowledged after; a loop that falls behind acknowledges late, and the engine, which never waits, fails
+this worker's contexts once it is WORKER_LAG_LIMIT_S behind (engine_process.py).
 """
 from __future__ import annotations
 
@@ -40,17 +40,12 @@ import zmq
 from zmq.utils.monitor import parse_monitor_message
 
 from talkgate.gateway import wire
-from talkgate.synth.api import (
-    AppendText, AudioChunk, CancelContext, ContextFailed, ContextParams, Deliver, EndText, EngineCommand,
-    EngineFull, EventSink, ModelInfo, OpenContext,
-)
-from talkgate.synth.request import text_seconds
+from talkgate.synth.api import AudioChunk, CancelContext, ContextFailed, Deliver, EngineCommand, ModelInfo, OpenContext
 
 log = logging.getLogger("talkgate.remote_engines")
 ACK_EVERY = 8               # STEP messages handled before an acknowledgement goes out ...
 ACK_DELAY_S = 0.05          # ... or this long after the first unacknowledged one
 MAX_MESSAGES_PER_READ = 64  # then other loop callbacks run before the rest is read
-HOLD_POLL_S = 0.001
 
 
 @dataclass(eq=False)
@@ -87,7 +82,6 @@ class _Link:
     acked: int = 0                 # last STEP seq handled
     ack_sent: int = 0
     ack_timer: asyncio.TimerHandle | None = None
-    held: asyncio.TimerHandle | None = None        # the read retried while hold() is true
 
     @property
     def room(self) -> int:
@@ -112,14 +106,8 @@ class RemoteEngines:
         self._loop_thread = None
         self._zctx: zmq.Context | None = None
         self._info_ready: asyncio.Event | None = None
-        # while it returns True nothing is read (the gateway's event pump is behind); must not block
-        self.hold = None
         # called on the loop whenever `ready` may have changed
         self.on_state = None
-        # the per-context wrappers' client: context id -> [sink, tokenizer]
-        self._sinks: dict[int, list] = {}
-        self._sink_ids = itertools.count(1)
-        self._legacy = self.connect(self._deliver_to_sinks)
 
     # ----- lifecycle (on the loop) -----
     def start(self) -> None:
@@ -302,10 +290,6 @@ class RemoteEngines:
     def _readable(self, link: _Link) -> None:
         if link.sock is None:
             return
-        if self.hold is not None and self.hold():
-            if link.held is None:
-                link.held = self._loop.call_later(HOLD_POLL_S, self._read_again, link)
-            return
         for _ in range(MAX_MESSAGES_PER_READ):
             try:
                 frames = link.sock.recv_multipart(zmq.NOBLOCK, copy=False)
@@ -316,10 +300,6 @@ class RemoteEngines:
             except Exception:
                 log.exception("bad message from engine %d", link.index)
         self._loop.call_soon(self._readable, link)
-
-    def _read_again(self, link: _Link) -> None:
-        link.held = None
-        self._readable(link)
 
     def _handle(self, link: _Link, frames: list) -> None:
         kind = frames[0].bytes
@@ -428,44 +408,3 @@ class RemoteEngines:
             except Exception:
                 log.exception("delivering to client %d failed: disconnecting it", client)
                 self.disconnect(client)
-
-    # ----- per-context wrappers (one built-in client; tokenizing here, in the caller's thread) -----
-    def open(self, params: ContextParams, sink: EventSink) -> int:
-        """Start a context; raises EngineFull when no engine is ready. Other refusals (no free slot, a voice
-        the engine does not know, ...) come to the sink as ContextFailed."""
-        if not self.ready:
-            raise EngineFull(self._full_message())
-        ctx = next(self._sink_ids)
-        self._sinks[ctx] = [sink, self.new_tokenizer()]
-        self.submit(self._legacy, [OpenContext(ctx, params)])
-        return ctx
-
-    def append_text(self, context: int, text: str) -> None:
-        entry = self._sinks.get(context)
-        if entry is None or entry[1] is None or not text:
-            return
-        self.submit(self._legacy, [AppendText(context, tuple(entry[1].feed(text)), text_seconds(text))])
-
-    def end_text(self, context: int) -> None:
-        entry = self._sinks.get(context)
-        if entry is None or entry[1] is None:
-            return
-        tail, entry[1] = entry[1].finish(), None
-        self.submit(self._legacy, [EndText(context, tuple(tail))])
-
-    def cancel(self, context: int) -> None:
-        self._sinks.pop(context, None)
-        self.submit(self._legacy, [CancelContext(context)])
-
-    def _deliver_to_sinks(self, events: list) -> None:
-        for ev in events:
-            entry = self._sinks.get(ev.context)
-            if entry is None:
-                continue
-            if not isinstance(ev, AudioChunk):
-                self._sinks.pop(ev.context, None)
-            try:
-                entry[0](ev)
-            except Exception:
-                log.exception("sink of context %d failed: cancelling it", ev.context)
-                self.cancel(ev.context)

@@ -1,202 +1,325 @@
-"""`talkgate serve`: engine processes and gateway workers under a supervisor (gateway/supervisor.py), or with
-`--workers 0` one process (load the engine, bind the port, warm up, serve until SIGINT/SIGTERM)."""
+"""`talkgate serve`: check the arguments, bind the port, then either start the engine processes and gateway
+workers under a supervisor (gateway/supervisor.py, the default), or with `--workers 0` load the engine in
+this process, warm up, serve until SIGINT/SIGTERM, drain.
+
+The port is bound before the model loads, so that a busy port is reported at once; HTTP answers from
+the end of the load on (/health 200 "starting", /ready 503 until the warm-up is over).
+"""
 from __future__ import annotations
 
 import argparse
 import asyncio
+import errno
 import logging
 import os
 import signal
+import socket
 from pathlib import Path
 
-from aiohttp import web
-
-from talkgate.gateway.server import ServerConfig, create_app
+from talkgate.gateway import args as cli_args
+from talkgate.gateway.args import CommandError
 from talkgate.sessions.limits import Limits
-from talkgate.synth.api import EngineError
 
 log = logging.getLogger("talkgate.serve")
 DEFAULT_PRESET = "mini"
-MAX_DEFAULT_WORKERS = 8
-DEFAULT_WORKERS_HELP = f"the cores less one per engine process, 1 to {MAX_DEFAULT_WORKERS}"
+BACKLOG = 128                # connections the kernel queues while the model loads or the loop is busy
+CLEANUP_TIMEOUT_S = 2.0      # after the drain: HTTP handlers still running get this long, then are cancelled
+MAX_DEFAULT_WORKERS = 8      # docs/benchmarks.md: 512 Opus streams on an H100 machine
 
 
 def default_checkpoint() -> Path:
     """The built-in default: a random-weight `mini` checkpoint, created once and cached."""
     from talkgate.synth.checkpoint import create_checkpoint
 
-    root = Path(os.environ.get("TALKGATE_CACHE", Path.home() / ".cache" / "talkgate"))
+    from talkgate.synth.compile_cache import cache_root
+
+    root = cache_root()
     path = root / f"{DEFAULT_PRESET}-custom_voice"
     if not (path / "config.json").exists():
-        log.info("creating the built-in default checkpoint (%s, random weights) in %s", DEFAULT_PRESET, path)
         tmp = path.with_name(path.name + ".partial")
-        create_checkpoint(tmp, preset=DEFAULT_PRESET, variant="custom_voice")
-        tmp.rename(path)    # atomic: a half-written default is never picked up
+        try:
+            root.mkdir(parents=True, exist_ok=True)
+            log.info("creating the built-in default checkpoint (%s, random weights) in %s", DEFAULT_PRESET, path)
+            create_checkpoint(tmp, preset=DEFAULT_PRESET, variant="custom_voice")
+            tmp.rename(path)    # atomic: a half-written default is never picked up
+        except OSError as e:
+            raise CommandError(f"cannot create the default checkpoint in {root}: {e.strerror}; set TALKGATE_CACHE "
+                               "to a writable directory, or pass --model") from None
     return path
 
 
 def add_parser(subparsers) -> None:
-    p = subparsers.add_parser("serve", help="serve the WebSocket/HTTP gateway",
-                              formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--model", help="checkpoint directory or Hugging Face id (default: built-in random-weight "
-                   f"'{DEFAULT_PRESET}' checkpoint, created once)")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8080, help="0 picks a free port (printed at start)")
-    p.add_argument("--device", help="cuda, cpu (default: cuda when available)")
-    p.add_argument("--dtype", choices=["bfloat16", "float16", "float32"], help="default: bfloat16 on GPU, float32 on CPU")
-    p.add_argument("--gpus", help="'all' or GPU indices like 0,1: one engine process per GPU (default: all GPUs; "
-                   "one engine process on the CPU where there is none or with --device cpu)")
-    p.add_argument("--engines", type=int, default=1, help="engine processes per GPU (or on the CPU); more than "
-                   "one on a GPU needs --max-contexts, as each would size its slots from the whole GPU")
-    p.add_argument("--workers", type=int, help="gateway worker processes sharing the port (default: "
-                   f"{DEFAULT_WORKERS_HELP}); 0: one process, the engine a thread in it")
-    p.add_argument("--max-contexts", type=int, help="engine slots (default: sized from free memory)")
-    p.add_argument("--seed", type=seed_arg, help="sampling seed of contexts whose request sets none, so that the same "
-                   "text and settings give the same audio (default: a fresh random seed each)")
-    p.add_argument("--api-key", action="append", default=[], help="require this API key (repeatable); "
-                   "also TALKGATE_API_KEYS=k1,k2")
-    p.add_argument("--allow-origin", action="append", default=[], help="allowed browser Origin (repeatable); "
-                   "default: any")
+    p = subparsers.add_parser(
+        "serve", help="serve the WebSocket/HTTP gateway",
+        description="Serve every endpoint (native WebSocket, OpenAI HTTP, compatible WebSocket APIs, /health, "
+                    "/ready, /metrics, the web page) on one port until SIGTERM or SIGINT (Ctrl-C), which drain: "
+                    "new sessions are refused, open contexts finish up to --shutdown-deadline, a second signal "
+                    "cuts the drain short (docs/operations.md).")
+    p.add_argument("--model", metavar="DIR|ID", help="checkpoint directory or Hugging Face id (default: a built-in "
+                   f"random-weight '{DEFAULT_PRESET}' checkpoint, created once under $TALKGATE_CACHE or "
+                   "~/.cache/talkgate)")
+    p.add_argument("--host", metavar="ADDRESS", default="127.0.0.1",
+                   help="address to listen on (0.0.0.0: every IPv4 interface)")
+    p.add_argument("--port", metavar="N", type=cli_args.port, default=8080,
+                   help="TCP port; 0 picks a free one (printed at start)")
+    p.add_argument("--device", metavar="DEVICE", type=cli_args.device,
+                   help="cpu, cuda or cuda:N (default: cuda when a GPU is visible, else cpu)")
+    p.add_argument("--dtype", choices=["bfloat16", "float16", "float32"],
+                   help="Talker and code predictor dtype (default: bfloat16 on GPU, float32 on CPU)")
+    p.add_argument("--gpus", metavar="all|I,J", help="GPUs to serve on, one engine process each (default: all; "
+                   "indices as CUDA_VISIBLE_DEVICES shows them)")
+    p.add_argument("--engines", metavar="N", type=cli_args.integer(1), default=1, help="engine processes per GPU, "
+                   "or on the CPU; more than one on a GPU needs --max-contexts (each would size its slots from the "
+                   "whole GPU)")
+    p.add_argument("--workers", metavar="N", type=cli_args.integer(0), help="gateway worker processes sharing the "
+                   "port (default: the cores less one per engine process, 1 to "
+                   f"{MAX_DEFAULT_WORKERS}); 0: one process, the engine a thread of it")
+    p.add_argument("--max-contexts", metavar="N", type=cli_args.integer(1), help="engine slots of each engine process: "
+                   "contexts in flight on it (default: sized from free GPU memory, at most 512; 16 on CPU)")
+    p.add_argument("--seed", metavar="N", type=cli_args.seed, help="sampling seed of contexts whose request sets "
+                   "none, so that the same text and settings give the same audio (default: a fresh random seed each)")
+    add_untrained_length(p)
+    p.add_argument("--api-key", metavar="KEY", action="append", default=[], help="require this API key "
+                   "(repeatable; also TALKGATE_API_KEYS=k1,k2); default: no key needed")
+    p.add_argument("--allow-origin", metavar="ORIGIN", action="append", default=[],
+                   help="allowed browser Origin (repeatable); default: any")
     d = Limits()
-    p.add_argument("--max-message-bytes", type=int, default=d.max_message_bytes)
-    p.add_argument("--max-text-chars", type=int, default=d.max_text_chars, help="text per context")
-    p.add_argument("--max-contexts-per-connection", type=int, default=d.max_contexts_per_connection)
-    p.add_argument("--max-connections", type=int, default=d.max_connections, help="WebSocket connections of the "
-                   "server; each worker takes at most 1.5x an even share")
-    p.add_argument("--idle-timeout", type=float, default=d.idle_timeout_s, help="seconds")
-    p.add_argument("--max-backlog-ms", type=int, default=d.max_backlog_ms,
-                   help="unsent audio per context before it is cancelled (slow consumer)")
-    p.add_argument("--voice-map", help="JSON file mapping the compatible APIs' voice ids to talkgate voices "
-                   "(docs/compat.md)")
-    p.add_argument("--shutdown-deadline", type=float, default=10.0, help="seconds contexts may finish at shutdown")
+    p.add_argument("--max-message-bytes", metavar="N", type=cli_args.integer(1), default=d.max_message_bytes,
+                   help="largest client message, in bytes")
+    p.add_argument("--max-messages-per-s", metavar="N", type=cli_args.positive_number, default=d.max_messages_per_s,
+                   help="client messages a second per connection, on average (bursts of 5 s worth); past it the "
+                   "connection closes with 1008")
+    p.add_argument("--max-text-chars", metavar="N", type=cli_args.integer(1), default=d.max_text_chars,
+                   help="text of one context, in characters")
+    p.add_argument("--max-contexts-per-connection", metavar="N", type=cli_args.integer(1),
+                   default=d.max_contexts_per_connection, help="contexts in flight on one connection")
+    p.add_argument("--max-connections", metavar="N", type=cli_args.integer(1), default=d.max_connections,
+                   help="open WebSocket connections; more are refused (close 1013); each worker takes at most 1.5x "
+                   "an even share of them")
+    p.add_argument("--idle-timeout", metavar="SECONDS", type=cli_args.positive_seconds, default=d.idle_timeout_s,
+                   help="seconds without a client message or audio taken by the client before a connection is "
+                   "closed, contexts in flight or not")
+    p.add_argument("--max-backlog-ms", metavar="MS", type=cli_args.integer(1), default=d.max_backlog_ms,
+                   help="audio of one context left unread, in ms, by a client that is behind real time before the "
+                   "context is cancelled as a slow consumer")
+    p.add_argument("--voice-map", metavar="FILE", help="JSON file mapping the compatible APIs' voice ids to "
+                   "talkgate voices (docs/compat.md); default: the built-in map")
+    p.add_argument("--shutdown-deadline", metavar="SECONDS", type=cli_args.seconds, default=10.0,
+                   help="seconds open contexts may finish after SIGTERM/SIGINT before their sockets close with 1001")
     p.set_defaults(func=run)
 
 
-def seed_arg(text: str) -> int:
-    """argparse type of a sampling seed (serve and synthesize): an integer of 64 bits, as the engine takes."""
-    from talkgate.synth.api import SEED_RANGE, seed_fits
+def add_untrained_length(p) -> None:
+    """--untrained-length (serve, synthesize): how an untrained checkpoint's utterances end."""
+    p.add_argument("--untrained-length", choices=["text-rule", "runaway"], default="text-rule",
+                   help="random-weight checkpoints never sample end of speech: text-rule ends an utterance where "
+                   "the text-length rule puts it (reason length_rule), runaway lets it run to the runaway guard "
+                   "(4x that, reason budget), as a trained model that never ended would; trained checkpoints "
+                   "end by the model either way")
+
+
+def listen(host: str, port: int, reuse_port: bool = False, backlog: int | None = BACKLOG) -> list[socket.socket]:
+    """Listening sockets on every address of `host` (port 0: one free port, the same for every address).
+    reuse_port: SO_REUSEPORT, so that gateway workers share the port; backlog None: bound, not listening (the
+    supervisor's reservation of the port). CommandError when the port is busy, the address is not this
+    machine's, ..."""
+    where = f"{host}:{port}"
     try:
-        seed = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if not seed_fits(seed):
-        raise argparse.ArgumentTypeError(f"must fit in 64 bits ({SEED_RANGE})")
-    return seed
-
-
-def _cuda_available() -> bool:
-    import torch
-    return torch.cuda.is_available()
-
-
-def default_workers(engines: int, cores: int | None = None) -> int:
-    """Worker processes for `engines` engine processes on `cores` cores: a core per engine process (its step
-    loop) and the rest for workers, at most MAX_DEFAULT_WORKERS (docs/benchmarks.md measures the choice)."""
-    cores = cores or len(os.sched_getaffinity(0))
-    return max(1, min(MAX_DEFAULT_WORKERS, cores - engines))
-
-
-def parse_gpus(text: str | None, count: int) -> list[int]:
-    if text in (None, "all"):
-        return list(range(count))
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as e:
+        raise CommandError(f"--host {host}: {e.strerror}") from None
+    sockets: list[socket.socket] = []
     try:
-        gpus = [int(g) for g in text.split(",")]
-    except ValueError:
-        raise EngineError(f"--gpus {text!r}: give 'all' or GPU indices like 0,1") from None
-    bad = [g for g in gpus if not 0 <= g < count]
-    if bad or len(set(gpus)) != len(gpus):
-        raise EngineError(f"--gpus {text!r}: this machine has {count} GPU(s) (indices 0-{count - 1}), each once")
-    return gpus
+        for family, kind, proto, _, address in dict.fromkeys(infos):
+            s = socket.socket(family, kind, proto)
+            sockets.append(s)
+            # as asyncio does: a port still in TIME_WAIT from the last run can be bound, a listening one cannot
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if reuse_port:
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+            if family == socket.AF_INET6:
+                s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            if port == 0 and len(sockets) > 1:
+                address = (address[0], sockets[0].getsockname()[1], *address[2:])
+            s.bind(address)
+            if backlog is not None:
+                s.listen(backlog)
+            s.setblocking(False)
+    except OSError as e:
+        for s in sockets:
+            s.close()
+        if e.errno == errno.EADDRINUSE:
+            raise CommandError(f"cannot listen on {where}: the port is in use (another talkgate?); "
+                               "choose another with --port") from None
+        if e.errno == errno.EADDRNOTAVAIL:
+            raise CommandError(f"--host {host}: not an address of this machine") from None
+        if e.errno == errno.EACCES:
+            raise CommandError(f"cannot listen on {where}: permission denied (ports below 1024 need root); "
+                               "choose another with --port") from None
+        raise CommandError(f"cannot listen on {where}: {e.strerror}") from None
+    return sockets
 
 
 def run(args: argparse.Namespace) -> int:
+    from talkgate.sessions.voices import VoiceMap
+
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    model = args.model or str(default_checkpoint())
-    device = args.device or ("cuda" if _cuda_available() else "cpu")
-    if args.workers == 0:
-        return run_single_process(args, model, device)
-    from talkgate.gateway.supervisor import Plan, Supervisor
-    gpus = None
-    if device.startswith("cuda"):
-        import torch
-        gpus = parse_gpus(args.gpus, torch.cuda.device_count())
-        if not gpus:
-            raise EngineError("no GPU found: use --device cpu")
-    elif args.gpus is not None:
-        raise EngineError("--gpus needs --device cuda")
-    if args.engines < 1:
-        raise EngineError("--engines must be at least 1")
-    if gpus is None:
-        engines = [{"device": device, "cuda_visible": None}] * args.engines
-    else:
-        if args.engines > 1 and args.max_contexts is None:
-            raise EngineError("--engines above 1 on a GPU needs --max-contexts (each engine process would size "
-                              "its slots from the whole GPU's free memory)")
-        visible = os.environ.get("CUDA_VISIBLE_DEVICES")     # the GPU indices are of the visible ones
-        ids = visible.split(",") if visible else [str(g) for g in range(max(gpus) + 1)]
-        engines = [{"device": "cuda", "cuda_visible": ids[g]} for g in gpus for _ in range(args.engines)]
-    workers = args.workers if args.workers is not None else default_workers(len(engines))
-    engine_args = []
-    for flag, value in (("--dtype", args.dtype), ("--max-contexts", args.max_contexts), ("--seed", args.seed)):
-        if value is not None:
-            engine_args += [flag, str(value)]
-    config = server_config(args)
-    plan = Plan(host=args.host, port=args.port, model=model, engines=engines, workers=workers,
-                engine_args=engine_args, limits=config.limits.as_dict(),
-                server={"api_keys": list(config.api_keys), "allowed_origins": list(config.allowed_origins),
-                        "shutdown_deadline_s": config.shutdown_deadline_s, "voice_map": config.voice_map})
-    return Supervisor(plan).run()
+    # everything a user can get wrong is checked before the model loads, the cheap checks first
+    if args.voice_map and not Path(args.voice_map).is_file():
+        raise CommandError(f"--voice-map {args.voice_map}: no such file")
+    try:
+        VoiceMap.load(args.voice_map)
+    except ValueError as e:
+        raise CommandError(str(e)) from None
+    if args.workers != 0:
+        return run_supervised(args)
+    sockets = listen(args.host, args.port)
+    try:
+        device = cli_args.check_device(args.device)
+        if args.model:
+            from talkgate.synth.loader import resolve_path     # imports torch: after the cheap checks
+            resolve_path(args.model)                    # CheckpointError: no such directory, not reachable, ...
+        engine = _load(args, device)
+        config = server_config(args)
+        host = f"[{args.host}]" if ":" in args.host else args.host
+        url = f"http://{host}:{sockets[0].getsockname()[1]}"
+        try:
+            return asyncio.run(_serve(engine, config, sockets, url))
+        finally:
+            engine.stop()
+    finally:
+        for s in sockets:
+            s.close()
 
 
-def server_config(args: argparse.Namespace) -> ServerConfig:
+def server_config(args: argparse.Namespace):
+    from talkgate.gateway.server import ServerConfig
+
     keys = tuple(args.api_key) + tuple(k for k in os.environ.get("TALKGATE_API_KEYS", "").split(",") if k)
-    limits = Limits(max_message_bytes=args.max_message_bytes, max_text_chars=args.max_text_chars,
-                    max_contexts_per_connection=args.max_contexts_per_connection,
+    limits = Limits(max_message_bytes=args.max_message_bytes, max_messages_per_s=args.max_messages_per_s,
+                    max_text_chars=args.max_text_chars, max_contexts_per_connection=args.max_contexts_per_connection,
                     max_connections=args.max_connections, idle_timeout_s=args.idle_timeout,
                     max_backlog_ms=args.max_backlog_ms)
     return ServerConfig(limits=limits, api_keys=keys, allowed_origins=tuple(args.allow_origin),
                         shutdown_deadline_s=args.shutdown_deadline, voice_map=args.voice_map)
 
 
-def run_single_process(args: argparse.Namespace, model: str, device: str) -> int:
-    """The engine as a thread of the gateway process (`--workers 0`): no IPC, one GIL."""
+def default_workers(engines: int, cores: int | None = None) -> int:
+    """Worker processes beside `engines` engine processes on `cores` cores: a core per engine process (its
+    step loop), the rest for workers, at most MAX_DEFAULT_WORKERS."""
+    cores = cores or len(os.sched_getaffinity(0))
+    return max(1, min(MAX_DEFAULT_WORKERS, cores - engines))
+
+
+def gpu_indices(text: str | None, count: int) -> list[int]:
+    """--gpus: 'all' (or unset) or indices like 0,1 of the `count` visible GPUs."""
+    if text in (None, "all"):
+        return list(range(count))
+    try:
+        gpus = [int(g) for g in text.split(",")]
+    except ValueError:
+        raise CommandError(f"--gpus {text}: give 'all' or GPU indices like 0,1") from None
+    if any(not 0 <= g < count for g in gpus) or len(set(gpus)) != len(gpus):
+        raise CommandError(f"--gpus {text}: this machine shows {count} GPU(s), 0 to {count - 1}; each once")
+    return gpus
+
+
+def run_supervised(args: argparse.Namespace) -> int:
+    """Engine processes and gateway workers under the supervisor (gateway/supervisor.py)."""
+    from talkgate.gateway.supervisor import Plan, Supervisor
+
+    # a port someone holds, with SO_REUSEPORT or not, is refused by a bind without it; then the port is held
+    # (bound, never listening) with SO_REUSEPORT for the workers to share
+    probe = listen(args.host, args.port, backlog=None)
+    port = probe[0].getsockname()[1]
+    for s in probe:
+        s.close()
+    reserved = listen(args.host, port, reuse_port=True, backlog=None)
+    try:
+        device = cli_args.check_device(args.device)
+        if args.model:
+            from talkgate.synth.loader import resolve_path
+            resolve_path(args.model)
+        model = args.model or str(default_checkpoint())
+        if device == "cpu":
+            if args.gpus is not None:
+                raise CommandError("--gpus needs a GPU (--device cuda)")
+            engines = [{"device": "cpu", "cuda_visible": None}] * args.engines
+        else:
+            import torch
+            if args.engines > 1 and args.max_contexts is None:
+                raise CommandError("--engines above 1 on a GPU needs --max-contexts (each engine process would size "
+                                   "its slots from the whole GPU's free memory)")
+            count = torch.cuda.device_count()
+            gpus = gpu_indices(args.gpus, count) if args.gpus or device == "cuda" else [int(device.split(":")[1])]
+            visible = os.environ.get("CUDA_VISIBLE_DEVICES")      # indices are of the visible GPUs
+            ids = visible.split(",") if visible else [str(g) for g in range(count)]
+            engines = [{"device": "cuda", "cuda_visible": ids[g]} for g in gpus for _ in range(args.engines)]
+        engine_args = ["--untrained-length", args.untrained_length]
+        for flag, value in (("--dtype", args.dtype), ("--max-contexts", args.max_contexts), ("--seed", args.seed)):
+            if value is not None:
+                engine_args += [flag, str(value)]
+        workers = args.workers if args.workers is not None else default_workers(len(engines))
+        config = server_config(args)
+        plan = Plan(host=args.host, port=reserved[0].getsockname()[1], model=model, engines=engines,
+                    workers=workers, engine_args=engine_args, limits=config.limits.as_dict(),
+                    server={"api_keys": list(config.api_keys), "allowed_origins": list(config.allowed_origins),
+                            "shutdown_deadline_s": config.shutdown_deadline_s, "voice_map": config.voice_map})
+        return Supervisor(plan).run()
+    finally:
+        for s in reserved:
+            s.close()
+
+
+def _load(args: argparse.Namespace, device: str):
     from talkgate.synth.engine import Engine
 
+    model = args.model or str(default_checkpoint())
     if device == "cpu":
         # one intra-op thread: under load, two made the small CPU models several times slower, and
         # the other core is left to the event loop and the audio encoders
         import torch
         torch.set_num_threads(1)
+    log.info("loading %s on %s", model, device)
     engine = Engine.from_pretrained(model, device=device, dtype=args.dtype, max_contexts=args.max_contexts,
-                                    default_seed=args.seed)
+                                    default_seed=args.seed, untrained_length=args.untrained_length)
     info = engine.info
     log.info("model %s (%s, %s) on %s/%s%s", info.name, info.model_type, info.size, info.device, info.dtype,
              " -- UNTRAINED RANDOM WEIGHTS: the audio is noise, not speech" if info.untrained else "")
-    config = server_config(args)
-    try:
-        asyncio.run(_serve(engine, config, args.host, args.port))
-    finally:
-        engine.stop()
-    return 0
+    return engine
 
 
-async def _serve(engine, config: ServerConfig, host: str, port: int) -> None:
+async def _serve(engine, config, sockets: list[socket.socket], url: str) -> int:
+    """Serve until the first SIGINT/SIGTERM, drain (a second signal cuts it short), stop. -> exit status."""
+    from aiohttp import web
+
+    from talkgate.gateway.server import AppRunner, create_app, drain
+
     app = create_app(engine, config)
     gw = app["gateway"]
-    gw.ready = False
-    runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=config.shutdown_deadline_s + 5)
+    runner = AppRunner(app, handle_signals=False, shutdown_timeout=CLEANUP_TIMEOUT_S)
     await runner.setup()
-    site = web.TCPSite(runner, host, port)
-    await site.start()
-    bound = site._server.sockets[0].getsockname()[1]
-    print(f"talkgate: listening on http://{host}:{bound} (warming up)", flush=True)
-    stop = asyncio.Event()
+    stop, hurry = asyncio.Event(), asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    await asyncio.to_thread(engine.start)      # warm-up and graph capture; /health says 503 meanwhile
-    gw.ready = True
-    print(f"talkgate: ready on http://{host}:{bound}", flush=True)
-    await stop.wait()
-    print("talkgate: shutting down", flush=True)
-    await runner.cleanup()     # on_shutdown drains contexts up to the deadline, then closes with 1001
+        loop.add_signal_handler(sig, lambda: (hurry if stop.is_set() else stop).set())
+    try:
+        for s in sockets:
+            await web.SockSite(runner, s, backlog=BACKLOG).start()
+        print(f"talkgate: listening on {url} (warming up)", flush=True)
+        # compiles and the first-audio graphs (the other buckets follow in the background)
+        warm = asyncio.ensure_future(asyncio.to_thread(engine.start))
+        stopped = asyncio.ensure_future(stop.wait())
+        await asyncio.wait([warm, stopped], return_when=asyncio.FIRST_COMPLETED)
+        if warm.done():
+            if warm.exception() is not None:
+                log.error("engine warm-up failed", exc_info=warm.exception().__cause__ or warm.exception())
+                return 1
+            gw.ready = True
+            print(f"talkgate: ready on {url}", flush=True)
+        await stopped
+        await drain(app, hurry)
+    finally:
+        await runner.cleanup()
+    print("talkgate: stopped", flush=True)
+    return 0

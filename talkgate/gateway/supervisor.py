@@ -8,8 +8,8 @@ SIGTERM/SIGINT drains the workers, then stops the engines.
     ├── worker 0  (gateway/worker.py: aiohttp on PORT with SO_REUSEPORT, DEALER to every engine)
     └── worker 1 ...
 
-The port is bound here first (SO_REUSEPORT, never listening) so that it stays reserved while workers come
-and go; port 0 picks a free one. RUN is a private temporary folder holding the engines' ipc sockets and
+gateway/serve.py binds the port first (SO_REUSEPORT, never listening) and holds it, so that it stays
+reserved while workers come and go; port 0 picks a free one. RUN is a private temporary folder holding the engines' ipc sockets and
 the workers' Prometheus files (PROMETHEUS_MULTIPROC_DIR); it is removed at exit. Each worker reports
 "listening" / "ready" / "not_ready" on a status pipe; this process prints `talkgate: ready on URL` once
 every worker is ready. A child that exits unexpectedly is started again, at once the first time and after
@@ -27,7 +27,6 @@ import os
 import selectors
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -77,7 +76,7 @@ class Child:
 class Plan:
     """What to start: built by gateway/serve.py from the command line."""
     host: str
-    port: int
+    port: int                                  # reserved by serve.py
     model: str
     engines: list[dict]                        # per engine: {"device", "cuda_visible"}
     workers: int
@@ -95,12 +94,10 @@ class Supervisor:
         self.announced = {"listening": False, "ready": False}
 
     def run(self) -> int:
+        """Start everything, supervise until SIGTERM/SIGINT, drain the workers, stop the engines. -> exit status."""
         plan = self.plan
-        listener = socket.socket(socket.AF_INET6 if ":" in plan.host else socket.AF_INET, socket.SOCK_STREAM)
-        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-        listener.bind((plan.host, plan.port))              # reserved, never listening: gets no connection
-        self.port = listener.getsockname()[1]
+        host = f"[{plan.host}]" if ":" in plan.host else plan.host
+        self.url = f"http://{host}:{plan.port}"
         run_dir = tempfile.mkdtemp(prefix="talkgate-")
         metrics_dir = os.path.join(run_dir, "metrics")
         os.mkdir(metrics_dir)
@@ -115,7 +112,7 @@ class Supervisor:
             self.children.append(Child(f"engine {i}", argv, env))
         limits = {**plan.limits, "max_connections": worker_cap(plan.limits["max_connections"], plan.workers)}
         for w in range(plan.workers):
-            cfg = {"index": w, "host": plan.host, "port": self.port, "engines": endpoints, "server": plan.server,
+            cfg = {"index": w, "host": plan.host, "port": plan.port, "engines": endpoints, "server": plan.server,
                    "limits": limits}
             env = {**base_env, "PROMETHEUS_MULTIPROC_DIR": metrics_dir, "TALKGATE_WORKER": json.dumps(cfg)}
             self.children.append(Child(f"worker {w}", [sys.executable, "-m", "talkgate.gateway.worker"], env, True))
@@ -126,7 +123,7 @@ class Supervisor:
             signal.signal(sig, self._on_signal)
         self.sel.register(wake_r, selectors.EVENT_READ, None)
         log.info("supervisor (pid %d): %d engine process(es), %d worker(s), port %d, run folder %s", os.getpid(),
-                 len(plan.engines), plan.workers, self.port, run_dir)
+                 len(plan.engines), plan.workers, plan.port, run_dir)
         try:
             for child in self.children:
                 self._start(child)
@@ -140,11 +137,15 @@ class Supervisor:
                 if child.proc is not None and child.proc.poll() is None:
                     child.proc.kill()
                     child.proc.wait()
-            listener.close()
             shutil.rmtree(run_dir, ignore_errors=True)
+        print("talkgate: stopped", flush=True)
         return 0
 
     def _on_signal(self, signum, frame) -> None:
+        if self.stopping:                   # a second signal: the workers cut their drain short
+            for c in self.children:
+                if c.status and c.proc is not None and c.proc.poll() is None:
+                    c.proc.send_signal(signal.SIGTERM)
         self.stopping = True
 
     # ----- children -----
@@ -191,7 +192,7 @@ class Supervisor:
             return
         child.state = data.decode().split()[-1]
         workers = [c for c in self.children if c.status]
-        url = f"http://{self.plan.host}:{self.port}"
+        url = self.url
         if not self.announced["listening"] and child.state in ("listening", "ready"):
             self.announced["listening"] = True
             print(f"talkgate: listening on {url} (warming up)", flush=True)

@@ -10,7 +10,7 @@ Every worker binds the port with SO_REUSEPORT, so the kernel spreads new connect
 for an engine's WELCOME (model info, tokenizer) before it listens, is ready (/health 200) while at least one
 engine is, and tells the supervisor through its status pipe: "listening", "ready", "not_ready".
 SIGTERM or SIGINT: drain as the single-process server does (refuse new sessions, let contexts finish up to
-the shutdown deadline, close with 1001), then exit.
+the shutdown deadline, a second signal cuts that short, close with 1001), then exit.
 """
 from __future__ import annotations
 
@@ -41,61 +41,68 @@ class StatusPipe:
             pass
 
 
-async def serve_worker(cfg: dict) -> None:
+async def serve_worker(cfg: dict) -> int:
     from aiohttp import web
 
     from talkgate.gateway.metrics import Metrics
     from talkgate.gateway.remote_engines import RemoteEngines
-    from talkgate.gateway.server import ServerConfig, create_app
+    from talkgate.gateway.serve import BACKLOG, CLEANUP_TIMEOUT_S, listen
+    from talkgate.gateway.server import AppRunner, ServerConfig, create_app, drain
     from talkgate.sessions.limits import Limits
 
     index = cfg["index"]
     loop = asyncio.get_running_loop()
-    stop = asyncio.Event()
+    stop, hurry = asyncio.Event(), asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, lambda: (hurry if stop.is_set() else stop).set())
     status = StatusPipe(cfg.get("status_fd"))
     engines = RemoteEngines(cfg["engines"], worker=index)
     engines.start()
-    info = asyncio.ensure_future(engines.wait_info())
-    await asyncio.wait([info, asyncio.ensure_future(stop.wait())], return_when=asyncio.FIRST_COMPLETED)
-    if stop.is_set():
+    try:
+        info = asyncio.ensure_future(engines.wait_info())
+        stopped = asyncio.ensure_future(stop.wait())
+        await asyncio.wait([info, stopped], return_when=asyncio.FIRST_COMPLETED)
+        if stop.is_set():
+            return 0
+        server = cfg["server"]
+        config = ServerConfig(limits=Limits(**cfg["limits"]), api_keys=tuple(server["api_keys"]),
+                              allowed_origins=tuple(server["allowed_origins"]),
+                              shutdown_deadline_s=server["shutdown_deadline_s"], voice_map=server["voice_map"])
+        metrics = Metrics(worker=index, engines=engines)
+        app = create_app(engines, config, metrics)
+        gw = app["gateway"]
+        listening = False
+
+        def on_state():
+            gw.ready = engines.ready
+            if listening:
+                status.say("ready" if gw.ready else "not_ready")
+
+        def sample():
+            metrics.worker_connections.labels(str(index)).set(len(gw.connections))
+            metrics.worker_contexts.labels(str(index)).set(engines.stats()["contexts"])
+            metrics.worker_cpu.labels(str(index)).set(time.process_time())
+
+        engines.on_state = on_state
+        app["sample_metrics"] = sample
+        runner = AppRunner(app, handle_signals=False, shutdown_timeout=CLEANUP_TIMEOUT_S)
+        await runner.setup()
+        try:
+            for s in listen(cfg["host"], cfg["port"], reuse_port=True):
+                await web.SockSite(runner, s, backlog=BACKLOG).start()
+            listening = True
+            status.say("listening")
+            on_state()
+            log.info("worker %d (pid %d) listening on %s:%d, at most %d connections", index, os.getpid(),
+                     cfg["host"], cfg["port"], config.limits.max_connections)
+            await stopped
+            status.say("draining")
+            await drain(app, hurry)     # contexts finish up to the deadline (a second signal: at once), then 1001
+        finally:
+            await runner.cleanup()
+        return 0
+    finally:
         engines.close()
-        return
-    server = cfg["server"]
-    config = ServerConfig(limits=Limits(**cfg["limits"]), api_keys=tuple(server["api_keys"]),
-                          allowed_origins=tuple(server["allowed_origins"]),
-                          shutdown_deadline_s=server["shutdown_deadline_s"], voice_map=server["voice_map"])
-    metrics = Metrics(worker=index, engines=engines)
-    app = create_app(engines, config, metrics)
-    gw = app["gateway"]
-    listening = False
-
-    def on_state():
-        gw.ready = engines.ready
-        if listening:
-            status.say("ready" if gw.ready else "not_ready")
-
-    def sample():
-        metrics.worker_connections.labels(str(index)).set(len(gw.connections))
-        metrics.worker_contexts.labels(str(index)).set(engines.stats()["contexts"])
-        metrics.worker_cpu.labels(str(index)).set(time.process_time())
-
-    engines.on_state = on_state
-    app["sample_metrics"] = sample
-    runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=config.shutdown_deadline_s + 5)
-    await runner.setup()
-    site = web.TCPSite(runner, cfg["host"], cfg["port"], reuse_port=True)
-    await site.start()
-    listening = True
-    status.say("listening")
-    on_state()
-    log.info("worker %d (pid %d) listening on %s:%d, at most %d connections", index, os.getpid(), cfg["host"],
-             cfg["port"], config.limits.max_connections)
-    await stop.wait()
-    status.say("draining")
-    await runner.cleanup()          # on_shutdown drains contexts up to the deadline, then closes with 1001
-    engines.close()
 
 
 def main() -> int:
@@ -105,8 +112,7 @@ def main() -> int:
     child_setup()
     logging.basicConfig(level=logging.INFO,
                         format=f"%(asctime)s worker{cfg['index']} %(name)s %(levelname)s %(message)s")
-    asyncio.run(serve_worker(cfg))
-    return 0
+    return asyncio.run(serve_worker(cfg))
 
 
 if __name__ == "__main__":

@@ -9,10 +9,10 @@ context's `done` nothing more is sent for it. Word timestamps are estimates (ses
 from __future__ import annotations
 
 import base64
-import json
 
-from talkgate.sessions.native import Close, Send, send_json
-from talkgate.sessions.session import AudioFormat, ContextCancelled, ContextError, Session, SessionError, field_of
+from talkgate.sessions.actions import BUSY, ENGINE_COMMANDS, Close, Send, dumps, http_status, send_json
+from talkgate.sessions.fields import SessionError, field_of, show
+from talkgate.sessions.session import AudioFormat, ContextCancelled, ContextError, Session
 from talkgate.sessions.utterances import (
     Audio, Event, SegmentDone, UtteranceDone, UtteranceProtocol,
 )
@@ -31,14 +31,14 @@ def parse_output_format(fmt: object, cid: str) -> AudioFormat:
                            "and sample_rate", cid)
     container, enc, rate = fmt.get("container", "raw"), fmt.get("encoding"), fmt.get("sample_rate")
     if container != "raw":
-        raise SessionError("invalid_output_format", f"container {container!r} is not supported on the "
+        raise SessionError("invalid_output_format", f"container {show(container)} is not supported on the "
                            "WebSocket: use \"raw\"", cid)
-    if enc not in ENCODINGS:
-        raise SessionError("invalid_output_format", f"encoding {enc!r} is not supported: use "
+    if not isinstance(enc, str) or enc not in ENCODINGS:
+        raise SessionError("invalid_output_format", f"encoding {show(enc)} is not supported: use "
                            f"{', '.join(ENCODINGS)}", cid)
     rates = (8000,) if enc in ("pcm_mulaw", "pcm_alaw") else PCM_RATES
     if not isinstance(rate, int) or isinstance(rate, bool) or rate not in rates:
-        raise SessionError("invalid_output_format", f"sample_rate {rate!r} is not supported for {enc}: use "
+        raise SessionError("invalid_output_format", f"sample_rate {show(rate)} is not supported for {enc}: use "
                            f"{', '.join(map(str, rates))}", cid)
     return AudioFormat(ENCODINGS[enc], rate)
 
@@ -55,7 +55,10 @@ class CartesiaProtocol(UtteranceProtocol):
 
     def idle_timeout(self) -> list:
         """Idle for the server's idle timeout: close (Cartesia closes idle sockets too; clients reconnect)."""
-        return [] if len(self.utterances) else [Close(1000, "idle timeout")]
+        return [Close(1000, "idle timeout")] + self.utterances.close()
+
+    def abort(self, code: str, message: str, ws_code: int) -> list:
+        return [self._error(None, code, message), Close(ws_code, code)] + self.utterances.close()
 
     def receive_binary(self, data: bytes) -> list:
         return [self._error(None, "invalid_message", "binary frames are not accepted: send JSON text messages")]
@@ -71,7 +74,6 @@ class CartesiaProtocol(UtteranceProtocol):
                 return self._cancel(cid)
             return self._generate(cid, msg)
         except SessionError as e:
-            self.session.observer.error(e.code)
             # an error is `done: true`: a context it names is over, so nothing of it may follow
             stop = self._cancel(cid) if cid is not None else []
             return stop + [self._error(cid, e.code, e.message)]
@@ -103,14 +105,15 @@ class CartesiaProtocol(UtteranceProtocol):
         return self._wire(events)
 
     def _context_config(self, cid: str, msg: dict) -> dict:
-        info = self.session.engine.info
+        info = self.session.info
         voice = msg.get("voice")
-        if not isinstance(voice, dict) or voice.get("mode", "id") not in ("id", "embedding"):
-            raise SessionError("invalid_voice", "voice must be {\"mode\": \"id\", \"id\": ...}", cid)
-        if voice.get("mode", "id") == "embedding":
+        if isinstance(voice, dict) and voice.get("mode") == "embedding":
             raise SessionError("invalid_voice", "voice embeddings are not supported: use {\"mode\": \"id\"}", cid)
+        if (not isinstance(voice, dict) or voice.get("mode", "id") != "id" or not isinstance(voice.get("id"), str)
+                or not voice["id"]):
+            raise SessionError("invalid_voice", "voice must be {\"mode\": \"id\", \"id\": \"<voice id>\"}", cid)
         try:
-            name = self.voices.resolve("cartesia", field_of(voice, "id", str, None, cid), info.voices)
+            name = self.voices.resolve("cartesia", voice["id"], info.voices)
         except UnknownVoice as e:
             raise SessionError("voice_not_found", str(e), cid) from None
         fmt = parse_output_format(msg.get("output_format"), cid)
@@ -121,11 +124,14 @@ class CartesiaProtocol(UtteranceProtocol):
     def _wire(self, events: list[Event]) -> list:
         out: list = []
         for ev in events:
+            if isinstance(ev, ENGINE_COMMANDS):    # passed through to the I/O layer, in order
+                out.append(ev)
+                continue
             if isinstance(ev, Audio):
-                out.append(self._audio_send(json.dumps(
+                out.append(self._audio_send(dumps(
                     {"type": "chunk", "data": base64.b64encode(ev.out.payload).decode(), "done": False,
-                     "status_code": STATUS, "step_time": ev.out.duration_ms, "context_id": ev.key},
-                    separators=(",", ":")), ev.key, ev.out.stream, ev.out.duration_ms))
+                     "status_code": STATUS, "step_time": ev.out.duration_ms, "context_id": ev.key}),
+                    ev.key, ev.out.stream, ev.out.duration_ms))
                 out += self._words(ev.key, ev.words)
             elif isinstance(ev, SegmentDone):
                 out += self._words(ev.key, ev.words)
@@ -142,7 +148,7 @@ class CartesiaProtocol(UtteranceProtocol):
                 out += self._purges(ev.context_id, ev.stream)
                 self.timestamps.pop(ev.context_id, None)
                 self.flush_ids.pop(ev.context_id, None)
-                out.append(self._error(ev.context_id, ev.code, ev.message, status=500))
+                out.append(self._error(ev.context_id, ev.code, ev.message))
         return out
 
     def _words(self, cid: str, words) -> list:
@@ -152,6 +158,9 @@ class CartesiaProtocol(UtteranceProtocol):
                        "word_timestamps": {"words": [w.text for w in words], "start": [w.start_s for w in words],
                                            "end": [w.end_s for w in words]}})]
 
-    def _error(self, cid: str | None, code: str, message: str, status: int = 400) -> Send:
+    def _error(self, cid: str | None, code: str, message: str) -> Send:
+        """Cartesia's error message; its status_code is 500 only for the server's own failures."""
+        status = 429 if code == BUSY else http_status(code)
         return send_json({"type": "error", "done": True, "title": code.replace("_", " ").capitalize(),
-                      "message": message, "error_code": code, "status_code": status, "context_id": cid})
+                          "message": message, "error_code": code, "status_code": status, "context_id": cid},
+                         error=code)

@@ -10,8 +10,9 @@ samples. Client mistakes are answered the Deepgram way: a close frame whose reas
 from __future__ import annotations
 
 
-from talkgate.sessions.native import Close, send_json
-from talkgate.sessions.session import AudioFormat, ContextCancelled, ContextError, Session, SessionError, field_of
+from talkgate.sessions.actions import ENGINE_COMMANDS, Close, close_code, send_json
+from talkgate.sessions.fields import SessionError, field_of, query_int, show
+from talkgate.sessions.session import AudioFormat, ContextCancelled, ContextError, Session
 from talkgate.sessions.utterances import Audio, Event, SegmentDone, UtteranceDone, UtteranceProtocol
 from talkgate.sessions.voices import UnknownVoice, VoiceMap
 
@@ -25,11 +26,11 @@ MAX_SPEAK_CHARS = 2000      # Deepgram's limit on the text of one Speak message
 def parse_query(query: dict[str, str]) -> AudioFormat:
     enc = query.get("encoding", "linear16")
     if enc not in ENCODINGS:
-        raise SessionError("UNSUPPORTED_ENCODING", f"encoding {enc!r} is not supported: use "
+        raise SessionError("UNSUPPORTED_ENCODING", f"encoding {show(enc)} is not supported: use "
                            f"{', '.join(ENCODINGS)}")
     rate = query.get("sample_rate", "24000" if enc == "linear16" else "8000")
-    if not rate.isdigit() or int(rate) not in RATES[enc]:
-        raise SessionError("UNSUPPORTED_SAMPLE_RATE", f"sample_rate {rate!r} is not supported for {enc}: use "
+    if query_int(rate, 1, 1_000_000) not in RATES[enc]:
+        raise SessionError("UNSUPPORTED_SAMPLE_RATE", f"sample_rate {show(rate)} is not supported for {enc}: use "
                            f"{', '.join(map(str, RATES[enc]))}")
     if query.get("container", "none") not in ("none", "raw"):
         raise SessionError("UNSUPPORTED_CONTAINER", "the WebSocket sends raw audio: container must be none")
@@ -46,7 +47,7 @@ class DeepgramProtocol(UtteranceProtocol):
         self.startup_error: SessionError | None = None
         try:
             try:
-                voice = voices.resolve("deepgram", self.model, session.engine.info.voices)
+                voice = voices.resolve("deepgram", self.model, session.info.voices)
             except UnknownVoice as e:
                 raise SessionError("INVALID_MODEL", str(e)) from None
             self.session.configure(voice=voice, format=parse_query(query))
@@ -55,17 +56,18 @@ class DeepgramProtocol(UtteranceProtocol):
 
     def ready(self) -> list:
         if self.startup_error is not None:
-            return [Close(1008, f"{self.startup_error.code}: {self.startup_error.message}")]
+            return [self._close(self.startup_error.code, self.startup_error.message)]
         return [send_json({"type": "Metadata", "request_id": self.session_id, "model_name": self.model,
                        "model_version": "talkgate", "model_uuid": self.session_id})]
 
     def idle_timeout(self) -> list:
-        if len(self.utterances):
-            return []
-        return [Close(1000, "NET-0001: no messages received within the idle timeout")]
+        return [Close(1000, "NET-0001: no messages received within the idle timeout")] + self.utterances.close()
+
+    def abort(self, code: str, message: str, ws_code: int) -> list:
+        return [self._close(code, message, ws_code)] + self.utterances.close()
 
     def receive_binary(self, data: bytes) -> list:
-        return [Close(1003, "DATA-0000: binary messages are not accepted: send JSON text messages")]
+        return [self._close("DATA-0000", "binary messages are not accepted: send JSON text messages", 1003)]
 
     def receive_text(self, data: str) -> list:
         try:
@@ -85,11 +87,10 @@ class DeepgramProtocol(UtteranceProtocol):
                 if STREAM in self.utterances:
                     return self._wire(self.utterances.end(STREAM))
                 return [Close(1000, "closed by client")]
-            return [send_json({"type": "Warning", "description": f"unknown message type {kind!r}: expected Speak, "
-                           "Flush, Clear or Close", "code": "UNKNOWN_MESSAGE_TYPE"})]
+            return [send_json({"type": "Warning", "description": f"unknown message type {show(kind)}: expected Speak, "
+                               "Flush, Clear or Close", "code": "UNKNOWN_MESSAGE_TYPE"}, error="unknown_type")]
         except SessionError as e:
-            self.session.observer.error(e.code)
-            return [Close(1008, f"DATA-0000: {e.message}"[:120])]
+            return [self._close("DATA-0000", e.message, 1008, e.code)]
 
     def _speak(self, msg: dict) -> list:
         text = field_of(msg, "text", str)
@@ -113,6 +114,9 @@ class DeepgramProtocol(UtteranceProtocol):
     def _wire(self, events: list[Event]) -> list:
         out: list = []
         for ev in events:
+            if isinstance(ev, ENGINE_COMMANDS):    # passed through to the I/O layer, in order
+                out.append(ev)
+                continue
             if isinstance(ev, Audio):
                 out.append(self._audio_send(ev.out.payload, ev.key, ev.out.stream, ev.out.duration_ms))
             elif isinstance(ev, SegmentDone):
@@ -124,8 +128,13 @@ class DeepgramProtocol(UtteranceProtocol):
                 out += self._purges(None, ev.stream)
             elif isinstance(ev, ContextError):
                 out += self._purges(None, ev.stream)
-                out.append(Close(1011 if ev.code in ("engine_full", "engine_error", "engine_stopped") else 1008,
-                                 f"{ev.code}: {ev.message}"[:120]))
+                out.append(self._close(ev.code, ev.message))
         return out
+
+    @staticmethod
+    def _close(reason_code: str, message: str, code: int | None = None, error: str | None = None) -> Close:
+        """Deepgram reports errors as a close frame: its reason starts with the error's code."""
+        error = error or reason_code
+        return Close(code or close_code(error), f"{reason_code}: {message}", error=error)
 
 

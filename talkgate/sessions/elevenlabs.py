@@ -9,7 +9,6 @@ that way); `close_context` with text not yet flushed is a barge-in: the context 
 from __future__ import annotations
 
 import base64
-import json
 import re
 from dataclasses import dataclass
 from typing import Callable
@@ -17,8 +16,9 @@ from typing import Callable
 import numpy as np
 
 from talkgate.codecs import FormatError, make_stream_encoder
-from talkgate.sessions.native import Close, Send, send_json
-from talkgate.sessions.session import AudioFormat, ContextCancelled, ContextError, Session, SessionError, field_of
+from talkgate.sessions.actions import ENGINE_COMMANDS, Close, Send, close_code, dumps, send_json
+from talkgate.sessions.fields import SessionError, field_of, query_int, show
+from talkgate.sessions.session import AudioFormat, ContextCancelled, ContextError, Session
 from talkgate.sessions.utterances import (
     Audio, Event, SegmentDone, UtteranceDone, UtteranceProtocol,
 )
@@ -56,7 +56,7 @@ def parse_output_format(name: str) -> OutputFormat:
         return OutputFormat(ENGINE_PCM, "mp3", rate, kbps * 1000)
     if kind == "opus" and rate == 48000 and kbps in OPUS_KBPS:    # Ogg Opus, as ElevenLabs sends it
         return OutputFormat(ENGINE_PCM, "ogg_opus", rate, kbps * 1000)
-    raise SessionError("invalid_output_format", f"invalid output_format {name!r}: expected pcm_8000, pcm_16000, "
+    raise SessionError("invalid_output_format", f"invalid output_format {show(name)}: expected pcm_8000, pcm_16000, "
                        "pcm_22050, pcm_24000, pcm_32000, pcm_44100, pcm_48000, ulaw_8000, alaw_8000, "
                        "mp3_22050_32, mp3_24000_48, mp3_44100_32/64/96/128/192 or opus_48000_32/64/96/128/192")
 
@@ -81,7 +81,7 @@ class ElevenLabsProtocol(UtteranceProtocol):
             self.startup_error = e
 
     def _configure(self, voice_id: str, query: dict[str, str], voices: VoiceMap) -> None:
-        info = self.session.engine.info
+        info = self.session.info
         try:
             voice = voices.resolve("elevenlabs", voice_id, info.voices)
         except UnknownVoice as e:
@@ -92,19 +92,19 @@ class ElevenLabsProtocol(UtteranceProtocol):
             try:    # the codec library may lack it (e.g. libopus not installed)
                 make_stream_encoder(self.output.container, self.output.rate, bitrate=self.output.bitrate)
             except FormatError as e:
-                raise SessionError("unsupported_output_format", f"output_format {name!r} is not available "
+                raise SessionError("unsupported_output_format", f"output_format {show(name)} is not available "
                                    f"on this server: {e}") from None
-        timeout = query.get("inactivity_timeout", str(DEFAULT_INACTIVITY_S))
-        if not timeout.isdigit() or not 1 <= int(timeout) <= MAX_INACTIVITY_S:
+        timeout = query_int(query.get("inactivity_timeout", str(DEFAULT_INACTIVITY_S)), 1, MAX_INACTIVITY_S)
+        if timeout is None:
             raise SessionError("invalid_inactivity_timeout",
                                f"inactivity_timeout must be an integer from 1 to {MAX_INACTIVITY_S} seconds")
         self.idle_timeout_s = float(timeout)
         seed = query.get("seed")
-        if seed is not None and not seed.isdigit():
-            raise SessionError("invalid_seed", "seed must be a non-negative integer")
+        if seed is not None and (seed := query_int(seed, 0, (1 << 64) - 1)) is None:
+            raise SessionError("invalid_seed", "seed must be an integer from 0 to 2^64 - 1")
         self.session.configure(voice=voice, format=self.output.session,
                                language=resolve_language(query.get("language_code"), info.languages),
-                               sampling=SamplingParams(seed=int(seed) if seed is not None else None))
+                               sampling=SamplingParams(seed=seed))
 
     # ----- connection -----
     def ready(self) -> list:
@@ -113,13 +113,16 @@ class ElevenLabsProtocol(UtteranceProtocol):
         return []
 
     def idle_timeout(self) -> list:
-        if len(self.utterances):
-            return []
-        return self._fatal("input_timeout_exceeded",
-                           f"Have not received new text for {self.idle_timeout_s:g} seconds: closing")
+        return self._fatal("input_timeout_exceeded", f"Have not received new text for {self.idle_timeout_s:g} "
+                           "seconds: closing") + self.utterances.close()
+
+    def abort(self, code: str, message: str, ws_code: int) -> list:
+        return [self._error(code, message), Close(ws_code, code)] + self.utterances.close()
 
     # ----- client frames -----
     def receive_binary(self, data: bytes) -> list:
+        if self.authenticate is not None:
+            return self._unauthorized()
         return [self._error("invalid_message", "binary frames are not accepted: send JSON text messages")]
 
     def receive_text(self, data: str) -> list:
@@ -128,13 +131,17 @@ class ElevenLabsProtocol(UtteranceProtocol):
             if self.authenticate is not None:
                 key = msg.get("xi_api_key")
                 if not isinstance(key, str) or not self.authenticate(key):
-                    return self._fatal("invalid_api_key", "a valid API key is required (xi-api-key header, "
-                                       "authorization query parameter or xi_api_key in the first message)")
+                    return self._unauthorized()
                 self.authenticate = None
             return self._on_multi(msg) if self.multi else self._on_single(msg)
         except SessionError as e:
-            self.session.observer.error(e.code)
+            if self.authenticate is not None:
+                return self._unauthorized()
             return [self._error(e.code, e.message, e.context_id if self.multi else None)]
+
+    def _unauthorized(self) -> list:
+        return self._fatal("invalid_api_key", "a valid API key is required (xi-api-key header, authorization "
+                           "query parameter or xi_api_key in the first message)")
 
     def _on_multi(self, msg: dict) -> list:
         if msg.get("close_socket") is True:
@@ -172,9 +179,8 @@ class ElevenLabsProtocol(UtteranceProtocol):
                 return []           # keepalive of a context that is over or not yet opened
             # contexts the client closed (close_context) no longer count, even while their audio finishes
             if sum(not u.ended for u in self.utterances.by_key.values()) >= MAX_CONTEXTS:
-                return [send_json({"message": f"Maximum simultaneous contexts ({MAX_CONTEXTS}) exceeded: close a "
-                               "context before opening another", "error": "max_active_conversations",
-                               "code": 1008}), Close(1008, "max_active_conversations")]
+                return self._fatal("max_active_conversations", f"Maximum simultaneous contexts ({MAX_CONTEXTS}) "
+                                   "exceeded: close a context before opening another")
             self.utterances.open(cid)
             if text is not None and not text.strip():
                 text = ""           # the opening " " only opens the context
@@ -197,6 +203,9 @@ class ElevenLabsProtocol(UtteranceProtocol):
     def _wire(self, events: list[Event]) -> list:
         out: list = []
         for ev in events:
+            if isinstance(ev, ENGINE_COMMANDS):    # passed through to the I/O layer, in order
+                out.append(ev)
+                continue
             if isinstance(ev, Audio):
                 out.append(self._audio(ev))
             elif isinstance(ev, SegmentDone):
@@ -217,7 +226,7 @@ class ElevenLabsProtocol(UtteranceProtocol):
                 if ev.fatal and ev.context_id is not None:
                     out.append(self._final(ev.context_id))
                     if not self.multi:
-                        out.append(Close(1011, ev.code))
+                        out.append(Close(close_code(ev.code), ev.code))
         return out
 
     def _audio(self, ev: Audio) -> Send:
@@ -228,8 +237,8 @@ class ElevenLabsProtocol(UtteranceProtocol):
             self.encoders[ev.key] = (enc, ev.out.stream)
             payload = b"".join(enc.encode(np.frombuffer(payload, np.float32)))
         audio = base64.b64encode(payload).decode() if payload else None     # an encoder may hold a frame back
-        return self._audio_send(json.dumps(self._message(ev.key, audio, ev.span), separators=(",", ":")),
-                                ev.key, ev.out.stream, ev.out.duration_ms)
+        return self._audio_send(dumps(self._message(ev.key, audio, ev.span)), ev.key, ev.out.stream,
+                                ev.out.duration_ms)
 
     def _encoder_tail(self, key: str) -> list:
         """The end of a compressed stream (the encoder's last frames, the Ogg end page)."""
@@ -239,8 +248,7 @@ class ElevenLabsProtocol(UtteranceProtocol):
         tail = b"".join(enc.flush())
         if not tail:
             return []
-        return [self._audio_send(json.dumps(self._message(key, base64.b64encode(tail).decode(), None),
-                                            separators=(",", ":")), key, stream, 0.0)]
+        return [self._audio_send(dumps(self._message(key, base64.b64encode(tail).decode(), None)), key, stream, 0.0)]
 
     def _message(self, key: str, audio: str | None, span) -> dict:
         alignment = span.as_elevenlabs() if span is not None else None
@@ -256,7 +264,7 @@ class ElevenLabsProtocol(UtteranceProtocol):
         msg = {"message": message, "error": code, "code": 1008}
         if context_id is not None:
             msg["contextId"] = context_id
-        return send_json(msg)
+        return send_json(msg, error=code)
 
     def _fatal(self, code: str, message: str) -> list:
         return [self._error(code, message), Close(1008, code)]

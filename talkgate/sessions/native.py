@@ -1,58 +1,36 @@
 """The native WebSocket protocol (docs/protocol.md), Sans-I/O, as a translator onto `Session`.
 
 Feed it client frames (`receive_text`, `receive_binary`) and engine events (`engine_event`); it
-returns actions for the I/O layer: `Send` (a text or binary frame; audio frames name their stream
-and duration so the sender can account for what was really written), `Purge` (drop the queued,
-unsent frames of a stream: a cancel happened) and `Close`. It never raises on client input.
+returns actions for the I/O layer (sessions/actions.py: Send, Purge, Close). A client mistake is an
+`error` event; it never raises on client input (an exception is a bug: the I/O layer's funnel turns
+it into `abort`).
 """
 from __future__ import annotations
 
 import base64
-import json
 import re
 import struct
-from dataclasses import dataclass
 from typing import Callable
 
+from talkgate.codecs import ENCODINGS
+from talkgate.sessions.actions import ENGINE_COMMANDS, Action, Close, Purge, Send, dumps, send_json
+from talkgate.sessions.fields import SessionError, field_of, integer, load_message, number, show
 from talkgate.sessions.limits import Limits
 from talkgate.sessions.session import (
     AudioFormat, AudioOut, ContextCancelled, ContextError, ContextFinished, ContextStarted, FirstAudio,
-    Session, SessionError, SessionEvent, field_of,
+    Session, SessionEvent,
 )
-from talkgate.synth.api import EngineEvent, SamplingParams
-
-
-@dataclass(frozen=True)
-class Send:
-    data: str | bytes
-    stream: int | None = None      # audio frames: the context's stream
-    audio_ms: float = 0.0
-
-
-@dataclass(frozen=True)
-class Purge:
-    stream: int
-
-
-@dataclass(frozen=True)
-class Close:
-    code: int
-    reason: str
-
-
-Action = Send | Purge | Close
+from talkgate.synth.api import SEED_RANGE, EngineEvent, SamplingParams, seed_fits
 
 AUDIO_HEADER = struct.Struct("<BBHIII")   # version, encoding, reserved, stream, seq, start_ms
+# what the binary transport carries (a code per encoding in its header), with the rates each takes
 ENCODING_CODES = {"opus": 1, "pcm_s16le": 2, "pcm_f32le": 3, "mulaw": 4, "alaw": 5}
+FORMATS = {enc: ENCODINGS[enc][0] for enc in ENCODING_CODES}
 CONTEXT_ID = re.compile(r"[A-Za-z0-9_.:\-]{1,64}\Z")
 CLIENT_TYPES = ("session.config", "context.start", "text", "flush", "cancel", "ping", "close", "auth")
 _SAMPLING_FIELDS = {"greedy": bool, "temperature": (int, float), "top_k": int, "top_p": (int, float),
                     "repetition_penalty": (int, float), "seed": int}
-
-
-def send_json(obj: dict) -> Send:
-    """A compact JSON text frame (every translator's JSON messages go out through this)."""
-    return Send(json.dumps(obj, separators=(",", ":")))
+_FORMAT_FIELDS = ("encoding", "sample_rate")
 
 
 def error(code: str, message: str, context_id: str | None = None, fatal: bool = False) -> Send:
@@ -60,7 +38,25 @@ def error(code: str, message: str, context_id: str | None = None, fatal: bool = 
     if context_id is not None:
         msg["context_id"] = context_id
         msg["fatal"] = fatal
-    return send_json(msg)
+    return send_json(msg, error=code)
+
+
+def parse_format(fmt: object, cid: str | None) -> AudioFormat:
+    """A native `format` object -> AudioFormat; only what the binary header can name (FORMATS)."""
+    if not isinstance(fmt, dict):
+        raise SessionError("invalid_format", "format must be an object with encoding and sample_rate", cid)
+    unknown = [k for k in fmt if k not in _FORMAT_FIELDS]
+    if unknown:
+        raise SessionError("invalid_format", f"unknown format field {show(unknown[0])}; format has encoding "
+                           "and sample_rate", cid)
+    enc, rate = fmt.get("encoding", "pcm_s16le"), fmt.get("sample_rate", 24000)
+    if not isinstance(enc, str) or enc not in FORMATS:
+        raise SessionError("invalid_format", f"encoding {show(enc)} is not supported: use "
+                           f"{', '.join(FORMATS)}", cid)
+    if not isinstance(rate, int) or isinstance(rate, bool) or rate not in FORMATS[enc]:   # 44100.0 is not a rate
+        raise SessionError("invalid_format", f"{enc} takes sample_rate {', '.join(map(str, FORMATS[enc]))}, "
+                           f"not {show(rate)}", cid)
+    return AudioFormat(enc, rate)
 
 
 class NativeProtocol:
@@ -78,7 +74,7 @@ class NativeProtocol:
         if self.authenticate is not None:
             return []
         return [send_json({"type": "session.ready", "session_id": self.session_id,
-                       "model": self.session.engine.info.as_dict(), "limits": self.limits.as_dict(),
+                       "model": self.session.info.as_dict(), "limits": self.limits.as_dict(),
                        "config": self._config_dict()})]
 
     def _config_dict(self) -> dict:
@@ -90,38 +86,44 @@ class NativeProtocol:
 
     # ----- client frames -----
     def receive_binary(self, data: bytes) -> list[Action]:
+        if self.authenticate is not None:
+            return self._unauthorized()
         return [error("binary_not_allowed", "binary frames are not accepted: send JSON text messages")]
 
     def receive_text(self, data: str) -> list[Action]:
-        if len(data.encode()) > self.limits.max_message_bytes:
-            return [error("message_too_large", f"message over {self.limits.max_message_bytes} bytes")]
         try:
-            msg = json.loads(data)
-        except ValueError as e:
-            return [error("invalid_json", f"message is not valid JSON: {e}")]
-        if not isinstance(msg, dict):
-            return [error("invalid_message", "a message must be a JSON object")]
-        kind = msg.get("type")
-        if kind not in CLIENT_TYPES:
-            return [error("unknown_type", f"unknown message type {kind!r}; expected one of {', '.join(CLIENT_TYPES)}")]
-        if self.authenticate is not None:
-            if kind != "auth" or not isinstance(msg.get("api_key"), str) or not self.authenticate(msg["api_key"]):
-                return [error("unauthorized", "a valid API key is required"), Close(1008, "unauthorized")]
-            self.authenticate = None
-            return self.ready()
-        try:
+            msg = load_message(data, self.limits.max_message_bytes)
+            kind = msg.get("type")
+            if self.authenticate is not None:
+                return self._auth(msg)
+            if kind not in CLIENT_TYPES:
+                raise SessionError("unknown_type", f"unknown message type {show(kind)}; expected one of "
+                                   f"{', '.join(CLIENT_TYPES)}")
             return getattr(self, "_on_" + kind.replace(".", "_"))(msg)
         except SessionError as e:
-            self.session.observer.error(e.code)
+            if self.authenticate is not None:
+                return self._unauthorized()
             return [error(e.code, e.message, e.context_id, fatal=False)]
+
+    def _auth(self, msg: dict) -> list[Action]:
+        """The first message of a connection that must authenticate: a valid auth, or it closes."""
+        key = msg.get("api_key")
+        if msg.get("type") != "auth" or not isinstance(key, str) or not self.authenticate(key):
+            return self._unauthorized()
+        self.authenticate = None
+        return self.ready()
+
+    def _unauthorized(self) -> list[Action]:
+        return [error("unauthorized", "a valid API key is required"), Close(1008, "unauthorized")]
 
     def _on_auth(self, msg: dict) -> list[Action]:
         return [error("invalid_message", "already authenticated")]
 
     def _on_ping(self, msg: dict) -> list[Action]:
         reply = {"type": "pong"}
-        if "id" in msg:
-            reply["id"] = msg["id"]
+        ping_id = field_of(msg, "id", (str, int, float))
+        if ping_id is not None:
+            reply["id"] = ping_id
         return [send_json(reply)]
 
     def _on_session_config(self, msg: dict) -> list[Action]:
@@ -137,7 +139,7 @@ class NativeProtocol:
         cid = self._context_id(msg)
         overrides = self._overrides(msg, cid)
         if "fixed_frames" in msg:
-            overrides["fixed_frames"] = field_of(msg, "fixed_frames", int, context_id=cid, required=True)
+            overrides["fixed_frames"] = integer(msg, "fixed_frames", 1, 100_000, context_id=cid)
         return self._wire(self.session.start(cid, **overrides))
 
     def _on_text(self, msg: dict) -> list[Action]:
@@ -154,34 +156,50 @@ class NativeProtocol:
 
     def _on_close(self, msg: dict) -> list[Action]:
         self.closing = True
+        self.session.accepting = False
+        events = []
         for cid in self.session.active:
-            self.session.flush(cid)
-        return self._maybe_close()
+            events += self.session.flush(cid)
+        return self._wire(events)
 
     def _maybe_close(self) -> list[Action]:
         return [Close(1000, "closed by client")] if self.closing and not self.session.active else []
 
-    # ----- engine events -----
+    # ----- engine events, time, the end -----
     def engine_event(self, ev: EngineEvent) -> list[Action]:
         return self._wire(self.session.on_engine_event(ev))
 
     def note_sent(self, stream: int, audio_ms: float) -> None:
         self.session.note_sent(stream, audio_ms)
 
-    def idle_timeout(self) -> list[Action]:
-        """No client message for the idle timeout: close, unless audio is still being produced."""
-        if self.session.active:
-            return []
-        return [error("idle_timeout", f"no message for {self.limits.idle_timeout_s:g} s: closing"),
-                Close(1000, "idle timeout")]
+    def note_delivered(self, stream: int, audio_ms: float) -> None:
+        self.session.note_delivered(stream, audio_ms)
 
-    def connection_lost(self) -> None:
-        self.session.close()
+    def tick(self) -> list[Action]:
+        """Called every fraction of a second: contexts whose client stopped reading are cancelled."""
+        return self._wire(self.session.slow_consumers())
+
+    def idle_timeout(self) -> list[Action]:
+        """No client message and no audio taken by the client for the idle timeout: close."""
+        return [error("idle_timeout", f"nothing sent or read for {self.limits.idle_timeout_s:g} s: closing"),
+                Close(1000, "idle timeout")] + self.session.close()
+
+    def abort(self, code: str, message: str, ws_code: int) -> list[Action]:
+        """The connection must end (internal error, message rate, a full outbox): say why, close, and
+        end its contexts now."""
+        return [error(code, message), Close(ws_code, code)] + self.session.close()
+
+    def connection_lost(self) -> list[Action]:
+        """The socket is gone: -> the engine commands that end its contexts."""
+        return self.session.close()
 
     # ----- session events -> wire -----
     def _wire(self, events: list[SessionEvent]) -> list[Action]:
         out: list[Action] = []
         for ev in events:
+            if isinstance(ev, ENGINE_COMMANDS):    # passed through to the I/O layer, in order
+                out.append(ev)
+                continue
             if isinstance(ev, AudioOut):
                 out.append(self._audio(ev))
             elif isinstance(ev, ContextStarted):
@@ -204,8 +222,8 @@ class NativeProtocol:
 
     def _audio(self, ev: AudioOut) -> Send:
         if self.audio_transport == "base64":
-            return Send(json.dumps({"type": "audio", "context_id": ev.context_id, "seq": ev.seq,
-                                    "audio_ms": ev.duration_ms, "data": base64.b64encode(ev.payload).decode()}),
+            return Send(dumps({"type": "audio", "context_id": ev.context_id, "seq": ev.seq,
+                               "audio_ms": ev.duration_ms, "data": base64.b64encode(ev.payload).decode()}),
                         ev.stream, ev.duration_ms)
         header = AUDIO_HEADER.pack(1, ENCODING_CODES[ev.encoding], 0, ev.stream, ev.seq, int(ev.start_ms))
         return Send(header + ev.payload, ev.stream, ev.duration_ms)
@@ -219,38 +237,32 @@ class NativeProtocol:
 
     def _overrides(self, msg: dict, cid: str | None) -> dict:
         o: dict = {}
-        for name in ("voice", "instructions"):
+        for name in ("voice", "instructions", "language"):
             if msg.get(name) is not None:
                 o[name] = field_of(msg, name, str, context_id=cid, required=True)
-        if msg.get("language") is not None:
-            o["language"] = field_of(msg, "language", str, context_id=cid, required=True)
         if msg.get("speed") is not None:
-            o["speed"] = float(field_of(msg, "speed", (int, float), context_id=cid))
+            o["speed"] = number(msg, "speed", 0.25, 4.0, context_id=cid)
         if "format" in msg:
-            fmt = field_of(msg, "format", dict, context_id=cid, required=True)
-            enc, rate = fmt.get("encoding", "pcm_s16le"), fmt.get("sample_rate", 24000)
-            if not isinstance(enc, str) or not isinstance(rate, int) or isinstance(rate, bool):
-                raise SessionError("invalid_format", "format needs encoding (string) and sample_rate (integer)", cid)
-            o["format"] = AudioFormat(enc, rate)
+            o["format"] = parse_format(msg["format"], cid)
         if "sampling" in msg:
-            s = field_of(msg, "sampling", dict, context_id=cid, required=True)
-            for k, v in s.items():
-                t = _SAMPLING_FIELDS.get(k)
-                if t is None:
-                    raise SessionError("invalid_params", f"unknown sampling field {k!r}", cid)
-                if v is not None and (not isinstance(v, t) or (isinstance(v, bool) and t is not bool)):
-                    raise SessionError("invalid_params", f"sampling.{k} has the wrong type", cid)
-            _check_sampling(s, cid)
-            o["sampling"] = SamplingParams(**s)
+            o["sampling"] = parse_sampling(field_of(msg, "sampling", dict, context_id=cid, required=True), cid)
         return o
 
 
-def _check_sampling(s: dict, cid: str | None) -> None:
+def parse_sampling(s: dict, cid: str | None) -> SamplingParams:
+    for k, v in s.items():
+        t = _SAMPLING_FIELDS.get(k)
+        if t is None:
+            raise SessionError("invalid_params", f"unknown sampling field {show(k)}", cid)
+        if v is not None and (not isinstance(v, t) or (isinstance(v, bool) and t is not bool)):
+            raise SessionError("invalid_params", f"sampling.{k} has the wrong type", cid)
     bad = ((s.get("temperature") is not None and not 0 < s["temperature"] <= 5, "temperature must be in (0, 5]"),
            (s.get("top_k") is not None and not 0 <= s["top_k"] <= 3072, "top_k must be in [0, 3072]"),
            (s.get("top_p") is not None and not 0 < s["top_p"] <= 1, "top_p must be in (0, 1]"),
            (s.get("repetition_penalty") is not None and not 0.5 <= s["repetition_penalty"] <= 2,
-            "repetition_penalty must be in [0.5, 2]"))
+            "repetition_penalty must be in [0.5, 2]"),
+           (s.get("seed") is not None and not seed_fits(s["seed"]), f"seed must fit in 64 bits ({SEED_RANGE})"))
     for is_bad, message in bad:
         if is_bad:
             raise SessionError("invalid_params", message, cid)
+    return SamplingParams(**s)

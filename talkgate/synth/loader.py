@@ -2,6 +2,7 @@
 
     tts = load_tts("path/or/Qwen/Qwen3-TTS-12Hz-0.6B-CustomVoice", device="cuda", dtype=torch.bfloat16)
     tts.talker, tts.code_predictor, tts.codec_decoder      # synth.model / synth.codec_decoder modules
+    tts.speaker_encoder, tts.codec_encoder                 # Base only (else None): voice cloning (synth/voice.py)
     tts.config, tts.generation_config, tts.tokenizer       # synth.config / synth.tokenizer
     tts.prompts                                            # synth.prompt.Prompts (voice/language, prefill)
     tts.info                                               # synth.api.ModelInfo (untrained flag...)
@@ -10,7 +11,10 @@ Layout: config.json (model_type qwen3_tts), generation_config.json, model.safete
 model.safetensors.index.json + shards, tokenizer files, speech_tokenizer/{config.json,
 model.safetensors}. Tensors are matched by their official names; a missing, unexpected, misshaped
 or non-float tensor is an error naming the file and the tensor, raised before any module is
-returned. speaker_encoder.* tensors (Base checkpoints) are not used: talkgate does not clone voices.
+returned. A Base checkpoint's speaker encoder (`speaker_encoder.*`, synth/speaker_encoder.py) and the
+speech tokenizer's encoder (`encoder.*` in speech_tokenizer/model.safetensors, synth/codec_encoder.py) are
+loaded with it (in `dtype` and `decoder_dtype`, as the reference runs them with its model and its
+tokenizer); other variants cannot clone and skip both.
 
 The modules are built on the meta device and the safetensors are memory-mapped and assigned
 (load_state_dict(assign=True)), so a 1.7B checkpoint does not need twice its size in RAM.
@@ -27,11 +31,13 @@ from urllib.parse import urlparse
 
 import torch
 
-from talkgate.synth.api import ModelInfo
+from talkgate.synth.api import ModelInfo, end_of_speech
 from talkgate.synth.codec_decoder import CodecCheckpointError, load_codec_decoder
+from talkgate.synth.codec_encoder import CodecEncoder, load_codec_encoder
 from talkgate.synth.config import ConfigError, GenerationConfig, TTSConfig
 from talkgate.synth.model import CodePredictor, Talker, fuse_projections
 from talkgate.synth.prompt import Prompts
+from talkgate.synth.speaker_encoder import SpeakerEncoder
 from talkgate.synth.tokenizer import QwenTokenizer
 
 _FLOAT_DTYPES = ("F32", "F16", "BF16", "F64")
@@ -53,19 +59,24 @@ class LoadedTTS:
     prompts: Prompts
     info: ModelInfo
     path: Path
+    speaker_encoder: SpeakerEncoder | None = None     # Base checkpoints
+    codec_encoder: CodecEncoder | None = None         # Base checkpoints
 
 
-def official_names(talker: Talker, predictor: CodePredictor) -> dict[str, tuple[str, str]]:
-    """official tensor name -> (module, parameter name) for every parameter of the two modules."""
+def official_names(talker: Talker, predictor: CodePredictor,
+                   speaker_encoder: SpeakerEncoder | None = None) -> dict[str, tuple[str, str]]:
+    """official tensor name -> (module, parameter name) for every parameter of the modules."""
     names = {}
-    for module_name, module in (("talker", talker), ("code_predictor", predictor)):
-        for name, _ in module.named_parameters():
+    for module_name, module in (("talker", talker), ("code_predictor", predictor), ("speaker_encoder", speaker_encoder)):
+        for name, _ in (module.named_parameters() if module is not None else ()):
             if module_name == "talker":
                 top = name.split(".")[0] in ("text_projection", "codec_head")
                 official = ("talker." if top else "talker.model.") + name
-            else:
+            elif module_name == "code_predictor":
                 top = name.split(".")[0] in ("lm_head", "small_to_mtp_projection")
                 official = ("talker.code_predictor." if top else "talker.code_predictor.model.") + name
+            else:
+                official = "speaker_encoder." + name
             names[official] = (module_name, name)
     return names
 
@@ -134,25 +145,31 @@ def weight_files(root: Path) -> dict[str, Path]:
         return {name: single for name in f.keys()}
 
 
-def _load_lm(root: Path, config: TTSConfig, device, dtype) -> tuple[Talker, CodePredictor]:
+def _load_lm(root: Path, config: TTSConfig, device, dtype) -> tuple[Talker, CodePredictor, SpeakerEncoder | None]:
     from safetensors import safe_open
 
     with torch.device("meta"):
         talker = Talker(config.talker)
         predictor = CodePredictor(config.talker.predictor, config.talker.dims.hidden_size)
-    expected = official_names(talker, predictor)
+        speaker = SpeakerEncoder(config.speaker_encoder) if config.speaker_encoder is not None else None
+    expected = official_names(talker, predictor, speaker)
     files = weight_files(root)
     missing = [name for name in expected if name not in files]
     if missing:
         where = root / ("model.safetensors.index.json" if (root / "model.safetensors.index.json").is_file()
                         else "model.safetensors")
-        raise CheckpointError(f"{where}: missing tensor {missing[0]!r} ({len(missing)} missing)")
-    unexpected = [name for name in files if name not in expected and not name.startswith(UNUSED_PREFIXES)]
+        raise CheckpointError(f"{where}: missing tensor {missing[0]!r} ({len(missing)} missing"
+                              + ("; a Base checkpoint's speaker encoder" if missing[0].startswith("speaker_encoder.")
+                                 else "") + ")")
+    unused = UNUSED_PREFIXES if speaker is None else ()
+    unexpected = [name for name in files if name not in expected and not name.startswith(unused)]
     if unexpected:
         raise CheckpointError(f"{files[unexpected[0]]}: unexpected tensor {unexpected[0]!r} ({len(unexpected)} "
                               "unexpected; does config.json match the weights?)")
     modules = {"talker": talker, "code_predictor": predictor}
-    states: dict[str, dict[str, torch.Tensor]] = {"talker": {}, "code_predictor": {}}
+    if speaker is not None:
+        modules["speaker_encoder"] = speaker
+    states: dict[str, dict[str, torch.Tensor]] = {name: {} for name in modules}
     by_file: dict[Path, list[str]] = {}
     for name in expected:
         by_file.setdefault(files[name], []).append(name)
@@ -174,19 +191,26 @@ def _load_lm(root: Path, config: TTSConfig, device, dtype) -> tuple[Talker, Code
         module.eval().requires_grad_(False)
     fuse_projections(talker, predictor)
     predictor.setup(device)
-    return talker, predictor
+    return talker, predictor, speaker
+
+
+def read_config(root: Path) -> TTSConfig:
+    """config.json of a checkpoint directory, parsed (no weights are read: checks before a load use it)."""
+    try:
+        return TTSConfig.parse(_read_json(root / "config.json"))
+    except ConfigError as e:
+        raise CheckpointError(f"{root / 'config.json'}: {e}") from None
 
 
 def load_tts(path_or_id: str | os.PathLike, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
-             decoder_dtype: torch.dtype = torch.float32, with_decoder: bool = True) -> LoadedTTS:
-    """Load everything; the codec decoder runs in decoder_dtype (float32 by default, as the reference)."""
+             decoder_dtype: torch.dtype = torch.float32, with_decoder: bool = True,
+             untrained_length: str = "text-rule") -> LoadedTTS:
+    """Load everything; the codec decoder runs in decoder_dtype (float32 by default, as the reference).
+    untrained_length: how an untrained checkpoint's utterances end (synth.api.end_of_speech), in info."""
+    end_of_speech(False, untrained_length)                  # a bad choice fails before the load
     root = resolve_path(path_or_id)
     device = torch.device(device)
-    raw = _read_json(root / "config.json")
-    try:
-        config = TTSConfig.parse(raw)
-    except ConfigError as e:
-        raise CheckpointError(f"{root / 'config.json'}: {e}") from None
+    config = read_config(root)
     generation = GenerationConfig.parse(_read_json(root / "generation_config.json"))
     try:
         tokenizer = QwenTokenizer.from_dir(root)
@@ -195,20 +219,24 @@ def load_tts(path_or_id: str | os.PathLike, device: str | torch.device = "cpu", 
     for token_id in (config.tts_pad, config.tts_bos, config.tts_eos, config.im_start, config.im_end):
         if token_id >= config.talker.text_vocab_size:
             raise CheckpointError(f"{root / 'config.json'}: token id {token_id} >= text_vocab_size")
-    talker, predictor = _load_lm(root, config, device, dtype)
-    decoder = None
-    if with_decoder:
-        st = root / "speech_tokenizer"
-        if not st.is_dir():
-            raise CheckpointError(f"{st}: missing (the codec decoder's directory)")
-        try:
+    talker, predictor, speaker = _load_lm(root, config, device, dtype)
+    decoder = codec_encoder = None
+    st = root / "speech_tokenizer"
+    if (with_decoder or speaker is not None) and not st.is_dir():
+        raise CheckpointError(f"{st}: missing (the speech tokenizer's directory: codec decoder and encoder)")
+    try:
+        if with_decoder:
             decoder = load_codec_decoder(st, device, decoder_dtype)
-        except CodecCheckpointError as e:
-            raise CheckpointError(str(e)) from None
-    prompts = Prompts(config, tokenizer, talker)
+        if speaker is not None:
+            codec_encoder = load_codec_encoder(st, device, decoder_dtype)
+    except CodecCheckpointError as e:
+        raise CheckpointError(str(e)) from None
+    prompts = Prompts(config, tokenizer, talker, predictor)
     info = ModelInfo(name=str(path_or_id), model_type=config.model_type,
                      size=str(config.talkgate.get("preset") or config.model_size), untrained=config.untrained,
                      voices=prompts.voices, languages=prompts.languages, device=str(device),
-                     dtype=str(dtype).removeprefix("torch."))
+                     dtype=str(dtype).removeprefix("torch."),
+                     end_of_speech=end_of_speech(config.untrained, untrained_length))
     return LoadedTTS(talker=talker, code_predictor=predictor, codec_decoder=decoder, config=config,
-                     generation_config=generation, tokenizer=tokenizer, prompts=prompts, info=info, path=root)
+                     generation_config=generation, tokenizer=tokenizer, prompts=prompts, info=info, path=root,
+                     speaker_encoder=speaker, codec_encoder=codec_encoder)

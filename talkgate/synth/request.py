@@ -1,9 +1,10 @@
 """Per-context CPU state: what the scheduler and the engine loop know about one context (no tensors).
 
-Streaming text input (the model's own rule, see docs/engine.md): frame k is computed from frame k-1's
-codes plus text token k; after the last token comes tts_eos, then tts_pad. Frame 0 comes from the
-prefill, whose last position carries text token 0. So a context can make frame k as soon as token k
-is committed, or once the text has ended: `ready` is exactly that.
+Streaming text input (the model's own rule, see docs/engine.md): the Talker reads one text track id per
+position: the track is `text_lead` (an ICL voice's reference text ids), the text's tokens, tts_eos, then
+tts_pad. The prefill carries the track's first `prefill_text` ids (1, or 1 + the reference frames of an ICL
+voice); frame k >= 1 is computed from frame k-1's codes plus track id prefill_text - 1 + k. So a context can
+make frame k as soon as that id is committed, or once the text has ended: `ready` is exactly that.
 """
 from __future__ import annotations
 
@@ -31,6 +32,9 @@ class Request:
     frame_limit: int               # capacity of the slot (max_frames_per_context) or fixed_frames
     budget_factor: float           # runaway guard: frames <= max(factor * frames_for_text, budget_min)
     budget_min: int
+    text_lead: tuple[int, ...] = ()  # text track ids before the text: an ICL voice's reference text
+    prefill_text: int = 1            # text track ids the prefill carries (synth.prompt.Prompt.text_positions)
+    length_rule: bool = False      # untrained checkpoint: the text-length rule ends it, eos is never sampled
     text_ids: list[int] = field(default_factory=list)
     text_ended: bool = False
     text_seconds: float = 0.0      # the frames_for_text rule's seconds, accumulated over the deltas
@@ -43,25 +47,46 @@ class Request:
 
     @property
     def ready(self) -> bool:
-        """Its next frame can be computed now (text token `frames` is committed, or the text ended)."""
-        return self.text_ended or len(self.text_ids) > self.frames
+        """Its next frame can be computed now (its text track id is committed, or the text ended)."""
+        return self.text_ended or len(self.text_lead) + len(self.text_ids) > self.prefill_text - 1 + self.frames
 
     @property
     def deadline(self) -> float:
         """When the client's audio runs dry if the next frame is late: start + audio emitted so far."""
         return (self.t_ready or 0.0) + self.frames * FRAME_S
 
-    def next_text_id(self, tts_eos: int, tts_pad: int) -> int:
-        """The text token that goes with frame `frames` (token k, then tts_eos once, then tts_pad)."""
-        k, n = self.frames, len(self.text_ids)
+    def track_id(self, k: int, tts_eos: int, tts_pad: int) -> int:
+        """Text track id k: text_lead, then the text's tokens, tts_eos once, then tts_pad."""
+        lead = len(self.text_lead)
+        if k < lead:
+            return self.text_lead[k]
+        k, n = k - lead, len(self.text_ids)
         return self.text_ids[k] if k < n else tts_eos if k == n else tts_pad
 
+    def next_text_id(self, tts_eos: int, tts_pad: int) -> int:
+        """The text track id that goes with frame `frames` (frames >= 1)."""
+        return self.track_id(self.prefill_text - 1 + self.frames, tts_eos, tts_pad)
+
+    def prefill_track(self, tts_eos: int, tts_pad: int) -> list[int]:
+        """The text track ids of the prefill's text positions."""
+        return [self.track_id(k, tts_eos, tts_pad) for k in range(self.prefill_text)]
+
+    @property
+    def samples_eos(self) -> bool:
+        """Whether the model's eos may end it: not with a fixed length (fixed_frames or the text rule)."""
+        return self.params.fixed_frames is None and not self.length_rule
+
     def limit(self) -> tuple[int, str]:
-        """(frames at which it stops, reason): "length" for fixed_frames, else "budget"."""
+        """(frames at which it stops, reason): "length" for fixed_frames; once the text has ended,
+        "length_rule" for the text-length rule, else "budget" (runaway guard); "budget" for the slot's
+        capacity. The text rule's length is known only when the text has ended (streamed deltas count)."""
         fixed = self.params.fixed_frames
         if fixed is not None and fixed <= self.frame_limit:
             return fixed, "length"
         if fixed is None and self.text_ended:
+            if self.length_rule:
+                n = frames_for_seconds(self.text_seconds)
+                return (n, "length_rule") if n <= self.frame_limit else (self.frame_limit, "budget")
             budget = max(round(self.budget_factor * frames_for_seconds(self.text_seconds)), self.budget_min)
             return min(budget, self.frame_limit), "budget"
         return self.frame_limit, "budget"

@@ -8,10 +8,10 @@ block (slot, position, text id, frame index per row) and gets back the 16 codes 
 1920 samples per row: one host-to-device and two device-to-host copies a step.
 
 A step is three parts, each one CUDA graph per batch bucket ([1, 2, 4, 8] + multiples of 16 up to
-max_batch, captured largest first):
+max_batch; a batch runs in the smallest captured bucket that holds it, padded with dummy rows):
   talker:  x = next_embed[slot] + embed_text(text id); hidden = Talker(x, position, slot)
   codes:   codebook 0 from the Talker head (repetition penalty, control ids suppressed, eos allowed
-           from frame 2 unless fixed_frames), 15 code-predictor steps with sampling inside, and the
+           from frame 2 unless the length is fixed: fixed_frames or an untrained checkpoint's text rule), 15 code-predictor steps with sampling inside, and the
            embedding sum for the next step
   decode:  one incremental codec-decoder step of those codes -> 1920 samples a row
 launch() queues a step and returns; codes_of() waits for its codes, audio_of() for its PCM. The next
@@ -27,23 +27,46 @@ overlap saved (3.72-3.83 against 3.71 ms).
 New contexts are prefilled eagerly (batched, right-padded: the padding's KV sits beyond the row's
 position and is overwritten before it is ever attended) and their last hidden state joins the
 running rows' in the codes part, so a new context's first frame and PCM come out of the same step.
+A context with an in-context (ICL) cloned voice starts its decoder state where decoding its voice's
+reference frames left it: the reference decodes reference + generated frames in one sequence and cuts the
+reference's samples off, which this continues exactly (docs/engine.md "Voice cloning"). That state is a
+function of the voice alone: it is computed once per voice and kept for the last PRIMED_VOICES voices.
 """
 from __future__ import annotations
 
+import bisect
+import collections
+import logging
+import sys
+import time
+import types
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from talkgate.synth.api import FRAME_SAMPLES, SamplingParams
+from talkgate.synth import compile_cache
+from talkgate.synth.api import FRAME_SAMPLES, SamplingParams, VoicePrompt
 from talkgate.synth.model import sample_codes
+from talkgate.synth.prompt import CLONE_MAX_PROMPT
 from talkgate.synth.request import Request
 from talkgate.synth.sampling import FrameSampler, RowSampling
 
+log = logging.getLogger("talkgate.runner")
+
 CODES = 16
+PARTS = ("talker", "codes", "decode")  # a step's graphs, in launch order
 PREFILL_ROWS = (1, 2, 4)               # prefill graph buckets: new contexts per graph (more: in chunks)
+# Captured before the engine reports ready: every prefill graph, the batch buckets up to this size and the
+# largest (a batch pads up to the nearest captured bucket); the others one at a time afterwards, when no
+# context would notice (Engine, docs/engine.md)
+FIRST_AUDIO_BATCH = 16
 NO_EOS = 1 << 40                       # eos allowed from this frame on, for fixed_frames contexts: never
 EOS_FROM = 2                           # the reference's min_new_tokens
+DEFAULT_MAX_PROMPT = 128               # prompt positions a slot holds (Base: CLONE_MAX_PROMPT, a 30 s ICL voice)
+PRIMED_VOICES = 32                     # ICL voices whose primed decoder state is kept (5.3 MB each, 0.6B/1.7B fp32)
+PRIME_CHUNK = 64                       # reference frames decoded per call when priming
 
 
 @dataclass
@@ -54,6 +77,11 @@ class Launched:
     nd: int
     prefill: bool
     buf: int
+
+
+def fit_bucket(captured: list[int], n: int) -> int:
+    """The smallest of the captured buckets (ascending; the largest is always captured) that holds n rows."""
+    return captured[bisect.bisect_left(captured, n)]
 
 
 def batch_buckets(max_batch: int) -> list[int]:
@@ -80,7 +108,8 @@ class Runner:
         # compile_hot_functions); replayed inside the CUDA graphs they cost no Python time
         self.compiled = torch_compile and device.type == "cuda"
         if self.compiled:
-            compile_hot_functions()
+            log.info("torch.compile: %d methods of the model bound to compiled functions",
+                     compile_hot_functions(self.talker, self.predictor, self.decoder))
         S, H, B = num_slots + 1, self.talker.hidden_size, max(self.max_batch, 2)
         with torch.device(device):
             self.talker.setup_cache(S, max_prompt + max_frames, device, dtype)
@@ -114,18 +143,52 @@ class Runner:
         # warm-up): a padding row costs the code predictor's persistent kernel 0.4 ms a step
         self.buckets = batch_buckets(max(self.max_batch, 2))
         self.prefill_rows = list(PREFILL_ROWS)
-        self.prefill_lens = sorted({t for t in (16, 32, 64) if t < max_prompt} | {max_prompt})
-        self.graphs: dict[tuple[str, int], torch.cuda.CUDAGraph] = {}
-        self.warm = False
+        self.prefill_lens = sorted({t for t in (16, 32, 64, 128, 256) if t < max_prompt} | {max_prompt})
+        self._primed: OrderedDict[bytes, object] = OrderedDict()     # reference codes -> DecoderState of 1 slot
+        self.graphs: dict[tuple, torch.cuda.CUDAGraph] = {}
+        self.captured: list[int] = []                  # buckets whose three graphs are captured, ascending
+        self.pending: collections.deque = collections.deque()     # (part, bucket) graphs still to capture
+        self.capture_ms: list[float] = []              # each capture_next()'s duration
+        self.captured_later: list[tuple] = []          # the graphs capture_next() captured
+        self.warmup_profile: list[tuple[str, float]] = []         # (what, seconds) of warmup()
+        self.capture_split: dict[tuple, tuple[float, float]] = {}  # graph -> (its warm run, its capture) s
+        self._pool = self._stream = None
+        self.warm = self._warming = False
 
     # ----- per-slot state -----
     def open_slot(self, req: Request) -> None:
         """Initialize every per-slot tensor for a new context (engine thread, step boundary)."""
         slot = torch.tensor([req.slot], device=self.device)
         self.sampling.copy_rows_(slot, RowSampling.build([req.params.sampling], self.tts.generation_config))
-        self.min_frames[req.slot] = NO_EOS if req.params.fixed_frames is not None else EOS_FROM
+        self.min_frames[req.slot] = EOS_FROM if req.samples_eos else NO_EOS
         self.seen[req.slot] = False
-        self.dec_state.reset_slots(slot)
+        clone = req.prompt.clone if req.prompt is not None else None
+        if clone is not None and clone.icl:
+            self._prime_slot(req.slot, clone)
+        else:
+            self.dec_state.reset_slots(slot)
+
+    def _prime_slot(self, slot: int, clone: VoicePrompt) -> None:
+        """The slot's decoder state after decoding the voice's reference frames (kept per voice)."""
+        state = self._primed.get(clone.codes)
+        if state is None:
+            codes = torch.from_numpy(clone.codes_array()).to(self.device).T[None]      # [1, 16, frames]
+            state = self._primed[clone.codes] = self.prime_decoder(codes)
+            if len(self._primed) > PRIMED_VOICES:
+                self._primed.popitem(last=False)
+        else:
+            self._primed.move_to_end(clone.codes)
+        s = self.dec_state
+        s.tails[slot], s.kv[:, slot], s.pos[slot] = state.tails[0], state.kv[:, 0], state.pos[0]
+
+    @torch.inference_mode()
+    def prime_decoder(self, codes: torch.Tensor):
+        """codes [1, 16, frames] -> a one-slot DecoderState that has decoded them (output discarded)."""
+        state = self.decoder.alloc_state(1)
+        one = torch.zeros(1, dtype=torch.long, device=self.device)
+        for i in range(0, codes.shape[-1], PRIME_CHUNK):
+            self.decoder.decode_step(codes[..., i:i + PRIME_CHUNK], one, state)
+        return state
 
     # ----- one step -----
     @torch.inference_mode()
@@ -176,9 +239,10 @@ class Runner:
         return np.concatenate([out[step.nd:], out[:step.nd]]) if step.prefill and step.nd else out
 
     def _bucket(self, n: int) -> int:
-        if not self.use_graphs:
+        """The batch size n runs at: the smallest captured bucket that holds it (CPU and eager: n)."""
+        if not self.use_graphs or not self.captured:
             return n
-        return next(b for b in self.buckets if b >= n)
+        return fit_bucket(self.captured, n)
 
     def _run(self, part: str, b: int) -> None:
         g = self.graphs.get((part, b))
@@ -193,7 +257,8 @@ class Runner:
         overwritten before it is ever attended); one CUDA graph per (rows, length) bucket."""
         for i in range(0, len(reqs), PREFILL_ROWS[-1]):
             chunk = reqs[i:i + PREFILL_ROWS[-1]]
-            embeds = [self.tts.prompts.prefill(r.prompt, r.text_ids[0]) for r in chunk]   # [P_i, H] each
+            embeds = [self.tts.prompts.prefill(r.prompt, r.prefill_track(self.text_eos, self.text_pad))
+                      for r in chunk]                                                # [P_i, H] each
             n, lengths = len(chunk), [e.shape[0] for e in embeds]
             rows = next(b for b in self.prefill_rows if b >= n) if self.use_graphs else n
             T = next(t for t in self.prefill_lens if t >= max(lengths)) if self.use_graphs else max(lengths)
@@ -244,68 +309,152 @@ class Runner:
         self.pcm[:b] = self.decoder.decode_step(codes, self.inputs[0, :b], self.dec_state)
 
     # ----- warm-up and capture -----
-    def warmup(self) -> None:
-        """Run every part once (kernels, allocator) and capture the CUDA graphs, largest bucket first.
-        Runs once: later calls return at once."""
+    def warmup(self, first_audio_only: bool = False) -> None:
+        """Run every part once, which compiles all that ever compiles (the general kind at the largest
+        batch, so that Inductor tunes its kernels there, as before; the one-row, two-row and prefill kinds
+        as their graphs are captured), then capture the graphs a first audio needs: every prefill graph,
+        the buckets up to FIRST_AUDIO_BATCH and the largest. The other buckets are captured here too unless
+        first_audio_only; then capture_next() captures them one at a time later. Runs once."""
         if self.warm:
             return
-        self.warm = True
+        self.warm = self._warming = True
         with torch.inference_mode():
-            self.inputs.zero_()
-            self.inputs[0] = self.dummy
+            self._dummy_inputs()
             B = self.buckets[-1]
-            self._talker_step(B)
-            self._codes_step(B)
-            self._decode_step(B)
+            for part in PARTS:
+                search = part == "decode" and torch.backends.cudnn.benchmark
+                if search:          # first without cuDNN's algorithm search (its compiles and traces alone)
+                    torch.backends.cudnn.benchmark = False
+                    self._timed(f"{part}@{B} eager", self._parts[part], B)
+                    torch.backends.cudnn.benchmark = True
+                self._timed(f"{part}@{B} " + ("cuDNN search" if search else "eager"), self._parts[part], B)
             self.pre_idx[0] = self.dummy
-            self._prefill_step(self.prefill_rows[-1], self.prefill_lens[0])
-            if not self.use_graphs:
-                return
-            torch.cuda.synchronize()
-            pool = torch.cuda.graph_pool_handle()
-            for b in reversed(self.buckets):
-                self._capture(("talker", b), pool, self._talker_step, b)
-                self._capture(("codes", b), pool, self._codes_step, b)
-                self._capture(("decode", b), pool, self._decode_step, b)
-            for rows in reversed(self.prefill_rows):
-                for T in reversed(self.prefill_lens):
-                    self._capture(("prefill", rows, T), pool, self._prefill_step, rows, T)
-            torch.cuda.synchronize()
-            torch.cuda.empty_cache()         # cuDNN's algorithm search workspaces, no longer needed
+            self._timed("prefill eager", self._prefill_step, self.prefill_rows[-1], self.prefill_lens[0])
+            if self.tts.config.model_type == "base":
+                # priming an ICL voice's decoder state decodes many frames a call: compile that shape now
+                self._timed("prime decoder", self.prime_decoder,
+                            torch.zeros(1, CODES, PRIME_CHUNK + 3, dtype=torch.long, device=self.device))
+            if self.use_graphs:
+                self._capture_first(first_audio_only)
+        self._warming = False
+        log.info("warm-up: %s", ", ".join(f"{what} {sec:.2f} s" for what, sec in self.warmup_profile))
+        if self.capture_split:
+            warm, capture = (sum(x) for x in zip(*self.capture_split.values()))
+            log.info("warm-up captures: %d graphs, their warm runs %.2f s (new kinds compiled, cuDNN searches), "
+                     "the captures %.2f s", len(self.capture_split), warm, capture)
+        if not self.pending:
+            log.info("all %d graphs captured", len(self.graphs))
 
-    def _capture(self, key: tuple, pool, fn, *args) -> None:
-        s = torch.cuda.Stream()
+    def _capture_first(self, first_audio_only: bool) -> None:
+        torch.cuda.synchronize()
+        self._pool, self._stream = torch.cuda.graph_pool_handle(), torch.cuda.Stream()
+        B = self.buckets[-1]
+        first = [b for b in self.buckets if b <= FIRST_AUDIO_BATCH or b == B]
+        for b in reversed(first):
+            for part in PARTS:
+                self._timed(f"{part}@{b}", self._capture, (part, b), self._parts[part], b)
+            self.captured.insert(0, b)
+        for rows in reversed(self.prefill_rows):
+            for T in reversed(self.prefill_lens):
+                self._timed(f"prefill {rows}x{T}", self._capture, ("prefill", rows, T), self._prefill_step, rows, T)
+        self.pending.extend((part, b) for b in self.buckets if b not in first for part in PARTS)
+        t0 = time.perf_counter()
+        while not first_audio_only and self.capture_next() is not None:
+            pass
+        if self.capture_ms:
+            self.warmup_profile.append((f"{len(self.capture_ms)} more graphs", time.perf_counter() - t0))
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()         # cuDNN's algorithm search workspaces, no longer needed
+
+    def capture_next(self) -> float | None:
+        """Capture the next pending batch graph (engine thread, between steps) and return its
+        milliseconds; None when none is pending. A bucket serves batches once its three graphs are."""
+        if not self.pending:
+            return None
+        t0 = time.perf_counter()
+        compiles = _compiled_graphs()
+        part, b = self.pending[0]               # pending until captured (stats() reads it meanwhile)
+        with torch.inference_mode():
+            self._dummy_inputs()                # only the dummy slot's state changes
+            self._capture((part, b), self._parts[part], b)
+        self.captured_later.append(self.pending.popleft())
+        if part == PARTS[-1]:
+            bisect.insort(self.captured, b)
+        if not self.pending:
+            torch.cuda.empty_cache()
+        ms = (time.perf_counter() - t0) * 1000
+        self.capture_ms.append(ms)
+        if _compiled_graphs() != compiles:
+            log.warning("capturing %s@%d compiled (a kind of input warmup() did not meet): %.0f ms", part, b, ms)
+        if not self.pending and not self._warming:
+            warm = sum(self.capture_split[(p, b)][0] for p, b in self.captured_later)
+            log.info("all %d graphs captured; the last %d after warm-up in %.2f s (each at most %.0f ms; their "
+                     "warm runs, cuDNN's searches mostly, %.2f s)", len(self.graphs), len(self.capture_ms),
+                     sum(self.capture_ms) / 1000, max(self.capture_ms), warm)
+        return ms
+
+    @property
+    def _parts(self) -> dict:
+        return {"talker": self._talker_step, "codes": self._codes_step, "decode": self._decode_step}
+
+    def _dummy_inputs(self) -> None:
+        self.inputs.zero_()
+        self.inputs[0] = self.dummy
+
+    def _timed(self, what: str, fn, *args) -> None:
+        t0 = time.perf_counter()
+        fn(*args)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+        self.warmup_profile.append((what, time.perf_counter() - t0))
+
+    def _capture(self, key: tuple, fn, *args) -> None:
+        """Warm this size outside the capture (cuDNN searches its algorithms there), then capture it into the
+        shared pool, on a stream of its own behind the work already queued. Not torch.cuda.graph: it
+        synchronizes the device and empties the allocator's cache at every capture, which a capture between
+        two steps must not do."""
+        s = self._stream
         s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            fn(*args)                                       # warm this size outside the capture
-        torch.cuda.current_stream().wait_stream(s)
         g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g, pool=pool):
+        t0 = time.perf_counter()
+        with torch.cuda.stream(s):
             fn(*args)
+            s.synchronize()
+            t1 = time.perf_counter()
+            g.capture_begin(pool=self._pool, capture_error_mode="thread_local")
+            try:
+                fn(*args)
+            finally:
+                g.capture_end()
+        torch.cuda.current_stream().wait_stream(s)
         self.graphs[key] = g
+        self.capture_split[key] = (t1 - t0, time.perf_counter() - t1)
 
 
-def compile_hot_functions() -> None:
+def _compiled_graphs() -> int:
+    """How many graphs Dynamo has compiled in this process (0 where it was never imported)."""
+    utils = sys.modules.get("torch._dynamo.utils")
+    return utils.counters["stats"]["unique_graphs"] if utils is not None else 0
+
+
+HOT_FUNCTIONS = (("model", "RMSNorm", "forward"), ("model", "RMSNorm", "residual"), ("model", "Attention", "qkv"),
+                 ("model", "MLP", "forward"), ("codec_decoder", "RMSNorm", "residual"), ("codec_decoder", "Mlp", "forward"),
+                 ("codec_decoder", "CodecDecoder", "codes_in"), ("codec_decoder", "CodecDecoder", "convs"))
+_compiled: dict = {}                     # function -> its torch.compile'd version, shared by every instance
+
+
+def compile_hot_functions(*modules: torch.nn.Module) -> int:
     """torch.compile the model's leaf functions that every layer and every codebook calls (RMSNorm,
     q/k/v with q/k norm and RoPE, the SwiGLU MLP; the decoder transformer's SwiGLU MLP and layer-scaled
     residual add with the next norm), and the decoder's parts before and after its transformer whole
     (CodecDecoder.codes_in, CodecDecoder.convs: the SnakeBetas, conv tails and window gathers fused around
     the multiplies): a frame is otherwise about 7,000 kernels of 1-5 us, mostly elementwise. Small graphs
-    compile in seconds, the decoder's parts in about a minute (a whole-step compile took over 5 minutes).
-    Process-wide and idempotent; CPU tensors keep the plain functions."""
-    import functools
-
-    from talkgate.synth import codec_decoder, model
-
-    def cuda_only(fn):
-        compiled = torch.compile(fn, dynamic=True)
-
-        @functools.wraps(fn)
-        def call(*args, **kw):
-            t = next(a for a in args if isinstance(a, torch.Tensor))
-            return (compiled if t.is_cuda else fn)(*args, **kw)
-        call.talkgate_compiled = True
-        return call
+    compile in seconds, the decoder's parts in about a minute (a whole-step compile took over 5 minutes);
+    synth/compile_cache.py keeps the results for the next start. Bound onto the instances inside `modules`
+    only (the classes, and other models such as a CPU copy, keep the plain functions); one compiled
+    function per method, shared by all its instances, as Dynamo compiles per kind of input, not per
+    instance. Idempotent; returns how many methods were bound."""
+    import importlib
 
     # A function compiles once for each kind of input it meets (TORCH_LOGS=recompiles on the H100: a batch of
     # 1 or more, as dynamo specializes size 1; a contiguous tensor or a slice; made inside or outside
@@ -314,12 +463,18 @@ def compile_hot_functions() -> None:
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
     # Not the decoder's whole step: it updates the per-slot state pools in place, which inductor copies
     # whole (5 ms a step). The sampler is one Triton kernel of its own (synth/sample_kernel.py).
-    for owner, name in ((model.RMSNorm, "forward"), (model.RMSNorm, "residual"), (model.Attention, "qkv"),
-                        (model.MLP, "forward"), (codec_decoder.RMSNorm, "residual"), (codec_decoder.Mlp, "forward"),
-                        (codec_decoder.CodecDecoder, "codes_in"), (codec_decoder.CodecDecoder, "convs")):
-        fn = getattr(owner, name)
-        if not getattr(fn, "talkgate_compiled", False):
-            setattr(owner, name, cuda_only(fn))
+    hot = {(getattr(importlib.import_module(f"talkgate.synth.{mod}"), cls), name) for mod, cls, name in HOT_FUNCTIONS}
+    bound = 0
+    for root in modules:
+        for m in root.modules():
+            for owner, name in hot:
+                if isinstance(m, owner) and name not in vars(m):
+                    fn = getattr(type(m), name)
+                    if fn not in _compiled:
+                        _compiled[fn] = torch.compile(fn, dynamic=True)
+                    setattr(m, name, types.MethodType(_compiled[fn], m))
+                    bound += 1
+    return bound
 
 
 def _dtype(name) -> torch.dtype | None:
@@ -359,7 +514,7 @@ def slots_from_memory(tts, max_len: int, dtype: torch.dtype, device: torch.devic
 
 
 def load_runner(path_or_id, device=None, dtype=None, max_contexts=None, max_frames_per_context=750, max_batch=None,
-                cuda_graphs=True, max_prompt=128, decoder_dtype=None, torch_compile=True):
+                cuda_graphs=True, max_prompt=None, decoder_dtype=None, torch_compile=True, untrained_length="text-rule"):
     """-> (Runner, tokenizer factory, Prompts, ModelInfo) for synth.engine.Engine."""
     from talkgate.synth.loader import load_tts
     from talkgate.synth.tokenizer import StreamingTokenizer
@@ -370,12 +525,23 @@ def load_runner(path_or_id, device=None, dtype=None, max_contexts=None, max_fram
     # with 41 dB SNR against float32 (bfloat16: 23 dB), saving ~12 ms a step at 256 contexts, but has not
     # been run through the engine on a GPU yet (docs/benchmarks.md)
     decoder_dtype = _dtype(decoder_dtype) or torch.float32
-    tts = load_tts(path_or_id, device=device, dtype=dtype, decoder_dtype=decoder_dtype)
+    tts = load_tts(path_or_id, device=device, dtype=dtype, decoder_dtype=decoder_dtype,
+                   untrained_length=untrained_length)
+    if device.type == "cuda":                  # before anything compiles: the caches' folder for this model here
+        gpu, versions, shape = compile_cache.describe(tts, device, decoder_dtype)
+        folder = compile_cache.use(compile_cache.cache_key(gpu, versions, shape),
+                                   {"gpu": gpu, "versions": versions, "shape": shape})
+        log.info("compile cache: %s", folder)
+    if max_prompt is None:
+        max_prompt = CLONE_MAX_PROMPT if tts.config.model_type == "base" else DEFAULT_MAX_PROMPT
     max_len = max_prompt + max_frames_per_context
+    if max_batch is None:
+        # sized from memory, a step takes at most DEFAULT_MAX_BATCH rows (engine.md); given, every context
+        max_batch = max_contexts or DEFAULT_MAX_BATCH
     if max_contexts is None:
-        max_contexts = slots_from_memory(tts, max_len, dtype, device, max_batch=max_batch or DEFAULT_MAX_BATCH) \
+        max_contexts = slots_from_memory(tts, max_len, dtype, device, max_batch=max_batch) \
             if device.type == "cuda" else 16
     runner = Runner(tts, num_slots=max_contexts, max_frames=max_frames_per_context, max_prompt=max_prompt,
-                    max_batch=max_batch or min(max_contexts, DEFAULT_MAX_BATCH), device=device, dtype=dtype, cuda_graphs=cuda_graphs,
+                    max_batch=min(max_batch, max_contexts), device=device, dtype=dtype, cuda_graphs=cuda_graphs,
                     torch_compile=torch_compile)
     return runner, (lambda: StreamingTokenizer(tts.tokenizer)), tts.prompts, tts.info

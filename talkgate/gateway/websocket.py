@@ -1,0 +1,30 @@
+"""The server end of one WebSocket: aiohttp's, plus the RFC 6455 check aiohttp 3.x leaves out.
+
+aiohttp answers a client's close frame with 1000 whatever code it carried, and accepts 1006 and codes
+from 5000 up (its reader only refuses unregistered codes below 3000). Here the close frame is answered
+by talkgate: an invalid code fails the connection with 1002, as RFC 6455 section 7.4 and the Autobahn
+testsuite (cases 7.9.x, 7.13.x) expect. docs/reliability.md lists which frame-level behaviours are
+aiohttp's and which are talkgate's.
+"""
+from __future__ import annotations
+
+from aiohttp import WSCloseCode, WSMsgType, web
+
+
+def close_code_valid(code: int) -> bool:
+    """May a peer send this close code? 1000-1003 and 1007-1014 (the IANA registry), 3000-4999, or none
+    (aiohttp reads a close frame without a code as 0). 1004-1006 and 1015 are reserved, never sent."""
+    return code == 0 or 1000 <= code <= 1003 or 1007 <= code <= 1014 or 3000 <= code <= 4999
+
+
+class GatewayWebSocket(web.WebSocketResponse):
+    def __init__(self, **kwargs):
+        super().__init__(autoclose=False, **kwargs)
+
+    async def receive(self, timeout: float | None = None):
+        msg = await super().receive(timeout)
+        if msg.type is WSMsgType.CLOSE and not self.closed:
+            # the peer is closing: answer at once, without waiting for queued frames to drain
+            code = WSCloseCode.OK if close_code_valid(msg.data) else WSCloseCode.PROTOCOL_ERROR
+            await self.close(code=code, drain=False)
+        return msg

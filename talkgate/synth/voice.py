@@ -1,0 +1,68 @@
+"""Cloned voices: reference audio -> synth.api.VoicePrompt, once per voice (a voice store keeps the result).
+
+    vp = make_voice_prompt(tts, audio, sample_rate)                  # x-vector only
+    vp = make_voice_prompt(tts, audio, sample_rate, ref_text="...")  # in-context (ICL): + reference codes
+    OpenContext(context, ContextParams(voice_prompt=vp))       # the engine command that speaks with it
+
+Preprocessing as the reference's create_voice_clone_prompt: channels mixed to mono (the mean; `audio` is
+[samples] or [samples, channels], as soundfile reads it), resampled to 24 kHz with soxr's HQ quality and
+cut or zero-padded to ceil(N * 24000 / rate) samples (librosa.resample's default, which the reference
+calls), no normalization. Integer PCM is scaled to [-1, 1] by its type's range (the reference leaves that to
+its callers). The speaker encoder takes the whole clip (synth/speaker_encoder.py); with a reference text,
+the speech tokenizer's encoder turns it into codes [ceil(N / 1920), 16] (synth/codec_encoder.py), which the
+reference computes but drops in x-vector mode: skipped here.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from talkgate.synth.api import SAMPLE_RATE, InvalidParams, VoicePrompt
+
+MIN_SECONDS = 1.0
+MAX_SECONDS = 30.0
+
+
+def to_mono_24k(audio: np.ndarray, sample_rate: int) -> np.ndarray:
+    """float32 [N'] at 24 kHz from [N] or [N, channels] samples at sample_rate."""
+    import soxr
+
+    a = np.asarray(audio)
+    if a.ndim not in (1, 2) or a.size == 0:
+        raise InvalidParams(f"reference audio must be [samples] or [samples, channels], got shape {list(a.shape)}")
+    if np.issubdtype(a.dtype, np.integer):
+        info = np.iinfo(a.dtype)
+        a = a.astype(np.float64) / max(-float(info.min), float(info.max))
+    elif not np.issubdtype(a.dtype, np.floating):
+        raise InvalidParams(f"reference audio must be numbers, got {a.dtype}")
+    if a.ndim == 2:
+        a = a.mean(axis=-1)
+    a = a.astype(np.float32)
+    if not np.isfinite(a).all():
+        raise InvalidParams("reference audio has NaN or infinite samples")
+    if not isinstance(sample_rate, (int, np.integer)) or not 1000 <= sample_rate <= 384000:
+        raise InvalidParams(f"sample rate {sample_rate!r}: expected an integer from 1000 to 384000")
+    if sample_rate == SAMPLE_RATE:
+        return a
+    n = math.ceil(len(a) * SAMPLE_RATE / sample_rate)
+    out = soxr.resample(a, int(sample_rate), SAMPLE_RATE, quality="soxr_hq")
+    return np.pad(out, (0, max(0, n - len(out))))[:n].astype(np.float32)
+
+
+def make_voice_prompt(tts, audio: np.ndarray, sample_rate: int, ref_text: str | None = None) -> VoicePrompt:
+    """A Base checkpoint's (synth.loader.LoadedTTS) cloned voice from 1-30 s of reference audio. With ref_text
+    (the words spoken in the audio) an ICL voice, else x-vector only. InvalidParams for a model that cannot
+    clone, bad audio, or a duration outside 1-30 s."""
+    if tts.speaker_encoder is None or tts.codec_encoder is None:
+        raise InvalidParams(f"voice cloning needs a Base checkpoint; this model is {tts.config.model_type}")
+    wav = to_mono_24k(audio, sample_rate)
+    seconds = len(wav) / SAMPLE_RATE
+    if not MIN_SECONDS <= seconds <= MAX_SECONDS:
+        raise InvalidParams(f"reference audio is {seconds:.2f} s; it must be {MIN_SECONDS:g} to {MAX_SECONDS:g} s")
+    text = ref_text.strip() if ref_text is not None else ""
+    with torch.inference_mode():
+        embedding = tts.speaker_encoder.embed(wav).float().cpu().numpy()
+        codes = tts.codec_encoder.encode(wav).numpy() if text else None
+    return VoicePrompt.from_arrays(embedding, codes, ref_text if text else None)

@@ -1,0 +1,227 @@
+"""Cloned voices in the streaming engine (CPU, tiny Base checkpoint): no crosstalk between 8 interleaved
+voices, ICL decode continuity equal to offline synthesis, streamed text, and clear errors."""
+from __future__ import annotations
+
+import pickle
+import re
+
+import numpy as np
+import pytest
+import torch
+
+from talkgate.synth.api import (
+    AudioChunk, ContextDone, ContextFailed, ContextParams, InvalidParams, SamplingParams, VoicePrompt,
+)
+from talkgate.synth.checkpoint import create_checkpoint
+from talkgate.synth.engine import Engine
+from talkgate.synth.loader import load_tts
+from talkgate.synth.offline import synthesize
+from talkgate.synth.prompt import MAX_REF_FRAMES
+from talkgate.synth.voice import make_voice_prompt
+from tests.speaker import Speaker
+from tests.test_parity_clone import voice_audio
+
+TEXTS = ["Good morning, how can I help you today?", "Short one.", "Numbers: one, two, three, four, five.",
+         "A cloned voice speaks this sentence.", "Yes.", "Another voice, another text, another seed.",
+         "It is raining in the city tonight.", "Last of the eight."]
+REF_TEXTS = [None, "Hello, this is my voice.", None, "I recorded this on my phone, sorry for the noise.",
+             None, "Testing.", None, "A slightly longer reference transcript, to push the text track further."]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny matrices gain nothing from threads; on a busy 2-core machine OpenMP's waiting makes them slower."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def base_checkpoint(tmp_path_factory):
+    return create_checkpoint(tmp_path_factory.mktemp("ck") / "tiny-base", preset="tiny", variant="base")
+
+
+@pytest.fixture(scope="module")
+def tts(base_checkpoint):
+    return load_tts(base_checkpoint)
+
+
+@pytest.fixture(scope="module")
+def voices(tts):
+    """8 voices: x-vector and ICL alternating, 1.0 to 3.1 s of reference audio at three sample rates."""
+    rates = [24000, 16000, 44100]
+    return [make_voice_prompt(tts, voice_audio(20 + i, 1.0 + 0.3 * i, rates[i % 3]), rates[i % 3], REF_TEXTS[i])
+            for i in range(8)]
+
+
+def new_engine(checkpoint, **kw) -> Engine:
+    engine = Engine.from_pretrained(str(checkpoint), device="cpu", max_contexts=8, max_frames_per_context=48, **kw)
+    engine.runner.warmup()
+    return engine
+
+
+def drive(engine: Engine, schedule: dict, events: list[list], limit: int = 5000) -> None:
+    """Run the engine's loop body in this thread; before step k, call every action of schedule[k]."""
+    for step in range(limit):
+        for action in schedule.get(step, ()):
+            action()
+        if step > max(schedule, default=0) and all(ev and not isinstance(ev[-1], AudioChunk) for ev in events):
+            return
+        engine.run_once()
+    raise AssertionError("contexts did not finish")
+
+
+def pcm(events) -> np.ndarray:
+    return np.concatenate([e.pcm for e in events if isinstance(e, AudioChunk)])
+
+
+def params(voice: VoicePrompt, i: int) -> ContextParams:
+    sampling = SamplingParams(greedy=True) if i % 4 == 3 else SamplingParams(seed=100 + i)
+    return ContextParams(voice_prompt=voice, language="english" if i % 2 else "auto", sampling=sampling,
+                         fixed_frames=24 + 2 * i)
+
+
+def say(speaker: Speaker, p: ContextParams, text: str, events: list) -> int:
+    ctx = speaker.open(p, events.append)
+    speaker.append(ctx, text)
+    speaker.end(ctx)
+    return ctx
+
+
+def solo(engine: Engine, voice: VoicePrompt, i: int) -> list:
+    events: list = []
+    drive(engine, {0: [lambda: say(Speaker(engine), params(voice, i), TEXTS[i], events)]}, [events])
+    return events
+
+
+def refusal(engine: Engine, p: ContextParams):
+    """The ContextFailed an open of p is answered with (at the next step boundary)."""
+    events: list = []
+    Speaker(engine).open(p, events.append)
+    engine.run_once()
+    assert len(events) == 1 and isinstance(events[0], ContextFailed), events
+    return events[0]
+
+
+def test_eight_interleaved_cloned_voices_equal_their_solo_runs(base_checkpoint, voices):
+    """vLLM-Omni #4370: a batch's decoder used one request's reference codes for every request. Here each of
+    8 cloned voices (4 x-vector, 4 ICL) is opened at a different step, its text streamed in pieces, all
+    batched together; each context's seeded (or greedy) audio must be its solo run's, on an engine of its own
+    (so that no state one voice leaves in an engine, such as a cached decoder state, can hide in both runs)."""
+    alone = [solo(new_engine(base_checkpoint), v, i) for i, v in enumerate(voices)]
+    engine = new_engine(base_checkpoint)
+    speaker = Speaker(engine)
+    batch_sizes = []
+    engine.on_step = lambda ms, n: batch_sizes.append(n)
+    events = [[] for _ in voices]
+    ctxs: dict[int, int] = {}
+    schedule: dict[int, list] = {}
+    for i, voice in enumerate(reversed(list(enumerate(voices)))):
+        j, v = voice
+
+        def open_it(j=j, v=v):
+            ctxs[j] = speaker.open(params(v, j), events[j].append)
+
+        def feed(j=j, piece=0):
+            words = TEXTS[j].split(" ")
+            half = len(words) // 2
+            speaker.append(ctxs[j], " ".join(words[:half]) + " " if piece == 0 else " ".join(words[half:]))
+            if piece == 1:
+                speaker.end(ctxs[j])
+        schedule.setdefault(2 * i, []).append(open_it)
+        schedule.setdefault(2 * i + 1, []).append(lambda j=j: feed(j, 0))
+        schedule.setdefault(2 * i + 5, []).append(lambda j=j: feed(j, 1))
+    drive(engine, schedule, events)
+    assert max(batch_sizes) >= 6
+    for j in range(8):
+        assert events[j][-1] == ContextDone(ctxs[j], "length", 24 + 2 * j)
+        assert alone[j][-1].frames == 24 + 2 * j
+        np.testing.assert_allclose(pcm(events[j]), pcm(alone[j]), atol=2e-5, err_msg=f"voice {j}")
+    # different voices with the same text and seed sound different
+    a = solo(engine, voices[1], 1)
+    b = solo(engine, voices[3], 1)
+    assert np.abs(pcm(a) - pcm(b)).max() > 0.05
+
+
+def test_engine_icl_equals_offline_synthesis(base_checkpoint, tts, voices):
+    """The engine's decoder continues the reference frames (primed slot state) exactly as the offline path
+    decodes reference + generated frames and cuts the reference's samples."""
+    engine = new_engine(base_checkpoint)
+    for i in (1, 7):
+        greedy = ContextParams(voice_prompt=voices[i], language="english", sampling=SamplingParams(greedy=True))
+        events: list = []
+        drive(engine, {0: [lambda: say(Speaker(engine), greedy, TEXTS[i], events)]}, [events])
+        wav, _ = synthesize(tts, TEXTS[i], language="english", voice_prompt=voices[i],
+                            sampling=SamplingParams(greedy=True), max_frames=48)
+        # an untrained checkpoint: both end where the text-length rule puts it
+        assert events[-1].frames * 1920 == len(wav) and events[-1].reason == "length_rule"
+        np.testing.assert_allclose(pcm(events), wav, atol=2e-5)
+    assert len(engine.runner._primed) == 2
+
+
+def test_icl_context_waits_for_the_text_its_prefill_carries(base_checkpoint, voices):
+    """An ICL prefill carries reference frames + 1 text track ids: a short streamed text waits for its end."""
+    engine = new_engine(base_checkpoint)
+    voice = voices[5]                                # 2.5 s at 16 kHz: 32 frames, reference text "Testing."
+    events: list = []
+    speaker = Speaker(engine)
+    ctx = speaker.open(ContextParams(voice_prompt=voice, sampling=SamplingParams(seed=1), fixed_frames=20),
+                       events.append)
+    speaker.append(ctx, "Not enough text yet, ")
+    for _ in range(5):
+        engine.run_once()
+    assert events == [] and engine.stats()["waiting"] == 1
+    speaker.append(ctx, "but now it ends.")
+    speaker.end(ctx)
+    drive(engine, {}, [events])
+    whole = solo_text(engine, voice, "Not enough text yet, but now it ends.")
+    np.testing.assert_allclose(pcm(events), pcm(whole), atol=2e-5)
+
+
+def solo_text(engine, voice, text):
+    events: list = []
+    say(Speaker(engine), ContextParams(voice_prompt=voice, sampling=SamplingParams(seed=1), fixed_frames=20), text,
+        events)
+    drive(engine, {}, [events])
+    return events
+
+
+def test_voice_prompt_errors(base_checkpoint, tiny_checkpoint, tts, voices):
+    engine = new_engine(base_checkpoint)
+    emb = voices[0].embedding_array()
+    codes = np.zeros((MAX_REF_FRAMES + 1, 16), dtype=np.int64)
+    cases = [
+        (ContextParams(voice="ryan", voice_prompt=voices[0]), "invalid_params", "not both"),
+        (ContextParams(voice_prompt=VoicePrompt.from_arrays(np.append(emb, 0.0))), "invalid_params",
+         "has 65 values; this model's has 64"),
+        (ContextParams(voice_prompt=VoicePrompt.from_arrays(emb * np.nan)), "invalid_params", "NaN or infinite"),
+        (ContextParams(voice_prompt=VoicePrompt.from_arrays(emb, codes, "x")), "invalid_params",
+         "376 frames.*13..375 frames"),
+        (ContextParams(voice_prompt=VoicePrompt.from_arrays(emb, codes[:12], "x")), "invalid_params", "12 frames"),
+        (ContextParams(voice_prompt=VoicePrompt.from_arrays(emb, codes[:20] + 2048, "x")), "invalid_params", "< 2048"),
+        (ContextParams(voice_prompt=voices[0], instructions="Whisper."), "invalid_params", "instructions"),
+        (ContextParams(voice="ryan"), "unknown_voice", "or give a cloned voice prompt"),
+    ]
+    for p, code, message in cases:
+        failed = refusal(engine, p)
+        assert failed.code == code and re.search(message, failed.message), (failed, message)
+    assert engine.stats()["free_slots"] == 8
+    small = Engine.from_pretrained(str(base_checkpoint), device="cpu", max_contexts=1, max_prompt=40)
+    assert re.search(r"too long for this engine: 32 frames .* at most 31 frames",
+                     refusal(small, ContextParams(voice_prompt=voices[5])).message)
+    assert new_engine(tiny_checkpoint).runner.max_prompt == 128 and engine.runner.max_prompt == 385
+    other = new_engine(tiny_checkpoint)
+    assert "needs a Base checkpoint; this model is custom_voice" in refusal(other, ContextParams(voice_prompt=voices[0])).message
+    with pytest.raises(InvalidParams, match="float32 bytes"):
+        VoicePrompt(b"abc")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (not on this machine)")
+def test_cloned_voices_on_cuda_graphs_equal_cpu(base_checkpoint, voices):
+    cpu = new_engine(base_checkpoint)
+    gpu = Engine.from_pretrained(str(base_checkpoint), device="cuda", dtype="float32", max_contexts=8,
+                                 max_frames_per_context=48)
+    gpu.runner.warmup()
+    for i in (0, 1, 7):
+        np.testing.assert_allclose(pcm(solo(gpu, voices[i], i)), pcm(solo(cpu, voices[i], i)), atol=1e-3)

@@ -1,0 +1,109 @@
+"""The gateway's engine client (gateway/engine_client.py) on the real tiny engine: each step's events reach
+the owner of their context on the event loop, in order, once per step; nothing of a cancelled context
+follows its cancel; batches handed to a busy loop are counted and hold the engine, and none is dropped."""
+from __future__ import annotations
+
+import asyncio
+import time
+
+from talkgate.gateway import engine_client as engine_client_module
+from talkgate.gateway.engine_client import EngineClient
+from talkgate.synth.api import (
+    AudioChunk, CancelContext, ContextDone, ContextParams, EndText, OpenContext, SamplingParams,
+)
+
+GREEDY = SamplingParams(greedy=True)
+
+
+class Owner:
+    """What a Link offers the engine client: engine_events(events), called on the loop."""
+
+    def __init__(self):
+        self.batches: list[list] = []
+
+    def engine_events(self, events):
+        assert asyncio.get_running_loop()           # on the loop, never on the engine's thread
+        self.batches.append(list(events))
+
+    @property
+    def events(self):
+        return [ev for b in self.batches for ev in b]
+
+
+def speak(client, owner, frames: int) -> int:
+    ctx = next(client.contexts)
+    ids = tuple(client.new_tokenizer().tokenizer.encode("Hello there."))
+    client.submit(owner, [OpenContext(ctx, ContextParams(sampling=GREEDY, fixed_frames=frames)), EndText(ctx, ids, 0.7)])
+    return ctx
+
+
+async def until(pred, timeout: float = 60) -> None:
+    t = time.monotonic()
+    while not pred():
+        assert time.monotonic() - t < timeout
+        await asyncio.sleep(0.01)
+
+
+def test_events_reach_their_owner_in_order_once_per_step(tiny_engine):
+    async def go():
+        client = EngineClient(tiny_engine, asyncio.get_running_loop())
+        a, b = Owner(), Owner()
+        ca, cb = speak(client, a, 6), speak(client, b, 4)
+        await until(lambda: a.events and isinstance(a.events[-1], ContextDone)
+                    and b.events and isinstance(b.events[-1], ContextDone))
+        client.close()
+        return client, a, b, ca, cb
+
+    client, a, b, ca, cb = asyncio.run(go())
+    for owner, ctx, frames in ((a, ca, 6), (b, cb, 4)):
+        assert {ev.context for ev in owner.events} == {ctx}
+        assert [ev.first_frame for ev in owner.events if isinstance(ev, AudioChunk)] == list(range(frames))
+        assert all(len([ev for ev in batch if isinstance(ev, AudioChunk)]) <= 1 for batch in owner.batches)
+        assert owner.events[-1] == ContextDone(ctx, "length", frames)
+    assert client.owned() == 0                      # done contexts are no longer routed
+
+
+def test_nothing_follows_a_cancel_and_forget_cancels_what_is_left(tiny_engine):
+    async def go():
+        client = EngineClient(tiny_engine, asyncio.get_running_loop())
+        owner = Owner()
+        ctx = speak(client, owner, 500)
+        await until(lambda: len(owner.events) >= 3)
+        client.submit(owner, [CancelContext(ctx)])
+        n = len(owner.events)
+        await asyncio.sleep(0.3)
+        late = owner.events[n:]
+        other = Owner()
+        left = speak(client, other, 500)
+        await until(lambda: other.events)
+        client.forget(other)                        # the link ended without its session cancelling
+        await asyncio.sleep(0.3)
+        free = tiny_engine.stats()["free_slots"]
+        client.close()
+        return late, client.owned(), free, left
+
+    late, owned, free, _ = asyncio.run(go())
+    assert late == [] and owned == 0 and free == tiny_engine.stats()["slots"]
+
+
+def test_a_busy_loop_holds_the_engine_and_nothing_is_dropped(tiny_engine, monkeypatch):
+    monkeypatch.setattr(engine_client_module, "MAX_BEHIND", 3)
+
+    async def go():
+        loop = asyncio.get_running_loop()
+        client = EngineClient(tiny_engine, loop)
+        tiny_engine.hold = client.behind
+        try:
+            owner = Owner()
+            ctx = speak(client, owner, 40)
+            time.sleep(1.0)                         # the loop is blocked: batches wait, then the engine
+            held = client._outstanding
+            await until(lambda: owner.events and isinstance(owner.events[-1], ContextDone))
+            return ctx, held, owner
+        finally:
+            tiny_engine.hold = None
+            client.close()
+
+    ctx, held, owner = asyncio.run(go())
+    assert held == 3                                # the engine stopped at the limit
+    assert [ev.first_frame for ev in owner.events if isinstance(ev, AudioChunk)] == list(range(40))

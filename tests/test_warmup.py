@@ -1,0 +1,113 @@
+"""Cold start without a GPU: the compile cache's folder, the staged capture's choices, compiled functions bound
+per model. (The compiles and captures themselves run on the GPU machine: talkgate/bench/gpu_coldstart.sh.)"""
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from talkgate.gateway.cli import main
+from talkgate.synth import compile_cache
+from talkgate.synth.api import ContextParams
+from talkgate.synth.engine import unnoticed
+from talkgate.synth.request import Request
+from talkgate.synth.runner import batch_buckets, compile_hot_functions, fit_bucket
+from talkgate.synth.scheduler import Scheduler
+
+GPU = {"name": "NVIDIA H100 80GB HBM3", "capability": "90", "sms": 132}
+VERSIONS = {"torch": "2.11.0+cu130", "cuda": "13.0", "cudnn": 91300, "python": "3.12.3", "triton": "3.6.0"}
+SHAPE = {"talker": {"hidden_size": 2048, "num_hidden_layers": 28}, "speech_tokenizer": {"x": 1},
+         "dtype": "torch.bfloat16", "decoder_dtype": "torch.float32"}
+
+
+def test_cache_key_names_gpu_versions_and_shape():
+    key = compile_cache.cache_key(GPU, VERSIONS, SHAPE)
+    assert key == compile_cache.cache_key(dict(GPU), dict(VERSIONS), json.loads(json.dumps(SHAPE)))
+    assert key.startswith("nvidia-h100-80gb-hbm3-sm90-torch2.11.0+cu130-") and "/" not in key
+    others = [compile_cache.cache_key({**GPU, "name": "NVIDIA H200"}, VERSIONS, SHAPE),
+              compile_cache.cache_key({**GPU, "capability": "89"}, VERSIONS, SHAPE),
+              compile_cache.cache_key(GPU, {**VERSIONS, "triton": "3.5.0"}, SHAPE),
+              compile_cache.cache_key(GPU, {**VERSIONS, "cudnn": 91200}, SHAPE),
+              compile_cache.cache_key(GPU, VERSIONS, {**SHAPE, "talker": {"hidden_size": 1024}}),
+              compile_cache.cache_key(GPU, VERSIONS, {**SHAPE, "dtype": "torch.float16"})]
+    assert len({key, *others}) == 7
+
+
+def test_cache_folder_under_the_talkgate_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("TALKGATE_CACHE", str(tmp_path))
+    for var in compile_cache.ENV:
+        monkeypatch.delenv(var, raising=False)             # restored after the test
+    monkeypatch.setattr(compile_cache, "OPERATOR", {var: None for var in compile_cache.ENV})
+    folder = compile_cache.use("k1", {"gpu": GPU})
+    assert folder == tmp_path / "compile" / "k1" and json.loads((folder / "key.json").read_text()) == {"gpu": GPU}
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(folder / "inductor")
+    assert os.environ["TRITON_CACHE_DIR"] == str(folder / "triton")
+    compile_cache.use("k2")                                 # another model in the same process moves them
+    assert os.environ["TRITON_CACHE_DIR"] == str(tmp_path / "compile" / "k2" / "triton")
+    # an operator's own setting wins
+    monkeypatch.setattr(compile_cache, "OPERATOR", {"TORCHINDUCTOR_CACHE_DIR": "/srv/inductor", "TRITON_CACHE_DIR": None})
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/srv/inductor")
+    compile_cache.use("k3")
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == "/srv/inductor"
+    assert os.environ["TRITON_CACHE_DIR"] == str(tmp_path / "compile" / "k3" / "triton")
+
+
+def test_a_batch_runs_in_the_smallest_captured_bucket():
+    assert batch_buckets(256)[:6] == [1, 2, 4, 8, 16, 32] and batch_buckets(256)[-1] == 256
+    first = [1, 2, 4, 8, 16, 256]                          # captured before ready
+    assert [fit_bucket(first, n) for n in (1, 3, 8, 9, 16, 17, 200, 256)] == [1, 4, 8, 16, 16, 256, 256, 256]
+    later = sorted(first + [32, 48])                       # after two background captures
+    assert [fit_bucket(later, n) for n in (17, 33, 49)] == [32, 48, 256]
+
+
+def req(context: int, frames: int, t_ready: float | None, tokens: int = 1, ended: bool = False) -> Request:
+    r = Request(context=context, client=1, slot=context, params=ContextParams(), prompt=None,
+                frame_limit=750, budget_factor=4.0, budget_min=50)
+    r.text_ids, r.frames, r.t_ready, r.text_ended = list(range(tokens)), frames, t_ready, ended
+    return r
+
+
+def test_captures_wait_until_no_context_would_notice():
+    s = Scheduler(max_batch=8, max_prefills=4)
+    assert unnoticed(s, now=10.0)                          # idle
+    ahead = req(1, frames=20, t_ready=9.0, tokens=30)      # 1.6 s of audio, 1 s played: 0.6 s ahead
+    s.running.append(ahead)
+    assert unnoticed(s, now=10.0) and not unnoticed(s, now=10.2)
+    starved = req(2, frames=3, t_ready=0.0, tokens=3)      # its next token has not come: it cannot run
+    s.running.append(starved)
+    assert unnoticed(s, now=10.0)
+    s.waiting.append(req(3, frames=0, t_ready=None, tokens=0))         # opened, no text yet
+    assert unnoticed(s, now=10.0)
+    s.waiting.append(req(4, frames=0, t_ready=None, tokens=1))         # ready for its first frame
+    assert not unnoticed(s, now=10.0)
+
+
+def test_compiled_functions_are_bound_to_the_model_not_its_classes(tiny_checkpoint):
+    from talkgate.synth import codec_decoder, model
+    from talkgate.synth.loader import load_tts
+    plain = {(cls, name): getattr(cls, name) for cls, name in ((model.RMSNorm, "forward"), (model.Attention, "qkv"),
+                                                             (codec_decoder.CodecDecoder, "convs"))}
+    tts, other = load_tts(tiny_checkpoint), load_tts(tiny_checkpoint)
+    n = compile_hot_functions(tts.talker, tts.code_predictor, tts.codec_decoder)
+    assert n > 10 and compile_hot_functions(tts.talker) == 0                 # idempotent
+    for (cls, name), fn in plain.items():
+        assert getattr(cls, name) is fn                                        # classes untouched
+    norm = tts.talker.layers[0].input_layernorm
+    assert "forward" in vars(norm) and vars(norm)["forward"].__self__ is norm
+    assert "forward" not in vars(other.talker.layers[0].input_layernorm)    # another model: plain
+    assert "convs" in vars(tts.codec_decoder) and "convs" not in vars(other.codec_decoder)
+    # one compiled function per method, shared by every instance
+    assert vars(norm)["forward"].__func__ is vars(tts.talker.layers[1].input_layernorm)["forward"].__func__
+
+
+def test_warmup_command_on_cpu_has_nothing_to_do(tiny_checkpoint, capsys):
+    assert main(["warmup", "--model", str(tiny_checkpoint), "--device", "cpu", "--max-contexts", "2"]) == 0
+    assert "nothing is compiled or captured" in capsys.readouterr().out
+
+
+def test_warmup_command_takes_serves_model_flags(capsys):
+    with pytest.raises(SystemExit):
+        main(["warmup", "--help"])
+    out = capsys.readouterr().out
+    assert all(flag in out for flag in ("--model", "--device", "--dtype", "--max-contexts"))
