@@ -45,7 +45,7 @@ from talkgate.synth.api import AudioChunk, CancelContext, ContextFailed, Deliver
 log = logging.getLogger("talkgate.remote_engines")
 ACK_EVERY = 8               # STEP messages handled before an acknowledgement goes out ...
 ACK_DELAY_S = 0.05          # ... or this long after the first unacknowledged one
-MAX_MESSAGES_PER_READ = 64  # then other loop callbacks run before the rest is read
+MAX_MESSAGES_PER_READ = 4   # then other loop callbacks (client messages) run before the rest is read
 
 
 @dataclass(eq=False)

@@ -24,7 +24,7 @@ log = logging.getLogger("talkgate.serve")
 DEFAULT_PRESET = "mini"
 BACKLOG = 128                # connections the kernel queues while the model loads or the loop is busy
 CLEANUP_TIMEOUT_S = 2.0      # after the drain: HTTP handlers still running get this long, then are cancelled
-MAX_DEFAULT_WORKERS = 8      # docs/benchmarks.md: 512 Opus streams on an H100 machine
+MAX_DEFAULT_WORKERS = 32     # docs/benchmarks.md: 8 workers ran 0.6-0.8 cores each at 512 Opus streams
 
 
 def default_checkpoint() -> Path:
@@ -72,7 +72,7 @@ def add_parser(subparsers) -> None:
                    "or on the CPU; more than one on a GPU needs --max-contexts (each would size its slots from the "
                    "whole GPU)")
     p.add_argument("--workers", metavar="N", type=cli_args.integer(0), help="gateway worker processes sharing the "
-                   "port (default: the cores less one per engine process, 1 to "
+                   "port (default: the cores less one per engine process and one more, 1 to "
                    f"{MAX_DEFAULT_WORKERS}); 0: one process, the engine a thread of it")
     p.add_argument("--max-contexts", metavar="N", type=cli_args.integer(1), help="engine slots of each engine process: "
                    "contexts in flight on it (default: sized from free GPU memory, at most 512; 16 on CPU)")
@@ -206,9 +206,9 @@ def server_config(args: argparse.Namespace):
 
 def default_workers(engines: int, cores: int | None = None) -> int:
     """Worker processes beside `engines` engine processes on `cores` cores: a core per engine process (its
-    step loop), the rest for workers, at most MAX_DEFAULT_WORKERS."""
+    step loop) and one for the rest of the machine, the others for workers, 1 to MAX_DEFAULT_WORKERS."""
     cores = cores or len(os.sched_getaffinity(0))
-    return max(1, min(MAX_DEFAULT_WORKERS, cores - engines))
+    return max(1, min(MAX_DEFAULT_WORKERS, cores - engines - 1))
 
 
 def gpu_indices(text: str | None, count: int) -> list[int]:

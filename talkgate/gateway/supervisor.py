@@ -40,6 +40,12 @@ WORKER_CAP_SLACK = 1.5        # a worker takes at most this share above an even 
 ENGINE_STOP_S = 15.0          # after the workers: how long engines get to stop before SIGKILL
 
 
+def say(line: str) -> None:
+    """One line to stdout in one write: the children write to the same stream."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
 def child_setup() -> None:
     """In a child of the supervisor: die with it (SIGTERM when the supervisor goes away, even by SIGKILL)."""
     try:
@@ -129,7 +135,7 @@ class Supervisor:
                 self._start(child)
             while not self.stopping:
                 self._turn(wake_r)
-            print("talkgate: shutting down", flush=True)
+            say("talkgate: shutting down")
             self._shutdown()
         finally:
             signal.set_wakeup_fd(-1)
@@ -138,7 +144,7 @@ class Supervisor:
                     child.proc.kill()
                     child.proc.wait()
             shutil.rmtree(run_dir, ignore_errors=True)
-        print("talkgate: stopped", flush=True)
+        say("talkgate: stopped")
         return 0
 
     def _on_signal(self, signum, frame) -> None:
@@ -195,10 +201,10 @@ class Supervisor:
         url = self.url
         if not self.announced["listening"] and child.state in ("listening", "ready"):
             self.announced["listening"] = True
-            print(f"talkgate: listening on {url} (warming up)", flush=True)
+            say(f"talkgate: listening on {url} (warming up)")
         if not self.announced["ready"] and all(c.state == "ready" for c in workers):
             self.announced["ready"] = True
-            print(f"talkgate: ready on {url}", flush=True)
+            say(f"talkgate: ready on {url}")
 
     def _exited(self, child: Child, now: float) -> None:
         code = child.proc.returncode
@@ -214,8 +220,8 @@ class Supervisor:
         quick = now - child.started < RESTART_WINDOW_S
         child.backoff = min(BACKOFF_S[1], max(BACKOFF_S[0], 2 * child.backoff)) if quick else 0.0
         child.restart_at = now + child.backoff
-        print(f"talkgate: {child.name} (pid {child.proc.pid}) exited with {how}: restarting"
-              + (f" in {child.backoff:g} s" if child.backoff else ""), flush=True)
+        say(f"talkgate: {child.name} (pid {child.proc.pid}) exited with {how}: restarting"
+            + (f" in {child.backoff:g} s" if child.backoff else ""))
 
     def _shutdown(self) -> None:
         """SIGTERM the workers (each drains: contexts finish up to the shutdown deadline, then 1001), wait;
