@@ -58,7 +58,7 @@ if [ "$size" = 0.6b ]; then
     --json "$res/ipc.json" 2>&1 | grep batch
 else
   serve multi 8080
-  log "workers: openai 1 rps"; load 8080 multi-rps1 --protocol openai --rps 1 --duration 25 --lang en
+  log "workers: openai 1 rps"; load 8080 multi-rps1 --protocol openai --rps 1 --duration 20 --lang en
   log "workers: openai sweep"
   threads 20 top-sweep.txt &
   timeout 150 python3 -m talkgate.bench.load --url http://127.0.0.1:8080 --warmup 4 --out "$res/sweep" --protocol openai \
@@ -67,7 +67,7 @@ else
   curl -s http://127.0.0.1:8080/metrics > "$res/sweep/metrics-after.txt"
   stop multi
   serve single 8080 --workers 0 --max-contexts 64
-  log "single process: openai 1 rps"; load 8080 single-rps1 --protocol openai --rps 1 --duration 25 --lang en
+  log "single process: openai 1 rps"; load 8080 single-rps1 --protocol openai --rps 1 --duration 20 --lang en
   stop single
 fi
 tar czf "$out/scale-$size.tgz" -C /tmp "res-scale-$size"
