@@ -44,6 +44,19 @@ def test_wire_round_trip():
                                                          ContextFailed(12, "engine_full", "no room")]
 
 
+def test_worker_counts_and_caps():
+    from talkgate.gateway.args import CommandError
+    from talkgate.gateway.serve import default_workers, gpu_indices
+    from talkgate.gateway.supervisor import worker_cap
+    assert [default_workers(1, cores) for cores in (1, 2, 4, 16)] == [1, 1, 2, 14]
+    assert default_workers(8, 128) == 32 and default_workers(2, 16) == 13
+    assert worker_cap(1000, 1) == 1000 and worker_cap(1000, 8) == 188 and worker_cap(10, 2) == 8
+    assert gpu_indices(None, 2) == [0, 1] and gpu_indices("all", 3) == [0, 1, 2] and gpu_indices("1", 2) == [1]
+    for bad in ("2", "0,0", "x"):
+        with pytest.raises(CommandError):
+            gpu_indices(bad, 2)
+
+
 # ----- real engine processes -----
 class EngineProc:
     def __init__(self, checkpoint, endpoint, slots):
