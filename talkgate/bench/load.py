@@ -364,9 +364,25 @@ def server_numbers(before: dict, after: dict, wall_s: float) -> dict:
     counter = lambda name: (sum(v for (n, _), v in after.items() if n == name)
                             - sum(v for (n, _), v in before.items() if n == name)) if any(
                                 n == name for n, _ in after) else None
-    return {"cpu_cores": (cpu[1] - cpu[0]) / wall_s if None not in cpu and wall_s > 0 else None,
+    # with worker processes: CPU per process (its gauges), loop lag per worker and step time per engine
+    cores = {}
+    for name, label, kind in (("talkgate_worker_cpu_seconds", "worker", "worker"),
+                              ("talkgate_engine_cpu_seconds", "engine", "engine")):
+        for (n, labels), v in after.items():
+            if n == name and wall_s > 0:
+                start = before.get((n, labels))
+                if start is not None and v >= start:      # a restarted process counts from 0
+                    cores[f"{kind}{dict(labels)[label]}"] = (v - start) / wall_s
+    by = lambda name, label: {dict(labels)[label]: histogram_delta(before, after, name, **{label: dict(labels)[label]})
+                              for (n, labels) in after if n == name + "_count" and label in dict(labels)}
+    total = sum(cores.values()) if cores else None
+    return {"cpu_cores": total if total is not None else
+            (cpu[1] - cpu[0]) / wall_s if None not in cpu and wall_s > 0 else None,
+            "cpu_cores_by_process": cores or None,
             "event_loop_lag_s": histogram_delta(before, after, "talkgate_event_loop_lag_seconds"),
+            "event_loop_lag_s_by_worker": by("talkgate_event_loop_lag_seconds", "worker") or None,
             "engine_step_s": histogram_delta(before, after, "talkgate_engine_step_seconds"),
+            "engine_step_s_by_engine": by("talkgate_engine_step_seconds", "engine") or None,
             "server_ttfa_ms": histogram_delta(before, after, "talkgate_ttfa_ms"),
             "underrun_risk": counter("talkgate_underrun_risk_total"),
             "contexts_active_after": after.get(("talkgate_contexts_active", ())),   # a leak shows here
@@ -398,6 +414,7 @@ class Config:
     underrun_tolerance_ms: float = 1.0
     ttfa_limit_ms: float = 150.0
     seed: int = 0
+    processes: int = 1                     # client processes the load is split over
 
     @property
     def ws_url(self) -> str:
@@ -456,7 +473,65 @@ async def warm_up(cfg: Config, n: int) -> list[Result]:
 
 
 async def run_load(cfg: Config) -> dict:
-    """One run at a fixed offered load -> {"config", "summary", "requests"}."""
+    """One run at a fixed offered load -> {"config", "summary", "requests"}; with cfg.processes > 1 the load is
+    split over that many client processes (each its share of the rate or clients, its own seed), whose
+    results are merged, so that a saturated client does not inflate what it measures."""
+    async with client_session(cfg) as http:
+        before = await scrape(http, cfg)
+        gpu = GpuMonitor().start()
+        try:
+            if cfg.processes > 1:
+                parts = await asyncio.to_thread(_drive_in_processes, cfg)
+            else:
+                parts = [await drive(cfg, http)]
+        finally:
+            gpu_stats = gpu.stop()
+        after = await scrape(http, cfg)
+    results, offset = [], 0
+    for part in parts:                                   # one process's job indices follow the previous one's
+        for r in part["results"]:
+            r.idx += offset
+        results += part["results"]
+        offset = 1 + max((r.idx for r in results), default=-1)
+    wall_s = max(p["wall_s"] for p in parts)
+    windows = [p["issue_window"] for p in parts]
+    issue_window = None if None in windows else max(windows)
+    lags = [v for p in parts for v in p["lags"]]
+    results.sort(key=lambda r: r.idx)
+    summary = summarize(cfg, results, wall_s, issue_window, sum(p["peak"] for p in parts),
+                        server_numbers(before, after, wall_s), gpu_stats, lags)
+    return {"config": asdict(cfg), "summary": summary, "requests": [asdict(r) for r in results]}
+
+
+def _share(cfg: Config, k: int) -> Config:
+    """Client process k's part of the load."""
+    n = cfg.processes
+    return replace(cfg, processes=1, seed=cfg.seed + 1000 * k, rps=cfg.rps / n if cfg.rps else None,
+                   concurrency=cfg.concurrency // n + (k < cfg.concurrency % n) if cfg.concurrency else None,
+                   requests=None if cfg.requests is None else cfg.requests // n + (k < cfg.requests % n),
+                   max_in_flight=max(1, cfg.max_in_flight // n))
+
+
+def _drive_in_processes(cfg: Config) -> list[dict]:
+    import multiprocessing as mp
+    ctx = mp.get_context("spawn")
+    start_at = time.time() + 3.0                         # every process starts its clock together
+    with ctx.Pool(cfg.processes) as pool:
+        return pool.starmap(_drive_process, [(asdict(_share(cfg, k)), start_at) for k in range(cfg.processes)])
+
+
+def _drive_process(cfg_dict: dict, start_at: float) -> dict:
+    cfg = Config(**cfg_dict)
+
+    async def go():
+        async with client_session(cfg) as http:
+            await asyncio.sleep(max(0.0, start_at - time.time()))
+            return await drive(cfg, http)
+    return asyncio.run(go())
+
+
+async def drive(cfg: Config, http) -> dict:
+    """Issue one run's requests (open or closed loop) -> results, wall time, issue window, peak, client lags."""
     rng = random.Random(cfg.seed)
     arrivals = poisson_arrivals(cfg.rps, cfg.duration_s, rng, cfg.requests) if cfg.rps else None
     jobs = itertools.islice(job_stream(cfg, rng), cfg.requests)
@@ -472,47 +547,40 @@ async def run_load(cfg: Config) -> dict:
         finally:
             in_flight["now"] -= 1
 
-    async with client_session(cfg) as http:
-        before = await scrape(http, cfg)
-        gpu = GpuMonitor().start()
-        lag_task = asyncio.create_task(watch_loop_lag(lags))
-        t_run = time.perf_counter()
-        tasks: list[asyncio.Task] = []
-        try:
-            if arrivals is not None:
-                for job, at in zip(jobs, arrivals):
-                    await asyncio.sleep(max(0.0, t_run + at - time.perf_counter()))
-                    if in_flight["now"] >= cfg.max_in_flight:
-                        results.append(Result(job.idx, job.prompt["id"], job.prompt["lang"], job.prompt["bucket"],
-                                              len(job.prompt["text"]), job.frames, scheduled_s=at, error={
-                                                  "code": "client_cap", "message": f"{cfg.max_in_flight} requests "
-                                                  "already in flight: the server is not keeping up"}))
-                        continue
-                    tasks.append(asyncio.create_task(tracked(job, t_run, at)))
-                truncated = cfg.requests is not None and len(arrivals) == cfg.requests
-                issue_window = arrivals[-1] if truncated else cfg.duration_s
-            else:
-                async def worker():
-                    while time.perf_counter() - t_run < cfg.duration_s:
-                        job = next(jobs, None)
-                        if job is None:
-                            return
-                        await tracked(job, t_run, None)
+    lag_task = asyncio.create_task(watch_loop_lag(lags))
+    t_run = time.perf_counter()
+    tasks: list[asyncio.Task] = []
+    try:
+        if arrivals is not None:
+            for job, at in zip(jobs, arrivals):
+                await asyncio.sleep(max(0.0, t_run + at - time.perf_counter()))
+                if in_flight["now"] >= cfg.max_in_flight:
+                    results.append(Result(job.idx, job.prompt["id"], job.prompt["lang"], job.prompt["bucket"],
+                                          len(job.prompt["text"]), job.frames, scheduled_s=at, error={
+                                              "code": "client_cap", "message": f"{cfg.max_in_flight} requests "
+                                              "already in flight: the server is not keeping up"}))
+                    continue
+                tasks.append(asyncio.create_task(tracked(job, t_run, at)))
+            truncated = cfg.requests is not None and len(arrivals) == cfg.requests
+            issue_window = arrivals[-1] if truncated else cfg.duration_s
+        else:
+            async def worker():
+                while time.perf_counter() - t_run < cfg.duration_s:
+                    job = next(jobs, None)
+                    if job is None:
+                        return
+                    await tracked(job, t_run, None)
 
-                tasks = [asyncio.create_task(worker()) for _ in range(cfg.concurrency)]
-                issue_window = None
-            await asyncio.gather(*tasks)     # each request is bounded by request_timeout_s
-        finally:
-            for t in tasks:
-                t.cancel()
-            wall_s = time.perf_counter() - t_run
-            lag_task.cancel()
-            gpu_stats = gpu.stop()
-        after = await scrape(http, cfg)
-    results.sort(key=lambda r: r.idx)
-    summary = summarize(cfg, results, wall_s, issue_window, in_flight["peak"], server_numbers(before, after, wall_s),
-                        gpu_stats, lags)
-    return {"config": asdict(cfg), "summary": summary, "requests": [asdict(r) for r in results]}
+            tasks = [asyncio.create_task(worker()) for _ in range(cfg.concurrency)]
+            issue_window = None
+        await asyncio.gather(*tasks)     # each request is bounded by request_timeout_s
+    finally:
+        for t in tasks:
+            t.cancel()
+        wall_s = time.perf_counter() - t_run
+        lag_task.cancel()
+    return {"results": results, "wall_s": wall_s, "issue_window": issue_window, "peak": in_flight["peak"],
+            "lags": lags}
 
 
 def summarize(cfg: Config, results: list[Result], wall_s: float, issue_window: float | None, peak: int,
@@ -620,6 +688,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--ttfa-limit-ms", type=float, default=d.ttfa_limit_ms, help="p95 TTFA bound of a clean level")
     p.add_argument("--seed", type=int, default=d.seed, help="seed of the prompt choice, arrivals and cancels "
                    "(the same seed replays the same run)")
+    p.add_argument("--processes", type=int, default=d.processes, help="client processes to split the load over "
+                   "(one Python process saturates near a few hundred Opus streams)")
     p.add_argument("--warmup", type=int, default=2, help="short requests sent one by one before measuring")
     p.add_argument("--wait-ready", type=float, default=120.0, help="seconds to wait for the server's /ready "
                    "before starting")
@@ -641,6 +711,8 @@ def config_from(args: argparse.Namespace, p: argparse.ArgumentParser) -> Config:
         p.error("--warmup must be >= 0")
     if args.requests is not None and args.requests < 1:
         p.error("--requests must be at least 1")
+    if args.processes < 1 or (args.concurrency is not None and args.processes > args.concurrency):
+        p.error("--processes must be at least 1 and at most --concurrency")
     if args.duration <= 0 or args.duration > 3600:
         p.error("--duration must be in (0, 3600] seconds")
     if args.words_per_second < 0 or args.request_timeout <= 0:
@@ -653,7 +725,7 @@ def config_from(args: argparse.Namespace, p: argparse.ArgumentParser) -> Config:
                   words_per_second=args.words_per_second, first_token_delay_ms=args.first_token_delay_ms,
                   voice=args.voice, model=args.model, api_key=args.api_key, max_in_flight=args.max_in_flight,
                   request_timeout_s=args.request_timeout, underrun_tolerance_ms=args.underrun_tolerance_ms,
-                  ttfa_limit_ms=args.ttfa_limit_ms, seed=args.seed)
+                  ttfa_limit_ms=args.ttfa_limit_ms, seed=args.seed, processes=args.processes)
 
 
 def main(argv: list[str] | None = None) -> int:

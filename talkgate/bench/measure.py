@@ -124,19 +124,31 @@ def stats(values: list[float]) -> dict | None:
             "p99": percentile(values, 99), "mean": sum(values) / len(values), "max": max(values)}
 
 
-def histogram_delta(before: dict, after: dict, name: str) -> dict | None:
+def histogram_delta(before: dict, after: dict, name: str, **only: str) -> dict | None:
     """A Prometheus histogram's observations between two scrapes: count, mean and bucket-bound
-    quantiles (the upper bound of the bucket holding the quantile); a gauge of that name gives its value."""
+    quantiles (the upper bound of the bucket holding the quantile), summed over its label sets (those with
+    the labels `only`, e.g. worker="0"); a gauge of that name gives its value."""
+    def picked(labels) -> bool:
+        d = dict(labels)
+        return all(d.get(k) == v for k, v in only.items())
+
     def buckets(scrape):
-        return {float(dict(labels)["le"]): v for (n, labels), v in scrape.items()
-                if n == name + "_bucket" and "le" in dict(labels)}
+        out = {}
+        for (n, labels), v in scrape.items():
+            if n == name + "_bucket" and "le" in dict(labels) and picked(labels):
+                le = float(dict(labels)["le"])
+                out[le] = out.get(le, 0.0) + v
+        return out
+
+    def total_of(scrape, suffix):
+        return sum(v for (n, labels), v in scrape.items() if n == name + suffix and picked(labels))
 
     b1, b0 = buckets(after), buckets(before)
     if not b1:
         gauge = after.get((name, ()))
         return None if gauge is None else {"value": gauge}
-    count = after.get((name + "_count", ()), 0.0) - before.get((name + "_count", ()), 0.0)
-    total = after.get((name + "_sum", ()), 0.0) - before.get((name + "_sum", ()), 0.0)
+    count = total_of(after, "_count") - total_of(before, "_count")
+    total = total_of(after, "_sum") - total_of(before, "_sum")
     out = {"count": count, "mean": total / count if count else None}
     cum = sorted((le, v - b0.get(le, 0.0)) for le, v in b1.items())
     for q in (50, 95, 99):

@@ -55,8 +55,16 @@ def markdown(cfg: dict, s: dict) -> str:
             ("underruns (requests with any) / total ms",
              f"{s['underruns']} ({s['requests_with_underruns']}) / {fmt(s['underrun_ms_total'])}"),
             ("server CPU cores", fmt(srv.get("cpu_cores"), 2)),
+            ("CPU cores by process", ", ".join(f"{k} {v:.2f}" for k, v in sorted((srv.get("cpu_cores_by_process")
+                                                                                  or {}).items())) or "-"),
             ("server event-loop lag mean / p99 bucket (ms)", seconds_as_ms(srv.get("event_loop_lag_s"))),
+            ("event-loop lag mean / p99 bucket by worker (ms)",
+             "; ".join(f"{w}: {seconds_as_ms(h)}" for w, h in sorted((srv.get("event_loop_lag_s_by_worker")
+                                                                       or {}).items())) or "-"),
             ("engine step mean / p99 bucket (ms)", seconds_as_ms(srv.get("engine_step_s"))),
+            ("engine step mean / p99 bucket by engine (ms)",
+             "; ".join(f"{e}: {seconds_as_ms(h)}" for e, h in sorted((srv.get("engine_step_s_by_engine")
+                                                                       or {}).items())) or "-"),
             ("server underrun-risk chunks", fmt(srv.get("underrun_risk"), 0)),
             ("server contexts active after the run", fmt(srv.get("contexts_active_after"), 0)),
             ("GPU util mean / max %, mem max MiB", "-" if gpu is None else

@@ -28,14 +28,16 @@ def status(gw: Gateway) -> dict:
 
 
 async def drain(request: web.Request) -> web.Response:
-    """Start the drain (once; again is a no-op): /ready 503 at once, new sessions refused, contexts in flight
-    finish up to --shutdown-deadline, then WebSockets close with 1001. The process keeps answering /health
+    """Start the drain (once; again is a no-op), of every worker process: /ready 503 at once, new sessions
+    refused, contexts in flight finish up to --shutdown-deadline, then WebSockets close with 1001. The process keeps answering /health
     (200, state draining) until it is stopped: SIGTERM then exits at once. `?wait=true` answers when the drain
     is over (200), else at once (202)."""
     gw: Gateway = request.app["gateway"]
     if (refused := refusal(gw, request)) is not None:
         return refused
     task = start_drain(request.app)
+    if "drain_server" in request.app:   # a gateway worker: the other workers drain too (gateway/worker.py)
+        request.app["drain_server"]()
     if request.query.get("wait", "").lower() in ("1", "true", "yes"):
         await asyncio.shield(task)
     body = status(gw)

@@ -1,4 +1,6 @@
-"""`talkgate serve`: check the arguments, bind the port, load the engine, warm up, serve until SIGINT/SIGTERM, drain.
+"""`talkgate serve`: check the arguments, bind the port, then either start the engine processes and gateway
+workers under a supervisor (gateway/supervisor.py, the default), or with `--workers 0` load the engine in
+this process, warm up, serve until SIGINT/SIGTERM, drain.
 
 The port is bound before the model loads, so that a busy port is reported at once; HTTP answers from
 the end of the load on (/health 200 "starting", /ready 503 until the warm-up is over). With
@@ -25,6 +27,7 @@ log = logging.getLogger("talkgate.serve")
 DEFAULT_PRESET = "mini"
 BACKLOG = 128                # connections the kernel queues while the model loads or the loop is busy
 CLEANUP_TIMEOUT_S = 2.0      # after the drain: HTTP handlers still running get this long, then are cancelled
+MAX_DEFAULT_WORKERS = 32     # docs/benchmarks.md: 8 workers ran 0.6-0.8 cores each at 512 Opus streams
 
 
 def default_checkpoint() -> Path:
@@ -66,8 +69,16 @@ def add_parser(subparsers) -> None:
                    help="cpu, cuda or cuda:N (default: cuda when a GPU is visible, else cpu)")
     p.add_argument("--dtype", choices=["bfloat16", "float16", "float32"],
                    help="Talker and code predictor dtype (default: bfloat16 on GPU, float32 on CPU)")
-    p.add_argument("--max-contexts", metavar="N", type=cli_args.integer(1), help="engine slots: contexts in flight "
-                   "on the whole server (default: sized from free GPU memory; 16 on CPU)")
+    p.add_argument("--gpus", metavar="all|I,J", help="GPUs to serve on, one engine process each (default: all; "
+                   "indices as CUDA_VISIBLE_DEVICES shows them)")
+    p.add_argument("--engines", metavar="N", type=cli_args.integer(1), default=1, help="engine processes per GPU, "
+                   "or on the CPU; more than one on a GPU needs --max-contexts (each would size its slots from the "
+                   "whole GPU)")
+    p.add_argument("--workers", metavar="N", type=cli_args.integer(0), help="gateway worker processes sharing the "
+                   "port (default: the cores less one per engine process and one more, 1 to "
+                   f"{MAX_DEFAULT_WORKERS}); 0: one process, the engine a thread of it")
+    p.add_argument("--max-contexts", metavar="N", type=cli_args.integer(1), help="engine slots of each engine process: "
+                   "contexts in flight on it (default: sized from free GPU memory, at most 512; 16 on CPU)")
     p.add_argument("--seed", metavar="N", type=cli_args.seed, help="sampling seed of contexts whose request sets "
                    "none, so that the same text and settings give the same audio (default: a fresh random seed each)")
     add_untrained_length(p)
@@ -88,7 +99,8 @@ def add_parser(subparsers) -> None:
     p.add_argument("--max-contexts-per-connection", metavar="N", type=cli_args.integer(1),
                    default=d.max_contexts_per_connection, help="contexts in flight on one connection")
     p.add_argument("--max-connections", metavar="N", type=cli_args.integer(1), default=d.max_connections,
-                   help="open WebSocket connections; more are refused (close 1013)")
+                   help="open WebSocket connections; more are refused (close 1013); each worker takes at most 1.5x "
+                   "an even share of them")
     p.add_argument("--idle-timeout", metavar="SECONDS", type=cli_args.positive_seconds, default=d.idle_timeout_s,
                    help="seconds without a client message or audio taken by the client before a connection is "
                    "closed, contexts in flight or not")
@@ -118,9 +130,11 @@ def add_untrained_length(p) -> None:
                    "end by the model either way")
 
 
-def listen(host: str, port: int) -> list[socket.socket]:
+def listen(host: str, port: int, reuse_port: bool = False, backlog: int | None = BACKLOG) -> list[socket.socket]:
     """Listening sockets on every address of `host` (port 0: one free port, the same for every address).
-    CommandError when the port is busy, the address is not this machine's, ..."""
+    reuse_port: SO_REUSEPORT, so that gateway workers share the port; backlog None: bound, not listening (the
+    supervisor's reservation of the port). CommandError when the port is busy, the address is not this
+    machine's, ..."""
     where = f"{host}:{port}"
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
@@ -133,12 +147,15 @@ def listen(host: str, port: int) -> list[socket.socket]:
             sockets.append(s)
             # as asyncio does: a port still in TIME_WAIT from the last run can be bound, a listening one cannot
             s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if reuse_port:
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
             if family == socket.AF_INET6:
                 s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
             if port == 0 and len(sockets) > 1:
                 address = (address[0], sockets[0].getsockname()[1], *address[2:])
             s.bind(address)
-            s.listen(BACKLOG)
+            if backlog is not None:
+                s.listen(backlog)
             s.setblocking(False)
     except OSError as e:
         for s in sockets:
@@ -177,7 +194,6 @@ def tls_context(certfile: str | None, keyfile: str | None) -> ssl.SSLContext | N
 
 
 def run(args: argparse.Namespace) -> int:
-    from talkgate.gateway.server import ServerConfig
     from talkgate.sessions.voices import VoiceMap
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -195,6 +211,8 @@ def run(args: argparse.Namespace) -> int:
         except StoreError as e:
             raise CommandError(f"--voice-store: {e.message}") from None
     tls = tls_context(args.ssl_certfile, args.ssl_keyfile)
+    if args.workers != 0:
+        return run_supervised(args)
     sockets = listen(args.host, args.port)
     try:
         device = cli_args.check_device(args.device)
@@ -202,15 +220,7 @@ def run(args: argparse.Namespace) -> int:
             from talkgate.synth.loader import resolve_path     # imports torch: after the cheap checks
             resolve_path(args.model)                    # CheckpointError: no such directory, not reachable, ...
         engine = _load(args, device)
-        keys = tuple(args.api_key) + tuple(k for k in os.environ.get("TALKGATE_API_KEYS", "").split(",") if k)
-        limits = Limits(max_message_bytes=args.max_message_bytes, max_messages_per_s=args.max_messages_per_s,
-                        max_text_chars=args.max_text_chars,
-                        max_contexts_per_connection=args.max_contexts_per_connection,
-                        max_connections=args.max_connections, idle_timeout_s=args.idle_timeout,
-                        max_backlog_ms=args.max_backlog_ms)
-        config = ServerConfig(limits=limits, api_keys=keys, allowed_origins=tuple(args.allow_origin),
-                              shutdown_deadline_s=args.shutdown_deadline, voice_map=args.voice_map,
-                              voice_store=args.voice_store, admin_without_key=args.admin_without_key)
+        config = server_config(args)
         host = f"[{args.host}]" if ":" in args.host else args.host
         url = f"{'https' if tls else 'http'}://{host}:{sockets[0].getsockname()[1]}"
         try:
@@ -219,6 +229,88 @@ def run(args: argparse.Namespace) -> int:
             engine.stop()
     finally:
         for s in sockets:
+            s.close()
+
+
+def server_config(args: argparse.Namespace):
+    from talkgate.gateway.server import ServerConfig
+
+    keys = tuple(args.api_key) + tuple(k for k in os.environ.get("TALKGATE_API_KEYS", "").split(",") if k)
+    limits = Limits(max_message_bytes=args.max_message_bytes, max_messages_per_s=args.max_messages_per_s,
+                    max_text_chars=args.max_text_chars, max_contexts_per_connection=args.max_contexts_per_connection,
+                    max_connections=args.max_connections, idle_timeout_s=args.idle_timeout,
+                    max_backlog_ms=args.max_backlog_ms)
+    return ServerConfig(limits=limits, api_keys=keys, allowed_origins=tuple(args.allow_origin),
+                        shutdown_deadline_s=args.shutdown_deadline, voice_map=args.voice_map,
+                        voice_store=args.voice_store, admin_without_key=args.admin_without_key)
+
+
+def default_workers(engines: int, cores: int | None = None) -> int:
+    """Worker processes beside `engines` engine processes on `cores` cores: a core per engine process (its
+    step loop) and one for the rest of the machine, the others for workers, 1 to MAX_DEFAULT_WORKERS."""
+    cores = cores or len(os.sched_getaffinity(0))
+    return max(1, min(MAX_DEFAULT_WORKERS, cores - engines - 1))
+
+
+def gpu_indices(text: str | None, count: int) -> list[int]:
+    """--gpus: 'all' (or unset) or indices like 0,1 of the `count` visible GPUs."""
+    if text in (None, "all"):
+        return list(range(count))
+    try:
+        gpus = [int(g) for g in text.split(",")]
+    except ValueError:
+        raise CommandError(f"--gpus {text}: give 'all' or GPU indices like 0,1") from None
+    if any(not 0 <= g < count for g in gpus) or len(set(gpus)) != len(gpus):
+        raise CommandError(f"--gpus {text}: this machine shows {count} GPU(s), 0 to {count - 1}; each once")
+    return gpus
+
+
+def run_supervised(args: argparse.Namespace) -> int:
+    """Engine processes and gateway workers under the supervisor (gateway/supervisor.py)."""
+    from talkgate.gateway.supervisor import Plan, Supervisor
+
+    # a port someone holds, with SO_REUSEPORT or not, is refused by a bind without it; then the port is held
+    # (bound, never listening) with SO_REUSEPORT for the workers to share
+    probe = listen(args.host, args.port, backlog=None)
+    port = probe[0].getsockname()[1]
+    for s in probe:
+        s.close()
+    reserved = listen(args.host, port, reuse_port=True, backlog=None)
+    try:
+        device = cli_args.check_device(args.device)
+        if args.model:
+            from talkgate.synth.loader import resolve_path
+            resolve_path(args.model)
+        model = args.model or str(default_checkpoint())
+        if device == "cpu":
+            if args.gpus is not None:
+                raise CommandError("--gpus needs a GPU (--device cuda)")
+            engines = [{"device": "cpu", "cuda_visible": None}] * args.engines
+        else:
+            import torch
+            if args.engines > 1 and args.max_contexts is None:
+                raise CommandError("--engines above 1 on a GPU needs --max-contexts (each engine process would size "
+                                   "its slots from the whole GPU's free memory)")
+            count = torch.cuda.device_count()
+            gpus = gpu_indices(args.gpus, count) if args.gpus or device == "cuda" else [int(device.split(":")[1])]
+            visible = os.environ.get("CUDA_VISIBLE_DEVICES")      # indices are of the visible GPUs
+            ids = visible.split(",") if visible else [str(g) for g in range(count)]
+            engines = [{"device": "cuda", "cuda_visible": ids[g]} for g in gpus for _ in range(args.engines)]
+        engine_args = ["--untrained-length", args.untrained_length]
+        for flag, value in (("--dtype", args.dtype), ("--max-contexts", args.max_contexts), ("--seed", args.seed)):
+            if value is not None:
+                engine_args += [flag, str(value)]
+        workers = args.workers if args.workers is not None else default_workers(len(engines))
+        config = server_config(args)
+        plan = Plan(host=args.host, port=reserved[0].getsockname()[1], model=model, engines=engines,
+                    workers=workers, engine_args=engine_args, limits=config.limits.as_dict(),
+                    server={"api_keys": list(config.api_keys), "allowed_origins": list(config.allowed_origins),
+                            "shutdown_deadline_s": config.shutdown_deadline_s, "voice_map": config.voice_map,
+                            "voice_store": config.voice_store, "admin_without_key": config.admin_without_key,
+                            "ssl_certfile": args.ssl_certfile, "ssl_keyfile": args.ssl_keyfile})
+        return Supervisor(plan).run()
+    finally:
+        for s in reserved:
             s.close()
 
 

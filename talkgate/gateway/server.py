@@ -44,10 +44,11 @@ class ServerConfig:
 class Gateway:
     """State shared by every handler: the engine, limits, metrics, open connections."""
 
-    def __init__(self, engine, config: ServerConfig):
-        """`engine`: synth.engine.Engine (or an object with its connect/submit/disconnect/stats)."""
+    def __init__(self, engine, config: ServerConfig, metrics: Metrics | None = None):
+        """`engine`: synth.engine.Engine (or an object with its connect/submit/disconnect/stats: a gateway
+        worker's RemoteEngines)."""
         self.engine, self.config, self.limits = engine, config, config.limits
-        self.metrics = Metrics()
+        self.metrics = metrics or Metrics()
         self.connections: set[Connection] = set()
         self.ids = itertools.count(1)
         self.ready = False          # the engine is warm (set by serve once its warm-up is over)
@@ -70,10 +71,9 @@ class Gateway:
         return stats.get("free_slots"), stats.get("slots")
 
     def in_flight(self) -> tuple[int, int]:
-        """(contexts open in the engine, WebSocket connections with a context in flight)."""
-        free, slots = self.slots()
+        """(contexts of this gateway open in the engine, WebSocket connections with a context in flight)."""
         busy = sum(1 for c in self.connections if getattr(getattr(c.protocol, "session", None), "active", None))
-        return (slots - free if slots is not None else 0), busy
+        return (self.client.owned() if self.client is not None else 0), busy
 
     # ----- access control -----
     def key_ok(self, key: str | None) -> bool:
@@ -204,8 +204,8 @@ async def ready(request: web.Request) -> web.Response:
 
 async def metrics(request: web.Request) -> web.Response:
     gw: Gateway = request.app["gateway"]
-    gw.metrics.observe(gw.engine.stats() if hasattr(gw.engine, "stats") else {}, len(gw.connections),
-                       gw.limits.max_connections, gw.draining)
+    stats = gw.engine.stats() if hasattr(gw.engine, "stats") else {}
+    gw.metrics.observe(stats, len(gw.connections), gw.limits.max_connections, gw.draining)
     return web.Response(body=gw.metrics.render(), content_type="text/plain", charset="utf-8",
                         headers={"X-Content-Type-Options": "nosniff"})
 
@@ -304,11 +304,11 @@ class AppRunner(web.AppRunner):
                                loop=server._loop, count_error=self._app["gateway"].count_error, **server._kwargs)
 
 
-def create_app(engine, config: ServerConfig | None = None) -> web.Application:
+def create_app(engine, config: ServerConfig | None = None, gateway_metrics: Metrics | None = None) -> web.Application:
     from talkgate.gateway import admin, compat_http, compat_routes, openai_http, voices_http
     from talkgate.sessions.voices import VoiceMap
 
-    gw = Gateway(engine, config or ServerConfig())
+    gw = Gateway(engine, config or ServerConfig(), gateway_metrics)
     if hasattr(engine, "on_step"):
         engine.on_step = lambda ms, batch: gw.metrics.step_seconds.observe(ms / 1000)
     app = web.Application(middlewares=[errors_as_json], client_max_size=4 * gw.limits.max_message_bytes)
@@ -332,7 +332,7 @@ def create_app(engine, config: ServerConfig | None = None) -> web.Application:
 
 async def _start(app: web.Application) -> None:
     gw: Gateway = app["gateway"]
-    app["lag_watch"] = asyncio.create_task(gw.metrics.watch_loop_lag())
+    app["lag_watch"] = asyncio.create_task(gw.metrics.watch_loop_lag(sample=app.get("sample_metrics")))
     gw.client = EngineClient(gw.engine, asyncio.get_running_loop())
     gw.voices = Voices(gw.client.info, gw.store.get)
     if hasattr(gw.engine, "hold"):

@@ -21,10 +21,10 @@ commands at the step boundary, then runs one step:
     self._emit_audio()                             # the last step's PCM, decoded while this one was launched
     self._postprocess(prefill + decode, runner.codes_of(step))    # eos, limits; this step's audio pending
 
-and then hands each client its events of that step in one `deliver` call. A frame's audio is emitted
-once its decode is done, during the next step (or at once when no next step runs), before that next
-step's codes are looked at; a context that reached its frame limit gets its ContextDone right after its
-last AudioChunk.
+A frame's audio is emitted once its decode is done, during the next step (or at once when no next step
+runs), and each client gets that step's audio in one `deliver` call before the engine waits for the next
+step's codes; what the codes decide (eos, failures) is delivered at the end of run_once. A context that
+reached its frame limit gets its ContextDone right after its last AudioChunk.
 
 deliver is called under the engine lock after dropping the events of cancelled contexts: once a
 CancelContext has been submitted (submit returned), no event of that context reaches its client. A
@@ -133,8 +133,8 @@ class Engine:
                         untrained_length: str = "text-rule", **engine_kw) -> "Engine":
         """Load a checkpoint (directory or Hugging Face id). device None: cuda if available, else cpu;
         dtype None: bfloat16 on cuda, float32 on cpu; max_contexts None: sized from free memory
-        (docs/engine.md); max_batch None: max_contexts; max_prompt None: 128 positions, 385 for a Base
-        checkpoint (an ICL voice of 30 s); decoder_dtype None: float32 (as the reference);
+        (docs/engine.md); max_batch None: max_contexts when given, else at most 256; max_prompt None: 128
+        positions, 385 for a Base checkpoint (an ICL voice of 30 s); decoder_dtype None: float32 (as the reference);
         torch_compile: fuse the step's kernels with torch.compile on cuda (minutes of warm-up, cached);
         untrained_length: how an untrained checkpoint's contexts end, "text-rule" or "runaway"
         (synth.api.end_of_speech)."""
@@ -198,6 +198,15 @@ class Engine:
             for req in c.contexts.values():
                 self._cancel_locked(req)
             c.contexts.clear()
+        self._wake.set()
+
+    def fail_client(self, client: int, err: EngineError) -> None:
+        """Fail every open context of the client with err at the next step boundary (their ContextFailed
+        events are delivered as usual); the client stays connected."""
+        with self._lock:
+            c = self._clients.get(client)
+            for req in c.contexts.values() if c is not None else ():
+                self._commands.append(("fail", req, err))
         self._wake.set()
 
     def submit(self, client: int, commands: list[EngineCommand]) -> None:
@@ -294,6 +303,11 @@ class Engine:
         self._free_slots.append(req.slot)
         return True
 
+    @property
+    def free_slots(self) -> int:
+        """Slots not taken by an open context (no lock: callable from deliver)."""
+        return len(self._free_slots)
+
     def stats(self) -> dict:
         with self._lock:
             free, clients = len(self._free_slots), len(self._clients)
@@ -310,21 +324,31 @@ class Engine:
     # ----- engine thread -----
     def _run(self) -> None:
         try:
-            self.runner.warmup(first_audio_only=True)
+            self.warm_up()
         except BaseException as e:                              # reported by start()
             self._start_error = e
             self._ready.set()
             return
-        self._ready_at = self._open_at = time.perf_counter()
         self._ready.set()
         while not self._stopping:
             self._wake.clear()
             if self.hold is not None and self.hold():
                 time.sleep(HOLD_POLL_S)
                 continue
-            stepped = self.run_once()
-            if not self._capture_if_unnoticed() and not stepped:
+            if not self.turn():
                 self._wake.wait(timeout=0.5)
+
+    def warm_up(self) -> None:
+        """Compiles and the graphs a first audio needs (the engine thread's start; an engine process that
+        drives the loop itself calls it, then turn())."""
+        self.runner.warmup(first_audio_only=True)
+        self._ready_at = self._open_at = time.perf_counter()
+
+    def turn(self) -> bool:
+        """One turn of the engine loop: run_once, then a pending graph capture if no context would notice;
+        False when there was nothing to do."""
+        stepped = self.run_once()
+        return self._capture_if_unnoticed() or stepped
 
     def _capture_if_unnoticed(self) -> bool:
         """Capture one pending graph if no context would notice (QUIET_S, BUSY_S above); the last step's
@@ -332,7 +356,8 @@ class Engine:
         if not self.runner.pending:
             return False
         now = time.perf_counter()
-        open_now = bool(self.scheduler.running or self.scheduler.waiting)
+        with self._lock:
+            open_now = any(c.contexts for c in self._clients.values())
         if open_now:
             self._open_at = now
         quiet = not open_now and now - self._open_at >= QUIET_S
@@ -342,6 +367,7 @@ class Engine:
             if self._commands or self._voices or self._voice is not None:
                 return False
         self._emit_audio()
+        self._deliver()
         try:
             self.runner.capture_next()
         except Exception:                                       # the engine serves on from the captured buckets
@@ -368,6 +394,8 @@ class Engine:
                 self.scheduler.remove(req)
             elif req.freed:
                 continue
+            elif op == "fail":
+                self._fail(req, arg)
             elif op == "open":
                 try:
                     self.runner.open_slot(req)
@@ -466,6 +494,7 @@ class Engine:
         try:
             step = self.runner.launch(prefill, decode)
             self._emit_audio()
+            self._deliver()                                     # the last step's audio, while this one runs
             codes = self.runner.codes_of(step)
         except Exception as e:                                  # fail this step's contexts, keep serving
             log.exception("engine step failed")

@@ -516,12 +516,25 @@ def slot_bytes(tts, max_len: int, dtype: torch.dtype) -> int:
     return kv + dec + tts.config.talker.vocab_size + 2 * d.hidden_size * dtype.itemsize + 128
 
 
-def slots_from_memory(tts, max_len: int, dtype: torch.dtype, device: torch.device, cap: int = 256) -> int:
-    """As many slots as free GPU memory allows after a reserve for activations and graphs
-    (4 GiB + 10% of what is free), at most `cap`; at least 1."""
+DEFAULT_MAX_SLOTS = 512      # slots sized from memory at most: 512 contexts of 60 s fit an 80-GB H100 (engine.md)
+DEFAULT_MAX_BATCH = 256      # rows a step takes at most by default; more contexts take turns (earliest deadline)
+# warm-up's peak above the slots, the weights and the 4 GiB + 10% reserve, per row of the largest step: the H100
+# peaked at 48.7 GiB with 256 slots and 256 rows at 0.6B (24.6 slots + 2.1 weights + 22 GiB, mostly cuDNN's
+# algorithm search) and 50.6 GiB at 1.7B, 11.7 GiB of which the old reserve covered: 12.5 GiB at 256 rows
+WARMUP_BYTES_PER_ROW = 50 << 20
+
+
+def slots_from_memory(tts, max_len: int, dtype: torch.dtype, device: torch.device, cap: int = DEFAULT_MAX_SLOTS,
+                      max_batch: int = DEFAULT_MAX_BATCH) -> int:
+    """As many slots as free GPU memory allows after a reserve for activations, graphs and warm-up (4 GiB + 10%
+    of what is free + WARMUP_BYTES_PER_ROW per row of the largest step, min(slots, max_batch)), at most
+    `cap`; at least 1."""
     free, _ = torch.cuda.mem_get_info(device)
-    usable = free - (4 << 30) - free // 10
-    return max(1, min(cap, usable // slot_bytes(tts, max_len, dtype)))
+    usable, per_slot = free - (4 << 30) - free // 10, slot_bytes(tts, max_len, dtype)
+    slots = usable // (per_slot + WARMUP_BYTES_PER_ROW)          # every slot a row of the largest step
+    if slots > max_batch:
+        slots = (usable - max_batch * WARMUP_BYTES_PER_ROW) // per_slot
+    return max(1, min(cap, slots))
 
 
 def load_runner(path_or_id, device=None, dtype=None, max_contexts=None, max_frames_per_context=750, max_batch=None,
@@ -546,9 +559,13 @@ def load_runner(path_or_id, device=None, dtype=None, max_contexts=None, max_fram
     if max_prompt is None:
         max_prompt = CLONE_MAX_PROMPT if tts.config.model_type == "base" else DEFAULT_MAX_PROMPT
     max_len = max_prompt + max_frames_per_context
+    if max_batch is None:
+        # sized from memory, a step takes at most DEFAULT_MAX_BATCH rows (engine.md); given, every context
+        max_batch = max_contexts or DEFAULT_MAX_BATCH
     if max_contexts is None:
-        max_contexts = slots_from_memory(tts, max_len, dtype, device) if device.type == "cuda" else 16
+        max_contexts = slots_from_memory(tts, max_len, dtype, device, max_batch=max_batch) \
+            if device.type == "cuda" else 16
     runner = Runner(tts, num_slots=max_contexts, max_frames=max_frames_per_context, max_prompt=max_prompt,
-                    max_batch=max_batch or max_contexts, device=device, dtype=dtype, cuda_graphs=cuda_graphs,
+                    max_batch=min(max_batch, max_contexts), device=device, dtype=dtype, cuda_graphs=cuda_graphs,
                     torch_compile=torch_compile)
     return runner, (lambda: StreamingTokenizer(tts.tokenizer)), tts.prompts, tts.info

@@ -86,8 +86,22 @@ class MetricsView:
     def total(self, name: str) -> float:
         return sum(v for (n, _), v in self.values.items() if n == name)
 
+    def summed(self, name: str) -> float | None:
+        """A gauge over all its series (per engine process, per worker), None when it has none."""
+        values = [v for (n, _), v in self.values.items() if n == name]
+        return sum(values) if values else None
+
     def by_label(self, name: str, label: str) -> dict[str, float]:
         return {dict(ls).get(label, ""): v for (n, ls), v in self.values.items() if n == name}
+
+
+def children(pid: int) -> list[int]:
+    """The direct children of a process (Linux /proc)."""
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(c) for c in f.read().split()]
+    except OSError:
+        return []
 
 
 class Server:
@@ -110,8 +124,14 @@ class Server:
         return self.proc_server.proc.poll() is None
 
     def rss_mb(self) -> float:
-        with open(f"/proc/{self.pid}/status") as f:
-            kb = next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
+        """The server's resident memory: its process and its children (engine processes, workers)."""
+        kb = 0
+        for pid in [self.pid, *children(self.pid)]:
+            try:
+                with open(f"/proc/{pid}/status") as f:
+                    kb += next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
+            except (OSError, StopIteration):        # gone meanwhile
+                pass
         return kb / 1024
 
     def log_lines(self, start: int = 0) -> list[str]:
@@ -397,12 +417,12 @@ class Campaign:
         b = self.baseline
         out = []
         for name in ("talkgate_contexts_active", "talkgate_engine_running", "talkgate_engine_waiting"):
-            if m.get(name) != b.get(name):
-                out.append(f"{name} = {m.get(name)}, baseline {b.get(name)}")
+            if m.summed(name) != b.summed(name):
+                out.append(f"{name} = {m.summed(name)}, baseline {b.summed(name)}")
         conns = {k: v for k, v in m.by_label("talkgate_connections", "protocol").items() if v}
         if conns:
             out.append(f"talkgate_connections = {conns}, baseline none")
-        free, total = m.get("talkgate_engine_slots_free"), m.get("talkgate_engine_slots")
+        free, total = m.summed("talkgate_engine_slots_free"), m.summed("talkgate_engine_slots")
         if free is None or total is None:
             out.append("the server must expose the gauges talkgate_engine_slots (engine context slots) and "
                        "talkgate_engine_slots_free (slots not held by a context)")

@@ -1,0 +1,259 @@
+"""An engine process: one per GPU (or one on the CPU). It owns the model, scheduler, runner and step loop and
+nothing else; gateway workers reach it over ZMQ with the messages of gateway/wire.py.
+
+    python -m talkgate.gateway.engine_process --index 0 --endpoint ipc:///tmp/tg/engine-0.ipc --model DIR
+
+One thread, the main one, runs the loop (vLLM's EngineCore shape): take the workers' messages (commands go to
+Engine.submit), one turn of the engine (Engine.turn: a step, whose deliver sends each worker its step's events
+as one STEP message, or a pending graph capture no context would notice), check the workers' backlogs,
+publish stats every STATS_INTERVAL_S; while nothing is ready it waits on the socket. Warm-up (compiles and the
+first-audio graphs: minutes on a GPU without the compile cache) runs on the main thread first while a second
+thread answers HELLOs and publishes stats (state "warming"), so workers learn the model at once.
+
+The engine never waits for a worker. ZMQ's I/O thread writes the messages out; the engine counts what each
+worker has not acknowledged yet. A worker that falls behind (its oldest unacknowledged STEP over
+WORKER_LAG_LIMIT_S old, or MAX_UNACKED_BYTES of PCM unacknowledged) gets every open context of its own failed
+with code `worker_behind` (those events still reach it, after its backlog), so the queue held for it stays
+bounded and the other workers' contexts are not touched; a worker that goes away (its connection closed: the
+ROUTER answers EHOSTUNREACH) is disconnected from the engine, which frees its contexts' slots before the next
+step. A HELLO from a worker index already known (a restarted worker) replaces the old connection the same way.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from bisect import bisect_left
+from dataclasses import dataclass, field
+
+import zmq
+
+from talkgate.gateway import wire
+from talkgate.synth.api import EngineError
+
+log = logging.getLogger("talkgate.engine_process")
+WORKER_LAG_LIMIT_S = 2.0        # a worker this far behind the engine has its contexts failed (worker_behind)
+MAX_UNACKED_BYTES = 256 << 20   # ... or with this much of its PCM unacknowledged (about 5 s of 512 streams)
+MAX_MESSAGES_PER_TURN = 1000    # messages taken from the socket between two steps
+
+
+@dataclass(eq=False)
+class Peer:
+    """One connected gateway worker."""
+    identity: bytes
+    worker: int
+    pid: int
+    client: int = 0                                   # its Engine client
+    seq: int = 0                                      # STEP messages sent
+    unacked: collections.deque = field(default_factory=collections.deque)   # (seq, monotonic sent, bytes)
+    unacked_bytes: int = 0
+    gone: bool = False
+    behind: bool = False
+
+
+class EngineServer:
+    def __init__(self, engine, endpoint: str, index: int, checkpoint: str):
+        self.engine, self.endpoint, self.index, self.checkpoint = engine, endpoint, index, checkpoint
+        self.incarnation = os.getpid()
+        self.zctx = zmq.Context(io_threads=1)
+        sock = self.sock = self.zctx.socket(zmq.ROUTER)
+        sock.setsockopt(zmq.ROUTER_MANDATORY, 1)      # a gone worker raises EHOSTUNREACH instead of a silent drop
+        sock.setsockopt(zmq.ROUTER_HANDOVER, 1)       # a restarted worker takes its identity over
+        sock.setsockopt(zmq.SNDHWM, 0)                # bounded by the backlog rule above, never by dropping
+        sock.setsockopt(zmq.RCVHWM, 0)
+        sock.setsockopt(zmq.LINGER, 1000)
+        if endpoint.startswith("ipc://"):
+            try:
+                os.unlink(endpoint[len("ipc://"):])       # a dead predecessor's socket file
+            except FileNotFoundError:
+                pass
+        sock.bind(endpoint)
+        self.peers: dict[bytes, Peer] = {}
+        self.state = "warming"
+        self.step_buckets = [0] * (len(wire.STEP_BUCKETS) + 1)
+        self.step_sum = 0.0
+        engine.on_step = self._on_step
+        self._next_stats = 0.0
+
+    # ----- the loop -----
+    def warm_up(self) -> None:
+        """Warm the engine up on this thread while a helper thread greets workers and publishes stats."""
+        done = threading.Event()
+
+        def greet():
+            while not done.is_set():
+                self._turn(step=False)
+        helper = threading.Thread(target=greet, name="talkgate-greeter", daemon=True)
+        helper.start()
+        try:
+            self.engine.warm_up()
+        finally:
+            done.set()
+            helper.join()            # the socket is this thread's from here on
+        self.state = "ready"
+        self._next_stats = 0.0
+        log.info("engine %d ready (%d slots)", self.index, self.engine.runner.num_slots)
+
+    def serve(self, stop: threading.Event) -> None:
+        while not stop.is_set():
+            self._turn(step=True)
+
+    def close(self) -> None:
+        """Stop: open contexts fail with engine_stopped (sent to their workers), then the socket closes."""
+        self.state = "stopping"
+        self.engine.stop()
+        self._publish()
+        self.sock.close(linger=1000)
+        self.zctx.term()
+
+    def _turn(self, step: bool) -> None:
+        self._receive()
+        busy = step and self.engine.turn()
+        self._check_peers()
+        now = time.monotonic()
+        if now >= self._next_stats:
+            self._publish()
+            self._next_stats = now + wire.STATS_INTERVAL_S
+        if not busy:
+            self.sock.poll(max(1, int(1000 * (self._next_stats - now))), zmq.POLLIN)
+
+    # ----- worker -> engine -----
+    def _receive(self) -> None:
+        for _ in range(MAX_MESSAGES_PER_TURN):
+            try:
+                frames = self.sock.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            try:
+                self._handle(frames)
+            except Exception:                               # a malformed message never stops the engine
+                log.exception("bad message from %r", frames[0])
+
+    def _handle(self, frames: list[bytes]) -> None:
+        identity, kind = frames[0], frames[1]
+        if kind == wire.HELLO:
+            worker, pid = wire.decode(frames[2])
+            self._hello(identity, worker, pid)
+            return
+        peer = self.peers.get(identity)
+        if peer is None:
+            return                                          # a worker that has not said HELLO (to this incarnation)
+        if kind == wire.COMMANDS:
+            ack, commands = wire.decode(frames[2])
+            self._ack(peer, ack)
+            self.engine.submit(peer.client, [wire.command_from_wire(c) for c in commands])
+        elif kind == wire.ACK:
+            self._ack(peer, wire.decode(frames[2]))
+
+    def _hello(self, identity: bytes, worker: int, pid: int) -> None:
+        old = self.peers.pop(identity, None)
+        if old is not None:
+            self.engine.disconnect(old.client)
+            log.info("worker %d reconnected (pid %d, was %d): its contexts here are cancelled", worker, pid, old.pid)
+        peer = Peer(identity, worker, pid)
+        peer.client = self.engine.connect(lambda events, peer=peer: self._deliver(peer, events))
+        self.peers[identity] = peer
+        self._send(peer, wire.welcome_message(self.index, self.incarnation, self.engine.info, self.checkpoint,
+                                              self._stats()))
+
+    def _ack(self, peer: Peer, ack: int) -> None:
+        while peer.unacked and peer.unacked[0][0] <= ack:
+            peer.unacked_bytes -= peer.unacked.popleft()[2]
+
+    # ----- engine -> worker -----
+    def _deliver(self, peer: Peer, events: list) -> None:
+        """Engine.run_once's deliver for one worker (engine thread, under the engine's lock)."""
+        if peer.gone:
+            return
+        peer.seq += 1
+        frames = wire.step_message(peer.seq, self.engine.free_slots, events)
+        if self._send(peer, frames):
+            nbytes = frames[2].nbytes
+            peer.unacked.append((peer.seq, time.monotonic(), nbytes))
+            peer.unacked_bytes += nbytes
+
+    def _send(self, peer: Peer, frames: list) -> bool:
+        try:
+            self.sock.send_multipart([peer.identity, *frames], flags=zmq.NOBLOCK, copy=False)
+            return True
+        except zmq.ZMQError as e:                           # EHOSTUNREACH: its connection is closed
+            if not peer.gone:
+                log.warning("worker %d (pid %d) is gone (%s): cancelling its contexts", peer.worker, peer.pid, e)
+            peer.gone = True
+            return False
+
+    def _check_peers(self) -> None:
+        now = time.monotonic()
+        for identity, peer in list(self.peers.items()):
+            if peer.gone:
+                self.engine.disconnect(peer.client)
+                del self.peers[identity]
+                continue
+            late = peer.unacked and (now - peer.unacked[0][1] > WORKER_LAG_LIMIT_S
+                                     or peer.unacked_bytes > MAX_UNACKED_BYTES)
+            if late:
+                if not peer.behind:
+                    log.warning("worker %d is %.1f s behind (%d MB unacknowledged): failing its contexts",
+                                peer.worker, now - peer.unacked[0][1], peer.unacked_bytes >> 20)
+                self.engine.fail_client(peer.client, EngineError(
+                    f"the gateway worker serving this connection fell over {WORKER_LAG_LIMIT_S:g} s behind the "
+                    "engine", "worker_behind"))
+            peer.behind = bool(late)
+
+    def _on_step(self, ms: float, batch: int) -> None:
+        self.step_buckets[bisect_left(wire.STEP_BUCKETS, ms / 1000)] += 1
+        self.step_sum += ms / 1000
+
+    def _stats(self) -> dict:
+        return {**self.engine.stats(), "engine": self.index, "incarnation": self.incarnation, "state": self.state,
+                "step_buckets": self.step_buckets, "step_sum": self.step_sum, "cpu_s": time.process_time(),
+                "workers_behind": sum(p.behind for p in self.peers.values())}
+
+    def _publish(self) -> None:
+        message = wire.stats_message(self._stats())
+        for peer in list(self.peers.values()):
+            self._send(peer, message)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from talkgate.gateway.supervisor import child_setup
+    from talkgate.synth.engine import Engine
+
+    p = argparse.ArgumentParser(prog="talkgate-engine", description="one engine process (started by talkgate serve)")
+    p.add_argument("--index", type=int, default=0)
+    p.add_argument("--endpoint", required=True, help="ZMQ endpoint to bind, e.g. ipc:///tmp/tg/engine-0.ipc")
+    p.add_argument("--model", required=True)
+    p.add_argument("--device")
+    p.add_argument("--dtype")
+    p.add_argument("--max-contexts", type=int)
+    p.add_argument("--seed", type=int)
+    p.add_argument("--untrained-length", choices=["text-rule", "runaway"], default="text-rule")
+    args = p.parse_args(argv)
+    child_setup()
+    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s engine{args.index} %(name)s %(levelname)s %(message)s")
+    if (args.device or "").startswith("cpu"):
+        import torch
+        torch.set_num_threads(1)     # as the single-process server: one intra-op thread on a CPU engine
+    engine = Engine.from_pretrained(args.model, device=args.device, dtype=args.dtype, max_contexts=args.max_contexts,
+                                    default_seed=args.seed, untrained_length=args.untrained_length)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    server = EngineServer(engine, args.endpoint, args.index, str(engine.runner.tts.path))
+    log.info("engine %d: %s on %s/%s, %d slots, bound to %s (pid %d)", args.index, engine.info.name,
+             engine.info.device, engine.info.dtype, engine.runner.num_slots, args.endpoint, os.getpid())
+    try:
+        server.warm_up()
+        server.serve(stop)
+    finally:
+        server.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

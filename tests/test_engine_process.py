@@ -1,0 +1,260 @@
+"""Engine processes and the workers' view of them (gateway/engine_process.py, remote_engines.py, wire.py):
+real engine processes on the tiny checkpoint (CPU), real ZMQ sockets, RemoteEngines on a real event loop."""
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from talkgate.gateway import wire
+from talkgate.gateway.remote_engines import RemoteEngines
+from talkgate.synth.api import (
+    AppendText, AudioChunk, CancelContext, ContextDone, ContextFailed, ContextParams, EndText, OpenContext,
+    SamplingParams,
+)
+from talkgate.synth.request import text_seconds
+
+TEXT = "Hello there, this is a streaming test. It has two sentences!"
+GREEDY = SamplingParams(greedy=True)
+
+
+def test_wire_round_trip():
+    params = ContextParams(voice="ryan", language="english", instructions="calm",
+                           sampling=SamplingParams(temperature=0.7, top_k=30, seed=(1 << 64) - 1), fixed_frames=12)
+    cmds = [OpenContext(3, params), AppendText(3, (1, 2, 3), 0.42), EndText(3, (4,), 0.06), CancelContext(3)]
+    frames = wire.commands_message(7, [wire.command_to_wire(c, 3) for c in cmds])
+    ack, decoded = wire.decode(frames[1])
+    assert ack == 7 and [wire.command_from_wire(c) for c in decoded] == cmds
+    assert not wire.encodable(wire.command_to_wire(OpenContext(1, ContextParams(fixed_frames=1 << 70)), 1))
+    rows = np.random.default_rng(0).standard_normal((3, 1920)).astype(np.float32)
+    events = [AudioChunk(5, rows[0], 0, 1, 1.5), AudioChunk(9, rows[1], 7, 1, 1.5), ContextDone(9, "length", 8),
+              AudioChunk(11, rows[2], 2, 1, 1.5), ContextFailed(12, "engine_full", "no room")]
+    kind, header, pcm = wire.step_message(4, 13, events)
+    seq, t, free, contexts, first, got, ends = wire.read_step(header, memoryview(pcm).cast("B"))
+    assert (kind, seq, t, free) == (wire.STEP, 4, 1.5, 13)
+    assert contexts.tolist() == [5, 9, 11] and first.tolist() == [0, 7, 2]
+    np.testing.assert_array_equal(got, rows)
+    assert [wire.end_event(e[0], e) for e in ends] == [ContextDone(9, "length", 8),
+                                                         ContextFailed(12, "engine_full", "no room")]
+
+
+def test_worker_counts_and_caps():
+    from talkgate.gateway.args import CommandError
+    from talkgate.gateway.serve import default_workers, gpu_indices
+    from talkgate.gateway.supervisor import worker_cap
+    assert [default_workers(1, cores) for cores in (1, 2, 4, 16)] == [1, 1, 2, 14]
+    assert default_workers(8, 128) == 32 and default_workers(2, 16) == 13
+    assert worker_cap(1000, 1) == 1000 and worker_cap(1000, 8) == 188 and worker_cap(10, 2) == 8
+    assert gpu_indices(None, 2) == [0, 1] and gpu_indices("all", 3) == [0, 1, 2] and gpu_indices("1", 2) == [1]
+    for bad in ("2", "0,0", "x"):
+        with pytest.raises(CommandError):
+            gpu_indices(bad, 2)
+
+
+# ----- real engine processes -----
+class EngineProc:
+    def __init__(self, checkpoint, endpoint, slots):
+        self.args = [sys.executable, "-m", "talkgate.gateway.engine_process", "--endpoint", endpoint, "--model",
+                     str(checkpoint), "--device", "cpu", "--max-contexts", str(slots)]
+        self.start()
+
+    def start(self):
+        self.proc = subprocess.Popen(self.args, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+    def kill(self):
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait()
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(30)
+
+
+@pytest.fixture(scope="module")
+def engines(tiny_checkpoint, tmp_path_factory):
+    d = tmp_path_factory.mktemp("ipc")
+    procs = [EngineProc(tiny_checkpoint, f"ipc://{d}/engine-{i}.ipc", slots=2) for i in range(2)]
+    yield procs
+    for p in procs:
+        p.stop()
+
+
+def endpoints(engines):
+    return [p.args[p.args.index("--endpoint") + 1] for p in engines]
+
+
+class Client:
+    """A client of RemoteEngines: records events per context."""
+
+    def __init__(self, remote):
+        self.remote, self.events = remote, {}
+        self.ended = {}
+        self.id = remote.connect(self.deliver)
+
+    def deliver(self, events):
+        for ev in events:
+            self.events.setdefault(ev.context, []).append(ev)
+            if not isinstance(ev, AudioChunk):
+                self.ended.setdefault(ev.context, asyncio.Event()).set()
+
+    def say(self, context, text=TEXT, params=None, end=True):
+        tok = self.remote.new_tokenizer()
+        cmds = [OpenContext(context, params or ContextParams(sampling=GREEDY, fixed_frames=12)),
+                AppendText(context, tuple(tok.feed(text)), text_seconds(text))]
+        if end:
+            cmds.append(EndText(context, tuple(tok.finish())))
+        self.remote.submit(self.id, cmds)
+
+    async def wait(self, context, timeout=60):
+        await asyncio.wait_for(self.ended.setdefault(context, asyncio.Event()).wait(), timeout)
+        return self.events[context][-1]
+
+    def pcm(self, context):
+        return np.concatenate([e.pcm for e in self.events[context] if isinstance(e, AudioChunk)])
+
+    def frames(self, context):
+        return sum(isinstance(e, AudioChunk) for e in self.events.get(context, ()))
+
+
+async def ready(remote, n, timeout=90):
+    remote.start()
+    deadline = time.monotonic() + timeout
+    while sum(link.state == "ready" for link in remote.links) < n:
+        assert time.monotonic() < deadline, [link.state for link in remote.links]
+        await asyncio.sleep(0.05)
+    return remote
+
+
+def run(coro):
+    return asyncio.run(asyncio.wait_for(coro, 180))
+
+
+def test_remote_audio_equals_the_in_process_engine(engines, tiny_checkpoint):
+    from talkgate.synth.engine import Engine
+    from tests.speaker import Speaker
+    local = Engine.from_pretrained(str(tiny_checkpoint), device="cpu", max_contexts=1)
+    local.warm_up()
+    speaker = Speaker(local)
+    ctx = speaker.open(ContextParams(sampling=GREEDY, fixed_frames=12))
+    speaker.append(ctx, TEXT)
+    speaker.end(ctx)
+    sink = speaker.sinks[ctx]
+    while not sink.done.is_set():
+        local.turn()
+    ref = sink.pcm
+
+    async def go():
+        remote = await ready(RemoteEngines(endpoints(engines), worker=0), 2)
+        c = Client(remote)
+        c.say(1)
+        assert await c.wait(1) == ContextDone(1, "length", 12)
+        assert [e.first_frame for e in c.events[1][:-1]] == list(range(12))
+        refused = Client(remote)
+        refused.remote.submit(refused.id, [OpenContext(1, ContextParams(voice="nobody"))])
+        assert (await refused.wait(1)).code == "unknown_voice"
+        remote.close()
+        return c.pcm(1)
+
+    np.testing.assert_allclose(run(go()), ref, atol=1e-5)
+
+
+def test_placement_by_free_slots_and_a_full_engine_is_retried(engines):
+    """Two workers place at once with the same view (two engines of 2 slots): worker b sends two opens to an
+    engine that has one slot left; the refused one is retried on the other engine and every context runs.
+    A fifth context gets the capacity error."""
+    async def go():
+        a = await ready(RemoteEngines(endpoints(engines), worker=1), 2)
+        b = await ready(RemoteEngines(endpoints(engines), worker=2), 2)
+        ca, cb = Client(a), Client(b)
+        long = ContextParams(sampling=GREEDY, fixed_frames=40)
+        ca.say(1, params=long)
+        for ctx in (1, 2, 3):
+            cb.say(ctx, params=long)
+        assert [link.opened for link in b.links] == [2, 1]          # b's stale view
+        results = [await ca.wait(1)] + [await cb.wait(ctx) for ctx in (1, 2, 3)]
+        assert all(r == ContextDone(r.context, "length", 40) for r in results), results
+        assert all(c.frames(ctx) == 40 for c, ctx in ((ca, 1), (cb, 1), (cb, 2), (cb, 3)))
+        for ctx in (4, 5, 6, 7):                                    # open until their text ends
+            cb.say(ctx, params=ContextParams(sampling=GREEDY, fixed_frames=100_000), end=False)
+        await asyncio.sleep(0.5)
+        cb.say(8)                                                   # all 4 slots taken
+        assert (await cb.wait(8)).code == "engine_full"
+        assert sorted(s["free_slots"] for s in b.stats()["engines"]) == [0, 0]
+        b.disconnect(cb.id)                                         # frees them
+        await asyncio.sleep(0.5)
+        assert sorted(s["free_slots"] for s in a.stats()["engines"]) == [2, 2]
+        a.close(), b.close()
+
+    run(go())
+
+
+def test_a_worker_that_falls_behind_loses_only_its_own_contexts(engines):
+    """The slow worker's event loop (a thread of its own here) stops for 2.5 s: the engine, which never
+    waits, fails that worker's context (worker_behind) while the other worker is served meanwhile."""
+    import threading
+    started, outcome = threading.Event(), {}
+
+    async def slow_worker():
+        slow = await ready(RemoteEngines(endpoints(engines), worker=3), 2)
+        cs = Client(slow)
+        cs.say(1, params=ContextParams(sampling=GREEDY, fixed_frames=100_000))
+        while cs.frames(1) < 2:
+            await asyncio.sleep(0.01)
+        started.set()
+        time.sleep(2.5)                                             # the loop is stuck: nothing read or acked
+        outcome["last"] = await cs.wait(1)                          # its backlog, then the failure
+        cs.say(2)                                                   # caught up: served again
+        outcome["again"] = await cs.wait(2)
+        slow.close()
+
+    thread = threading.Thread(target=lambda: run(slow_worker()))
+    thread.start()
+
+    async def fast_worker():
+        fast = await ready(RemoteEngines(endpoints(engines), worker=4), 2)
+        cf = Client(fast)
+        await asyncio.to_thread(started.wait, 120)
+        cf.say(1, params=ContextParams(sampling=GREEDY, fixed_frames=60))
+        assert await cf.wait(1) == ContextDone(1, "length", 60)    # served while the other is stuck
+        fast.close()
+
+    run(fast_worker())
+    thread.join(180)
+    last = outcome["last"]
+    assert isinstance(last, ContextFailed) and last.code == "worker_behind", last
+    assert outcome["again"] == ContextDone(2, "length", 12)
+
+
+def test_a_killed_engine_fails_only_its_contexts_and_is_greeted_again(engines):
+    async def go():
+        remote = await ready(RemoteEngines(endpoints(engines), worker=5), 2)
+        c = Client(remote)
+        for ctx in (1, 2):                                          # one on each engine
+            c.say(ctx, params=ContextParams(sampling=GREEDY, fixed_frames=100 if ctx == 1 else 400))
+        assert [len(link.routes) for link in remote.links] == [1, 1]
+        while c.frames(1) < 2 or c.frames(2) < 2:
+            await asyncio.sleep(0.01)
+        engines[1].kill()
+        last = await c.wait(2)
+        assert isinstance(last, ContextFailed) and last.code == "engine_failed"
+        assert await c.wait(1) == ContextDone(1, "length", 100)    # the other engine's context is untouched
+        assert remote.links[1].state == "down" and remote.ready
+        engines[1].start()
+        deadline = time.monotonic() + 90
+        while remote.links[1].state != "ready":
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.05)
+        c.say(3, params=ContextParams(sampling=GREEDY, fixed_frames=20))
+        c.say(4, params=ContextParams(sampling=GREEDY, fixed_frames=20))
+        assert [len(link.routes) for link in remote.links] == [1, 1]
+        assert await c.wait(3) == ContextDone(3, "length", 20) and await c.wait(4) == ContextDone(4, "length", 20)
+        remote.close()
+
+    run(go())

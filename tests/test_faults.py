@@ -1,0 +1,158 @@
+"""Faults of a real `talkgate serve` (supervisor, engine processes, gateway workers; tiny checkpoint, CPU, real
+sockets): a process killed mid-stream takes down only what it held, the others keep streaming the audio they
+would have streamed anyway, and the supervisor restarts it."""
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import signal
+import time
+
+import aiohttp
+import numpy as np
+
+from tests.serverproc import TalkgateServer
+from tests.test_gateway import GREEDY, connect, pcm16
+
+TEXT = "Streaming on while another process goes down."
+FRAMES = 120
+
+
+def run(coro):
+    return asyncio.run(asyncio.wait_for(coro, 240))
+
+
+async def metrics(s, srv) -> dict:
+    from talkgate.bench.measure import parse_prometheus
+    async with s.get(srv.url + "/metrics") as r:
+        return parse_prometheus(await r.text())
+
+
+def series(values: dict, name: str, **labels) -> float | None:
+    return values.get((name, tuple(sorted(labels.items()))))
+
+
+async def start(c, cid: str) -> None:
+    await c.send(type="context.start", context_id=cid, sampling=GREEDY, fixed_frames=FRAMES)
+    await c.send(type="text", context_id=cid, text=TEXT)
+    await c.send(type="flush", context_id=cid)
+
+
+async def finish(c, cid: str) -> dict | None:
+    """The context's last event (context.done or error), or None when the connection closed."""
+    try:
+        return await c.until(lambda e: e["type"] in ("context.done", "error") and e.get("context_id") == cid, 120)
+    except (AssertionError, aiohttp.ClientError, ConnectionError):
+        return None
+
+
+def pids(srv, kind: str) -> dict[int, int]:
+    """Index -> pid of the live engine or worker processes, from their log lines (the latest wins)."""
+    pattern = {"engine": r"engine (\d+): .* \(pid (\d+)\)", "worker": r"worker (\d+) \(pid (\d+)\) listening"}[kind]
+    return {int(i): int(p) for i, p in re.findall(pattern, srv.log())}
+
+
+async def wait_for(pred, timeout=90.0, step=0.2):
+    deadline = time.monotonic() + timeout
+    while not await pred():
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(step)
+
+
+async def reference(s, srv) -> np.ndarray:
+    c = await connect(s, srv)
+    await start(c, "ref")
+    done = await finish(c, "ref")
+    assert done["type"] == "context.done" and done["frames"] == FRAMES
+    await c.ws.close()
+    return pcm16(next(iter(c.audio.values())))
+
+
+def same_audio(c, ref) -> bool:
+    got = pcm16(next(iter(c.audio.values())))
+    return got.shape == ref.shape and np.abs(got - ref).max() <= 2 / 32768
+
+
+def test_killed_engine_fails_only_its_contexts_and_is_restarted(tiny_checkpoint):
+    with TalkgateServer(tiny_checkpoint, "--engines", "2", "--workers", "2", "--max-contexts", "4") as srv:
+        async def go():
+            async with aiohttp.ClientSession() as s:
+                ref = await reference(s, srv)
+                clients = [await connect(s, srv) for _ in range(4)]
+                for i, c in enumerate(clients):
+                    await start(c, f"c{i}")
+                for c in clients:
+                    await c.until(lambda e: e["type"] == "timing")          # audio is flowing
+                before = await metrics(s, srv)
+                used = (series(before, "talkgate_engine_slots", engine="0")
+                        - series(before, "talkgate_engine_slots_free", engine="0"))
+                os.kill(pids(srv, "engine")[0], signal.SIGKILL)
+                ends = [await finish(c, f"c{i}") for i, c in enumerate(clients)]
+                failed = [e for e in ends if e["type"] == "error"]
+                assert all(e["code"] == "engine_failed" and e["fatal"] for e in failed), failed
+                assert len(failed) == used and 0 < used < 4
+                for c, e in zip(clients, ends):
+                    if e["type"] == "context.done":
+                        assert e["frames"] == FRAMES and same_audio(c, ref)
+                # readiness: engine 0 is down (restarting takes seconds), the server is ready on engine 1
+                assert series(await metrics(s, srv), "talkgate_engine_ready", engine="0") == 0.0
+                async with s.get(srv.url + "/health") as r:
+                    assert r.status == 200
+
+                async def back():             # each of 3 scrapes (any worker answers) sees it ready again
+                    return all([series(await metrics(s, srv), "talkgate_engine_ready", engine="0") == 1.0
+                                for _ in range(3)])
+                await wait_for(back)
+                again = [await connect(s, srv) for _ in range(4)]
+                for i, c in enumerate(again):
+                    await start(c, f"d{i}")
+                ends = [await finish(c, f"d{i}") for i, c in enumerate(again)]
+                assert all(e["type"] == "context.done" and same_audio(c, ref) for c, e in zip(again, ends)), [e.get("message") for e in ends]
+                after = await metrics(s, srv)
+                return after
+
+        after = run(go())
+        assert "talkgate: engine 0" in srv.log() and "restarting" in srv.log()
+        assert series(after, "talkgate_errors_total", code="engine_failed") >= 1
+
+
+def test_killed_worker_closes_only_its_connections_and_is_restarted(tiny_checkpoint):
+    with TalkgateServer(tiny_checkpoint, "--workers", "2", "--max-contexts", "16") as srv:
+        async def go():
+            async with aiohttp.ClientSession() as s:
+                ref = await reference(s, srv)
+                clients = []
+
+                async def both_workers_hold_one():      # SO_REUSEPORT spreads connections at random
+                    clients.append(await connect(s, srv))
+                    await asyncio.sleep(0.6)            # workers sample their gauges every 0.5 s
+                    m = await metrics(s, srv)
+                    return all((series(m, "talkgate_worker_connections", worker=str(w)) or 0) >= 1 for w in (0, 1))
+                await wait_for(both_workers_hold_one, step=0)
+                held = series(await metrics(s, srv), "talkgate_worker_connections", worker="0")
+                for i, c in enumerate(clients):
+                    await start(c, f"c{i}")
+                for c in clients:
+                    await c.until(lambda e: e["type"] == "timing")
+                os.kill(pids(srv, "worker")[0], signal.SIGKILL)
+                ends = [await finish(c, f"c{i}") for i, c in enumerate(clients)]
+                closed = sum(e is None for e in ends)
+                assert closed == held, (ends, held)
+                for c, e in zip(clients, ends):
+                    if e is not None:
+                        assert e["type"] == "context.done" and e["frames"] == FRAMES and same_audio(c, ref), e
+
+                async def restarted():
+                    return len(re.findall(r"worker 0 \(pid \d+\) listening", srv.log())) == 2
+                await wait_for(restarted)
+                again = [await connect(s, srv) for _ in range(6)]
+                for i, c in enumerate(again):
+                    await start(c, f"d{i}")
+                ends = [await finish(c, f"d{i}") for i, c in enumerate(again)]
+                assert all(e["type"] == "context.done" for e in ends), ends
+                return await metrics(s, srv)
+
+        after = run(go())
+        assert series(after, "talkgate_contexts_active") == 0.0
+        assert "talkgate: worker 0" in srv.log()
