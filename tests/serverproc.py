@@ -86,6 +86,36 @@ class TalkgateServer:
             os.killpg(self.proc.pid, signal.SIGKILL)
             return self.proc.wait()
 
+    def kill(self) -> None:
+        """SIGKILL the server and every process it started, at once, as when its host or container dies (a
+        supervisor killed alone takes its children down gracefully: they get SIGTERM and drain)."""
+        os.kill(self.proc.pid, signal.SIGSTOP)            # no restarts while its children go
+        for pid in descendants(self.proc.pid):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self.proc.kill()
+        self.proc.wait()
+
     def __exit__(self, *exc) -> None:
         self.stop()
         shutil.rmtree(self.data, ignore_errors=True)
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live process below pid, from /proc (children before their own children)."""
+    parents = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            parents.setdefault(int(stat.rsplit(")", 1)[1].split()[1]), []).append(int(entry))
+    found, todo = [], [pid]
+    while todo:
+        kids = parents.get(todo.pop(0), [])
+        found += kids
+        todo += kids
+    return found

@@ -15,8 +15,8 @@ import pytest
 from talkgate.gateway import wire
 from talkgate.gateway.remote_engines import RemoteEngines
 from talkgate.synth.api import (
-    AppendText, AudioChunk, CancelContext, ContextDone, ContextFailed, ContextParams, EndText, OpenContext,
-    SamplingParams,
+    AppendText, AudioChunk, CancelContext, ContextDone, ContextFailed, ContextParams, EndText, FlushText, MakeVoice,
+    OpenContext, SamplingParams, TextSpoken, VoiceFailed, VoiceMade, VoicePrompt,
 )
 from talkgate.synth.request import text_seconds
 
@@ -27,21 +27,28 @@ GREEDY = SamplingParams(greedy=True)
 def test_wire_round_trip():
     params = ContextParams(voice="ryan", language="english", instructions="calm",
                            sampling=SamplingParams(temperature=0.7, top_k=30, seed=(1 << 64) - 1), fixed_frames=12)
-    cmds = [OpenContext(3, params), AppendText(3, (1, 2, 3), 0.42), EndText(3, (4,), 0.06), CancelContext(3)]
-    frames = wire.commands_message(7, [wire.command_to_wire(c, 3) for c in cmds])
+    icl = VoicePrompt.from_arrays(np.arange(8, dtype=np.float32), np.ones((13, 16), np.int64), "Hello there.")
+    cmds = [OpenContext(3, params), AppendText(3, (1, 2, 3), 0.42), FlushText(3, (5,), 0.0), EndText(3, (4,), 0.06),
+            CancelContext(3), OpenContext(3, ContextParams(voice_prompt=icl)),
+            OpenContext(3, ContextParams(voice_prompt=VoicePrompt.from_arrays(np.ones(8, np.float32))))]
+    frames = wire.commands_message(7, [wire.command_to_wire(c, 3) for c in cmds]
+                                   + [wire.voice_command(3, MakeVoice(99, b"\0" * 96000, "Hi."))])
     ack, decoded = wire.decode(frames[1])
-    assert ack == 7 and [wire.command_from_wire(c) for c in decoded] == cmds
+    assert ack == 7 and [wire.command_from_wire(c) for c in decoded] == cmds + [MakeVoice(3, b"\0" * 96000, "Hi.")]
     assert not wire.encodable(wire.command_to_wire(OpenContext(1, ContextParams(fixed_frames=1 << 70)), 1))
     rows = np.random.default_rng(0).standard_normal((3, 1920)).astype(np.float32)
     events = [AudioChunk(5, rows[0], 0, 1, 1.5), AudioChunk(9, rows[1], 7, 1, 1.5), ContextDone(9, "length", 8),
-              AudioChunk(11, rows[2], 2, 1, 1.5), ContextFailed(12, "engine_full", "no room")]
+              AudioChunk(11, rows[2], 2, 1, 1.5), TextSpoken(11, "length_rule", 3),
+              ContextFailed(12, "engine_full", "no room"), VoiceMade(4, icl, 12.5), VoiceFailed(5, "invalid_params", "silent")]
     kind, header, pcm = wire.step_message(4, 13, events)
-    seq, t, free, contexts, first, got, ends = wire.read_step(header, memoryview(pcm).cast("B"))
+    seq, t, free, contexts, first, got, ends, voices = wire.read_step(header, memoryview(pcm).cast("B"))
     assert (kind, seq, t, free) == (wire.STEP, 4, 1.5, 13)
     assert contexts.tolist() == [5, 9, 11] and first.tolist() == [0, 7, 2]
     np.testing.assert_array_equal(got, rows)
-    assert [wire.end_event(e[0], e) for e in ends] == [ContextDone(9, "length", 8),
+    assert [wire.end_event(e[0], e) for e in ends] == [ContextDone(9, "length", 8), TextSpoken(11, "length_rule", 3),
                                                          ContextFailed(12, "engine_full", "no room")]
+    assert [wire.voice_event(v[0], v) for v in voices] == [VoiceMade(4, icl, 12.5),
+                                                           VoiceFailed(5, "invalid_params", "silent")]
 
 
 def test_worker_counts_and_caps():

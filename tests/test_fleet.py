@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-import signal
 import statistics
 import time
 
@@ -300,8 +299,7 @@ async def kill_one(fleet: Fleet) -> None:
         await p.say("Hello there. ", "How are you? ")
         await asyncio.wait_for(p.first_audio(), DEADLINE_S)
 
-        fleet.replicas[victim].proc.send_signal(signal.SIGKILL)
-        fleet.replicas[victim].proc.wait(DEADLINE_S)
+        fleet.replicas[victim].kill()
         fleet.dead.add(victim)
         for c in natives:
             if c.replica == victim:
