@@ -6,13 +6,15 @@ import json
 import os
 
 import pytest
+import torch
 
 from talkgate.gateway.cli import main
 from talkgate.synth import compile_cache
 from talkgate.synth.api import ContextParams
-from talkgate.synth.engine import unnoticed
+from talkgate.synth.engine import capture_slack, unnoticed
 from talkgate.synth.request import Request
-from talkgate.synth.runner import batch_buckets, compile_hot_functions, fit_bucket
+from talkgate.synth.runner import (PLAIN_WHEN_PRIMING, batch_buckets, compile_hot_functions, fit_bucket,
+                                   plain_functions)
 from talkgate.synth.scheduler import Scheduler
 
 GPU = {"name": "NVIDIA H100 80GB HBM3", "capability": "90", "sms": 132}
@@ -74,6 +76,8 @@ def test_captures_wait_until_no_context_would_notice():
     ahead = req(1, frames=20, t_ready=9.0, tokens=30)      # 1.6 s of audio, 1 s played: 0.6 s ahead
     s.running.append(ahead)
     assert unnoticed(s, now=10.0) and not unnoticed(s, now=10.2)
+    assert not unnoticed(s, now=10.0, slack=capture_slack(1.2))          # a 1.2-s capture would be heard
+    assert capture_slack(0.02) == 0.5 and capture_slack(1.2) == pytest.approx(1.8)
     starved = req(2, frames=3, t_ready=0.0, tokens=3)      # its next token has not come: it cannot run
     s.running.append(starved)
     assert unnoticed(s, now=10.0)
@@ -99,6 +103,12 @@ def test_compiled_functions_are_bound_to_the_model_not_its_classes(tiny_checkpoi
     assert "convs" in vars(tts.codec_decoder) and "convs" not in vars(other.codec_decoder)
     # one compiled function per method, shared by every instance
     assert vars(norm)["forward"].__func__ is vars(tts.talker.layers[1].input_layernorm)["forward"].__func__
+    # priming a voice runs the plain decoder functions, and cuDNN's heuristics; both come back after
+    compiled, search = vars(tts.codec_decoder)["convs"], torch.backends.cudnn.benchmark
+    with plain_functions(tts.codec_decoder, PLAIN_WHEN_PRIMING):
+        assert "convs" not in vars(tts.codec_decoder) and "codes_in" not in vars(tts.codec_decoder)
+        assert not torch.backends.cudnn.benchmark
+    assert vars(tts.codec_decoder)["convs"] is compiled and torch.backends.cudnn.benchmark == search
 
 
 def test_warmup_command_on_cpu_has_nothing_to_do(tiny_checkpoint, capsys):

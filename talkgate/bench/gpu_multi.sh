@@ -50,14 +50,16 @@ sampler() {   # sampler PORT FILE: every engine's slot gauges every 2 s until ki
     sleep 2
   done >> "$2"
 }
-serve() {   # serve NAME SIZE ARGS...: start, wait for the ready line, give the other buckets' graphs 25 s
+serve() {   # serve NAME SIZE ARGS...: start, wait for ready and for every engine's other graphs (a long-warm server)
   local name=$1 size=$2; shift 2
   local t0=$SECONDS
   python3 -m talkgate.gateway.cli serve --model /tmp/ck-$size --device "$device" --port 8080 "${slots[@]}" "$@" > "$res/$name.log" 2>&1 &
   echo $! > "$res/$name.pid"
   for _ in $(seq 1200); do grep -q "talkgate: ready" "$res/$name.log" && break; sleep 0.5; done
   log "$name: ready $((SECONDS - t0)) s after start ($(grep -c 'engine [0-9]*: .*pid' "$res/$name.log") engines)"
-  sleep "${SETTLE:-25}"
+  local n; n=$(grep -c 'engine [0-9]*: .*pid' "$res/$name.log")
+  for _ in $(seq 240); do [ "$(grep -c 'all [0-9]* graphs captured' "$res/$name.log")" -ge "$n" ] && break; sleep 0.5; done
+  log "$name: all graphs captured $((SECONDS - t0)) s after start"
   sampler 8080 "$res/slots-$name.txt" & echo $! > "$res/$name.sampler"
 }
 stop() {

@@ -62,11 +62,19 @@ HOLD_POLL_S = 0.001             # how often a held engine asks again
 # up to about a second, cuDNN's algorithm search mostly: docs/engine.md): once no context has been open for
 # QUIET_S (a request arriving during a capture waits for it); on a server that found no such moment for
 # BUSY_S after warm-up, also between steps where no running context would notice (none waits for its
-# first audio, every ready one is CAPTURE_SLACK_S ahead of its client)
+# first audio, every ready one ahead of its client by CAPTURE_MARGIN times the longest capture so far, and
+# by CAPTURE_SLACK_S at least: captures of 1.0-1.25 s against a fixed 0.5 s gave 0.5-s underruns under load,
+# docs/benchmarks.md)
 QUIET_S = 1.0
 BUSY_S = 30.0
 CAPTURE_SLACK_S = 0.5
+CAPTURE_MARGIN = 1.5
 MAX_VOICES_QUEUED = 8           # MakeVoice commands waiting for the engine thread; more are refused (engine_full)
+
+
+def capture_slack(longest_capture_s: float) -> float:
+    """How far ahead of its client every running context must be for the engine thread to capture a graph."""
+    return max(CAPTURE_SLACK_S, CAPTURE_MARGIN * longest_capture_s)
 
 
 def unnoticed(scheduler: Scheduler, now: float, slack: float = CAPTURE_SLACK_S) -> bool:
@@ -361,7 +369,8 @@ class Engine:
         if open_now:
             self._open_at = now
         quiet = not open_now and now - self._open_at >= QUIET_S
-        if not quiet and not (now - self._ready_at >= BUSY_S and unnoticed(self.scheduler, now)):
+        slack = capture_slack(self.runner.longest_capture_s())
+        if not quiet and not (now - self._ready_at >= BUSY_S and unnoticed(self.scheduler, now, slack)):
             return False
         with self._lock:
             if self._commands or self._voices or self._voice is not None:

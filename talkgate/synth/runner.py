@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import bisect
 import collections
+import contextlib
 import logging
 import sys
 import time
@@ -206,7 +207,7 @@ class Runner:
         for i in range(0, codes.shape[-1], PRIME_CHUNK):
             if i:
                 yield
-            with torch.inference_mode():
+            with torch.inference_mode(), plain_functions(self.decoder, PLAIN_WHEN_PRIMING):
                 self.decoder.decode_step(codes[..., i:i + PRIME_CHUNK], one, state)
         return state
 
@@ -355,7 +356,8 @@ class Runner:
             self.pre_idx[0] = self.dummy
             self._timed("prefill eager", self._prefill_step, self.prefill_rows[-1], self.prefill_lens[0])
             if self.tts.config.model_type == "base":
-                # priming an ICL voice's decoder state decodes many frames a call: compile that shape now
+                # priming an ICL voice's decoder state decodes many frames a call (plain functions, see
+                # PLAIN_WHEN_PRIMING): its first call's one-time costs now, not in a voice upload
                 self._timed("prime decoder", self.prime_decoder,
                             torch.zeros(1, CODES, PRIME_CHUNK + 3, dtype=torch.long, device=self.device))
             if self.use_graphs:
@@ -389,6 +391,11 @@ class Runner:
             self.warmup_profile.append((f"{len(self.capture_ms)} more graphs", time.perf_counter() - t0))
         torch.cuda.synchronize()
         torch.cuda.empty_cache()         # cuDNN's algorithm search workspaces, no longer needed
+
+    def longest_capture_s(self) -> float:
+        """The longest time one graph has held the engine thread so far (its warm run and its capture)."""
+        split = max((sum(v) for v in self.capture_split.values()), default=0.0)
+        return max(split, max(self.capture_ms, default=0.0) / 1000)
 
     def capture_next(self) -> float | None:
         """Capture the next pending batch graph (engine thread, between steps) and return its
@@ -499,6 +506,28 @@ def compile_hot_functions(*modules: torch.nn.Module) -> int:
                     setattr(m, name, types.MethodType(_compiled[fn], m))
                     bound += 1
     return bound
+
+
+# Priming decodes up to PRIME_CHUNK frames a call, once per stored voice, with the plain functions: the
+# compiled CodecDecoder.convs does not build for a many-frame chunk (Inductor folds an index into an int32
+# constant that overflows, 1.7B Base on an H100), and cuDNN's algorithm search would run again for every new
+# chunk length (a search takes up to a second).
+PLAIN_WHEN_PRIMING = ("codes_in", "convs")
+
+
+@contextlib.contextmanager
+def plain_functions(root: torch.nn.Module, names: tuple[str, ...]):
+    """Within: `root`'s modules run the class functions `names`, not the compiled ones that
+    compile_hot_functions bound onto them, and cuDNN takes its heuristic algorithms (the engine thread only,
+    between steps: nothing else launches then)."""
+    unbound = [(m, name, vars(m).pop(name)) for m in root.modules() for name in names if name in vars(m)]
+    search, torch.backends.cudnn.benchmark = torch.backends.cudnn.benchmark, False
+    try:
+        yield
+    finally:
+        torch.backends.cudnn.benchmark = search
+        for m, name, fn in unbound:
+            setattr(m, name, fn)
 
 
 def _dtype(name) -> torch.dtype | None:
