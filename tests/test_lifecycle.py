@@ -152,8 +152,12 @@ def test_a_second_signal_cuts_the_drain_short(tiny_checkpoint):
 
 
 def gauges(text: str) -> dict[str, float]:
-    """The unlabelled talkgate_* samples of a /metrics page."""
-    return {m.group(1): float(m.group(2)) for m in re.finditer(r"(?m)^(talkgate_\w+) ([-\d.e+]+)$", text)}
+    """The unlabelled talkgate_* samples of a /metrics page, and the engine processes' slot gauges (labelled
+    by engine) summed over the engines."""
+    out = {m.group(1): float(m.group(2)) for m in re.finditer(r"(?m)^(talkgate_\w+) ([-\d.e+]+)$", text)}
+    for m in re.finditer(r'(?m)^(talkgate_engine_slots(?:_free)?)\{engine="\d+"\} ([-\d.e+]+)$', text):
+        out[m.group(1)] = out.get(m.group(1), 0.0) + float(m.group(2))
+    return out
 
 
 def test_admin_drain_keeps_the_process_up_until_sigterm(tiny_checkpoint):
@@ -182,7 +186,11 @@ def test_admin_drain_keeps_the_process_up_until_sigterm(tiny_checkpoint):
                 await c.send(type="context.start", context_id="a", fixed_frames=30)
                 await c.send(type="text", context_id="a", text="Still streaming ")
                 await c.until("timing")
-                out["busy"] = await scrape()
+                for _ in range(30):     # engine processes publish their slots every 0.1 s (wire.STATS_INTERVAL_S)
+                    out["busy"] = await scrape()
+                    if out["busy"].get("talkgate_engine_slots_free") == 3:
+                        break
+                    await asyncio.sleep(0.1)
                 out["no_key"] = await admin("POST")
                 out["bad_key"] = await admin("POST", {"Authorization": "Bearer nope"})
                 out["status_before"] = await admin("GET", auth)

@@ -50,12 +50,12 @@ import numpy as np
 import torch
 
 from talkgate.synth import compile_cache
-from talkgate.synth.api import FRAME_SAMPLES, SamplingParams, VoicePrompt
+from talkgate.synth.api import FRAME_SAMPLES, SAMPLE_RATE, SamplingParams, VoicePrompt
 from talkgate.synth.model import sample_codes
 from talkgate.synth.prompt import CLONE_MAX_PROMPT
 from talkgate.synth.request import Request
 from talkgate.synth.sampling import FrameSampler, RowSampling
-from talkgate.synth.voice import finish
+from talkgate.synth.voice import cudnn_heuristics, finish, make_voice_prompt
 
 log = logging.getLogger("talkgate.runner")
 
@@ -70,6 +70,7 @@ NO_EOS = 1 << 40                       # eos allowed from this frame on, for fix
 EOS_FROM = 2                           # the reference's min_new_tokens
 DEFAULT_MAX_PROMPT = 128               # prompt positions a slot holds (Base: CLONE_MAX_PROMPT, a 30 s ICL voice)
 PRIMED_VOICES = 32                     # ICL voices whose primed decoder state is kept (5.3 MB each, 0.6B/1.7B fp32)
+WARMUP_VOICE_S = 10                    # the reference clip of the voice made at warm-up (Base checkpoints)
 PRIME_CHUNK = 64                       # reference frames decoded per call when priming
 
 
@@ -195,6 +196,11 @@ class Runner:
         if len(self._primed) > PRIMED_VOICES:
             self._primed.popitem(last=False)
         return state
+
+    def _make_warmup_voice(self) -> None:
+        noise = np.random.default_rng(0).uniform(-0.3, 0.3, WARMUP_VOICE_S * SAMPLE_RATE).astype(np.float32)
+        voice = make_voice_prompt(self.tts, noise, SAMPLE_RATE, "warm-up")
+        self.prime_decoder(torch.from_numpy(voice.codes_array()).to(self.device).T[None])
 
     def prime_decoder(self, codes: torch.Tensor):
         """codes [1, 16, frames] -> a one-slot DecoderState that has decoded them (output discarded)."""
@@ -356,10 +362,9 @@ class Runner:
             self.pre_idx[0] = self.dummy
             self._timed("prefill eager", self._prefill_step, self.prefill_rows[-1], self.prefill_lens[0])
             if self.tts.config.model_type == "base":
-                # priming an ICL voice's decoder state decodes many frames a call (plain functions, see
-                # PLAIN_WHEN_PRIMING): its first call's one-time costs now, not in a voice upload
-                self._timed("prime decoder", self.prime_decoder,
-                            torch.zeros(1, CODES, PRIME_CHUNK + 3, dtype=torch.long, device=self.device))
+                # a cloned voice's first-call costs now, not in the first upload: the speaker and codec
+                # encoders (2.4-3.5 s on an H100 at first) and an ICL voice's decoder priming
+                self._timed("make voice", self._make_warmup_voice)
             if self.use_graphs:
                 self._capture_first(first_audio_only)
         self._warming = False
@@ -521,11 +526,10 @@ def plain_functions(root: torch.nn.Module, names: tuple[str, ...]):
     compile_hot_functions bound onto them, and cuDNN takes its heuristic algorithms (the engine thread only,
     between steps: nothing else launches then)."""
     unbound = [(m, name, vars(m).pop(name)) for m in root.modules() for name in names if name in vars(m)]
-    search, torch.backends.cudnn.benchmark = torch.backends.cudnn.benchmark, False
     try:
-        yield
+        with cudnn_heuristics():
+            yield
     finally:
-        torch.backends.cudnn.benchmark = search
         for m, name, fn in unbound:
             setattr(m, name, fn)
 

@@ -14,6 +14,7 @@ reference computes but drops in x-vector mode: skipped here.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 
 import numpy as np
@@ -66,6 +67,20 @@ def finish(steps):
             return done.value
 
 
+@contextlib.contextmanager
+def cudnn_heuristics():
+    """Within: cuDNN takes its heuristic algorithms instead of timing every one for each new input shape
+    (the engine sets cudnn.benchmark for its fixed step shapes). Clips come in every length, and a search
+    took 2.4-3.5 s for a voice's first clip on an H100 (1.7B Base); the engine thread alone runs in here."""
+    import torch
+
+    search, torch.backends.cudnn.benchmark = torch.backends.cudnn.benchmark, False
+    try:
+        yield
+    finally:
+        torch.backends.cudnn.benchmark = search
+
+
 def voice_prompt_steps(tts, audio: np.ndarray, sample_rate: int, ref_text: str | None = None):
     """make_voice_prompt in steps, a generator returning the VoicePrompt: it yields between the speaker
     encoder and the codec encoder (the engine thread runs one step per step boundary, synth/engine.py)."""
@@ -78,11 +93,11 @@ def voice_prompt_steps(tts, audio: np.ndarray, sample_rate: int, ref_text: str |
     import torch                # here: to_mono_24k serves gateway processes that never load torch
 
     text = ref_text.strip() if ref_text is not None else ""
-    with torch.inference_mode():
+    with torch.inference_mode(), cudnn_heuristics():
         embedding = tts.speaker_encoder.embed(wav).float().cpu().numpy()
     if not text:
         return VoicePrompt.from_arrays(embedding)
     yield
-    with torch.inference_mode():
+    with torch.inference_mode(), cudnn_heuristics():
         codes = tts.codec_encoder.encode(wav).numpy()
     return VoicePrompt.from_arrays(embedding, codes, ref_text)
