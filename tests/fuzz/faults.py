@@ -427,6 +427,10 @@ async def unspaced_text(camp, phase, deltas: int = 2000, size: int = 10) -> None
 
 
 # ----- contexts per connection -----
+PACE_AFTER = 800      # messages sent at once: within the default burst of --max-messages-per-s (200/s for 5 s)
+PACE_PER_S = 150      # then this many a second, below its average
+
+
 async def contexts_per_connection(camp, phase, limit: int, extra: int) -> None:
     """No protocol lets one socket open more than `limit` contexts: each one beyond gets an error."""
     async with aiohttp.ClientSession() as s:
@@ -436,7 +440,9 @@ async def contexts_per_connection(camp, phase, limit: int, extra: int) -> None:
         for i in range(n):
             await conn.send(json.dumps({"context_id": f"k{i}", "model_id": "sonic-2", "continue": True,
                                         "voice": CARTESIA_VOICE, "output_format": CARTESIA_PCM}))
-            if i % 500 == 0:
+            if i % 100 == 99 and i >= PACE_AFTER:
+                await asyncio.sleep(100 / PACE_PER_S)       # under --max-messages-per-s, or it closes with 1008
+            elif i % 500 == 0:
                 await asyncio.sleep(0)
         reply = await conn.exchange(json.dumps({"context_id": "after", "cancel": True}), timeout=60)
         refused = {m.get("context_id") for m in reply.jsons() if m.get("type") == "error"}
