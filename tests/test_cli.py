@@ -51,11 +51,11 @@ def test_synthesize_with_a_cloned_voice(tmp_path, capsys):
     import numpy as np
     import soundfile
 
-    from tests.test_parity_clone import voice_audio
+    from tests.voicetools import voiced
     ck = tmp_path / "base"
     assert main(["checkpoint", "create", str(ck), "--preset", "tiny", "--variant", "base"]) == 0
     ref = tmp_path / "ref.flac"
-    soundfile.write(str(ref), np.stack([voice_audio(1, 2.0, 16000)] * 2, axis=1), 16000)     # stereo FLAC
+    soundfile.write(str(ref), np.stack([voiced(1, 2.0, 16000)] * 2, axis=1), 16000)     # stereo FLAC
     common = ["synthesize", "--model", str(ck), "--text", "Hello there.", "--max-frames", "6", "--seed", "1"]
     assert main(common + ["-o", str(tmp_path / "x.wav"), "--ref-audio", str(ref)]) == 0
     assert "x-vector only" in capsys.readouterr().err

@@ -21,7 +21,7 @@ from talkgate.synth.offline import synthesize
 from talkgate.synth.prompt import MAX_REF_FRAMES
 from talkgate.synth.voice import make_voice_prompt, to_mono_24k
 from tests.speaker import Speaker
-from tests.test_parity_clone import voice_audio
+from tests.voicetools import voiced
 
 TEXTS = ["Good morning, how can I help you today?", "Short one.", "Numbers: one, two, three, four, five.",
          "A cloned voice speaks this sentence.", "Yes.", "Another voice, another text, another seed.",
@@ -47,7 +47,7 @@ def tts(base_checkpoint):
 def voices(tts):
     """8 voices: x-vector and ICL alternating, 1.0 to 3.1 s of reference audio at three sample rates."""
     rates = [24000, 16000, 44100]
-    return [make_voice_prompt(tts, voice_audio(20 + i, 1.0 + 0.3 * i, rates[i % 3]), rates[i % 3], REF_TEXTS[i])
+    return [make_voice_prompt(tts, voiced(20 + i, 1.0 + 0.3 * i, rates[i % 3]), rates[i % 3], REF_TEXTS[i])
             for i in range(8)]
 
 
@@ -233,7 +233,7 @@ def test_make_voice_command_equals_make_voice_prompt_and_primes_icl(base_checkpo
     original audio; an ICL voice's decoder state is primed then, not at its first context."""
     engine = new_engine(base_checkpoint)
     client = Answers(engine)
-    audio = voice_audio(31, 2.2, 16000)
+    audio = voiced(31, 2.2, 16000)
     clip = to_mono_24k(audio, 16000)
     client.make(1, clip)
     client.make(2, clip, "Hello, this is my voice.")
@@ -257,7 +257,7 @@ def test_voices_are_made_a_step_of_work_per_step_boundary(base_checkpoint):
     events: list = []
     say(speaker, ContextParams(sampling=SamplingParams(seed=3), fixed_frames=12), "A context that runs.", events)
     engine.run_once()
-    clip = to_mono_24k(voice_audio(32, 1.5), 24000)
+    clip = to_mono_24k(voiced(32, 1.5), 24000)
     for r in range(3):
         client.make(r, clip, "Three voices." if r == 1 else None)
     made_per_call, frames_per_call = [], []
@@ -281,7 +281,7 @@ def test_voices_are_made_a_step_of_work_per_step_boundary(base_checkpoint):
 def test_make_voice_refusals(base_checkpoint, tiny_checkpoint, monkeypatch):
     engine = new_engine(base_checkpoint)
     client = Answers(engine)
-    clip = to_mono_24k(voice_audio(33, 1.5), 24000)
+    clip = to_mono_24k(voiced(33, 1.5), 24000)
     cases = {
         1: (clip[:12000], None, "invalid_params", r"0.50 s; it must be 1 to 30 s"),
         2: (np.zeros(24000 * 31, np.float32), None, "invalid_params", r"31.00 s"),

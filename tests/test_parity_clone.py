@@ -26,6 +26,7 @@ from talkgate.synth.loader import load_tts
 from talkgate.synth.offline import generate_codes, synthesize
 from talkgate.synth.voice import make_voice_prompt
 from tests.reference import load_reference_tokenizer, ref, save_reference, tiny_config
+from tests.voicetools import voiced
 
 FRAMES = 32
 TOL = 1e-4
@@ -36,17 +37,6 @@ TINY_ENCODER = checkpoint._CLONE_PRESETS["tiny"][1]
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-def voice_audio(seed: int, seconds: float, rate: int = 24000) -> np.ndarray:
-    """A deterministic voiced signal: harmonics of a wandering pitch, syllable-like envelope, some noise."""
-    rng = np.random.default_rng(seed)
-    t = np.arange(int(seconds * rate)) / rate
-    f0 = 110 + 90 * rng.random() + 15 * np.sin(2 * np.pi * (0.5 + rng.random()) * t)
-    phase = 2 * np.pi * np.cumsum(f0) / rate
-    x = sum(rng.random() / k * np.sin(k * phase + rng.random() * 6) for k in range(1, 9))
-    envelope = 0.5 + 0.5 * np.sin(2 * np.pi * (3 + 2 * rng.random()) * t) ** 2
-    return (0.25 * x * envelope + 0.01 * rng.standard_normal(len(t))).astype(np.float32)
 
 
 def wrapper_for(model, root):
@@ -90,20 +80,20 @@ def test_speech_tokenizer_layout_is_what_the_reference_loads(clone, tmp_path):
 @pytest.mark.parametrize("rate", [24000, 16000, 44100])
 def test_speaker_embedding_matches_reference(clone, rate):
     wrapper, tts = clone
-    audio = voice_audio(1, 2.3, rate)
+    audio = voiced(1, 2.3, rate)
     want = wrapper.create_voice_clone_prompt((audio, rate), x_vector_only_mode=True)[0].ref_spk_embedding
     vp = make_voice_prompt(tts, audio, rate)
     got = torch.from_numpy(vp.embedding_array().copy())
     assert vp.codes is None and got.shape == want.shape == (64,)
     assert want.std() > 0.05                               # not a degenerate embedding
     assert (got - want).abs().max() <= TOL
-    other = make_voice_prompt(tts, voice_audio(2, 2.3, rate), rate).embedding_array()
+    other = make_voice_prompt(tts, voiced(2, 2.3, rate), rate).embedding_array()
     assert np.abs(other - vp.embedding_array()).max() > 100 * TOL
 
 
 def test_stereo_is_mixed_to_mono(clone):
     _, tts = clone
-    left, right = voice_audio(1, 1.5), voice_audio(2, 1.5)
+    left, right = voiced(1, 1.5), voiced(2, 1.5)
     stereo = make_voice_prompt(tts, np.stack([left, right], axis=1), 24000, ref_text="Two channels.")
     mono = make_voice_prompt(tts, (left + right) / 2, 24000, ref_text="Two channels.")
     assert stereo == mono
@@ -112,7 +102,7 @@ def test_stereo_is_mixed_to_mono(clone):
 @pytest.mark.parametrize("rate,seconds", [(24000, 2.5), (16000, 1.3)])
 def test_reference_codes_match_reference(clone, rate, seconds):
     wrapper, tts = clone
-    audio = voice_audio(3, seconds, rate)
+    audio = voiced(3, seconds, rate)
     want = wrapper.create_voice_clone_prompt((audio, rate), ref_text="Some words.")[0].ref_code
     got = make_voice_prompt(tts, audio, rate, ref_text="Some words.").codes_array()
     assert want.shape == (int(np.ceil(seconds * 12.5)), 16)
@@ -161,7 +151,7 @@ def check_generation(clone, text, language, audio, rate, ref_text=None):
 @pytest.mark.parametrize("language", ["auto", "english"])
 def test_xvector_clone_generation_matches_reference(clone, language):
     check_generation(clone, "Hello world! This voice was cloned from a short clip.", language,
-                     voice_audio(4, 2.0, 16000), 16000)
+                     voiced(4, 2.0, 16000), 16000)
 
 
 LONG_TEXT = ("The reference text and this text share one text track: when they outrun the reference frames, "
@@ -174,7 +164,7 @@ LONG_TEXT = ("The reference text and this text share one text track: when they o
 ])
 def test_icl_clone_generation_matches_reference(clone, seconds, ref_text, text):
     _, tts = clone
-    item, vp = check_generation(clone, text, "english", voice_audio(5, seconds), 24000, ref_text=ref_text)
+    item, vp = check_generation(clone, text, "english", voiced(5, seconds), 24000, ref_text=ref_text)
     assert vp.frames == item.ref_code.shape[0]
     n_ref, n_text = len(tts.prompts.ref_text_ids(ref_text)), len(tts.prompts.tokenize_text(text)[1])
     # the two layouts the reference distinguishes: text track longer than the ICL positions, or padded
@@ -186,7 +176,7 @@ def test_icl_waveform_matches_reference(clone):
     total_len * samples) samples: the reference frames' 1920 each, or one fewer when that float product rounds
     down (1 case in 24 of lengths up to 400 + 1500 frames). talkgate cuts the reference frames' samples."""
     wrapper, tts = clone
-    audio, text, ref_text = voice_audio(6, 2.0), "Continue my voice.", "This is the reference clip."
+    audio, text, ref_text = voiced(6, 2.0), "Continue my voice.", "This is the reference clip."
     item = wrapper.create_voice_clone_prompt((audio, 24000), ref_text=ref_text)[0]
     (want,), sr = wrapper.generate_voice_clone(text, language="english", voice_clone_prompt=[item], do_sample=False,
                                                subtalker_dosample=False, max_new_tokens=FRAMES + 1,
@@ -216,7 +206,7 @@ def test_talkgate_base_checkpoint_loads_in_reference(tmp_path):
     assert not missing and not unexpected
     wrapper = wrapper_for(model, root)
     tts = load_tts(root)
-    audio = voice_audio(7, 1.5)
+    audio = voiced(7, 1.5)
     item = wrapper.create_voice_clone_prompt((audio, 24000), ref_text="Hi.")[0]
     vp = make_voice_prompt(tts, audio, 24000, ref_text="Hi.")
     assert np.abs(vp.embedding_array() - item.ref_spk_embedding.numpy()).max() <= TOL

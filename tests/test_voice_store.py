@@ -28,7 +28,7 @@ from talkgate.synth.api import (
     AppendText, CancelContext, EndText, MakeVoice, ModelInfo, OpenContext, VoiceFailed, VoiceMade, VoicePrompt,
 )
 from talkgate.synth.voice import to_mono_24k
-from tests.voicetools import voiced as voice_audio
+from tests.voicetools import voiced
 
 PROMPT = VoicePrompt.from_arrays(np.arange(8, dtype=np.float32))
 ICL = VoicePrompt.from_arrays(np.ones(8, np.float32), np.arange(32).reshape(2, 16), "Some words.")
@@ -174,7 +174,7 @@ def encoded(fmt: str, subtype: str, audio: np.ndarray, rate: int) -> bytes:
                                               ("OGG", "VORBIS", 22050), ("OGG", "OPUS", 48000),
                                               ("MP3", "MPEG_LAYER_III", 24000), ("WAV", "ULAW", 8000)])
 def test_formats_read_as_mono_24k(fmt, subtype, rate):
-    stereo = np.stack([voice_audio(1, 2.5, rate), voice_audio(2, 2.5, rate)], axis=1)
+    stereo = np.stack([voiced(1, 2.5, rate), voiced(2, 2.5, rate)], axis=1)
     clip = read_clip(encoded(fmt, subtype, stereo, rate))
     assert clip.channels == 2 and clip.sample_rate == rate and clip.format.startswith(fmt)
     assert clip.samples.dtype == np.float32 and abs(clip.seconds - 2.5) < 0.1
@@ -184,7 +184,7 @@ def test_formats_read_as_mono_24k(fmt, subtype, rate):
 
 
 def test_bad_reference_audio():
-    wav = lambda seconds, rate=16000, amp=1.0: encoded("WAV", "PCM_16", amp * voice_audio(3, seconds, rate), rate)
+    wav = lambda seconds, rate=16000, amp=1.0: encoded("WAV", "PCM_16", amp * voiced(3, seconds, rate), rate)
     cases = [(b"", "invalid_audio", 400, "empty"), (b"plain text, not a sound" * 20, "invalid_audio", 400, "not audio"),
              (b"\x00\x00\x00\x18ftypM4A " + bytes(500), "unsupported_audio_format", 415, "MP4/M4A"),
              (b"\x1a\x45\xdf\xa3" + bytes(500), "unsupported_audio_format", 415, "WebM"),
@@ -207,7 +207,7 @@ def test_bad_reference_audio():
 
 
 def test_several_files_join():
-    a, b = (read_clip(encoded("WAV", "PCM_16", voice_audio(i, s, 24000), 24000)) for i, s in ((5, 1.2), (6, 2.0)))
+    a, b = (read_clip(encoded("WAV", "PCM_16", voiced(i, s, 24000), 24000)) for i, s in ((5, 1.2), (6, 2.0)))
     both = join([a, b])
     assert abs(both.seconds - 3.2) < 0.01 and len(both.samples) == len(a.samples) + len(b.samples)
     with pytest.raises(AudioError, match="all files together"):
@@ -215,7 +215,7 @@ def test_several_files_join():
 
 
 def test_inline_audio_fields():
-    data = encoded("WAV", "PCM_16", voice_audio(7, 1.5, 16000), 16000)
+    data = encoded("WAV", "PCM_16", voiced(7, 1.5, 16000), 16000)
     b64 = base64.b64encode(data).decode()
     for value in (b64, "data:audio/wav;base64," + b64, "data:;base64," + b64, "data:audio/wav;codecs=1;base64," + b64):
         assert decode_inline(value, 1 << 20) == data

@@ -12,8 +12,7 @@ AUTH = {"Authorization": f"Bearer {KEY}"}
 
 
 def voiced(seed: int, seconds: float, rate: int = 24000) -> np.ndarray:
-    """A deterministic voiced signal: harmonics of a wandering pitch, syllable-like envelope, some noise (as
-    tests/test_parity_clone.py voice_audio, without its imports)."""
+    """A deterministic voiced signal: harmonics of a wandering pitch, syllable-like envelope, some noise."""
     rng = np.random.default_rng(seed)
     t = np.arange(int(seconds * rate)) / rate
     f0 = 110 + 90 * rng.random() + 15 * np.sin(2 * np.pi * (0.5 + rng.random()) * t)

@@ -131,7 +131,8 @@ def compare_clone(args, ckpt: Path, dtype_name: str) -> list[dict]:
     from talkgate.synth.loader import load_tts
     from talkgate.synth.offline import generate_codes
     from talkgate.synth.voice import make_voice_prompt
-    from tests.test_parity_clone import reference_generate, voice_audio
+    from tests.test_parity_clone import reference_generate
+    from tests.voicetools import voiced
 
     device, dtype = torch.device(args.device), getattr(torch, dtype_name)
     tts = load_tts(ckpt, device=device, dtype=dtype, with_decoder=False)
@@ -145,7 +146,7 @@ def compare_clone(args, ckpt: Path, dtype_name: str) -> list[dict]:
             if device.type == "cuda" else "cpu", "torch": torch.__version__, "frames": args.frames}
     rows = []
     for rate in (24000, 16000):
-        audio, ref_text = voice_audio(11, 10.0, rate), "A ten second reference recording of a synthetic voice."
+        audio, ref_text = voiced(11, 10.0, rate), "A ten second reference recording of a synthetic voice."
         item, ref_ms = timed(lambda: wrapper.create_voice_clone_prompt((audio, rate), ref_text=ref_text)[0], device)
         vp, ours_ms = timed(lambda: make_voice_prompt(tts, audio, rate, ref_text), device)
         _, ours_xvec_ms = timed(lambda: make_voice_prompt(tts, audio, rate), device)

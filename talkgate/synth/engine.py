@@ -369,8 +369,8 @@ class Engine:
         if open_now:
             self._open_at = now
         quiet = not open_now and now - self._open_at >= QUIET_S
-        slack = capture_slack(self.runner.longest_capture_s())
-        if not quiet and not (now - self._ready_at >= BUSY_S and unnoticed(self.scheduler, now, slack)):
+        if not quiet and not (now - self._ready_at >= BUSY_S
+                              and unnoticed(self.scheduler, now, capture_slack(self.runner.longest_capture_s))):
             return False
         with self._lock:
             if self._commands or self._voices or self._voice is not None:

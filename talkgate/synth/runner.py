@@ -157,6 +157,7 @@ class Runner:
         self.captured_later: list[tuple] = []          # the graphs capture_next() captured
         self.warmup_profile: list[tuple[str, float]] = []         # (what, seconds) of warmup()
         self.capture_split: dict[tuple, tuple[float, float]] = {}  # graph -> (its warm run, its capture) s
+        self.longest_capture_s = 0.0                   # the longest a graph held the engine thread (warm run + capture)
         self._pool = self._stream = None
         self.warm = self._warming = False
 
@@ -397,11 +398,6 @@ class Runner:
         torch.cuda.synchronize()
         torch.cuda.empty_cache()         # cuDNN's algorithm search workspaces, no longer needed
 
-    def longest_capture_s(self) -> float:
-        """The longest time one graph has held the engine thread so far (its warm run and its capture)."""
-        split = max((sum(v) for v in self.capture_split.values()), default=0.0)
-        return max(split, max(self.capture_ms, default=0.0) / 1000)
-
     def capture_next(self) -> float | None:
         """Capture the next pending batch graph (engine thread, between steps) and return its
         milliseconds; None when none is pending. A bucket serves batches once its three graphs are."""
@@ -420,6 +416,7 @@ class Runner:
             torch.cuda.empty_cache()
         ms = (time.perf_counter() - t0) * 1000
         self.capture_ms.append(ms)
+        self.longest_capture_s = max(self.longest_capture_s, ms / 1000)
         if _compiled_graphs() != compiles:
             log.warning("capturing %s@%d compiled (a kind of input warmup() did not meet): %.0f ms", part, b, ms)
         if not self.pending and not self._warming:
@@ -465,6 +462,7 @@ class Runner:
         torch.cuda.current_stream().wait_stream(s)
         self.graphs[key] = g
         self.capture_split[key] = (t1 - t0, time.perf_counter() - t1)
+        self.longest_capture_s = max(self.longest_capture_s, sum(self.capture_split[key]))
 
 
 def _compiled_graphs() -> int:
