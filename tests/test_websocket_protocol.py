@@ -257,6 +257,57 @@ def test_closing_handshake(server, ep):
     assert isinstance(ws.recv_frame(5), Ended)
 
 
+def test_a_closed_websocket_is_freed_whatever_its_peer_sends_after_the_close():
+    """aiohttp 3.14 re-arms the heartbeat (20 s, then the pong's 10 s) for every chunk a peer sends, and its
+    timer holds the connection's objects: a socket the server closed while the client went on sending (its
+    close frame included) must not outlive its handler. The mutation fuzz closes a few hundred a second;
+    held for 30 s each, they grew a worker by tens of MB (docs/reliability.md, the release check)."""
+    import asyncio
+    import gc
+    import weakref
+
+    from aiohttp import web
+
+    from talkgate.gateway.websocket import GatewayWebSocket
+
+    async def go():
+        held: list[weakref.ref] = []
+
+        async def handler(request):
+            ws = GatewayWebSocket(heartbeat=20.0)
+            await ws.prepare(request)
+            await ws.receive()
+            await ws.close(code=1008, message=b"policy")     # reads the client's frames up to its close
+            held.append(weakref.ref(ws))
+            return ws
+
+        app = web.Application()
+        app.router.add_get("/", handler)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]
+        try:
+            async with aiohttp.ClientSession() as s:
+                async with s.ws_connect(f"http://127.0.0.1:{port}/", autoclose=False) as ws:
+                    await ws.send_str("first")
+                    assert (await ws.receive(timeout=10)).type is aiohttp.WSMsgType.CLOSE
+                    await ws.send_str("after the server's close")
+                    await ws.close()
+            for _ in range(50):
+                await asyncio.sleep(0.02)
+                gc.collect()
+                if held and held[0]() is None:
+                    break
+            assert held and held[0]() is None, "the closed WebSocket is still referenced: " + ", ".join(
+                type(r).__name__ for r in gc.get_referrers(held[0]()))
+        finally:
+            await runner.cleanup()
+
+    asyncio.run(asyncio.wait_for(go(), 30))
+
+
 def test_server_is_unharmed(server):
     """After every frame-level violation above: healthy, and every connection released."""
     import asyncio

@@ -4,7 +4,8 @@ aiohttp answers a client's close frame with 1000 whatever code it carried, and a
 from 5000 up (its reader only refuses unregistered codes below 3000). Here the close frame is answered
 by talkgate: an invalid code fails the connection with 1002, as RFC 6455 section 7.4 and the Autobahn
 testsuite (cases 7.9.x, 7.13.x) expect. docs/reliability.md lists which frame-level behaviours are
-aiohttp's and which are talkgate's.
+aiohttp's and which are talkgate's. Once closed, the socket no longer re-arms aiohttp's heartbeat, so
+nothing holds it after its handler ends.
 """
 from __future__ import annotations
 
@@ -20,6 +21,14 @@ def close_code_valid(code: int) -> bool:
 class GatewayWebSocket(web.WebSocketResponse):
     def __init__(self, **kwargs):
         super().__init__(autoclose=False, **kwargs)
+
+    def _reset_heartbeat(self) -> None:
+        # aiohttp 3.14 re-arms the heartbeat for every chunk the peer sends, also after the close (the client's
+        # close frame, frames sent after ours): its timer, 20 s and then the pong's 10 s, would hold the closed
+        # connection's objects that long. A worker closing hundreds a second held thousands: tens of MB, and
+        # full garbage collections of 300 ms on its event loop (docs/reliability.md, the release check)
+        if not (self._closed or self._closing):
+            super()._reset_heartbeat()
 
     async def receive(self, timeout: float | None = None):
         msg = await super().receive(timeout)
