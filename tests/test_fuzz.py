@@ -168,18 +168,7 @@ def test_mixed_load(open_server):
     """Everything at once for TALKGATE_FUZZ_SCALE's mixed-load time (20 s in CI, 30 minutes for a
     release): mutation fuzz on every endpoint, disconnect storms, cancel races, and well-behaved clients
     of every protocol, each of which must be served normally throughout."""
-    camp = open_server
-
-    async def body(phase):
-        deadline = time.monotonic() + SCALE.mixed_load_s
-        big = 10 ** 9
-        jobs = [workers.fuzz_endpoint(camp, phase, ep, big, rng("mixed" + ep.name), deadline) for ep in WS_ENDPOINTS]
-        jobs += [_until(deadline, lambda: faults.disconnect_storm(camp, phase, 8, rng("mixed-storm"), wave=4)),
-                 _until(deadline, lambda: faults.cancel_races(camp, phase, 4, rng("mixed-races"))),
-                 _until(deadline, lambda: _well_behaved(camp, phase))]
-        await asyncio.gather(*jobs)
-
-    phase = run_phase(camp, "mixed load", body)
+    phase = run_phase(open_server, "mixed load", lambda phase: mixed_load(open_server, phase, SCALE.mixed_load_s))
     assert not phase.failures, phase.summary()
 
 
@@ -253,6 +242,18 @@ def test_guarded_server_returns_to_baseline(guarded_server):
 
 
 # ----- helpers -----
+async def mixed_load(camp: Campaign, phase, seconds: float) -> None:
+    """Every generator at once for `seconds`: mutation fuzz on every endpoint, disconnect storms, cancel
+    races, and well-behaved clients of every protocol (tests/fuzz/rss_soak.py runs it too)."""
+    deadline = time.monotonic() + seconds
+    big = 10 ** 9
+    jobs = [workers.fuzz_endpoint(camp, phase, ep, big, rng("mixed" + ep.name), deadline) for ep in WS_ENDPOINTS]
+    jobs += [_until(deadline, lambda: faults.disconnect_storm(camp, phase, 8, rng("mixed-storm"), wave=4)),
+             _until(deadline, lambda: faults.cancel_races(camp, phase, 4, rng("mixed-races"))),
+             _until(deadline, lambda: _well_behaved(camp, phase))]
+    await asyncio.gather(*jobs)
+
+
 async def _until(deadline: float, make) -> None:
     while time.monotonic() < deadline:
         await make()
