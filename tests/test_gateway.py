@@ -440,6 +440,11 @@ def test_openai_disconnect_cancels(server):
     values = {l.split()[0]: float(l.split()[-1]) for l in text.splitlines() if l and not l.startswith("#")}
     assert values["talkgate_contexts_active"] == 0.0
     assert sum(v for k, v in values.items() if k.startswith("talkgate_engine_step_seconds_count")) > 0
+    # the engine process's loop by phase: it stepped (turn, some of it on the model's compute) and waited
+    loop = {k.split('phase="')[1].split('"')[0]: v for k, v in values.items()
+            if k.startswith("talkgate_engine_loop_seconds_total")}
+    assert set(loop) == {"receive", "turn", "peers", "idle"} and loop["turn"] > 0 and loop["idle"] > 0
+    assert any(k.startswith("talkgate_engine_gpu_wait_seconds_total") for k in values)   # 0 on a CPU engine
 
 
 def test_api_key_and_origin(tiny_checkpoint):

@@ -77,6 +77,8 @@ class EngineServer:
         self.state = "warming"
         self.step_buckets = [0] * (len(wire.STEP_BUCKETS) + 1)
         self.step_sum = 0.0
+        # where the loop's time goes (LOOP_PHASES): which part saturates the engine process under load
+        self.loop_s = dict.fromkeys(wire.LOOP_PHASES, 0.0)
         engine.on_step = self._on_step
         self._next_stats = 0.0
 
@@ -112,15 +114,24 @@ class EngineServer:
         self.zctx.term()
 
     def _turn(self, step: bool) -> None:
+        t0 = time.perf_counter()
         self._receive()
+        t1 = time.perf_counter()
         busy = step and self.engine.turn()
+        t2 = time.perf_counter()
         self._check_peers()
         now = time.monotonic()
         if now >= self._next_stats:
             self._publish()
             self._next_stats = now + wire.STATS_INTERVAL_S
+        t3 = time.perf_counter()
         if not busy:
             self.sock.poll(max(1, int(1000 * (self._next_stats - now))), zmq.POLLIN)
+        loop = self.loop_s
+        loop["receive"] += t1 - t0
+        loop["turn"] += t2 - t1
+        loop["peers"] += t3 - t2
+        loop["idle"] += time.perf_counter() - t3
 
     # ----- worker -> engine -----
     def _receive(self) -> None:
@@ -212,6 +223,7 @@ class EngineServer:
     def _stats(self) -> dict:
         return {**self.engine.stats(), "engine": self.index, "incarnation": self.incarnation, "state": self.state,
                 "step_buckets": self.step_buckets, "step_sum": self.step_sum, "cpu_s": time.process_time(),
+                "loop_s": self.loop_s,
                 "workers_behind": sum(p.behind for p in self.peers.values())}
 
     def _publish(self) -> None:

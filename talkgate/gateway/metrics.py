@@ -17,7 +17,7 @@ import time
 from prometheus_client import (
     CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest,
 )
-from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
 from talkgate.gateway.wire import STEP_BUCKETS
 
@@ -134,6 +134,11 @@ class EngineCollector:
         cpu = family("talkgate_engine_cpu_seconds", "CPU time of the engine process")
         behind = family("talkgate_engine_workers_behind", "Workers whose contexts it fails (worker_behind)")
         step = HistogramMetricFamily("talkgate_engine_step_seconds", "Engine step time", labels=["engine"])
+        loop = CounterMetricFamily("talkgate_engine_loop_seconds", "The engine process's main loop by phase: receive "
+                                   "(workers' messages), turn (steps and graph captures), peers (backlogs, stats), "
+                                   "idle (waiting for messages)", labels=["engine", "phase"])
+        gpu_wait = CounterMetricFamily("talkgate_engine_gpu_wait_seconds", "Time the engine's turns spent blocked "
+                                       "on the GPU (a step's codes or PCM)", labels=["engine"])
         for i, e in enumerate(engines):
             label = [str(i)]
             ready.add_metric(label, float(e["state"] == "ready"))
@@ -150,7 +155,10 @@ class EngineCollector:
                 cum += n
                 buckets.append((bound, cum))
             step.add_metric(label, buckets, e["step_sum"])
-        yield from (ready, slots, free, running, waiting, cpu, behind, step)
+            for phase, seconds in e.get("loop_s", {}).items():
+                loop.add_metric([*label, phase], seconds)
+            gpu_wait.add_metric(label, e.get("gpu_wait_s", 0.0))
+        yield from (ready, slots, free, running, waiting, cpu, behind, step, loop, gpu_wait)
 
 
 class ContextObserver:

@@ -46,6 +46,9 @@ MADE, VOICE_FAILED = 0, 1
 STATS_INTERVAL_S = 0.1
 # engine step-time histogram buckets (seconds): engines count steps in them, workers render them (metrics.py)
 STEP_BUCKETS = (.001, .002, .003, .005, .0075, .01, .015, .02, .03, .04, .06, .1, .2, .5)
+# the engine process's loop, by phase (seconds): taking the workers' messages, the engine's turns (steps and
+# captures), the workers' backlogs and the stats, waiting for a message
+LOOP_PHASES = ("receive", "turn", "peers", "idle")
 
 _pack = msgpack.Packer(use_bin_type=True).pack
 

@@ -72,6 +72,11 @@ CAPTURE_MARGIN = 1.5
 MAX_VOICES_QUEUED = 8           # MakeVoice commands waiting for the engine thread; more are refused (engine_full)
 
 
+# New contexts prefilled a step (in chunks of runner.PREFILL_ROWS[-1] rows, one graph each): 4 a step made the
+# 512th of a burst of new contexts wait 128 steps (2.2 s at 0.6B, docs/benchmarks.md); bench/engine.py's 16
+MAX_PREFILLS = 16
+
+
 def capture_slack(longest_capture_s: float) -> float:
     """How far ahead of its client every running context must be for the engine thread to capture a graph."""
     return max(CAPTURE_SLACK_S, CAPTURE_MARGIN * longest_capture_s)
@@ -92,7 +97,7 @@ class _Client:
 
 
 class Engine:
-    def __init__(self, runner, tokenizer_factory, prompts, info: ModelInfo, *, max_prefills: int = 4,
+    def __init__(self, runner, tokenizer_factory, prompts, info: ModelInfo, *, max_prefills: int = MAX_PREFILLS,
                  budget_factor: float = DEFAULT_BUDGET_FACTOR, budget_min: int = DEFAULT_BUDGET_MIN,
                  default_seed: int | None = None):
         """runner: synth.runner.Runner (owns the tensors); tokenizer_factory() -> a StreamingTokenizer
@@ -325,6 +330,7 @@ class Engine:
                 "voice_ms_max": round(self._voice_ms_max, 3),
                 "free_slots": free, "slots": self.runner.num_slots, "clients": clients, "steps": steps,
                 "frames": self._frames, "step_ms_last": round(self._step_ms_last, 3),
+                "gpu_wait_s": self.runner.gpu_wait_s,
                 "step_ms_avg": round(self._step_ms_total / steps, 3) if steps else 0.0,
                 "graphs_captured": len(self.runner.graphs), "graphs_pending": len(self.runner.pending),
                 "capture_ms_max": round(max(captures), 1) if captures else 0.0}

@@ -200,7 +200,9 @@ class Prompts:
         return torch.cat([prefix, tail[:n], tail[n:] + text])
 
     def _ids(self, values) -> torch.Tensor:
-        return torch.tensor([list(values)], dtype=torch.long, device=self.talker.codec_embedding.weight.device)
+        # queued, not waited for: a prefill runs on the engine thread while the GPU works on the step before
+        return torch.tensor([list(values)], dtype=torch.long).to(self.talker.codec_embedding.weight.device,
+                                                                 non_blocking=True)
 
     def frame_embeddings(self, codes: torch.Tensor) -> torch.Tensor:
         """codes [T, 16] -> [T, H]: the sum of each frame's codebook embeddings (codebook 0 from the Talker's

@@ -40,6 +40,7 @@ import bisect
 import collections
 import contextlib
 import logging
+import os
 import sys
 import time
 import types
@@ -158,13 +159,16 @@ class Runner:
         self.warmup_profile: list[tuple[str, float]] = []         # (what, seconds) of warmup()
         self.capture_split: dict[tuple, tuple[float, float]] = {}  # graph -> (its warm run, its capture) s
         self.longest_capture_s = 0.0                   # the longest a graph held the engine thread (warm run + capture)
+        self.gpu_wait_s = 0.0                          # the engine thread's time blocked on a step's codes or PCM
         self._pool = self._stream = None
         self.warm = self._warming = False
 
     # ----- per-slot state -----
     def open_slot(self, req: Request) -> None:
-        """Initialize every per-slot tensor for a new context (engine thread, step boundary)."""
-        slot = torch.tensor([req.slot], device=self.device)
+        """Initialize every per-slot tensor for a new context (engine thread, step boundary). Nothing here
+        waits for the GPU: the host's copies are queued (non_blocking from pageable memory stages them at once),
+        so the step in flight keeps running while the engine applies the next commands."""
+        slot = torch.tensor([req.slot]).to(self.device, non_blocking=True)
         self.sampling.copy_rows_(slot, RowSampling.build([req.params.sampling], self.tts.generation_config))
         self.min_frames[req.slot] = EOS_FROM if req.samples_eos else NO_EOS
         self.seen[req.slot] = False
@@ -252,15 +256,20 @@ class Runner:
     def codes_of(self, step: Launched) -> np.ndarray:
         """[rows, 16] int64 codes of a launched step (waits for them), prefill rows first."""
         if self.codes_done is not None:
-            self.codes_done.synchronize()
+            self._wait(self.codes_done)
         return self._prefill_first(step, self.codes_host[:step.n].numpy())
 
     def audio_of(self, step: Launched) -> np.ndarray:
         """[rows, 1920] float32 PCM of a launched step (waits for it), prefill rows first. Valid until two
         more steps are launched."""
         if self.pcm_done[step.buf] is not None:
-            self.pcm_done[step.buf].synchronize()
+            self._wait(self.pcm_done[step.buf])
         return self._prefill_first(step, self.pcm_host[step.buf][:step.n].numpy())
+
+    def _wait(self, event) -> None:
+        t0 = time.perf_counter()
+        event.synchronize()
+        self.gpu_wait_s += time.perf_counter() - t0
 
     @staticmethod
     def _prefill_first(step: Launched, out: np.ndarray) -> np.ndarray:
@@ -574,6 +583,7 @@ def load_runner(path_or_id, device=None, dtype=None, max_contexts=None, max_fram
     from talkgate.synth.loader import load_tts
     from talkgate.synth.tokenizer import StreamingTokenizer
 
+    t0 = time.perf_counter()
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     dtype = _dtype(dtype) or (torch.bfloat16 if device.type == "cuda" else torch.float32)
     # float32 by default, as the reference and as measured end to end; float16 decodes as fast as bfloat16
@@ -582,6 +592,7 @@ def load_runner(path_or_id, device=None, dtype=None, max_contexts=None, max_fram
     decoder_dtype = _dtype(decoder_dtype) or torch.float32
     tts = load_tts(path_or_id, device=device, dtype=dtype, decoder_dtype=decoder_dtype,
                    untrained_length=untrained_length)
+    t_loaded = time.perf_counter()
     if device.type == "cuda":                  # before anything compiles: the caches' folder for this model here
         gpu, versions, shape = compile_cache.describe(tts, device, decoder_dtype)
         folder = compile_cache.use(compile_cache.cache_key(gpu, versions, shape),
@@ -599,4 +610,20 @@ def load_runner(path_or_id, device=None, dtype=None, max_contexts=None, max_fram
     runner = Runner(tts, num_slots=max_contexts, max_frames=max_frames_per_context, max_prompt=max_prompt,
                     max_batch=min(max_batch, max_contexts), device=device, dtype=dtype, cuda_graphs=cuda_graphs,
                     torch_compile=torch_compile)
+    # the cold start's first part (docs/benchmarks.md): what came before the load is the interpreter and imports
+    age = process_age_s()
+    log.info("loaded: checkpoint %.2f s, runner (slots, compiled functions bound) %.2f s; process start -> here %s",
+             t_loaded - t0, time.perf_counter() - t_loaded, "?" if age is None else f"{age:.2f} s")
     return runner, (lambda: StreamingTokenizer(tts.tokenizer)), tts.prompts, tts.info
+
+
+def process_age_s() -> float | None:
+    """Seconds since this process started (Linux /proc; None elsewhere)."""
+    try:
+        with open("/proc/self/stat") as f:
+            start_ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    return uptime - start_ticks / os.sysconf("SC_CLK_TCK")

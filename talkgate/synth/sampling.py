@@ -131,7 +131,7 @@ class RowSampling:
     def copy_rows_(self, rows: torch.Tensor, src: "RowSampling") -> None:
         """self[rows] = src (src has len(rows) rows): how the engine fills a slot's parameters."""
         for f in fields(self):
-            getattr(self, f.name)[rows] = getattr(src, f.name).to(getattr(self, f.name).device)
+            getattr(self, f.name)[rows] = getattr(src, f.name).to(getattr(self, f.name).device, non_blocking=True)
 
     @classmethod
     def build(cls, params: list[SamplingParams], gen: GenerationConfig,
