@@ -257,3 +257,15 @@ def test_errors_fail_the_run(server, tmp_path):
                                  "--rps", "5", "--requests", "2", "--warmup", "0")
     assert rc == 1 and summary["errors"] == {"unknown_voice": 2} and not summary["clean"]
     assert all(r["error"]["code"] == "unknown_voice" for r in requests)
+
+
+def test_ramp_spreads_the_clients_first_starts(server, tmp_path):
+    """--ramp 2 with 4 clients in 2 processes: the first requests start 0.5 s apart, in turn across the
+    processes (client i of N at i x ramp / N). Text at 2 words a second: no client is done (and takes another
+    of the 4 requests) before the last has started."""
+    rc, summary, requests = _run(server, tmp_path, "--protocol", "native", "--concurrency", "4", "--processes",
+                                 "2", "--requests", "4", "--ramp", "2", "--warmup", "0", "--words-per-second", "2")
+    assert rc == 0 and summary["requests"] == 4
+    starts = sorted(r["start_s"] for r in requests)
+    # each process times from its own start (a few ms apart), and a loaded CI machine adds some jitter
+    assert all(0.3 < b - a < 0.7 for a, b in zip(starts, starts[1:])), starts

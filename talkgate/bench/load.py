@@ -375,6 +375,14 @@ def server_numbers(before: dict, after: dict, wall_s: float) -> dict:
                     cores[f"{kind}{dict(labels)[label]}"] = (v - start) / wall_s
     by = lambda name, label: {dict(labels)[label]: histogram_delta(before, after, name, **{label: dict(labels)[label]})
                               for (n, labels) in after if n == name + "_count" and label in dict(labels)}
+    # the engine processes' loop: each phase's share of the run's wall time, summed over the engines
+    loop = {}
+    for (n, labels), v in after.items():
+        if n in ("talkgate_engine_loop_seconds_total", "talkgate_engine_gpu_wait_seconds_total") and wall_s > 0:
+            start = before.get((n, labels))
+            if start is not None and v >= start:
+                phase = dict(labels).get("phase", "gpu_wait")
+                loop[phase] = loop.get(phase, 0.0) + (v - start) / wall_s
     total = sum(cores.values()) if cores else None
     return {"cpu_cores": total if total is not None else
             (cpu[1] - cpu[0]) / wall_s if None not in cpu and wall_s > 0 else None,
@@ -383,6 +391,7 @@ def server_numbers(before: dict, after: dict, wall_s: float) -> dict:
             "event_loop_lag_s_by_worker": by("talkgate_event_loop_lag_seconds", "worker") or None,
             "engine_step_s": histogram_delta(before, after, "talkgate_engine_step_seconds"),
             "engine_step_s_by_engine": by("talkgate_engine_step_seconds", "engine") or None,
+            "engine_loop_share": loop or None,
             "server_ttfa_ms": histogram_delta(before, after, "talkgate_ttfa_ms"),
             "underrun_risk": counter("talkgate_underrun_risk_total"),
             "contexts_active_after": after.get(("talkgate_contexts_active", ())),   # a leak shows here
@@ -415,6 +424,8 @@ class Config:
     ttfa_limit_ms: float = 150.0
     seed: int = 0
     processes: int = 1                     # client processes the load is split over
+    ramp_s: float = 0.0                    # closed loop: client i of N starts at i / N of this (0: all at once)
+    ramp_offset: float = 0.0               # this process's clients' place among all clients' starts (0-1)
 
     @property
     def ws_url(self) -> str:
@@ -507,6 +518,7 @@ def _share(cfg: Config, k: int) -> Config:
     """Client process k's part of the load."""
     n = cfg.processes
     return replace(cfg, processes=1, seed=cfg.seed + 1000 * k, rps=cfg.rps / n if cfg.rps else None,
+                   ramp_offset=k / n,
                    concurrency=cfg.concurrency // n + (k < cfg.concurrency % n) if cfg.concurrency else None,
                    requests=None if cfg.requests is None else cfg.requests // n + (k < cfg.requests % n),
                    max_in_flight=max(1, cfg.max_in_flight // n))
@@ -564,14 +576,16 @@ async def drive(cfg: Config, http) -> dict:
             truncated = cfg.requests is not None and len(arrivals) == cfg.requests
             issue_window = arrivals[-1] if truncated else cfg.duration_s
         else:
-            async def worker():
+            async def worker(i: int):
+                # interleaved with the other processes' clients: together one start every ramp / N seconds
+                await asyncio.sleep(cfg.ramp_s * (i + cfg.ramp_offset) / cfg.concurrency)
                 while time.perf_counter() - t_run < cfg.duration_s:
                     job = next(jobs, None)
                     if job is None:
                         return
                     await tracked(job, t_run, None)
 
-            tasks = [asyncio.create_task(worker()) for _ in range(cfg.concurrency)]
+            tasks = [asyncio.create_task(worker(i)) for i in range(cfg.concurrency)]
             issue_window = None
         await asyncio.gather(*tasks)     # each request is bounded by request_timeout_s
     finally:
@@ -660,6 +674,8 @@ def parser() -> argparse.ArgumentParser:
     load.add_argument("--concurrency", type=int, help="closed loop: this many clients back to back")
     p.add_argument("--sweep", help="comma-separated load levels (req/s, or clients with --concurrency), raised "
                    "until a level has underruns, errors or p95 TTFA over --ttfa-limit-ms")
+    p.add_argument("--ramp", type=float, default=d.ramp_s, help="closed loop: seconds over which the clients "
+                   "start, evenly (default 0: all at once)")
     p.add_argument("--duration", type=float, default=d.duration_s, help="seconds during which requests start")
     p.add_argument("--requests", type=int, help="start at most this many requests")
     p.add_argument("--lang", choices=[*prompt_set.LANGS, "all"], default=d.lang,
@@ -715,6 +731,8 @@ def config_from(args: argparse.Namespace, p: argparse.ArgumentParser) -> Config:
         p.error("--processes must be at least 1 and at most --concurrency")
     if args.duration <= 0 or args.duration > 3600:
         p.error("--duration must be in (0, 3600] seconds")
+    if not 0 <= args.ramp < args.duration:
+        p.error("--ramp must be >= 0 and shorter than --duration")
     if args.words_per_second < 0 or args.request_timeout <= 0:
         p.error("--words-per-second must be >= 0 and --request-timeout > 0")
     return Config(url=args.url.rstrip("/"), protocol=args.protocol,
@@ -725,7 +743,8 @@ def config_from(args: argparse.Namespace, p: argparse.ArgumentParser) -> Config:
                   words_per_second=args.words_per_second, first_token_delay_ms=args.first_token_delay_ms,
                   voice=args.voice, model=args.model, api_key=args.api_key, max_in_flight=args.max_in_flight,
                   request_timeout_s=args.request_timeout, underrun_tolerance_ms=args.underrun_tolerance_ms,
-                  ttfa_limit_ms=args.ttfa_limit_ms, seed=args.seed, processes=args.processes)
+                  ttfa_limit_ms=args.ttfa_limit_ms, seed=args.seed, processes=args.processes,
+                  ramp_s=args.ramp)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -62,6 +62,8 @@ def markdown(cfg: dict, s: dict) -> str:
              "; ".join(f"{w}: {seconds_as_ms(h)}" for w, h in sorted((srv.get("event_loop_lag_s_by_worker")
                                                                        or {}).items())) or "-"),
             ("engine step mean / p99 bucket (ms)", seconds_as_ms(srv.get("engine_step_s"))),
+            ("engine loop: share of the run by phase (turn includes gpu_wait)", ", ".join(
+                f"{k} {v:.2f}" for k, v in sorted((srv.get("engine_loop_share") or {}).items())) or "-"),
             ("engine step mean / p99 bucket by engine (ms)",
              "; ".join(f"{e}: {seconds_as_ms(h)}" for e, h in sorted((srv.get("engine_step_s_by_engine")
                                                                        or {}).items())) or "-"),
