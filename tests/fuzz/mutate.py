@@ -421,7 +421,7 @@ class Mutator:
     def truncate(self, msg, opener) -> Input:
         text = _dumps(msg, self.rng)
         cut = text[:self.rng.randrange(1, len(text))]
-        return Input(cut, not _valid_json(cut) or self._raw_bad(cut, opener), f"truncated to {cut[:100]!r}")
+        return self._raw_input(cut, opener, f"truncated to {cut[:100]!r}")
 
     def corrupt(self, msg, opener) -> Input:
         text = list(_dumps(msg, self.rng))
@@ -436,11 +436,17 @@ class Mutator:
             else:
                 del text[i]
         out = "".join(text)
-        return Input(out, not _valid_json(out) or self._raw_bad(out, opener), f"corrupted to {out[:100]!r}")
+        return self._raw_input(out, opener, f"corrupted to {out[:100]!r}")
 
-    def _raw_bad(self, text: str, opener: bool) -> bool:
+    def _raw_input(self, text: str, opener: bool, what: str) -> Input:
+        """Damaged JSON text, judged by what it parses to: bad if it does not parse or breaks the contract, an
+        end if it still asks for one (a corrupted ElevenLabs opener " " can become the end "")."""
+        if not _valid_json(text):
+            return Input(text, True, what)
         obj = json.loads(text)
-        return not isinstance(obj, dict) or self._bad(obj, opener)
+        if not isinstance(obj, dict):
+            return Input(text, True, what)
+        return Input(text, self._bad(obj, opener), what, normal_end=self._ends(obj))
 
     def nan(self, msg, opener) -> Input:
         path = self.rng.choice(_paths(msg) or [("n",)])
@@ -468,7 +474,7 @@ class Mutator:
         return Input(_dumps(msg, self.rng).encode("utf-8", "surrogatepass"), True, "as a binary frame")
 
     def bom(self, msg, opener) -> Input:
-        return Input("\ufeff" + _dumps(msg, self.rng), False, "with a byte-order mark")
+        return Input("\ufeff" + _dumps(msg, self.rng), False, "with a byte-order mark", normal_end=self._ends(msg))
 
     def duplicate_key(self, msg, opener) -> Input:
         text = _dumps(msg, self.rng)
@@ -477,7 +483,7 @@ class Mutator:
         key = self.rng.choice(list(msg))
         value = self.rng.choice(ODD_VALUES[:8])
         dup = text[:-1] + ("," if len(text) > 2 else "") + json.dumps(key) + ":" + json.dumps(value) + "}"
-        return Input(dup, False, f"duplicate key {key!r}={_show(value)}")
+        return Input(dup, False, f"duplicate key {key!r}={_show(value)}", normal_end=self._ends(json.loads(dup)))
 
 
 def _valid_json(text: str) -> bool:
