@@ -445,6 +445,10 @@ def test_openai_disconnect_cancels(server):
             if k.startswith("talkgate_engine_loop_seconds_total")}
     assert set(loop) == {"receive", "turn", "peers", "idle"} and loop["turn"] > 0 and loop["idle"] > 0
     assert any(k.startswith("talkgate_engine_gpu_wait_seconds_total") for k in values)   # 0 on a CPU engine
+    # the processes' heaps after start-up are frozen out of the garbage collector, whose pauses are measured
+    assert min(v for k, v in values.items() if k.startswith("talkgate_engine_gc_frozen_objects")) > 10_000
+    assert any(k.startswith("talkgate_engine_gc_seconds_total") for k in values)
+    assert any(k.startswith("talkgate_worker_gc_pause_max_seconds") for k in values)
 
 
 def test_api_key_and_origin(tiny_checkpoint):

@@ -364,15 +364,22 @@ def server_numbers(before: dict, after: dict, wall_s: float) -> dict:
     counter = lambda name: (sum(v for (n, _), v in after.items() if n == name)
                             - sum(v for (n, _), v in before.items() if n == name)) if any(
                                 n == name for n, _ in after) else None
-    # with worker processes: CPU per process (its gauges), loop lag per worker and step time per engine
-    cores = {}
-    for name, label, kind in (("talkgate_worker_cpu_seconds", "worker", "worker"),
-                              ("talkgate_engine_cpu_seconds", "engine", "engine")):
-        for (n, labels), v in after.items():
-            if n == name and wall_s > 0:
-                start = before.get((n, labels))
-                if start is not None and v >= start:      # a restarted process counts from 0
-                    cores[f"{kind}{dict(labels)[label]}"] = (v - start) / wall_s
+    # with worker processes: CPU and garbage-collection pauses per process (their gauges and counters), loop lag
+    # per worker and step time per engine
+    def per_process(worker_series: str, engine_series: str) -> dict:
+        """Each process's increase of a cumulative series over the run, per wall second."""
+        share = {}
+        for name, kind in ((worker_series, "worker"), (engine_series, "engine")):
+            for (n, labels), v in after.items():
+                if n == name and wall_s > 0:
+                    start = before.get((n, labels))
+                    if start is not None and v >= start:      # a restarted process counts from 0
+                        share[f"{kind}{dict(labels)[kind]}"] = (v - start) / wall_s
+        return share
+    cores = per_process("talkgate_worker_cpu_seconds", "talkgate_engine_cpu_seconds")
+    gc_share = per_process("talkgate_worker_gc_seconds", "talkgate_engine_gc_seconds_total")
+    gc_longest = {f"{kind}{dict(labels)[kind]}": v for (n, labels), v in after.items() for kind in ("worker", "engine")
+                  if n == f"talkgate_{kind}_gc_pause_max_seconds"}
     by = lambda name, label: {dict(labels)[label]: histogram_delta(before, after, name, **{label: dict(labels)[label]})
                               for (n, labels) in after if n == name + "_count" and label in dict(labels)}
     # the engine processes' loop: each phase's share of the run's wall time, summed over the engines
@@ -392,6 +399,8 @@ def server_numbers(before: dict, after: dict, wall_s: float) -> dict:
             "engine_step_s": histogram_delta(before, after, "talkgate_engine_step_seconds"),
             "engine_step_s_by_engine": by("talkgate_engine_step_seconds", "engine") or None,
             "engine_loop_share": loop or None,
+            "gc_share_by_process": gc_share or None,
+            "gc_longest_s_by_process": gc_longest or None,
             "server_ttfa_ms": histogram_delta(before, after, "talkgate_ttfa_ms"),
             "underrun_risk": counter("talkgate_underrun_risk_total"),
             "contexts_active_after": after.get(("talkgate_contexts_active", ())),   # a leak shows here

@@ -8,7 +8,8 @@ Engine.submit), one turn of the engine (Engine.turn: a step, whose deliver sends
 as one STEP message, or a pending graph capture no context would notice), check the workers' backlogs,
 publish stats every STATS_INTERVAL_S; while nothing is ready it waits on the socket. Warm-up (compiles and the
 first-audio graphs: minutes on a GPU without the compile cache) runs on the main thread first while a second
-thread answers HELLOs and publishes stats (state "warming"), so workers learn the model at once.
+thread answers HELLOs and publishes stats (state "warming"), so workers learn the model at once. What is alive after
+warm-up, and again once every graph is captured, is frozen out of the garbage collector (gateway/heap.py).
 
 The engine never waits for a worker. ZMQ's I/O thread writes the messages out; the engine counts what each
 worker has not acknowledged yet. A worker that falls behind (its oldest unacknowledged STEP over
@@ -33,7 +34,7 @@ from dataclasses import dataclass, field
 
 import zmq
 
-from talkgate.gateway import wire
+from talkgate.gateway import heap, wire
 from talkgate.synth.api import EngineError
 
 log = logging.getLogger("talkgate.engine_process")
@@ -81,6 +82,8 @@ class EngineServer:
         self.loop_s = dict.fromkeys(wire.LOOP_PHASES, 0.0)
         engine.on_step = self._on_step
         self._next_stats = 0.0
+        self.gc = heap.GcPauses()
+        self._graphs_pending = True
 
     # ----- the loop -----
     def warm_up(self) -> None:
@@ -97,6 +100,8 @@ class EngineServer:
         finally:
             done.set()
             helper.join()            # the socket is this thread's from here on
+        heap.freeze(f"engine {self.index} warm")
+        self.gc.install()
         self.state = "ready"
         self._next_stats = 0.0
         log.info("engine %d ready (%d slots)", self.index, self.engine.runner.num_slots)
@@ -118,6 +123,9 @@ class EngineServer:
         self._receive()
         t1 = time.perf_counter()
         busy = step and self.engine.turn()
+        if self._graphs_pending and step and not self.engine.runner.pending:
+            self._graphs_pending = False
+            heap.freeze(f"engine {self.index}, every graph captured", serving=True)
         t2 = time.perf_counter()
         self._check_peers()
         now = time.monotonic()
@@ -223,7 +231,7 @@ class EngineServer:
     def _stats(self) -> dict:
         return {**self.engine.stats(), "engine": self.index, "incarnation": self.incarnation, "state": self.state,
                 "step_buckets": self.step_buckets, "step_sum": self.step_sum, "cpu_s": time.process_time(),
-                "loop_s": self.loop_s,
+                "loop_s": self.loop_s, **self.gc.stats(),
                 "workers_behind": sum(p.behind for p in self.peers.values())}
 
     def _publish(self) -> None:

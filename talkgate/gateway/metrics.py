@@ -76,6 +76,10 @@ class Metrics:
                                      ["worker"], registry=r, multiprocess_mode="livesum")
         self.worker_cpu = Gauge("talkgate_worker_cpu_seconds", "CPU time of a worker process", ["worker"],
                                 registry=r, multiprocess_mode="livesum")
+        self.worker_gc = Gauge("talkgate_worker_gc_seconds", "Time a worker process paused in garbage collections",
+                               ["worker"], registry=r, multiprocess_mode="livesum")
+        self.worker_gc_max = Gauge("talkgate_worker_gc_pause_max_seconds", "A worker process's longest "
+                                   "garbage-collection pause", ["worker"], registry=r, multiprocess_mode="livesum")
 
     def observe(self, stats: dict, sessions: int, max_sessions: int, draining: bool) -> None:
         """The gauges read at a scrape: `stats` the engine's (running, waiting, free_slots, slots; an in-process
@@ -139,6 +143,11 @@ class EngineCollector:
                                    "idle (waiting for messages)", labels=["engine", "phase"])
         gpu_wait = CounterMetricFamily("talkgate_engine_gpu_wait_seconds", "Time the engine's turns spent blocked "
                                        "on the GPU (a step's codes or PCM)", labels=["engine"])
+        gc = CounterMetricFamily("talkgate_engine_gc_seconds", "Time the engine process paused in garbage "
+                                 "collections", labels=["engine"])
+        gc_max = family("talkgate_engine_gc_pause_max_seconds", "The engine process's longest garbage-collection pause")
+        gc_frozen = family("talkgate_engine_gc_frozen_objects", "Objects frozen out of the engine process's garbage "
+                           "collections (gc.freeze after warm-up)")
         for i, e in enumerate(engines):
             label = [str(i)]
             ready.add_metric(label, float(e["state"] == "ready"))
@@ -158,7 +167,10 @@ class EngineCollector:
             for phase, seconds in e.get("loop_s", {}).items():
                 loop.add_metric([*label, phase], seconds)
             gpu_wait.add_metric(label, e.get("gpu_wait_s", 0.0))
-        yield from (ready, slots, free, running, waiting, cpu, behind, step, loop, gpu_wait)
+            gc.add_metric(label, e.get("gc_s", 0.0))
+            gc_max.add_metric(label, e.get("gc_max_s", 0.0))
+            gc_frozen.add_metric(label, e.get("gc_frozen", 0))
+        yield from (ready, slots, free, running, waiting, cpu, behind, step, loop, gpu_wait, gc, gc_max, gc_frozen)
 
 
 class ContextObserver:

@@ -336,6 +336,7 @@ async def _serve(engine, config, sockets: list[socket.socket], url: str, tls: ss
     """Serve until the first SIGINT/SIGTERM, drain (a second signal cuts it short), stop. -> exit status."""
     from aiohttp import web
 
+    from talkgate.gateway import heap
     from talkgate.gateway.server import AppRunner, create_app, drain
 
     app = create_app(engine, config)
@@ -358,6 +359,7 @@ async def _serve(engine, config, sockets: list[socket.socket], url: str, tls: ss
             if warm.exception() is not None:
                 log.error("engine warm-up failed", exc_info=warm.exception().__cause__ or warm.exception())
                 return 1
+            heap.freeze("warm")
             gw.ready = True
             print(f"talkgate: ready on {url}", flush=True)
         await stopped

@@ -67,6 +67,7 @@ class StatusPipe:
 async def serve_worker(cfg: dict) -> int:
     from aiohttp import web
 
+    from talkgate.gateway import heap
     from talkgate.gateway.metrics import Metrics
     from talkgate.gateway.remote_engines import RemoteEngines
     from talkgate.gateway.serve import BACKLOG, CLEANUP_TIMEOUT_S, listen, tls_context
@@ -80,6 +81,7 @@ async def serve_worker(cfg: dict) -> int:
         loop.add_signal_handler(sig, lambda: (hurry if stop.is_set() else stop).set())
     drain_asked = asyncio.Event()                   # SIGUSR1 from the supervisor: an admin drain, staying up
     loop.add_signal_handler(signal.SIGUSR1, drain_asked.set)
+    pauses = heap.GcPauses()
     status = StatusPipe(cfg.get("status_fd"))
     engines = RemoteEngines(cfg["engines"], worker=index)
     engines.start()
@@ -110,6 +112,8 @@ async def serve_worker(cfg: dict) -> int:
             metrics.worker_connections.labels(str(index)).set(len(gw.connections))
             metrics.worker_contexts.labels(str(index)).set(engines.stats()["contexts"])
             metrics.worker_cpu.labels(str(index)).set(time.process_time())
+            metrics.worker_gc.labels(str(index)).set(pauses.seconds)
+            metrics.worker_gc_max.labels(str(index)).set(pauses.longest)
 
         engines.on_state = on_state
         app["sample_metrics"] = sample
@@ -122,6 +126,8 @@ async def serve_worker(cfg: dict) -> int:
         asked = asyncio.ensure_future(drain_when_asked())
         runner = AppRunner(app, handle_signals=False, shutdown_timeout=CLEANUP_TIMEOUT_S)
         await runner.setup()
+        heap.freeze(f"worker {index} started")
+        pauses.install()
         try:
             for s in listen(cfg["host"], cfg["port"], reuse_port=True):
                 await web.SockSite(runner, s, backlog=BACKLOG, ssl_context=tls).start()
