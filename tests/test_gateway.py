@@ -449,6 +449,8 @@ def test_openai_disconnect_cancels(server):
     assert min(v for k, v in values.items() if k.startswith("talkgate_engine_gc_frozen_objects")) > 10_000
     assert any(k.startswith("talkgate_engine_gc_seconds_total") for k in values)
     assert any(k.startswith("talkgate_worker_gc_pause_max_seconds") for k in values)
+    # each step's audio timed from the engine process to the worker
+    assert sum(v for k, v in values.items() if k.startswith("talkgate_engine_step_delivery_seconds_count")) > 0
 
 
 def test_api_key_and_origin(tiny_checkpoint):

@@ -399,6 +399,7 @@ def server_numbers(before: dict, after: dict, wall_s: float) -> dict:
             "engine_step_s": histogram_delta(before, after, "talkgate_engine_step_seconds"),
             "engine_step_s_by_engine": by("talkgate_engine_step_seconds", "engine") or None,
             "engine_loop_share": loop or None,
+            "step_delivery_s": histogram_delta(before, after, "talkgate_engine_step_delivery_seconds"),
             "gc_share_by_process": gc_share or None,
             "gc_longest_s_by_process": gc_longest or None,
             "server_ttfa_ms": histogram_delta(before, after, "talkgate_ttfa_ms"),

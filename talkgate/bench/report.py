@@ -67,6 +67,8 @@ def markdown(cfg: dict, s: dict) -> str:
             ("GC pauses: share of the run / longest since start (ms), by process", ", ".join(
                 f"{k} {v:.3f} / {1000 * (srv.get('gc_longest_s_by_process') or {}).get(k, 0.0):.0f}"
                 for k, v in sorted((srv.get("gc_share_by_process") or {}).items())) or "-"),
+            ("a step's audio from the engine to a worker mean / p99 bucket (ms)",
+             seconds_as_ms(srv.get("step_delivery_s"))),
             ("engine step mean / p99 bucket by engine (ms)",
              "; ".join(f"{e}: {seconds_as_ms(h)}" for e, h in sorted((srv.get("engine_step_s_by_engine")
                                                                        or {}).items())) or "-"),

@@ -70,6 +70,10 @@ class Metrics:
         self.loop_lag = Histogram("talkgate_event_loop_lag_seconds", "Event-loop lag (late wake-ups), per worker",
                                   ["worker"], buckets=(.0005, .001, .002, .005, .01, .02, .05, .1, .25, 1), registry=r)
         self._lag = self.loop_lag.labels(self.worker)
+        self.step_delivery = Histogram("talkgate_engine_step_delivery_seconds", "From an engine process emitting a "
+                                       "step's audio to a worker handling it (ZMQ and the worker's backlog), per worker",
+                                       ["worker"], buckets=(.0005, .001, .002, .005, .01, .02, .05, .1, .25, 1),
+                                       registry=r)
         self.worker_connections = Gauge("talkgate_worker_connections", "Open WebSocket connections of a worker",
                                         ["worker"], registry=r, multiprocess_mode="livesum")
         self.worker_contexts = Gauge("talkgate_worker_contexts", "Contexts a worker has open in the engines",

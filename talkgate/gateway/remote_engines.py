@@ -34,6 +34,7 @@ import itertools
 import logging
 import os
 import threading
+import time
 from dataclasses import dataclass, field
 
 import zmq
@@ -111,6 +112,9 @@ class RemoteEngines:
         self._info_ready: asyncio.Event | None = None
         # called on the loop whenever `ready` may have changed
         self.on_state = None
+        # called on the loop with each STEP's age when its audio is handled (the engine's emit to here: ZMQ and
+        # this loop's backlog); perf_counter is the host's monotonic clock, shared by the processes
+        self.on_delivery = None
 
     # ----- lifecycle (on the loop) -----
     def start(self) -> None:
@@ -331,6 +335,8 @@ class RemoteEngines:
     def _step(self, link: _Link, header, pcm) -> None:
         seq, t, free, contexts, frames, rows, ends, voices = wire.read_step(header, pcm)
         link.free, link.opened = free, 0
+        if self.on_delivery is not None and len(contexts):
+            self.on_delivery(time.perf_counter() - t)
         batches: dict[int, list] = {}
         with self._lock:
             for i, w in enumerate(contexts.tolist()):

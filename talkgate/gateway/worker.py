@@ -116,6 +116,7 @@ async def serve_worker(cfg: dict) -> int:
             metrics.worker_gc_max.labels(str(index)).set(pauses.longest)
 
         engines.on_state = on_state
+        engines.on_delivery = metrics.step_delivery.labels(str(index)).observe
         app["sample_metrics"] = sample
         # POST /admin/drain on any worker drains them all: the supervisor signals every worker (SIGUSR1)
         app["drain_server"] = lambda: os.kill(os.getppid(), signal.SIGUSR1)
