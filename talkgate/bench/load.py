@@ -364,18 +364,17 @@ def server_numbers(before: dict, after: dict, wall_s: float) -> dict:
     counter = lambda name: (sum(v for (n, _), v in after.items() if n == name)
                             - sum(v for (n, _), v in before.items() if n == name)) if any(
                                 n == name for n, _ in after) else None
+    def increase(key, v: float) -> float | None:
+        """A cumulative series' increase over the run, per wall second (None for a process restarted meanwhile,
+        which counts from 0, or one not seen before the run)."""
+        start = before.get(key)
+        return (v - start) / wall_s if start is not None and v >= start and wall_s > 0 else None
+
     # with worker processes: CPU and garbage-collection pauses per process (their gauges and counters), loop lag
     # per worker and step time per engine
     def per_process(worker_series: str, engine_series: str) -> dict:
-        """Each process's increase of a cumulative series over the run, per wall second."""
-        share = {}
-        for name, kind in ((worker_series, "worker"), (engine_series, "engine")):
-            for (n, labels), v in after.items():
-                if n == name and wall_s > 0:
-                    start = before.get((n, labels))
-                    if start is not None and v >= start:      # a restarted process counts from 0
-                        share[f"{kind}{dict(labels)[kind]}"] = (v - start) / wall_s
-        return share
+        return {f"{kind}{dict(labels)[kind]}": share for name, kind in ((worker_series, "worker"), (engine_series, "engine"))
+                for (n, labels), v in after.items() if n == name and (share := increase((n, labels), v)) is not None}
     cores = per_process("talkgate_worker_cpu_seconds", "talkgate_engine_cpu_seconds")
     gc_share = per_process("talkgate_worker_gc_seconds", "talkgate_engine_gc_seconds_total")
     gc_longest = {f"{kind}{dict(labels)[kind]}": v for (n, labels), v in after.items() for kind in ("worker", "engine")
@@ -385,11 +384,11 @@ def server_numbers(before: dict, after: dict, wall_s: float) -> dict:
     # the engine processes' loop: each phase's share of the run's wall time, summed over the engines
     loop = {}
     for (n, labels), v in after.items():
-        if n in ("talkgate_engine_loop_seconds_total", "talkgate_engine_gpu_wait_seconds_total") and wall_s > 0:
-            start = before.get((n, labels))
-            if start is not None and v >= start:
+        if n in ("talkgate_engine_loop_seconds_total", "talkgate_engine_gpu_wait_seconds_total"):
+            share = increase((n, labels), v)
+            if share is not None:
                 phase = dict(labels).get("phase", "gpu_wait")
-                loop[phase] = loop.get(phase, 0.0) + (v - start) / wall_s
+                loop[phase] = loop.get(phase, 0.0) + share
     total = sum(cores.values()) if cores else None
     return {"cpu_cores": total if total is not None else
             (cpu[1] - cpu[0]) / wall_s if None not in cpu and wall_s > 0 else None,

@@ -190,9 +190,9 @@ async def run_case(camp, phase, case: Case, session) -> None:
             reply = await conn.exchange(case.data, window=0.05)
             if conn.closed is None:
                 await conn.send(json.dumps({"text": ""}))
-                rest = await conn.collect(None, 20)
+                rest = await conn.until_closed()
                 reply.items += rest.items
-                reply.timed_out = conn.closed is None
+                reply.timed_out = rest.timed_out
             reply.close, reply.abrupt = conn.closed, conn.abrupt
             judge(ep, case.what, reply, phase, case.expect == "error", normal_end=True)
         else:

@@ -339,6 +339,19 @@ class Conn:
         reply.timed_out = False
         return reply
 
+    async def until_closed(self, quiet_s: float = 10.0, most_s: float = 240.0) -> Reply:
+        """What comes until the server closes, timed out if it does not: a hang is quiet_s without a message, not a
+        long utterance (a valid text of 3,000 characters is 60 s of audio, which a CPU engine under load makes
+        slower than real time); most_s bounds the wait."""
+        reply, deadline = Reply(), time.monotonic() + most_s
+        while self.closed is None and time.monotonic() < deadline:
+            part = await self.collect(None, quiet_s)
+            reply.items += part.items
+            if not part.items:
+                break
+        reply.timed_out = self.closed is None
+        return reply
+
     async def close(self) -> None:
         try:
             await asyncio.wait_for(self.ws.close(), 5)

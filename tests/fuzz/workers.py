@@ -103,8 +103,9 @@ async def _fuzz_single(camp, phase, n_messages: int, rng: random.Random, deadlin
             if conn.closed is None and (bad or rng.random() < 0.2):
                 await conn.send(json.dumps({"text": ""}))        # end of input: isFinal, then close
                 ended = True
-                reply.items += await _until_closed(conn)
-                reply.timed_out = conn.closed is None
+                rest = await conn.until_closed()
+                reply.items += rest.items
+                reply.timed_out = rest.timed_out
             elif conn.closed is None:
                 part = await conn.drain(0.3)
                 reply.items += part.items
@@ -113,19 +114,6 @@ async def _fuzz_single(camp, phase, n_messages: int, rng: random.Random, deadlin
             judge(EL_SINGLE, what, reply, phase, bad, normal_end=ended)
             await conn.close()
     return sent
-
-
-async def _until_closed(conn: Conn, quiet_s: float = 10.0, most_s: float = 240.0) -> list:
-    """What comes until the server closes: a hang is quiet_s without a message, not a long utterance (a valid
-    text of 3,000 characters is 60 s of audio, which a CPU engine under the mixed load makes slower than real
-    time); most_s bounds the wait."""
-    items, deadline = [], time.monotonic() + most_s
-    while conn.closed is None and time.monotonic() < deadline:
-        part = await conn.collect(None, quiet_s)
-        items += part.items
-        if not part.items:
-            break
-    return items
 
 
 # ----- HTTP -----
