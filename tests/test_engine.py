@@ -457,3 +457,22 @@ def test_a_client_whose_deliver_raises_is_disconnected_alone(engine):
         assert st["clients"] == clients + 1 and st["free_slots"] == 4 and st["running"] == 0
     finally:
         engine.disconnect(good.id)
+
+
+def test_opens_of_one_step_fail_alone(engine):
+    """Contexts opened at one step boundary share their slots' initialization; one that cannot be initialized
+    (a top_k its slot's tensor cannot hold: the Python API checks no ranges) fails alone, the others speak."""
+    c = Client(engine)
+    try:
+        bad = ContextParams(sampling=SamplingParams(top_k=1 << 70), fixed_frames=4)
+        good = ContextParams(sampling=SamplingParams(seed=5), fixed_frames=4)
+        tok = engine.new_tokenizer()
+        ids = (*tok.feed(TEXT), *tok.finish())
+        engine.submit(c.id, [OpenContext(1, good), OpenContext(2, bad), OpenContext(3, good),
+                             *(EndText(ctx, ids, text_seconds(TEXT)) for ctx in (1, 2, 3))])
+        assert isinstance(c.wait(2), ContextFailed)
+        assert c.wait(1) == ContextDone(1, "length", 4) and c.wait(3) == ContextDone(3, "length", 4)
+        np.testing.assert_allclose(c.pcm(1), c.pcm(3), atol=1e-5)            # same seed, same text
+        assert engine.stats()["free_slots"] == engine.runner.num_slots
+    finally:
+        engine.disconnect(c.id)

@@ -400,11 +400,12 @@ class Engine:
         return self._deliver() or stepped or voiced
 
     def _apply_commands(self) -> None:
-        while True:
-            with self._lock:
-                if not self._commands:
-                    return
-                op, req, arg = self._commands.popleft()
+        """The queued commands in order; the opens' slots are initialized together at the end (only the
+        runner's tensors wait for that: text, an end or a cancel of a context opened here is host state)."""
+        with self._lock:
+            commands, self._commands = self._commands, collections.deque()
+        opens = []
+        for op, req, arg in commands:
             if op == "cancel":
                 self.scheduler.remove(req)
             elif req.freed:
@@ -412,15 +413,28 @@ class Engine:
             elif op == "fail":
                 self._fail(req, arg)
             elif op == "open":
-                try:
-                    self.runner.open_slot(req)
-                except Exception as e:                          # this context fails; the engine goes on
-                    log.exception("opening context %d of client %d failed", req.context, req.client)
-                    self._fail(req, e)
-                    continue
-                self.scheduler.add(req)
+                opens.append(req)
             else:
                 self._apply_text(op, req, arg)
+        self._open([req for req in opens if not req.freed])
+
+    def _open(self, reqs: list[Request]) -> None:
+        """Initialize the new contexts' slots and schedule them; if that fails, each alone, so that only the one
+        that cannot open fails."""
+        if not reqs:
+            return
+        try:
+            self.runner.open_slots(reqs)
+        except Exception as e:
+            if len(reqs) > 1:
+                for req in reqs:
+                    self._open([req])
+                return
+            log.exception("opening context %d of client %d failed", reqs[0].context, reqs[0].client)
+            self._fail(reqs[0], e)                          # this context fails; the engine goes on
+            return
+        for req in reqs:
+            self.scheduler.add(req)
 
     def _apply_text(self, op: str, req: Request, arg: tuple) -> None:
         """Text, a flush or the end of a context's text; held while a flush is being spoken."""

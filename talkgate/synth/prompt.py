@@ -186,18 +186,32 @@ class Prompts:
             raise InvalidParams("empty text")
         return tuple(ids[:3]), ids[3:]
 
-    @torch.inference_mode()
     def prefill(self, prompt: Prompt, track: Sequence[int], role_ids: tuple[int, ...] | None = None) -> torch.Tensor:
         """[prompt.length, H] Talker input embeddings (device and dtype of the Talker). track: the text
         track's first prompt.text_positions ids (reference text ids first, for ICL). Everything but the
         text's part of the track depends only on the prompt: computed once per prompt and kept (a new
         context's prefill is on its time to first audio)."""
-        if len(track) != prompt.text_positions:
-            raise ValueError(f"the prefill takes {prompt.text_positions} text track ids, got {len(track)}")
-        prefix, tail = self._embeddings(prompt, role_ids or self.role_ids)
-        n = min(len(prompt.ref_text_ids), len(track))         # reference text: already in the cached tail
-        text = self.talker.embed_text(self._ids(track[n:]))[0]
-        return torch.cat([prefix, tail[:n], tail[n:] + text])
+        return self.prefills([(prompt, track)], role_ids)[0]
+
+    @torch.inference_mode()
+    def prefills(self, items: list[tuple[Prompt, Sequence[int]]],
+                 role_ids: tuple[int, ...] | None = None) -> list[torch.Tensor]:
+        """prefill of several (prompt, track): their text ids embedded in one call (the engine thread's
+        cost is per call, not per id)."""
+        parts, ids = [], []
+        for prompt, track in items:
+            if len(track) != prompt.text_positions:
+                raise ValueError(f"the prefill takes {prompt.text_positions} text track ids, got {len(track)}")
+            prefix, tail = self._embeddings(prompt, role_ids or self.role_ids)
+            n = min(len(prompt.ref_text_ids), len(track))     # reference text: already in the cached tail
+            parts.append((prefix, tail, n, len(track) - n))
+            ids += track[n:]
+        text = self.talker.embed_text(self._ids(ids))[0] if ids else None
+        out, k = [], 0
+        for prefix, tail, n, m in parts:
+            out.append(torch.cat([prefix, tail[:n], tail[n:] + text[k:k + m] if m else tail[n:]]))
+            k += m
+        return out
 
     def _ids(self, values) -> torch.Tensor:
         # queued, not waited for: a prefill runs on the engine thread while the GPU works on the step before

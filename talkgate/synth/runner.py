@@ -164,19 +164,22 @@ class Runner:
         self.warm = self._warming = False
 
     # ----- per-slot state -----
-    def open_slot(self, req: Request) -> None:
-        """Initialize every per-slot tensor for a new context (engine thread, step boundary). Nothing here
-        waits for the GPU: the host's copies are queued (non_blocking from pageable memory stages them at once),
-        so the step in flight keeps running while the engine applies the next commands."""
-        slot = torch.tensor([req.slot]).to(self.device, non_blocking=True)
-        self.sampling.copy_rows_(slot, RowSampling.build([req.params.sampling], self.tts.generation_config))
-        self.min_frames[req.slot] = EOS_FROM if req.samples_eos else NO_EOS
-        self.seen[req.slot] = False
-        clone = req.prompt.clone if req.prompt is not None else None
-        if clone is not None and clone.icl:
-            self._prime_slot(req.slot, clone)
-        else:
-            self.dec_state.reset_slots(slot)
+    def open_slots(self, reqs: list[Request]) -> None:
+        """Initialize every per-slot tensor of new contexts (engine thread, step boundary), one set of operations
+        for all that a step boundary opens (one by one they cost the engine thread ~1 ms each). Nothing here waits
+        for the GPU: the host's copies are queued (non_blocking from pageable memory stages them at once), so the
+        step in flight keeps running while the engine applies the next commands."""
+        slots = torch.tensor([r.slot for r in reqs]).to(self.device, non_blocking=True)
+        self.sampling.copy_rows_(slots, RowSampling.build([r.params.sampling for r in reqs],
+                                                          self.tts.generation_config))
+        self.min_frames[slots] = torch.tensor([EOS_FROM if r.samples_eos else NO_EOS for r in reqs]).to(
+            self.device, non_blocking=True)
+        self.seen[slots] = False
+        self.dec_state.reset_slots(slots)
+        for req in reqs:                    # an ICL voice's slot starts from its reference frames' decoder state
+            clone = req.prompt.clone if req.prompt is not None else None
+            if clone is not None and clone.icl:
+                self._prime_slot(req.slot, clone)
 
     def _prime_slot(self, slot: int, clone: VoicePrompt) -> None:
         """The slot's decoder state after decoding the voice's reference frames (kept per voice)."""
@@ -292,10 +295,10 @@ class Runner:
         """Prompt + text token 0 of each new context into its KV; last hidden -> hidden[row0 + i].
         Right-padded rows and lengths (a padding position's K/V lies beyond the row's position and is
         overwritten before it is ever attended); one CUDA graph per (rows, length) bucket."""
+        every = self.tts.prompts.prefills([(r.prompt, r.prefill_track(self.text_eos, self.text_pad)) for r in reqs])
         for i in range(0, len(reqs), PREFILL_ROWS[-1]):
             chunk = reqs[i:i + PREFILL_ROWS[-1]]
-            embeds = [self.tts.prompts.prefill(r.prompt, r.prefill_track(self.text_eos, self.text_pad))
-                      for r in chunk]                                                # [P_i, H] each
+            embeds = every[i:i + PREFILL_ROWS[-1]]                                  # [P_i, H] each
             n, lengths = len(chunk), [e.shape[0] for e in embeds]
             rows = next(b for b in self.prefill_rows if b >= n) if self.use_graphs else n
             T = next(t for t in self.prefill_lens if t >= max(lengths)) if self.use_graphs else max(lengths)
