@@ -373,8 +373,12 @@ def server_numbers(before: dict, after: dict, wall_s: float) -> dict:
     # with worker processes: CPU and garbage-collection pauses per process (their gauges and counters), loop lag
     # per worker and step time per engine
     def per_process(worker_series: str, engine_series: str) -> dict:
-        return {f"{kind}{dict(labels)[kind]}": share for name, kind in ((worker_series, "worker"), (engine_series, "engine"))
-                for (n, labels), v in after.items() if n == name and (share := increase((n, labels), v)) is not None}
+        shares = {}
+        for name, kind in ((worker_series, "worker"), (engine_series, "engine")):
+            for (n, labels), v in after.items():
+                if n == name and (share := increase((n, labels), v)) is not None:
+                    shares[f"{kind}{dict(labels)[kind]}"] = share
+        return shares
     cores = per_process("talkgate_worker_cpu_seconds", "talkgate_engine_cpu_seconds")
     gc_share = per_process("talkgate_worker_gc_seconds", "talkgate_engine_gc_seconds_total")
     gc_longest = {f"{kind}{dict(labels)[kind]}": v for (n, labels), v in after.items() for kind in ("worker", "engine")

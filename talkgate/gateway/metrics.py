@@ -22,6 +22,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from talkgate.gateway.wire import STEP_BUCKETS
 
 _MS_BUCKETS = (2, 5, 10, 15, 20, 30, 50, 75, 100, 150, 250, 500, 1000, 2500, 5000)
+_WORKER_S_BUCKETS = (.0005, .001, .002, .005, .01, .02, .05, .1, .25, 1)    # a worker's loop lag and step delivery
 
 
 class Metrics:
@@ -68,12 +69,11 @@ class Metrics:
         self.draining = Gauge("talkgate_draining", "1 while the server drains (SIGTERM or POST /admin/drain)",
                               registry=r, multiprocess_mode="livemax")
         self.loop_lag = Histogram("talkgate_event_loop_lag_seconds", "Event-loop lag (late wake-ups), per worker",
-                                  ["worker"], buckets=(.0005, .001, .002, .005, .01, .02, .05, .1, .25, 1), registry=r)
+                                  ["worker"], buckets=_WORKER_S_BUCKETS, registry=r)
         self._lag = self.loop_lag.labels(self.worker)
         self.step_delivery = Histogram("talkgate_engine_step_delivery_seconds", "From an engine process emitting a "
                                        "step's audio to a worker handling it (ZMQ and the worker's backlog), per worker",
-                                       ["worker"], buckets=(.0005, .001, .002, .005, .01, .02, .05, .1, .25, 1),
-                                       registry=r)
+                                       ["worker"], buckets=_WORKER_S_BUCKETS, registry=r)
         self.worker_connections = Gauge("talkgate_worker_connections", "Open WebSocket connections of a worker",
                                         ["worker"], registry=r, multiprocess_mode="livesum")
         self.worker_contexts = Gauge("talkgate_worker_contexts", "Contexts a worker has open in the engines",

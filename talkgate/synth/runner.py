@@ -169,11 +169,11 @@ class Runner:
         for all that a step boundary opens (one by one they cost the engine thread ~1 ms each). Nothing here waits
         for the GPU: the host's copies are queued (non_blocking from pageable memory stages them at once), so the
         step in flight keeps running while the engine applies the next commands."""
-        slots = torch.tensor([r.slot for r in reqs]).to(self.device, non_blocking=True)
+        slots, eos_from = torch.tensor([[r.slot for r in reqs], [EOS_FROM if r.samples_eos else NO_EOS for r in reqs]]
+                                       ).to(self.device, non_blocking=True)
         self.sampling.copy_rows_(slots, RowSampling.build([r.params.sampling for r in reqs],
                                                           self.tts.generation_config))
-        self.min_frames[slots] = torch.tensor([EOS_FROM if r.samples_eos else NO_EOS for r in reqs]).to(
-            self.device, non_blocking=True)
+        self.min_frames[slots] = eos_from
         self.seen[slots] = False
         self.dec_state.reset_slots(slots)
         for req in reqs:                    # an ICL voice's slot starts from its reference frames' decoder state
