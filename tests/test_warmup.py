@@ -13,8 +13,8 @@ from talkgate.synth import compile_cache
 from talkgate.synth.api import ContextParams
 from talkgate.synth.engine import capture_slack, unnoticed
 from talkgate.synth.request import Request
-from talkgate.synth.runner import (PLAIN_WHEN_PRIMING, batch_buckets, compile_hot_functions, fit_bucket,
-                                   plain_functions)
+from talkgate.synth.runner import (PLAIN_WHEN_PRIMING, _batch_dynamic, _compiled_graphs, batch_buckets,
+                                   compile_hot_functions, fit_bucket, plain_functions)
 from talkgate.synth.scheduler import Scheduler
 
 GPU = {"name": "NVIDIA H100 80GB HBM3", "capability": "90", "sms": 132}
@@ -109,6 +109,23 @@ def test_compiled_functions_are_bound_to_the_model_not_its_classes(tiny_checkpoi
         assert "convs" not in vars(tts.codec_decoder) and "codes_in" not in vars(tts.codec_decoder)
         assert not torch.backends.cudnn.benchmark
     assert vars(tts.codec_decoder)["convs"] is compiled and torch.backends.cudnn.benchmark == search
+
+
+def test_one_graph_for_every_batch_of_two_or_more_and_one_for_a_single_row():
+    from talkgate.synth import codec_decoder
+    norms = [codec_decoder.RMSNorm(8, 1e-5) for _ in range(2)]
+    residual = _batch_dynamic(torch.compile(codec_decoder.RMSNorm.residual, backend="eager"))
+    before = _compiled_graphs()
+    with torch.inference_mode():
+        for b, norm in ((5, norms[0]), (3, norms[1]), (2, norms[0]), (8, norms[1])):
+            x, delta = torch.randn(b, 2, 8), torch.randn(b, 2, 8)
+            out, normed = residual(norm, x, norm.weight, delta)                # a parameter: never marked
+            assert torch.allclose(out, x + delta) and normed.shape == (b, 2, 8)
+        assert _compiled_graphs() - before == 1
+        residual(norms[0], torch.randn(1, 2, 8), norms[0].weight, torch.randn(1, 2, 8))
+        assert _compiled_graphs() - before == 2                                # size 1 stays a kind of its own
+        residual(norms[0], torch.randn(4, 3, 8), norms[0].weight, torch.randn(4, 3, 8))
+        assert _compiled_graphs() - before == 3                                # the other sizes were static
 
 
 def test_warmup_command_on_cpu_has_nothing_to_do(tiny_checkpoint, capsys):

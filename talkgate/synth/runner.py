@@ -504,8 +504,11 @@ def compile_hot_functions(*modules: torch.nn.Module) -> int:
 
     # A function compiles once for each kind of input it meets (TORCH_LOGS=recompiles on the H100: a batch of
     # 1 or more, as dynamo specializes size 1; a contiguous tensor or a slice; made inside or outside
-    # inference mode, whose dispatch keys differ). Past the default limit of 8, which RMSNorm.residual
-    # passed at the end of a 1.7B warm-up (9 kinds), dynamo runs each new kind unfused inside the graphs.
+    # inference mode, whose dispatch keys differ; a prefill's length). Past the default limit of 8, which
+    # RMSNorm.residual passed at the end of a 1.7B warm-up (9 kinds), dynamo runs each new kind unfused
+    # inside the graphs. Only the batch is marked dynamic (_batch_dynamic): with every size symbolic
+    # (dynamic=True) a restart's Dynamo traces took 2-3x as long (the decoder's convs 13-17 s against 6 s at
+    # 1.7B on an H100) for kernels no faster (docs/benchmarks.md, issue 22).
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
     # Not the decoder's whole step: it updates the per-slot state pools in place, which inductor copies
     # whole (5 ms a step). The sampler is one Triton kernel of its own (synth/sample_kernel.py).
@@ -517,10 +520,24 @@ def compile_hot_functions(*modules: torch.nn.Module) -> int:
                 if isinstance(m, owner) and name not in vars(m):
                     fn = getattr(type(m), name)
                     if fn not in _compiled:
-                        _compiled[fn] = torch.compile(fn, dynamic=True)
+                        _compiled[fn] = _batch_dynamic(torch.compile(fn))
                     setattr(m, name, types.MethodType(_compiled[fn], m))
                     bound += 1
     return bound
+
+
+def _batch_dynamic(compiled):
+    """compiled, with the leading (batch) dimension of its tensor arguments marked dynamic when it is more
+    than 1 (parameters never): one graph for every batch of 2 or more, every other size static until it
+    is seen to change (Dynamo's automatic dynamic shapes: a prefill's length)."""
+    def call(self, *args):
+        if torch.compiler.is_compiling():        # inlined into another compiled function: its inputs' marks rule
+            return compiled(self, *args)
+        for a in args:
+            if isinstance(a, torch.Tensor) and not isinstance(a, torch.nn.Parameter) and a.dim() and a.shape[0] > 1:
+                torch._dynamo.maybe_mark_dynamic(a, 0)
+        return compiled(self, *args)
+    return call
 
 
 # Priming decodes up to PRIME_CHUNK frames a call, once per stored voice, with the plain functions: the
