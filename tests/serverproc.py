@@ -4,7 +4,8 @@
         srv.url        # http://127.0.0.1:PORT (https:// when served with --ssl-certfile)
         srv.ws_url     # ws://127.0.0.1:PORT (wss://)
 
-`wait="listening"` returns as soon as the server answers HTTP, before its warm-up is over.
+`wait="listening"` returns as soon as the server answers HTTP, before its warm-up is over; `wait=None` as soon
+as the process is started (no URL).
 """
 from __future__ import annotations
 
@@ -25,11 +26,11 @@ LISTENING = re.compile(r"talkgate: listening on (https?://[\d.]+:(\d+))")
 
 class TalkgateServer:
     def __init__(self, model_dir: str | Path, *extra_args: str, timeout_s: float = 180.0, env: dict | None = None,
-                 wait: str = "ready"):
+                 wait: str | None = "ready"):
         self.args = [sys.executable, "-m", "talkgate.gateway.cli", "serve", "--model", str(model_dir),
                      "--port", "0", "--device", "cpu", *extra_args]
         self.timeout_s = timeout_s
-        self.wait = {"ready": READY, "listening": LISTENING}[wait]
+        self.wait = {"ready": READY, "listening": LISTENING, None: None}[wait]
         # the default voice store lives under TALKGATE_DATA: one of its own (removed at the end), never the user's
         self.data = tempfile.mkdtemp(prefix="talkgate-data-")
         self.env = {**os.environ, "PYTHONUNBUFFERED": "1", "TALKGATE_DATA": self.data, **(env or {})}
@@ -49,13 +50,15 @@ class TalkgateServer:
                 with self._line:
                     self.output.append(line)
                     self._line.notify_all()
-                m = self.wait.search(line)
+                m = self.wait and self.wait.search(line)
                 if m and not ready.is_set():
                     self.url, self.port = m.group(1), int(m.group(2))
                     self.ws_url = self.url.replace("http", "ws", 1)
                     ready.set()
 
         threading.Thread(target=pump, daemon=True).start()
+        if self.wait is None:
+            return self
         deadline = time.monotonic() + self.timeout_s
         while not ready.wait(0.1):
             if self.proc.poll() is not None or time.monotonic() > deadline:

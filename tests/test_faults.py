@@ -156,3 +156,24 @@ def test_killed_worker_closes_only_its_connections_and_is_restarted(tiny_checkpo
         after = run(go())
         assert series(after, "talkgate_contexts_active") == 0.0
         assert "talkgate: worker 0" in srv.log()
+
+
+def test_a_stalled_warm_up_ends_the_engine_process_which_is_started_again(tiny_checkpoint):
+    # --warmup-stall far below one warm-up step: every warm-up "stalls", as a hung compile does on a GPU
+    with TalkgateServer(tiny_checkpoint, "--workers", "1", "--warmup-stall", "0.002", wait=None) as srv:
+        said = srv.wait_output("warm-up made no progress for", 120)
+        assert "engine 0: " in said and "exiting with status 75" in said
+        srv.wait_output("most recent call first", 30)                # every thread's stack, for the operator
+        deadline = time.monotonic() + 120
+        while srv.log().count("engine 0 (pid") < 2:                  # restarted, it stalls again: still up
+            assert time.monotonic() < deadline, srv.log()[-3000:]
+            time.sleep(0.2)
+        assert re.findall(r"engine 0 \(pid \d+\) exited with status 75: restarting", srv.log())
+        assert srv.proc.poll() is None and "talkgate: ready" not in srv.log()
+        assert srv.stop() == 0
+
+
+def test_a_stalled_warm_up_ends_a_single_process_server_with_status_75(tiny_checkpoint):
+    with TalkgateServer(tiny_checkpoint, "--workers", "0", "--warmup-stall", "0.002", wait="listening") as srv:
+        assert srv.proc.wait(120) == 75
+        assert "engine: warm-up made no progress for" in srv.log() and "talkgate: ready" not in srv.log()

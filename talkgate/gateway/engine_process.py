@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 import zmq
 
 from talkgate.gateway import heap, wire
+from talkgate.gateway.warmup_watchdog import DEFAULT_STALL_S, WarmupWatchdog
 from talkgate.synth.api import EngineError
 
 log = logging.getLogger("talkgate.engine_process")
@@ -58,8 +59,9 @@ class Peer:
 
 
 class EngineServer:
-    def __init__(self, engine, endpoint: str, index: int, checkpoint: str):
+    def __init__(self, engine, endpoint: str, index: int, checkpoint: str, warmup_stall_s: float = DEFAULT_STALL_S):
         self.engine, self.endpoint, self.index, self.checkpoint = engine, endpoint, index, checkpoint
+        self.warmup_stall_s = warmup_stall_s
         self.incarnation = os.getpid()
         self.zctx = zmq.Context(io_threads=1)
         sock = self.sock = self.zctx.socket(zmq.ROUTER)
@@ -96,7 +98,8 @@ class EngineServer:
         helper = threading.Thread(target=greet, name="talkgate-greeter", daemon=True)
         helper.start()
         try:
-            self.engine.warm_up()
+            with WarmupWatchdog(self.engine.runner, self.warmup_stall_s, f"engine {self.index}"):
+                self.engine.warm_up()
         finally:
             done.set()
             helper.join()            # the socket is this thread's from here on
@@ -253,6 +256,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-contexts", type=int)
     p.add_argument("--seed", type=int)
     p.add_argument("--untrained-length", choices=["text-rule", "runaway"], default="text-rule")
+    p.add_argument("--warmup-stall-s", type=float, default=DEFAULT_STALL_S)
     args = p.parse_args(argv)
     child_setup()
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s engine{args.index} %(name)s %(levelname)s %(message)s")
@@ -264,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    server = EngineServer(engine, args.endpoint, args.index, str(engine.runner.tts.path))
+    server = EngineServer(engine, args.endpoint, args.index, str(engine.runner.tts.path), args.warmup_stall_s)
     log.info("engine %d: %s on %s/%s, %d slots, bound to %s (pid %d)", args.index, engine.info.name,
              engine.info.device, engine.info.dtype, engine.runner.num_slots, args.endpoint, os.getpid())
     try:

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from talkgate.gateway import args as cli_args
 from talkgate.gateway.args import CommandError
+from talkgate.gateway.warmup_watchdog import DEFAULT_STALL_S, WarmupWatchdog
 from talkgate.sessions.limits import Limits
 
 log = logging.getLogger("talkgate.serve")
@@ -118,6 +119,9 @@ def add_parser(subparsers) -> None:
     p.add_argument("--shutdown-deadline", metavar="SECONDS", type=cli_args.seconds, default=10.0,
                    help="seconds open contexts may finish once a drain begins (SIGTERM, SIGINT, POST /admin/drain); "
                    "then their sockets close with 1001")
+    p.add_argument("--warmup-stall", metavar="SECONDS", type=cli_args.positive_seconds, default=DEFAULT_STALL_S,
+                   help="an engine whose warm-up makes no progress for this long (a hung compile) exits and is "
+                   "started again (with --workers 0 the server exits, status 75)")
     p.set_defaults(func=run)
 
 
@@ -224,7 +228,7 @@ def run(args: argparse.Namespace) -> int:
         host = f"[{args.host}]" if ":" in args.host else args.host
         url = f"{'https' if tls else 'http'}://{host}:{sockets[0].getsockname()[1]}"
         try:
-            return asyncio.run(_serve(engine, config, sockets, url, tls))
+            return asyncio.run(_serve(engine, config, sockets, url, tls, args.warmup_stall))
         finally:
             engine.stop()
     finally:
@@ -296,7 +300,7 @@ def run_supervised(args: argparse.Namespace) -> int:
             visible = os.environ.get("CUDA_VISIBLE_DEVICES")      # indices are of the visible GPUs
             ids = visible.split(",") if visible else [str(g) for g in range(count)]
             engines = [{"device": "cuda", "cuda_visible": ids[g]} for g in gpus for _ in range(args.engines)]
-        engine_args = ["--untrained-length", args.untrained_length]
+        engine_args = ["--untrained-length", args.untrained_length, "--warmup-stall-s", str(args.warmup_stall)]
         for flag, value in (("--dtype", args.dtype), ("--max-contexts", args.max_contexts), ("--seed", args.seed)):
             if value is not None:
                 engine_args += [flag, str(value)]
@@ -332,7 +336,13 @@ def _load(args: argparse.Namespace, device: str):
     return engine
 
 
-async def _serve(engine, config, sockets: list[socket.socket], url: str, tls: ssl.SSLContext | None = None) -> int:
+def _start(engine, warmup_stall_s: float) -> None:
+    with WarmupWatchdog(engine.runner, warmup_stall_s, "engine"):
+        engine.start()
+
+
+async def _serve(engine, config, sockets: list[socket.socket], url: str, tls: ssl.SSLContext | None = None,
+                 warmup_stall_s: float = DEFAULT_STALL_S) -> int:
     """Serve until the first SIGINT/SIGTERM, drain (a second signal cuts it short), stop. -> exit status."""
     from aiohttp import web
 
@@ -352,7 +362,7 @@ async def _serve(engine, config, sockets: list[socket.socket], url: str, tls: ss
             await web.SockSite(runner, s, backlog=BACKLOG, ssl_context=tls).start()
         print(f"talkgate: listening on {url} (warming up)", flush=True)
         # compiles and the first-audio graphs (the other buckets follow in the background)
-        warm = asyncio.ensure_future(asyncio.to_thread(engine.start))
+        warm = asyncio.ensure_future(asyncio.to_thread(_start, engine, warmup_stall_s))
         stopped = asyncio.ensure_future(stop.wait())
         await asyncio.wait([warm, stopped], return_when=asyncio.FIRST_COMPLETED)
         if warm.done():
