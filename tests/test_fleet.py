@@ -22,6 +22,7 @@ import time
 import aiohttp
 import pytest
 
+from tests.nativeclient import NativeClient
 from tests.proxies import Envoy, Nginx, free_port
 from tests.serverproc import TalkgateServer
 
@@ -40,42 +41,6 @@ async def poll(check, what: str, timeout_s: float = DEADLINE_S):
             raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
         await asyncio.sleep(0.05)
     return value
-
-
-class Client:
-    """A native-protocol client: its events, its audio bytes, how its socket ended."""
-
-    def __init__(self, ws, replica: int | None = None):
-        self.ws, self.replica, self.events, self.audio = ws, replica, [], 0
-
-    async def send(self, **msg) -> None:
-        await self.ws.send_str(json.dumps(msg))
-
-    async def until(self, kind: str, timeout_s: float = DEADLINE_S) -> dict | None:
-        """Events up to the first of type `kind`; None when the socket ended first. 'audio': the first binary frame."""
-        while True:
-            msg = await self.ws.receive(timeout=timeout_s)
-            if msg.type == aiohttp.WSMsgType.BINARY:
-                self.audio += len(msg.data) - 16
-                if kind == "audio":
-                    return {}
-            elif msg.type == aiohttp.WSMsgType.TEXT:
-                self.events.append(json.loads(msg.data))
-                if self.events[-1]["type"] == kind:
-                    return self.events[-1]
-            else:
-                return None
-
-    async def stream(self, cid: str, frames: int) -> None:
-        """A context whose text has not ended (an LLM still streaming): in flight until finish()."""
-        await self.send(type="context.start", context_id=cid, fixed_frames=frames)
-        await self.send(type="text", context_id=cid, text="An LLM is still streaming this sentence ")
-        assert await self.until("timing") is not None
-
-    async def finish(self, cid: str) -> dict | None:
-        await self.send(type="text", context_id=cid, text="to its end.")
-        await self.send(type="flush", context_id=cid)
-        return await self.until("context.done")
 
 
 class Fleet:
@@ -102,10 +67,11 @@ class Fleet:
         m = re.search(r'talkgate_errors_total\{code="shutting_down"\} (\S+)', await self.scrape(i))
         return int(float(m.group(1))) if m else 0
 
-    async def open(self) -> Client:
+    async def open(self) -> NativeClient:
         """A session through the proxy, and the replica it landed on (the one whose count went up)."""
         before = await self.sessions()
-        c = Client(await self.http.ws_connect(self.proxy.url.replace("http://", "ws://") + "/v1/ws"))
+        c = NativeClient(await self.http.ws_connect(self.proxy.url.replace("http://", "ws://") + "/v1/ws"),
+                         timeout_s=DEADLINE_S)
         assert (await c.until("session.ready")) is not None
 
         async def landed():
@@ -116,7 +82,7 @@ class Fleet:
         c.replica = (await poll(landed, "the new session to show on one replica"))[0]
         return c
 
-    async def close(self, clients: list[Client]) -> None:
+    async def close(self, clients: list[NativeClient]) -> None:
         for c in clients:
             await c.ws.close()
 
@@ -130,7 +96,7 @@ class Fleet:
 # ----- TTFA: direct against through the proxy -----
 async def ws_ttfa(http: aiohttp.ClientSession, ws_url: str) -> float:
     """Text sent on an open native session -> first audio frame, ms."""
-    c = Client(await http.ws_connect(ws_url + "/v1/ws"))
+    c = NativeClient(await http.ws_connect(ws_url + "/v1/ws"), timeout_s=DEADLINE_S)
     await c.until("session.ready")
     t = time.perf_counter()
     await c.send(type="text", context_id="t", text="Hello there.")

@@ -11,6 +11,7 @@ import time
 
 import aiohttp
 
+from tests.nativeclient import NativeClient
 from tests.serverproc import TalkgateServer
 
 
@@ -61,29 +62,6 @@ def test_health_and_ready_from_warm_up_to_ready(tiny_checkpoint):
     assert h == 200 and health["state"] == "ready"
 
 
-class Native:
-    """A native-protocol client: the events it got, the audio bytes per stream, how the socket closed."""
-
-    def __init__(self, ws):
-        self.ws, self.events, self.audio = ws, [], 0
-
-    async def send(self, **msg) -> None:
-        await self.ws.send_str(json.dumps(msg))
-
-    async def until(self, kind: str) -> dict | None:
-        """Events up to the first of type `kind`; None when the socket closed first."""
-        while True:
-            msg = await self.ws.receive(timeout=60)
-            if msg.type == aiohttp.WSMsgType.BINARY:
-                self.audio += len(msg.data) - 16
-            elif msg.type == aiohttp.WSMsgType.TEXT:
-                self.events.append(json.loads(msg.data))
-                if self.events[-1]["type"] == kind:
-                    return self.events[-1]
-            else:
-                return None
-
-
 def test_drain_finishes_contexts_answers_probes_then_closes_1001(tiny_checkpoint):
     """SIGTERM while two contexts wait for more text: /ready says draining at once, /health still
     answers, new sessions (HTTP 503 before the upgrade) and HTTP requests are refused; the context whose
@@ -95,7 +73,7 @@ def test_drain_finishes_contexts_answers_probes_then_closes_1001(tiny_checkpoint
             async with aiohttp.ClientSession() as http:
                 clients = []
                 for cid, frames in (("finishes", 30), ("cut", 200)):    # fixed_frames: no eos by chance
-                    c = Native(await http.ws_connect(srv.ws_url + "/v1/ws"))
+                    c = NativeClient(await http.ws_connect(srv.ws_url + "/v1/ws"))
                     await c.until("session.ready")
                     await c.send(type="context.start", context_id=cid, fixed_frames=frames)
                     await c.send(type="text", context_id=cid, text="An LLM is still streaming this sentence ")
@@ -143,7 +121,7 @@ def test_a_second_signal_cuts_the_drain_short(tiny_checkpoint):
     with TalkgateServer(tiny_checkpoint, "--shutdown-deadline", "600") as srv:
         async def go():
             async with aiohttp.ClientSession() as http:
-                c = Native(await http.ws_connect(srv.ws_url + "/v1/ws"))
+                c = NativeClient(await http.ws_connect(srv.ws_url + "/v1/ws"))
                 await c.until("session.ready")
                 await c.send(type="context.start", context_id="open", fixed_frames=200)
                 await c.send(type="text", context_id="open", text="A context whose text never ends ")
@@ -188,7 +166,7 @@ def test_admin_drain_keeps_the_process_up_until_sigterm(tiny_checkpoint):
                         return r.status, await r.json()
 
                 out["idle"] = await scrape()
-                c = Native(await http.ws_connect(srv.ws_url + "/v1/ws", headers=auth))
+                c = NativeClient(await http.ws_connect(srv.ws_url + "/v1/ws", headers=auth))
                 await c.until("session.ready")
                 await c.send(type="context.start", context_id="a", fixed_frames=30)
                 await c.send(type="text", context_id="a", text="Still streaming ")

@@ -8,7 +8,8 @@ Engine.submit), one turn of the engine (Engine.turn: a step, whose deliver sends
 as one STEP message, or a pending graph capture no context would notice), check the workers' backlogs,
 publish stats every STATS_INTERVAL_S; while nothing is ready it waits on the socket. Warm-up (compiles and the
 first-audio graphs: minutes on a GPU without the compile cache) runs on the main thread first while a second
-thread answers HELLOs and publishes stats (state "warming"), so workers learn the model at once. What is alive after
+thread answers HELLOs and publishes stats (state "warming"), so workers learn the model at once, and a third
+ends the process if the warm-up stalls (gateway/warmup_watchdog.py). What is alive after
 warm-up, and again once every graph is captured, is frozen out of the garbage collector (gateway/heap.py).
 
 The engine never waits for a worker. ZMQ's I/O thread writes the messages out; the engine counts what each
@@ -256,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-contexts", type=int)
     p.add_argument("--seed", type=int)
     p.add_argument("--untrained-length", choices=["text-rule", "runaway"], default="text-rule")
-    p.add_argument("--warmup-stall-s", type=float, default=DEFAULT_STALL_S)
+    p.add_argument("--warmup-stall", type=float, default=DEFAULT_STALL_S)
     args = p.parse_args(argv)
     child_setup()
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s engine{args.index} %(name)s %(levelname)s %(message)s")
@@ -268,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    server = EngineServer(engine, args.endpoint, args.index, str(engine.runner.tts.path), args.warmup_stall_s)
+    server = EngineServer(engine, args.endpoint, args.index, str(engine.runner.tts.path), args.warmup_stall)
     log.info("engine %d: %s on %s/%s, %d slots, bound to %s (pid %d)", args.index, engine.info.name,
              engine.info.device, engine.info.dtype, engine.runner.num_slots, args.endpoint, os.getpid())
     try:

@@ -300,7 +300,7 @@ def run_supervised(args: argparse.Namespace) -> int:
             visible = os.environ.get("CUDA_VISIBLE_DEVICES")      # indices are of the visible GPUs
             ids = visible.split(",") if visible else [str(g) for g in range(count)]
             engines = [{"device": "cuda", "cuda_visible": ids[g]} for g in gpus for _ in range(args.engines)]
-        engine_args = ["--untrained-length", args.untrained_length, "--warmup-stall-s", str(args.warmup_stall)]
+        engine_args = ["--untrained-length", args.untrained_length, "--warmup-stall", str(args.warmup_stall)]
         for flag, value in (("--dtype", args.dtype), ("--max-contexts", args.max_contexts), ("--seed", args.seed)):
             if value is not None:
                 engine_args += [flag, str(value)]
