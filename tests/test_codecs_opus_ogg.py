@@ -212,3 +212,18 @@ def test_ogg_writer_splits_pages_at_255_segments():
     assert parse_pages(pages[-1])[0]["granule"] == 200 * 960
     last = parse_pages(w.last_pages([], 200 * 960 - 500)[0])[0]
     assert last["packets"] == [] and last["flags"] == 0x04 and last["granule"] == 312 + 200 * 960 - 500
+
+
+@pytest.mark.parametrize("encoding", ["opus", "ogg_opus"])
+def test_a_48_khz_opus_stream_is_encoded_from_the_24_khz_pcm(encoding):
+    n = 24000
+    enc = make_stream_encoder(encoding, 48000)
+    units = enc.encode(tone_and_chirp(n, 24000)) + enc.flush()
+    packets = units if encoding == "opus" else [pk for u in units for p in parse_pages(u) for pk in p["packets"]][2:]
+    # CELT's TOC: configurations 24-27 are super-wideband (what a 24-kHz input gives), 28-31 fullband
+    assert {pk[0] >> 3 for pk in packets} <= set(range(24, 28))
+    assert enc.duration_ms() == 20 * len(packets) and enc.samples_out == 960 * len(packets)
+    if encoding == "ogg_opus":
+        head = parse_pages(units[0])[0]["packets"][0]
+        pre_skip, input_rate = struct.unpack("<8sBBHIhB", head)[3:5]
+        assert input_rate == 48000 and pre_skip == 2 * OpusEncoder(24000).lookahead

@@ -6,7 +6,8 @@
     send_all(enc.flush())               # the tail: resampler, partial frame, container end
     enc.duration_ms()                   # audio sent so far (what a cancel reply reports)
 
-The stream is resampled first (pass-through at 24 kHz), then packed by the encoding's packer.
+The stream is resampled first (pass-through at 24 kHz, and for Opus at any rate above it), then packed by
+the encoding's packer.
 """
 from __future__ import annotations
 
@@ -75,7 +76,13 @@ def make_stream_encoder(encoding: str, sample_rate: int, *, frame_ms: int | None
     elif encoding == "aac":
         packer = AacPacker(aac.AacEncoder(sample_rate, bitrate or aac.DEFAULT_BITRATE))
     elif encoding in ("opus", "ogg_opus"):
-        packer = OpusPacker(opus.OpusEncoder(sample_rate, bitrate or opus.DEFAULT_BITRATE), encoding == "ogg_opus")
+        # An Opus stream has no rate of its own: a decoder opened at 48 kHz plays one encoded from 24 kHz PCM
+        # at 48 kHz. So a 48-kHz stream is encoded from the engine's 24-kHz PCM as it is (the same audio: it
+        # has nothing above 12 kHz), without a resampler and its 48-kHz frames (15% less time a packet).
+        enc_rate = min(sample_rate, ENGINE_RATE)
+        packer = OpusPacker(opus.OpusEncoder(enc_rate, bitrate or opus.DEFAULT_BITRATE), encoding == "ogg_opus",
+                            sample_rate)
+        return StreamEncoder(encoding, sample_rate, mime, Resampler(enc_rate, ENGINE_RATE), packer)
     else:
         try:
             packer = SndfilePacker(sndfile.SndfileEncoder(encoding, sample_rate, streaming,
@@ -187,18 +194,20 @@ class WavPacker:
 class OpusPacker:
     """Raw 20 ms Opus packets, or Ogg pages (headers first, one page per encode call).
 
-    samples_out counts 20 ms per packet emitted: the playback time of what was sent.
+    samples_out counts 20 ms per packet emitted at the stream's `sample_rate` (which may be above the
+    encoder's input rate): the playback time of what was sent.
     """
 
-    def __init__(self, encoder: opus.OpusEncoder, ogg: bool):
+    def __init__(self, encoder: opus.OpusEncoder, ogg: bool, sample_rate: int):
         self._enc = encoder
         self._ogg = (OggOpusWriter(encoder.sample_rate, encoder.lookahead, encoder.frame_size,
-                                   serial=random.getrandbits(32)) if ogg else None)
+                                   serial=random.getrandbits(32), stream_rate=sample_rate) if ogg else None)
         self._headers_sent = False
+        self._packet_samples = sample_rate * opus.FRAME_MS // 1000
 
     @property
     def samples_out(self) -> int:
-        return self._enc.packets_out * self._enc.frame_size
+        return self._enc.packets_out * self._packet_samples
 
     def encode(self, x: np.ndarray) -> list[bytes]:
         packets = self._enc.encode(x)

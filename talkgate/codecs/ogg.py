@@ -60,21 +60,23 @@ class OggOpusWriter:
     """Opus packets of a fixed duration -> Ogg pages.
 
     `pre_skip` and `packet_samples` are in samples at `input_rate` (the encoder's rate); the
-    container counts them at 48 kHz.
+    container counts them at 48 kHz. `stream_rate` (default input_rate) is the rate OpusHead names as the
+    original's, which players such as libsndfile decode at: the stream's rate where it is above the encoder's.
     """
 
-    def __init__(self, input_rate: int, pre_skip: int, packet_samples: int, serial: int):
+    def __init__(self, input_rate: int, pre_skip: int, packet_samples: int, serial: int,
+                 stream_rate: int | None = None):
         if GRANULE_RATE % input_rate:
             raise ValueError(f"Ogg/Opus needs an input rate that divides 48000, not {input_rate}")
         self._scale = GRANULE_RATE // input_rate
         self._pager = OggPager(serial)
-        self.input_rate = input_rate
+        self.stream_rate = stream_rate or input_rate
         self.pre_skip = pre_skip * self._scale
         self.packet_granules = packet_samples * self._scale
         self.granule = 0
 
     def headers(self) -> list[bytes]:
-        return [self._pager.page([opus_head(self.pre_skip, self.input_rate)], 0, OggPager.BOS),
+        return [self._pager.page([opus_head(self.pre_skip, self.stream_rate)], 0, OggPager.BOS),
                 self._pager.page([opus_tags()], 0)]
 
     def pages(self, packets: list[bytes]) -> list[bytes]:
