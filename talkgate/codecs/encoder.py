@@ -67,6 +67,7 @@ def make_stream_encoder(encoding: str, sample_rate: int, *, frame_ms: int | None
         raise FormatError(f"bitrate is an integer in bit/s and applies to opus, ogg_opus, mp3 and aac; "
                           f"got {bitrate!r} for {encoding}")
 
+    packer_rate = sample_rate       # the rate the packer takes from the resampler (Opus: at most the engine's)
     if encoding in _RAW:
         width, to_bytes = _RAW[encoding]
         frame_bytes = width * sample_rate * frame_ms // 1000 if frame_ms else None
@@ -79,17 +80,16 @@ def make_stream_encoder(encoding: str, sample_rate: int, *, frame_ms: int | None
         # An Opus stream has no rate of its own: a decoder opened at 48 kHz plays one encoded from 24 kHz PCM
         # at 48 kHz. So a 48-kHz stream is encoded from the engine's 24-kHz PCM as it is (the same audio: it
         # has nothing above 12 kHz), without a resampler and its 48-kHz frames (15% less time a packet).
-        enc_rate = min(sample_rate, ENGINE_RATE)
-        packer = OpusPacker(opus.OpusEncoder(enc_rate, bitrate or opus.DEFAULT_BITRATE), encoding == "ogg_opus",
+        packer_rate = min(sample_rate, ENGINE_RATE)
+        packer = OpusPacker(opus.OpusEncoder(packer_rate, bitrate or opus.DEFAULT_BITRATE), encoding == "ogg_opus",
                             sample_rate)
-        return StreamEncoder(encoding, sample_rate, mime, Resampler(enc_rate, ENGINE_RATE), packer)
     else:
         try:
             packer = SndfilePacker(sndfile.SndfileEncoder(encoding, sample_rate, streaming,
                                                           None if bitrate is None else bitrate // 1000))
         except ValueError as e:
             raise FormatError(str(e)) from e
-    return StreamEncoder(encoding, sample_rate, mime, Resampler(sample_rate, ENGINE_RATE), packer)
+    return StreamEncoder(encoding, sample_rate, mime, Resampler(packer_rate, ENGINE_RATE), packer)
 
 
 class StreamEncoder:
