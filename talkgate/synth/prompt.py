@@ -206,10 +206,10 @@ class Prompts:
             n = min(len(prompt.ref_text_ids), len(track))     # reference text: already in the cached tail
             parts.append((prefix, tail, n, len(track) - n))
             ids += track[n:]
-        text = self.talker.embed_text(self._ids(ids))[0] if ids else None
+        text = self.talker.embed_text(self._ids(ids))[0]            # [sum of m, H]
         out, k = [], 0
-        for prefix, tail, n, m in parts:
-            out.append(torch.cat([prefix, tail[:n], tail[n:] + text[k:k + m] if m else tail[n:]]))
+        for prefix, tail, n, m in parts:                              # tail[n:] has m rows
+            out.append(torch.cat([prefix, tail[:n], tail[n:] + text[k:k + m]]))
             k += m
         return out
 
