@@ -146,6 +146,22 @@ def test_help_imports_nothing_heavy():
     assert "talkgate" in imported and not imported & {"torch", "numpy", "aiohttp"}
 
 
+def test_serves_checks_before_the_engines_start_import_no_torch(tiny_checkpoint):
+    """The supervisor of `talkgate serve` checks --device and --model before it starts the engine processes;
+    importing torch there (3-5 s on a GPU host) delayed every start by as much."""
+    code = ("import sys\n"
+            "from talkgate.gateway import serve, supervisor\n"
+            "from talkgate.gateway.args import CommandError, check_device, cuda_device_count, torch_cuda_version\n"
+            "from talkgate.synth.checkpoint_dir import resolve_path\n"
+            "try:\n    check_device('cuda:99')\nexcept CommandError as e:\n    print(e)\n"
+            f"resolve_path({str(tiny_checkpoint)!r}); cuda_device_count(); torch_cuda_version()\n"
+            "print('torch' in sys.modules)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    error, imported = done.stdout.splitlines()
+    assert error.startswith("--device cuda:99: ") and imported == "False"
+
+
 def test_every_mistake_is_one_line_and_exit_2_before_the_model_loads(tmp_path, tiny_checkpoint):
     """Each answer is one line on stderr and nothing else: so no model was loaded (that logs and prints
     the model info) and no traceback was printed."""

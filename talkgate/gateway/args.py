@@ -118,9 +118,56 @@ def device(text: str) -> str:
 
 def check_device(name: str | None) -> str:
     """The device to run on (None: cuda when one is visible, else cpu); CommandError when this machine
-    or this torch build cannot run on it. Imports torch unless the device is cpu."""
+    or this torch build cannot run on it. Imports no torch: the supervisor of `talkgate serve` checks
+    this before it starts the engine processes, and importing torch there (3-5 s on an H100 host) delayed
+    every start by that much (docs/benchmarks.md, issue 22)."""
     if name == "cpu":
         return name
+    count = cuda_device_count()
+    if name is None:
+        return "cuda" if count and torch_cuda_version() else "cpu"
+    if torch_cuda_version() is None:
+        raise CommandError(f"--device {name}: this torch build has no CUDA support; "
+                           "use --device cpu, or install a CUDA build of torch")
+    if not count:
+        raise CommandError(f"--device {name}: no CUDA device is visible (no GPU, no driver, or CUDA_VISIBLE_DEVICES "
+                           "hides them); use --device cpu")
+    index = int(name.partition(":")[2] or 0)
+    if index >= count:
+        raise CommandError(f"--device {name}: this machine has {count} CUDA device(s), cuda:0 to cuda:{count - 1}")
+    return name
+
+
+def cuda_device_count() -> int:
+    """CUDA devices visible to this process (CUDA_VISIBLE_DEVICES applies), asked of the driver as torch
+    asks it; 0 without a driver or a device. Creates no context on any GPU."""
+    import ctypes
+
+    try:
+        cuda = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return 0
+    count = ctypes.c_int(0)
+    if cuda.cuInit(0) != 0 or cuda.cuDeviceGetCount(ctypes.byref(count)) != 0:
+        return 0
+    return count.value
+
+
+def torch_cuda_version() -> str | None:
+    """The CUDA version the installed torch was built for (torch.version.cuda), read from its version.py
+    without importing torch; None for a CPU build."""
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.find_spec("torch")
+    if spec is None or spec.origin is None:
+        return None
+    try:
+        text = Path(spec.origin).with_name("version.py").read_text()
+    except OSError:
+        return None
+    found = re.search(r"^cuda\s*(?::[^=]*)?=\s*['\"]([^'\"]+)['\"]", text, re.M)
+    return found.group(1) if found else None
     import torch
 
     if name is None:

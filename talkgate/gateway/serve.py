@@ -33,13 +33,13 @@ MAX_DEFAULT_WORKERS = 32     # docs/benchmarks.md: 8 workers ran 0.6-0.8 cores e
 
 def default_checkpoint() -> Path:
     """The built-in default: a random-weight `mini` checkpoint, created once and cached."""
-    from talkgate.synth.checkpoint import create_checkpoint
-
     from talkgate.synth.compile_cache import cache_root
 
     root = cache_root()
     path = root / f"{DEFAULT_PRESET}-custom_voice"
     if not (path / "config.json").exists():
+        from talkgate.synth.checkpoint import create_checkpoint     # torch: only to create it
+
         tmp = path.with_name(path.name + ".partial")
         try:
             root.mkdir(parents=True, exist_ok=True)
@@ -221,7 +221,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         device = cli_args.check_device(args.device)
         if args.model:
-            from talkgate.synth.loader import resolve_path     # imports torch: after the cheap checks
+            from talkgate.synth.checkpoint_dir import resolve_path
             resolve_path(args.model)                    # CheckpointError: no such directory, not reachable, ...
         engine = _load(args, device)
         config = server_config(args)
@@ -283,7 +283,7 @@ def run_supervised(args: argparse.Namespace) -> int:
     try:
         device = cli_args.check_device(args.device)
         if args.model:
-            from talkgate.synth.loader import resolve_path
+            from talkgate.synth.checkpoint_dir import resolve_path
             resolve_path(args.model)
         model = args.model or str(default_checkpoint())
         if device == "cpu":
@@ -291,11 +291,10 @@ def run_supervised(args: argparse.Namespace) -> int:
                 raise CommandError("--gpus needs a GPU (--device cuda)")
             engines = [{"device": "cpu", "cuda_visible": None}] * args.engines
         else:
-            import torch
             if args.engines > 1 and args.max_contexts is None:
                 raise CommandError("--engines above 1 on a GPU needs --max-contexts (each engine process would size "
                                    "its slots from the whole GPU's free memory)")
-            count = torch.cuda.device_count()
+            count = cli_args.cuda_device_count()
             gpus = gpu_indices(args.gpus, count) if args.gpus or device == "cuda" else [int(device.split(":")[1])]
             visible = os.environ.get("CUDA_VISIBLE_DEVICES")      # indices are of the visible GPUs
             ids = visible.split(",") if visible else [str(g) for g in range(count)]

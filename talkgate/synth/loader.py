@@ -24,14 +24,13 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import urlparse
 
 import torch
 
 from talkgate.synth.api import ModelInfo, end_of_speech
+from talkgate.synth.checkpoint_dir import CheckpointError, resolve_path
 from talkgate.synth.codec_decoder import CodecCheckpointError, load_codec_decoder
 from talkgate.synth.codec_encoder import CodecEncoder, load_codec_encoder
 from talkgate.synth.config import ConfigError, GenerationConfig, TTSConfig
@@ -42,10 +41,6 @@ from talkgate.synth.tokenizer import QwenTokenizer
 
 _FLOAT_DTYPES = ("F32", "F16", "BF16", "F64")
 UNUSED_PREFIXES = ("speaker_encoder.",)
-
-
-class CheckpointError(ValueError):
-    """A checkpoint that cannot be loaded; the message names the file (and tensor)."""
 
 
 @dataclass
@@ -79,40 +74,6 @@ def official_names(talker: Talker, predictor: CodePredictor,
                 official = "speaker_encoder." + name
             names[official] = (module_name, name)
     return names
-
-
-def resolve_path(path_or_id: str | os.PathLike) -> Path:
-    """A local directory, or a Hugging Face repo id downloaded with huggingface_hub (fails fast offline)."""
-    path = Path(path_or_id).expanduser()
-    if path.exists():
-        if not path.is_dir():
-            raise CheckpointError(f"{path}: not a directory (expected a checkpoint directory)")
-        return path
-    text = str(path_or_id)
-    parts = text.split("/")
-    if len(parts) != 2 or not all(parts) or text.startswith((".", "/", "~")):
-        raise CheckpointError(f"{text}: no such checkpoint directory (and not a Hugging Face id like Org/Name)")
-    from huggingface_hub import snapshot_download
-    try:
-        return Path(snapshot_download(text, local_files_only=True))
-    except Exception:
-        pass                                     # not cached: download
-    endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co")
-    url = urlparse(endpoint)
-    host, port = url.hostname or "huggingface.co", url.port or (443 if url.scheme == "https" else 80)
-    if os.environ.get("HF_HUB_OFFLINE", "0") not in ("", "0", "false", "False"):
-        raise CheckpointError(f"{text}: not in the local Hugging Face cache and HF_HUB_OFFLINE is set; "
-                              "pass a checkpoint directory")
-    try:
-        socket.create_connection((host, port), timeout=3).close()
-    except OSError as e:
-        raise CheckpointError(f"{text}: not in the local Hugging Face cache and {host}:{port} is unreachable "
-                              f"({e}); pass a checkpoint directory (e.g. one made by `talkgate checkpoint "
-                              "create`)") from None
-    try:
-        return Path(snapshot_download(text))
-    except Exception as e:
-        raise CheckpointError(f"{text}: download from {endpoint} failed: {e}") from e
 
 
 def _read_json(path: Path) -> dict:
