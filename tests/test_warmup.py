@@ -13,8 +13,9 @@ from talkgate.synth import compile_cache
 from talkgate.synth.api import ContextParams
 from talkgate.synth.engine import capture_slack, unnoticed
 from talkgate.synth.request import Request
-from talkgate.synth.runner import (PLAIN_WHEN_PRIMING, _batch_dynamic, _compiled_graphs, batch_buckets,
-                                   compile_hot_functions, fit_bucket, plain_functions)
+from talkgate.synth.precompiled import PrecompiledFunction
+from talkgate.synth.runner import (PLAIN_WHEN_PRIMING, _compiled_graphs, batch_buckets, compile_hot_functions,
+                                   fit_bucket, plain_functions)
 from talkgate.synth.scheduler import Scheduler
 
 GPU = {"name": "NVIDIA H100 80GB HBM3", "capability": "90", "sms": 132}
@@ -87,14 +88,14 @@ def test_captures_wait_until_no_context_would_notice():
     assert not unnoticed(s, now=10.0)
 
 
-def test_compiled_functions_are_bound_to_the_model_not_its_classes(tiny_checkpoint):
+def test_compiled_functions_are_bound_to_the_model_not_its_classes(tiny_checkpoint, tmp_path):
     from talkgate.synth import codec_decoder, model
     from talkgate.synth.loader import load_tts
     plain = {(cls, name): getattr(cls, name) for cls, name in ((model.RMSNorm, "forward"), (model.Attention, "qkv"),
                                                              (codec_decoder.CodecDecoder, "convs"))}
     tts, other = load_tts(tiny_checkpoint), load_tts(tiny_checkpoint)
-    n = compile_hot_functions(tts.talker, tts.code_predictor, tts.codec_decoder)
-    assert n > 10 and compile_hot_functions(tts.talker) == 0                 # idempotent
+    n = compile_hot_functions(tts.talker, tts.code_predictor, tts.codec_decoder, folder=tmp_path)
+    assert n > 10 and compile_hot_functions(tts.talker, folder=tmp_path) == 0          # idempotent
     for (cls, name), fn in plain.items():
         assert getattr(cls, name) is fn                                        # classes untouched
     norm = tts.talker.layers[0].input_layernorm
@@ -111,21 +112,53 @@ def test_compiled_functions_are_bound_to_the_model_not_its_classes(tiny_checkpoi
     assert vars(tts.codec_decoder)["convs"] is compiled and torch.backends.cudnn.benchmark == search
 
 
-def test_one_graph_for_every_batch_of_two_or_more_and_one_for_a_single_row():
-    from talkgate.synth import codec_decoder
+KINDS_SCRIPT = """
+import logging, sys, torch
+from talkgate.synth import codec_decoder, precompiled
+from talkgate.synth.runner import _compiled_graphs
+precompiled.enable()
+residual = precompiled.PrecompiledFunction(codec_decoder.RMSNorm.residual, sys.argv[1])
+norm = codec_decoder.RMSNorm(8, 1e-5)
+torch.manual_seed(0)
+with torch.inference_mode():
+    for shape in ((5, 2, 8), (1, 2, 8), (4, 3, 8), (7, 2, 8)):
+        x, delta = torch.randn(shape), torch.randn(shape)
+        out, normed = residual(norm, x, norm.weight, delta)
+        assert torch.allclose(out, x + delta) and torch.allclose(normed, norm(x + delta), atol=1e-5)
+print(len(residual.kinds), residual.compiled, _compiled_graphs())
+"""
+
+
+def test_compiled_kinds_are_kept_and_the_next_process_loads_them_without_tracing(tmp_path, caplog):
+    """One kind for every batch of 2 or more, one for a single row, one for another static size; each saved
+    once; a new process loads all three and traces nothing (Dynamo's count of graphs stays 0)."""
+    import subprocess
+    import sys
+
+    from talkgate.synth import codec_decoder, precompiled
+    precompiled.enable()
+    folder = tmp_path / "residual"
     norms = [codec_decoder.RMSNorm(8, 1e-5) for _ in range(2)]
-    residual = _batch_dynamic(torch.compile(codec_decoder.RMSNorm.residual, backend="eager"))
-    before = _compiled_graphs()
+    residual = PrecompiledFunction(codec_decoder.RMSNorm.residual, folder)
+    call = residual.function()                                                  # what compile_hot_functions binds
     with torch.inference_mode():
         for b, norm in ((5, norms[0]), (3, norms[1]), (2, norms[0]), (8, norms[1])):
             x, delta = torch.randn(b, 2, 8), torch.randn(b, 2, 8)
-            out, normed = residual(norm, x, norm.weight, delta)                # a parameter: never marked
+            out, normed = call(norm, x, norm.weight, delta)                    # a parameter: never marked
             assert torch.allclose(out, x + delta) and normed.shape == (b, 2, 8)
-        assert _compiled_graphs() - before == 1
-        residual(norms[0], torch.randn(1, 2, 8), norms[0].weight, torch.randn(1, 2, 8))
-        assert _compiled_graphs() - before == 2                                # size 1 stays a kind of its own
-        residual(norms[0], torch.randn(4, 3, 8), norms[0].weight, torch.randn(4, 3, 8))
-        assert _compiled_graphs() - before == 3                                # the other sizes were static
+        assert residual.compiled == 1 and len(list(folder.glob("*.aot"))) == 1
+        call(norms[0], torch.randn(1, 2, 8), norms[0].weight, torch.randn(1, 2, 8))
+        assert residual.compiled == 2                                          # size 1 stays a kind of its own
+        call(norms[0], torch.randn(4, 3, 8), norms[0].weight, torch.randn(4, 3, 8))
+        assert residual.compiled == 3 and len(list(folder.glob("*.aot"))) == 3  # the other sizes were static
+    run = subprocess.run([sys.executable, "-c", KINDS_SCRIPT, str(folder)], capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.split() == ["3", "0", "0"]                     # 3 kinds loaded, none compiled, nothing traced
+    (folder / "0000.aot").write_bytes(b"not an artifact")                       # cut short, or another torch's
+    again = PrecompiledFunction(codec_decoder.RMSNorm.residual, folder)
+    with torch.inference_mode():
+        again(norms[0], torch.randn(3, 2, 8), norms[0].weight, torch.randn(3, 2, 8))
+    assert len(again.kinds) == 3 and again.compiled == 0 and "0000.aot: not loaded" in caplog.text
 
 
 def test_warmup_command_on_cpu_has_nothing_to_do(tiny_checkpoint, capsys):
@@ -138,3 +171,19 @@ def test_warmup_command_takes_serves_model_flags(capsys):
         main(["warmup", "--help"])
     out = capsys.readouterr().out
     assert all(flag in out for flag in ("--model", "--device", "--dtype", "--max-contexts"))
+
+
+def test_artifacts_are_kept_per_version_of_the_model_code_and_only_the_last_few(tmp_path):
+    import time
+
+    from talkgate.synth import precompiled
+    old = [tmp_path / f"old{i}" for i in range(precompiled.KEEP_VERSIONS + 1)]
+    for i, folder in enumerate(old):
+        folder.mkdir()
+        (folder / "x.aot").write_bytes(b"")
+        os.utime(folder, (time.time() - 1000 + i, time.time() - 1000 + i))     # old0 used longest ago
+    folder = precompiled.code_folder(tmp_path)
+    assert folder.name == precompiled.code_digest() and folder.is_dir()
+    kept = sorted(p.name for p in tmp_path.iterdir())
+    assert kept == sorted([folder.name] + [p.name for p in old[-(precompiled.KEEP_VERSIONS - 1):]])
+    assert precompiled.code_folder(tmp_path) == folder and folder.is_dir()              # the same code: the same

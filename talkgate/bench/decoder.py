@@ -63,8 +63,10 @@ def bench_precision(name, path, batches, iters, gen, engine_compile=False):
     set_tf32(tf32)
     model = load_codec_decoder(path, "cuda", dtype)
     if engine_compile:
+        import tempfile
+
         from talkgate.synth.runner import compile_hot_functions
-        compile_hot_functions(model)
+        compile_hot_functions(model, folder=tempfile.mkdtemp(prefix="talkgate-bench-functions-"))
     cfg = model.config
     slots_total = max(batches) + 1
     state = model.alloc_state(slots_total)

@@ -9,10 +9,10 @@ container does not have. `use` points both at one folder under the talkgate cach
 (TALKGATE_CACHE, else ~/.cache/talkgate), named by what makes a binary reusable: the GPU (name, compute
 capability), the library versions (torch, CUDA, cuDNN, Triton, Python) and the model's shape and dtypes. The
 caches inside are content-addressed (a changed kernel or graph gets a new entry), so talkgate's own
-version is not part of the name. `talkgate warmup` fills a folder ahead of time (e.g. when an image is
-built). TORCHINDUCTOR_CACHE_DIR or TRITON_CACHE_DIR set by the operator win. What is not kept: Dynamo's
-tracing of the Python functions (seconds, done again at every start) and cuDNN's algorithm search (per
-process).
+version is not part of the name. The compiled functions themselves, traced, are kept in its FUNCTIONS
+subfolder (synth/precompiled.py, per version of the model code), so that a start does not trace them again.
+`talkgate warmup` fills a folder ahead of time (e.g. when an image is built). TORCHINDUCTOR_CACHE_DIR or
+TRITON_CACHE_DIR set by the operator win. What is not kept: cuDNN's algorithm search (per process).
 """
 from __future__ import annotations
 
@@ -27,6 +27,7 @@ from pathlib import Path
 log = logging.getLogger("talkgate.compile_cache")
 
 ENV = ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")
+FUNCTIONS = "functions"          # subfolder: the compiled functions with their traces (synth/precompiled.py)
 OPERATOR = {var: os.environ.get(var) for var in ENV}    # set before talkgate ran: kept
 
 

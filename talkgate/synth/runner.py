@@ -46,11 +46,12 @@ import time
 import types
 from collections import OrderedDict
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
 
-from talkgate.synth import compile_cache
+from talkgate.synth import compile_cache, precompiled
 from talkgate.synth.api import FRAME_SAMPLES, SAMPLE_RATE, SamplingParams, VoicePrompt
 from talkgate.synth.model import sample_codes
 from talkgate.synth.prompt import CLONE_MAX_PROMPT
@@ -97,8 +98,10 @@ def batch_buckets(max_batch: int) -> list[int]:
 
 class Runner:
     def __init__(self, tts, num_slots: int, max_frames: int, max_prompt: int, max_batch: int,
-                 device: torch.device, dtype: torch.dtype, cuda_graphs: bool = True, torch_compile: bool = True):
-        """tts: synth.loader.LoadedTTS. A slot holds max_prompt + max_frames Talker positions."""
+                 device: torch.device, dtype: torch.dtype, cuda_graphs: bool = True, torch_compile: bool = True,
+                 compile_folder: Path | None = None):
+        """tts: synth.loader.LoadedTTS. A slot holds max_prompt + max_frames Talker positions. On CUDA with
+        torch_compile, compile_folder keeps the compiled functions (compile_hot_functions)."""
         self.tts, self.device, self.dtype = tts, device, dtype
         self.talker, self.predictor, self.decoder = tts.talker, tts.code_predictor, tts.codec_decoder
         self.num_slots, self.max_frames, self.max_prompt = num_slots, max_frames, max_prompt
@@ -114,8 +117,10 @@ class Runner:
         # compile_hot_functions); replayed inside the CUDA graphs they cost no Python time
         self.compiled = torch_compile and device.type == "cuda"
         if self.compiled:
+            if compile_folder is None:
+                raise ValueError("torch_compile on CUDA needs a compile_folder for the compiled functions")
             log.info("torch.compile: %d methods of the model bound to compiled functions",
-                     compile_hot_functions(self.talker, self.predictor, self.decoder))
+                     compile_hot_functions(self.talker, self.predictor, self.decoder, folder=compile_folder))
         S, H, B = num_slots + 1, self.talker.hidden_size, max(self.max_batch, 2)
         with torch.device(device):
             self.talker.setup_cache(S, max_prompt + max_frames, device, dtype)
@@ -486,30 +491,34 @@ def _compiled_graphs() -> int:
 HOT_FUNCTIONS = (("model", "RMSNorm", "forward"), ("model", "RMSNorm", "residual"), ("model", "Attention", "qkv"),
                  ("model", "MLP", "forward"), ("codec_decoder", "RMSNorm", "residual"), ("codec_decoder", "Mlp", "forward"),
                  ("codec_decoder", "CodecDecoder", "codes_in"), ("codec_decoder", "CodecDecoder", "convs"))
-_compiled: dict = {}                     # function -> its torch.compile'd version, shared by every instance
+_compiled: dict = {}           # (function, folder) -> its compiled version (a plain function), shared by every instance
 
 
-def compile_hot_functions(*modules: torch.nn.Module) -> int:
+def compile_hot_functions(*modules: torch.nn.Module, folder: str | os.PathLike) -> int:
     """torch.compile the model's leaf functions that every layer and every codebook calls (RMSNorm,
     q/k/v with q/k norm and RoPE, the SwiGLU MLP; the decoder transformer's SwiGLU MLP and layer-scaled
     residual add with the next norm), and the decoder's parts before and after its transformer whole
     (CodecDecoder.codes_in, CodecDecoder.convs: the SnakeBetas, conv tails and window gathers fused around
     the multiplies): a frame is otherwise about 7,000 kernels of 1-5 us, mostly elementwise. Small graphs
-    compile in seconds, the decoder's parts in about a minute (a whole-step compile took over 5 minutes);
-    synth/compile_cache.py keeps the results for the next start. Bound onto the instances inside `modules`
-    only (the classes, and other models such as a CPU copy, keep the plain functions); one compiled
-    function per method, shared by all its instances, as Dynamo compiles per kind of input, not per
-    instance. Idempotent; returns how many methods were bound."""
+    compile in seconds, the decoder's parts in about a minute (a whole-step compile took over 5 minutes).
+    Compiled ahead of time, one kind of input at a time, and kept with their traces under `folder`
+    (synth/precompiled.py; their kernels under compile_cache's folder), so that the next start loads them.
+    Bound onto the instances inside `modules` only (the classes, and other models such as a CPU copy, keep
+    the plain functions); one compiled function per method, shared by all its instances, as a kind of input
+    is a kind whatever the instance. Idempotent; returns how many methods were bound."""
     import importlib
 
     # A function compiles once for each kind of input it meets (TORCH_LOGS=recompiles on the H100: a batch of
     # 1 or more, as dynamo specializes size 1; a contiguous tensor or a slice; made inside or outside
-    # inference mode, whose dispatch keys differ; a prefill's length). Past the default limit of 8, which
-    # RMSNorm.residual passed at the end of a 1.7B warm-up (9 kinds), dynamo runs each new kind unfused
-    # inside the graphs. Only the batch is marked dynamic (_batch_dynamic): with every size symbolic
-    # (dynamic=True) a restart's Dynamo traces took 2-3x as long (the decoder's convs 13-17 s against 6 s at
-    # 1.7B on an H100) for kernels no faster (docs/benchmarks.md, issue 22).
+    # inference mode, whose dispatch keys differ; a prefill's length). Only the batch is marked dynamic
+    # (precompiled._mark_batch_dynamic): with every size symbolic (dynamic=True) a restart's Dynamo traces took
+    # 2-3x as long (the decoder's convs 13-17 s against 6 s at 1.7B on an H100) for kernels no faster
+    # (docs/benchmarks.md, issue 22). The recompile limit bounds the kinds torch.compile's own path keeps
+    # where a kind could not be compiled ahead of time (past the default of 8, which RMSNorm.residual passed
+    # at the end of a 1.7B warm-up with 9 kinds, dynamo ran each new kind unfused inside the graphs).
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
+    precompiled.enable()
+    folder = precompiled.code_folder(folder)
     # Not the decoder's whole step: it updates the per-slot state pools in place, which inductor copies
     # whole (5 ms a step). The sampler is one Triton kernel of its own (synth/sample_kernel.py).
     hot = {(getattr(importlib.import_module(f"talkgate.synth.{mod}"), cls), name) for mod, cls, name in HOT_FUNCTIONS}
@@ -519,25 +528,12 @@ def compile_hot_functions(*modules: torch.nn.Module) -> int:
             for owner, name in hot:
                 if isinstance(m, owner) and name not in vars(m):
                     fn = getattr(type(m), name)
-                    if fn not in _compiled:
-                        _compiled[fn] = _batch_dynamic(torch.compile(fn))
-                    setattr(m, name, types.MethodType(_compiled[fn], m))
+                    if (fn, folder) not in _compiled:
+                        where = folder / f"{fn.__module__}.{fn.__qualname__}"
+                        _compiled[fn, folder] = precompiled.PrecompiledFunction(fn, where).function()
+                    setattr(m, name, types.MethodType(_compiled[fn, folder], m))
                     bound += 1
     return bound
-
-
-def _batch_dynamic(compiled):
-    """compiled, with the leading (batch) dimension of its tensor arguments marked dynamic when it is more
-    than 1 (parameters never): one graph for every batch of 2 or more, every other size static until it
-    is seen to change (Dynamo's automatic dynamic shapes: a prefill's length)."""
-    def call(self, *args):
-        if torch.compiler.is_compiling():        # inlined into another compiled function: its inputs' marks rule
-            return compiled(self, *args)
-        for a in args:
-            if isinstance(a, torch.Tensor) and not isinstance(a, torch.nn.Parameter) and a.dim() and a.shape[0] > 1:
-                torch._dynamo.maybe_mark_dynamic(a, 0)
-        return compiled(self, *args)
-    return call
 
 
 # Priming decodes up to PRIME_CHUNK frames a call, once per stored voice, with the plain functions: the
@@ -613,6 +609,7 @@ def load_runner(path_or_id, device=None, dtype=None, max_contexts=None, max_fram
     tts = load_tts(path_or_id, device=device, dtype=dtype, decoder_dtype=decoder_dtype,
                    untrained_length=untrained_length)
     t_loaded = time.perf_counter()
+    folder = None
     if device.type == "cuda":                  # before anything compiles: the caches' folder for this model here
         gpu, versions, shape = compile_cache.describe(tts, device, decoder_dtype)
         folder = compile_cache.use(compile_cache.cache_key(gpu, versions, shape),
@@ -629,7 +626,7 @@ def load_runner(path_or_id, device=None, dtype=None, max_contexts=None, max_fram
             if device.type == "cuda" else 16
     runner = Runner(tts, num_slots=max_contexts, max_frames=max_frames_per_context, max_prompt=max_prompt,
                     max_batch=min(max_batch, max_contexts), device=device, dtype=dtype, cuda_graphs=cuda_graphs,
-                    torch_compile=torch_compile)
+                    torch_compile=torch_compile, compile_folder=folder and folder / compile_cache.FUNCTIONS)
     # the cold start's first part (docs/benchmarks.md): what came before the load is the interpreter and imports
     age = process_age_s()
     log.info("loaded: checkpoint %.2f s, runner (slots, compiled functions bound) %.2f s; process start -> here %s",
