@@ -68,6 +68,10 @@ PREFILL_ROWS = (1, 2, 4)               # prefill graph buckets: new contexts per
 # largest (a batch pads up to the nearest captured bucket); the others one at a time afterwards, when no
 # context would notice (Engine, docs/engine.md)
 FIRST_AUDIO_BATCH = 16
+# Of those, the decode graphs of 2 to FIRST_AUDIO_BATCH rows are captured with cuDNN's heuristic algorithms
+# and captured again after its search once the engine is ready, first of the pending ones: the search took
+# about 1.2 s a batch size for the decoder's convolutions on an H100, 4.7 s of a 1.7B restart's 26 s
+# (docs/benchmarks.md, issue 22)
 NO_EOS = 1 << 40                       # eos allowed from this frame on, for fixed_frames contexts: never
 EOS_FROM = 2                           # the reference's min_new_tokens
 DEFAULT_MAX_PROMPT = 128               # prompt positions a slot holds (Base: CLONE_MAX_PROMPT, a 30 s ICL voice)
@@ -399,13 +403,16 @@ class Runner:
         self._pool, self._stream = torch.cuda.graph_pool_handle(), torch.cuda.Stream()
         B = self.buckets[-1]
         first = [b for b in self.buckets if b <= FIRST_AUDIO_BATCH or b == B]
+        searched_later = [("decode", b) for b in first if 1 < b < B]
         for b in reversed(first):
             for part in PARTS:
-                self._timed(f"{part}@{b}", self._capture, (part, b), self._parts[part], b)
+                with cudnn_heuristics() if (part, b) in searched_later else contextlib.nullcontext():
+                    self._timed(f"{part}@{b}", self._capture, (part, b), self._parts[part], b)
             self.captured.insert(0, b)
         for rows in reversed(self.prefill_rows):
             for T in reversed(self.prefill_lens):
                 self._timed(f"prefill {rows}x{T}", self._capture, ("prefill", rows, T), self._prefill_step, rows, T)
+        self.pending.extend(searched_later)
         self.pending.extend((part, b) for b in self.buckets if b not in first for part in PARTS)
         t0 = time.perf_counter()
         while not first_audio_only and self.capture_next() is not None:
@@ -417,7 +424,8 @@ class Runner:
 
     def capture_next(self) -> float | None:
         """Capture the next pending batch graph (engine thread, between steps) and return its
-        milliseconds; None when none is pending. A bucket serves batches once its three graphs are."""
+        milliseconds; None when none is pending. A bucket serves batches once its three graphs are; a graph
+        captured again (after cuDNN's search) replaces the one that served until then."""
         if not self.pending:
             return None
         t0 = time.perf_counter()
@@ -427,7 +435,7 @@ class Runner:
             self._dummy_inputs()                # only the dummy slot's state changes
             self._capture((part, b), self._parts[part], b)
         self.captured_later.append(self.pending.popleft())
-        if part == PARTS[-1]:
+        if part == PARTS[-1] and b not in self.captured:
             bisect.insort(self.captured, b)
         if not self.pending:
             torch.cuda.empty_cache()
