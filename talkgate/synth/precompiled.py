@@ -11,8 +11,9 @@ of one or of any number of rows, a slice or a whole tensor, inference mode or no
 refuses another, so a PrecompiledFunction keeps every kind it has met: a call runs the first whose guards
 pass, a kind not met before is compiled ahead of time then and written next to the others. Once a kind
 cannot be compiled that way (a graph break, an object the artifact cannot hold), the function's kinds not
-saved run torch.compile's usual path, traced at every start. Artifacts hold the bytecode of the functions they traced, so they are kept
-per version of talkgate's model code (`code_digest`): changed code compiles again, never runs stale.
+saved run torch.compile's usual path, traced at every start. Artifacts hold the bytecode of the functions
+they traced, so they are kept per version of talkgate's model code (`code_folder`): changed code compiles
+again, never runs stale.
 """
 from __future__ import annotations
 
@@ -73,7 +74,7 @@ class PrecompiledFunction:
 
     def function(self):
         """A plain function to bind as a method: Dynamo inlines plain functions into the traces of the
-        compiled functions that call them (RMSNorm.residual calls self(x)), and sees fn there."""
+        compiled functions that call them (Attention.qkv calls its q_norm's forward), and sees fn there."""
         fn = self.fn
 
         def call(*args):
@@ -116,10 +117,14 @@ class PrecompiledFunction:
                 kind = torch.compile(self.fn, fullgraph=True).aot_compile((args, {}))
                 data = type(kind).serialize(kind).serialized_data
             except Exception as e:
+                first_line = str(e).splitlines()[0] if str(e) else ""
                 log.warning("%s: a kind of input not compiled ahead of time; its kinds not saved are traced at "
-                            "every start (%s: %s)", self.name, type(e).__name__, str(e).splitlines()[0] if str(e) else "")
+                            "every start (%s: %s)", self.name, type(e).__name__, first_line)
             else:
-                _write(self.folder, hashlib.sha256(data).hexdigest()[:16] + SUFFIX, data)
+                try:
+                    _write(self.folder, hashlib.sha256(data).hexdigest()[:16] + SUFFIX, data)
+                except OSError as e:              # a full or read-only cache: the kind runs, compiled again next start
+                    log.warning("%s: a compiled kind not saved (%s)", self.name, e)
                 kind.disable_guard_check()
                 self.kinds.insert(0, kind)
                 self.compiled += 1
