@@ -134,6 +134,7 @@ def test_compiled_kinds_are_kept_and_the_next_process_loads_them_without_tracing
     once; a new process loads all three and traces nothing (Dynamo's count of graphs stays 0)."""
     import subprocess
     import sys
+    import time
 
     from talkgate.synth import codec_decoder, precompiled
     precompiled.enable()
@@ -155,10 +156,14 @@ def test_compiled_kinds_are_kept_and_the_next_process_loads_them_without_tracing
     assert run.returncode == 0, run.stderr[-2000:]
     assert run.stdout.split() == ["3", "0", "0"]                     # 3 kinds loaded, none compiled, nothing traced
     (folder / "0000.aot").write_bytes(b"not an artifact")                       # cut short, or another torch's
+    for name, age in (("old.tmp", precompiled.STALE_WRITE_S + 60), ("new.tmp", 0)):   # partial writes
+        (folder / name).write_bytes(b"")
+        os.utime(folder / name, (time.time() - age,) * 2)
     again = PrecompiledFunction(codec_decoder.RMSNorm.residual, folder)
     with torch.inference_mode():
         again(norms[0], torch.randn(3, 2, 8), norms[0].weight, torch.randn(3, 2, 8))
     assert len(again.kinds) == 3 and again.compiled == 0 and "0000.aot: not loaded" in caplog.text
+    assert not (folder / "old.tmp").exists() and (folder / "new.tmp").exists()       # another process's, maybe
 
 
 def test_warmup_command_on_cpu_has_nothing_to_do(tiny_checkpoint, capsys):

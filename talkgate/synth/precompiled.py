@@ -31,6 +31,7 @@ log = logging.getLogger("talkgate.precompiled")
 
 MAX_KINDS = 64          # kinds one function keeps; past it, torch.compile's own path (bounded by its recompile limit)
 KEEP_VERSIONS = 4       # versions of the model code whose artifacts are kept (about 60 MB each for 1.7B)
+STALE_WRITE_S = 3600    # a partial write this old was cut short (its process killed): removed
 SUFFIX = ".aot"
 
 
@@ -97,6 +98,12 @@ class PrecompiledFunction:
     def _load(self) -> None:
         self.loaded = True
         t0 = time.perf_counter()
+        for path in self.folder.glob("*.tmp") if self.folder.is_dir() else ():
+            try:
+                if time.time() - path.stat().st_mtime > STALE_WRITE_S:
+                    path.unlink()
+            except OSError:                        # another process removed it first
+                pass
         for path in sorted(self.folder.glob(f"*{SUFFIX}")) if self.folder.is_dir() else ():
             try:
                 with open(path, "rb") as f:
