@@ -328,3 +328,28 @@ def test_server_is_unharmed(server):
 
     assert asyncio.run(go()) == []
     assert "Traceback" not in server.log()
+
+
+def test_frames_written_together_parse_as_rfc_6455_frames_of_every_length():
+    """Connection writes the frames queued together with one transport write (GatewayWebSocket.write_frames);
+    each is an unmasked final frame, text or binary, in every length encoding (7-bit, 16-bit, 64-bit)."""
+    from websockets.frames import Frame, Opcode
+    from websockets.streams import StreamReader
+
+    from talkgate.gateway.websocket import server_frame
+    messages = ["", "é" * 70, "x" * 125, b"", b"\x01" * 125, b"\x02" * 126, b"\x03" * 65535, b"\x04" * 65536]
+    reader = StreamReader()
+    reader.feed_data(b"".join(map(server_frame, messages)))
+    reader.feed_eof()
+    for message in messages:
+        parse = Frame.parse(reader.read_exact, mask=False)
+        with pytest.raises(StopIteration) as done:
+            while True:
+                next(parse)
+        frame = done.value.value
+        assert frame.fin and not (frame.rsv1 or frame.rsv2 or frame.rsv3)
+        if isinstance(message, str):
+            assert frame.opcode is Opcode.TEXT and frame.data.decode() == message
+        else:
+            assert frame.opcode is Opcode.BINARY and frame.data == message
+    assert reader.at_eof()

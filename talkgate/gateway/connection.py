@@ -26,7 +26,7 @@ from typing import Callable
 
 from aiohttp import WSMsgType, web
 
-from talkgate.gateway.delivery import Delivery, ws_frame_bytes
+from talkgate.gateway.delivery import Delivery
 from talkgate.gateway.engine_client import EngineClient
 from talkgate.gateway.outbox import Outbox, OutboxFull
 from talkgate.sessions.actions import ENGINE_COMMANDS, Close, Purge, Send
@@ -38,6 +38,7 @@ TICK_S = 0.25           # how often the watch task measures the client and asks 
 SOCKET_AUDIO_MS = 1000  # audio in the socket not yet taken by the client, at most (delivery.py)
 ROOM_POLL_S = 0.02      # how often a writer held by that looks again
 DRAIN_S = 5.0           # a closing connection writes what is queued for at most this long
+FRAMES_PER_WRITE = 16   # frames already queued that go out with one transport write (an 80-ms Opus frame is 4)
 DISCONNECTED = (ConnectionError, asyncio.CancelledError)
 
 
@@ -250,12 +251,11 @@ class Connection(Link):
     async def _write(self) -> None:
         try:
             while (item := await self.next_frame()) is not None:
-                if isinstance(item.data, bytes):
-                    await self.ws.send_bytes(item.data)
-                else:
-                    await self.ws.send_str(item.data)
-                self.delivery.wrote(ws_frame_bytes(item.data), item.stream, item.audio_ms)
-                if item.stream is not None:
-                    self.call("note_sent", item.stream, item.audio_ms)
+                batch = [item, *self.outbox.take_ready(FRAMES_PER_WRITE - 1)]
+                sizes = self.ws.write_frames([i.data for i in batch])
+                for i, size in zip(batch, sizes):
+                    self.delivery.wrote(size, i.stream, i.audio_ms)
+                    if i.stream is not None:
+                        self.call("note_sent", i.stream, i.audio_ms)
         except ConnectionError:         # the client went away: the reader sees it too
             pass

@@ -64,9 +64,3 @@ class Delivery:
         if not self._frames:
             self.in_flight_ms = 0.0         # no float drift
         return out
-
-
-def ws_frame_bytes(data: str | bytes) -> int:
-    """Bytes of a server WebSocket frame carrying `data` (unmasked, uncompressed)."""
-    n = len(data) if isinstance(data, bytes) or data.isascii() else len(data.encode())
-    return n + (2 if n < 126 else 4 if n < 65536 else 10)

@@ -50,6 +50,12 @@ class Outbox:
         self.closed = True
         self._ready.set()
 
+    def take_ready(self, limit: int) -> list:
+        """Up to `limit` queued frames, without waiting (those queued behind the one get() returned)."""
+        items = [self._items.popleft() for _ in range(min(limit, len(self._items)))]
+        self._bytes -= sum(map(_size, items))
+        return items
+
     async def get(self):
         while not self._items:
             if self.closed:

@@ -5,9 +5,13 @@ from 5000 up (its reader only refuses unregistered codes below 3000). Here the c
 by talkgate: an invalid code fails the connection with 1002, as RFC 6455 section 7.4 and the Autobahn
 testsuite (cases 7.9.x, 7.13.x) expect. docs/reliability.md lists which frame-level behaviours are
 aiohttp's and which are talkgate's. Once closed, the socket no longer re-arms aiohttp's heartbeat, so
-nothing holds it after its handler ends.
+nothing holds it after its handler ends. Frames queued together are written with one call to the transport
+(`write_frames`): aiohttp writes each frame on its own, a send() system call per 20-ms Opus packet, which
+was as much of a worker's time as libopus (docs/benchmarks.md).
 """
 from __future__ import annotations
+
+import struct
 
 from aiohttp import WSCloseCode, WSMsgType, web
 
@@ -16,6 +20,20 @@ def close_code_valid(code: int) -> bool:
     """May a peer send this close code? 1000-1003 and 1007-1014 (the IANA registry), 3000-4999, or none
     (aiohttp reads a close frame without a code as 0). 1004-1006 and 1015 are reserved, never sent."""
     return code == 0 or 1000 <= code <= 1003 or 1007 <= code <= 1014 or 3000 <= code <= 4999
+
+
+def server_frame(data: str | bytes) -> bytes:
+    """One unmasked, unfragmented RFC 6455 frame: text for str, binary for bytes (no extension: talkgate
+    never negotiates permessage-deflate)."""
+    payload, opcode = (data.encode(), 0x1) if isinstance(data, str) else (data, 0x2)
+    n = len(payload)
+    if n < 126:
+        header = struct.pack("!BB", 0x80 | opcode, n)
+    elif n < 65536:
+        header = struct.pack("!BBH", 0x80 | opcode, 126, n)
+    else:
+        header = struct.pack("!BBQ", 0x80 | opcode, 127, n)
+    return header + payload
 
 
 class GatewayWebSocket(web.WebSocketResponse):
@@ -29,6 +47,20 @@ class GatewayWebSocket(web.WebSocketResponse):
         # full garbage collections of 300 ms on its event loop (docs/reliability.md, the release check)
         if not (self._closed or self._closing):
             super()._reset_heartbeat()
+
+    def write_frames(self, messages: list[str | bytes]) -> list[int]:
+        """Write `messages` (text or binary) as frames, in order, with one transport write; returns each
+        frame's bytes. The caller bounds what the socket holds (Connection.room). Once the close frame is
+        sent, or the transport is closing, raises ConnectionResetError, as aiohttp's send_bytes does: no
+        data frame follows a close frame."""
+        if self._writer is None:
+            raise RuntimeError("Call .prepare() first")
+        transport = self._writer.transport
+        if self.closed or transport.is_closing():
+            raise ConnectionResetError("Cannot write to closing transport")
+        frames = [server_frame(m) for m in messages]
+        transport.write(b"".join(frames))
+        return [len(f) for f in frames]
 
     async def receive(self, timeout: float | None = None):
         msg = await super().receive(timeout)
