@@ -339,7 +339,7 @@ def test_frames_written_together_parse_as_rfc_6455_frames_of_every_length():
     from talkgate.gateway.websocket import server_frame
     messages = ["", "é" * 70, "x" * 125, b"", b"\x01" * 125, b"\x02" * 126, b"\x03" * 65535, b"\x04" * 65536]
     reader = StreamReader()
-    reader.feed_data(b"".join(map(server_frame, messages)))
+    reader.feed_data(b"".join(part for m in messages for part in server_frame(m)))
     reader.feed_eof()
     for message in messages:
         parse = Frame.parse(reader.read_exact, mask=False)

@@ -22,18 +22,16 @@ def close_code_valid(code: int) -> bool:
     return code == 0 or 1000 <= code <= 1003 or 1007 <= code <= 1014 or 3000 <= code <= 4999
 
 
-def server_frame(data: str | bytes) -> bytes:
-    """One unmasked, unfragmented RFC 6455 frame: text for str, binary for bytes (no extension: talkgate
-    never negotiates permessage-deflate)."""
+def server_frame(data: str | bytes) -> tuple[bytes, bytes]:
+    """(header, payload) of one unmasked, unfragmented RFC 6455 frame: text for str, binary for bytes (no
+    extension: talkgate never negotiates permessage-deflate). Apart, so that a write copies a payload once."""
     payload, opcode = (data.encode(), 0x1) if isinstance(data, str) else (data, 0x2)
     n = len(payload)
     if n < 126:
-        header = struct.pack("!BB", 0x80 | opcode, n)
-    elif n < 65536:
-        header = struct.pack("!BBH", 0x80 | opcode, 126, n)
-    else:
-        header = struct.pack("!BBQ", 0x80 | opcode, 127, n)
-    return header + payload
+        return struct.pack("!BB", 0x80 | opcode, n), payload
+    if n < 65536:
+        return struct.pack("!BBH", 0x80 | opcode, 126, n), payload
+    return struct.pack("!BBQ", 0x80 | opcode, 127, n), payload
 
 
 class GatewayWebSocket(web.WebSocketResponse):
@@ -59,8 +57,8 @@ class GatewayWebSocket(web.WebSocketResponse):
         if self.closed or transport.is_closing():
             raise ConnectionResetError("Cannot write to closing transport")
         frames = [server_frame(m) for m in messages]
-        transport.write(b"".join(frames))
-        return [len(f) for f in frames]
+        transport.write(b"".join(part for frame in frames for part in frame))
+        return [len(header) + len(payload) for header, payload in frames]
 
     async def receive(self, timeout: float | None = None):
         msg = await super().receive(timeout)
