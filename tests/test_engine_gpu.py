@@ -4,6 +4,8 @@ Skipped on machines without a GPU (CI); run on the GPU machine: pytest tests/tes
 """
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 import torch
@@ -136,7 +138,6 @@ def test_staged_capture_pads_then_captures_the_rest_between_steps(checkpoint):
     """Ready with the first-audio graphs (buckets up to 16 and the largest, every prefill graph): a batch of
     20 pads up to the largest bucket; the engine thread then captures bucket 32 while idle, and the same
     contexts run in it give the same audio (TF32 convolutions, algorithms per batch size: 3e-3)."""
-    import time
     engine = Engine.from_pretrained(str(checkpoint), device="cuda", dtype="float32", max_contexts=40,
                                     max_frames_per_context=64, torch_compile=False)
     r = engine.runner
@@ -165,3 +166,25 @@ def test_staged_capture_pads_then_captures_the_rest_between_steps(checkpoint):
     for a, b in zip(padded, events):
         assert a[-1].reason == b[-1].reason == "length"
         np.testing.assert_allclose(pcm(b), pcm(a), atol=3e-3)
+
+
+def test_opening_contexts_and_launching_a_step_never_wait_for_the_gpu(checkpoint):
+    """The engine thread applies the commands of a step boundary while the step before runs: opening contexts
+    (their slots' tensors set) and launching the next step queue work and never synchronize with the GPU
+    (torch's sync debug mode raises on a blocking copy or a stream synchronize)."""
+    engine = Engine.from_pretrained(str(checkpoint), device="cuda", dtype="float32", max_contexts=8,
+                                    max_frames_per_context=64, torch_compile=False)
+    engine.runner.warmup()
+    client = engine.connect(lambda batch: None)
+    tokenizer = engine.new_tokenizer().tokenizer
+    opens = [OpenContext(i, ContextParams(sampling=SamplingParams(seed=i), fixed_frames=10)) for i in range(3)]
+    engine.submit(client, [*opens, *(EndText(i, tuple(tokenizer.encode(TEXTS[i])), 1.0) for i in range(3))])
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        engine._apply_commands()
+        prefill, decode = engine.scheduler.schedule(time.perf_counter())
+        step = engine.runner.launch(prefill, decode)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert len(prefill) == 3 and engine.runner.codes_of(step).shape == (3, 16)

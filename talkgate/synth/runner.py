@@ -183,7 +183,7 @@ class Runner:
         self.sampling.copy_rows_(slots, RowSampling.build([r.params.sampling for r in reqs],
                                                           self.tts.generation_config))
         self.min_frames[slots] = eos_from
-        self.seen[slots] = False
+        self.seen.index_fill_(0, slots, False)       # seen[slots] = False would copy a scalar over, waiting
         self.dec_state.reset_slots(slots)
         for req in reqs:                    # an ICL voice's slot starts from its reference frames' decoder state
             clone = req.prompt.clone if req.prompt is not None else None
