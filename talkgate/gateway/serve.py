@@ -20,6 +20,7 @@ import ssl
 from pathlib import Path
 
 from talkgate.gateway import args as cli_args
+from talkgate.gateway import bytecode
 from talkgate.gateway.args import CommandError
 from talkgate.gateway.warmup_watchdog import DEFAULT_STALL_S, WarmupWatchdog
 from talkgate.sessions.limits import Limits
@@ -201,6 +202,7 @@ def run(args: argparse.Namespace) -> int:
     from talkgate.sessions.voices import VoiceMap
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    bytecode.use()                      # before anything imports torch, here or in the processes started
     # everything a user can get wrong is checked before the model loads, the cheap checks first
     if args.voice_map and not Path(args.voice_map).is_file():
         raise CommandError(f"--voice-map {args.voice_map}: no such file")

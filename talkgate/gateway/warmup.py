@@ -8,6 +8,7 @@ import os
 import time
 
 from talkgate.gateway import args as cli_args
+from talkgate.gateway import bytecode
 from talkgate.gateway import serve
 
 
@@ -29,6 +30,7 @@ def add_parser(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    kept = bytecode.use()               # before torch is imported: an image's warm-up fills this too
     from talkgate.synth import compile_cache
     from talkgate.synth.engine import Engine
 
@@ -44,5 +46,6 @@ def run(args: argparse.Namespace) -> int:
     runner.warmup()
     print(f"talkgate: warm-up of {engine.info.name} ({engine.info.size}, {runner.num_slots} slots) done in "
           f"{time.perf_counter() - loaded:.1f} s after a {loaded - t0:.1f} s load, {len(runner.graphs)} graphs; "
-          "compile cache: " + ", ".join(f"{var}={os.environ.get(var)}" for var in compile_cache.ENV))
+          "compile cache: " + ", ".join(f"{var}={os.environ.get(var)}" for var in compile_cache.ENV)
+          + (f"; Python bytecode: {kept}" if kept else ""))
     return 0
