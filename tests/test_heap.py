@@ -22,3 +22,26 @@ def test_a_frozen_heap_is_left_out_of_collections_and_every_pause_is_counted():
     finally:
         gc.callbacks.remove(pauses._on_gc)
         gc.unfreeze()
+
+
+def test_collections_held_while_a_process_starts_resume_at_its_first_freeze():
+    """hold_collections (an engine process, until its model is loaded): garbage cycles wait, however much is
+    allocated; the first freeze collects them once and turns the collector back on."""
+    import weakref
+
+    class Node:
+        pass
+
+    heap.hold_collections()
+    try:
+        node = Node()
+        node.self = node
+        alive = weakref.ref(node)
+        del node
+        kept = [[i] for i in range(50_000)]                 # many times what starts an automatic collection
+        assert not gc.isenabled() and alive() is not None and len(kept) == 50_000
+        heap.freeze("loaded")
+        assert gc.isenabled() and alive() is None
+    finally:
+        gc.enable()
+        gc.unfreeze()

@@ -9,8 +9,9 @@ as one STEP message, or a pending graph capture no context would notice), check 
 publish stats every STATS_INTERVAL_S; while nothing is ready it waits on the socket. Warm-up (compiles and the
 first-audio graphs: minutes on a GPU without the compile cache) runs on the main thread first while a second
 thread answers HELLOs and publishes stats (state "warming"), so workers learn the model at once, and a third
-ends the process if the warm-up stalls (gateway/warmup_watchdog.py). What is alive after
-warm-up, and again once every graph is captured, is frozen out of the garbage collector (gateway/heap.py).
+ends the process if the warm-up stalls (gateway/warmup_watchdog.py). Nothing is collected while the
+model loads; what is alive once it is loaded, after warm-up, and again once every graph is captured, is frozen
+out of the garbage collector (gateway/heap.py).
 
 The engine never waits for a worker. ZMQ's I/O thread writes the messages out; the engine counts what each
 worker has not acknowledged yet. A worker that falls behind (its oldest unacknowledged STEP over
@@ -245,6 +246,7 @@ class EngineServer:
 
 
 def main(argv: list[str] | None = None) -> int:
+    heap.hold_collections()         # until the model is loaded: its imports are most of a restart
     from talkgate.gateway.supervisor import child_setup
     from talkgate.synth.engine import Engine
 
@@ -266,6 +268,7 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(1)     # as the single-process server: one intra-op thread on a CPU engine
     engine = Engine.from_pretrained(args.model, device=args.device, dtype=args.dtype, max_contexts=args.max_contexts,
                                     default_seed=args.seed, untrained_length=args.untrained_length)
+    heap.freeze(f"engine {args.index} loaded")     # warm-up, which may compile for minutes, collects as usual
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())

@@ -20,9 +20,18 @@ log = logging.getLogger("talkgate.heap")
 _frozen = 0     # objects frozen by the last counted freeze (gc.get_freeze_count walks them all: ~0.1 s per million)
 
 
+def hold_collections() -> None:
+    """No automatic collections until the next freeze: a starting process's imports and checkpoint load make
+    hundreds of thousands of objects that live as long as it does, and CPython would walk them again and again
+    (a quarter of the time it takes to import torch and its compiler, measured). freeze() collects once and
+    turns collections back on."""
+    gc.disable()
+
+
 def freeze(what: str, serving: bool = False) -> None:
-    """Freeze everything alive out of later collections. Before the process serves, collect first (one walk of
-    everything) so that no garbage is frozen for good, and count; while serving, only freeze (microseconds)."""
+    """Freeze everything alive out of later collections (and turn them on, if hold_collections turned them off).
+    Before the process serves, collect first (one walk of everything) so that no garbage is frozen for good, and
+    count; while serving, only freeze (microseconds)."""
     global _frozen
     t0 = time.perf_counter()
     if serving:
@@ -31,6 +40,7 @@ def freeze(what: str, serving: bool = False) -> None:
         return
     gc.collect()
     gc.freeze()
+    gc.enable()
     _frozen = gc.get_freeze_count()
     log.info("%s: %d objects frozen out of the garbage collector (%.0f ms)", what, _frozen,
              (time.perf_counter() - t0) * 1000)
