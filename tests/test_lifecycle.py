@@ -24,10 +24,13 @@ async def get(http: aiohttp.ClientSession, url: str) -> tuple[int, dict]:
         return r.status, await r.json()
 
 
+SLOTS = 4096
+
+
 def test_health_and_ready_from_warm_up_to_ready(tiny_checkpoint):
-    # 1024 slots: the CPU warm-up runs one step at the largest batch, which takes seconds on the tiny model,
-    # so the server is seen answering while it is still warming up
-    with TalkgateServer(tiny_checkpoint, "--max-contexts", "1024", wait="listening") as srv:
+    # 4096 slots: the CPU warm-up runs one step at the largest batch, which takes seconds on the tiny model,
+    # so the server is seen answering while it is still warming up (with fewer the workers were sometimes slower)
+    with TalkgateServer(tiny_checkpoint, "--max-contexts", str(SLOTS), wait="listening") as srv:
         async def go():
             seen = []
             async with aiohttp.ClientSession() as http:
@@ -57,7 +60,7 @@ def test_health_and_ready_from_warm_up_to_ready(tiny_checkpoint):
     assert all(r == 503 and body["reason"] == "starting" for _, (r, body) in seen[:-1])
     _, (r, ready) = seen[-1]
     (h, health) = health_after
-    assert r == 200 and ready == {"ready": True, "state": "ready", "free_slots": 1024, "slots": 1024,
+    assert r == 200 and ready == {"ready": True, "state": "ready", "free_slots": SLOTS, "slots": SLOTS,
                                   "model": health["model"]}
     assert h == 200 and health["state"] == "ready"
 
