@@ -4,6 +4,7 @@ built). Everything serve compiles, with the same model, device, dtype and slot f
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import time
 
@@ -30,6 +31,7 @@ def add_parser(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")  # its phases
     kept = bytecode.use()               # before torch is imported: an image's warm-up fills this too
     from talkgate.synth import compile_cache
     from talkgate.synth.engine import Engine
