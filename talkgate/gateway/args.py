@@ -168,18 +168,3 @@ def torch_cuda_version() -> str | None:
         return None
     found = re.search(r"^cuda\s*(?::[^=]*)?=\s*['\"]([^'\"]+)['\"]", text, re.M)
     return found.group(1) if found else None
-    import torch
-
-    if name is None:
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if torch.version.cuda is None:
-        raise CommandError(f"--device {name}: this torch build has no CUDA support (torch {torch.__version__}); "
-                           "use --device cpu, or install a CUDA build of torch")
-    if not torch.cuda.is_available():
-        raise CommandError(f"--device {name}: no CUDA device is visible (no GPU, no driver, or CUDA_VISIBLE_DEVICES "
-                           "hides them); use --device cpu")
-    index = int(name.partition(":")[2] or 0)
-    if index >= torch.cuda.device_count():
-        raise CommandError(f"--device {name}: this machine has {torch.cuda.device_count()} CUDA device(s), "
-                           f"cuda:0 to cuda:{torch.cuda.device_count() - 1}")
-    return name

@@ -97,14 +97,16 @@ class PrecompiledFunction:
 
     def _load(self) -> None:
         self.loaded = True
+        if not self.folder.is_dir():
+            return
         t0 = time.perf_counter()
-        for path in self.folder.glob("*.tmp") if self.folder.is_dir() else ():
+        for path in self.folder.glob("*.tmp"):
             try:
                 if time.time() - path.stat().st_mtime > STALE_WRITE_S:
                     path.unlink()
             except OSError:                        # another process removed it first
                 pass
-        for path in sorted(self.folder.glob(f"*{SUFFIX}")) if self.folder.is_dir() else ():
+        for path in sorted(self.folder.glob(f"*{SUFFIX}")):
             try:
                 with open(path, "rb") as f:
                     kind = torch.compiler.load_compiled_function(f, f_globals=self.fn.__globals__)
