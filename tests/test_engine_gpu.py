@@ -188,3 +188,27 @@ def test_opening_contexts_and_launching_a_step_never_wait_for_the_gpu(checkpoint
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert len(prefill) == 3 and engine.runner.codes_of(step).shape == (3, 16)
+
+
+def test_a_fresh_start_compiles_in_helpers_and_leaves_warm_up_nothing_to_compile(checkpoint, tmp_path, monkeypatch,
+                                                                                  caplog):
+    """On an empty compile cache, load_runner's helper processes (synth/parallel_compile.py) compile every kind of
+    input warm-up meets: the engine's own warm-up then compiles none (precompiled.py logs each kind it compiles),
+    and marks the cache warmed so that the next start starts no helpers."""
+    import logging
+
+    from talkgate.synth import compile_cache
+
+    monkeypatch.setenv("TALKGATE_CACHE", str(tmp_path))
+    for var in compile_cache.ENV:
+        monkeypatch.setitem(compile_cache.OPERATOR, var, None)
+        monkeypatch.delenv(var, raising=False)
+    engine = Engine.from_pretrained(str(checkpoint), device="cuda", dtype="bfloat16", max_contexts=8,
+                                    max_frames_per_context=64)
+    runner = engine.runner
+    assert list(runner.warmed_marker.parent.rglob("*.aot")) and not runner.warmed_marker.exists()
+    with caplog.at_level(logging.INFO, logger="talkgate.precompiled"):
+        runner.warmup()
+    assert [r.getMessage() for r in caplog.records if "loaded" in r.getMessage()]        # it sees the helpers' kinds
+    assert not [r.getMessage() for r in caplog.records if "compiled and saved" in r.getMessage()]
+    assert runner.warmed_marker.exists()

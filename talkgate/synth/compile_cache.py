@@ -43,8 +43,9 @@ def cache_key(gpu: dict, versions: dict, shape: dict) -> str:
     return f"{name}-torch{versions.get('torch', '')}-{digest}"
 
 
-def describe(tts, device, decoder_dtype) -> tuple[dict, dict, dict]:
-    """(gpu, versions, shape) of a loaded model on a CUDA device: what cache_key names."""
+def describe(config, root: Path, device, dtype, decoder_dtype) -> tuple[dict, dict, dict]:
+    """(gpu, versions, shape) of a checkpoint (its TTSConfig and folder) in `dtype` on a CUDA device: what
+    cache_key names."""
     import torch
     props = torch.cuda.get_device_properties(device)
     gpu = {"name": props.name, "capability": f"{props.major}{props.minor}", "sms": props.multi_processor_count}
@@ -55,9 +56,8 @@ def describe(tts, device, decoder_dtype) -> tuple[dict, dict, dict]:
         versions["triton"] = triton.__version__
     except ImportError:
         versions["triton"] = None
-    c = tts.config
-    shape = {"talker": c.raw.get("talker_config"), "speech_tokenizer": _decoder_config(tts.path),
-             "dtype": str(tts.talker.codec_embedding.weight.dtype), "decoder_dtype": str(decoder_dtype)}
+    shape = {"talker": config.raw.get("talker_config"), "speech_tokenizer": _decoder_config(root),
+             "dtype": str(dtype), "decoder_dtype": str(decoder_dtype)}
     return gpu, versions, shape
 
 

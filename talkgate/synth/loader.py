@@ -106,7 +106,8 @@ def weight_files(root: Path) -> dict[str, Path]:
         return {name: single for name in f.keys()}
 
 
-def _load_lm(root: Path, config: TTSConfig, device, dtype) -> tuple[Talker, CodePredictor, SpeakerEncoder | None]:
+def _load_lm(root: Path, config: TTSConfig, device, dtype, weights: bool = True
+             ) -> tuple[Talker, CodePredictor, SpeakerEncoder | None]:
     from safetensors import safe_open
 
     with torch.device("meta"):
@@ -146,7 +147,8 @@ def _load_lm(root: Path, config: TTSConfig, device, dtype) -> tuple[Talker, Code
                                           f"expected {list(like.shape)} from config.json")
                 if kind not in _FLOAT_DTYPES:
                     raise CheckpointError(f"{file}: tensor {name!r} has dtype {kind}, expected a float type")
-                states[module_name][param] = f.get_tensor(name).to(device=device, dtype=dtype)
+                states[module_name][param] = (f.get_tensor(name).to(device=device, dtype=dtype) if weights
+                                              else torch.zeros(shape, device=device, dtype=dtype))
     for module_name, module in modules.items():
         module.load_state_dict(states[module_name], strict=True, assign=True)
         module.eval().requires_grad_(False)
@@ -165,9 +167,11 @@ def read_config(root: Path) -> TTSConfig:
 
 def load_tts(path_or_id: str | os.PathLike, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
              decoder_dtype: torch.dtype = torch.float32, with_decoder: bool = True,
-             untrained_length: str = "text-rule") -> LoadedTTS:
+             untrained_length: str = "text-rule", weights: bool = True) -> LoadedTTS:
     """Load everything; the codec decoder runs in decoder_dtype (float32 by default, as the reference).
-    untrained_length: how an untrained checkpoint's utterances end (synth.api.end_of_speech), in info."""
+    untrained_length: how an untrained checkpoint's utterances end (synth.api.end_of_speech), in info.
+    weights False: the Talker's and code predictor's tensors are zeros of their checked shapes, not read (what
+    a compile helper needs: synth/parallel_compile.py)."""
     end_of_speech(False, untrained_length)                  # a bad choice fails before the load
     root = resolve_path(path_or_id)
     device = torch.device(device)
@@ -180,7 +184,7 @@ def load_tts(path_or_id: str | os.PathLike, device: str | torch.device = "cpu", 
     for token_id in (config.tts_pad, config.tts_bos, config.tts_eos, config.im_start, config.im_end):
         if token_id >= config.talker.text_vocab_size:
             raise CheckpointError(f"{root / 'config.json'}: token id {token_id} >= text_vocab_size")
-    talker, predictor, speaker = _load_lm(root, config, device, dtype)
+    talker, predictor, speaker = _load_lm(root, config, device, dtype, weights)
     decoder = codec_encoder = None
     st = root / "speech_tokenizer"
     if (with_decoder or speaker is not None) and not st.is_dir():

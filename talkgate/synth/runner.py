@@ -104,12 +104,14 @@ class Runner:
     def __init__(self, tts, num_slots: int, max_frames: int, max_prompt: int, max_batch: int,
                  device: torch.device, dtype: torch.dtype, cuda_graphs: bool = True, torch_compile: bool = True,
                  compile_folder: Path | None = None):
-        """tts: synth.loader.LoadedTTS. A slot holds max_prompt + max_frames Talker positions. On CUDA with
-        torch_compile, compile_folder keeps the compiled functions (compile_hot_functions)."""
+        """tts: synth.loader.LoadedTTS. A slot holds max_prompt + max_frames Talker positions; a step takes at
+        most max_batch rows (load_runner keeps it within the slots; a compile helper's runner of 2 slots runs
+        more, every row on the dummy slot). On CUDA with torch_compile, compile_folder keeps the compiled
+        functions (compile_hot_functions)."""
         self.tts, self.device, self.dtype = tts, device, dtype
         self.talker, self.predictor, self.decoder = tts.talker, tts.code_predictor, tts.codec_decoder
         self.num_slots, self.max_frames, self.max_prompt = num_slots, max_frames, max_prompt
-        self.max_batch = min(max_batch, num_slots)
+        self.max_batch = max_batch
         self.dummy = num_slots                          # padded rows write here
         self.codec_eos, self.text_eos, self.text_pad = tts.config.talker.codec_eos, tts.config.tts_eos, tts.config.tts_pad
         self.use_graphs = cuda_graphs and device.type == "cuda"
@@ -125,6 +127,9 @@ class Runner:
                 raise ValueError("torch_compile on CUDA needs a compile_folder for the compiled functions")
             log.info("torch.compile: %d methods of the model bound to compiled functions",
                      compile_hot_functions(self.talker, self.predictor, self.decoder, folder=compile_folder))
+        # written once a warm-up here has met every kind of input it meets (a fresh start's parallel compile
+        # is skipped then: synth/parallel_compile.py)
+        self.warmed_marker = warmed_marker(compile_folder, max_prompt) if self.compiled else None
         S, H, B = num_slots + 1, self.talker.hidden_size, max(self.max_batch, 2)
         with torch.device(device):
             self.talker.setup_cache(S, max_prompt + max_frames, device, dtype)
@@ -390,6 +395,11 @@ class Runner:
             if self.use_graphs:
                 self._capture_first(first_audio_only)
         self._warming = False
+        if self.warmed_marker is not None:
+            try:
+                self.warmed_marker.touch()
+            except OSError as e:                  # a read-only cache: the next fresh start compiles in helpers again
+                log.warning("warm-up not marked done in the compile cache (%s)", e)
         log.info("warm-up: %s", ", ".join(f"{what} {sec:.2f} s" for what, sec in self.warmup_profile))
         if self.capture_split:
             warm, capture = (sum(x) for x in zip(*self.capture_split.values()))
@@ -421,6 +431,29 @@ class Runner:
             self.warmup_profile.append((f"{len(self.capture_ms)} more graphs", time.perf_counter() - t0))
         torch.cuda.synchronize()
         torch.cuda.empty_cache()         # cuDNN's algorithm search workspaces, no longer needed
+
+    def compile_kinds(self, tasks: list[str]) -> None:
+        """Run the warm-up's parts named by `tasks` once each, eagerly, which compiles the kinds of input they
+        meet into the caches, as warmup() would (a compile helper's work: synth/parallel_compile.py). A task is
+        "prefill" (every prefill length, four rows first as warm-up meets them), PART@B at the largest batch
+        (the general kinds, tuned at that size, as warm-up tunes them), PART@1 (the one-row kinds and
+        persistent kernels), or PART@2, which runs with the plain functions so that it compiles only the
+        persistent kernels of two rows and never a general kind at two rows."""
+        with torch.inference_mode():
+            self._dummy_inputs()
+            for task in tasks:
+                if task == "prefill":
+                    self.pre_idx[0] = self.dummy
+                    for T in self.prefill_lens:
+                        for rows in reversed(self.prefill_rows):
+                            self._timed(f"prefill {rows}x{T}", self._prefill_step, rows, T)
+                    continue
+                part, b = task.split("@")
+                with contextlib.ExitStack() as plain:
+                    if b == "2":
+                        for root in (self.talker, self.predictor, self.decoder):
+                            plain.enter_context(plain_functions(root, HOT_NAMES))
+                    self._timed(task, self._parts[part], int(b))
 
     def capture_next(self) -> float | None:
         """Capture the next pending batch graph (engine thread, between steps) and return its
@@ -499,6 +532,7 @@ def _compiled_graphs() -> int:
 HOT_FUNCTIONS = (("model", "RMSNorm", "forward"), ("model", "RMSNorm", "residual"), ("model", "Attention", "qkv"),
                  ("model", "MLP", "forward"), ("codec_decoder", "RMSNorm", "residual"), ("codec_decoder", "Mlp", "forward"),
                  ("codec_decoder", "CodecDecoder", "codes_in"), ("codec_decoder", "CodecDecoder", "convs"))
+HOT_NAMES = tuple(sorted({name for _, _, name in HOT_FUNCTIONS}))
 _compiled: dict = {}           # (function, folder) -> its compiled version (a plain function), shared by every instance
 
 
@@ -604,7 +638,8 @@ def slots_from_memory(tts, max_len: int, dtype: torch.dtype, device: torch.devic
 def load_runner(path_or_id, device=None, dtype=None, max_contexts=None, max_frames_per_context=750, max_batch=None,
                 cuda_graphs=True, max_prompt=None, decoder_dtype=None, torch_compile=True, untrained_length="text-rule"):
     """-> (Runner, tokenizer factory, Prompts, ModelInfo) for synth.engine.Engine."""
-    from talkgate.synth.loader import load_tts
+    from talkgate.synth.checkpoint_dir import resolve_path
+    from talkgate.synth.loader import load_tts, read_config
     from talkgate.synth.tokenizer import StreamingTokenizer
 
     t0 = time.perf_counter()
@@ -614,32 +649,55 @@ def load_runner(path_or_id, device=None, dtype=None, max_contexts=None, max_fram
     # with 41 dB SNR against float32 (bfloat16: 23 dB), saving ~12 ms a step at 256 contexts, but has not
     # been run through the engine on a GPU yet (docs/benchmarks.md)
     decoder_dtype = _dtype(decoder_dtype) or torch.float32
-    tts = load_tts(path_or_id, device=device, dtype=dtype, decoder_dtype=decoder_dtype,
-                   untrained_length=untrained_length)
-    t_loaded = time.perf_counter()
-    folder = None
-    if device.type == "cuda":                  # before anything compiles: the caches' folder for this model here
-        gpu, versions, shape = compile_cache.describe(tts, device, decoder_dtype)
-        folder = compile_cache.use(compile_cache.cache_key(gpu, versions, shape),
-                                   {"gpu": gpu, "versions": versions, "shape": shape})
-        log.info("compile cache: %s", folder)
+    root = resolve_path(path_or_id)
+    config = read_config(root)
     if max_prompt is None:
-        max_prompt = CLONE_MAX_PROMPT if tts.config.model_type == "base" else DEFAULT_MAX_PROMPT
-    max_len = max_prompt + max_frames_per_context
+        max_prompt = CLONE_MAX_PROMPT if config.model_type == "base" else DEFAULT_MAX_PROMPT
     if max_batch is None:
         # sized from memory, a step takes at most DEFAULT_MAX_BATCH rows (engine.md); given, every context
         max_batch = max_contexts or DEFAULT_MAX_BATCH
+    functions = helpers = None
+    if device.type == "cuda":                  # before anything compiles: the caches' folder for this model here
+        functions = compile_folder(config, root, device, dtype, decoder_dtype)
+        if torch_compile:                      # a fresh cache: compile helpers, beside this process's load
+            from talkgate.synth import parallel_compile
+            helpers = parallel_compile.start(root, device, dtype, decoder_dtype, max_prompt, max_frames_per_context,
+                                             max(min(max_batch, max_contexts or max_batch), 2),
+                                             warmed_marker(functions, max_prompt))
+    tts = load_tts(path_or_id, device=device, dtype=dtype, decoder_dtype=decoder_dtype,
+                   untrained_length=untrained_length)
+    t_loaded = time.perf_counter()
+    if helpers is not None:
+        helpers.wait()                         # their memory back before the slots are sized from what is free
+    max_len = max_prompt + max_frames_per_context
     if max_contexts is None:
         max_contexts = slots_from_memory(tts, max_len, dtype, device, max_batch=max_batch) \
             if device.type == "cuda" else 16
+    max_batch = min(max_batch, max_contexts)
     runner = Runner(tts, num_slots=max_contexts, max_frames=max_frames_per_context, max_prompt=max_prompt,
-                    max_batch=min(max_batch, max_contexts), device=device, dtype=dtype, cuda_graphs=cuda_graphs,
-                    torch_compile=torch_compile, compile_folder=folder and folder / compile_cache.FUNCTIONS)
+                    max_batch=max_batch, device=device, dtype=dtype, cuda_graphs=cuda_graphs,
+                    torch_compile=torch_compile, compile_folder=functions)
     # the cold start's first part (docs/benchmarks.md): what came before the load is the interpreter and imports
     age = process_age_s()
     log.info("loaded: checkpoint %.2f s, runner (slots, compiled functions bound) %.2f s; process start -> here %s",
              t_loaded - t0, time.perf_counter() - t_loaded, "?" if age is None else f"{age:.2f} s")
     return runner, (lambda: StreamingTokenizer(tts.tokenizer)), tts.prompts, tts.info
+
+
+def compile_folder(config, root: Path, device: torch.device, dtype: torch.dtype, decoder_dtype: torch.dtype) -> Path:
+    """The compiled functions' folder of this checkpoint (its TTSConfig and folder) on this CUDA device, with
+    Inductor's and Triton's caches pointed beside it (compile_cache.use)."""
+    gpu, versions, shape = compile_cache.describe(config, root, device, dtype, decoder_dtype)
+    folder = compile_cache.use(compile_cache.cache_key(gpu, versions, shape),
+                               {"gpu": gpu, "versions": versions, "shape": shape})
+    log.info("compile cache: %s", folder)
+    return folder / compile_cache.FUNCTIONS
+
+
+def warmed_marker(functions: Path, max_prompt: int) -> Path:
+    """The file a warm-up that ran to its end writes: every kind of input it meets is saved under
+    `functions` for this version of the code (prefill lengths depend on max_prompt)."""
+    return precompiled.code_folder(functions) / f"warmed-prompt{max_prompt}"
 
 
 def process_age_s() -> float | None:

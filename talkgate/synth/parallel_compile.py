@@ -1,0 +1,170 @@
+"""A fresh start's compiles spread over helper processes.
+
+On an empty compile cache, warm-up meets every kind of input of the compiled functions and every Triton
+kernel one after another: 207-231 s of a 1.7B start on an H100, nearly all of it Dynamo, Inductor and
+Triton compiling on one core (docs/benchmarks.md, issue 22). The kinds do not depend on each other, so
+while the engine process loads the model, helper processes (`python -m talkgate.synth.parallel_compile`),
+each with a model of the checkpoint's shapes (zeros: no weights read) and a runner of 2 slots, run some of
+warm-up's parts once (Runner.compile_kinds), which compiles their kinds into the shared caches
+(compile_cache.py: Inductor's and Triton's; precompiled.py: the traced functions, written whole or not at
+all); the engine's own warm-up then loads them as a restart does. A helper that fails or overruns costs
+only time: warm-up compiles whatever it finds missing. Measured (H200, 1.7B): ready 67 s after the start
+on an empty cache, the longest helper (decode@256) 40 s after its 11-s load.
+
+    helpers = start(root, device, dtype, decoder_dtype, max_prompt, max_frames, batch, marker)   # load_runner
+    ... the engine process loads the model meanwhile ...
+    helpers.wait()
+
+Skipped where a warm-up of this code has run to its end with this cache (the runner's warmed marker), and
+where fewer than two helpers fit (cores, GPU memory).
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+log = logging.getLogger("talkgate.parallel_compile")
+
+# warm-up's parts, with their fresh compile seconds for 1.7B on an H100 (docs/benchmarks.md, 2026-11-24):
+# the longest go to helpers first. B: the largest batch.
+TASKS = {"decode@B": 58, "codes@2": 41, "decode@1": 31, "codes@B": 24, "codes@1": 16, "prefill": 13,
+         "talker@1": 12, "talker@B": 10, "talker@2": 5}
+HELPER_GPU_BYTES = 2 << 30       # a helper's GPU memory beside the weights (its 2 slots, the step at B rows)
+CORES_PER_HELPER = 2             # Dynamo and Inductor on one, Inductor's parallel Triton compiles beside it
+HELPER_LIMIT_S = 600.0           # a helper still running after this is taken for a hung compile and killed (warm-up
+                                 # compiles the rest); the same bound as serve's --warmup-stall default
+
+
+def plan(batch: int, helpers: int) -> list[list[str]]:
+    """TASKS for a largest batch of `batch` rows over `helpers` helpers, longest first, each to the
+    least loaded helper so far."""
+    loads: list[tuple[float, list[str]]] = [(0.0, []) for _ in range(max(1, helpers))]
+    for task, cost in sorted(TASKS.items(), key=lambda kv: -kv[1]):
+        i = min(range(len(loads)), key=lambda j: loads[j][0])
+        loads[i] = (loads[i][0] + cost, loads[i][1] + [task.replace("@B", f"@{batch}")])
+    return [tasks for _, tasks in loads if tasks]
+
+
+def helper_count(cores: int, free_gpu_bytes: int, weight_bytes: int) -> int:
+    """Helpers that fit: CORES_PER_HELPER cores each, the weights and HELPER_GPU_BYTES each in the GPU's free
+    memory; at most one per task."""
+    return max(0, min(len(TASKS), cores // CORES_PER_HELPER, free_gpu_bytes // (weight_bytes + HELPER_GPU_BYTES)))
+
+
+class Helpers:
+    """The helper processes of one fresh start; wait() returns once all have ended."""
+
+    def __init__(self, procs: list[subprocess.Popen], groups: list[list[str]]):
+        self.procs, self.groups, self.t0 = procs, groups, time.perf_counter()
+
+    def wait(self) -> None:
+        # what loading the first compiled artifact imports (2 s of the warm-up that follows), while they work
+        import torch._dynamo  # noqa: F401
+        import torch._inductor.codecache  # noqa: F401
+        import torch._inductor.output_code  # noqa: F401
+        ended: dict[int, float] = {}
+        while len(ended) < len(self.procs):
+            late = time.perf_counter() - self.t0 > HELPER_LIMIT_S
+            for i, proc in enumerate(self.procs):
+                if i in ended:
+                    continue
+                if late and proc.poll() is None:
+                    proc.kill()
+                if proc.poll() is not None:
+                    ended[i] = time.perf_counter() - self.t0
+                    if proc.returncode:
+                        log.warning("compile helper for %s ended with %s: warm-up compiles what it left",
+                                    ",".join(self.groups[i]), proc.returncode)
+            time.sleep(0.05)
+        last = max(ended, key=ended.get)
+        log.info("compile helpers done in %.1f s (the last: %s)", ended[last], ",".join(self.groups[last]))
+
+
+def start(root: Path, device, dtype, decoder_dtype, max_prompt: int, max_frames: int, batch: int,
+          marker: Path) -> Helpers | None:
+    """Helpers compiling warm-up's kinds, unless `marker` (a finished warm-up) exists or fewer than two fit;
+    started before this process loads the model (their GPU memory is counted from the checkpoint's files)."""
+    import torch
+
+    if marker.exists():
+        return None
+    free, _ = torch.cuda.mem_get_info(device)
+    weights = sum(p.stat().st_size for p in Path(root).rglob("*.safetensors"))
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    n = helper_count(cores, free - weights, weights)       # this process loads the weights too
+    if n < 2:
+        log.info("fresh compile cache: compiling in warm-up (%d cores, %.1f GiB free: room for %d helpers)",
+                 cores, free / 2**30, n)
+        return None
+    groups = plan(batch, n)
+    total = sum(TASKS.values())
+    procs = []
+    for tasks in groups:
+        # Inductor's parallel Triton compiles: a share of the cores by the helper's expected work
+        share = sum(TASKS[t.replace(f"@{batch}", "@B")] for t in tasks) / total
+        env = dict(os.environ, TORCHINDUCTOR_COMPILE_THREADS=str(max(2, round(cores * share))))
+        procs.append(subprocess.Popen(
+            [sys.executable, "-m", "talkgate.synth.parallel_compile", "--model", str(root), "--device", str(device),
+             "--dtype", str(dtype).removeprefix("torch."), "--decoder-dtype", str(decoder_dtype).removeprefix("torch."),
+             "--max-prompt", str(max_prompt), "--max-frames", str(max_frames), "--batch", str(batch),
+             "--tasks", ",".join(tasks)], env=env))
+    log.info("fresh compile cache: %d helper processes compile %s", len(procs),
+             "; ".join(",".join(tasks) for tasks in groups))
+    return Helpers(procs, groups)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m talkgate.synth.parallel_compile",
+                                description="a compile helper of a fresh start (started by load_runner)")
+    p.add_argument("--model", required=True)
+    p.add_argument("--device", required=True)
+    p.add_argument("--dtype", required=True)
+    p.add_argument("--decoder-dtype", required=True)
+    p.add_argument("--max-prompt", type=int, required=True)
+    p.add_argument("--max-frames", type=int, required=True)
+    p.add_argument("--batch", type=int, required=True)
+    p.add_argument("--tasks", required=True, help="comma-separated: prefill, PART@1, PART@2, PART@<batch>")
+    args = p.parse_args(argv)
+    _die_with_parent()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s compile-helper %(name)s %(levelname)s %(message)s")
+    import torch
+
+    from talkgate.synth.loader import load_tts
+    from talkgate.synth.runner import Runner, compile_folder
+
+    t0 = time.perf_counter()
+    device = torch.device(args.device)
+    dtype, decoder_dtype = getattr(torch, args.dtype), getattr(torch, args.decoder_dtype)
+    tts = load_tts(args.model, device=device, dtype=dtype, decoder_dtype=decoder_dtype, weights=False)   # shapes
+    cuda = device.type == "cuda"
+    runner = Runner(tts, num_slots=2, max_frames=args.max_frames, max_prompt=args.max_prompt, max_batch=args.batch,
+                    device=device, dtype=dtype, cuda_graphs=False,
+                    compile_folder=compile_folder(tts.config, tts.path, device, dtype, decoder_dtype) if cuda else None)
+    torch.backends.cudnn.benchmark = False       # its algorithm choices die with this process
+    loaded = time.perf_counter()
+    runner.compile_kinds(args.tasks.split(","))
+    log.info("%s compiled in %.1f s after a %.1f s load: %s", args.tasks, time.perf_counter() - loaded, loaded - t0,
+             ", ".join(f"{what} {sec:.1f} s" for what, sec in runner.warmup_profile))
+    logging.shutdown()
+    os._exit(0)         # what is compiled is on disk: not the seconds Inductor's worker pool takes to wind down
+
+
+def _die_with_parent() -> None:
+    """SIGTERM when the process that started this one goes away, even by SIGKILL (Linux)."""
+    try:
+        import ctypes
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)      # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() == 1:
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

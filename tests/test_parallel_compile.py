@@ -1,0 +1,50 @@
+"""A fresh start's compiles spread over helper processes (synth/parallel_compile.py): the plan, the bounds, and a
+helper's command run for real on the CPU (the GPU test of the whole path is in test_engine_gpu.py)."""
+import subprocess
+import sys
+
+import torch
+
+from talkgate.synth import parallel_compile
+from talkgate.synth.parallel_compile import TASKS, helper_count, plan
+from talkgate.synth.runner import load_runner
+
+
+def test_the_plan_gives_every_task_to_one_helper_longest_first():
+    groups = plan(256, 4)
+    tasks = [t for g in groups for t in g]
+    assert sorted(tasks) == sorted(t.replace("@B", "@256") for t in TASKS)
+    assert len(groups) == 4
+    assert groups[0][0] == "decode@256"                    # the longest starts first
+    loads = [sum(TASKS[t.replace("@256", "@B")] for t in g) for g in groups]
+    assert max(loads) - min(loads) <= max(TASKS.values())  # spread, not piled on one
+
+
+def test_one_helper_per_task_at_most_and_fewer_where_cores_or_memory_are_short():
+    gib = 1 << 30
+    assert helper_count(cores=128, free_gpu_bytes=1000 * gib, weight_bytes=4 * gib) == len(TASKS)
+    assert helper_count(cores=16, free_gpu_bytes=1000 * gib, weight_bytes=4 * gib) == 8
+    assert helper_count(cores=16, free_gpu_bytes=20 * gib, weight_bytes=4 * gib) == 3
+    assert helper_count(cores=2, free_gpu_bytes=1000 * gib, weight_bytes=4 * gib) == 1
+    assert len(plan(256, 20)) == len(TASKS)
+
+
+def test_a_finished_warm_up_skips_the_helpers(tmp_path, monkeypatch):
+    marker = tmp_path / "warmed-prompt128"
+    marker.touch()
+    monkeypatch.setattr(subprocess, "Popen", lambda *a, **k: (_ for _ in ()).throw(AssertionError("started")))
+    assert parallel_compile.start(tmp_path, "cuda:0", torch.bfloat16, torch.float32, 128, 750, 256, marker) is None
+
+
+def test_a_helper_runs_every_part_with_more_rows_than_slots(tiny_checkpoint):
+    runner, *_ = load_runner(tiny_checkpoint, device="cpu", max_contexts=4)
+    tasks = ["decode@8", "codes@2", "decode@1", "codes@8", "codes@1", "prefill", "talker@1", "talker@8", "talker@2"]
+    cmd = [sys.executable, "-m", "talkgate.synth.parallel_compile", "--model", str(tiny_checkpoint), "--device", "cpu",
+           "--dtype", "float32", "--decoder-dtype", "float32", "--max-prompt", str(runner.max_prompt),
+           "--max-frames", "16", "--batch", "8", "--tasks", ",".join(tasks)]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    line = next(line for line in out.stderr.splitlines() if "compiled in" in line)
+    for task in tasks[:-1]:
+        assert f"{task} " in line                       # each part ran once, at 8 rows over 2 slots
+    assert "prefill 4x" in line and "prefill 1x" in line
