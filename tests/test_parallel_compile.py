@@ -1,7 +1,10 @@
 """A fresh start's compiles spread over helper processes (synth/parallel_compile.py): the plan, the bounds, and a
 helper's command run for real on the CPU (the GPU test of the whole path is in test_engine_gpu.py)."""
+import os
 import subprocess
 import sys
+import threading
+import time
 
 import torch
 
@@ -48,3 +51,48 @@ def test_a_helper_runs_every_part_with_more_rows_than_slots(tiny_checkpoint):
     for task in tasks[:-1]:
         assert f"{task} " in line                       # each part ran once, at 8 rows over 2 slots
     assert "prefill 4x" in line and "prefill 1x" in line
+
+
+def test_one_process_per_cache_starts_helpers_and_the_lock_ends_with_its_holder(tmp_path):
+    """The lock beside the warmed marker: held, another open sees it busy (another engine process on this cache
+    waits instead of starting helpers of its own); a holder killed with SIGKILL releases it."""
+    lock = tmp_path / "compile-helpers.lock"
+    fd = parallel_compile.hold(lock)
+    assert fd is not None and parallel_compile.hold(lock) is None
+    os.close(fd)
+    code = ("import time; from talkgate.synth.parallel_compile import hold; "
+            f"assert hold({str(lock)!r}) is not None; print('held', flush=True); time.sleep(60)")
+    holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        assert parallel_compile.hold(lock) is None
+    finally:
+        holder.kill()
+        holder.wait()
+    fd = parallel_compile.hold(lock)
+    assert fd is not None
+    os.close(fd)
+
+
+def test_a_process_on_a_cache_being_filled_waits_for_the_other_s_helpers(tmp_path):
+    """start() finds the lock held (another engine's helpers at work): it starts none (no GPU is asked about)
+    and returns a waiter whose wait() ends when the holder lets go."""
+    marker = tmp_path / "code" / "warmed-prompt128"
+    marker.parent.mkdir()
+    fd = parallel_compile.hold(marker.parent / "compile-helpers-cuda0.lock")
+    waiter = parallel_compile.start(tmp_path, "cuda:0", torch.bfloat16, torch.float32, 128, 750, 256, marker)
+    assert isinstance(waiter, parallel_compile.OtherProcessHelpers)
+    threading.Timer(0.5, os.close, [fd]).start()
+    t0 = time.perf_counter()
+    waiter.wait()
+    assert 0.4 < time.perf_counter() - t0 < 60      # the lock's wait, and the compiler's imports
+
+
+
+def test_a_cache_where_the_lock_cannot_be_written_starts_no_helpers_and_fails_nothing(tmp_path):
+    """An OSError on the lock (a read-only cache; here its folder is a file, which fails for root too): warm-up
+    compiles alone, as without helpers, and the start goes on."""
+    code = tmp_path / "code"
+    code.write_text("not a folder")
+    assert parallel_compile.start(tmp_path, "cuda:0", torch.bfloat16, torch.float32, 128, 750, 256,
+                                  code / "warmed-prompt128") is None

@@ -16,11 +16,15 @@ on an empty cache, the longest helper (decode@256) 40 s after its 11-s load.
     helpers.wait()
 
 Skipped where a warm-up of this code has run to its end with this cache (the runner's warmed marker), and
-where fewer than two helpers fit (cores, GPU memory).
+where fewer than two helpers fit (cores, GPU memory). One process per cache and device starts helpers (a lock
+file beside the marker): another engine process on the same GPU (`--engines N`) waits for them instead of
+compiling the same kinds again, then loads what they wrote. Engines on other GPUs start their own (the compiled
+functions' guards name the device, so a kind compiled on one GPU is compiled again for another).
 """
 from __future__ import annotations
 
 import argparse
+import fcntl
 import logging
 import os
 import signal
@@ -57,17 +61,34 @@ def helper_count(cores: int, free_gpu_bytes: int, weight_bytes: int) -> int:
     return max(0, min(len(TASKS), cores // CORES_PER_HELPER, free_gpu_bytes // (weight_bytes + HELPER_GPU_BYTES)))
 
 
-class Helpers:
-    """The helper processes of one fresh start; wait() returns once all have ended."""
+def hold(lock: Path) -> int | None:
+    """An open descriptor holding the lock file `lock` (closing it releases the lock; so does the process's
+    end, however it ends), or None where another process holds it."""
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    return fd
 
-    def __init__(self, procs: list[subprocess.Popen], groups: list[list[str]]):
-        self.procs, self.groups, self.t0 = procs, groups, time.perf_counter()
+
+def _import_compiler() -> None:
+    """What loading the first compiled artifact imports (2 s of the warm-up that follows), while helpers work."""
+    import torch._dynamo  # noqa: F401
+    import torch._inductor.codecache  # noqa: F401
+    import torch._inductor.output_code  # noqa: F401
+
+
+class Helpers:
+    """The helper processes of one fresh start, holding the cache's lock; wait() returns once all have ended
+    and releases it."""
+
+    def __init__(self, procs: list[subprocess.Popen], groups: list[list[str]], lock: int):
+        self.procs, self.groups, self.lock, self.t0 = procs, groups, lock, time.perf_counter()
 
     def wait(self) -> None:
-        # what loading the first compiled artifact imports (2 s of the warm-up that follows), while they work
-        import torch._dynamo  # noqa: F401
-        import torch._inductor.codecache  # noqa: F401
-        import torch._inductor.output_code  # noqa: F401
+        _import_compiler()
         ended: dict[int, float] = {}
         while len(ended) < len(self.procs):
             late = time.perf_counter() - self.t0 > HELPER_LIMIT_S
@@ -82,18 +103,49 @@ class Helpers:
                         log.warning("compile helper for %s ended with %s: warm-up compiles what it left",
                                     ",".join(self.groups[i]), proc.returncode)
             time.sleep(0.05)
+        os.close(self.lock)
         last = max(ended, key=ended.get)
         log.info("compile helpers done in %.1f s (the last: %s)", ended[last], ",".join(self.groups[last]))
 
 
+class OtherProcessHelpers:
+    """Another process's helpers filling the same cache: wait() returns once that process releases the lock
+    (its helpers ended, or it died), at most HELPER_LIMIT_S later."""
+
+    def __init__(self, lock: Path):
+        self.lock, self.t0 = lock, time.perf_counter()
+
+    def wait(self) -> None:
+        _import_compiler()
+        while (fd := hold(self.lock)) is None:
+            if time.perf_counter() - self.t0 > HELPER_LIMIT_S:
+                log.warning("the compile helpers of another process still hold %s after %.0f s: warm-up compiles "
+                            "what they left", self.lock, HELPER_LIMIT_S)
+                return
+            time.sleep(0.1)
+        os.close(fd)
+        log.info("another process's compile helpers done %.1f s later", time.perf_counter() - self.t0)
+
+
 def start(root: Path, device, dtype, decoder_dtype, max_prompt: int, max_frames: int, batch: int,
-          marker: Path) -> Helpers | None:
+          marker: Path) -> Helpers | OtherProcessHelpers | None:
     """Helpers compiling warm-up's kinds, unless `marker` (a finished warm-up) exists or fewer than two fit;
-    started before this process loads the model (their GPU memory is counted from the checkpoint's files)."""
+    started before this process loads the model (their GPU memory is counted from the checkpoint's files).
+    Where another process's helpers are filling this cache, those to wait for."""
     import torch
 
     if marker.exists():
         return None
+    lock_path = marker.parent / f"compile-helpers-{str(device).replace(':', '')}.lock"
+    try:
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        lock = hold(lock_path)
+    except OSError as e:                # a read-only cache: nothing a helper compiled could be kept either
+        log.warning("fresh compile cache: no compile helpers, their lock cannot be written (%s)", e)
+        return None
+    if lock is None:
+        log.info("fresh compile cache: another process's compile helpers fill it; waiting for them")
+        return OtherProcessHelpers(lock_path)
     free, _ = torch.cuda.mem_get_info(device)
     weights = sum(p.stat().st_size for p in Path(root).rglob("*.safetensors"))
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
@@ -101,6 +153,7 @@ def start(root: Path, device, dtype, decoder_dtype, max_prompt: int, max_frames:
     if n < 2:
         log.info("fresh compile cache: compiling in warm-up (%d cores, %.1f GiB free: room for %d helpers)",
                  cores, free / 2**30, n)
+        os.close(lock)
         return None
     groups = plan(batch, n)
     total = sum(TASKS.values())
@@ -116,7 +169,7 @@ def start(root: Path, device, dtype, decoder_dtype, max_prompt: int, max_frames:
              "--tasks", ",".join(tasks)], env=env))
     log.info("fresh compile cache: %d helper processes compile %s", len(procs),
              "; ".join(",".join(tasks) for tasks in groups))
-    return Helpers(procs, groups)
+    return Helpers(procs, groups, lock)
 
 
 def main(argv: list[str] | None = None) -> int:
