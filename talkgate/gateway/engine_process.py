@@ -247,7 +247,7 @@ class EngineServer:
 
 def main(argv: list[str] | None = None) -> int:
     heap.hold_collections()         # until the model is loaded: its imports are most of a restart
-    from talkgate.gateway.supervisor import child_setup
+    from talkgate.childproc import die_with_parent
     from talkgate.synth.engine import Engine
 
     p = argparse.ArgumentParser(prog="talkgate-engine", description="one engine process (started by talkgate serve)")
@@ -261,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--untrained-length", choices=["text-rule", "runaway"], default="text-rule")
     p.add_argument("--warmup-stall", type=float, default=DEFAULT_STALL_S)
     args = p.parse_args(argv)
-    child_setup()
+    die_with_parent()
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s engine{args.index} %(name)s %(levelname)s %(message)s")
     if (args.device or "").startswith("cpu"):
         import torch

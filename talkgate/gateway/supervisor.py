@@ -15,11 +15,10 @@ the workers' Prometheus files (PROMETHEUS_MULTIPROC_DIR); it is removed at exit.
 every worker is ready. A child that exits unexpectedly is started again, at once the first time and after
 a back-off (1 s doubling to 30 s) while it keeps dying within RESTART_WINDOW_S of its start; the others
 carry on (an engine's death fails only its contexts, a worker's closes only its connections).
-Children die with the supervisor (PR_SET_PDEATHSIG), even when it is killed.
+Children die with the supervisor (talkgate/childproc.py), even when it is killed.
 """
 from __future__ import annotations
 
-import ctypes
 import json
 import logging
 import math
@@ -44,17 +43,6 @@ def say(line: str) -> None:
     """One line to stdout in one write: the children write to the same stream."""
     sys.stdout.write(line + "\n")
     sys.stdout.flush()
-
-
-def child_setup() -> None:
-    """In a child of the supervisor: die with it (SIGTERM when the supervisor goes away, even by SIGKILL)."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGTERM)           # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        return
-    if os.getppid() == 1:                      # the parent died before the call
-        os.kill(os.getpid(), signal.SIGTERM)
 
 
 def worker_cap(max_connections: int, workers: int) -> int:

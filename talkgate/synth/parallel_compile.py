@@ -27,11 +27,12 @@ import argparse
 import fcntl
 import logging
 import os
-import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+from talkgate.childproc import die_with_parent
 
 log = logging.getLogger("talkgate.parallel_compile")
 
@@ -184,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch", type=int, required=True)
     p.add_argument("--tasks", required=True, help="comma-separated: prefill, PART@1, PART@2, PART@<batch>")
     args = p.parse_args(argv)
-    _die_with_parent()
+    die_with_parent()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s compile-helper %(name)s %(levelname)s %(message)s")
     import torch
 
@@ -206,17 +207,6 @@ def main(argv: list[str] | None = None) -> int:
              ", ".join(f"{what} {sec:.1f} s" for what, sec in runner.warmup_profile))
     logging.shutdown()
     os._exit(0)         # what is compiled is on disk: not the seconds Inductor's worker pool takes to wind down
-
-
-def _die_with_parent() -> None:
-    """SIGTERM when the process that started this one goes away, even by SIGKILL (Linux)."""
-    try:
-        import ctypes
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)      # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        return
-    if os.getppid() == 1:
-        os.kill(os.getpid(), signal.SIGTERM)
 
 
 if __name__ == "__main__":

