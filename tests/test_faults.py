@@ -88,6 +88,12 @@ def test_killed_engine_fails_only_its_contexts_and_is_restarted(tiny_checkpoint)
                 used = (series(before, "talkgate_engine_slots", engine="0")
                         - series(before, "talkgate_engine_slots_free", engine="0"))
                 os.kill(pids(srv, "engine")[0], signal.SIGKILL)
+
+                # readiness: engine 0 is down, read at once (on a slow machine its restart can be done before
+                # the other contexts end)
+                async def down():
+                    return series(await metrics(s, srv), "talkgate_engine_ready", engine="0") == 0.0
+                await wait_for(down, timeout=10.0)
                 ends = [await finish(c, f"c{i}") for i, c in enumerate(clients)]
                 failed = [e for e in ends if e["type"] == "error"]
                 assert all(e["code"] == "engine_failed" and e["fatal"] for e in failed), failed
@@ -95,8 +101,7 @@ def test_killed_engine_fails_only_its_contexts_and_is_restarted(tiny_checkpoint)
                 for c, e in zip(clients, ends):
                     if e["type"] == "context.done":
                         assert e["frames"] == FRAMES and same_audio(c, ref)
-                # readiness: engine 0 is down (restarting takes seconds), the server is ready on engine 1
-                assert series(await metrics(s, srv), "talkgate_engine_ready", engine="0") == 0.0
+                # the server stays up on engine 1 while engine 0 restarts
                 async with s.get(srv.url + "/health") as r:
                     assert r.status == 200
 
