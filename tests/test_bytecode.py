@@ -5,6 +5,7 @@ import os
 import py_compile
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from talkgate.gateway import bytecode
@@ -26,6 +27,9 @@ def package(root: Path) -> Path:
     src.mkdir(parents=True)
     (src / "__init__.py").write_text("")
     (src / "mod.py").write_text("VALUE = 42\n")
+    (src / "later.py").write_text("VALUE = 43\n")
+    (src / "tests").mkdir()
+    (src / "tests" / "test_mod.py").write_text("VALUE = 44\n")
     return src
 
 
@@ -48,6 +52,12 @@ def test_a_package_without_bytecode_has_it_kept_in_the_cache_and_read_by_the_nex
     kept = list(folder.rglob("mod.*.pyc"))
     assert len(kept) == 1 and str(src).lstrip(os.sep) in str(kept[0])
     assert not (src / "__pycache__").exists()
+    # the whole package is compiled over every core beside the start, not only what it imported; not its tests
+    deadline = time.monotonic() + 60
+    while not list(folder.glob("precompiled-*")):
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    assert len(list(folder.rglob("later.*.pyc"))) == 1 and not list(folder.rglob("test_mod.*.pyc"))
     again = subprocess.run([sys.executable, "-v", "-c", START], env=env, capture_output=True, text=True, timeout=120)
     assert again.returncode == 0, again.stderr
     assert f"# code object from '{kept[0]}'" in again.stderr
