@@ -127,3 +127,41 @@ def test_make_voice_answers_on_the_loop(tiny_engine):
 
     err, owned = asyncio.run(go())
     assert err.code == "invalid_params" and "needs a Base checkpoint" in err.message and owned == 0
+
+
+def test_a_step_for_many_links_is_handed_over_a_few_links_a_callback(tiny_engine):
+    """Each Link takes 1 ms with its events (its Opus encoding, say): a step's batch for a dozen of them is not one
+    callback of a dozen milliseconds; the loop runs its other callbacks between slices of ROUTE_SLICE_S, and each
+    Link still gets every event of its context, in order."""
+    log: list[str] = []
+
+    class SlowOwner(Owner):
+        def engine_events(self, events):
+            super().engine_events(events)
+            log.append("link")
+            time.sleep(0.001)
+
+    async def go():
+        loop = asyncio.get_running_loop()
+        client = EngineClient(tiny_engine, loop)
+        owners = [SlowOwner() for _ in range(12)]
+        ctxs = [speak(client, o, 3) for o in owners]
+        ticking = [True]
+
+        def tick():                                 # one entry a loop callback round
+            log.append("tick")
+            if ticking[0]:
+                loop.call_soon(tick)
+        tick()
+        await until(lambda: all(o.events and isinstance(o.events[-1], ContextDone) for o in owners))
+        ticking[0] = False
+        client.close()
+        return owners, ctxs
+
+    owners, ctxs = asyncio.run(go())
+    runs = "".join("L" if e == "link" else "." for e in log).split(".")
+    assert max(len(r) for r in runs) <= 4           # 2 ms of 1-ms Links, then the loop's other callbacks
+    assert max(len(b) for o in owners for b in o.batches) >= 1 and len(log) > 36
+    for owner, ctx in zip(owners, ctxs):
+        assert [ev.first_frame for ev in owner.events if isinstance(ev, AudioChunk)] == [0, 1, 2]
+        assert owner.events[-1] == ContextDone(ctx, "length", 3)

@@ -13,22 +13,30 @@ Context ids come from one counter shared by every session of this gateway (`cont
 unique per engine client as the engine requires. A session's MakeVoice (a context's own reference audio)
 uses its context's id as request id; `make_voice` (the voice store's uploads) takes an id from the same
 counter: VoiceMade and VoiceFailed are routed to their owner by it like a context's events. The engine calls `deliver` on its own thread once per
-step: the batch crosses to the loop in one call_soon_threadsafe. Batches handed over but not yet routed
-are counted: while MAX_BEHIND are outstanding `behind()` is true, and the engine (its `hold`) waits
-before its next step, so the loop's backlog stays bounded without dropping anything.
+step: the batch crosses to the loop in one call_soon_threadsafe. A step's batch is handed to its Links a few at a
+time, ROUTE_SLICE_S of them a loop callback, the next ones in the next callback: a step's audio for a worker's
+hundreds of contexts (each Link encoding its own, Opus the longest) is otherwise one callback of 10-30 ms, and
+every client message and timer of the loop waits behind it. Batches handed over but not yet routed to every Link
+are counted: while `max_behind` are (the engine's own, or MAX_BEHIND) `behind()` is true, and the engine (its
+`hold`) waits before its next step, so the loop's backlog stays bounded without dropping anything.
 """
 from __future__ import annotations
 
 import asyncio
+import collections
 import itertools
+import logging
 import threading
+import time
 
 from talkgate.synth.api import (
     CancelContext, ContextDone, ContextFailed, EngineCommand, EngineError, MakeVoice, OpenContext, VoiceFailed,
     VoiceMade, VoicePrompt,
 )
 
+log = logging.getLogger("talkgate.engine_client")
 MAX_BEHIND = 32             # step batches handed to the loop and not yet routed (~32 steps of audio)
+ROUTE_SLICE_S = 0.002       # Links a loop callback hands their events to: until this long has passed
 
 
 class EngineClient:
@@ -38,8 +46,13 @@ class EngineClient:
         self.new_tokenizer = engine.new_tokenizer
         self.contexts = itertools.count(1)
         self._owners: dict[int, object] = {}           # context -> Link (touched on the loop only)
-        self._outstanding = 0
+        self._outstanding = 0                          # batches handed over, not yet in _routing
         self._count_lock = threading.Lock()
+        self._routing: collections.deque = collections.deque()   # (Link, its events); None ends a step's batch
+        self._routed_later = 0                         # batches in _routing (loop only)
+        self._slice_pending = False
+        # an engine may say how far behind the loop may fall (RemoteEngines: 1, it reads the next step after)
+        self.max_behind = getattr(engine, "max_behind", MAX_BEHIND)
         self._loop_thread = threading.get_ident()
         self.client = engine.connect(self._deliver)
 
@@ -81,7 +94,7 @@ class EngineClient:
         return self.engine.stats().get("free_slots", 0)
 
     def behind(self) -> bool:
-        return self._outstanding >= MAX_BEHIND
+        return self._outstanding + self._routed_later >= self.max_behind
 
     def close(self) -> None:
         self.engine.disconnect(self.client)
@@ -109,12 +122,34 @@ class EngineClient:
                 if isinstance(ev, (ContextDone, ContextFailed, VoiceMade, VoiceFailed)):
                     del self._owners[key]
                 batches.setdefault(id(owner), (owner, []))[1].append(ev)
-            for owner, evs in batches.values():
-                owner.engine_events(evs)
+            self._routing.extend(batches.values())
+            self._routing.append(None)
+            self._routed_later += 1
         finally:
             if counted:
                 with self._count_lock:
                     self._outstanding -= 1
+        if not self._slice_pending:
+            self._route_slice()
+
+    def _route_slice(self) -> None:
+        """Hand events to Links in order, for ROUTE_SLICE_S; the rest in the next loop callback. A Link that
+        raises is logged and the others go on."""
+        self._slice_pending = True          # while it runs too: a batch routed meanwhile only joins the queue
+        t0 = time.perf_counter()
+        while self._routing:
+            entry = self._routing.popleft()
+            if entry is None:
+                self._routed_later -= 1
+                continue
+            try:
+                entry[0].engine_events(entry[1])
+            except Exception:
+                log.exception("handing engine events to %r failed", entry[0])
+            if self._routing and time.perf_counter() - t0 > ROUTE_SLICE_S:
+                self.loop.call_soon(self._route_slice)
+                return
+        self._slice_pending = False
 
 
 class _VoiceWaiter:

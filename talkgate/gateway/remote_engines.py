@@ -23,9 +23,10 @@ engine.
 Faults: an engine process that dies closes its connection (a ZMQ monitor event): its contexts fail with
 `engine_failed`, except those that have had no event yet, which move to another ready engine. Its
 restarted successor is greeted again (HELLO -> WELCOME) and takes new contexts once it says "ready".
-Backpressure: a STEP is read when the loop is free and handled at once (deliver runs on the loop), and
-acknowledged after; a loop that falls behind acknowledges late, and the engine, which never waits, fails
-this worker's contexts once it is WORKER_LAG_LIMIT_S behind (engine_process.py).
+Backpressure: a STEP is read when the loop is free and once the one before it has reached every Link (the
+EngineClient hands a step's events over a few loop callbacks; `hold`, max_behind = 1), and acknowledged when
+read; a loop that falls behind acknowledges late, and the engine, which never waits, fails this worker's
+contexts once it is WORKER_LAG_LIMIT_S behind (engine_process.py).
 """
 from __future__ import annotations
 
@@ -92,6 +93,8 @@ class _Link:
 
 
 class RemoteEngines:
+    max_behind = 1                  # step batches the EngineClient may hold unrouted: the next is read after
+
     def __init__(self, endpoints: list[str], worker: int = 0):
         self.worker = worker
         self.links = [_Link(i, e) for i, e in enumerate(endpoints)]
@@ -115,6 +118,8 @@ class RemoteEngines:
         # called on the loop with each STEP's age when its audio is handled (the engine's emit to here: ZMQ and
         # this loop's backlog); perf_counter is the host's monotonic clock, shared by the processes
         self.on_delivery = None
+        # while it returns true no message is read: the loop still hands the last step's events out (EngineClient.behind)
+        self.hold = None
 
     # ----- lifecycle (on the loop) -----
     def start(self) -> None:
@@ -313,6 +318,8 @@ class RemoteEngines:
         if link.sock is None:
             return
         for _ in range(MAX_MESSAGES_PER_READ):
+            if self.hold is not None and self.hold():
+                break
             try:
                 frames = link.sock.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
