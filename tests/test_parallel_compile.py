@@ -9,27 +9,29 @@ import time
 import torch
 
 from talkgate.synth import parallel_compile
-from talkgate.synth.parallel_compile import TASKS, helper_count, plan
+from talkgate.synth.parallel_compile import LATE, TASKS, helper_count, plan
 from talkgate.synth.runner import load_runner
 
 
-def test_the_plan_gives_every_task_to_one_helper_longest_first():
+def test_the_plan_gives_every_task_to_one_helper_longest_first_and_the_late_ones_a_helper_of_their_own():
     groups = plan(256, 4)
     tasks = [t for g in groups for t in g]
     assert sorted(tasks) == sorted(t.replace("@B", "@256") for t in TASKS)
-    assert len(groups) == 4
-    assert groups[0][0] == "decode@256"                    # the longest starts first
-    loads = [sum(TASKS[t.replace("@256", "@B")] for t in g) for g in groups]
-    assert max(loads) - min(loads) <= max(TASKS.values())  # spread, not piled on one
+    assert len(groups) == 5 and groups[-1] == list(LATE)   # the engine is ready without them
+    early = {k: v for k, v in TASKS.items() if k not in LATE}
+    assert groups[0][0] == max(early, key=early.get).replace("@B", "@256")     # the longest starts first
+    loads = [sum(TASKS[t.replace("@256", "@B")] for t in g) for g in groups[:4]]
+    assert max(loads) - min(loads) <= max(early.values())  # spread, not piled on one
 
 
 def test_one_helper_per_task_at_most_and_fewer_where_cores_or_memory_are_short():
     gib = 1 << 30
-    assert helper_count(cores=128, free_gpu_bytes=1000 * gib, weight_bytes=4 * gib) == len(TASKS)
+    most = len(TASKS) - len(LATE)                         # the late tasks' helper comes on top
+    assert helper_count(cores=128, free_gpu_bytes=1000 * gib, weight_bytes=4 * gib) == most
     assert helper_count(cores=16, free_gpu_bytes=1000 * gib, weight_bytes=4 * gib) == 8
-    assert helper_count(cores=16, free_gpu_bytes=20 * gib, weight_bytes=4 * gib) == 3
+    assert helper_count(cores=16, free_gpu_bytes=30 * gib, weight_bytes=4 * gib) == 4     # 5 fit, with the late one
     assert helper_count(cores=2, free_gpu_bytes=1000 * gib, weight_bytes=4 * gib) == 1
-    assert len(plan(256, 20)) == len(TASKS)
+    assert len(plan(256, 20)) == most + 1
 
 
 def test_a_finished_warm_up_skips_the_helpers(tmp_path, monkeypatch):
@@ -41,16 +43,19 @@ def test_a_finished_warm_up_skips_the_helpers(tmp_path, monkeypatch):
 
 def test_a_helper_runs_every_part_with_more_rows_than_slots(tiny_checkpoint):
     runner, *_ = load_runner(tiny_checkpoint, device="cpu", max_contexts=4)
-    tasks = ["decode@8", "codes@2", "decode@1", "codes@8", "codes@1", "prefill", "talker@1", "talker@8", "talker@2"]
+    tasks = ["early_convs@8", "late_convs@8", "decode@8", "codes@2", "early_convs@1", "late_convs@1", "decode@1",
+             "codes@8", "codes@1", "prefill@16", "prefill@32", "prefill@max", "talker@1", "talker@8", "talker@2"]
     cmd = [sys.executable, "-m", "talkgate.synth.parallel_compile", "--model", str(tiny_checkpoint), "--device", "cpu",
            "--dtype", "float32", "--decoder-dtype", "float32", "--max-prompt", str(runner.max_prompt),
            "--max-frames", "16", "--batch", "8", "--tasks", ",".join(tasks)]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     line = next(line for line in out.stderr.splitlines() if "compiled in" in line)
-    for task in tasks[:-1]:
-        assert f"{task} " in line                       # each part ran once, at 8 rows over 2 slots
-    assert "prefill 4x" in line and "prefill 1x" in line
+    for task in tasks:
+        if not task.startswith("prefill"):
+            assert f"{task} " in line                   # each part ran once, at 8 rows over 2 slots
+    for T in runner.prefill_lens:                       # every prefill length once, over the three tasks
+        assert line.count(f"prefill 4x{T} ") == 1 and line.count(f"prefill 1x{T} ") == 1
 
 
 def test_one_process_per_cache_starts_helpers_and_the_lock_ends_with_its_holder(tmp_path):
@@ -96,3 +101,28 @@ def test_a_cache_where_the_lock_cannot_be_written_starts_no_helpers_and_fails_no
     code.write_text("not a folder")
     assert parallel_compile.start(tmp_path, "cuda:0", torch.bfloat16, torch.float32, 128, 750, 256,
                                   code / "warmed-prompt128") is None
+
+
+def test_wait_returns_before_the_late_helper_ends_which_keeps_the_lock_until_it_does(tmp_path):
+    """Helpers.wait() waits for all but the last (LATE) helper; late_done() is None while it runs, then whether it
+    ended well, and the cache's lock is let go only then (another engine on this cache waits for all of them)."""
+    lock_path = tmp_path / "compile-helpers.lock"
+    fd = parallel_compile.hold(lock_path)
+    sleeper = lambda s, code=0: subprocess.Popen([sys.executable, "-c", f"import time; time.sleep({s}); exit({code})"])
+    helpers = parallel_compile.Helpers([sleeper(0.2), sleeper(0.3), sleeper(3)], [["a"], ["b"], list(LATE)], fd)
+    t0 = time.perf_counter()
+    helpers.wait()
+    assert time.perf_counter() - t0 < 2.5
+    assert helpers.late_done() is None and parallel_compile.hold(lock_path) is None
+    # the late helper ending first: wait() still waits for every other
+    early_late = parallel_compile.Helpers([sleeper(1.5), sleeper(0.1)], [["a"], list(LATE)], None)
+    early_late.wait()
+    assert early_late.procs[0].poll() is not None
+    assert helpers.wait_late() is True and helpers.late_done() is True
+    again = parallel_compile.hold(lock_path)
+    assert again is not None
+    os.close(again)
+    failed = parallel_compile.Helpers([sleeper(0.1), sleeper(0.2, code=1)], [["a"], list(LATE)],
+                                      parallel_compile.hold(lock_path))
+    failed.wait()
+    assert failed.wait_late() is False

@@ -92,7 +92,7 @@ def test_compiled_functions_are_bound_to_the_model_not_its_classes(tiny_checkpoi
     from talkgate.synth import codec_decoder, model
     from talkgate.synth.loader import load_tts
     plain = {(cls, name): getattr(cls, name) for cls, name in ((model.RMSNorm, "forward"), (model.Attention, "qkv"),
-                                                             (codec_decoder.CodecDecoder, "convs"))}
+                                                             (codec_decoder.CodecDecoder, "late_convs"))}
     tts, other = load_tts(tiny_checkpoint), load_tts(tiny_checkpoint)
     n = compile_hot_functions(tts.talker, tts.code_predictor, tts.codec_decoder, folder=tmp_path)
     assert n > 10 and compile_hot_functions(tts.talker, folder=tmp_path) == 0          # idempotent
@@ -101,15 +101,16 @@ def test_compiled_functions_are_bound_to_the_model_not_its_classes(tiny_checkpoi
     norm = tts.talker.layers[0].input_layernorm
     assert "forward" in vars(norm) and vars(norm)["forward"].__self__ is norm
     assert "forward" not in vars(other.talker.layers[0].input_layernorm)    # another model: plain
-    assert "convs" in vars(tts.codec_decoder) and "convs" not in vars(other.codec_decoder)
+    assert "late_convs" in vars(tts.codec_decoder) and "late_convs" not in vars(other.codec_decoder)
+    assert "convs" not in vars(tts.codec_decoder)             # plain: it calls the two compiled halves
     # one compiled function per method, shared by every instance
     assert vars(norm)["forward"].__func__ is vars(tts.talker.layers[1].input_layernorm)["forward"].__func__
     # priming a voice runs the plain decoder functions, and cuDNN's heuristics; both come back after
-    compiled, search = vars(tts.codec_decoder)["convs"], torch.backends.cudnn.benchmark
+    compiled, search = vars(tts.codec_decoder)["late_convs"], torch.backends.cudnn.benchmark
     with plain_functions(tts.codec_decoder, PLAIN_WHEN_PRIMING):
-        assert "convs" not in vars(tts.codec_decoder) and "codes_in" not in vars(tts.codec_decoder)
+        assert not {"codes_in", "early_convs", "late_convs"} & set(vars(tts.codec_decoder))
         assert not torch.backends.cudnn.benchmark
-    assert vars(tts.codec_decoder)["convs"] is compiled and torch.backends.cudnn.benchmark == search
+    assert vars(tts.codec_decoder)["late_convs"] is compiled and torch.backends.cudnn.benchmark == search
 
 
 KINDS_SCRIPT = """

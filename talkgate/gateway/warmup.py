@@ -46,6 +46,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     loaded = time.perf_counter()
     runner.warmup()
+    runner.finish_compiles()            # a fresh cache's last helper (two rows' persistent kernels): in the cache too
     print(f"talkgate: warm-up of {engine.info.name} ({engine.info.size}, {runner.num_slots} slots) done in "
           f"{time.perf_counter() - loaded:.1f} s after a {loaded - t0:.1f} s load, {len(runner.graphs)} graphs; "
           "compile cache: " + ", ".join(f"{var}={os.environ.get(var)}" for var in compile_cache.ENV)

@@ -610,6 +610,9 @@ class DecoderState:
         self.pos.index_fill_(0, slots, 0)
 
 
+EARLY_BLOCKS = 2         # decoder blocks in early_convs (of 4): with the upsampling, about half the kernels
+
+
 class CodecDecoder(nn.Module):
     """Qwen3TTSTokenizerV2Decoder for inference: codes -> waveform, in one call or frame by frame."""
 
@@ -675,16 +678,27 @@ class CodecDecoder(nn.Module):
 
     def convs(self, h: torch.Tensor, tails: torch.Tensor) -> torch.Tensor:
         """The transformer's output [B, n, latent] -> pcm [B, n * frame_samples] float32: upsampling and
-        the decoder's conv stack."""
-        B = h.shape[0]
+        the decoder's conv stack, in two halves that compile apart (runner.compile_hot_functions: one took a
+        compile helper 52 s on an H100, the longest of a fresh start). A half ends at a block's output, which
+        a convolution writes to memory either way."""
+        return self.late_convs(self.early_convs(h, tails), tails)
+
+    def early_convs(self, h: torch.Tensor, tails: torch.Tensor) -> torch.Tensor:
+        """[B, n, latent] -> the output of the first EARLY_BLOCKS decoder blocks [B, C, n * upsampling]."""
         h = h.transpose(1, 2)
         for trans_conv, convnext in self.upsample:
             h = convnext(trans_conv(h, tails), tails)
         h = self.decoder[0](h, tails)
-        for block in self.decoder[1:-2]:
+        for block in self.decoder[1:1 + EARLY_BLOCKS]:
+            h = block(h, tails)
+        return h
+
+    def late_convs(self, h: torch.Tensor, tails: torch.Tensor) -> torch.Tensor:
+        """early_convs' output -> pcm [B, n * frame_samples] float32: the other blocks and the output conv."""
+        for block in self.decoder[1 + EARLY_BLOCKS:-2]:
             h = block(h, tails)
         wav = self.decoder[-1](self.decoder[-2](h), tails)              # [B, 1, n * frame_samples]
-        return wav.clamp(-1, 1).view(B, -1).float()
+        return wav.clamp(-1, 1).view(h.shape[0], -1).float()
 
     @torch.no_grad()
     def decode(self, codes: torch.Tensor, chunk_frames: int = 64) -> torch.Tensor:

@@ -367,6 +367,7 @@ class Engine:
     def _capture_if_unnoticed(self) -> bool:
         """Capture one pending graph if no context would notice (QUIET_S, BUSY_S above); the last step's
         audio is handed out first. True if it captured."""
+        self.runner.adopt_compiles()            # a compile helper's late kernels: their graphs join pending
         if not self.runner.pending:
             return False
         now = time.perf_counter()

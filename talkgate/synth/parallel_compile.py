@@ -9,11 +9,12 @@ warm-up's parts once (Runner.compile_kinds), which compiles their kinds into the
 (compile_cache.py: Inductor's and Triton's; precompiled.py: the traced functions, written whole or not at
 all); the engine's own warm-up then loads them as a restart does. A helper that fails or overruns costs
 only time: warm-up compiles whatever it finds missing. Measured (H200, 1.7B): ready 67 s after the start
-on an empty cache, the longest helper (decode@256) 40 s after its 11-s load.
+on an empty cache, the longest helper (the decoder's step at 256 rows, one task then) 40 s after its 11-s load.
 
     helpers = start(root, device, dtype, decoder_dtype, max_prompt, max_frames, batch, marker)   # load_runner
     ... the engine process loads the model meanwhile ...
-    helpers.wait()
+    helpers.wait()                      # all but the LATE tasks' helper
+    ... warm-up; the engine serves; between steps, Runner.adopt_compiles: helpers.late_done() ...
 
 Skipped where a warm-up of this code has run to its end with this cache (the runner's warmed marker), and
 where fewer than two helpers fit (cores, GPU memory). One process per cache and device starts helpers (a lock
@@ -36,10 +37,16 @@ from talkgate.childproc import die_with_parent
 
 log = logging.getLogger("talkgate.parallel_compile")
 
-# warm-up's parts, with their fresh compile seconds for 1.7B on an H100 (docs/benchmarks.md, 2026-11-24):
-# the longest go to helpers first. B: the largest batch.
-TASKS = {"decode@B": 58, "codes@2": 41, "decode@1": 31, "codes@B": 24, "codes@1": 16, "prefill": 13,
-         "talker@1": 12, "talker@B": 10, "talker@2": 5}
+# warm-up's parts (Runner.compile_kinds), with their seconds in 8 helpers at once on an empty cache, 1.7B on an
+# H100 (docs/benchmarks.md, 2026-11-27): the longest go to helpers first. B: the largest batch.
+TASKS = {"codes@2": 39, "early_convs@B": 32, "early_convs@1": 27, "prefill@max": 22, "late_convs@B": 21,
+         "codes@B": 20, "codes@1": 20, "late_convs@1": 19, "prefill@16": 17, "talker@1": 11, "prefill@32": 9,
+         "talker@B": 5, "decode@B": 4, "decode@1": 3, "talker@2": 2}
+# The persistent kernels of two rows (synth/persistent.py): one Triton kernel took 52 s of them, 28 s of it in
+# one compiler pass. Until their helper is done the engine runs two rows with the general kinds (0.6 ms a step
+# slower at two rows) and is ready without them; then it captures the two-row graphs again (Runner.adopt_compiles).
+# They share one helper: with one each (10 processes on an H100 machine) two 1.7B helpers failed as they started.
+LATE = ("codes@2", "talker@2")
 HELPER_GPU_BYTES = 2 << 30       # a helper's GPU memory beside the weights (its 2 slots, the step at B rows)
 CORES_PER_HELPER = 2             # Dynamo and Inductor on one, Inductor's parallel Triton compiles beside it
 HELPER_LIMIT_S = 600.0           # a helper still running after this is taken for a hung compile and killed (warm-up
@@ -47,19 +54,23 @@ HELPER_LIMIT_S = 600.0           # a helper still running after this is taken fo
 
 
 def plan(batch: int, helpers: int) -> list[list[str]]:
-    """TASKS for a largest batch of `batch` rows over `helpers` helpers, longest first, each to the
-    least loaded helper so far."""
+    """TASKS for a largest batch of `batch` rows: all but the LATE ones over `helpers` helpers, longest first, each
+    to the least loaded helper so far; then the LATE ones, to a helper of their own (the last group)."""
     loads: list[tuple[float, list[str]]] = [(0.0, []) for _ in range(max(1, helpers))]
     for task, cost in sorted(TASKS.items(), key=lambda kv: -kv[1]):
+        if task in LATE:
+            continue
         i = min(range(len(loads)), key=lambda j: loads[j][0])
         loads[i] = (loads[i][0] + cost, loads[i][1] + [task.replace("@B", f"@{batch}")])
-    return [tasks for _, tasks in loads if tasks]
+    return [tasks for _, tasks in loads if tasks] + [list(LATE)]
 
 
 def helper_count(cores: int, free_gpu_bytes: int, weight_bytes: int) -> int:
-    """Helpers that fit: CORES_PER_HELPER cores each, the weights and HELPER_GPU_BYTES each in the GPU's free
-    memory; at most one per task."""
-    return max(0, min(len(TASKS), cores // CORES_PER_HELPER, free_gpu_bytes // (weight_bytes + HELPER_GPU_BYTES)))
+    """Helpers that fit for the tasks but the LATE ones: CORES_PER_HELPER cores each (the LATE tasks' helper,
+    mostly one core of Triton's compiler, comes on top), the weights and HELPER_GPU_BYTES each in the GPU's free
+    memory, the LATE tasks' helper's too; at most one per task."""
+    most = len(TASKS) - len(LATE)
+    return max(0, min(most, cores // CORES_PER_HELPER, free_gpu_bytes // (weight_bytes + HELPER_GPU_BYTES) - 1))
 
 
 def hold(lock: Path) -> int | None:
@@ -82,31 +93,58 @@ def _import_compiler() -> None:
 
 
 class Helpers:
-    """The helper processes of one fresh start, holding the cache's lock; wait() returns once all have ended
-    and releases it."""
+    """The helper processes of one fresh start, holding the cache's lock: wait() returns once all but the LATE
+    tasks' helper (the last group) have ended; late_done() says when it has, and lets the lock go then."""
 
-    def __init__(self, procs: list[subprocess.Popen], groups: list[list[str]], lock: int):
+    def __init__(self, procs: list[subprocess.Popen], groups: list[list[str]], lock: int | None):
         self.procs, self.groups, self.lock, self.t0 = procs, groups, lock, time.perf_counter()
+        self.late = range(len(procs) - sum(g[0] in LATE for g in groups), len(procs))
+        self.ended: dict[int, float] = {}
+        self.late_ok: bool | None = None
 
     def wait(self) -> None:
         _import_compiler()
-        ended: dict[int, float] = {}
-        while len(ended) < len(self.procs):
-            late = time.perf_counter() - self.t0 > HELPER_LIMIT_S
-            for i, proc in enumerate(self.procs):
-                if i in ended:
-                    continue
-                if late and proc.poll() is None:
-                    proc.kill()
-                if proc.poll() is not None:
-                    ended[i] = time.perf_counter() - self.t0
-                    if proc.returncode:
-                        log.warning("compile helper for %s ended with %s: warm-up compiles what it left",
-                                    ",".join(self.groups[i]), proc.returncode)
+        while any(i not in self.ended for i in range(self.late.start)):
+            self._poll()
             time.sleep(0.05)
-        os.close(self.lock)
-        last = max(ended, key=ended.get)
-        log.info("compile helpers done in %.1f s (the last: %s)", ended[last], ",".join(self.groups[last]))
+        last = max(range(self.late.start), key=self.ended.get)
+        late = ",".join(t for i in self.late for t in self.groups[i])
+        log.info("compile helpers done in %.1f s (the last: %s); %s %s", self.ended[last], ",".join(self.groups[last]),
+                 late, "too" if len(self.ended) == len(self.procs) else "in the background")
+
+    def late_done(self) -> bool | None:
+        """None while the LATE tasks' helper runs; then whether it compiled them (the lock is let go then)."""
+        if self.late_ok is not None:
+            return self.late_ok
+        self._poll()
+        if any(i not in self.ended for i in self.late):
+            return None
+        if self.lock is not None:
+            os.close(self.lock)
+            self.lock = None
+        self.late_ok = all(self.procs[i].returncode == 0 for i in self.late)
+        log.info("compile helper for %s %s after %.1f s", ",".join(t for i in self.late for t in self.groups[i]),
+                 "done" if self.late_ok else "failed", max(self.ended[i] for i in self.late))
+        return self.late_ok
+
+    def wait_late(self) -> bool:
+        """Wait for the LATE tasks' helper too (`talkgate warmup`); whether it compiled them."""
+        while (ok := self.late_done()) is None:
+            time.sleep(0.1)
+        return ok
+
+    def _poll(self) -> None:
+        late = time.perf_counter() - self.t0 > HELPER_LIMIT_S
+        for i, proc in enumerate(self.procs):
+            if i in self.ended:
+                continue
+            if late and proc.poll() is None:
+                proc.kill()
+            if proc.poll() is not None:
+                self.ended[i] = time.perf_counter() - self.t0
+                if proc.returncode:
+                    log.warning("compile helper for %s ended with %s: warm-up compiles what it left",
+                                ",".join(self.groups[i]), proc.returncode)
 
 
 class OtherProcessHelpers:
@@ -126,6 +164,12 @@ class OtherProcessHelpers:
             time.sleep(0.1)
         os.close(fd)
         log.info("another process's compile helpers done %.1f s later", time.perf_counter() - self.t0)
+
+    def late_done(self) -> bool:
+        return True                     # wait() waited for all of them
+
+    def wait_late(self) -> bool:
+        return True
 
 
 def start(root: Path, device, dtype, decoder_dtype, max_prompt: int, max_frames: int, batch: int,

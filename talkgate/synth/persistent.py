@@ -557,7 +557,9 @@ def predictor_kernel(
 
 def supports(model, rows: int) -> bool:
     """Whether the kernels take `rows` rows of this Talker or code predictor: at most MAX_ROWS rows of
-    hidden 1024 (fewer when wider), stacked layers (synth.model.fuse_projections), power-of-two widths."""
+    hidden 1024 (fewer when wider), and at most the model's `persistent_rows` where the runner set one (while
+    a compile helper compiles the kernels of more rows), stacked layers (synth.model.fuse_projections),
+    power-of-two widths."""
     d = model.cfg.dims
     widths = [d.hidden_size, d.head_dim, d.num_heads // d.num_kv_heads]
     if hasattr(model, "embeddings"):                          # the code predictor's input width (Talker hidden)
@@ -565,7 +567,8 @@ def supports(model, rows: int) -> bool:
     pow2 = all(n & (n - 1) == 0 for n in widths)
     # a row is an accumulator tile: 2 rows of the 1.7B Talker (hidden 2048) lost to the per-layer path on
     # the H100 (2.04 against about 1.8 ms), 2 rows of hidden 1024 win
-    return 0 < rows <= MAX_ROWS and rows * d.hidden_size <= 2048 and pow2 and hasattr(model, "stacked")
+    limit = min(MAX_ROWS, vars(model).get("persistent_rows", MAX_ROWS))
+    return 0 < rows <= limit and rows * d.hidden_size <= 2048 and pow2 and hasattr(model, "stacked")
 
 
 @functools.cache

@@ -63,6 +63,8 @@ log = logging.getLogger("talkgate.runner")
 
 CODES = 16
 PARTS = ("talker", "codes", "decode")  # a step's graphs, in launch order
+LATER_POLL_S = 0.5                      # adopt_compiles: how often it asks the compile helper
+PREFILL_TASKS = ("16", "32", "max")     # compile_kinds' prefill tasks: lengths up to 16, up to 32, the rest
 PREFILL_ROWS = (1, 2, 4)               # prefill graph buckets: new contexts per graph (more: in chunks)
 # Captured before the engine reports ready: every prefill graph, the batch buckets up to this size and the
 # largest (a batch pads up to the nearest captured bucket); the others one at a time afterwards, when no
@@ -176,6 +178,8 @@ class Runner:
         self.gpu_wait_s = 0.0                          # the engine thread's time blocked on a step's codes or PCM
         self._pool = self._stream = None
         self.warm = self._warming = False
+        self.later = None                              # a compile helper still at kernels (compiling_later)
+        self._later_poll = 0.0
 
     # ----- per-slot state -----
     def open_slots(self, reqs: list[Request]) -> None:
@@ -395,11 +399,8 @@ class Runner:
             if self.use_graphs:
                 self._capture_first(first_audio_only)
         self._warming = False
-        if self.warmed_marker is not None:
-            try:
-                self.warmed_marker.touch()
-            except OSError as e:                  # a read-only cache: the next fresh start compiles in helpers again
-                log.warning("warm-up not marked done in the compile cache (%s)", e)
+        if self.later is None:
+            self._mark_warmed()
         log.info("warm-up: %s", ", ".join(f"{what} {sec:.2f} s" for what, sec in self.warmup_profile))
         if self.capture_split:
             warm, capture = (sum(x) for x in zip(*self.capture_split.values()))
@@ -407,6 +408,53 @@ class Runner:
                      "the captures %.2f s", len(self.capture_split), warm, capture)
         if not self.pending:
             log.info("all %d graphs captured", len(self.graphs))
+
+    def _mark_warmed(self) -> None:
+        if self.warmed_marker is not None:
+            try:
+                self.warmed_marker.touch()
+            except OSError as e:                  # a read-only cache: the next fresh start compiles in helpers again
+                log.warning("warm-up not marked done in the compile cache (%s)", e)
+
+    def compiling_later(self, helpers) -> None:
+        """`helpers` (synth/parallel_compile.Helpers) still compile the persistent kernels of two rows
+        (parallel_compile.LATE): until adopt_compiles() finds them done, two rows run the general kinds."""
+        self.later = helpers
+        for model in (self.talker, self.predictor):
+            model.persistent_rows = 1
+
+    def adopt_compiles(self) -> bool:
+        """Between steps (the engine thread), at most every LATER_POLL_S: once the helper of compiling_later has
+        ended, two rows take the persistent kernels it compiled (their graphs are captured again, pending) and
+        the cache is marked warmed; a helper that failed leaves two rows on the general kinds. True once
+        adopted."""
+        now = time.perf_counter()
+        if self.later is None or now < self._later_poll:
+            return False
+        self._later_poll = now + LATER_POLL_S
+        ok = self.later.late_done()
+        if ok is None:
+            return False
+        self.later = None
+        if not ok:
+            log.warning("the persistent kernels of two rows were not compiled: two rows keep the general kinds")
+            return False
+        for model in (self.talker, self.predictor):
+            del model.persistent_rows
+        if self.use_graphs and self.warm:
+            self.pending.extendleft((part, 2) for part in ("codes", "talker"))   # again, with the kernels
+        if self.warm:
+            self._mark_warmed()
+        log.info("the persistent kernels of two rows compiled: two rows take them%s",
+                 " once their graphs are captured again" if self.use_graphs and self.warm else "")
+        return True
+
+    def finish_compiles(self) -> None:
+        """Wait for the helper of compiling_later and adopt its kernels (`talkgate warmup`: the cache complete)."""
+        if self.later is not None:
+            self.later.wait_late()
+            self._later_poll = 0.0
+            self.adopt_compiles()
 
     def _capture_first(self, first_audio_only: bool) -> None:
         torch.cuda.synchronize()
@@ -435,25 +483,41 @@ class Runner:
     def compile_kinds(self, tasks: list[str]) -> None:
         """Run the warm-up's parts named by `tasks` once each, eagerly, which compiles the kinds of input they
         meet into the caches, as warmup() would (a compile helper's work: synth/parallel_compile.py). A task is
-        "prefill" (every prefill length, four rows first as warm-up meets them), PART@B at the largest batch
-        (the general kinds, tuned at that size, as warm-up tunes them), PART@1 (the one-row kinds and
-        persistent kernels), or PART@2, which runs with the plain functions so that it compiles only the
-        persistent kernels of two rows and never a general kind at two rows."""
+        prefill@T (the prefill lengths up to T and above the next shorter task's, four rows first as warm-up
+        meets them; prefill@max: the longest), PART@B at the largest batch (the general kinds, tuned at that
+        size, as warm-up tunes them), PART@1 (the one-row kinds and persistent kernels), or PART@2, which runs
+        with the plain functions so that it compiles only the persistent kernels of two rows and never a
+        general kind at two rows. The decoder's step is three tasks, its two longest compiles apart:
+        early_convs@B and late_convs@B run it with only that half of CodecDecoder.convs compiled, decode@B
+        with all but those."""
+        halves = ("early_convs", "late_convs")
         with torch.inference_mode():
             self._dummy_inputs()
             for task in tasks:
-                if task == "prefill":
+                part, b = task.split("@")
+                if part == "prefill":
                     self.pre_idx[0] = self.dummy
-                    for T in self.prefill_lens:
+                    for T in self._prefill_group(b):
                         for rows in reversed(self.prefill_rows):
                             self._timed(f"prefill {rows}x{T}", self._prefill_step, rows, T)
                     continue
-                part, b = task.split("@")
                 with contextlib.ExitStack() as plain:
                     if b == "2":
                         for root in (self.talker, self.predictor, self.decoder):
                             plain.enter_context(plain_functions(root, HOT_NAMES))
-                    self._timed(task, self._parts[part], int(b))
+                    elif part in halves:
+                        plain.enter_context(plain_functions(self.decoder, tuple(n for n in HOT_NAMES if n != part)))
+                    elif part == "decode":
+                        plain.enter_context(plain_functions(self.decoder, halves))
+                    self._timed(task, self._parts["decode" if part in halves else part], int(b))
+
+    def _prefill_group(self, bound: str) -> list[int]:
+        """The prefill lengths of task prefill@<bound>: up to `bound` and above the next shorter of
+        PREFILL_TASKS; "max": above the longest of them."""
+        bounds = [int(t) for t in PREFILL_TASKS if t != "max"]
+        top = max(self.prefill_lens) if bound == "max" else int(bound)
+        low = max([t for t in bounds if t < top], default=0)
+        return [T for T in self.prefill_lens if low < T <= top]
 
     def capture_next(self) -> float | None:
         """Capture the next pending batch graph (engine thread, between steps) and return its
@@ -531,7 +595,8 @@ def _compiled_graphs() -> int:
 
 HOT_FUNCTIONS = (("model", "RMSNorm", "forward"), ("model", "RMSNorm", "residual"), ("model", "Attention", "qkv"),
                  ("model", "MLP", "forward"), ("codec_decoder", "RMSNorm", "residual"), ("codec_decoder", "Mlp", "forward"),
-                 ("codec_decoder", "CodecDecoder", "codes_in"), ("codec_decoder", "CodecDecoder", "convs"))
+                 ("codec_decoder", "CodecDecoder", "codes_in"), ("codec_decoder", "CodecDecoder", "early_convs"),
+                 ("codec_decoder", "CodecDecoder", "late_convs"))
 HOT_NAMES = tuple(sorted({name for _, _, name in HOT_FUNCTIONS}))
 _compiled: dict = {}           # (function, folder) -> its compiled version (a plain function), shared by every instance
 
@@ -540,7 +605,7 @@ def compile_hot_functions(*modules: torch.nn.Module, folder: str | os.PathLike) 
     """torch.compile the model's leaf functions that every layer and every codebook calls (RMSNorm,
     q/k/v with q/k norm and RoPE, the SwiGLU MLP; the decoder transformer's SwiGLU MLP and layer-scaled
     residual add with the next norm), and the decoder's parts before and after its transformer whole
-    (CodecDecoder.codes_in, CodecDecoder.convs: the SnakeBetas, conv tails and window gathers fused around
+    (CodecDecoder.codes_in, CodecDecoder.convs' two halves: the SnakeBetas, conv tails and window gathers fused around
     the multiplies): a frame is otherwise about 7,000 kernels of 1-5 us, mostly elementwise. Small graphs
     compile in seconds, the decoder's parts in about a minute (a whole-step compile took over 5 minutes).
     Compiled ahead of time, one kind of input at a time, and kept with their traces under `folder`
@@ -579,10 +644,10 @@ def compile_hot_functions(*modules: torch.nn.Module, folder: str | os.PathLike) 
 
 
 # Priming decodes up to PRIME_CHUNK frames a call, once per stored voice, with the plain functions: the
-# compiled CodecDecoder.convs does not build for a many-frame chunk (Inductor folds an index into an int32
+# compiled CodecDecoder.convs (its halves) does not build for a many-frame chunk (Inductor folds an index into an int32
 # constant that overflows, 1.7B Base on an H100), and cuDNN's algorithm search would run again for every new
 # chunk length (a search takes up to a second).
-PLAIN_WHEN_PRIMING = ("codes_in", "convs")
+PLAIN_WHEN_PRIMING = ("codes_in", "early_convs", "late_convs")
 
 
 @contextlib.contextmanager
@@ -677,6 +742,8 @@ def load_runner(path_or_id, device=None, dtype=None, max_contexts=None, max_fram
     runner = Runner(tts, num_slots=max_contexts, max_frames=max_frames_per_context, max_prompt=max_prompt,
                     max_batch=max_batch, device=device, dtype=dtype, cuda_graphs=cuda_graphs,
                     torch_compile=torch_compile, compile_folder=functions)
+    if helpers is not None and helpers.late_done() is None:
+        runner.compiling_later(helpers)
     # the cold start's first part (docs/benchmarks.md): what came before the load is the interpreter and imports
     age = process_age_s()
     log.info("loaded: checkpoint %.2f s, runner (slots, compiled functions bound) %.2f s; process start -> here %s",
