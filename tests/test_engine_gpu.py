@@ -142,7 +142,9 @@ def test_staged_capture_pads_then_captures_the_rest_between_steps(checkpoint):
                                     max_frames_per_context=64, torch_compile=False)
     r = engine.runner
     r.warmup(first_audio_only=True)
-    assert r.captured == [1, 2, 4, 8, 16, 40] and list(r.pending) == [("talker", 32), ("codes", 32), ("decode", 32)]
+    # pending: the decoder graphs of the first buckets again after cuDNN's search, then bucket 32
+    assert r.captured == [1, 2, 4, 8, 16, 40] and list(r.pending) == [("decode", b) for b in (2, 4, 8, 16)] + [
+        ("talker", 32), ("codes", 32), ("decode", 32)]
     params = [ContextParams(sampling=SamplingParams(seed=i), fixed_frames=10) for i in range(20)]
     texts = [TEXTS[i % 3] for i in range(20)]
     padded = run_contexts(engine, params, texts)
@@ -209,6 +211,16 @@ def test_a_fresh_start_compiles_in_helpers_and_leaves_warm_up_nothing_to_compile
     assert list(runner.warmed_marker.parent.rglob("*.aot")) and not runner.warmed_marker.exists()
     with caplog.at_level(logging.INFO, logger="talkgate.precompiled"):
         runner.warmup()
-    assert [r.getMessage() for r in caplog.records if "loaded" in r.getMessage()]        # it sees the helpers' kinds
-    assert not [r.getMessage() for r in caplog.records if "compiled and saved" in r.getMessage()]
-    assert runner.warmed_marker.exists()
+        assert [r.getMessage() for r in caplog.records if "loaded" in r.getMessage()]    # it sees the helpers' kinds
+        assert not [r.getMessage() for r in caplog.records if "compiled and saved" in r.getMessage()]
+        # the persistent kernels of two rows come from a helper that may still run: two rows take the general
+        # kinds meanwhile; adopted, their graphs are captured again, and only then is the cache marked warmed
+        if runner.later is not None:
+            assert not runner.warmed_marker.exists() and runner.predictor.persistent_rows == 1
+            runner.finish_compiles()
+            assert ("codes", 2) in runner.pending
+        assert runner.later is None and "persistent_rows" not in vars(runner.predictor)
+        assert runner.warmed_marker.exists()
+        while runner.capture_next() is not None:
+            pass
+        assert not [r.getMessage() for r in caplog.records if "compiled and saved" in r.getMessage()]
