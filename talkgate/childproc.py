@@ -1,5 +1,6 @@
-"""What a child process of talkgate's does first: die with the process that started it (the supervisor's
-engines and workers, an engine's compile helpers), so that no child outlives a parent killed with SIGKILL."""
+"""talkgate's child processes: how many the cores allow (workers, compile helpers, bytecode compilers), and what
+each does first: die with the process that started it (the supervisor's engines and workers, an engine's compile
+helpers), so that no child outlives a parent killed with SIGKILL."""
 from __future__ import annotations
 
 import ctypes
@@ -17,3 +18,9 @@ def die_with_parent() -> None:
         return
     if os.getppid() == 1:                      # the parent died before the call
         os.kill(os.getpid(), signal.SIGTERM)
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity, a container's cpuset; all of them where the platform
+    has no affinity)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1

@@ -24,6 +24,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from talkgate.childproc import usable_cores
 from talkgate.synth.compile_cache import cache_root
 
 log = logging.getLogger("talkgate.bytecode")
@@ -95,7 +96,7 @@ def precompile(folder: Path, packages: tuple[str, ...]) -> subprocess.Popen | No
     if marker.exists() or not packages:
         return None
     dirs = [d for name in packages for d in importlib.util.find_spec(name).submodule_search_locations or ()]
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    cores = usable_cores()
     try:
         proc = subprocess.Popen([sys.executable, "-c", PRECOMPILE, str(marker), str(cores), SKIPPED, *dirs],
                                 env=dict(os.environ, PYTHONPYCACHEPREFIX=str(folder)), stdout=subprocess.DEVNULL)

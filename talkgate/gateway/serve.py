@@ -19,6 +19,7 @@ import socket
 import ssl
 from pathlib import Path
 
+from talkgate.childproc import usable_cores
 from talkgate.gateway import args as cli_args
 from talkgate.gateway import bytecode
 from talkgate.gateway.args import CommandError
@@ -254,7 +255,7 @@ def server_config(args: argparse.Namespace):
 def default_workers(engines: int, cores: int | None = None) -> int:
     """Worker processes beside `engines` engine processes on `cores` cores: a core per engine process (its
     step loop) and one for the rest of the machine, the others for workers, 1 to MAX_DEFAULT_WORKERS."""
-    cores = cores or len(os.sched_getaffinity(0))
+    cores = cores or usable_cores()
     return max(1, min(MAX_DEFAULT_WORKERS, cores - engines - 1))
 
 

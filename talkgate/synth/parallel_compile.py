@@ -33,7 +33,7 @@ import sys
 import time
 from pathlib import Path
 
-from talkgate.childproc import die_with_parent
+from talkgate.childproc import die_with_parent, usable_cores
 
 log = logging.getLogger("talkgate.parallel_compile")
 
@@ -98,33 +98,32 @@ class Helpers:
 
     def __init__(self, procs: list[subprocess.Popen], groups: list[list[str]], lock: int | None):
         self.procs, self.groups, self.lock, self.t0 = procs, groups, lock, time.perf_counter()
-        self.late = range(len(procs) - sum(g[0] in LATE for g in groups), len(procs))
+        self.late = len(procs) - 1                     # plan() puts the LATE tasks last
         self.ended: dict[int, float] = {}
         self.late_ok: bool | None = None
 
     def wait(self) -> None:
         _import_compiler()
-        while any(i not in self.ended for i in range(self.late.start)):
+        while any(i not in self.ended for i in range(self.late)):
             self._poll()
             time.sleep(0.05)
-        last = max(range(self.late.start), key=self.ended.get)
-        late = ",".join(t for i in self.late for t in self.groups[i])
+        last = max(range(self.late), key=self.ended.get)
         log.info("compile helpers done in %.1f s (the last: %s); %s %s", self.ended[last], ",".join(self.groups[last]),
-                 late, "too" if len(self.ended) == len(self.procs) else "in the background")
+                 ",".join(self.groups[self.late]), "too" if self.late in self.ended else "in the background")
 
     def late_done(self) -> bool | None:
         """None while the LATE tasks' helper runs; then whether it compiled them (the lock is let go then)."""
         if self.late_ok is not None:
             return self.late_ok
         self._poll()
-        if any(i not in self.ended for i in self.late):
+        if self.late not in self.ended:
             return None
         if self.lock is not None:
             os.close(self.lock)
             self.lock = None
-        self.late_ok = all(self.procs[i].returncode == 0 for i in self.late)
-        log.info("compile helper for %s %s after %.1f s", ",".join(t for i in self.late for t in self.groups[i]),
-                 "done" if self.late_ok else "failed", max(self.ended[i] for i in self.late))
+        self.late_ok = self.procs[self.late].returncode == 0
+        log.info("compile helper for %s %s after %.1f s", ",".join(self.groups[self.late]),
+                 "done" if self.late_ok else "failed", self.ended[self.late])
         return self.late_ok
 
     def wait_late(self) -> bool:
@@ -193,7 +192,7 @@ def start(root: Path, device, dtype, decoder_dtype, max_prompt: int, max_frames:
         return OtherProcessHelpers(lock_path)
     free, _ = torch.cuda.mem_get_info(device)
     weights = sum(p.stat().st_size for p in Path(root).rglob("*.safetensors"))
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    cores = usable_cores()
     n = helper_count(cores, free - weights, weights)       # this process loads the weights too
     if n < 2:
         log.info("fresh compile cache: compiling in warm-up (%d cores, %.1f GiB free: room for %d helpers)",

@@ -64,7 +64,8 @@ log = logging.getLogger("talkgate.runner")
 CODES = 16
 PARTS = ("talker", "codes", "decode")  # a step's graphs, in launch order
 LATER_POLL_S = 0.5                      # adopt_compiles: how often it asks the compile helper
-PREFILL_TASKS = ("16", "32", "max")     # compile_kinds' prefill tasks: lengths up to 16, up to 32, the rest
+# compile_kinds' prefill tasks: prefill@16, prefill@32, prefill@max -> the prefill lengths T with low < T <= high
+PREFILL_TASKS = {"16": (0, 16), "32": (16, 32), "max": (32, float("inf"))}
 PREFILL_ROWS = (1, 2, 4)               # prefill graph buckets: new contexts per graph (more: in chunks)
 # Captured before the engine reports ready: every prefill graph, the batch buckets up to this size and the
 # largest (a batch pads up to the nearest captured bucket); the others one at a time afterwards, when no
@@ -428,8 +429,10 @@ class Runner:
         ended, two rows take the persistent kernels it compiled (their graphs are captured again, pending) and
         the cache is marked warmed; a helper that failed leaves two rows on the general kinds. True once
         adopted."""
+        if self.later is None:                 # every turn of the engine loop: nothing more while nothing compiles
+            return False
         now = time.perf_counter()
-        if self.later is None or now < self._later_poll:
+        if now < self._later_poll:
             return False
         self._later_poll = now + LATER_POLL_S
         ok = self.later.late_done()
@@ -483,8 +486,8 @@ class Runner:
     def compile_kinds(self, tasks: list[str]) -> None:
         """Run the warm-up's parts named by `tasks` once each, eagerly, which compiles the kinds of input they
         meet into the caches, as warmup() would (a compile helper's work: synth/parallel_compile.py). A task is
-        prefill@T (the prefill lengths up to T and above the next shorter task's, four rows first as warm-up
-        meets them; prefill@max: the longest), PART@B at the largest batch (the general kinds, tuned at that
+        prefill@16, prefill@32 or prefill@max (the prefill lengths of PREFILL_TASKS, four rows first as warm-up
+        meets them), PART@B at the largest batch (the general kinds, tuned at that
         size, as warm-up tunes them), PART@1 (the one-row kinds and persistent kernels), or PART@2, which runs
         with the plain functions so that it compiles only the persistent kernels of two rows and never a
         general kind at two rows. The decoder's step is three tasks, its two longest compiles apart:
@@ -497,7 +500,8 @@ class Runner:
                 part, b = task.split("@")
                 if part == "prefill":
                     self.pre_idx[0] = self.dummy
-                    for T in self._prefill_group(b):
+                    low, high = PREFILL_TASKS[b]
+                    for T in [t for t in self.prefill_lens if low < t <= high]:
                         for rows in reversed(self.prefill_rows):
                             self._timed(f"prefill {rows}x{T}", self._prefill_step, rows, T)
                     continue
@@ -510,14 +514,6 @@ class Runner:
                     elif part == "decode":
                         plain.enter_context(plain_functions(self.decoder, halves))
                     self._timed(task, self._parts["decode" if part in halves else part], int(b))
-
-    def _prefill_group(self, bound: str) -> list[int]:
-        """The prefill lengths of task prefill@<bound>: up to `bound` and above the next shorter of
-        PREFILL_TASKS; "max": above the longest of them."""
-        bounds = [int(t) for t in PREFILL_TASKS if t != "max"]
-        top = max(self.prefill_lens) if bound == "max" else int(bound)
-        low = max([t for t in bounds if t < top], default=0)
-        return [T for T in self.prefill_lens if low < T <= top]
 
     def capture_next(self) -> float | None:
         """Capture the next pending batch graph (engine thread, between steps) and return its
