@@ -165,3 +165,33 @@ def test_a_step_for_many_links_is_handed_over_a_few_links_a_callback(tiny_engine
     for owner, ctx in zip(owners, ctxs):
         assert [ev.first_frame for ev in owner.events if isinstance(ev, AudioChunk)] == [0, 1, 2]
         assert owner.events[-1] == ContextDone(ctx, "length", 3)
+
+
+def test_a_step_hands_the_newest_contexts_audio_out_first(tiny_engine):
+    """Within a step the Link whose context is at its first frames goes first (it has the least audio ahead of its
+    player), though the older context comes first in the engine's rows."""
+    order: list[tuple[str, int]] = []
+
+    class Named(Owner):
+        def __init__(self, name):
+            super().__init__()
+            self.name = name
+
+        def engine_events(self, events):
+            super().engine_events(events)
+            order.extend((self.name, ev.first_frame) for ev in events if isinstance(ev, AudioChunk))
+
+    async def go():
+        client = EngineClient(tiny_engine, asyncio.get_running_loop())
+        old, new = Named("old"), Named("new")
+        speak(client, old, 16)
+        await until(lambda: len(old.events) >= 4)
+        speak(client, new, 4)
+        await until(lambda: old.events and isinstance(old.events[-1], ContextDone)
+                    and new.events and isinstance(new.events[-1], ContextDone))
+        client.close()
+
+    asyncio.run(go())
+    start = order.index(("new", 0))
+    both = order[start:start + 8]                   # the steps that have a frame of each: new's, then old's
+    assert [name for name, _ in both] == ["new", "old"] * 4, order

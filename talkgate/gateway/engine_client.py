@@ -14,7 +14,8 @@ unique per engine client as the engine requires. A session's MakeVoice (a contex
 uses its context's id as request id; `make_voice` (the voice store's uploads) takes an id from the same
 counter: VoiceMade and VoiceFailed are routed to their owner by it like a context's events. The engine calls `deliver` on its own thread once per
 step: the batch crosses to the loop in one call_soon_threadsafe. A step's batch is handed to its Links a few at a
-time, ROUTE_SLICE_S of them a loop callback, the next ones in the next callback: a step's audio for a worker's
+time, the Links at their contexts' first frames first (the least audio ahead of their players), ROUTE_SLICE_S of
+them a loop callback, the next ones in the next callback: a step's audio for a worker's
 hundreds of contexts (each Link encoding its own, Opus the longest) is otherwise one callback of 10-30 ms, and
 every client message and timer of the loop waits behind it. Batches handed over but not yet routed to every Link
 are counted: while `max_behind` are (the engine's own, or MAX_BEHIND) `behind()` is true, and the engine (its
@@ -26,12 +27,13 @@ import asyncio
 import collections
 import itertools
 import logging
+import math
 import threading
 import time
 
 from talkgate.synth.api import (
-    CancelContext, ContextDone, ContextFailed, EngineCommand, EngineError, MakeVoice, OpenContext, VoiceFailed,
-    VoiceMade, VoicePrompt,
+    AudioChunk, CancelContext, ContextDone, ContextFailed, EngineCommand, EngineError, MakeVoice, OpenContext,
+    VoiceFailed, VoiceMade, VoicePrompt,
 )
 
 log = logging.getLogger("talkgate.engine_client")
@@ -122,7 +124,7 @@ class EngineClient:
                 if isinstance(ev, (ContextDone, ContextFailed, VoiceMade, VoiceFailed)):
                     del self._owners[key]
                 batches.setdefault(id(owner), (owner, []))[1].append(ev)
-            self._routing.extend(batches.values())
+            self._routing.extend(sorted(batches.values(), key=_first_frame))
             self._routing.append(None)
             self._routed_later += 1
         finally:
@@ -150,6 +152,12 @@ class EngineClient:
                 self.loop.call_soon(self._route_slice)
                 return
         self._slice_pending = False
+
+
+def _first_frame(entry: tuple[object, list]) -> float:
+    """A Link's place in a step's routing: its earliest frame. A context's first frames have the least audio
+    ahead of its player (80 ms after the first), one far into its text has seconds, so those go first."""
+    return min((ev.first_frame for ev in entry[1] if isinstance(ev, AudioChunk)), default=math.inf)
 
 
 class _VoiceWaiter:

@@ -23,10 +23,12 @@ engine.
 Faults: an engine process that dies closes its connection (a ZMQ monitor event): its contexts fail with
 `engine_failed`, except those that have had no event yet, which move to another ready engine. Its
 restarted successor is greeted again (HELLO -> WELCOME) and takes new contexts once it says "ready".
-Backpressure: a STEP is read when the loop is free and once the one before it has reached every Link (the
-EngineClient hands a step's events over a few loop callbacks; `hold`, max_behind = 1), and acknowledged when
-read; a loop that falls behind acknowledges late, and the engine, which never waits, fails this worker's
-contexts once it is WORKER_LAG_LIMIT_S behind (engine_process.py).
+Backpressure: STEPs are read when the loop is free and once the last read has reached every Link (the
+EngineClient hands a step's events over a few loop callbacks; `hold`, max_behind = 1); those that queued
+meanwhile (up to MAX_MESSAGES_PER_READ) are read together and handed over as one batch, so a loop that fell
+behind catches up in one pass. Each is acknowledged when read; a loop that falls behind acknowledges late, and
+the engine, which never waits, fails this worker's contexts once it is WORKER_LAG_LIMIT_S behind
+(engine_process.py).
 """
 from __future__ import annotations
 
@@ -38,6 +40,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+import numpy as np
 import zmq
 from zmq.utils.monitor import parse_monitor_message
 
@@ -49,7 +52,7 @@ from talkgate.synth.api import (
 log = logging.getLogger("talkgate.remote_engines")
 ACK_EVERY = 8               # STEP messages handled before an acknowledgement goes out ...
 ACK_DELAY_S = 0.05          # ... or this long after the first unacknowledged one
-MAX_MESSAGES_PER_READ = 4   # then other loop callbacks (client messages) run before the rest is read
+MAX_MESSAGES_PER_READ = 8   # then other loop callbacks (client messages) run before the rest is read
 
 
 @dataclass(eq=False)
@@ -317,41 +320,56 @@ class RemoteEngines:
     def _readable(self, link: _Link) -> None:
         if link.sock is None:
             return
-        for _ in range(MAX_MESSAGES_PER_READ):
-            if self.hold is not None and self.hold():
-                break
-            try:
-                frames = link.sock.recv_multipart(zmq.NOBLOCK, copy=False)
-            except zmq.Again:
-                return
-            try:
-                self._handle(link, frames)
-            except Exception:
-                log.exception("bad message from engine %d", link.index)
+        batches: dict[int, list] = {}   # the STEPs read now, delivered as one (a loop that fell behind catches up)
+        try:
+            for _ in range(MAX_MESSAGES_PER_READ):
+                if self.hold is not None and self.hold():
+                    break
+                try:
+                    frames = link.sock.recv_multipart(zmq.NOBLOCK, copy=False)
+                except zmq.Again:
+                    return
+                try:
+                    self._handle(link, frames, batches)
+                except Exception:
+                    log.exception("bad message from engine %d", link.index)
+        finally:
+            self._deliver_batches(batches)
         self._loop.call_soon(self._readable, link)
 
-    def _handle(self, link: _Link, frames: list) -> None:
+    def _handle(self, link: _Link, frames: list, batches: dict[int, list]) -> None:
         kind = frames[0].bytes
         if kind == wire.STEP:
-            self._step(link, frames[1].buffer, frames[2].buffer)
-        elif kind == wire.STATS:
+            self._step(link, frames[1].buffer, frames[2].buffer, batches)
+            return
+        self._deliver_batches(batches)      # the steps before it first: a WELCOME may fail their contexts
+        batches.clear()
+        if kind == wire.STATS:
             self._stats(link, wire.decode(frames[1].buffer))
         elif kind == wire.WELCOME:
             self._welcome(link, wire.decode(frames[1].buffer))
 
-    def _step(self, link: _Link, header, pcm) -> None:
+    def _step(self, link: _Link, header, pcm, batches: dict[int, list]) -> None:
+        """One STEP's events into `batches` (client -> its events in order); a context's audio that continues its
+        audio just before in the same batch joins that chunk, so a loop behind encodes and frames it once."""
         seq, t, free, contexts, frames, rows, ends, voices = wire.read_step(header, pcm)
         link.free, link.opened = free, 0
         if self.on_delivery is not None and len(contexts):
             self.on_delivery(time.perf_counter() - t)
-        batches: dict[int, list] = {}
         with self._lock:
             for i, w in enumerate(contexts.tolist()):
                 r = self._routes.get(w)
                 if r is None:
                     continue                                    # cancelled meanwhile: stale
                 r.replay = None
-                batches.setdefault(r.client, []).append(AudioChunk(r.context, rows[i], int(frames[i]), 1, t))
+                events = batches.setdefault(r.client, [])
+                last = events[-1] if events else None
+                if (isinstance(last, AudioChunk) and last.context == r.context
+                        and last.first_frame + last.n_frames == frames[i]):
+                    events[-1] = AudioChunk(r.context, np.concatenate((last.pcm, rows[i])), last.first_frame,
+                                            last.n_frames + 1, last.t_emitted)
+                else:
+                    events.append(AudioChunk(r.context, rows[i], int(frames[i]), 1, t))
             for end in ends:
                 r = self._routes.get(end[0])
                 if r is None:
@@ -378,7 +396,6 @@ class RemoteEngines:
             link.ack_timer = self._loop.call_later(ACK_DELAY_S, self._ack, link)
         if any(l.outbox for l in self.links):
             self._wake()
-        self._deliver_batches(batches)
 
     def _stats(self, link: _Link, stats: dict) -> None:
         link.stats = stats
