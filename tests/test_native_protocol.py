@@ -260,3 +260,28 @@ def test_formats_match_the_schema():
     reasons = next(s for s in SCHEMA["$defs"]["server"]["oneOf"]
                    if s["properties"]["type"].get("const") == "context.done")["properties"]["reason"]["enum"]
     assert set(reasons) == {"eos", "length", "length_rule", "budget", "empty"}
+
+
+def test_underrun_risk_is_a_write_after_a_real_time_player_would_have_run_dry(tokenizer):
+    """The server's last view of an underrun: a player fed by the socket writes, started at the first, stalls
+    (over 1 ms) before a write. Counted once a stall; the player then starts again from that write."""
+    from tests.compat_harness import Clock
+    clock, stalls = Clock(100.0), []
+
+    class Counting:
+        def started(self): ...
+        def first_audio(self, ttfa_ms): ...
+        def audio(self, frames): ...
+        def ended(self, reason): ...
+        def underrun_risk(self): stalls.append(clock.t)
+
+    h = Harness(tokenizer, lambda s: NativeProtocol(s, Limits(), "s1", None), clock=clock)
+    h.session.observer = Counting()
+    h.send({"type": "text", "context_id": "a", "text": "Hello there, world."})
+    (ctx,) = h.opened()
+    h.deliver()
+    for t in (100.0, 100.05, 100.2, 100.2805, 100.3605, 100.45):     # one 80-ms frame written at each
+        clock.t = t
+        h.audio(ctx, 1)
+        h.deliver()
+    assert stalls == [100.2, 100.45]        # dry at 100.16 and at 100.44; 100.2805 is within 1 ms of 100.28

@@ -45,7 +45,7 @@ DEFAULT_RATE = {"opus": 48000, "pcm_s16le": 24000}
 OPENAI_RATE = 24000                     # stream_format "audio" with response_format "pcm": s16le 24 kHz mono
 READY_TIMEOUT_S = 10.0                  # native: connection accepted -> session.ready
 CANCEL_POINT = (0.2, 0.8)               # a cancelled request is cancelled after this share of its audio
-METRICS = ("ttfb_ms", "ttfa_ms", "e2e_ms", "rtf", "max_gap_ms", "underrun_ms", "connect_ms",
+METRICS = ("ttfb_ms", "ttfa_ms", "e2e_ms", "rtf", "max_gap_ms", "underrun_ms", "connect_ms", "text_lag_ms",
            "server_ttfa_ms", "cancel_to_cancelled_ms", "cancel_to_last_audio_ms")
 
 
@@ -72,6 +72,8 @@ class Result:
     start_s: float | None = None           # time zero, seconds from the start of the run
     connect_ms: float | None = None        # connection set-up before time zero (not part of TTFA)
     text_done_ms: float | None = None      # native: last text delta and flush sent
+    text_lag_ms: float | None = None       # native: the most a text delta went out after its scheduled time (the
+                                           # client's own lag: text the server gets late can underrun any server)
     ttfb_ms: float | None = None           # first audio byte
     ttfa_ms: float | None = None           # first playable sample
     e2e_ms: float | None = None            # end of the stream (completed requests only)
@@ -159,6 +161,7 @@ async def native_request(http: aiohttp.ClientSession, cfg: Config, job: Job, r: 
         t0 = r.start_s = now()
 
         async def send_text():
+            r.text_lag_ms = 0.0
             deltas = token_deltas(text) if cfg.tokens_per_second > 0 else [text]
             for i, delta in enumerate(deltas):
                 if i:
@@ -167,6 +170,7 @@ async def native_request(http: aiohttp.ClientSession, cfg: Config, job: Job, r: 
                     if state["cancel_sent"] is not None:
                         return
                     await ws.send_str(json.dumps({"type": "text", "context_id": cid, "text": delta}))
+                r.text_lag_ms = max(r.text_lag_ms, (now() - t0 - i / cfg.tokens_per_second) * 1000)
             async with lock:
                 if state["cancel_sent"] is None:
                     await ws.send_str(json.dumps({"type": "flush", "context_id": cid}))

@@ -72,7 +72,7 @@ def markdown(cfg: dict, s: dict) -> str:
             ("engine step mean / p99 bucket by engine (ms)",
              "; ".join(f"{e}: {seconds_as_ms(h)}" for e, h in sorted((srv.get("engine_step_s_by_engine")
                                                                        or {}).items())) or "-"),
-            ("server underrun-risk chunks", fmt(srv.get("underrun_risk"), 0)),
+            ("server underrun-risk writes", fmt(srv.get("underrun_risk"), 0)),
             ("server contexts active after the run", fmt(srv.get("contexts_active_after"), 0)),
             ("GPU util mean / max %, mem max MiB", "-" if gpu is None else
              f"{gpu['util_mean_pct']:.0f} / {gpu['util_max_pct']:.0f}, {gpu['mem_max_mib']:.0f}"),

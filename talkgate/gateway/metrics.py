@@ -43,8 +43,8 @@ class Metrics:
         self.frames = Counter("talkgate_frames_total", "Codec frames (80 ms) delivered", registry=r)
         self.audio_seconds = Counter("talkgate_audio_seconds_total", "Audio delivered, seconds", registry=r)
         self.underrun_risk = Counter("talkgate_underrun_risk_total",
-                                     "Audio chunks emitted after a real-time player started at the first "
-                                     "sample would have run dry", registry=r)
+                                     "Audio writes to a socket after a real-time player fed by the writes, "
+                                     "started at the first, would have run dry", registry=r)
         self.finished = Counter("talkgate_contexts_finished_total", "Contexts ended", ["reason"], registry=r)
         self.cancels = Counter("talkgate_cancels_total", "Contexts cancelled by clients", registry=r)
         self.errors = Counter("talkgate_errors_total", "Errors answered: WebSocket error events and error "
@@ -190,11 +190,12 @@ class ContextObserver:
     def first_audio(self, ttfa_ms: float) -> None:
         self.m.ttfa.observe(ttfa_ms)
 
-    def audio(self, frames: int, late: bool) -> None:
+    def audio(self, frames: int) -> None:
         self.m.frames.inc(frames)
         self.m.audio_seconds.inc(frames * 0.08)
-        if late:
-            self.m.underrun_risk.inc()
+
+    def underrun_risk(self) -> None:
+        self.m.underrun_risk.inc()
 
     def ended(self, reason: str) -> None:
         self.m.contexts.dec()

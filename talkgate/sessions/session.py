@@ -36,6 +36,8 @@ from talkgate.synth.api import (
 )
 from talkgate.synth.request import text_seconds
 
+PLAYER_TOLERANCE_S = 0.001      # a player's stall shorter than this is not an underrun (bench/measure.py's too)
+
 
 @dataclass(frozen=True)
 class AudioFormat:
@@ -158,6 +160,7 @@ class _Context:
     seq: int = 0
     audio_ms_emitted: float = 0.0
     audio_ms_sent: float = 0.0          # written to the socket
+    play_end: float | None = None       # when a real-time player fed by the writes, started at the first, runs dry
     audio_ms_delivered: float = 0.0     # taken by the client (left the server's socket buffer)
 
 
@@ -181,7 +184,8 @@ class Observer:
 
     def started(self) -> None: ...
     def first_audio(self, ttfa_ms: float) -> None: ...
-    def audio(self, frames: int, late: bool) -> None: ...
+    def audio(self, frames: int) -> None: ...
+    def underrun_risk(self) -> None: ...
     def ended(self, reason: str) -> None: ...
 
 
@@ -363,10 +367,18 @@ class Session:
         return []
 
     def note_sent(self, stream: int, audio_ms: float) -> None:
-        """The I/O layer wrote this much audio of `stream` to the socket."""
+        """The I/O layer wrote this much audio of `stream` to the socket. A write after the moment a real-time
+        player fed by these writes would have run dry is an underrun risk: the last the server can see of one."""
         ctx = self._by_stream.get(stream)
-        if ctx is not None:
-            ctx.audio_ms_sent += audio_ms
+        if ctx is None:
+            return
+        ctx.audio_ms_sent += audio_ms
+        now = self.clock()
+        if ctx.play_end is None or now > ctx.play_end + PLAYER_TOLERANCE_S:
+            if ctx.play_end is not None:
+                self.observer.underrun_risk()
+            ctx.play_end = now
+        ctx.play_end += audio_ms / 1000
 
     def note_delivered(self, stream: int, audio_ms: float) -> None:
         """This much audio of `stream` left the server: the client's TCP took it."""
@@ -436,12 +448,10 @@ class Session:
 
     def _audio(self, ctx: _Context, chunk: AudioChunk) -> list[SessionEvent]:
         now = self.clock()
-        # a real-time player that started at the first sample has played this much by now
-        late = ctx.t_first_audio is not None and 1000 * (now - ctx.t_first_audio) > ctx.audio_ms_emitted
         ctx.frames = chunk.first_frame + chunk.n_frames
         pcm = chunk.pcm if ctx.tempo is None else ctx.tempo.process(chunk.pcm)
         events: list[SessionEvent] = self._encoded(ctx, ctx.encoder.encode, pcm)
-        self.observer.audio(chunk.n_frames, late)
+        self.observer.audio(chunk.n_frames)
         if ctx.ttfa_ms is None and events:
             ctx.t_first_audio = now
             ctx.ttfa_ms = round(1000 * (now - (ctx.t_first_text or now)), 2)
