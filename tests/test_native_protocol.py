@@ -13,7 +13,9 @@ from talkgate.sessions.actions import Close, Purge
 from talkgate.sessions.fields import SessionError
 from talkgate.sessions.limits import Limits
 from talkgate.sessions.native import AUDIO_HEADER, FORMATS, NativeProtocol, parse_format
-from talkgate.synth.api import AppendText, AudioChunk, CancelContext, ContextDone, EndText, OpenContext
+from talkgate.synth.api import (
+    AppendText, AudioChunk, CancelContext, ContextDone, EndText, OpenContext, TextSpoken,
+)
 from tests.compat_harness import Harness, jsons, pcm
 
 SCHEMA = json.loads((Path(__file__).parent.parent / "docs" / "protocol.schema.json").read_text())
@@ -285,3 +287,10 @@ def test_underrun_risk_is_a_write_after_a_real_time_player_would_have_run_dry(to
         h.audio(ctx, 1)
         h.deliver()
     assert stalls == [100.2, 100.45]        # dry at 100.16 and at 100.44; 100.2805 is within 1 ms of 100.28
+    h.event(TextSpoken(ctx, "length_rule", h.frames[ctx]))      # a flush spoken: the context waits for more text
+    h.deliver()
+    for t in (103.0, 103.2):                # the next text's audio, 3 s later: a new player; then one late write
+        clock.t = t
+        h.audio(ctx, 1)
+        h.deliver()
+    assert stalls == [100.2, 100.45, 103.2]

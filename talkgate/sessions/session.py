@@ -161,6 +161,8 @@ class _Context:
     audio_ms_emitted: float = 0.0
     audio_ms_sent: float = 0.0          # written to the socket
     play_end: float | None = None       # when a real-time player fed by the writes, started at the first, runs dry
+    spoken_ms: list = field(default_factory=list)   # audio_ms_emitted at each flush's end not yet written: the
+                                                    # player waits for the next text there by design, not an underrun
     audio_ms_delivered: float = 0.0     # taken by the client (left the server's socket buffer)
 
 
@@ -368,17 +370,23 @@ class Session:
 
     def note_sent(self, stream: int, audio_ms: float) -> None:
         """The I/O layer wrote this much audio of `stream` to the socket. A write after the moment a real-time
-        player fed by these writes would have run dry is an underrun risk: the last the server can see of one."""
+        player fed by these writes would have run dry is an underrun risk: the last the server can see of one. Once
+        a flush's audio is all written, the next write starts a new player (the pause was the client's)."""
         ctx = self._by_stream.get(stream)
         if ctx is None:
             return
-        ctx.audio_ms_sent += audio_ms
         now = self.clock()
-        if ctx.play_end is None or now > ctx.play_end + PLAYER_TOLERANCE_S:
-            if ctx.play_end is not None:
-                self.observer.underrun_risk()
+        after_flush = False
+        while ctx.spoken_ms and ctx.audio_ms_sent >= ctx.spoken_ms[0] - 0.01:     # sums of the same ms, any order
+            ctx.spoken_ms.pop(0)
+            after_flush = True
+        if ctx.play_end is None or after_flush:
+            ctx.play_end = now
+        elif now > ctx.play_end + PLAYER_TOLERANCE_S:
+            self.observer.underrun_risk()
             ctx.play_end = now
         ctx.play_end += audio_ms / 1000
+        ctx.audio_ms_sent += audio_ms
 
     def note_delivered(self, stream: int, audio_ms: float) -> None:
         """This much audio of `stream` left the server: the client's TCP took it."""
@@ -434,6 +442,7 @@ class Session:
                 return self._audio(ctx, ev)
             if isinstance(ev, TextSpoken):
                 events = self._encoded(ctx, ctx.encoder.drain)
+                ctx.spoken_ms.append(ctx.audio_ms_emitted)
                 return events + [FlushSpoken(ctx.context_id, ctx.stream, ev.reason, ev.frames,
                                              round(ctx.audio_ms_emitted, 1))]
             if isinstance(ev, ContextDone):
