@@ -195,7 +195,9 @@ class Supervisor:
         child.state = data.decode().split()[-1]
         workers = [c for c in self.children if c.status]
         url = self.url
-        if not self.announced["listening"] and child.state in ("listening", "ready"):
+        # every state a worker says is said once it listens ("listening" may come in the same read as the engine's
+        # state right after it, and only the last is kept)
+        if not self.announced["listening"] and child.state in ("listening", "ready", "not_ready"):
             self.announced["listening"] = True
             say(f"talkgate: listening on {url} (warming up)")
         if not self.announced["ready"] and all(c.state == "ready" for c in workers):
