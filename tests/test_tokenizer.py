@@ -246,20 +246,19 @@ def test_held_text_is_bounded_whatever_the_stream(tokenizers):
 
 def test_total_cost_grows_linearly(tokenizers):
     """2,000 vs 4,000 ten-character deltas: linear is a ratio of 2, the old whole-text retokenization was
-    quadratic (4). CPU time of this process, best of 3, so that other load on the machine matters less."""
+    quadratic (4). CPU time of this process, the best of 4 each, the two lengths measured in turn so that other
+    load on the machine weighs on both alike."""
     ours, _ = tokenizers
 
     def cost(text: str) -> float:
-        best = float("inf")
-        for _ in range(3):
-            s = StreamingTokenizer(ours)
-            t = time.process_time()
-            for i in range(0, len(text), 10):
-                s.feed(text[i:i + 10])
-            best = min(best, time.process_time() - t)
-        return best
+        s = StreamingTokenizer(ours)
+        t = time.process_time()
+        for i in range(0, len(text), 10):
+            s.feed(text[i:i + 10])
+        return time.process_time() - t
 
     short, long = adversarial(20_000), adversarial(40_000)
     for name in ("word", "chinese", "marks"):
-        ratio = cost(long[name]) / cost(short[name])
-        assert ratio < 3, (name, ratio)
+        rounds = [(cost(short[name]), cost(long[name])) for _ in range(4)]
+        ratio = min(b for _, b in rounds) / min(a for a, _ in rounds)
+        assert ratio < 3, (name, ratio, rounds)
