@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from talkgate.gateway import wire
-from talkgate.gateway.remote_engines import RemoteEngines
+from talkgate.gateway.remote_engines import RemoteEngines, join_frames
 from talkgate.synth.api import (
     AppendText, AudioChunk, CancelContext, ContextDone, ContextFailed, ContextParams, EndText, FlushText, MakeVoice,
     OpenContext, SamplingParams, TextSpoken, VoiceFailed, VoiceMade, VoicePrompt,
@@ -49,6 +49,20 @@ def test_wire_round_trip():
                                                          ContextFailed(12, "engine_full", "no room")]
     assert [wire.voice_event(v[0], v) for v in voices] == [VoiceMade(4, icl, 12.5),
                                                            VoiceFailed(5, "invalid_params", "silent")]
+
+
+def test_join_frames_joins_a_contexts_frames_that_follow_on():
+    """Several STEPs read at once: each run of one context's consecutive frames becomes one chunk, in order; another
+    context's frame, an end or a gap in the frames ends a run."""
+    def chunk(ctx, frame):
+        return AudioChunk(ctx, np.full(4, 10 * ctx + frame, np.float32), frame, 1, 1.0 + frame)
+    done = ContextDone(1, "eos", 3)
+    out = join_frames([chunk(1, 0), chunk(1, 1), chunk(2, 5), chunk(1, 2), done, chunk(2, 6), chunk(2, 7),
+                       chunk(2, 9)])
+    assert [(e.context, e.first_frame, e.n_frames) if isinstance(e, AudioChunk) else e for e in out] == [
+        (1, 0, 2), (2, 5, 1), (1, 2, 1), done, (2, 6, 2), (2, 9, 1)]
+    np.testing.assert_array_equal(out[0].pcm, np.repeat([10.0, 11.0], 4))
+    assert out[0].t_emitted == 1.0 and out[4].t_emitted == 7.0
 
 
 def test_worker_counts_and_caps():

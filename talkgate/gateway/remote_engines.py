@@ -121,7 +121,7 @@ class RemoteEngines:
         # called on the loop with each STEP's age when its audio is handled (the engine's emit to here: ZMQ and
         # this loop's backlog); perf_counter is the host's monotonic clock, shared by the processes
         self.on_delivery = None
-        # while it returns true no message is read: the loop still hands the last step's events out (EngineClient.behind)
+        # while it returns true no message is read: the loop still hands the last STEPs out (EngineClient.behind)
         self.hold = None
 
     # ----- lifecycle (on the loop) -----
@@ -321,6 +321,7 @@ class RemoteEngines:
         if link.sock is None:
             return
         batches: dict[int, list] = {}   # the STEPs read now, delivered as one (a loop that fell behind catches up)
+        steps = 0
         try:
             for _ in range(MAX_MESSAGES_PER_READ):
                 if self.hold is not None and self.hold():
@@ -330,28 +331,29 @@ class RemoteEngines:
                 except zmq.Again:
                     return
                 try:
-                    self._handle(link, frames, batches)
+                    steps += self._handle(link, frames, batches)
                 except Exception:
                     log.exception("bad message from engine %d", link.index)
         finally:
-            self._deliver_batches(batches)
+            self._deliver_batches(batches, joined=steps > 1)
         self._loop.call_soon(self._readable, link)
 
-    def _handle(self, link: _Link, frames: list, batches: dict[int, list]) -> None:
+    def _handle(self, link: _Link, frames: list, batches: dict[int, list]) -> bool:
+        """One message; True if it was a STEP (its events added to `batches`, delivered by the caller)."""
         kind = frames[0].bytes
         if kind == wire.STEP:
             self._step(link, frames[1].buffer, frames[2].buffer, batches)
-            return
-        self._deliver_batches(batches)      # the steps before it first: a WELCOME may fail their contexts
+            return True
+        self._deliver_batches(batches, joined=True)     # the steps before it first: a WELCOME may fail their contexts
         batches.clear()
         if kind == wire.STATS:
             self._stats(link, wire.decode(frames[1].buffer))
         elif kind == wire.WELCOME:
             self._welcome(link, wire.decode(frames[1].buffer))
+        return False
 
     def _step(self, link: _Link, header, pcm, batches: dict[int, list]) -> None:
-        """One STEP's events into `batches` (client -> its events in order); a context's audio that continues its
-        audio just before in the same batch joins that chunk, so a loop behind encodes and frames it once."""
+        """One STEP's events into `batches` (client -> its events in order)."""
         seq, t, free, contexts, frames, rows, ends, voices = wire.read_step(header, pcm)
         link.free, link.opened = free, 0
         if self.on_delivery is not None and len(contexts):
@@ -362,14 +364,7 @@ class RemoteEngines:
                 if r is None:
                     continue                                    # cancelled meanwhile: stale
                 r.replay = None
-                events = batches.setdefault(r.client, [])
-                last = events[-1] if events else None
-                if (isinstance(last, AudioChunk) and last.context == r.context
-                        and last.first_frame + last.n_frames == frames[i]):
-                    events[-1] = AudioChunk(r.context, np.concatenate((last.pcm, rows[i])), last.first_frame,
-                                            last.n_frames + 1, last.t_emitted)
-                else:
-                    events.append(AudioChunk(r.context, rows[i], int(frames[i]), 1, t))
+                batches.setdefault(r.client, []).append(AudioChunk(r.context, rows[i], int(frames[i]), 1, t))
             for end in ends:
                 r = self._routes.get(end[0])
                 if r is None:
@@ -459,13 +454,38 @@ class RemoteEngines:
         self._wake()
         self._deliver_batches(batches)
 
-    def _deliver_batches(self, batches: dict[int, list]) -> None:
+    def _deliver_batches(self, batches: dict[int, list], joined: bool = False) -> None:
+        """joined: several STEPs' events, a context's consecutive frames of them handed over as one AudioChunk
+        (encoded and framed once)."""
         for client, events in batches.items():
             c = self._clients.get(client)
             if c is None:
                 continue
+            if joined:
+                events = join_frames(events)
             try:
                 c.deliver(events)
             except Exception:
                 log.exception("delivering to client %d failed: disconnecting it", client)
                 self.disconnect(client)
+
+
+def join_frames(events: list) -> list:
+    """`events` with each run of one context's consecutive AudioChunks (frames that follow on) as one chunk."""
+    runs: list = []                     # an event, or a list: one context's chunks that follow on
+    for ev in events:
+        run = runs[-1] if runs else None
+        if (isinstance(ev, AudioChunk) and isinstance(run, list) and ev.context == run[-1].context
+                and ev.first_frame == run[-1].first_frame + run[-1].n_frames):
+            run.append(ev)
+        else:
+            runs.append([ev] if isinstance(ev, AudioChunk) else ev)
+    return [_joined(r) if isinstance(r, list) else r for r in runs]
+
+
+def _joined(run: list[AudioChunk]) -> AudioChunk:
+    if len(run) == 1:
+        return run[0]
+    first = run[0]
+    return AudioChunk(first.context, np.concatenate([e.pcm for e in run]), first.first_frame,
+                      sum(e.n_frames for e in run), first.t_emitted)

@@ -192,12 +192,11 @@ class Supervisor:
             os.close(child.status_r)
             child.status_r = None
             return
-        child.state = data.decode().split()[-1]
+        said = data.decode().split()            # one read may hold several lines: "listening", then "not_ready"
+        child.state = said[-1]
         workers = [c for c in self.children if c.status]
         url = self.url
-        # every state a worker says is said once it listens ("listening" may come in the same read as the engine's
-        # state right after it, and only the last is kept)
-        if not self.announced["listening"] and child.state in ("listening", "ready", "not_ready"):
+        if not self.announced["listening"] and "listening" in said:
             self.announced["listening"] = True
             say(f"talkgate: listening on {url} (warming up)")
         if not self.announced["ready"] and all(c.state == "ready" for c in workers):
