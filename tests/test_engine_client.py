@@ -7,9 +7,11 @@ import asyncio
 import time
 
 from talkgate.gateway import engine_client as engine_client_module
-from talkgate.gateway.engine_client import EngineClient
+import numpy as np
+
+from talkgate.gateway.engine_client import EngineClient, join_frames
 from talkgate.synth.api import (
-    AudioChunk, CancelContext, ContextDone, ContextParams, EndText, OpenContext, SamplingParams,
+    AudioChunk, CancelContext, ContextDone, ContextParams, EndText, OpenContext, SamplingParams, TextSpoken,
 )
 
 GREEDY = SamplingParams(greedy=True)
@@ -30,11 +32,28 @@ class Owner:
         return [ev for b in self.batches for ev in b]
 
 
+class Named(Owner):
+    """An Owner that also logs (its name, each AudioChunk) in `delivered`, shared by several, in the order handed over."""
+
+    def __init__(self, name: str, delivered: list):
+        super().__init__()
+        self.name, self.delivered = name, delivered
+
+    def engine_events(self, events):
+        super().engine_events(events)
+        self.delivered.extend((self.name, ev) for ev in events if isinstance(ev, AudioChunk))
+
+
 def speak(client, owner, frames: int) -> int:
     ctx = next(client.contexts)
     ids = tuple(client.new_tokenizer().tokenizer.encode("Hello there."))
     client.submit(owner, [OpenContext(ctx, ContextParams(sampling=GREEDY, fixed_frames=frames)), EndText(ctx, ids, 0.7)])
     return ctx
+
+
+def frame_numbers(events) -> list[int]:
+    """The frames of the AudioChunks among `events` (a chunk may hold several steps' frames, joined)."""
+    return [f for ev in events if isinstance(ev, AudioChunk) for f in range(ev.first_frame, ev.first_frame + ev.n_frames)]
 
 
 async def until(pred, timeout: float = 60) -> None:
@@ -57,7 +76,7 @@ def test_events_reach_their_owner_in_order_once_per_step(tiny_engine):
     client, a, b, ca, cb = asyncio.run(go())
     for owner, ctx, frames in ((a, ca, 6), (b, cb, 4)):
         assert {ev.context for ev in owner.events} == {ctx}
-        assert [ev.first_frame for ev in owner.events if isinstance(ev, AudioChunk)] == list(range(frames))
+        assert frame_numbers(owner.events) == list(range(frames))
         assert all(len([ev for ev in batch if isinstance(ev, AudioChunk)]) <= 1 for batch in owner.batches)
         assert owner.events[-1] == ContextDone(ctx, "length", frames)
     assert client.owned() == 0                      # done contexts are no longer routed
@@ -106,7 +125,9 @@ def test_a_busy_loop_holds_the_engine_and_nothing_is_dropped(tiny_engine, monkey
 
     ctx, held, owner = asyncio.run(go())
     assert held == 3                                # the engine stopped at the limit
-    assert [ev.first_frame for ev in owner.events if isinstance(ev, AudioChunk)] == list(range(40))
+    chunks = [ev for ev in owner.events if isinstance(ev, AudioChunk)]
+    assert frame_numbers(chunks) == list(range(40))
+    assert max(ev.n_frames for ev in chunks) > 1    # the steps that waited came to the owner joined
 
 
 def test_make_voice_answers_on_the_loop(tiny_engine):
@@ -163,27 +184,18 @@ def test_a_step_for_many_links_is_handed_over_a_few_links_a_callback(tiny_engine
     assert max(len(r) for r in runs) <= 4           # 2 ms of 1-ms Links, then the loop's other callbacks
     assert max(len(b) for o in owners for b in o.batches) >= 1 and len(log) > 36
     for owner, ctx in zip(owners, ctxs):
-        assert [ev.first_frame for ev in owner.events if isinstance(ev, AudioChunk)] == [0, 1, 2]
+        assert frame_numbers(owner.events) == [0, 1, 2]
         assert owner.events[-1] == ContextDone(ctx, "length", 3)
 
 
 def test_a_step_hands_the_newest_contexts_audio_out_first(tiny_engine):
     """Within a step the Link whose context is at its first frames goes first (it has the least audio ahead of its
     player), though the older context comes first in the engine's rows."""
-    order: list[tuple[str, int]] = []
-
-    class Named(Owner):
-        def __init__(self, name):
-            super().__init__()
-            self.name = name
-
-        def engine_events(self, events):
-            super().engine_events(events)
-            order.extend((self.name, ev.first_frame) for ev in events if isinstance(ev, AudioChunk))
+    delivered: list[tuple[str, AudioChunk]] = []
 
     async def go():
         client = EngineClient(tiny_engine, asyncio.get_running_loop())
-        old, new = Named("old"), Named("new")
+        old, new = Named("old", delivered), Named("new", delivered)
         speak(client, old, 16)
         await until(lambda: len(old.events) >= 4)
         speak(client, new, 4)
@@ -192,6 +204,49 @@ def test_a_step_hands_the_newest_contexts_audio_out_first(tiny_engine):
         client.close()
 
     asyncio.run(go())
+    order = [(name, ev.first_frame) for name, ev in delivered]
     start = order.index(("new", 0))
     both = order[start:start + 8]                   # the steps that have a frame of each: new's, then old's
     assert [name for name, _ in both] == ["new", "old"] * 4, order
+
+
+def test_join_frames_joins_each_contexts_frames_that_follow_on():
+    """A Link's events of several steps: each context's frames that follow on become one chunk where the first
+    was, though another context's frames come between; an end of that context or a gap in its frames ends a run."""
+    def chunk(ctx, frame):
+        return AudioChunk(ctx, np.full(4, 10 * ctx + frame, np.float32), frame, 1, 1.0 + frame)
+    done, spoken = ContextDone(1, "eos", 3), TextSpoken(2, "eos", 7)
+    out = join_frames([chunk(1, 0), chunk(2, 5), chunk(1, 1), chunk(2, 6), chunk(1, 2), done, spoken, chunk(2, 7),
+                       chunk(2, 9), chunk(2, 10)])
+    assert [(e.context, e.first_frame, e.n_frames) if isinstance(e, AudioChunk) else e for e in out] == [
+        (1, 0, 3), (2, 5, 2), done, spoken, (2, 7, 1), (2, 9, 2)]
+    np.testing.assert_array_equal(out[0].pcm, np.repeat([10.0, 11.0, 12.0], 4))
+    assert out[0].t_emitted == 1.0 and out[1].t_emitted == 6.0
+
+
+def test_a_new_contexts_first_frames_go_before_older_audio_still_queued(tiny_engine):
+    """The loop is busy while the engine steps on (its Links slow to encode, say): the older contexts' audio of
+    those steps waits in the queues, and the context at its first frames is handed over before it, though its
+    audio came later. Every Link still gets its context's frames in order, those of several steps joined."""
+    delivered: list[tuple[str, AudioChunk]] = []
+
+    async def go():
+        client = EngineClient(tiny_engine, asyncio.get_running_loop())
+        old = [Named("old0", delivered), Named("old1", delivered)]
+        for o in old:
+            speak(client, o, 40)
+        await until(lambda: all(len(frame_numbers(o.events)) >= 6 for o in old))
+        new = Named("new", delivered)
+        speak(client, new, 6)
+        time.sleep(1.0)                             # the loop is blocked: the steps' batches wait for it
+        await until(lambda: all(o.events and isinstance(o.events[-1], ContextDone) for o in old + [new]))
+        client.close()
+        return old, new
+
+    old, new = asyncio.run(go())
+    at = next(i for i, (name, _) in enumerate(delivered) if name == "new")
+    first = delivered[at][1]
+    overtaken = [ev for name, ev in delivered[at + 1:] if name != "new" and ev.t_emitted < first.t_emitted]
+    assert overtaken, "the new context's first frame waited behind all older audio"
+    for o in old + [new]:
+        assert frame_numbers(o.events) == list(range(40 if o in old else 6))

@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from talkgate.gateway import wire
-from talkgate.gateway.remote_engines import RemoteEngines, join_frames
+from talkgate.gateway.engine_client import EngineClient
+from talkgate.gateway.remote_engines import RemoteEngines
 from talkgate.synth.api import (
     AppendText, AudioChunk, CancelContext, ContextDone, ContextFailed, ContextParams, EndText, FlushText, MakeVoice,
     OpenContext, SamplingParams, TextSpoken, VoiceFailed, VoiceMade, VoicePrompt,
@@ -49,20 +50,6 @@ def test_wire_round_trip():
                                                          ContextFailed(12, "engine_full", "no room")]
     assert [wire.voice_event(v[0], v) for v in voices] == [VoiceMade(4, icl, 12.5),
                                                            VoiceFailed(5, "invalid_params", "silent")]
-
-
-def test_join_frames_joins_a_contexts_frames_that_follow_on():
-    """Several STEPs read at once: each run of one context's consecutive frames becomes one chunk, in order; another
-    context's frame, an end or a gap in the frames ends a run."""
-    def chunk(ctx, frame):
-        return AudioChunk(ctx, np.full(4, 10 * ctx + frame, np.float32), frame, 1, 1.0 + frame)
-    done = ContextDone(1, "eos", 3)
-    out = join_frames([chunk(1, 0), chunk(1, 1), chunk(2, 5), chunk(1, 2), done, chunk(2, 6), chunk(2, 7),
-                       chunk(2, 9)])
-    assert [(e.context, e.first_frame, e.n_frames) if isinstance(e, AudioChunk) else e for e in out] == [
-        (1, 0, 2), (2, 5, 1), (1, 2, 1), done, (2, 6, 2), (2, 9, 1)]
-    np.testing.assert_array_equal(out[0].pcm, np.repeat([10.0, 11.0], 4))
-    assert out[0].t_emitted == 1.0 and out[4].t_emitted == 7.0
 
 
 def test_worker_counts_and_caps():
@@ -175,21 +162,37 @@ def test_remote_audio_equals_the_in_process_engine(engines, tiny_checkpoint):
         local.turn()
     ref = sink.pcm
 
+    class Owner:                # a Link as the EngineClient sees one
+        def __init__(self):
+            self.events, self.done = [], asyncio.Event()
+
+        def engine_events(self, events):
+            self.events.extend(events)
+            if not isinstance(events[-1], AudioChunk):
+                self.done.set()
+
     async def go():
         remote = await ready(RemoteEngines(endpoints(engines), worker=0), 2)
-        c = Client(remote)
-        c.say(1)
-        while c.frames(1) < 1:
+        client = EngineClient(remote, asyncio.get_running_loop())       # a worker's path
+        remote.hold = client.behind
+        owner = Owner()
+        tok = client.new_tokenizer()
+        client.submit(owner, [OpenContext(1, ContextParams(sampling=GREEDY, fixed_frames=12)),
+                              AppendText(1, tuple(tok.feed(TEXT)), text_seconds(TEXT)), EndText(1, tuple(tok.finish()))])
+        while not owner.events:
             await asyncio.sleep(0.005)
-        time.sleep(0.4)              # the loop stops while steps go on: the queued ones are read and delivered as one
-        assert await c.wait(1) == ContextDone(1, "length", 12)
-        assert c.frame_numbers(1) == list(range(12))
-        assert max(e.n_frames for e in c.events[1][:-1]) > 1         # a context's frames of several steps joined
+        time.sleep(0.4)              # the loop stops while steps go on: those queued meanwhile come joined
+        await asyncio.wait_for(owner.done.wait(), 60)
+        chunks = [e for e in owner.events if isinstance(e, AudioChunk)]
+        assert owner.events[-1] == ContextDone(1, "length", 12)
+        assert [f for e in chunks for f in range(e.first_frame, e.first_frame + e.n_frames)] == list(range(12))
+        assert max(e.n_frames for e in chunks) > 1         # a context's frames of several steps joined
         refused = Client(remote)
         refused.remote.submit(refused.id, [OpenContext(1, ContextParams(voice="nobody"))])
         assert (await refused.wait(1)).code == "unknown_voice"
+        client.close()
         remote.close()
-        return c.pcm(1)
+        return np.concatenate([e.pcm for e in chunks])
 
     np.testing.assert_allclose(run(go()), ref, atol=1e-5)
 

@@ -12,14 +12,25 @@ through this one path.
 Context ids come from one counter shared by every session of this gateway (`contexts`), so they are
 unique per engine client as the engine requires. A session's MakeVoice (a context's own reference audio)
 uses its context's id as request id; `make_voice` (the voice store's uploads) takes an id from the same
-counter: VoiceMade and VoiceFailed are routed to their owner by it like a context's events. The engine calls `deliver` on its own thread once per
-step: the batch crosses to the loop in one call_soon_threadsafe. A step's batch is handed to its Links a few at a
-time, the Links at their contexts' first frames first (the least audio ahead of their players), ROUTE_SLICE_S of
-them a loop callback, the next ones in the next callback: a step's audio for a worker's
-hundreds of contexts (each Link encoding its own, Opus the longest) is otherwise one callback of 10-30 ms, and
-every client message and timer of the loop waits behind it. Batches handed over but not yet routed to every Link
-are counted: while `max_behind` are (the engine's own, or MAX_BEHIND) `behind()` is true, and the engine (its
-`hold`) waits before its next step, so the loop's backlog stays bounded without dropping anything.
+counter: VoiceMade and VoiceFailed are routed to their owner by it like a context's events. The engine calls
+`deliver` once per step, on its own thread (the batch crosses to the loop in one call_soon_threadsafe) or, for
+engines over IPC, on the loop.
+
+Routing: a step's events wait in two queues, one entry per Link, until the Link takes them. A Link with a
+context at one of its first URGENT_FRAMES frames is *urgent*: its client's player has 80 ms of audio ahead of it
+after the first frame, where one far into its text has seconds. Urgent Links go before every other, those of
+later steps too, so a new context's first frames never wait behind the encoding (Opus, framing) of the audio
+already queued for hundreds of others. A Link's events of several steps (it was not reached before the next
+step came) are one entry, a context's frames of them joined into one AudioChunk (encoded and framed once); a
+Link that becomes urgent takes its queued events along, so its contexts' audio stays in order. The queues are
+handed over ROUTE_SLICE_S of Links a loop callback: a step's audio for a worker's hundreds of contexts is
+otherwise one callback of 10-30 ms, and every client message and timer of the loop waits behind it. A step's
+first slice runs as the step comes (a loop crowded with other callbacks would delay it), unless more steps
+already wait to be queued (the engine thread's, on a loop that was busy): those join the queues first.
+Backpressure: while the step batches not yet routed to every Link (those handed over and not yet queued, and
+the steps back to the oldest queued entry) reach `max_behind` (the engine's own, or MAX_BEHIND), `behind()` is
+true and the engine (its `hold`) waits before its next step, so the loop's backlog stays bounded without
+dropping anything.
 """
 from __future__ import annotations
 
@@ -30,6 +41,9 @@ import logging
 import math
 import threading
 import time
+from dataclasses import dataclass
+
+import numpy as np
 
 from talkgate.synth.api import (
     AudioChunk, CancelContext, ContextDone, ContextFailed, EngineCommand, EngineError, MakeVoice, OpenContext,
@@ -39,6 +53,15 @@ from talkgate.synth.api import (
 log = logging.getLogger("talkgate.engine_client")
 MAX_BEHIND = 32             # step batches handed to the loop and not yet routed (~32 steps of audio)
 ROUTE_SLICE_S = 0.002       # Links a loop callback hands their events to: until this long has passed
+URGENT_FRAMES = 4           # a Link with a context at one of its first frames (320 ms of audio) goes first
+
+
+@dataclass(eq=False)
+class _Queued:
+    """One Link's events not handed over yet."""
+    owner: object
+    events: list
+    step: int                   # the step batch of its oldest events
 
 
 class EngineClient:
@@ -48,12 +71,14 @@ class EngineClient:
         self.new_tokenizer = engine.new_tokenizer
         self.contexts = itertools.count(1)
         self._owners: dict[int, object] = {}           # context -> Link (touched on the loop only)
-        self._outstanding = 0                          # batches handed over, not yet in _routing
+        self._outstanding = 0                          # batches handed over, not yet queued
         self._count_lock = threading.Lock()
-        self._routing: collections.deque = collections.deque()   # (Link, its events); None ends a step's batch
-        self._routed_later = 0                         # batches in _routing (loop only)
+        # id(Link) -> its queued events, in the order they are handed over (loop only)
+        self._urgent: collections.OrderedDict[int, _Queued] = collections.OrderedDict()
+        self._rest: collections.OrderedDict[int, _Queued] = collections.OrderedDict()
+        self._steps = 0                                # step batches queued so far
         self._slice_pending = False
-        # an engine may say how far behind the loop may fall (RemoteEngines: 1, it reads the next step after)
+        # an engine may say how far behind the loop may fall
         self.max_behind = getattr(engine, "max_behind", MAX_BEHIND)
         self._loop_thread = threading.get_ident()
         self.client = engine.connect(self._deliver)
@@ -66,7 +91,8 @@ class EngineClient:
             elif isinstance(cmd, MakeVoice):
                 self._owners[cmd.request] = owner
             elif isinstance(cmd, CancelContext):
-                self._owners.pop(cmd.context, None)
+                if self._owners.pop(cmd.context, None) is not None:
+                    self._unqueue(owner, cmd.context)
         self.engine.submit(self.client, commands)
 
     async def make_voice(self, audio: bytes, ref_text: str | None, timeout_s: float) -> VoicePrompt:
@@ -96,7 +122,7 @@ class EngineClient:
         return self.engine.stats().get("free_slots", 0)
 
     def behind(self) -> bool:
-        return self._outstanding + self._routed_later >= self.max_behind
+        return self._outstanding + self._queued_steps() >= self.max_behind
 
     def close(self) -> None:
         self.engine.disconnect(self.client)
@@ -114,50 +140,111 @@ class EngineClient:
             pass
 
     def _route(self, events: list, counted: bool = True) -> None:
+        """One step's events into the queues, each to its context's owner; then hand them over."""
         try:
+            self._steps += 1
             batches: dict[int, tuple[object, list]] = {}
             for ev in events:
-                key = ev.request if isinstance(ev, (VoiceMade, VoiceFailed)) else ev.context
+                key = _key(ev)
                 owner = self._owners.get(key)
                 if owner is None:               # cancelled meanwhile: stale
                     continue
                 if isinstance(ev, (ContextDone, ContextFailed, VoiceMade, VoiceFailed)):
                     del self._owners[key]
                 batches.setdefault(id(owner), (owner, []))[1].append(ev)
-            self._routing.extend(sorted(batches.values(), key=_first_frame))
-            self._routing.append(None)
-            self._routed_later += 1
+            for owner, link_events in sorted(batches.values(), key=lambda b: _first_frame(b[1])):
+                self._queue(owner, link_events)
         finally:
             if counted:
                 with self._count_lock:
                     self._outstanding -= 1
-        if not self._slice_pending:
+        if self._slice_pending:
+            return
+        if self._outstanding:               # more steps wait on the loop: they join the queues first
+            self._slice_pending = True
+            self.loop.call_soon(self._route_slice)
+        else:                               # at once: a loop crowded with other callbacks would delay it
             self._route_slice()
 
+    def _queue(self, owner, events: list) -> None:
+        key = id(owner)
+        urgent = _first_frame(events) < URGENT_FRAMES
+        queued = self._urgent.get(key)
+        if queued is None:
+            queued = self._rest.pop(key, None) if urgent else self._rest.get(key)
+            if queued is None:
+                queued = _Queued(owner, [], self._steps)
+            (self._urgent if urgent else self._rest)[key] = queued     # a Link already in _rest keeps its place
+        queued.events.extend(events)
+
+    def _unqueue(self, owner, context: int) -> None:
+        """A cancelled context's events still queued for its owner go: nothing of it follows its cancel."""
+        queued = self._urgent.get(id(owner)) or self._rest.get(id(owner))
+        if queued is not None:
+            queued.events = [ev for ev in queued.events if _key(ev) != context]
+
+    def _queued_steps(self) -> int:
+        """Step batches from the oldest queued entry's to the last (0: nothing queued)."""
+        oldest = min((q.step for q in self._urgent.values()), default=self._steps + 1)
+        if self._rest:
+            oldest = min(oldest, next(iter(self._rest.values())).step)
+        return self._steps + 1 - oldest
+
     def _route_slice(self) -> None:
-        """Hand events to Links in order, for ROUTE_SLICE_S; the rest in the next loop callback. A Link that
-        raises is logged and the others go on."""
-        self._slice_pending = True          # while it runs too: a batch routed meanwhile only joins the queue
+        """Hand the queued events to their Links, the urgent ones first, for ROUTE_SLICE_S; the rest in the next
+        loop callback. A Link that raises is logged and the others go on."""
+        self._slice_pending = True          # while it runs too: a step queued meanwhile only joins the queues
         t0 = time.perf_counter()
-        while self._routing:
-            entry = self._routing.popleft()
-            if entry is None:
-                self._routed_later -= 1
-                continue
+        while self._urgent or self._rest:
+            _, queued = (self._urgent or self._rest).popitem(last=False)
+            events = join_frames(queued.events) if len(queued.events) > 1 else queued.events
             try:
-                entry[0].engine_events(entry[1])
+                if events:
+                    queued.owner.engine_events(events)
             except Exception:
-                log.exception("handing engine events to %r failed", entry[0])
-            if self._routing and time.perf_counter() - t0 > ROUTE_SLICE_S:
+                log.exception("handing engine events to %r failed", queued.owner)
+            if (self._urgent or self._rest) and time.perf_counter() - t0 > ROUTE_SLICE_S:
                 self.loop.call_soon(self._route_slice)
                 return
         self._slice_pending = False
 
 
-def _first_frame(entry: tuple[object, list]) -> float:
-    """A Link's place in a step's routing: its earliest frame. A context's first frames have the least audio
-    ahead of its player (80 ms after the first), one far into its text has seconds, so those go first."""
-    return min((ev.first_frame for ev in entry[1] if isinstance(ev, AudioChunk)), default=math.inf)
+def _key(ev) -> int:
+    """The context (or voice request) an event belongs to."""
+    return ev.request if isinstance(ev, (VoiceMade, VoiceFailed)) else ev.context
+
+
+def _first_frame(events: list) -> float:
+    """A Link's earliest frame among `events`. A context's first frames have the least audio ahead of its player
+    (80 ms after the first), one far into its text has seconds."""
+    return min((ev.first_frame for ev in events if isinstance(ev, AudioChunk)), default=math.inf)
+
+
+def join_frames(events: list) -> list:
+    """`events` with each context's frames that follow on (no other event of that context between them) as one
+    AudioChunk, where the first of them was; other events stay in order."""
+    out: list = []                      # an event, or a list: one context's chunks that follow on
+    runs: dict[int, list] = {}          # context -> its run still open in `out`
+    for ev in events:
+        if not isinstance(ev, AudioChunk):
+            runs.pop(_key(ev), None)
+            out.append(ev)
+            continue
+        run = runs.get(ev.context)
+        if run is not None and ev.first_frame == run[-1].first_frame + run[-1].n_frames:
+            run.append(ev)
+        else:
+            runs[ev.context] = run = [ev]
+            out.append(run)
+    return [_joined(r) if isinstance(r, list) else r for r in out]
+
+
+def _joined(run: list[AudioChunk]) -> AudioChunk:
+    if len(run) == 1:
+        return run[0]
+    first = run[0]
+    return AudioChunk(first.context, np.concatenate([e.pcm for e in run]), first.first_frame,
+                      sum(e.n_frames for e in run), first.t_emitted)
 
 
 class _VoiceWaiter:

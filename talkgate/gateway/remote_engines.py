@@ -23,12 +23,12 @@ engine.
 Faults: an engine process that dies closes its connection (a ZMQ monitor event): its contexts fail with
 `engine_failed`, except those that have had no event yet, which move to another ready engine. Its
 restarted successor is greeted again (HELLO -> WELCOME) and takes new contexts once it says "ready".
-Backpressure: STEPs are read when the loop is free and once the last read has reached every Link (the
-EngineClient hands a step's events over a few loop callbacks; `hold`, max_behind = 1); those that queued
-meanwhile (up to MAX_MESSAGES_PER_READ) are read together and handed over as one batch, so a loop that fell
-behind catches up in one pass. Each is acknowledged when read; a loop that falls behind acknowledges late, and
-the engine, which never waits, fails this worker's contexts once it is WORKER_LAG_LIMIT_S behind
-(engine_process.py).
+Backpressure: STEPs are read when the loop is free, while the EngineClient holds fewer than `max_behind` steps'
+events not yet routed to every Link (`hold`): it hands a new context's first frames out before the older audio
+it still holds, so the next STEPs are read while that waits. Those that queued meanwhile (up to
+MAX_MESSAGES_PER_READ) are read together and handed over as one batch, so a loop that fell behind catches up in
+one pass. Each is acknowledged when read; a loop that falls behind acknowledges late, and the engine, which never
+waits, fails this worker's contexts once it is WORKER_LAG_LIMIT_S behind (engine_process.py).
 """
 from __future__ import annotations
 
@@ -40,7 +40,6 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-import numpy as np
 import zmq
 from zmq.utils.monitor import parse_monitor_message
 
@@ -53,6 +52,8 @@ log = logging.getLogger("talkgate.remote_engines")
 ACK_EVERY = 8               # STEP messages handled before an acknowledgement goes out ...
 ACK_DELAY_S = 0.05          # ... or this long after the first unacknowledged one
 MAX_MESSAGES_PER_READ = 8   # then other loop callbacks (client messages) run before the rest is read
+MAX_BEHIND = 8              # steps' events the EngineClient may hold not yet routed to every Link: no STEP is read
+                            # then (at 256 rows, 20-ms steps: 160 ms of audio of the contexts past their first frames)
 
 
 @dataclass(eq=False)
@@ -96,7 +97,7 @@ class _Link:
 
 
 class RemoteEngines:
-    max_behind = 1                  # step batches the EngineClient may hold unrouted: the next is read after
+    max_behind = MAX_BEHIND
 
     def __init__(self, endpoints: list[str], worker: int = 0):
         self.worker = worker
@@ -320,8 +321,7 @@ class RemoteEngines:
     def _readable(self, link: _Link) -> None:
         if link.sock is None:
             return
-        batches: dict[int, list] = {}   # the STEPs read now, delivered as one (a loop that fell behind catches up)
-        steps = 0
+        batches: dict[int, list] = {}   # the STEPs read now, handed over as one (a loop that fell behind catches up)
         try:
             for _ in range(MAX_MESSAGES_PER_READ):
                 if self.hold is not None and self.hold():
@@ -331,26 +331,25 @@ class RemoteEngines:
                 except zmq.Again:
                     return
                 try:
-                    steps += self._handle(link, frames, batches)
+                    self._handle(link, frames, batches)
                 except Exception:
                     log.exception("bad message from engine %d", link.index)
         finally:
-            self._deliver_batches(batches, joined=steps > 1)
+            self._deliver_batches(batches)
         self._loop.call_soon(self._readable, link)
 
-    def _handle(self, link: _Link, frames: list, batches: dict[int, list]) -> bool:
-        """One message; True if it was a STEP (its events added to `batches`, delivered by the caller)."""
+    def _handle(self, link: _Link, frames: list, batches: dict[int, list]) -> None:
+        """One message; a STEP's events are added to `batches`, handed over by the caller."""
         kind = frames[0].bytes
         if kind == wire.STEP:
             self._step(link, frames[1].buffer, frames[2].buffer, batches)
-            return True
-        self._deliver_batches(batches, joined=True)     # the steps before it first: a WELCOME may fail their contexts
+            return
+        self._deliver_batches(batches)      # the steps before it first: a WELCOME may fail their contexts
         batches.clear()
         if kind == wire.STATS:
             self._stats(link, wire.decode(frames[1].buffer))
         elif kind == wire.WELCOME:
             self._welcome(link, wire.decode(frames[1].buffer))
-        return False
 
     def _step(self, link: _Link, header, pcm, batches: dict[int, list]) -> None:
         """One STEP's events into `batches` (client -> its events in order)."""
@@ -454,38 +453,13 @@ class RemoteEngines:
         self._wake()
         self._deliver_batches(batches)
 
-    def _deliver_batches(self, batches: dict[int, list], joined: bool = False) -> None:
-        """joined: several STEPs' events, a context's consecutive frames of them handed over as one AudioChunk
-        (encoded and framed once)."""
+    def _deliver_batches(self, batches: dict[int, list]) -> None:
         for client, events in batches.items():
             c = self._clients.get(client)
             if c is None:
                 continue
-            if joined:
-                events = join_frames(events)
             try:
                 c.deliver(events)
             except Exception:
                 log.exception("delivering to client %d failed: disconnecting it", client)
                 self.disconnect(client)
-
-
-def join_frames(events: list) -> list:
-    """`events` with each run of one context's consecutive AudioChunks (frames that follow on) as one chunk."""
-    runs: list = []                     # an event, or a list: one context's chunks that follow on
-    for ev in events:
-        run = runs[-1] if runs else None
-        if (isinstance(ev, AudioChunk) and isinstance(run, list) and ev.context == run[-1].context
-                and ev.first_frame == run[-1].first_frame + run[-1].n_frames):
-            run.append(ev)
-        else:
-            runs.append([ev] if isinstance(ev, AudioChunk) else ev)
-    return [_joined(r) if isinstance(r, list) else r for r in runs]
-
-
-def _joined(run: list[AudioChunk]) -> AudioChunk:
-    if len(run) == 1:
-        return run[0]
-    first = run[0]
-    return AudioChunk(first.context, np.concatenate([e.pcm for e in run]), first.first_frame,
-                      sum(e.n_frames for e in run), first.t_emitted)
