@@ -77,6 +77,7 @@ class EngineClient:
         self._urgent: collections.OrderedDict[int, _Queued] = collections.OrderedDict()
         self._rest: collections.OrderedDict[int, _Queued] = collections.OrderedDict()
         self._steps = 0                                # step batches queued so far
+        self._queued_steps = 0                         # of which the queues still hold some (set on the loop)
         self._slice_pending = False
         # an engine may say how far behind the loop may fall
         self.max_behind = getattr(engine, "max_behind", MAX_BEHIND)
@@ -122,7 +123,8 @@ class EngineClient:
         return self.engine.stats().get("free_slots", 0)
 
     def behind(self) -> bool:
-        return self._outstanding + self._queued_steps() >= self.max_behind
+        """Called by the engine: on its own thread (an in-process engine), so it reads two counts only."""
+        return self._outstanding + self._queued_steps >= self.max_behind
 
     def close(self) -> None:
         self.engine.disconnect(self.client)
@@ -154,6 +156,7 @@ class EngineClient:
                 batches.setdefault(id(owner), (owner, []))[1].append(ev)
             for owner, link_events in sorted(batches.values(), key=lambda b: _first_frame(b[1])):
                 self._queue(owner, link_events)
+            self._count_queued()
         finally:
             if counted:
                 with self._count_lock:
@@ -183,12 +186,12 @@ class EngineClient:
         if queued is not None:
             queued.events = [ev for ev in queued.events if _key(ev) != context]
 
-    def _queued_steps(self) -> int:
-        """Step batches from the oldest queued entry's to the last (0: nothing queued)."""
+    def _count_queued(self) -> None:
+        """_queued_steps: step batches from the oldest queued entry's to the last (0: nothing queued)."""
         oldest = min((q.step for q in self._urgent.values()), default=self._steps + 1)
         if self._rest:
             oldest = min(oldest, next(iter(self._rest.values())).step)
-        return self._steps + 1 - oldest
+        self._queued_steps = self._steps + 1 - oldest
 
     def _route_slice(self) -> None:
         """Hand the queued events to their Links, the urgent ones first, for ROUTE_SLICE_S; the rest in the next
@@ -204,8 +207,10 @@ class EngineClient:
             except Exception:
                 log.exception("handing engine events to %r failed", queued.owner)
             if (self._urgent or self._rest) and time.perf_counter() - t0 > ROUTE_SLICE_S:
+                self._count_queued()
                 self.loop.call_soon(self._route_slice)
                 return
+        self._queued_steps = 0
         self._slice_pending = False
 
 
