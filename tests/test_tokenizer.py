@@ -245,20 +245,21 @@ def test_held_text_is_bounded_whatever_the_stream(tokenizers):
 
 
 def test_total_cost_grows_linearly(tokenizers):
-    """2,000 vs 4,000 ten-character deltas: linear is a ratio of 2, the old whole-text retokenization was
-    quadratic (4). CPU time of this process, the best of 4 each, the two lengths measured in turn so that other
-    load on the machine weighs on both alike."""
+    """1,000 vs 4,000 ten-character deltas: linear is a ratio of 4, the old whole-text retokenization was
+    quadratic (16); the bound of 8 leaves room for a noisy machine (rounds of the same work differ by up to 2x on
+    the build machine). CPU time of this thread (other threads of the test process do not count), the best of 4
+    each, the two lengths measured in turn so that other load on the machine weighs on both alike."""
     ours, _ = tokenizers
 
     def cost(text: str) -> float:
         s = StreamingTokenizer(ours)
-        t = time.process_time()
+        t = time.thread_time()
         for i in range(0, len(text), 10):
             s.feed(text[i:i + 10])
-        return time.process_time() - t
+        return time.thread_time() - t
 
-    short, long = adversarial(20_000), adversarial(40_000)
+    short, long = adversarial(10_000), adversarial(40_000)
     for name in ("word", "chinese", "marks"):
         rounds = [(cost(short[name]), cost(long[name])) for _ in range(4)]
         ratio = min(b for _, b in rounds) / min(a for a, _ in rounds)
-        assert ratio < 3, (name, ratio, rounds)
+        assert ratio < 8, (name, ratio, rounds)
