@@ -154,8 +154,10 @@ class EngineClient:
                 if isinstance(ev, (ContextDone, ContextFailed, VoiceMade, VoiceFailed)):
                     del self._owners[key]
                 batches.setdefault(id(owner), (owner, []))[1].append(ev)
-            for owner, link_events in sorted(batches.values(), key=lambda b: _first_frame(b[1])):
-                self._queue(owner, link_events)
+            firsts = sorted((_first_frame(link_events), i, owner, link_events)      # i: Links never compared
+                            for i, (owner, link_events) in enumerate(batches.values()))
+            for first, _, owner, link_events in firsts:
+                self._queue(owner, link_events, urgent=first < URGENT_FRAMES)
             self._count_queued()
         finally:
             if counted:
@@ -169,9 +171,8 @@ class EngineClient:
         else:                               # at once: a loop crowded with other callbacks would delay it
             self._route_slice()
 
-    def _queue(self, owner, events: list) -> None:
+    def _queue(self, owner, events: list, urgent: bool) -> None:
         key = id(owner)
-        urgent = _first_frame(events) < URGENT_FRAMES
         queued = self._urgent.get(key)
         if queued is None:
             queued = self._rest.pop(key, None) if urgent else self._rest.get(key)
