@@ -31,12 +31,14 @@ from pathlib import Path
 
 import aiohttp
 
+from talkgate import descriptors
 from talkgate.bench import prompts as prompt_set
 from talkgate.bench import report
 from talkgate.bench.measure import (
     HEADER, histogram_delta, opus_packet_ms, parse_audio_header, parse_prometheus, poisson_arrivals, qwen_tokenizer,
     simulate_player, stats, token_deltas,
 )
+from talkgate.gateway import heap
 from talkgate.gateway.args import Parser
 from talkgate.synth.request import frames_for_text   # the engine's documented text-length rule
 
@@ -532,6 +534,13 @@ async def run_load(cfg: Config) -> dict:
     return {"config": asdict(cfg), "summary": summary, "requests": [asdict(r) for r in results]}
 
 
+def reserve_descriptors(cfg: Config, most: float = 0) -> None:
+    """Room for every connection this process may hold (`most`: the largest level of a sweep), made before
+    any is opened: a descriptor table that grows mid-run stalls the loop and every stream on it for tens of
+    ms at 64 and 128 sockets (talkgate/descriptors.py), underruns that are the client's."""
+    descriptors.reserve(int(max(most, cfg.concurrency or 0, cfg.max_in_flight)) + descriptors.SPARE)
+
+
 def read_tokenizer(cfg: Config) -> None:
     """Read the tokenizer files of the text deltas now: inside the first request they would stall the event
     loop, and every stream on it, for half a second."""
@@ -559,6 +568,7 @@ def _drive_in_processes(cfg: Config) -> list[dict]:
 
 def _drive_process(cfg_dict: dict, start_at: float) -> dict:
     cfg = Config(**cfg_dict)
+    reserve_descriptors(cfg)
     read_tokenizer(cfg)             # before the common start, so that this process does not start late
 
     async def go():
@@ -576,6 +586,9 @@ async def drive(cfg: Config, http) -> dict:
     results: list[Result] = []
     in_flight = {"now": 0, "peak": 0}
     lags: list[float] = []
+    # what this process holds before the run (the tokenizer's tables, the modules) out of the garbage collector: a
+    # full collection walked it in 25-40 ms (measured), a stall of every stream here at the ramp's end
+    heap.freeze("bench client")
 
     async def tracked(job, t_run, scheduled):
         in_flight["now"] += 1
@@ -791,6 +804,7 @@ def main(argv: list[str] | None = None) -> int:
             p.error("--sweep takes numbers separated by commas, e.g. 1,2,5,10")
         if not levels or any(v <= 0 for v in levels) or levels != sorted(levels):
             p.error("--sweep levels must be positive and increasing")
+    reserve_descriptors(cfg, max(levels) if levels and cfg.concurrency else 0)
     return asyncio.run(_main(cfg, levels, args.out, args.wait_ready, args.warmup))
 
 

@@ -19,6 +19,7 @@ import socket
 import ssl
 from pathlib import Path
 
+from talkgate import descriptors
 from talkgate.childproc import usable_cores
 from talkgate.gateway import args as cli_args
 from talkgate.gateway import bytecode
@@ -220,6 +221,7 @@ def run(args: argparse.Namespace) -> int:
     tls = tls_context(args.ssl_certfile, args.ssl_keyfile)
     if args.workers != 0:
         return run_supervised(args)
+    descriptors.reserve(args.max_connections + descriptors.SPARE)     # before the engine starts its threads
     sockets = listen(args.host, args.port)
     try:
         device = cli_args.check_device(args.device)

@@ -149,12 +149,14 @@ async def serve_worker(cfg: dict) -> int:
 
 
 def main() -> int:
+    from talkgate import descriptors
     from talkgate.childproc import die_with_parent
 
     cfg = json.loads(os.environ["TALKGATE_WORKER"])
     die_with_parent()
     logging.basicConfig(level=logging.INFO,
                         format=f"%(asctime)s worker{cfg['index']} %(name)s %(levelname)s %(message)s")
+    descriptors.reserve(cfg["limits"]["max_connections"] + descriptors.SPARE)    # before ZMQ starts its threads
     return asyncio.run(serve_worker(cfg))
 
 

@@ -1,0 +1,75 @@
+"""talkgate/descriptors.py: a process makes room for its sockets at start (its descriptor table grown, its open-file
+limit raised), so that no accept() or socket() mid-run grows the table and waits for an RCU grace period."""
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from tests.serverproc import TalkgateServer
+
+pytestmark = pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads /proc (Linux)")
+
+
+def fd_size(pid: int | str = "self") -> int:
+    """The size of a process's descriptor table (FDSize in /proc/PID/status)."""
+    return int(re.search(r"^FDSize:\s+(\d+)", Path(f"/proc/{pid}/status").read_text(), re.M).group(1))
+
+
+def in_process(body: str) -> list[str]:
+    """Run `body` in a fresh interpreter with a second thread alive (the table is shared, as in a server) ->
+    the lines it printed."""
+    code = "import resource, threading, time\nfrom talkgate import descriptors\nfrom tests.test_descriptors " \
+           "import fd_size\nthreading.Thread(target=time.sleep, args=(5,), daemon=True).start()\n" \
+           + textwrap.dedent(body)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    return out.stdout.split()
+
+
+def test_reserve_grows_the_table_once_at_start():
+    before, after, room = in_process("""
+        print(fd_size())
+        room = descriptors.reserve(1000)
+        print(fd_size(), room)
+    """)
+    assert int(before) < 1000                  # a fresh process's table is small: it would grow mid-run
+    assert int(after) >= 1000 and int(room) == 1000
+
+
+def test_reserve_raises_a_low_soft_limit_up_to_the_hard_one():
+    soft, size, room = in_process("""
+        hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+        resource.setrlimit(resource.RLIMIT_NOFILE, (128, hard))
+        room = descriptors.reserve(600)
+        print(resource.getrlimit(resource.RLIMIT_NOFILE)[0], fd_size(), room)
+    """)
+    assert (int(soft), int(room)) == (600, 600) and int(size) >= 600
+
+
+def test_reserve_stops_at_the_hard_limit_and_says_so():
+    out = subprocess.run([sys.executable, "-c", textwrap.dedent("""
+        import logging, resource
+        from talkgate import descriptors
+        logging.basicConfig()
+        resource.setrlimit(resource.RLIMIT_NOFILE, (128, 300))
+        print(descriptors.reserve(600), resource.getrlimit(resource.RLIMIT_NOFILE)[0])
+    """)], capture_output=True, text=True, timeout=60, check=True)
+    assert out.stdout.split() == ["300", "300"]
+    assert "room for 300 open files, fewer than the 600 wanted" in out.stderr
+
+
+@pytest.mark.parametrize("workers", ["1", "0"])
+def test_the_process_serving_connections_has_room_for_them_before_it_listens(tiny_checkpoint, workers):
+    from talkgate.descriptors import SPARE
+    from tests.test_faults import pids
+
+    with TalkgateServer(tiny_checkpoint, "--workers", workers, "--max-connections", "700", wait="listening") as srv:
+        server = pids(srv, "worker")[0] if workers == "1" else srv.proc.pid
+        assert fd_size(server) >= 700 + SPARE
+        limits = Path(f"/proc/{server}/limits").read_text()
+        soft = re.search(r"^Max open files\s+(\d+|unlimited)", limits, re.M).group(1)
+        assert soft == "unlimited" or int(soft) >= 700 + SPARE
