@@ -5,11 +5,12 @@ import itertools
 import json
 import random
 import statistics
+from dataclasses import asdict
 
 import numpy as np
 import pytest
 
-from talkgate.bench import load, measure, prompts
+from talkgate.bench import load, measure, prompts, report
 from talkgate.synth.request import frames_for_text
 
 
@@ -81,26 +82,26 @@ def test_prompt_set_buckets():
 
 # ----- the simulated player
 def test_player_steady_stream_has_no_underruns():
-    assert measure.simulate_player([(80.0 * i, 80.0) for i in range(50)]) == (0, 0.0)
-    assert measure.simulate_player([(10.0 * i, 80.0) for i in range(50)]) == (0, 0.0)   # faster than real time
-    assert measure.simulate_player([]) == (0, 0.0)
+    assert measure.simulate_player([(80.0 * i, 80.0) for i in range(50)]) == (0, 0.0, None)
+    assert measure.simulate_player([(10.0 * i, 80.0) for i in range(50)]) == (0, 0.0, None)   # ahead of real time
+    assert measure.simulate_player([]) == (0, 0.0, None)
 
 
 def test_player_counts_stalls_with_known_answers():
-    # played until 160 ms, next chunk at 200: one 40 ms stall
-    assert measure.simulate_player([(0.0, 80.0), (80.0, 80.0), (200.0, 80.0)]) == (1, 40.0)
+    # played until 160 ms, next chunk at 200: one 40 ms stall, with 160 ms of audio played (frame 2's turn)
+    assert measure.simulate_player([(0.0, 80.0), (80.0, 80.0), (200.0, 80.0)]) == (1, 40.0, 160.0)
     # a burst does not help later: buffer runs out at 160, chunk at 300 (140 ms), then 380 -> 460 ok, 600 (140 ms)
     chunks = [(0.0, 80.0), (10.0, 80.0), (300.0, 80.0), (380.0, 80.0), (600.0, 80.0)]
-    assert measure.simulate_player(chunks) == (2, 280.0)
+    assert measure.simulate_player(chunks) == (2, 280.0, 160.0)
     # the player starts at the first chunk, not at time zero: a late start is TTFA, not an underrun
-    assert measure.simulate_player([(500.0, 80.0), (580.0, 80.0)]) == (0, 0.0)
+    assert measure.simulate_player([(500.0, 80.0), (580.0, 80.0)]) == (0, 0.0, None)
 
 
 def test_player_tolerance():
     chunks = [(0.0, 20.0), (20.5, 20.0), (41.0, 20.0)]
-    assert measure.simulate_player(chunks, tolerance_ms=1.0) == (0, 0.0)
-    count, stalled = measure.simulate_player(chunks, tolerance_ms=0.0)
-    assert count == 2 and stalled == pytest.approx(1.0)
+    assert measure.simulate_player(chunks, tolerance_ms=1.0) == (0, 0.0, None)
+    count, stalled, first = measure.simulate_player(chunks, tolerance_ms=0.0)
+    assert count == 2 and stalled == pytest.approx(1.0) and first == 20.0
 
 
 def test_timeline_plays_only_until_the_cancel():
@@ -129,9 +130,9 @@ def test_percentiles_match_numpy():
         measure.percentile([], 50)
 
 
-def _result(i, ttfa=10.0, underruns=0, error=None):
+def _result(i, ttfa=10.0, underruns=0, error=None, start_s=None, dry_at=None):
     return load.Result(i, "en-short-00", "en", "short", 10, 9, ttfa_ms=ttfa, ttfb_ms=ttfa, underruns=underruns,
-                       audio_ms=720.0, error=error)
+                       audio_ms=720.0, error=error, start_s=start_s, first_underrun_audio_ms=dry_at)
 
 
 def test_summary_clean_criterion():
@@ -145,6 +146,17 @@ def test_summary_clean_criterion():
     s = summarize([_result(i) for i in range(19)] + [_result(19, error={"code": "timeout", "message": ""})])
     assert not s["clean"] and s["errors"] == {"timeout": 1} and s["metrics"]["ttfa_ms"]["n"] == 19
     assert s["achieved_rps"] == pytest.approx(2.0) and s["audio_s_per_wall_s"] == pytest.approx(19 * 0.072)
+
+
+def test_summary_splits_underrun_requests_by_start_and_first_dry_frame():
+    cfg = load.Config(concurrency=8, ramp_s=2.0)
+    rs = [_result(0, start_s=0.5), _result(1, underruns=1, start_s=0.7, dry_at=80.0),
+          _result(2, underruns=2, start_s=1.9, dry_at=80.0), _result(3, underruns=1, start_s=2.5, dry_at=160.0),
+          _result(4, underruns=1, start_s=6.0, dry_at=4000.0)]
+    s = load.summarize(cfg, rs, 10.0, None, 8, {}, None, [0.1])
+    assert s["underrun_requests"] == {"in_ramp": 2, "after_ramp": 2, "first_dry_frame": {"1": 2, "2": 1, "4+": 1}}
+    assert "| underrun requests: started in the ramp / after it; first ran dry at frame | 2 / 2; 1: 2, 2: 1, 4+: 1 |" \
+        in report.markdown(asdict(cfg), s)
 
 
 # ----- wire formats

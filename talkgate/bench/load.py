@@ -85,6 +85,7 @@ class Result:
     gaps_ms: list = field(default_factory=list)
     underruns: int = 0
     underrun_ms: float = 0.0
+    first_underrun_audio_ms: float | None = None   # audio played when the player first ran dry (80 ms a frame)
     rtf: float | None = None               # e2e / audio duration (completed requests only)
     server_ttfa_ms: float | None = None    # native `timing` event
     done_reason: str | None = None
@@ -122,7 +123,7 @@ class Timeline:
         r.audio_ms, r.chunks = self.audio_ms, len(self.chunks)
         r.gaps_ms = [round(b[0] - a[0], 3) for a, b in itertools.pairwise(played)]
         r.max_gap_ms = max(r.gaps_ms) if r.gaps_ms else None
-        r.underruns, r.underrun_ms = simulate_player(played, tolerance_ms)
+        r.underruns, r.underrun_ms, r.first_underrun_audio_ms = simulate_player(played, tolerance_ms)
 
 
 class RequestError(Exception):
@@ -658,10 +659,24 @@ def summarize(cfg: Config, results: list[Result], wall_s: float, issue_window: f
         "audio_s_per_wall_s": sum(r.audio_ms for r in ok) / 1000 / wall_s,
         "underruns": underruns, "requests_with_underruns": sum(1 for r in ok if r.underruns),
         "underrun_ms_total": sum(r.underrun_ms for r in ok),
+        "underrun_requests": underrun_requests(cfg, ok),
         "metrics": metrics, "server": server, "gpu": gpu,
         "client_loop_lag_ms": stats(lags),
         "clean": clean,
     }
+
+
+def underrun_requests(cfg: Config, ok: list[Result]) -> dict:
+    """The requests with underruns by when they started (in the closed loop's ramp or after it) and by the frame
+    at which their player first ran dry (a stream's first frames have the least margin)."""
+    dry = [r for r in ok if r.first_underrun_audio_ms is not None]
+    frames: dict[str, int] = {}
+    for r in dry:
+        frame = int(r.first_underrun_audio_ms // 80)
+        key = str(frame) if frame <= 3 else "4+"
+        frames[key] = frames.get(key, 0) + 1
+    in_ramp = sum(1 for r in dry if r.start_s is not None and r.start_s < cfg.ramp_s)
+    return {"in_ramp": in_ramp, "after_ramp": len(dry) - in_ramp, "first_dry_frame": dict(sorted(frames.items()))}
 
 
 async def sweep(cfg: Config, levels: list[float], out: Path | None) -> tuple[float | None, bool]:

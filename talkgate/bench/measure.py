@@ -95,12 +95,12 @@ def token_deltas(text: str) -> list[str]:
     return [text[a:b] for a, b in itertools.pairwise(bounds) if b > a]
 
 
-def simulate_player(chunks: list[tuple[float, float]], tolerance_ms: float = 1.0) -> tuple[int, float]:
+def simulate_player(chunks: list[tuple[float, float]], tolerance_ms: float = 1.0) -> tuple[int, float, float | None]:
     """Underruns of a real-time player that starts playing the first chunk the moment it arrives.
     chunks: (arrival_ms, duration_ms) in arrival order. When the player has played everything it has,
     it stalls until the next chunk arrives; a stall longer than `tolerance_ms` is an underrun.
-    -> (underrun count, total stalled ms)."""
-    count, stalled, play_end = 0, 0.0, None
+    -> (underrun count, total stalled ms, ms of audio played when it first ran dry: None without any)."""
+    count, stalled, play_end, played, first = 0, 0.0, None, 0.0, None
     for arrival, duration in chunks:
         if play_end is None:
             play_end = arrival
@@ -109,9 +109,11 @@ def simulate_player(chunks: list[tuple[float, float]], tolerance_ms: float = 1.0
             if gap > tolerance_ms:
                 count += 1
                 stalled += gap
+                first = played if first is None else first
             play_end = arrival
         play_end += duration
-    return count, stalled
+        played += duration
+    return count, stalled, first
 
 
 def percentile(values: list[float], q: float) -> float:

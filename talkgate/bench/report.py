@@ -54,6 +54,7 @@ def markdown(cfg: dict, s: dict) -> str:
             ("audio s per wall s", fmt(s["audio_s_per_wall_s"], 2)),
             ("underruns (requests with any) / total ms",
              f"{s['underruns']} ({s['requests_with_underruns']}) / {fmt(s['underrun_ms_total'])}"),
+            ("underrun requests: started in the ramp / after it; first ran dry at frame", underrun_split(s)),
             ("server CPU cores", fmt(srv.get("cpu_cores"), 2)),
             ("CPU cores by process", ", ".join(f"{k} {v:.2f}" for k, v in sorted((srv.get("cpu_cores_by_process")
                                                                                   or {}).items())) or "-"),
@@ -85,6 +86,12 @@ def markdown(cfg: dict, s: dict) -> str:
             lines.append(f"| {name} | {m['n']} | "
                          + " | ".join(fmt(float(m[k]), d) for k in ("p50", "p95", "p99", "mean", "max")) + " |")
     return "\n".join(lines) + "\n"
+
+
+def underrun_split(s: dict) -> str:
+    u = s["underrun_requests"]
+    frames = ", ".join(f"{k}: {v}" for k, v in u["first_dry_frame"].items()) or "-"
+    return f"{u['in_ramp']} / {u['after_ramp']}; {frames}"
 
 
 def ttfas(run: dict) -> list[float]:
