@@ -4,7 +4,7 @@ Linux grows a process's descriptor table by doubling it (64, 128, 256, ... entri
 descriptor number past the table's end. When the process has more than one thread, the socket(), accept() or
 open() call that does so waits for an RCU grace period (expand_fdtable calls synchronize_rcu): 18-56 ms on the
 GPU machines, an event loop stalled with every stream on it. In the 512-stream benchmark every client process
-stalled so as it passed 64 and 128 sockets, and most underruns of the ramp were those (docs/benchmarks.md,
+stalled like that as it passed 64 and 128 sockets, and most underruns of the ramp came from it (docs/benchmarks.md,
 2026-11-28). A table never shrinks, so one grown at the start holds for the process's life: a gateway worker
 (whose table starts at 256) or a single-process server that holds more connections than that would otherwise stall
 at 256, 512, ... Linux only; elsewhere `reserve` just returns.
