@@ -20,14 +20,13 @@ def fd_size(pid: int | str = "self") -> int:
     return int(re.search(r"^FDSize:\s+(\d+)", Path(f"/proc/{pid}/status").read_text(), re.M).group(1))
 
 
-def in_process(body: str) -> list[str]:
-    """Run `body` in a fresh interpreter with a second thread alive (the table is shared, as in a server) ->
-    the lines it printed."""
-    code = "import resource, threading, time\nfrom talkgate import descriptors\nfrom tests.test_descriptors " \
-           "import fd_size\nthreading.Thread(target=time.sleep, args=(5,), daemon=True).start()\n" \
-           + textwrap.dedent(body)
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
-    return out.stdout.split()
+def in_process(body: str) -> subprocess.CompletedProcess:
+    """Run `body` in a fresh interpreter with logging on and a second thread alive (the table is shared, as in a
+    server)."""
+    code = "import logging, resource, threading, time\nfrom talkgate import descriptors\n" \
+           "from tests.test_descriptors import fd_size\nlogging.basicConfig()\n" \
+           "threading.Thread(target=time.sleep, args=(5,), daemon=True).start()\n" + textwrap.dedent(body)
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
 
 
 def test_reserve_grows_the_table_once_at_start():
@@ -35,7 +34,7 @@ def test_reserve_grows_the_table_once_at_start():
         print(fd_size())
         room = descriptors.reserve(1000)
         print(fd_size(), room)
-    """)
+    """).stdout.split()
     assert int(before) < 1000                  # a fresh process's table is small: it would grow mid-run
     assert int(after) >= 1000 and int(room) == 1000
 
@@ -46,18 +45,15 @@ def test_reserve_raises_a_low_soft_limit_up_to_the_hard_one():
         resource.setrlimit(resource.RLIMIT_NOFILE, (128, hard))
         room = descriptors.reserve(600)
         print(resource.getrlimit(resource.RLIMIT_NOFILE)[0], fd_size(), room)
-    """)
+    """).stdout.split()
     assert (int(soft), int(room)) == (600, 600) and int(size) >= 600
 
 
 def test_reserve_stops_at_the_hard_limit_and_says_so():
-    out = subprocess.run([sys.executable, "-c", textwrap.dedent("""
-        import logging, resource
-        from talkgate import descriptors
-        logging.basicConfig()
+    out = in_process("""
         resource.setrlimit(resource.RLIMIT_NOFILE, (128, 300))
         print(descriptors.reserve(600), resource.getrlimit(resource.RLIMIT_NOFILE)[0])
-    """)], capture_output=True, text=True, timeout=60, check=True)
+    """)
     assert out.stdout.split() == ["300", "300"]
     assert "room for 300 open files, fewer than the 600 wanted" in out.stderr
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import itertools
 import json
 import random
@@ -535,13 +536,6 @@ async def run_load(cfg: Config) -> dict:
     return {"config": asdict(cfg), "summary": summary, "requests": [asdict(r) for r in results]}
 
 
-def reserve_descriptors(cfg: Config, most: float = 0) -> None:
-    """Room for every connection this process may hold (`most`: the largest level of a sweep), made before
-    any is opened: a descriptor table that grows mid-run stalls the loop and every stream on it for tens of
-    ms at 64 and 128 sockets (talkgate/descriptors.py), underruns that are the client's."""
-    descriptors.reserve(int(max(most, cfg.concurrency or 0, cfg.max_in_flight)) + descriptors.SPARE)
-
-
 def read_tokenizer(cfg: Config) -> None:
     """Read the tokenizer files of the text deltas now: inside the first request they would stall the event
     loop, and every stream on it, for half a second."""
@@ -569,7 +563,6 @@ def _drive_in_processes(cfg: Config) -> list[dict]:
 
 def _drive_process(cfg_dict: dict, start_at: float) -> dict:
     cfg = Config(**cfg_dict)
-    reserve_descriptors(cfg)
     read_tokenizer(cfg)             # before the common start, so that this process does not start late
 
     async def go():
@@ -587,8 +580,11 @@ async def drive(cfg: Config, http) -> dict:
     results: list[Result] = []
     in_flight = {"now": 0, "peak": 0}
     lags: list[float] = []
-    # what this process holds before the run (the tokenizer's tables, the modules) out of the garbage collector: a
-    # full collection walked it in 25-40 ms (measured), a stall of every stream here at the ramp's end
+    # Before the run's first connection, two stalls of every stream here (underruns that are the client's) away:
+    # room for all its connections (a descriptor table that grows mid-run stalls the loop tens of ms at 64 and 128
+    # sockets, talkgate/descriptors.py), and what this process holds (the tokenizer's tables, the modules) out of
+    # the garbage collector (a full collection walked it in 25-40 ms, measured, at the ramp's end)
+    descriptors.reserve(max(cfg.concurrency or 0, cfg.max_in_flight) + descriptors.SPARE)
     heap.freeze("bench client")
 
     async def tracked(job, t_run, scheduled):
@@ -670,13 +666,10 @@ def underrun_requests(cfg: Config, ok: list[Result]) -> dict:
     """The requests with underruns by when they started (in the closed loop's ramp or after it) and by the frame
     at which their player first ran dry (a stream's first frames have the least margin)."""
     dry = [r for r in ok if r.first_underrun_audio_ms is not None]
-    frames: dict[str, int] = {}
-    for r in dry:
-        frame = int(r.first_underrun_audio_ms // 80)
-        key = str(frame) if frame <= 3 else "4+"
-        frames[key] = frames.get(key, 0) + 1
+    frames = collections.Counter(min(int(r.first_underrun_audio_ms // 80), 4) for r in dry)
     in_ramp = sum(1 for r in dry if r.start_s is not None and r.start_s < cfg.ramp_s)
-    return {"in_ramp": in_ramp, "after_ramp": len(dry) - in_ramp, "first_dry_frame": dict(sorted(frames.items()))}
+    return {"in_ramp": in_ramp, "after_ramp": len(dry) - in_ramp,
+            "first_dry_frame": {"4+" if f == 4 else str(f): n for f, n in sorted(frames.items())}}
 
 
 async def sweep(cfg: Config, levels: list[float], out: Path | None) -> tuple[float | None, bool]:
@@ -819,7 +812,6 @@ def main(argv: list[str] | None = None) -> int:
             p.error("--sweep takes numbers separated by commas, e.g. 1,2,5,10")
         if not levels or any(v <= 0 for v in levels) or levels != sorted(levels):
             p.error("--sweep levels must be positive and increasing")
-    reserve_descriptors(cfg, max(levels) if levels and cfg.concurrency else 0)
     return asyncio.run(_main(cfg, levels, args.out, args.wait_ready, args.warmup))
 
 

@@ -107,9 +107,10 @@ def simulate_player(chunks: list[tuple[float, float]], tolerance_ms: float = 1.0
         elif arrival > play_end:
             gap = arrival - play_end
             if gap > tolerance_ms:
+                if first is None:
+                    first = played
                 count += 1
                 stalled += gap
-                first = played if first is None else first
             play_end = arrival
         play_end += duration
         played += duration
