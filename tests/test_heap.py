@@ -9,14 +9,16 @@ def test_a_frozen_heap_is_left_out_of_collections_and_every_pause_is_counted():
     try:
         heap.freeze("test")
         frozen = gc.get_freeze_count()
-        assert frozen > 10_000 and pauses.stats()["gc_frozen"] == frozen      # pytest's own heap, at least
+        # Frozen objects still die when their last reference goes (another test's leftover thread may drop a few
+        # between two counts), so the counts agree to within a handful, not exactly.
+        assert frozen > 10_000 and abs(pauses.stats()["gc_frozen"] - frozen) < 100     # pytest's own heap, at least
         cycle = []
         cycle.append(cycle)
         del cycle
         assert gc.collect() >= 1                            # the new garbage is still collected
-        assert gc.get_freeze_count() == frozen              # and the frozen objects stay where they are
+        assert frozen - 100 < gc.get_freeze_count() <= frozen   # and the frozen objects stay where they are
         heap.freeze("serving", serving=True)                # what was made since joins them, uncounted
-        assert gc.get_freeze_count() >= frozen
+        assert gc.get_freeze_count() > frozen - 100
         stats = pauses.stats()
         assert stats["gc_count"] >= 1 and 0 < stats["gc_max_s"] <= stats["gc_s"]
     finally:
