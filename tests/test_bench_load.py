@@ -6,6 +6,7 @@ import json
 import random
 import statistics
 from dataclasses import asdict
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -258,6 +259,9 @@ def test_short_run_against_a_real_server(server, tmp_path, argv):
     assert rc == 0 and summary["errors"] == {} and summary["requests"] == 4
     assert summary["completed"] >= 1 and summary["cancelled"] >= 1     # seed 3: both kinds
     assert summary["server"]["cpu_cores"] is not None                  # /metrics was read
+    assert summary["server"]["engine_slow_turns"] is not None
+    if Path("/proc/thread-self/schedstat").exists():                  # each loop thread's wait for a CPU
+        assert "engine0" in summary["server"]["cpu_wait_share_by_process"]
     for r in requests:
         assert 0 < r["ttfb_ms"] <= r["ttfa_ms"] < 30_000
         frames_ms = 80.0 * r["frames_requested"]

@@ -52,6 +52,27 @@ def test_wire_round_trip():
                                                            VoiceFailed(5, "invalid_params", "silent")]
 
 
+def test_slow_turns_are_counted_and_summed_in_one_line_at_most_every_few_seconds(caplog):
+    from talkgate.gateway.engine_process import SLOW_TURN_LOG_S, SlowTurns
+
+    slow = SlowTurns(engine=0)
+    slow.report(now=100.0)                                  # none yet: nothing to say
+    slow.add(0.001, 0.060, 0.002, gpu_wait=0.020, thread=(0.025, 0.035))
+    slow.add(0.000, 0.045, 0.001, gpu_wait=0.040, thread=(0.044, 0.001))
+    with caplog.at_level("WARNING", logger="talkgate.engine_process"):
+        slow.report(now=100.0)
+        slow.add(0.000, 0.050, 0.000, gpu_wait=0.045, thread=None)     # no schedstat
+        slow.report(now=100.0 + SLOW_TURN_LOG_S / 2)                   # too soon: summed into the next line
+        slow.report(now=100.0 + SLOW_TURN_LOG_S)
+    first, second = [r.getMessage() for r in caplog.records]
+    assert first == ("engine 0: 2 turn(s) over 40 ms since the last of these lines, the longest 63.0 ms, 109.0 ms in "
+                     "all: receiving 1.0, stepping 105.0 (blocked on the GPU 60.0 of it); its thread on a CPU 69.0, "
+                     "waiting for one (other processes on its cores) 36.0, neither (asleep, or stolen by the "
+                     "hypervisor) 4.0")
+    assert second.startswith("engine 0: 1 turn(s) over 40 ms") and second.endswith("its thread unknown (no schedstat)")
+    assert slow.count == 3
+
+
 def test_worker_counts_and_caps():
     from talkgate.gateway.args import CommandError
     from talkgate.gateway.serve import default_workers, gpu_indices

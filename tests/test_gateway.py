@@ -4,6 +4,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import os
 import struct
 import time
 
@@ -449,6 +450,11 @@ def test_openai_disconnect_cancels(server):
     assert min(v for k, v in values.items() if k.startswith("talkgate_engine_gc_frozen_objects")) > 10_000
     assert any(k.startswith("talkgate_engine_gc_seconds_total") for k in values)
     assert any(k.startswith("talkgate_worker_gc_pause_max_seconds") for k in values)
+    # the loop threads' time waiting for a CPU (Linux schedstat), and the engine's turns over 40 ms
+    if os.path.exists("/proc/thread-self/schedstat"):
+        assert any(k.startswith('talkgate_engine_cpu_wait_seconds_total{engine="0"}') for k in values)
+        assert any(k.startswith("talkgate_worker_cpu_wait_seconds{") for k in values)
+    assert any(k.startswith('talkgate_engine_slow_turns_total{engine="0"}') for k in values)
     # each step's audio timed from the engine process to the worker
     assert sum(v for k, v in values.items() if k.startswith("talkgate_engine_step_delivery_seconds_count")) > 0
 

@@ -389,6 +389,7 @@ def server_numbers(before: dict, after: dict, wall_s: float) -> dict:
         return shares
     cores = per_process("talkgate_worker_cpu_seconds", "talkgate_engine_cpu_seconds")
     gc_share = per_process("talkgate_worker_gc_seconds", "talkgate_engine_gc_seconds_total")
+    cpu_wait = per_process("talkgate_worker_cpu_wait_seconds", "talkgate_engine_cpu_wait_seconds_total")
     gc_longest = {f"{kind}{dict(labels)[kind]}": v for (n, labels), v in after.items() for kind in ("worker", "engine")
                   if n == f"talkgate_{kind}_gc_pause_max_seconds"}
     by = lambda name, label: {dict(labels)[label]: histogram_delta(before, after, name, **{label: dict(labels)[label]})
@@ -413,6 +414,8 @@ def server_numbers(before: dict, after: dict, wall_s: float) -> dict:
             "step_delivery_s": histogram_delta(before, after, "talkgate_engine_step_delivery_seconds"),
             "gc_share_by_process": gc_share or None,
             "gc_longest_s_by_process": gc_longest or None,
+            "cpu_wait_share_by_process": cpu_wait or None,
+            "engine_slow_turns": counter("talkgate_engine_slow_turns_total"),
             "server_ttfa_ms": histogram_delta(before, after, "talkgate_ttfa_ms"),
             "underrun_risk": counter("talkgate_underrun_risk_total"),
             "contexts_active_after": after.get(("talkgate_contexts_active", ())),   # a leak shows here

@@ -68,6 +68,10 @@ def markdown(cfg: dict, s: dict) -> str:
             ("GC pauses: share of the run / longest since start (ms), by process", ", ".join(
                 f"{k} {v:.3f} / {1000 * (srv.get('gc_longest_s_by_process') or {}).get(k, 0.0):.0f}"
                 for k, v in sorted((srv.get("gc_share_by_process") or {}).items())) or "-"),
+            ("waiting for a CPU (cores held by other processes): share of the run, by process", ", ".join(
+                f"{k} {v:.3f}" for k, v in sorted((srv.get("cpu_wait_share_by_process") or {}).items())) or "-"),
+            ("engine turns over 40 ms (the server log says where their time went)",
+             fmt(srv.get("engine_slow_turns"), 0)),
             ("a step's audio from the engine to a worker mean / p99 bucket (ms)",
              seconds_as_ms(srv.get("step_delivery_s"))),
             ("engine step mean / p99 bucket by engine (ms)",

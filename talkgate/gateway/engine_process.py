@@ -38,12 +38,18 @@ import zmq
 
 from talkgate.gateway import heap, wire
 from talkgate.gateway.warmup_watchdog import DEFAULT_STALL_S, WarmupWatchdog
+from talkgate.schedstat import SchedStat
 from talkgate.synth.api import EngineError
 
 log = logging.getLogger("talkgate.engine_process")
 WORKER_LAG_LIMIT_S = 2.0        # a worker this far behind the engine has its contexts failed (worker_behind)
 MAX_UNACKED_BYTES = 256 << 20   # ... or with this much of its PCM unacknowledged (about 5 s of 512 streams)
 MAX_MESSAGES_PER_TURN = 1000    # messages taken from the socket between two steps
+# A turn this long can make a new context's second frame late: at 25 text tokens a second its text id comes 40 ms
+# after the first frame's while its audio is due 80 ms after the first frame's, so frame 1 has about 40 ms to
+# spare (docs/benchmarks.md, 2026-11-28). Such turns are counted and logged, with where their time went.
+SLOW_TURN_S = 0.04
+SLOW_TURN_LOG_S = 5.0           # slow turns are summed up in one log line at most this often
 
 
 @dataclass(eq=False)
@@ -58,6 +64,53 @@ class Peer:
     unacked_bytes: int = 0
     gone: bool = False
     behind: bool = False
+
+
+class SlowTurns:
+    """The engine loop's turns over SLOW_TURN_S: counted (/metrics), and summed by where their time went in one
+    log line at most every SLOW_TURN_LOG_S, so that a stall's cause (the GPU, the cores, the loop's own work) is in
+    the log without a line per turn."""
+
+    def __init__(self, engine: int):
+        self.engine, self.count = engine, 0            # count: since the process started
+        self._logged_at = float("-inf")
+        self._clear()
+
+    def _clear(self) -> None:
+        self.turns, self.seconds, self.longest = 0, 0.0, 0.0       # since the last log line
+        self.receive = self.step = self.gpu_wait = self.ran = self.waited = 0.0
+        self.known = True                                           # the thread's schedstat figures, every turn
+
+    def add(self, receive: float, step: float, peers: float, gpu_wait: float,
+            thread: tuple[float, float] | None) -> None:
+        """One slow turn: its phases (receive, Engine.turn, peers and stats), the time blocked on the GPU in it, and
+        the loop thread's (time on a CPU, time waiting for one) in it, None where the kernel does not say."""
+        self.count += 1
+        self.turns += 1
+        self.seconds += receive + step + peers
+        self.longest = max(self.longest, receive + step + peers)
+        self.receive += receive
+        self.step += step
+        self.gpu_wait += gpu_wait
+        if thread is None:
+            self.known = False
+        else:
+            self.ran += thread[0]
+            self.waited += thread[1]
+
+    def report(self, now: float) -> None:
+        if not self.turns or now - self._logged_at < SLOW_TURN_LOG_S:
+            return
+        ms = lambda seconds: f"{1000 * seconds:.1f}"
+        thread = (f"on a CPU {ms(self.ran)}, waiting for one (other processes on its cores) {ms(self.waited)}, "
+                  f"neither (asleep, or stolen by the hypervisor) {ms(self.seconds - self.ran - self.waited)}"
+                  if self.known else "unknown (no schedstat)")
+        log.warning("engine %d: %d turn(s) over %.0f ms since the last of these lines, the longest %s ms, %s ms in "
+                    "all: receiving %s, stepping %s (blocked on the GPU %s of it); its thread %s", self.engine,
+                    self.turns, 1000 * SLOW_TURN_S, ms(self.longest), ms(self.seconds), ms(self.receive),
+                    ms(self.step), ms(self.gpu_wait), thread)
+        self._logged_at = now
+        self._clear()
 
 
 class EngineServer:
@@ -84,6 +137,8 @@ class EngineServer:
         self.step_sum = 0.0
         # where the loop's time goes (LOOP_PHASES): which part saturates the engine process under load
         self.loop_s = dict.fromkeys(wire.LOOP_PHASES, 0.0)
+        self.schedstat = SchedStat()                  # of this thread, the one that runs the loop (main())
+        self.slow_turns = SlowTurns(index)
         engine.on_step = self._on_step
         self._next_stats = 0.0
         self.gc = heap.GcPauses()
@@ -125,6 +180,9 @@ class EngineServer:
 
     def _turn(self, step: bool) -> None:
         t0 = time.perf_counter()
+        if step:
+            thread, gpu_wait = self.schedstat.read(), self.engine.runner.gpu_wait_s
+            graphs_pending = len(self.engine.runner.pending)
         self._receive()
         t1 = time.perf_counter()
         busy = step and self.engine.turn()
@@ -136,8 +194,15 @@ class EngineServer:
         now = time.monotonic()
         if now >= self._next_stats:
             self._publish()
+            self.slow_turns.report(now)
             self._next_stats = now + wire.STATS_INTERVAL_S
         t3 = time.perf_counter()
+        # a graph capture runs only where no context would notice it (Engine.turn): not a slow step
+        if step and t3 - t0 > SLOW_TURN_S and len(self.engine.runner.pending) >= graphs_pending:
+            now_thread = self.schedstat.read()
+            self.slow_turns.add(t1 - t0, t2 - t1, t3 - t2, self.engine.runner.gpu_wait_s - gpu_wait,
+                                None if thread is None or now_thread is None else
+                                (now_thread[0] - thread[0], now_thread[1] - thread[1]))
         if not busy:
             self.sock.poll(max(1, int(1000 * (self._next_stats - now))), zmq.POLLIN)
         loop = self.loop_s
@@ -236,7 +301,9 @@ class EngineServer:
     def _stats(self) -> dict:
         return {**self.engine.stats(), "engine": self.index, "incarnation": self.incarnation, "state": self.state,
                 "step_buckets": self.step_buckets, "step_sum": self.step_sum, "cpu_s": time.process_time(),
-                "loop_s": self.loop_s, **self.gc.stats(),
+                "loop_s": self.loop_s, "cpu_wait_s": (self.schedstat.read() or (None, None))[1],
+                "slow_turns": self.slow_turns.count,
+                **self.gc.stats(),
                 "workers_behind": sum(p.behind for p in self.peers.values())}
 
     def _publish(self) -> None:

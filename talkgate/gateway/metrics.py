@@ -80,6 +80,9 @@ class Metrics:
                                      ["worker"], registry=r, multiprocess_mode="livesum")
         self.worker_cpu = Gauge("talkgate_worker_cpu_seconds", "CPU time of a worker process", ["worker"],
                                 registry=r, multiprocess_mode="livesum")
+        self.worker_cpu_wait = Gauge("talkgate_worker_cpu_wait_seconds", "Time a worker's event-loop thread was ready "
+                                     "to run but waited for a CPU (Linux schedstat): its cores held by other processes",
+                                     ["worker"], registry=r, multiprocess_mode="livesum")
         self.worker_gc = Gauge("talkgate_worker_gc_seconds", "Time a worker process paused in garbage collections",
                                ["worker"], registry=r, multiprocess_mode="livesum")
         self.worker_gc_max = Gauge("talkgate_worker_gc_pause_max_seconds", "A worker process's longest "
@@ -147,6 +150,12 @@ class EngineCollector:
                                    "idle (waiting for messages)", labels=["engine", "phase"])
         gpu_wait = CounterMetricFamily("talkgate_engine_gpu_wait_seconds", "Time the engine's turns spent blocked "
                                        "on the GPU (a step's codes or PCM)", labels=["engine"])
+        cpu_wait = CounterMetricFamily("talkgate_engine_cpu_wait_seconds", "Time the engine's loop thread was ready to "
+                                       "run but waited for a CPU (Linux schedstat): its cores held by other processes",
+                                       labels=["engine"])
+        slow = CounterMetricFamily("talkgate_engine_slow_turns", "Turns of the engine loop over 40 ms (steps that can "
+                                   "make a new context's second frame late; the log says where their time went)",
+                                   labels=["engine"])
         gc = CounterMetricFamily("talkgate_engine_gc_seconds", "Time the engine process paused in garbage "
                                  "collections", labels=["engine"])
         gc_max = family("talkgate_engine_gc_pause_max_seconds", "The engine process's longest garbage-collection pause")
@@ -171,10 +180,14 @@ class EngineCollector:
             for phase, seconds in e.get("loop_s", {}).items():
                 loop.add_metric([*label, phase], seconds)
             gpu_wait.add_metric(label, e.get("gpu_wait_s", 0.0))
+            if e.get("cpu_wait_s") is not None:
+                cpu_wait.add_metric(label, e["cpu_wait_s"])
+            slow.add_metric(label, e.get("slow_turns", 0))
             gc.add_metric(label, e.get("gc_s", 0.0))
             gc_max.add_metric(label, e.get("gc_max_s", 0.0))
             gc_frozen.add_metric(label, e.get("gc_frozen", 0))
-        yield from (ready, slots, free, running, waiting, cpu, behind, step, loop, gpu_wait, gc, gc_max, gc_frozen)
+        yield from (ready, slots, free, running, waiting, cpu, behind, step, loop, gpu_wait, cpu_wait, slow, gc, gc_max,
+                    gc_frozen)
 
 
 class ContextObserver:

@@ -72,6 +72,7 @@ async def serve_worker(cfg: dict) -> int:
     from talkgate.gateway.remote_engines import RemoteEngines
     from talkgate.gateway.serve import BACKLOG, CLEANUP_TIMEOUT_S, listen, tls_context
     from talkgate.gateway.server import AppRunner, ServerConfig, create_app, drain, start_drain
+    from talkgate.schedstat import SchedStat
     from talkgate.sessions.limits import Limits
 
     index = cfg["index"]
@@ -82,6 +83,7 @@ async def serve_worker(cfg: dict) -> int:
     drain_asked = asyncio.Event()                   # SIGUSR1 from the supervisor: an admin drain, staying up
     loop.add_signal_handler(signal.SIGUSR1, drain_asked.set)
     pauses = heap.GcPauses()
+    schedstat = SchedStat()                         # of this thread, the event loop's
     status = StatusPipe(cfg.get("status_fd"))
     engines = RemoteEngines(cfg["engines"], worker=index)
     engines.start()
@@ -113,6 +115,8 @@ async def serve_worker(cfg: dict) -> int:
             metrics.worker_contexts.labels(str(index)).set(engines.stats()["contexts"])
             metrics.worker_cpu.labels(str(index)).set(time.process_time())
             metrics.worker_gc.labels(str(index)).set(pauses.seconds)
+            if (thread := schedstat.read()) is not None:
+                metrics.worker_cpu_wait.labels(str(index)).set(thread[1])
             metrics.worker_gc_max.labels(str(index)).set(pauses.longest)
 
         engines.on_state = on_state
