@@ -22,19 +22,23 @@ MEASURE = """
     from talkgate.schedstat import SchedStat
     cpu = min(os.sched_getaffinity(0))
     os.sched_setaffinity(0, {cpu})
-    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(RIVALS)]
-    for p in busy:
-        os.sched_setaffinity(p.pid, {cpu})
-    time.sleep(0.2)                                   # the rivals running
-    stat = SchedStat()
-    ran, waited = stat.read()
-    start = time.thread_time()
-    while time.thread_time() - start < 0.3:
-        pass
-    ran_after, waited_after = stat.read()
-    print(ran_after - ran, waited_after - waited)
-    for p in busy:
-        p.kill()
+    # rivals that end by themselves too, should this process die first
+    rival = "import time\\nt = time.time()\\nwhile time.time() - t < 10: pass"
+    busy = [subprocess.Popen([sys.executable, "-c", rival]) for _ in range(RIVALS)]
+    try:
+        for p in busy:
+            os.sched_setaffinity(p.pid, {cpu})
+        time.sleep(0.2)                               # the rivals running
+        stat = SchedStat()
+        ran, waited = stat.read()
+        start = time.thread_time()
+        while time.thread_time() - start < 0.3:
+            pass
+        ran_after, waited_after = stat.read()
+        print(ran_after - ran, waited_after - waited)
+    finally:
+        for p in busy:
+            p.kill()
 """
 
 
