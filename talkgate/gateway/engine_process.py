@@ -85,10 +85,11 @@ class SlowTurns:
             thread: tuple[float, float] | None) -> None:
         """One slow turn: its phases (receive, Engine.turn, peers and stats), the time blocked on the GPU in it, and
         the loop thread's (time on a CPU, time waiting for one) in it, None where the kernel does not say."""
+        total = receive + step + peers
         self.count += 1
         self.turns += 1
-        self.seconds += receive + step + peers
-        self.longest = max(self.longest, receive + step + peers)
+        self.seconds += total
+        self.longest = max(self.longest, total)
         self.receive += receive
         self.step += step
         self.gpu_wait += gpu_wait
@@ -181,8 +182,8 @@ class EngineServer:
     def _turn(self, step: bool) -> None:
         t0 = time.perf_counter()
         if step:
-            thread, gpu_wait = self.schedstat.read(), self.engine.runner.gpu_wait_s
-            graphs_pending = len(self.engine.runner.pending)
+            runner = self.engine.runner
+            thread, gpu_wait, captures = self.schedstat.read(), runner.gpu_wait_s, len(runner.capture_ms)
         self._receive()
         t1 = time.perf_counter()
         busy = step and self.engine.turn()
@@ -198,11 +199,10 @@ class EngineServer:
             self._next_stats = now + wire.STATS_INTERVAL_S
         t3 = time.perf_counter()
         # a graph capture runs only where no context would notice it (Engine.turn): not a slow step
-        if step and t3 - t0 > SLOW_TURN_S and len(self.engine.runner.pending) >= graphs_pending:
-            now_thread = self.schedstat.read()
-            self.slow_turns.add(t1 - t0, t2 - t1, t3 - t2, self.engine.runner.gpu_wait_s - gpu_wait,
-                                None if thread is None or now_thread is None else
-                                (now_thread[0] - thread[0], now_thread[1] - thread[1]))
+        if step and t3 - t0 > SLOW_TURN_S and len(runner.capture_ms) == captures:
+            after = self.schedstat.read()
+            in_turn = None if thread is None or after is None else (after[0] - thread[0], after[1] - thread[1])
+            self.slow_turns.add(t1 - t0, t2 - t1, t3 - t2, runner.gpu_wait_s - gpu_wait, in_turn)
         if not busy:
             self.sock.poll(max(1, int(1000 * (self._next_stats - now))), zmq.POLLIN)
         loop = self.loop_s
@@ -299,9 +299,10 @@ class EngineServer:
         self.step_sum += ms / 1000
 
     def _stats(self) -> dict:
+        thread = self.schedstat.read()
         return {**self.engine.stats(), "engine": self.index, "incarnation": self.incarnation, "state": self.state,
                 "step_buckets": self.step_buckets, "step_sum": self.step_sum, "cpu_s": time.process_time(),
-                "loop_s": self.loop_s, "cpu_wait_s": (self.schedstat.read() or (None, None))[1],
+                "loop_s": self.loop_s, "cpu_wait_s": None if thread is None else thread[1],
                 "slow_turns": self.slow_turns.count,
                 **self.gc.stats(),
                 "workers_behind": sum(p.behind for p in self.peers.values())}
