@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from talkgate.bench import clone
+from bench import clone
 from tests.voicetools import KEY
 
 

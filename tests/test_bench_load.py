@@ -1,4 +1,4 @@
-"""bench/load.py: the pure parts against known answers, and a short run against a real `talkgate serve`."""
+"""loadgen/load.py: the pure parts against known answers, and a short run against a real `talkgate serve`."""
 from __future__ import annotations
 
 import itertools
@@ -11,7 +11,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from talkgate.bench import load, measure, prompts, report
+from talkgate.cli import bench
+from talkgate.loadgen import load
+from talkgate.loadgen import measure
+from talkgate.loadgen import prompts
+from talkgate.loadgen import report
 from talkgate.synth.request import frames_for_text
 
 
@@ -219,7 +223,7 @@ def test_prometheus_parsing_and_deltas():
 
 # ----- CLI
 def test_dump_prompts(capsys):
-    assert load.main(["--dump-prompts", "--lang", "zh", "--bucket", "long"]) == 0
+    assert bench.main(["--dump-prompts", "--lang", "zh", "--bucket", "long"]) == 0
     dumped = json.loads(capsys.readouterr().out)
     assert [p["id"] for p in dumped] == [f"zh-long-{i:02d}" for i in range(10)]
     assert all(p["frames"] == frames_for_text(p["text"]) and p["language"] == "chinese" for p in dumped)
@@ -230,7 +234,7 @@ def test_dump_prompts(capsys):
                                   ["--requests", "0"]])
 def test_bad_arguments_are_refused(argv):
     with pytest.raises(SystemExit) as e:
-        load.main(argv)
+        bench.main(argv)
     assert e.value.code == 2
 
 
@@ -245,7 +249,7 @@ def server(tiny_checkpoint):
 
 def _run(server, tmp_path, *argv) -> tuple[int, dict, list[dict]]:
     out = tmp_path / "results"
-    rc = load.main(["--url", server.url, "--lang", "en", "--bucket", "short", "--duration", "60",
+    rc = bench.main(["--url", server.url, "--lang", "en", "--bucket", "short", "--duration", "60",
                     "--out", str(out), *argv])
     return rc, json.loads((out / "summary.json").read_text())["summary"], json.loads(
         (out / "requests.json").read_text())

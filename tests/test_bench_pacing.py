@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import re
 
-from talkgate.bench import load, measure, prompts
+from talkgate.loadgen import load
+from talkgate.loadgen import measure
+from talkgate.loadgen import prompts
 from talkgate.synth.request import frames_for_text
 from talkgate.synth.tokenizer import StreamingTokenizer
 

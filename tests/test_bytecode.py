@@ -1,4 +1,4 @@
-"""Python's bytecode kept in the talkgate cache for packages installed without it (gateway/bytecode.py)."""
+"""Python's bytecode kept in the talkgate cache for packages installed without it (processes/bytecode.py)."""
 from __future__ import annotations
 
 import os
@@ -8,12 +8,12 @@ import sys
 import time
 from pathlib import Path
 
-from talkgate.gateway import bytecode
+from talkgate.processes import bytecode
 
 REPO = Path(__file__).resolve().parents[1]
 START = """
 import subprocess, sys
-from talkgate.gateway import bytecode
+from talkgate.processes import bytecode
 folder = bytecode.use("fakepkg")
 import fakepkg.mod
 child = subprocess.run([sys.executable, "-c", "import sys; print(sys.pycache_prefix, sys.flags.dont_write_bytecode)"],

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from talkgate.gateway.cli import main
+from talkgate.cli.main import main
 
 
 def read_wav(path):
@@ -94,8 +94,8 @@ def talkgate(*args: str, timeout: float = 120, env: dict | None = None) -> subpr
 
 def all_parsers():
     """(prog, parser) of every command: talkgate, each subcommand, and `talkgate bench`."""
-    from talkgate.bench import load
-    from talkgate.gateway.cli import parser
+    from talkgate.cli import bench
+    from talkgate.cli.main import parser
 
     todo, found = [parser()], []
     while todo:
@@ -104,11 +104,11 @@ def all_parsers():
         for action in p._actions:
             if isinstance(action, argparse._SubParsersAction):
                 todo += [sub for name, sub in action.choices.items() if name != "bench"]
-    return found + [("talkgate bench", load.parser())]
+    return found + [("talkgate bench", bench.parser())]
 
 
 def test_help_explains_every_option_and_shows_each_default_once():
-    from talkgate.gateway.args import HelpFormatter
+    from talkgate.cli.args import HelpFormatter
 
     parsers = dict(all_parsers())
     assert set(parsers) == {"talkgate", "talkgate checkpoint", "talkgate checkpoint create", "talkgate synthesize",
@@ -139,7 +139,7 @@ def test_help_and_version_from_the_console_command():
 
 def test_help_imports_nothing_heavy():
     # what `talkgate --help` imports (-X importtime lists every module): no torch, numpy or aiohttp
-    done = subprocess.run([sys.executable, "-X", "importtime", "-m", "talkgate.gateway.cli", "--help"],
+    done = subprocess.run([sys.executable, "-X", "importtime", "-m", "talkgate.cli.main", "--help"],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0
     imported = {line.split("|")[-1].strip().split(".")[0] for line in done.stderr.splitlines()}
@@ -150,8 +150,8 @@ def test_serves_checks_before_the_engines_start_import_no_torch(tiny_checkpoint)
     """The supervisor of `talkgate serve` checks --device and --model before it starts the engine processes;
     importing torch there (3-5 s on a GPU host) delayed every start by as much."""
     code = ("import sys\n"
-            "from talkgate.gateway import serve, supervisor\n"
-            "from talkgate.gateway.args import CommandError, check_device, cuda_device_count, torch_cuda_version\n"
+            "from talkgate.cli import serve\nfrom talkgate.processes import supervisor\n"
+            "from talkgate.cli.args import CommandError, check_device, cuda_device_count, torch_cuda_version\n"
             "from talkgate.synth.checkpoint_dir import resolve_path\n"
             "try:\n    check_device('cuda:99')\nexcept CommandError as e:\n    print(e)\n"
             f"resolve_path({str(tiny_checkpoint)!r}); cuda_device_count(); torch_cuda_version()\n"

@@ -201,7 +201,7 @@ def test_output_format_table():
 
 
 def test_inactivity_timeout(tokenizer):
-    """inactivity_timeout sets the connection's idle time (no message, no audio taken: gateway/connection.py)."""
+    """inactivity_timeout sets the connection's idle time (no message, no audio taken: server/connection.py)."""
     h = make(tokenizer, {"inactivity_timeout": "60"})
     assert h.proto.idle_timeout_s == 60
     h.apply(h.proto.idle_timeout())

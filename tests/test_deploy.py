@@ -13,9 +13,9 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from talkgate.gateway import cli
-from talkgate.gateway.metrics import Metrics
-from talkgate.gateway.server import CLOSE_WAIT_S
+from talkgate.cli import main as cli
+from talkgate.server.metrics import Metrics
+from talkgate.server.gateway import CLOSE_WAIT_S
 
 K8S = Path(__file__).resolve().parent.parent / "deploy" / "k8s"
 KUBERNETES_VERSIONS = ["1.29.0", kubernetes_validate.latest_version()]
@@ -70,7 +70,7 @@ def test_deployment_serves_and_drains_with_talkgates_own_flags():
     c = container()
     assert c["command"][:2] == ["talkgate", "serve"]
     serve = cli.parser().parse_args(c["command"][1:] + c["args"])
-    assert serve.func.__module__ == "talkgate.gateway.serve" and serve.port == 8080
+    assert serve.func.__module__ == "talkgate.cli.serve" and serve.port == 8080
     assert c["livenessProbe"]["httpGet"]["path"] == "/health" and c["readinessProbe"]["httpGet"]["path"] == "/ready"
     assert {p["containerPort"] for p in c["ports"]} == {serve.port}
 

@@ -1,4 +1,4 @@
-"""talkgate/descriptors.py: a process makes room for its sockets at start (its descriptor table grown, its open-file
+"""talkgate/system/descriptors.py: a process makes room for its sockets at start (its descriptor table grown, its open-file
 limit raised), so that no accept() or socket() mid-run grows the table and waits for an RCU grace period."""
 from __future__ import annotations
 
@@ -60,7 +60,7 @@ def test_reserve_stops_at_the_hard_limit_and_says_so():
 
 @pytest.mark.parametrize("workers", ["1", "0"])
 def test_the_process_serving_connections_has_room_for_them_before_it_listens(tiny_checkpoint, workers):
-    from talkgate.descriptors import SPARE
+    from talkgate.system.descriptors import SPARE
     from tests.test_faults import pids
 
     with TalkgateServer(tiny_checkpoint, "--workers", workers, "--max-connections", "700", wait="listening") as srv:

@@ -1,4 +1,4 @@
-"""The gateway's engine client (gateway/engine_client.py) on the real tiny engine: each step's events reach
+"""The gateway's engine client (server/engine_client.py) on the real tiny engine: each step's events reach
 the owner of their context on the event loop, in order, once per step; nothing of a cancelled context
 follows its cancel; batches handed to a busy loop are counted and hold the engine, and none is dropped."""
 from __future__ import annotations
@@ -6,10 +6,10 @@ from __future__ import annotations
 import asyncio
 import time
 
-from talkgate.gateway import engine_client as engine_client_module
+from talkgate.server import engine_client as engine_client_module
 import numpy as np
 
-from talkgate.gateway.engine_client import EngineClient, join_frames
+from talkgate.server.engine_client import EngineClient, join_frames
 from talkgate.synth.api import (
     AudioChunk, CancelContext, ContextDone, ContextParams, EndText, OpenContext, SamplingParams, TextSpoken,
 )

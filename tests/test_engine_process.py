@@ -1,4 +1,4 @@
-"""Engine processes and the workers' view of them (gateway/engine_process.py, remote_engines.py, wire.py):
+"""Engine processes and the workers' view of them (ipc/engine_server.py, remote_engines.py, wire.py):
 real engine processes on the tiny checkpoint (CPU), real ZMQ sockets, RemoteEngines on a real event loop."""
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ import time
 import numpy as np
 import pytest
 
-from talkgate.gateway import wire
-from talkgate.gateway.engine_client import EngineClient
-from talkgate.gateway.remote_engines import RemoteEngines
+from talkgate.ipc import wire
+from talkgate.server.engine_client import EngineClient
+from talkgate.ipc.remote_engines import RemoteEngines
 from talkgate.synth.api import (
     AppendText, AudioChunk, CancelContext, ContextDone, ContextFailed, ContextParams, EndText, FlushText, MakeVoice,
     OpenContext, SamplingParams, TextSpoken, VoiceFailed, VoiceMade, VoicePrompt,
@@ -53,7 +53,7 @@ def test_wire_round_trip():
 
 
 def test_slow_turns_are_counted_and_summed_in_one_line_at_most_every_few_seconds(caplog):
-    from talkgate.gateway.engine_process import SLOW_TURN_LOG_S, SlowTurns
+    from talkgate.ipc.engine_server import SLOW_TURN_LOG_S, SlowTurns
 
     slow = SlowTurns(engine=0)
     slow.report(now=100.0)                                  # none yet: nothing to say
@@ -74,9 +74,9 @@ def test_slow_turns_are_counted_and_summed_in_one_line_at_most_every_few_seconds
 
 
 def test_worker_counts_and_caps():
-    from talkgate.gateway.args import CommandError
-    from talkgate.gateway.serve import default_workers, gpu_indices
-    from talkgate.gateway.supervisor import worker_cap
+    from talkgate.cli.args import CommandError
+    from talkgate.cli.serve import default_workers, gpu_indices
+    from talkgate.processes.supervisor import worker_cap
     assert [default_workers(1, cores) for cores in (1, 2, 4, 16)] == [1, 1, 2, 14]
     assert default_workers(8, 128) == 32 and default_workers(2, 16) == 13
     assert worker_cap(1000, 1) == 1000 and worker_cap(1000, 8) == 188 and worker_cap(10, 2) == 8
@@ -89,7 +89,7 @@ def test_worker_counts_and_caps():
 # ----- real engine processes -----
 class EngineProc:
     def __init__(self, checkpoint, endpoint, slots):
-        self.args = [sys.executable, "-m", "talkgate.gateway.engine_process", "--endpoint", endpoint, "--model",
+        self.args = [sys.executable, "-m", "talkgate.processes.engine_process", "--endpoint", endpoint, "--model",
                      str(checkpoint), "--device", "cpu", "--max-contexts", str(slots)]
         self.start()
 

@@ -24,7 +24,7 @@ def run(coro):
 
 
 async def metrics(s, srv) -> dict:
-    from talkgate.bench.measure import parse_prometheus
+    from talkgate.loadgen.measure import parse_prometheus
     async with s.get(srv.url + "/metrics") as r:
         return parse_prometheus(await r.text())
 

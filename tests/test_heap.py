@@ -1,7 +1,7 @@
-"""gateway/heap.py: the heap frozen out of the garbage collector, and the collector's pauses counted."""
+"""system/heap.py: the heap frozen out of the garbage collector, and the collector's pauses counted."""
 import gc
 
-from talkgate.gateway import heap
+from talkgate.system import heap
 
 
 def test_a_frozen_heap_is_left_out_of_collections_and_every_pause_is_counted():

@@ -194,7 +194,7 @@ def test_admin_drain_keeps_the_process_up_until_sigterm(tiny_checkpoint):
                 out["done"] = await c.until("context.done")
                 out["close"] = (await c.until("never"), c.ws.close_code)
                 cli = await asyncio.to_thread(
-                    subprocess.run, [sys.executable, "-m", "talkgate.gateway.cli", "drain", "--url", srv.url, "--wait",
+                    subprocess.run, [sys.executable, "-m", "talkgate", "drain", "--url", srv.url, "--wait",
                                      "--api-key", key], capture_output=True, text=True, timeout=60)
                 out["cli"] = (cli.returncode, json.loads(cli.stdout) if cli.returncode == 0 else cli.stderr)
                 out["health"] = await get(http, srv.url + "/health")

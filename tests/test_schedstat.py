@@ -1,4 +1,4 @@
-"""talkgate/schedstat.py: a thread's time on a CPU and its time waiting for one (run queue), told apart."""
+"""talkgate/system/schedstat.py: a thread's time on a CPU and its time waiting for one (run queue), told apart."""
 from __future__ import annotations
 
 import os
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from talkgate.schedstat import SchedStat
+from talkgate.system.schedstat import SchedStat
 
 pytestmark = pytest.mark.skipif(not Path("/proc/thread-self/schedstat").exists(),
                                 reason="reads /proc/thread-self/schedstat (Linux with schedstat)")
@@ -19,7 +19,7 @@ pytestmark = pytest.mark.skipif(not Path("/proc/thread-self/schedstat").exists()
 # `rivals`, that many busy processes share the CPU (the scheduler gives each its turn, so the thread waits).
 MEASURE = """
     import os, subprocess, sys, time
-    from talkgate.schedstat import SchedStat
+    from talkgate.system.schedstat import SchedStat
     cpu = min(os.sched_getaffinity(0))
     os.sched_setaffinity(0, {cpu})
     # rivals that end by themselves too, should this process die first

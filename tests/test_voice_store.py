@@ -1,4 +1,4 @@
-"""The voice store (gateway/voice_store.py) on a real directory, several processes at once; reference audio as
+"""The voice store (server/voice_store.py) on a real directory, several processes at once; reference audio as
 clients upload it (sessions/reference_audio.py); what a voice means to a session (sessions/voices.py, Sans-I/O)."""
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 import soundfile
 
-from talkgate.gateway import voice_store as voice_store_module
-from talkgate.gateway.voice_store import StoredVoice, StoreError, VoiceStore
+from talkgate.server import voice_store as voice_store_module
+from talkgate.server.voice_store import StoredVoice, StoreError, VoiceStore
 from talkgate.sessions.fields import SessionError
 from talkgate.sessions.limits import Limits
 from talkgate.sessions.reference_audio import AudioError, check_ref_text, decode_inline, join, read_clip
@@ -88,7 +88,7 @@ def test_names_are_unique_and_checked(tmp_path):
 CLAIMER = """
 import json, os, sys, time
 import numpy as np
-from talkgate.gateway.voice_store import StoreError, VoiceStore
+from talkgate.server.voice_store import StoreError, VoiceStore
 from talkgate.synth.api import VoicePrompt
 root, start = sys.argv[1], float(sys.argv[2])
 store = VoiceStore(root)

@@ -1,5 +1,5 @@
 """Cold start without a GPU: the compile cache's folder, the staged capture's choices, compiled functions bound
-per model. (The compiles and captures themselves run on the GPU machine: talkgate/bench/gpu_coldstart.sh.)"""
+per model. (The compiles and captures themselves run on the GPU machine: bench/gpu_coldstart.sh.)"""
 from __future__ import annotations
 
 import json
@@ -8,7 +8,7 @@ import os
 import pytest
 import torch
 
-from talkgate.gateway.cli import main
+from talkgate.cli.main import main
 from talkgate.synth import compile_cache
 from talkgate.synth.api import ContextParams
 from talkgate.synth.engine import capture_slack, unnoticed

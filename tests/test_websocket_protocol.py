@@ -4,7 +4,7 @@ testsuite's fuzzingclient checks a server (its case numbers in brackets), with f
 
 Autobahn itself cannot run here: autobahntestsuite on PyPI, 25.10.1 included, is Python 2 code and this
 machine has neither Python 2 nor a Docker daemon (docs/reliability.md). Most of these behaviours are
-aiohttp's; talkgate adds the close-code check (gateway/websocket.py). Where aiohttp decides otherwise
+aiohttp's; talkgate adds the close-code check (server/websocket.py). Where aiohttp decides otherwise
 than the RFC (unmasked client frames; a reset after 1009 while the client still sends), the test pins
 what aiohttp does, as documented in docs/reliability.md, so that the document stays true.
 """
@@ -82,7 +82,7 @@ def test_valid_close_code_is_answered_normally(server, code):
 @pytest.mark.parametrize("code", INVALID_CLOSE)
 def test_invalid_close_code_fails_the_connection_with_1002(server, code):
     """[7.9.x] Reserved or unassigned codes (1004-1006, 1015, 1016-2999, 5000 and up): 1002. aiohttp
-    refuses those below 3000 but 1006; talkgate's close check refuses the rest (gateway/websocket.py)."""
+    refuses those below 3000 but 1006; talkgate's close check refuses the rest (server/websocket.py)."""
     ws = connect(server, WS_ENDPOINTS[0])
     ws.send_frame(OP_CLOSE, struct.pack("!H", code))
     assert closed_with(ws)[0] == 1002
@@ -268,7 +268,7 @@ def test_a_closed_websocket_is_freed_whatever_its_peer_sends_after_the_close():
 
     from aiohttp import web
 
-    from talkgate.gateway.websocket import GatewayWebSocket
+    from talkgate.server.websocket import GatewayWebSocket
 
     async def go():
         held: list[weakref.ref] = []
@@ -336,7 +336,7 @@ def test_frames_written_together_parse_as_rfc_6455_frames_of_every_length():
     from websockets.frames import Frame, Opcode
     from websockets.streams import StreamReader
 
-    from talkgate.gateway.websocket import server_frame
+    from talkgate.server.websocket import server_frame
     messages = ["", "é" * 70, "x" * 125, b"", b"\x01" * 125, b"\x02" * 126, b"\x03" * 65535, b"\x04" * 65536]
     reader = StreamReader()
     reader.feed_data(b"".join(part for m in messages for part in server_frame(m)))

@@ -1,4 +1,4 @@
-"""The actions every protocol translator returns for the I/O layer (gateway/connection.py).
+"""The actions every protocol translator returns for the I/O layer (server/connection.py).
 
 `Send` a text or binary frame (audio frames name their stream and duration, so the writer can account
 for what the client really received), `Purge` the queued, unsent frames of a stream (a cancel

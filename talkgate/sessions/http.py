@@ -10,7 +10,7 @@ so that a context the engine refuses is still an error status) and `Respond` (th
 once: a body made at the end, or an error before any audio).
 
 A translator subclasses it and says how the body is framed (`body`, `end`, `whole`, `failed_body`) and
-what its errors look like (`error`); the route (gateway/http_speech.py) parses the request into one.
+what its errors look like (`error`); the route (server/http_speech.py) parses the request into one.
 """
 from __future__ import annotations
 
@@ -96,7 +96,7 @@ class HttpSpeech:
         """An error response in the API's own shape (talkgate's by default)."""
         return error_response(status, code, message)
 
-    # ----- the Link-facing surface (gateway/connection.py) -----
+    # ----- the Link-facing surface (server/connection.py) -----
     def start(self) -> list:
         events: list = []
         try:

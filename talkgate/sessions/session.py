@@ -36,7 +36,7 @@ from talkgate.synth.api import (
 )
 from talkgate.synth.request import text_seconds
 
-PLAYER_TOLERANCE_S = 0.001      # a player's stall shorter than this is not an underrun (bench/measure.py's too)
+PLAYER_TOLERANCE_S = 0.001      # a player's stall shorter than this is not an underrun (loadgen/measure.py's too)
 
 
 @dataclass(frozen=True)

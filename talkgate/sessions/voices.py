@@ -2,7 +2,7 @@
 stored cloned voice), and `VoiceMap`, which takes a compatible API's voice identifier to a talkgate voice.
 
 Voices: a voice of the model (case-insensitive) is itself; otherwise a stored voice by id (`voice_` and 16
-hex digits) or by name (case-insensitive) is its synth.api.VoicePrompt (gateway/voice_store.py keeps them).
+hex digits) or by name (case-insensitive) is its synth.api.VoicePrompt (server/voice_store.py keeps them).
 
 VoiceMap: a table per API maps the API's voice ids (OpenAI voice names, ElevenLabs voice ids, Cartesia voice
 UUIDs, Deepgram model names) onto talkgate voices (a model voice's name, a stored voice's id or name), or onto
@@ -82,7 +82,7 @@ class UnknownVoice(Exception):
 
 class Voices:
     """The voices a session may name: the model's, then the store's. `stored(key)` -> a stored voice (with
-    .id, .name and .prompt, gateway/voice_store.py StoredVoice) by id or name, or None."""
+    .id, .name and .prompt, server/voice_store.py StoredVoice) by id or name, or None."""
 
     def __init__(self, info: ModelInfo, stored: Callable[[str], object | None] | None = None):
         self.info = info

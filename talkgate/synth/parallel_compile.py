@@ -33,7 +33,7 @@ import sys
 import time
 from pathlib import Path
 
-from talkgate.childproc import die_with_parent, usable_cores
+from talkgate.system.childproc import die_with_parent, usable_cores
 
 log = logging.getLogger("talkgate.parallel_compile")
 

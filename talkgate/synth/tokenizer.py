@@ -25,7 +25,7 @@ BPE merges never cross pre-tokenizer pieces, and only ever make vocabulary token
   token can cover it given the text that follows it so far (QwenTokenizer.may_span): the piece's tokens
   before it are then those of the text before it alone, whatever comes. Streamed one character at a
   time, Chinese commits its first token once about one more character has arrived (3 characters, p90
-  4, on the corpus of talkgate.bench.tokenizer; docs/benchmarks.md).
+  4, on the corpus of bench.tokenizer; docs/benchmarks.md).
 - Look-ahead (bounded). Inside the last piece, a boundary next to Han or kana is also committed once
   `lookahead` characters follow it (CJK_LOOKAHEAD = 6: a run where some token can cover every boundary,
   such as one character repeated), any other boundary once LONG_LOOKAHEAD (64) characters follow it (a

@@ -218,7 +218,7 @@ def http_cases(slots: int, client_max: int) -> list[HttpRequest]:
             HttpRequest(f"a body of {client_max + 1} bytes", True, raw[:-1] + b" " * client_max + b"}")]
     routes = [("GET", "/nope"), ("GET", "/v1/audio/speech"), ("PUT", "/v1/audio/speech"), ("POST", "/health"),
               ("PUT", "/metrics"), ("DELETE", "/v1/audio/voices"), ("POST", "/"), ("GET", "/web/nope.js"),
-              ("GET", "/web/../gateway/server.py"), ("GET", "/v1/ws"), ("GET", "/v1/twilio"),
+              ("GET", "/web/../server/app.py"), ("GET", "/v1/ws"), ("GET", "/v1/twilio"),
               ("GET", "/v1/twilio?stream_sid=MZ1"), ("GET", "/v1/speak"), ("GET", "/tts/websocket"),
               ("GET", "/v1/text-to-speech/ryan/stream-input"), ("GET", "/v1/text-to-speech/ryan/multi-stream-input"),
               ("POST", "/v1/audio/speech/"), ("GET", "/%ff"), ("GET", "/v1/audio/voices/x")]

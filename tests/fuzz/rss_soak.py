@@ -33,7 +33,7 @@ def role(pid: int, server_pid: int) -> str:
         argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
     except OSError:
         return "gone"
-    if b"talkgate.gateway.engine_process" in argv:
+    if b"talkgate.processes.engine_process" in argv:
         return "engine " + argv[argv.index(b"--index") + 1].decode()
     try:
         env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")

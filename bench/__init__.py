@@ -1,0 +1,1 @@
+"""GPU probes and measurement scripts: run from a checkout, never installed with the package."""

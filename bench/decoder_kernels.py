@@ -1,0 +1,58 @@
+"""Where the engine's batch-1 decode graph goes, kernel by kernel: its replay time, then each kernel of one
+replay in order (median duration over 10 replays, the gap before it, grid and block, name), and the kernel
+time summed by kind. Loads the checkpoint as the engine does (compiled parts, CUDA graphs of buckets 1 and 2).
+
+    python3 bench/decoder_kernels.py /tmp/ck-0.6b OUTDIR      # OUTDIR gets the profiler's trace
+"""
+import json
+import statistics
+import sys
+from collections import defaultdict
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from bench.engine import batch1_runner, graph_ms
+
+
+def main():
+    ck, out = sys.argv[1], sys.argv[2]
+    r = batch1_runner(ck)
+    with torch.inference_mode():
+        g = r.graphs[("decode", 1)]
+        graph_ms(g, 20)                                             # warm
+        print(f"decode graph B=1: {graph_ms(g, 200) * 1000:.0f} us a replay", flush=True)
+        N = 10
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(N):
+                g.replay()
+            torch.cuda.synchronize()
+        prof.export_chrome_trace(f"{out}/dec_trace.json")
+        ev = [e for e in json.load(open(f"{out}/dec_trace.json"))["traceEvents"] if e.get("cat") == "kernel"]
+        ev.sort(key=lambda e: e["ts"])
+        per = len(ev) // N
+        print(f"kernels a replay: {per} (of {len(ev)})")
+        rows = []
+        for i in range(per):
+            ds = [ev[j * per + i]["dur"] for j in range(N)]
+            e = ev[i]
+            gaps = [ev[j * per + i]["ts"] - (ev[j * per + i - 1]["ts"] + ev[j * per + i - 1]["dur"]) for j in range(N) if j * per + i > 0]
+            rows.append((i, e["name"][:90], e["args"].get("grid"), e["args"].get("block"), statistics.median(ds),
+                         statistics.median(gaps) if gaps else 0))
+        tot = sum(x[4] for x in rows)
+        gap = sum(x[5] for x in rows[1:])
+        print(f"kernel time sum {tot:.1f} us, gaps sum {gap:.1f} us")
+        for x in rows:
+            print(f"{x[0]:4d} {x[4]:7.2f} gap {x[5]:5.2f} grid {x[2]} block {x[3]} {x[1]}")
+        by = defaultdict(float)
+        for x in rows:
+            n = x[1]
+            key = ("gemm/gemv" if any(s in n for s in ("gemm", "gemv", "sgemm", "cutlass", "Kernel2")) else
+                   "triton" if n.startswith("triton") else "cudnn-conv" if ("conv" in n.lower() or "cudnn" in n) else n[:40])
+            by[key] += x[4]
+        for k, v in sorted(by.items(), key=lambda kv: -kv[1]):
+            print(f"  {v:8.1f} us  {k}")
+
+
+if __name__ == "__main__":
+    main()

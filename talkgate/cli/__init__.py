@@ -1,0 +1,1 @@
+"""The `talkgate` command: its parser and one module per subcommand."""

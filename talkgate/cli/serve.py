@@ -1,0 +1,256 @@
+"""`talkgate serve`: check the arguments, bind the port, then either start the engine processes and gateway
+workers under a supervisor (processes/supervisor.py, the default), or with `--workers 0` load the engine in
+this process, warm up, serve until SIGINT/SIGTERM, drain.
+
+The port is bound before the model loads, so that a busy port is reported at once; HTTP answers from
+the end of the load on (/health 200 "starting", /ready 503 until the warm-up is over). With
+--ssl-certfile / --ssl-keyfile (loaded before the port is bound) every route is served over TLS on that
+port: https:// and wss://.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+from pathlib import Path
+
+from talkgate.system import descriptors
+from talkgate.system.childproc import usable_cores
+from talkgate.cli import args as cli_args
+from talkgate.processes import bytecode
+from talkgate.cli.args import CommandError
+from talkgate.system.warmup_watchdog import DEFAULT_STALL_S
+from talkgate.processes import single
+from talkgate.server.listen import listen, tls_context
+from talkgate.sessions.limits import Limits
+
+log = logging.getLogger("talkgate.serve")
+DEFAULT_PRESET = "mini"
+MAX_DEFAULT_WORKERS = 32     # docs/benchmarks.md: 8 workers ran 0.6-0.8 cores each at 512 Opus streams
+
+
+def default_checkpoint() -> Path:
+    """The built-in default: a random-weight `mini` checkpoint, created once and cached."""
+    from talkgate.synth.compile_cache import cache_root
+
+    root = cache_root()
+    path = root / f"{DEFAULT_PRESET}-custom_voice"
+    if not (path / "config.json").exists():
+        from talkgate.synth.checkpoint import create_checkpoint     # torch: only to create it
+
+        tmp = path.with_name(path.name + ".partial")
+        try:
+            root.mkdir(parents=True, exist_ok=True)
+            log.info("creating the built-in default checkpoint (%s, random weights) in %s", DEFAULT_PRESET, path)
+            create_checkpoint(tmp, preset=DEFAULT_PRESET, variant="custom_voice")
+            tmp.rename(path)    # atomic: a half-written default is never picked up
+        except OSError as e:
+            raise CommandError(f"cannot create the default checkpoint in {root}: {e.strerror}; set TALKGATE_CACHE "
+                               "to a writable directory, or pass --model") from None
+    return path
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser(
+        "serve", help="serve the WebSocket/HTTP gateway",
+        description="Serve every endpoint (native WebSocket, OpenAI HTTP, compatible WebSocket APIs, /health, "
+                    "/ready, /metrics, the web page) on one port until SIGTERM or SIGINT (Ctrl-C), which drain: "
+                    "new sessions are refused, open contexts finish up to --shutdown-deadline, a second signal "
+                    "cuts the drain short (docs/operations.md).")
+    p.add_argument("--model", metavar="DIR|ID", help="checkpoint directory or Hugging Face id (default: a built-in "
+                   f"random-weight '{DEFAULT_PRESET}' checkpoint, created once under $TALKGATE_CACHE or "
+                   "~/.cache/talkgate)")
+    p.add_argument("--host", metavar="ADDRESS", default="127.0.0.1",
+                   help="address to listen on (0.0.0.0: every IPv4 interface)")
+    p.add_argument("--port", metavar="N", type=cli_args.port, default=8080,
+                   help="TCP port; 0 picks a free one (printed at start)")
+    p.add_argument("--device", metavar="DEVICE", type=cli_args.device,
+                   help="cpu, cuda or cuda:N (default: cuda when a GPU is visible, else cpu)")
+    p.add_argument("--dtype", choices=["bfloat16", "float16", "float32"],
+                   help="Talker and code predictor dtype (default: bfloat16 on GPU, float32 on CPU)")
+    p.add_argument("--gpus", metavar="all|I,J", help="GPUs to serve on, one engine process each (default: all; "
+                   "indices as CUDA_VISIBLE_DEVICES shows them)")
+    p.add_argument("--engines", metavar="N", type=cli_args.integer(1), default=1, help="engine processes per GPU, "
+                   "or on the CPU; more than one on a GPU needs --max-contexts (each would size its slots from the "
+                   "whole GPU)")
+    p.add_argument("--workers", metavar="N", type=cli_args.integer(0), help="gateway worker processes sharing the "
+                   "port (default: the cores less one per engine process and one more, 1 to "
+                   f"{MAX_DEFAULT_WORKERS}); 0: one process, the engine a thread of it")
+    p.add_argument("--max-contexts", metavar="N", type=cli_args.integer(1), help="engine slots of each engine process: "
+                   "contexts in flight on it (default: sized from free GPU memory, at most 512; 16 on CPU)")
+    p.add_argument("--seed", metavar="N", type=cli_args.seed, help="sampling seed of contexts whose request sets "
+                   "none, so that the same text and settings give the same audio (default: a fresh random seed each)")
+    add_untrained_length(p)
+    p.add_argument("--api-key", metavar="KEY", action="append", default=[], help="require this API key "
+                   "(repeatable; also TALKGATE_API_KEYS=k1,k2); default: no key needed")
+    p.add_argument("--admin-without-key", action="store_true", help="answer the admin endpoints (POST /admin/drain) "
+                   "without an API key; without --api-key they are refused otherwise (docs/operations.md)")
+    p.add_argument("--allow-origin", metavar="ORIGIN", action="append", default=[],
+                   help="allowed browser Origin (repeatable); default: any")
+    d = Limits()
+    p.add_argument("--max-message-bytes", metavar="N", type=cli_args.integer(1), default=d.max_message_bytes,
+                   help="largest client message, in bytes")
+    p.add_argument("--max-messages-per-s", metavar="N", type=cli_args.positive_number, default=d.max_messages_per_s,
+                   help="client messages a second per connection, on average (bursts of 5 s worth); past it the "
+                   "connection closes with 1008")
+    p.add_argument("--max-text-chars", metavar="N", type=cli_args.integer(1), default=d.max_text_chars,
+                   help="text of one context, in characters")
+    p.add_argument("--max-contexts-per-connection", metavar="N", type=cli_args.integer(1),
+                   default=d.max_contexts_per_connection, help="contexts in flight on one connection")
+    p.add_argument("--max-connections", metavar="N", type=cli_args.integer(1), default=d.max_connections,
+                   help="open WebSocket connections; more are refused (close 1013); each worker takes at most 1.5x "
+                   "an even share of them")
+    p.add_argument("--idle-timeout", metavar="SECONDS", type=cli_args.positive_seconds, default=d.idle_timeout_s,
+                   help="seconds without a client message or audio taken by the client before a connection is "
+                   "closed, contexts in flight or not")
+    p.add_argument("--max-backlog-ms", metavar="MS", type=cli_args.integer(1), default=d.max_backlog_ms,
+                   help="audio of one context left unread, in ms, by a client that is behind real time before the "
+                   "context is cancelled as a slow consumer")
+    p.add_argument("--ssl-certfile", metavar="FILE", help="PEM certificate (chain) to serve https:// and wss:// on "
+                   "the same port and routes; needs --ssl-keyfile")
+    p.add_argument("--ssl-keyfile", metavar="FILE", help="PEM private key of --ssl-certfile")
+    p.add_argument("--voice-map", metavar="FILE", help="JSON file mapping the compatible APIs' voice ids to "
+                   "talkgate voices (docs/compat.md); default: the built-in map")
+    p.add_argument("--voice-store", metavar="DIR", help="directory of the stored (cloned) voices, which several "
+                   "servers may share (docs/voices.md); default: voices/ in the talkgate data directory "
+                   "($TALKGATE_DATA, else ~/.local/share/talkgate)")
+    p.add_argument("--shutdown-deadline", metavar="SECONDS", type=cli_args.seconds, default=10.0,
+                   help="seconds open contexts may finish once a drain begins (SIGTERM, SIGINT, POST /admin/drain); "
+                   "then their sockets close with 1001")
+    p.add_argument("--warmup-stall", metavar="SECONDS", type=cli_args.positive_seconds, default=DEFAULT_STALL_S,
+                   help="an engine whose warm-up makes no progress for this long (a hung compile) exits and is "
+                   "started again (with --workers 0 the server exits, status 75)")
+    p.set_defaults(func=run)
+
+
+def add_untrained_length(p) -> None:
+    """--untrained-length (serve, synthesize): how an untrained checkpoint's utterances end."""
+    p.add_argument("--untrained-length", choices=["text-rule", "runaway"], default="text-rule",
+                   help="random-weight checkpoints never sample end of speech: text-rule ends an utterance where "
+                   "the text-length rule puts it (reason length_rule), runaway lets it run to the runaway guard "
+                   "(4x that, reason budget), as a trained model that never ended would; trained checkpoints "
+                   "end by the model either way")
+
+
+def run(args: argparse.Namespace) -> int:
+    from talkgate.sessions.voices import VoiceMap
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    bytecode.use()                      # before anything imports torch, here or in the processes started
+    # everything a user can get wrong is checked before the model loads, the cheap checks first
+    if args.voice_map and not Path(args.voice_map).is_file():
+        raise CommandError(f"--voice-map {args.voice_map}: no such file")
+    try:
+        VoiceMap.load(args.voice_map)
+    except ValueError as e:
+        raise CommandError(str(e)) from None
+    if args.voice_store:                # one given must be usable; the default is made on the first upload
+        from talkgate.server.voice_store import StoreError, VoiceStore
+        try:
+            VoiceStore(args.voice_store).open()
+        except StoreError as e:
+            raise CommandError(f"--voice-store: {e.message}") from None
+    tls = tls_context(args.ssl_certfile, args.ssl_keyfile)
+    if args.workers != 0:
+        return run_supervised(args)
+    descriptors.reserve(args.max_connections + descriptors.SPARE)     # before the engine starts its threads
+    sockets = listen(args.host, args.port)
+    try:
+        device = cli_args.check_device(args.device)
+        if args.model:
+            from talkgate.synth.checkpoint_dir import resolve_path
+            resolve_path(args.model)                    # CheckpointError: no such directory, not reachable, ...
+        engine = single.load_engine(args.model or str(default_checkpoint()), device, args.dtype, args.max_contexts,
+                                    args.seed, args.untrained_length)
+        config = server_config(args)
+        host = f"[{args.host}]" if ":" in args.host else args.host
+        url = f"{'https' if tls else 'http'}://{host}:{sockets[0].getsockname()[1]}"
+        try:
+            return asyncio.run(single.serve(engine, config, sockets, url, tls, args.warmup_stall))
+        finally:
+            engine.stop()
+    finally:
+        for s in sockets:
+            s.close()
+
+
+def server_config(args: argparse.Namespace):
+    from talkgate.server.gateway import ServerConfig
+
+    keys = tuple(args.api_key) + tuple(k for k in os.environ.get("TALKGATE_API_KEYS", "").split(",") if k)
+    limits = Limits(max_message_bytes=args.max_message_bytes, max_messages_per_s=args.max_messages_per_s,
+                    max_text_chars=args.max_text_chars, max_contexts_per_connection=args.max_contexts_per_connection,
+                    max_connections=args.max_connections, idle_timeout_s=args.idle_timeout,
+                    max_backlog_ms=args.max_backlog_ms)
+    return ServerConfig(limits=limits, api_keys=keys, allowed_origins=tuple(args.allow_origin),
+                        shutdown_deadline_s=args.shutdown_deadline, voice_map=args.voice_map,
+                        voice_store=args.voice_store, admin_without_key=args.admin_without_key)
+
+
+def default_workers(engines: int, cores: int | None = None) -> int:
+    """Worker processes beside `engines` engine processes on `cores` cores: a core per engine process (its
+    step loop) and one for the rest of the machine, the others for workers, 1 to MAX_DEFAULT_WORKERS."""
+    cores = cores or usable_cores()
+    return max(1, min(MAX_DEFAULT_WORKERS, cores - engines - 1))
+
+
+def gpu_indices(text: str | None, count: int) -> list[int]:
+    """--gpus: 'all' (or unset) or indices like 0,1 of the `count` visible GPUs."""
+    if text in (None, "all"):
+        return list(range(count))
+    try:
+        gpus = [int(g) for g in text.split(",")]
+    except ValueError:
+        raise CommandError(f"--gpus {text}: give 'all' or GPU indices like 0,1") from None
+    if any(not 0 <= g < count for g in gpus) or len(set(gpus)) != len(gpus):
+        raise CommandError(f"--gpus {text}: this machine shows {count} GPU(s), 0 to {count - 1}; each once")
+    return gpus
+
+
+def run_supervised(args: argparse.Namespace) -> int:
+    """Engine processes and gateway workers under the supervisor (processes/supervisor.py)."""
+    from talkgate.processes.supervisor import Plan, Supervisor
+
+    # a port someone holds, with SO_REUSEPORT or not, is refused by a bind without it; then the port is held
+    # (bound, never listening) with SO_REUSEPORT for the workers to share
+    probe = listen(args.host, args.port, backlog=None)
+    port = probe[0].getsockname()[1]
+    for s in probe:
+        s.close()
+    reserved = listen(args.host, port, reuse_port=True, backlog=None)
+    try:
+        device = cli_args.check_device(args.device)
+        if args.model:
+            from talkgate.synth.checkpoint_dir import resolve_path
+            resolve_path(args.model)
+        model = args.model or str(default_checkpoint())
+        if device == "cpu":
+            if args.gpus is not None:
+                raise CommandError("--gpus needs a GPU (--device cuda)")
+            engines = [{"device": "cpu", "cuda_visible": None}] * args.engines
+        else:
+            if args.engines > 1 and args.max_contexts is None:
+                raise CommandError("--engines above 1 on a GPU needs --max-contexts (each engine process would size "
+                                   "its slots from the whole GPU's free memory)")
+            count = cli_args.cuda_device_count()
+            gpus = gpu_indices(args.gpus, count) if args.gpus or device == "cuda" else [int(device.split(":")[1])]
+            visible = os.environ.get("CUDA_VISIBLE_DEVICES")      # indices are of the visible GPUs
+            ids = visible.split(",") if visible else [str(g) for g in range(count)]
+            engines = [{"device": "cuda", "cuda_visible": ids[g]} for g in gpus for _ in range(args.engines)]
+        engine_args = ["--untrained-length", args.untrained_length, "--warmup-stall", str(args.warmup_stall)]
+        for flag, value in (("--dtype", args.dtype), ("--max-contexts", args.max_contexts), ("--seed", args.seed)):
+            if value is not None:
+                engine_args += [flag, str(value)]
+        workers = args.workers if args.workers is not None else default_workers(len(engines))
+        config = server_config(args)
+        plan = Plan(host=args.host, port=reserved[0].getsockname()[1], model=model, engines=engines,
+                    workers=workers, engine_args=engine_args, limits=config.limits.as_dict(),
+                    server={"api_keys": list(config.api_keys), "allowed_origins": list(config.allowed_origins),
+                            "shutdown_deadline_s": config.shutdown_deadline_s, "voice_map": config.voice_map,
+                            "voice_store": config.voice_store, "admin_without_key": config.admin_without_key,
+                            "ssl_certfile": args.ssl_certfile, "ssl_keyfile": args.ssl_keyfile})
+        return Supervisor(plan).run()
+    finally:
+        for s in reserved:
+            s.close()

@@ -1,0 +1,310 @@
+"""An engine process: one per GPU (or one on the CPU). It owns the model, scheduler, runner and step loop and
+nothing else; gateway workers reach it over ZMQ with the messages of ipc/wire.py.
+
+EngineServer is that loop around one started Engine; processes/engine_process.py is the process's main.
+One thread, the main one, runs the loop (vLLM's EngineCore shape): take the workers' messages (commands go to
+Engine.submit), one turn of the engine (Engine.turn: a step, whose deliver sends each worker its step's events
+as one STEP message, or a pending graph capture no context would notice), check the workers' backlogs,
+publish stats every STATS_INTERVAL_S; while nothing is ready it waits on the socket. Warm-up (compiles and the
+first-audio graphs: minutes on a GPU without the compile cache) runs on the main thread first while a second
+thread answers HELLOs and publishes stats (state "warming"), so workers learn the model at once, and a third
+ends the process if the warm-up stalls (system/warmup_watchdog.py). Nothing is collected while the
+model loads; what is alive once it is loaded, after warm-up, and again once every graph is captured, is frozen
+out of the garbage collector (system/heap.py).
+
+The engine never waits for a worker. ZMQ's I/O thread writes the messages out; the engine counts what each
+worker has not acknowledged yet. A worker that falls behind (its oldest unacknowledged STEP over
+WORKER_LAG_LIMIT_S old, or MAX_UNACKED_BYTES of PCM unacknowledged) gets every open context of its own failed
+with code `worker_behind` (those events still reach it, after its backlog), so the queue held for it stays
+bounded and the other workers' contexts are not touched; a worker that goes away (its connection closed: the
+ROUTER answers EHOSTUNREACH) is disconnected from the engine, which frees its contexts' slots before the next
+step. A HELLO from a worker index already known (a restarted worker) replaces the old connection the same way.
+"""
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import threading
+import time
+from bisect import bisect_left
+from dataclasses import dataclass, field
+
+import zmq
+
+from talkgate.system import heap
+from talkgate.ipc import wire
+from talkgate.system.warmup_watchdog import DEFAULT_STALL_S, WarmupWatchdog
+from talkgate.system.schedstat import SchedStat
+from talkgate.synth.api import EngineError
+
+log = logging.getLogger("talkgate.engine_process")
+WORKER_LAG_LIMIT_S = 2.0        # a worker this far behind the engine has its contexts failed (worker_behind)
+MAX_UNACKED_BYTES = 256 << 20   # ... or with this much of its PCM unacknowledged (about 5 s of 512 streams)
+MAX_MESSAGES_PER_TURN = 1000    # messages taken from the socket between two steps
+# A turn this long can make a new context's second frame late: at 25 text tokens a second its text id comes 40 ms
+# after the first frame's while its audio is due 80 ms after the first frame's, so frame 1 has about 40 ms to
+# spare (docs/benchmarks.md, 2026-11-28). Such turns are counted and logged, with where their time went.
+SLOW_TURN_S = 0.04
+SLOW_TURN_LOG_S = 5.0           # slow turns are summed up in one log line at most this often
+
+
+@dataclass(eq=False)
+class Peer:
+    """One connected gateway worker."""
+    identity: bytes
+    worker: int
+    pid: int
+    client: int = 0                                   # its Engine client
+    seq: int = 0                                      # STEP messages sent
+    unacked: collections.deque = field(default_factory=collections.deque)   # (seq, monotonic sent, bytes)
+    unacked_bytes: int = 0
+    gone: bool = False
+    behind: bool = False
+
+
+class SlowTurns:
+    """The engine loop's turns over SLOW_TURN_S: counted (/metrics), and summed by where their time went in one
+    log line at most every SLOW_TURN_LOG_S, so that a stall's cause (the GPU, the cores, the loop's own work) is in
+    the log without a line per turn."""
+
+    def __init__(self, engine: int):
+        self.engine, self.count = engine, 0            # count: since the process started
+        self._logged_at = float("-inf")
+        self._clear()
+
+    def _clear(self) -> None:
+        self.turns, self.seconds, self.longest = 0, 0.0, 0.0       # since the last log line
+        self.receive = self.step = self.gpu_wait = self.ran = self.waited = 0.0
+        self.known = True                                           # the thread's schedstat figures, every turn
+
+    def add(self, receive: float, step: float, peers: float, gpu_wait: float,
+            thread: tuple[float, float] | None) -> None:
+        """One slow turn: its phases (receive, Engine.turn, peers and stats), the time blocked on the GPU in it, and
+        the loop thread's (time on a CPU, time waiting for one) in it, None where the kernel does not say."""
+        total = receive + step + peers
+        self.count += 1
+        self.turns += 1
+        self.seconds += total
+        self.longest = max(self.longest, total)
+        self.receive += receive
+        self.step += step
+        self.gpu_wait += gpu_wait
+        if thread is None:
+            self.known = False
+        else:
+            self.ran += thread[0]
+            self.waited += thread[1]
+
+    def report(self, now: float) -> None:
+        if not self.turns or now - self._logged_at < SLOW_TURN_LOG_S:
+            return
+        ms = lambda seconds: f"{1000 * seconds:.1f}"
+        thread = (f"on a CPU {ms(self.ran)}, waiting for one (other processes on its cores) {ms(self.waited)}, "
+                  f"neither (asleep, or stolen by the hypervisor) {ms(self.seconds - self.ran - self.waited)}"
+                  if self.known else "unknown (no schedstat)")
+        log.warning("engine %d: %d turn(s) over %.0f ms since the last of these lines, the longest %s ms, %s ms in "
+                    "all: receiving %s, stepping %s (blocked on the GPU %s of it); its thread %s", self.engine,
+                    self.turns, 1000 * SLOW_TURN_S, ms(self.longest), ms(self.seconds), ms(self.receive),
+                    ms(self.step), ms(self.gpu_wait), thread)
+        self._logged_at = now
+        self._clear()
+
+
+class EngineServer:
+    def __init__(self, engine, endpoint: str, index: int, checkpoint: str, warmup_stall_s: float = DEFAULT_STALL_S):
+        self.engine, self.endpoint, self.index, self.checkpoint = engine, endpoint, index, checkpoint
+        self.warmup_stall_s = warmup_stall_s
+        self.incarnation = os.getpid()
+        self.zctx = zmq.Context(io_threads=1)
+        sock = self.sock = self.zctx.socket(zmq.ROUTER)
+        sock.setsockopt(zmq.ROUTER_MANDATORY, 1)      # a gone worker raises EHOSTUNREACH instead of a silent drop
+        sock.setsockopt(zmq.ROUTER_HANDOVER, 1)       # a restarted worker takes its identity over
+        sock.setsockopt(zmq.SNDHWM, 0)                # bounded by the backlog rule above, never by dropping
+        sock.setsockopt(zmq.RCVHWM, 0)
+        sock.setsockopt(zmq.LINGER, 1000)
+        if endpoint.startswith("ipc://"):
+            try:
+                os.unlink(endpoint[len("ipc://"):])       # a dead predecessor's socket file
+            except FileNotFoundError:
+                pass
+        sock.bind(endpoint)
+        self.peers: dict[bytes, Peer] = {}
+        self.state = "warming"
+        self.step_buckets = [0] * (len(wire.STEP_BUCKETS) + 1)
+        self.step_sum = 0.0
+        # where the loop's time goes (LOOP_PHASES): which part saturates the engine process under load
+        self.loop_s = dict.fromkeys(wire.LOOP_PHASES, 0.0)
+        self.schedstat = SchedStat()                  # of this thread, the one that runs the loop (main())
+        self.slow_turns = SlowTurns(index)
+        engine.on_step = self._on_step
+        self._next_stats = 0.0
+        self.gc = heap.GcPauses()
+        self._graphs_pending = True
+
+    # ----- the loop -----
+    def warm_up(self) -> None:
+        """Warm the engine up on this thread while a helper thread greets workers and publishes stats."""
+        done = threading.Event()
+
+        def greet():
+            while not done.is_set():
+                self._turn(step=False)
+        helper = threading.Thread(target=greet, name="talkgate-greeter", daemon=True)
+        helper.start()
+        try:
+            with WarmupWatchdog(self.engine.runner, self.warmup_stall_s, f"engine {self.index}"):
+                self.engine.warm_up()
+        finally:
+            done.set()
+            helper.join()            # the socket is this thread's from here on
+        heap.freeze(f"engine {self.index} warm")
+        self.gc.install()
+        self.state = "ready"
+        self._next_stats = 0.0
+        log.info("engine %d ready (%d slots)", self.index, self.engine.runner.num_slots)
+
+    def serve(self, stop: threading.Event) -> None:
+        while not stop.is_set():
+            self._turn(step=True)
+
+    def close(self) -> None:
+        """Stop: open contexts fail with engine_stopped (sent to their workers), then the socket closes."""
+        self.state = "stopping"
+        self.engine.stop()
+        self._publish()
+        self.sock.close(linger=1000)
+        self.zctx.term()
+
+    def _turn(self, step: bool) -> None:
+        t0 = time.perf_counter()
+        if step:
+            runner = self.engine.runner
+            thread, gpu_wait, captures = self.schedstat.read(), runner.gpu_wait_s, len(runner.capture_ms)
+        self._receive()
+        t1 = time.perf_counter()
+        busy = step and self.engine.turn()
+        if self._graphs_pending and step and not self.engine.runner.pending:
+            self._graphs_pending = False
+            heap.freeze(f"engine {self.index}, every graph captured", serving=True)
+        t2 = time.perf_counter()
+        self._check_peers()
+        now = time.monotonic()
+        if now >= self._next_stats:
+            self._publish()
+            self.slow_turns.report(now)
+            self._next_stats = now + wire.STATS_INTERVAL_S
+        t3 = time.perf_counter()
+        # a graph capture runs only where no context would notice it (Engine.turn): not a slow step
+        if step and t3 - t0 > SLOW_TURN_S and len(runner.capture_ms) == captures:
+            after = self.schedstat.read()
+            in_turn = None if thread is None or after is None else (after[0] - thread[0], after[1] - thread[1])
+            self.slow_turns.add(t1 - t0, t2 - t1, t3 - t2, runner.gpu_wait_s - gpu_wait, in_turn)
+        if not busy:
+            self.sock.poll(max(1, int(1000 * (self._next_stats - now))), zmq.POLLIN)
+        loop = self.loop_s
+        loop["receive"] += t1 - t0
+        loop["turn"] += t2 - t1
+        loop["peers"] += t3 - t2
+        loop["idle"] += time.perf_counter() - t3
+
+    # ----- worker -> engine -----
+    def _receive(self) -> None:
+        for _ in range(MAX_MESSAGES_PER_TURN):
+            try:
+                frames = self.sock.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            try:
+                self._handle(frames)
+            except Exception:                               # a malformed message never stops the engine
+                log.exception("bad message from %r", frames[0])
+
+    def _handle(self, frames: list[bytes]) -> None:
+        identity, kind = frames[0], frames[1]
+        if kind == wire.HELLO:
+            worker, pid = wire.decode(frames[2])
+            self._hello(identity, worker, pid)
+            return
+        peer = self.peers.get(identity)
+        if peer is None:
+            return                                          # a worker that has not said HELLO (to this incarnation)
+        if kind == wire.COMMANDS:
+            ack, commands = wire.decode(frames[2])
+            self._ack(peer, ack)
+            self.engine.submit(peer.client, [wire.command_from_wire(c) for c in commands])
+        elif kind == wire.ACK:
+            self._ack(peer, wire.decode(frames[2]))
+
+    def _hello(self, identity: bytes, worker: int, pid: int) -> None:
+        old = self.peers.pop(identity, None)
+        if old is not None:
+            self.engine.disconnect(old.client)
+            log.info("worker %d reconnected (pid %d, was %d): its contexts here are cancelled", worker, pid, old.pid)
+        peer = Peer(identity, worker, pid)
+        peer.client = self.engine.connect(lambda events, peer=peer: self._deliver(peer, events))
+        self.peers[identity] = peer
+        self._send(peer, wire.welcome_message(self.index, self.incarnation, self.engine.info, self.checkpoint,
+                                              self._stats()))
+
+    def _ack(self, peer: Peer, ack: int) -> None:
+        while peer.unacked and peer.unacked[0][0] <= ack:
+            peer.unacked_bytes -= peer.unacked.popleft()[2]
+
+    # ----- engine -> worker -----
+    def _deliver(self, peer: Peer, events: list) -> None:
+        """Engine.run_once's deliver for one worker (engine thread, under the engine's lock)."""
+        if peer.gone:
+            return
+        peer.seq += 1
+        frames = wire.step_message(peer.seq, self.engine.free_slots, events)
+        if self._send(peer, frames):
+            nbytes = frames[2].nbytes
+            peer.unacked.append((peer.seq, time.monotonic(), nbytes))
+            peer.unacked_bytes += nbytes
+
+    def _send(self, peer: Peer, frames: list) -> bool:
+        try:
+            self.sock.send_multipart([peer.identity, *frames], flags=zmq.NOBLOCK, copy=False)
+            return True
+        except zmq.ZMQError as e:                           # EHOSTUNREACH: its connection is closed
+            if not peer.gone:
+                log.warning("worker %d (pid %d) is gone (%s): cancelling its contexts", peer.worker, peer.pid, e)
+            peer.gone = True
+            return False
+
+    def _check_peers(self) -> None:
+        now = time.monotonic()
+        for identity, peer in list(self.peers.items()):
+            if peer.gone:
+                self.engine.disconnect(peer.client)
+                del self.peers[identity]
+                continue
+            late = peer.unacked and (now - peer.unacked[0][1] > WORKER_LAG_LIMIT_S
+                                     or peer.unacked_bytes > MAX_UNACKED_BYTES)
+            if late:
+                if not peer.behind:
+                    log.warning("worker %d is %.1f s behind (%d MB unacknowledged): failing its contexts",
+                                peer.worker, now - peer.unacked[0][1], peer.unacked_bytes >> 20)
+                self.engine.fail_client(peer.client, EngineError(
+                    f"the gateway worker serving this connection fell over {WORKER_LAG_LIMIT_S:g} s behind the "
+                    "engine", "worker_behind"))
+            peer.behind = bool(late)
+
+    def _on_step(self, ms: float, batch: int) -> None:
+        self.step_buckets[bisect_left(wire.STEP_BUCKETS, ms / 1000)] += 1
+        self.step_sum += ms / 1000
+
+    def _stats(self) -> dict:
+        thread = self.schedstat.read()
+        return {**self.engine.stats(), "engine": self.index, "incarnation": self.incarnation, "state": self.state,
+                "step_buckets": self.step_buckets, "step_sum": self.step_sum, "cpu_s": time.process_time(),
+                "loop_s": self.loop_s, "cpu_wait_s": None if thread is None else thread[1],
+                "slow_turns": self.slow_turns.count,
+                **self.gc.stats(),
+                "workers_behind": sum(p.behind for p in self.peers.values())}
+
+    def _publish(self) -> None:
+        message = wire.stats_message(self._stats())
+        for peer in list(self.peers.values()):
+            self._send(peer, message)

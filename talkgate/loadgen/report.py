@@ -1,0 +1,141 @@
+"""Results of load runs on disk: requests.json, summary.json/.md, sweep.json/.md and the plots.
+
+Works on plain dicts (a run's config as a dict, its summary, its requests) so it can also re-render
+results read back from disk.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+CLIENT_LAG_WARN_MS = 5.0    # client loop lag p99 over this: the client, not the server, adds latency
+
+
+def fmt(v, digits: int = 1) -> str:
+    return "-" if v is None else f"{v:.{digits}f}" if isinstance(v, float) else str(v)
+
+
+def seconds_as_ms(h: dict | None) -> str:
+    """A histogram_delta in seconds as "mean / p99 bucket" ms (a gauge: its value)."""
+    if not h:
+        return "-"
+    if "value" in h:
+        return fmt(h["value"] * 1000, 2)
+    return " / ".join(fmt(None if h[k] is None else h[k] * 1000, 2) for k in ("mean", "p99_le"))
+
+
+def one_line(s: dict) -> str:
+    t = s["metrics"]["ttfa_ms"] or {}
+    return (f"{s['mode']} {s['load']:g}: {s['requests']} requests, {s['achieved_rps']:.2f} req/s, "
+            f"TTFA p50 {fmt(t.get('p50'))} p95 {fmt(t.get('p95'))} ms, underruns {s['underruns']}, "
+            f"errors {sum(s['errors'].values())}, peak in flight {s['peak_in_flight']}"
+            f" -> {'clean' if s['clean'] else 'NOT clean'}")
+
+
+def markdown(cfg: dict, s: dict) -> str:
+    """The summary of one run as a markdown page: run-level numbers, then p50/p95/p99 per metric."""
+    load = f"{cfg['rps']} req/s offered (Poisson)" if s["mode"] == "rps" else f"{cfg['concurrency']} concurrent clients"
+    native = cfg["protocol"] == "native"
+    lines = [f"# talkgate load run: {cfg['protocol']}, {cfg['encoding'] if native else 'pcm'}, {load}", "",
+             f"url {cfg['url']}; lang {cfg['lang']}; bucket {cfg['bucket']}; length {cfg['length']}; "
+             f"cancel share {cfg['cancel_share']}; duration {cfg['duration_s']} s; seed {cfg['seed']}"
+             + (f"; {cfg['tokens_per_second']} tokens/s, first token after {cfg['first_token_delay_ms']} ms"
+                if native else ""), "",
+             f"**{'CLEAN' if s['clean'] else 'NOT CLEAN'}** (clean: no errors, no underruns, p95 TTFA <= "
+             f"{cfg['ttfa_limit_ms']:.0f} ms)", ""]
+    srv, gpu, lag = s["server"], s["gpu"], s["client_loop_lag_ms"]
+    if lag and lag["p99"] > CLIENT_LAG_WARN_MS:
+        lines += [f"WARNING: the client's own event loop lagged (p99 {lag['p99']:.1f} ms): it is saturated and "
+                  "inflates the latencies below; run fewer streams per client process.", ""]
+    rows = [("requests / completed / cancelled", f"{s['requests']} / {s['completed']} / {s['cancelled']}"),
+            ("errors", ", ".join(f"{k}: {v}" for k, v in s["errors"].items()) or "none"),
+            ("achieved req/s", fmt(s["achieved_rps"], 2)), ("peak in flight", s["peak_in_flight"]),
+            ("audio s per wall s", fmt(s["audio_s_per_wall_s"], 2)),
+            ("underruns (requests with any) / total ms",
+             f"{s['underruns']} ({s['requests_with_underruns']}) / {fmt(s['underrun_ms_total'])}"),
+            ("underrun requests: started in the ramp / after it; first ran dry at frame", underrun_split(s)),
+            ("server CPU cores", fmt(srv.get("cpu_cores"), 2)),
+            ("CPU cores by process", ", ".join(f"{k} {v:.2f}" for k, v in sorted((srv.get("cpu_cores_by_process")
+                                                                                  or {}).items())) or "-"),
+            ("server event-loop lag mean / p99 bucket (ms)", seconds_as_ms(srv.get("event_loop_lag_s"))),
+            ("event-loop lag mean / p99 bucket by worker (ms)",
+             "; ".join(f"{w}: {seconds_as_ms(h)}" for w, h in sorted((srv.get("event_loop_lag_s_by_worker")
+                                                                       or {}).items())) or "-"),
+            ("engine step mean / p99 bucket (ms)", seconds_as_ms(srv.get("engine_step_s"))),
+            ("engine loop: share of the run by phase (turn includes gpu_wait)", ", ".join(
+                f"{k} {v:.2f}" for k, v in sorted((srv.get("engine_loop_share") or {}).items())) or "-"),
+            ("GC pauses: share of the run / longest since start (ms), by process", ", ".join(
+                f"{k} {v:.3f} / {1000 * (srv.get('gc_longest_s_by_process') or {}).get(k, 0.0):.0f}"
+                for k, v in sorted((srv.get("gc_share_by_process") or {}).items())) or "-"),
+            ("waiting for a CPU (cores held by other processes): share of the run, by process", ", ".join(
+                f"{k} {v:.3f}" for k, v in sorted((srv.get("cpu_wait_share_by_process") or {}).items())) or "-"),
+            ("engine turns over 40 ms (the server log says where their time went)",
+             fmt(srv.get("engine_slow_turns"), 0)),
+            ("a step's audio from the engine to a worker mean / p99 bucket (ms)",
+             seconds_as_ms(srv.get("step_delivery_s"))),
+            ("engine step mean / p99 bucket by engine (ms)",
+             "; ".join(f"{e}: {seconds_as_ms(h)}" for e, h in sorted((srv.get("engine_step_s_by_engine")
+                                                                       or {}).items())) or "-"),
+            ("server underrun-risk writes", fmt(srv.get("underrun_risk"), 0)),
+            ("server contexts active after the run", fmt(srv.get("contexts_active_after"), 0)),
+            ("GPU util mean / max %, mem max MiB", "-" if gpu is None else
+             f"{gpu['util_mean_pct']:.0f} / {gpu['util_max_pct']:.0f}, {gpu['mem_max_mib']:.0f}"),
+            ("client loop lag p99 / max (ms)", "-" if lag is None else f"{lag['p99']:.1f} / {lag['max']:.1f}")]
+    lines += ["| run | value |", "| --- | --- |"] + [f"| {k} | {v} |" for k, v in rows]
+    lines += ["", "| metric | n | p50 | p95 | p99 | mean | max |", "| --- | --- | --- | --- | --- | --- | --- |"]
+    for name, m in s["metrics"].items():
+        if m is not None:
+            d = 3 if name == "rtf" else 1
+            lines.append(f"| {name} | {m['n']} | "
+                         + " | ".join(fmt(float(m[k]), d) for k in ("p50", "p95", "p99", "mean", "max")) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def underrun_split(s: dict) -> str:
+    u = s["underrun_requests"]
+    frames = ", ".join(f"{k}: {v}" for k, v in u["first_dry_frame"].items()) or "-"
+    return f"{u['in_ramp']} / {u['after_ramp']}; {frames}"
+
+
+def ttfas(run: dict) -> list[float]:
+    return [r["ttfa_ms"] for r in run["requests"] if r["error"] is None and r["ttfa_ms"] is not None]
+
+
+def plot(draw) -> None:
+    """Plots need matplotlib (the `bench` extra); without it the numbers are still written."""
+    try:
+        from talkgate.loadgen import plots
+    except ImportError as e:
+        print(f"note: no plots ({e}); pip install matplotlib", file=sys.stderr)
+        return
+    draw(plots)
+
+
+def write_run(out: Path, run: dict) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    s = run["summary"]
+    (out / "requests.json").write_text(json.dumps(run["requests"], ensure_ascii=False, indent=1))
+    (out / "summary.json").write_text(json.dumps({"config": run["config"], "summary": s}, indent=1))
+    (out / "summary.md").write_text(markdown(run["config"], s))
+    plot(lambda plots: plots.ttfa_cdf({f"{run['config']['protocol']} {s['mode']} {s['load']:g}": ttfas(run)},
+                                      out / "ttfa_cdf.png"))
+
+
+def write_sweep(out: Path, cfg: dict, runs: list[dict], best: float | None) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    steps = [r["summary"] for r in runs]
+    mode = steps[0]["mode"]
+    (out / "sweep.json").write_text(json.dumps({"config": cfg, "highest_clean": best, "steps": steps}, indent=1))
+    rows = ["| load | achieved req/s | p50 TTFA | p95 TTFA | p99 TTFA | underruns | errors | clean |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for s in steps:
+        t = s["metrics"]["ttfa_ms"] or {}
+        rows.append(f"| {s['load']:g} | {s['achieved_rps']:.2f} | {fmt(t.get('p50'))} | {fmt(t.get('p95'))} | "
+                    f"{fmt(t.get('p99'))} | {s['underruns']} | {sum(s['errors'].values())} | {s['clean']} |")
+    (out / "sweep.md").write_text(f"# talkgate sweep ({cfg['protocol']}, {mode})\n\nHighest clean {mode}: "
+                                  f"**{fmt(best)}** (clean: no errors, no underruns, p95 TTFA <= "
+                                  f"{cfg['ttfa_limit_ms']:.0f} ms)\n\n" + "\n".join(rows) + "\n")
+    plot(lambda plots: (plots.sweep(steps, out / "sweep.png", mode),
+                        plots.ttfa_cdf({f"{mode} {s['load']:g}": ttfas(r) for s, r in zip(steps, runs)},
+                                       out / "ttfa_cdf.png")))

@@ -1,0 +1,64 @@
+"""An engine process's main: one per GPU (or one on the CPU), started by the supervisor (processes/supervisor.py).
+
+    python -m talkgate.processes.engine_process --index 0 --endpoint ipc:///tmp/tg/engine-0.ipc --model DIR
+
+It loads the model, then runs ipc/engine_server.py's EngineServer (warm-up, then the loop) on its main thread until
+SIGTERM or SIGINT; it dies with its parent.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+import threading
+
+from talkgate.ipc.engine_server import EngineServer
+from talkgate.system import heap
+from talkgate.system.warmup_watchdog import DEFAULT_STALL_S
+
+log = logging.getLogger("talkgate.engine_process")
+
+
+def main(argv: list[str] | None = None) -> int:
+    heap.hold_collections()         # until the model is loaded: its imports are most of a restart
+    from talkgate.system.childproc import die_with_parent
+    from talkgate.synth.engine import Engine
+
+    p = argparse.ArgumentParser(prog="talkgate-engine", description="one engine process (started by talkgate serve)")
+    p.add_argument("--index", type=int, default=0)
+    p.add_argument("--endpoint", required=True, help="ZMQ endpoint to bind, e.g. ipc:///tmp/tg/engine-0.ipc")
+    p.add_argument("--model", required=True)
+    p.add_argument("--device")
+    p.add_argument("--dtype")
+    p.add_argument("--max-contexts", type=int)
+    p.add_argument("--seed", type=int)
+    p.add_argument("--untrained-length", choices=["text-rule", "runaway"], default="text-rule")
+    p.add_argument("--warmup-stall", type=float, default=DEFAULT_STALL_S)
+    args = p.parse_args(argv)
+    die_with_parent()
+    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s engine{args.index} %(name)s %(levelname)s %(message)s")
+    if (args.device or "").startswith("cpu"):
+        import torch
+        torch.set_num_threads(1)     # as the single-process server: one intra-op thread on a CPU engine
+    engine = Engine.from_pretrained(args.model, device=args.device, dtype=args.dtype, max_contexts=args.max_contexts,
+                                    default_seed=args.seed, untrained_length=args.untrained_length)
+    heap.freeze(f"engine {args.index} loaded")     # warm-up, which may compile for minutes, collects as usual
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    server = EngineServer(engine, args.endpoint, args.index, str(engine.runner.tts.path), args.warmup_stall)
+    log.info("engine %d: %s on %s/%s, %d slots, bound to %s (pid %d)", args.index, engine.info.name,
+             engine.info.device, engine.info.dtype, engine.runner.num_slots, args.endpoint, os.getpid())
+    try:
+        server.warm_up()
+        server.serve(stop)
+    finally:
+        server.close()
+    return 0
+
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,241 @@
+"""`talkgate serve` with worker processes: the supervisor starts one engine process per GPU (one on the CPU
+where there is none) and N gateway worker processes sharing the port, restarts any that dies, and on
+SIGTERM/SIGINT drains the workers, then stops the engines.
+
+    supervisor (this process: no model, no sockets of its own but the reserved port)
+    ├── engine 0  (ipc/engine_server.py; CUDA_VISIBLE_DEVICES = its GPU)   ipc://RUN/engine-0.ipc
+    ├── engine 1 ...
+    ├── worker 0  (processes/worker.py: aiohttp on PORT with SO_REUSEPORT, DEALER to every engine)
+    └── worker 1 ...
+
+cli/serve.py binds the port first (SO_REUSEPORT, never listening) and holds it, so that it stays
+reserved while workers come and go; port 0 picks a free one. RUN is a private temporary folder holding the engines' ipc sockets and
+the workers' Prometheus files (PROMETHEUS_MULTIPROC_DIR); it is removed at exit. Each worker reports
+"listening" / "ready" / "not_ready" on a status pipe; this process prints `talkgate: ready on URL` once
+every worker is ready. A child that exits unexpectedly is started again, at once the first time and after
+a back-off (1 s doubling to 30 s) while it keeps dying within RESTART_WINDOW_S of its start; the others
+carry on (an engine's death fails only its contexts, a worker's closes only its connections).
+Children die with the supervisor (talkgate/system/childproc.py), even when it is killed.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import selectors
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+
+log = logging.getLogger("talkgate.supervisor")
+RESTART_WINDOW_S = 10.0       # a child that dies sooner after its start is restarted after a back-off
+BACKOFF_S = (1.0, 30.0)       # first and longest back-off
+WORKER_CAP_SLACK = 1.5        # a worker takes at most this share above an even split of --max-connections
+ENGINE_STOP_S = 15.0          # after the workers: how long engines get to stop before SIGKILL
+
+
+def say(line: str) -> None:
+    """One line to stdout in one write: the children write to the same stream."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
+def worker_cap(max_connections: int, workers: int) -> int:
+    """Connections one worker accepts: an even share of the server's limit plus WORKER_CAP_SLACK, since
+    SO_REUSEPORT spreads connections at random (512 over 8 workers: mean 64, a few over 80)."""
+    return max_connections if workers <= 1 else min(max_connections, math.ceil(WORKER_CAP_SLACK * max_connections / workers))
+
+
+@dataclass(eq=False)
+class Child:
+    name: str
+    argv: list[str]
+    env: dict
+    status: bool = False                       # gets a status pipe (workers)
+    proc: subprocess.Popen | None = None
+    status_r: int | None = None
+    started: float = 0.0
+    backoff: float = 0.0
+    restart_at: float | None = None
+    state: str = "starting"                    # the last status line
+    exits: int = 0
+
+
+@dataclass
+class Plan:
+    """What to start: built by cli/serve.py from the command line."""
+    host: str
+    port: int                                  # reserved by serve.py
+    model: str
+    engines: list[dict]                        # per engine: {"device", "cuda_visible"}
+    workers: int
+    engine_args: list[str] = field(default_factory=list)     # --dtype, --max-contexts, --seed ...
+    server: dict = field(default_factory=dict)              # ServerConfig fields but limits
+    limits: dict = field(default_factory=dict)              # Limits fields (max_connections: the server's)
+
+
+class Supervisor:
+    def __init__(self, plan: Plan):
+        self.plan = plan
+        self.stopping = False
+        self.children: list[Child] = []
+        self.sel = selectors.DefaultSelector()
+        self.announced = {"listening": False, "ready": False}
+
+    def run(self) -> int:
+        """Start everything, supervise until SIGTERM/SIGINT, drain the workers, stop the engines. -> exit status."""
+        plan = self.plan
+        host = f"[{plan.host}]" if ":" in plan.host else plan.host
+        scheme = "https" if plan.server.get("ssl_certfile") else "http"
+        self.url = f"{scheme}://{host}:{plan.port}"
+        run_dir = tempfile.mkdtemp(prefix="talkgate-")
+        metrics_dir = os.path.join(run_dir, "metrics")
+        os.mkdir(metrics_dir)
+        endpoints = [f"ipc://{run_dir}/engine-{i}.ipc" for i in range(len(plan.engines))]
+        base_env = {k: v for k, v in os.environ.items() if k != "PROMETHEUS_MULTIPROC_DIR"}
+        for i, e in enumerate(plan.engines):
+            env = dict(base_env)
+            if e.get("cuda_visible") is not None:
+                env["CUDA_VISIBLE_DEVICES"] = e["cuda_visible"]
+            argv = [sys.executable, "-m", "talkgate.processes.engine_process", "--index", str(i), "--endpoint",
+                    endpoints[i], "--model", plan.model, "--device", e["device"], *plan.engine_args]
+            self.children.append(Child(f"engine {i}", argv, env))
+        limits = {**plan.limits, "max_connections": worker_cap(plan.limits["max_connections"], plan.workers)}
+        for w in range(plan.workers):
+            cfg = {"index": w, "host": plan.host, "port": plan.port, "engines": endpoints, "server": plan.server,
+                   "limits": limits}
+            env = {**base_env, "PROMETHEUS_MULTIPROC_DIR": metrics_dir, "TALKGATE_WORKER": json.dumps(cfg)}
+            self.children.append(Child(f"worker {w}", [sys.executable, "-m", "talkgate.processes.worker"], env, True))
+        wake_r, wake_w = os.pipe()
+        os.set_blocking(wake_w, False)
+        signal.set_wakeup_fd(wake_w)
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self._on_signal)
+        signal.signal(signal.SIGUSR1, self._on_drain)
+        self.sel.register(wake_r, selectors.EVENT_READ, None)
+        log.info("supervisor (pid %d): %d engine process(es), %d worker(s), port %d, run folder %s", os.getpid(),
+                 len(plan.engines), plan.workers, plan.port, run_dir)
+        try:
+            for child in self.children:
+                self._start(child)
+            while not self.stopping:
+                self._turn(wake_r)
+            say("talkgate: shutting down")
+            self._shutdown()
+        finally:
+            signal.set_wakeup_fd(-1)
+            for child in self.children:
+                if child.proc is not None and child.proc.poll() is None:
+                    child.proc.kill()
+                    child.proc.wait()
+            shutil.rmtree(run_dir, ignore_errors=True)
+        say("talkgate: stopped")
+        return 0
+
+    def _on_drain(self, signum, frame) -> None:
+        """A worker asked for the whole server's drain (POST /admin/drain): every worker drains and stays up."""
+        for c in self.children:
+            if c.status and c.proc is not None and c.proc.poll() is None:
+                c.proc.send_signal(signal.SIGUSR1)
+
+    def _on_signal(self, signum, frame) -> None:
+        if self.stopping:                   # a second signal: the workers cut their drain short
+            for c in self.children:
+                if c.status and c.proc is not None and c.proc.poll() is None:
+                    c.proc.send_signal(signal.SIGTERM)
+        self.stopping = True
+
+    # ----- children -----
+    def _start(self, child: Child) -> None:
+        pass_fds = ()
+        if child.status:
+            r, w = os.pipe()
+            child.env["TALKGATE_WORKER"] = json.dumps({**json.loads(child.env["TALKGATE_WORKER"]), "status_fd": w})
+            pass_fds = (w,)
+        # a session of its own: a terminal's Ctrl-C reaches the supervisor alone, which stops workers first
+        child.proc = subprocess.Popen(child.argv, env=child.env, pass_fds=pass_fds, start_new_session=True)
+        child.started, child.restart_at, child.state = time.monotonic(), None, "starting"
+        if child.status:
+            os.close(w)
+            child.status_r = r
+            self.sel.register(r, selectors.EVENT_READ, child)
+
+    def _turn(self, wake_r: int) -> None:
+        for key, _ in self.sel.select(timeout=0.2):
+            if key.data is None:
+                try:
+                    os.read(wake_r, 512)
+                except BlockingIOError:
+                    pass
+                continue
+            self._status(key.data)
+        now = time.monotonic()
+        for child in self.children:
+            if child.restart_at is not None:
+                if now >= child.restart_at and not self.stopping:
+                    self._start(child)
+            elif child.proc.poll() is not None:
+                self._exited(child, now)
+
+    def _status(self, child: Child) -> None:
+        try:
+            data = os.read(child.status_r, 4096)
+        except OSError:
+            data = b""
+        if not data:                                      # the child closed it (exited)
+            self.sel.unregister(child.status_r)
+            os.close(child.status_r)
+            child.status_r = None
+            return
+        said = data.decode().split()            # one read may hold several lines: "listening", then "not_ready"
+        child.state = said[-1]
+        workers = [c for c in self.children if c.status]
+        url = self.url
+        if not self.announced["listening"] and "listening" in said:
+            self.announced["listening"] = True
+            say(f"talkgate: listening on {url} (warming up)")
+        if not self.announced["ready"] and all(c.state == "ready" for c in workers):
+            self.announced["ready"] = True
+            say(f"talkgate: ready on {url}")
+
+    def _exited(self, child: Child, now: float) -> None:
+        code = child.proc.returncode
+        child.exits += 1
+        if child.status_r is not None:
+            self._status(child)                            # read what it said last, close the pipe
+        if child.status:
+            from prometheus_client import multiprocess
+            multiprocess.mark_process_dead(child.proc.pid, child.env["PROMETHEUS_MULTIPROC_DIR"])
+        if self.stopping:
+            return
+        how = f"signal {-code}" if code < 0 else f"status {code}"
+        quick = now - child.started < RESTART_WINDOW_S
+        child.backoff = min(BACKOFF_S[1], max(BACKOFF_S[0], 2 * child.backoff)) if quick else 0.0
+        child.restart_at = now + child.backoff
+        say(f"talkgate: {child.name} (pid {child.proc.pid}) exited with {how}: restarting"
+            + (f" in {child.backoff:g} s" if child.backoff else ""))
+
+    def _shutdown(self) -> None:
+        """SIGTERM the workers (each drains: contexts finish up to the shutdown deadline, then 1001), wait;
+        then the engines."""
+        deadline_s = self.plan.server.get("shutdown_deadline_s", 10.0) + 10.0
+        workers = [c for c in self.children if c.status]
+        engines = [c for c in self.children if not c.status]
+        for group, wait_s in ((workers, deadline_s), (engines, ENGINE_STOP_S)):
+            live = [c for c in group if c.proc is not None and c.proc.poll() is None]
+            for c in live:
+                c.proc.send_signal(signal.SIGTERM)
+            end = time.monotonic() + wait_s
+            for c in live:
+                try:
+                    c.proc.wait(max(0.1, end - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    log.warning("%s did not stop in %g s: killing it", c.name, wait_s)
+                    c.proc.kill()
+                    c.proc.wait()
+

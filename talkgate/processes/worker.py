@@ -1,0 +1,170 @@
+"""A gateway worker process: the aiohttp server (sessions, tokenization, tempo, resampling, Opus, framing) on
+the shared port, its engines reached over ZMQ (ipc/remote_engines.py). Started by the supervisor
+(`talkgate serve`, processes/supervisor.py) with its settings as JSON in TALKGATE_WORKER:
+
+    {"index", "host", "port", "engines": [endpoint, ...], "status_fd", "server": ServerConfig fields,
+     "limits": Limits fields}
+
+Every worker binds the port with SO_REUSEPORT, so the kernel spreads new connections over the workers; its
+`limits.max_connections` is its own cap (supervisor.py sizes it), past which it refuses with 1013. It waits
+for an engine's WELCOME (model info, tokenizer) before it listens, is ready (/health 200) while at least one
+engine is, and tells the supervisor through its status pipe: "listening", "ready", "not_ready".
+SIGTERM or SIGINT: drain as the single-process server does (refuse new sessions, let contexts finish up to
+the shutdown deadline, a second signal cuts that short, close with 1001), then exit.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import signal
+import sys
+import time
+
+log = logging.getLogger("talkgate.worker")
+
+
+def warm_gateway(engines) -> None:
+    """First-use costs off the first requests (measured at 0.4 s for the tokenizer's files and 0.2 s for the
+    encoders' libraries, a stall of the loop a worker's first context would meet): load the tokenizer from the
+    checkpoint directory and make every encoding once, before the worker listens."""
+    import numpy as np
+
+    from talkgate.codecs import ENCODINGS, FormatError, make_stream_encoder
+    from talkgate.synth.api import FRAME_SAMPLES
+
+    tokenizer = engines.new_tokenizer()
+    tokenizer.feed("Warming up, one moment. ")
+    tokenizer.finish()
+    silence = np.zeros(FRAME_SAMPLES, np.float32)
+    for encoding, (rates, _) in ENCODINGS.items():
+        for rate in sorted({rates[0], rates[-1]}):
+            try:
+                encoder = make_stream_encoder(encoding, rate)
+            except FormatError:           # not available on this machine: refused to clients the same way
+                continue
+            encoder.encode(silence)
+            encoder.flush()
+
+
+class StatusPipe:
+    """Lines to the supervisor; a gone supervisor is ignored (die_with_parent stops this process then)."""
+
+    def __init__(self, fd: int | None):
+        self.fd, self.last = fd, None
+
+    def say(self, line: str) -> None:
+        if self.fd is None or line == self.last:
+            return
+        self.last = line
+        try:
+            os.write(self.fd, (line + "\n").encode())
+        except OSError:
+            pass
+
+
+async def serve_worker(cfg: dict) -> int:
+    from aiohttp import web
+
+    from talkgate.system import heap
+    from talkgate.server.metrics import Metrics
+    from talkgate.ipc.remote_engines import RemoteEngines
+    from talkgate.server.listen import BACKLOG, CLEANUP_TIMEOUT_S, listen, tls_context
+    from talkgate.server.app import create_app
+    from talkgate.server.errors import AppRunner
+    from talkgate.server.gateway import ServerConfig, drain, start_drain
+    from talkgate.system.schedstat import SchedStat
+    from talkgate.sessions.limits import Limits
+
+    index = cfg["index"]
+    loop = asyncio.get_running_loop()
+    stop, hurry = asyncio.Event(), asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, lambda: (hurry if stop.is_set() else stop).set())
+    drain_asked = asyncio.Event()                   # SIGUSR1 from the supervisor: an admin drain, staying up
+    loop.add_signal_handler(signal.SIGUSR1, drain_asked.set)
+    pauses = heap.GcPauses()
+    schedstat = SchedStat()                         # of this thread, the event loop's
+    status = StatusPipe(cfg.get("status_fd"))
+    engines = RemoteEngines(cfg["engines"], worker=index)
+    engines.start()
+    try:
+        info = asyncio.ensure_future(engines.wait_info())
+        stopped = asyncio.ensure_future(stop.wait())
+        await asyncio.wait([info, stopped], return_when=asyncio.FIRST_COMPLETED)
+        if stop.is_set():
+            return 0
+        server = cfg["server"]
+        config = ServerConfig(limits=Limits(**cfg["limits"]), api_keys=tuple(server["api_keys"]),
+                              allowed_origins=tuple(server["allowed_origins"]),
+                              shutdown_deadline_s=server["shutdown_deadline_s"], voice_map=server["voice_map"],
+                              voice_store=server["voice_store"], admin_without_key=server["admin_without_key"])
+        tls = tls_context(server["ssl_certfile"], server["ssl_keyfile"])
+        warm_gateway(engines)
+        metrics = Metrics(worker=index, engines=engines)
+        app = create_app(engines, config, metrics)
+        gw = app["gateway"]
+        listening = False
+
+        def on_state():
+            gw.ready = engines.ready
+            if listening:
+                status.say("ready" if gw.ready else "not_ready")
+
+        def sample():
+            metrics.worker_connections.labels(str(index)).set(len(gw.connections))
+            metrics.worker_contexts.labels(str(index)).set(engines.stats()["contexts"])
+            metrics.worker_cpu.labels(str(index)).set(time.process_time())
+            metrics.worker_gc.labels(str(index)).set(pauses.seconds)
+            if (thread := schedstat.read()) is not None:
+                metrics.worker_cpu_wait.labels(str(index)).set(thread[1])
+            metrics.worker_gc_max.labels(str(index)).set(pauses.longest)
+
+        engines.on_state = on_state
+        engines.on_delivery = metrics.step_delivery.labels(str(index)).observe
+        app["sample_metrics"] = sample
+        # POST /admin/drain on any worker drains them all: the supervisor signals every worker (SIGUSR1)
+        app["drain_server"] = lambda: os.kill(os.getppid(), signal.SIGUSR1)
+
+        async def drain_when_asked():
+            await drain_asked.wait()
+            start_drain(app)
+        asked = asyncio.ensure_future(drain_when_asked())
+        runner = AppRunner(app, handle_signals=False, shutdown_timeout=CLEANUP_TIMEOUT_S)
+        await runner.setup()
+        heap.freeze(f"worker {index} started")
+        pauses.install()
+        try:
+            for s in listen(cfg["host"], cfg["port"], reuse_port=True):
+                await web.SockSite(runner, s, backlog=BACKLOG, ssl_context=tls).start()
+            listening = True
+            status.say("listening")
+            on_state()
+            log.info("worker %d (pid %d) listening on %s:%d, at most %d connections", index, os.getpid(),
+                     cfg["host"], cfg["port"], config.limits.max_connections)
+            await stopped
+            status.say("draining")
+            await drain(app, hurry)     # contexts finish up to the deadline (a second signal: at once), then 1001
+        finally:
+            asked.cancel()
+            await runner.cleanup()
+        return 0
+    finally:
+        engines.close()
+
+
+def main() -> int:
+    from talkgate.system import descriptors
+    from talkgate.system.childproc import die_with_parent
+
+    cfg = json.loads(os.environ["TALKGATE_WORKER"])
+    die_with_parent()
+    logging.basicConfig(level=logging.INFO,
+                        format=f"%(asctime)s worker{cfg['index']} %(name)s %(levelname)s %(message)s")
+    descriptors.reserve(cfg["limits"]["max_connections"] + descriptors.SPARE)    # before ZMQ starts its threads
+    return asyncio.run(serve_worker(cfg))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

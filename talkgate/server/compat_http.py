@@ -1,0 +1,109 @@
+"""Routes of the compatible HTTP speech APIs (docs/compat.md): ElevenLabs text-to-speech (convert, stream,
+with timestamps) and its model listing (`GET /v1/models`, which Deepgram's clients get in Deepgram's shape),
+Cartesia `/tts/bytes` and `/tts/sse`, Deepgram `POST /v1/speak`.
+Each handler only parses the request into its translator (sessions/elevenlabs.py, cartesia.py,
+deepgram.py); keys, drain, body and the streamed response are server/http_speech.py's."""
+from __future__ import annotations
+
+from aiohttp import web
+
+from talkgate.server import voices_http
+from talkgate.server.compat_ws import VOICE_MAP
+from talkgate.server.http_speech import respond, serve_speech
+from talkgate.sessions import cartesia, deepgram, elevenlabs
+from talkgate.sessions.voices import ISO_LANGUAGES
+
+# model ids the ElevenLabs clients send by default: listed, and served by the one loaded model
+ELEVENLABS_MODEL_IDS = ("eleven_flash_v2_5", "eleven_turbo_v2_5", "eleven_multilingual_v2", "eleven_v3")
+
+
+def _elevenlabs(timestamps: bool, streamed: bool):
+    async def handler(request: web.Request) -> web.StreamResponse:
+        gw = request.app["gateway"]
+
+        async def make(body) -> elevenlabs.ElevenLabsSpeech:
+            text, config, output = elevenlabs.parse_http_request(
+                request.match_info["voice_id"], dict(request.query), body, gw.client.info, request.app[VOICE_MAP],
+                gw.limits.max_text_chars)
+            return elevenlabs.ElevenLabsSpeech(gw.new_session("elevenlabs", config), text, output, timestamps,
+                                               streamed)
+
+        return await serve_speech(request, "elevenlabs", make, elevenlabs.http_error)
+
+    return handler
+
+
+async def elevenlabs_models(request: web.Request) -> web.Response:
+    """ElevenLabs `GET /v1/models`: the loaded model under its own name and under the ids clients send."""
+    gw = request.app["gateway"]
+    if not gw.authorized(request):
+        return respond(elevenlabs.http_error(401, "unauthorized", "a valid API key is required"))
+    info = gw.client.info
+    names = {code: name for code, name in ISO_LANGUAGES.items() if name in info.languages}
+    languages = [{"language_id": code, "name": name.capitalize()} for code, name in names.items()]
+    notice = " (random untrained weights: the audio is noise)" if info.untrained else ""
+
+    def model(model_id: str, name: str) -> dict:
+        return {"model_id": model_id, "name": name, "can_do_text_to_speech": True, "can_do_voice_conversion": False,
+                "can_be_finetuned": False, "can_use_style": False, "can_use_speaker_boost": False,
+                "serves_pro_voices": False, "requires_alpha_access": False, "token_cost_factor": 1.0,
+                "description": f"talkgate serving {info.name} ({info.model_type} {info.size}){notice}",
+                "maximum_text_length_per_request": gw.limits.max_text_chars, "languages": languages}
+
+    return web.json_response([model("talkgate", f"talkgate {info.model_type} {info.size}")]
+                             + [model(m, f"{m} (served by talkgate)") for m in ELEVENLABS_MODEL_IDS])
+
+
+def deepgram_client(request: web.Request) -> bool:
+    """Whether a request comes from a Deepgram client: its SDK's name header, its user agent, or Deepgram's
+    `Authorization: Token` scheme (ElevenLabs' clients send xi-api-key)."""
+    agent = request.headers.get("User-Agent", "").lower()
+    return (request.headers.get("X-Fern-SDK-Name") == "deepgram-sdk" or agent.startswith("deepgram")
+            or request.headers.get("Authorization", "").lower().startswith("token "))
+
+
+async def models(request: web.Request) -> web.StreamResponse:
+    """`GET /v1/models` is ElevenLabs' model list and Deepgram's model list, in two shapes: a Deepgram client
+    gets Deepgram's (the voices as TTS models, stored ones included), every other client ElevenLabs'."""
+    if deepgram_client(request):
+        return await voices_http.deepgram_models(request)
+    return await elevenlabs_models(request)
+
+
+def _cartesia(events: bool):
+    async def handler(request: web.Request) -> web.StreamResponse:
+        gw = request.app["gateway"]
+
+        async def make(body) -> cartesia.CartesiaSpeech:
+            text, config, own = cartesia.parse_http_request(body, gw.client.info, request.app[VOICE_MAP],
+                                                            gw.limits.max_text_chars, events)
+            session = gw.new_session("cartesia")
+            session.configure(**config)
+            return cartesia.CartesiaSpeech(session, text, config["format"], events, **own)
+
+        return await serve_speech(request, "cartesia", make, cartesia.http_error)
+
+    return handler
+
+
+async def deepgram_rest(request: web.Request) -> web.StreamResponse:
+    gw = request.app["gateway"]
+
+    async def make(body) -> deepgram.DeepgramSpeech:
+        text, model, fmt, voice = deepgram.parse_rest_request(dict(request.query), body, gw.client.info,
+                                                              request.app[VOICE_MAP])
+        session = gw.new_session("deepgram")
+        session.configure(voice=voice, format=fmt)
+        return deepgram.DeepgramSpeech(session, text, model, fmt)
+
+    return await serve_speech(request, "deepgram", make, deepgram.rest_error)
+
+
+def add_routes(app: web.Application) -> None:
+    for path, timestamps, streamed in (("", False, True), ("/stream", False, True),
+                                       ("/with-timestamps", True, False), ("/stream/with-timestamps", True, True)):
+        app.router.add_post(f"/v1/text-to-speech/{{voice_id}}{path}", _elevenlabs(timestamps, streamed))
+    app.router.add_get("/v1/models", models)
+    app.router.add_post("/tts/bytes", _cartesia(events=False))
+    app.router.add_post("/tts/sse", _cartesia(events=True))
+    app.router.add_post("/v1/speak", deepgram_rest)

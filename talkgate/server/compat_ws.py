@@ -1,0 +1,73 @@
+"""Routes of the drop-in compatible WebSocket APIs (docs/compat.md): ElevenLabs, Cartesia, Deepgram,
+and the Twilio Media Streams mode. Each handler only builds the Sans-I/O protocol object; accept,
+limits, access checks and the socket loop are `Gateway.serve_websocket`'s."""
+from __future__ import annotations
+
+from aiohttp import web
+
+from talkgate.server.errors import ErrorResponse
+from talkgate.sessions.cartesia import CartesiaProtocol
+from talkgate.sessions.deepgram import DeepgramProtocol
+from talkgate.sessions.elevenlabs import ElevenLabsProtocol
+from talkgate.sessions.native import NativeProtocol
+from talkgate.sessions.twilio import TwilioProtocol
+from talkgate.sessions.voices import VoiceMap
+
+VOICE_MAP = "voice_map"     # app key: the VoiceMap (default tables unless add_routes was given one)
+
+
+def _elevenlabs(multi: bool):
+    label = "elevenlabs"
+
+    async def handler(request: web.Request) -> web.WebSocketResponse:
+        gw = request.app["gateway"]
+        voice_id, query = request.match_info["voice_id"], dict(request.query)
+
+        def make(session_id, authenticate):
+            return ElevenLabsProtocol(gw.new_session(label), session_id, voice_id, query,
+                                      request.app[VOICE_MAP], multi, authenticate)
+
+        return await gw.serve_websocket(request, label, make, first_message_auth=True)
+
+    return handler
+
+
+async def cartesia_ws(request: web.Request) -> web.WebSocketResponse:
+    gw = request.app["gateway"]
+
+    def make(session_id, authenticate):
+        return CartesiaProtocol(gw.new_session("cartesia"), session_id, request.app[VOICE_MAP])
+
+    return await gw.serve_websocket(request, "cartesia", make)
+
+
+async def deepgram_ws(request: web.Request) -> web.WebSocketResponse:
+    gw = request.app["gateway"]
+    query = dict(request.query)
+
+    def make(session_id, authenticate):
+        return DeepgramProtocol(gw.new_session("deepgram"), session_id, query, request.app[VOICE_MAP])
+
+    return await gw.serve_websocket(request, "deepgram", make)
+
+
+async def twilio_ws(request: web.Request) -> web.StreamResponse:
+    gw = request.app["gateway"]
+    stream_sid = request.query.get("stream_sid", "")
+    if not stream_sid:
+        return ErrorResponse(400, "invalid_request", "stream_sid (the Twilio Media Stream's streamSid) is required")
+
+    def make(session_id, authenticate):
+        native = NativeProtocol(gw.new_session("twilio"), gw.limits, session_id, authenticate)
+        return TwilioProtocol(native, stream_sid)
+
+    return await gw.serve_websocket(request, "twilio", make, first_message_auth=True)
+
+
+def add_routes(app: web.Application, voice_map: VoiceMap | None = None) -> None:
+    app[VOICE_MAP] = voice_map or VoiceMap()
+    app.router.add_get("/v1/text-to-speech/{voice_id}/stream-input", _elevenlabs(multi=False))
+    app.router.add_get("/v1/text-to-speech/{voice_id}/multi-stream-input", _elevenlabs(multi=True))
+    app.router.add_get("/tts/websocket", cartesia_ws)
+    app.router.add_get("/v1/speak", deepgram_ws)
+    app.router.add_get("/v1/twilio", twilio_ws)

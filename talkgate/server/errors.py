@@ -1,0 +1,95 @@
+"""Every HTTP error talkgate answers, in one shape (OpenAI's: sessions.http.error_body), counted in /metrics: the
+handlers' own (ErrorResponse), aiohttp's (404, 405, 413, ... through the errors_as_json middleware) and those
+aiohttp answers before any handler runs (AppRunner's request handler)."""
+from __future__ import annotations
+
+import logging
+from http import HTTPStatus
+
+from aiohttp import web
+from aiohttp.web_protocol import RequestHandler
+
+from talkgate.sessions.http import error_body
+
+log = logging.getLogger("talkgate.server")
+
+
+class ErrorResponse(web.Response):
+    """Every HTTP error talkgate answers, in one shape (OpenAI's, sessions.http.error_body)."""
+
+    def __init__(self, status: int, code: str, message: str, headers=None):
+        super().__init__(body=error_body(status, code, message), status=status, content_type="application/json",
+                         headers=headers)
+        self.code = code
+
+
+HTTP_CODES = {400: "bad_request", 401: "unauthorized", 403: "forbidden", 404: "not_found",
+              405: "method_not_allowed", 408: "request_timeout", 413: "payload_too_large",
+              415: "unsupported_media_type", 429: "rate_limited", 431: "headers_too_large",
+              500: "internal_error", 501: "not_implemented", 503: "unavailable", 504: "timeout"}
+
+
+def _http_code(status: int) -> str:
+    return HTTP_CODES.get(status, "client_error" if status < 500 else "server_error")
+
+
+@web.middleware
+async def errors_as_json(request: web.Request, handler):
+    """Every HTTP error as ErrorResponse, aiohttp's own (404, 405, 413, ...) included, counted in
+    /metrics; an unexpected exception logged once and answered 500; a client that went away is
+    neither (aiohttp finishes the response quietly)."""
+    gw: Gateway = request.app["gateway"]
+    try:
+        response = await handler(request)
+    except web.HTTPException as e:
+        if e.status < 400:
+            raise
+        headers = {k: v for k, v in e.headers.items() if k in ("Allow", "Retry-After", "WWW-Authenticate")}
+        message = e.text if e.text and not e.text.startswith(f"{e.status}:") else e.reason
+        response = ErrorResponse(e.status, _http_code(e.status), message, headers)
+    except ConnectionError:
+        return web.Response(status=499, reason="Client Closed Request")
+    except Exception:
+        log.exception("%s %s failed", request.method, request.path)
+        response = ErrorResponse(500, "internal_error", "internal server error")
+    if response.status >= 400:
+        gw.count_error(getattr(response, "code", None) or _http_code(response.status))
+    return response
+
+
+class JsonErrorHandler(RequestHandler):
+    """What fails before any handler runs (a malformed request, a body aiohttp cannot decode) is
+    answered by aiohttp itself, as text, and logged as an ERROR: this answers it in the shape of every
+    other error (ErrorResponse), logging only the server's own failures as errors."""
+
+    def handle_error(self, request, status: int = 500, exc=None, message=None):
+        if status >= 500:
+            self.log_exception("Error handling request from %s", request.remote, exc_info=exc)
+        else:
+            self.log_debug("Bad request from %s: %s", request.remote, message or exc)
+        if request.writer.output_size > 0:
+            raise ConnectionError("the response had begun: no error response can follow")
+        response = ErrorResponse(status, _http_code(status), message or HTTPStatus(status).phrase)
+        response.force_close()
+        count = getattr(self._manager, "count_error", None)
+        if count is not None:
+            count(_http_code(status))
+        return response
+
+
+class JsonErrorServer(web.Server):
+    def __init__(self, *args, count_error=None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.count_error = count_error
+
+    def __call__(self) -> RequestHandler:
+        return JsonErrorHandler(self, loop=self._loop, **self._kwargs)
+
+
+class AppRunner(web.AppRunner):
+    """web.AppRunner whose server answers aiohttp's own request errors as JSON (JsonErrorHandler)."""
+
+    async def _make_server(self) -> web.Server:
+        server = await super()._make_server()
+        return JsonErrorServer(server.request_handler, request_factory=server.request_factory,
+                               loop=server._loop, count_error=self._app["gateway"].count_error, **server._kwargs)

@@ -1,0 +1,217 @@
+"""What every handler of one server process shares (Gateway: the engine, its client, limits, metrics, the open
+connections, access checks, the WebSocket plumbing every WebSocket protocol goes through) and the drain."""
+from __future__ import annotations
+
+import asyncio
+import hmac
+import itertools
+import logging
+import secrets
+from dataclasses import dataclass, field
+
+from aiohttp import web
+
+from talkgate.server.connection import Connection
+from talkgate.server.engine_client import EngineClient
+from talkgate.server.errors import ErrorResponse
+from talkgate.server.metrics import ContextObserver, Metrics
+from talkgate.server.voice_store import VoiceStore, default_root
+from talkgate.server.websocket import GatewayWebSocket
+from talkgate.sessions.limits import Limits
+from talkgate.sessions.session import Session
+from talkgate.sessions.voices import Voices
+
+log = logging.getLogger("talkgate.server")
+DRAIN_POLL_S = 0.05      # how often a drain looks whether the contexts in flight have finished
+CLOSE_WAIT_S = 5.0       # after the drain: how long closing sockets may take to write what is queued
+
+
+@dataclass
+class ServerConfig:
+    limits: Limits = field(default_factory=Limits)
+    api_keys: tuple[str, ...] = ()            # empty: no authentication
+    allowed_origins: tuple[str, ...] = ()     # empty: any Origin; else browsers must match one
+    shutdown_deadline_s: float = 10.0         # graceful shutdown: contexts may finish for this long
+    voice_map: str | None = None              # JSON file: compatible APIs' voice ids -> talkgate voices
+    voice_store: str | None = None            # the voice store's directory (None: voice_store.default_root())
+    admin_without_key: bool = False           # /admin/* answers without api_keys (else refused: docs/operations.md)
+
+
+class Gateway:
+    """State shared by every handler: the engine, limits, metrics, open connections."""
+
+    def __init__(self, engine, config: ServerConfig, metrics: Metrics | None = None):
+        """`engine`: synth.engine.Engine (or an object with its connect/submit/disconnect/stats: a gateway
+        worker's RemoteEngines)."""
+        self.engine, self.config, self.limits = engine, config, config.limits
+        self.metrics = metrics or Metrics()
+        self.connections: set[Connection] = set()
+        self.ids = itertools.count(1)
+        self.ready = False          # the engine is warm (set by serve once its warm-up is over)
+        self.draining = False       # shutting down: new sessions and requests are refused
+        self.drain_task: asyncio.Task | None = None    # the drain, once a signal or POST /admin/drain started it
+        self.hurry: list[asyncio.Event] = []           # any of them set cuts the drain short
+        self.client: EngineClient | None = None    # the engine's client, made with the app (on its loop)
+        self.store = VoiceStore(config.voice_store or default_root())
+        self.voices: Voices | None = None          # what a `voice` names: the model's, the store's (with the client)
+        self.voices_making = 0                     # uploads being decoded and made (voices_http.py)
+
+    @property
+    def state(self) -> str:
+        """starting (warming up), ready, or draining (shutting down)."""
+        return "draining" if self.draining else "ready" if self.ready else "starting"
+
+    def slots(self) -> tuple[int | None, int | None]:
+        """(free, all) engine context slots; None where the engine does not say."""
+        stats = self.engine.stats() if hasattr(self.engine, "stats") else {}
+        return stats.get("free_slots"), stats.get("slots")
+
+    def in_flight(self) -> tuple[int, int]:
+        """(contexts of this gateway open in the engine, WebSocket connections with a context in flight)."""
+        busy = sum(1 for c in self.connections if getattr(getattr(c.protocol, "session", None), "active", None))
+        return (self.client.owned() if self.client is not None else 0), busy
+
+    # ----- access control -----
+    def key_ok(self, key: str | None) -> bool:
+        """Constant-time comparison of bytes (compare_digest refuses non-ASCII str: any key may come)."""
+        if key is None:
+            return False
+        given = key.encode("utf-8", "surrogatepass")
+        return any(hmac.compare_digest(given, k.encode("utf-8", "surrogatepass")) for k in self.config.api_keys)
+
+    def request_key(self, request: web.Request) -> str | None:
+        """An API key from the places clients put it: Authorization Bearer/Token (the scheme in any
+        case, RFC 9110), the headers of the compatible APIs, or the query string."""
+        scheme, _, credentials = request.headers.get("Authorization", "").strip().partition(" ")
+        if scheme.lower() in ("bearer", "token") and credentials.strip():
+            return credentials.strip()
+        for name in ("xi-api-key", "X-API-Key"):
+            if request.headers.get(name):
+                return request.headers[name]
+        for name in ("api_key", "authorization", "xi_api_key"):
+            if request.query.get(name):
+                return request.query[name]
+        return None
+
+    def origin_ok(self, request: web.Request) -> bool:
+        origin = request.headers.get("Origin")
+        return origin is None or not self.config.allowed_origins or origin in self.config.allowed_origins
+
+    def authorized(self, request: web.Request) -> bool:
+        return not self.config.api_keys or self.key_ok(self.request_key(request))
+
+    # ----- WebSocket plumbing shared by every WebSocket protocol -----
+    def count_error(self, code: str) -> None:
+        self.metrics.errors.labels(code).inc()
+
+    async def serve_websocket(self, request: web.Request, label: str, make_protocol,
+                              first_message_auth: bool = False) -> web.StreamResponse:
+        """Accept, check limits and access, then run `make_protocol(session_id, authenticate)` over the
+        socket. Refusals close with 1008 (policy) or 1013 (try later); while draining, the upgrade itself
+        is refused (HTTP 503 shutting_down).
+        Nothing raised after the upgrade reaches aiohttp (it would write an HTTP 500 into the
+        WebSocket stream): a failure is logged once, counted and closed with 1011."""
+        # no permessage-deflate, though browsers and the websockets library offer it: audio does not
+        # compress (deflating a 3840-byte PCM frame costs ~96 us of server CPU for 6%; an Opus packet
+        # grows), and that CPU is what limits the number of streams (docs/benchmarks.md)
+        if self.draining:
+            # refused before the upgrade: a proxy tries another replica with the same request (nginx
+            # proxy_next_upstream http_503, Envoy's retry policy: deploy/), and a client's connect fails, which
+            # pipecat retries with backoff; a socket accepted and closed at once counts as a quick failure there
+            return ErrorResponse(503, "shutting_down", "the server is shutting down", {"Retry-After": "1"})
+        ws = GatewayWebSocket(heartbeat=20.0, max_msg_size=4 * self.limits.max_message_bytes, compress=False)
+        await ws.prepare(request)
+        try:
+            await self._run_websocket(request, ws, label, make_protocol, first_message_auth)
+        except Exception:
+            log.exception("%s connection failed", label)
+            self.count_error("internal_error")
+            if not ws.closed:
+                try:
+                    await asyncio.wait_for(ws.close(code=1011, message=b"internal error"), 5)
+                except (asyncio.TimeoutError, ConnectionError):
+                    pass
+        return ws
+
+    async def _run_websocket(self, request, ws, label, make_protocol, first_message_auth) -> None:
+        refusal = None
+        if self.draining:           # began after the upgrade
+            refusal = (1001, "server shutting down", "shutting_down")
+        elif not self.origin_ok(request):
+            refusal = (1008, "origin not allowed", "origin_not_allowed")
+        elif len(self.connections) >= self.limits.max_connections:
+            refusal = (1013, "too many connections, try again later", "too_many_connections")
+        authenticate = None
+        if refusal is None and not self.authorized(request):
+            if first_message_auth:
+                authenticate = self.key_ok
+            else:
+                refusal = (1008, "unauthorized", "unauthorized")
+        if refusal is not None:
+            self.count_error(refusal[2])
+            await ws.close(code=refusal[0], message=refusal[1].encode())
+            return
+        session_id = f"s{next(self.ids)}-{secrets.token_hex(4)}"
+        protocol = make_protocol(session_id, authenticate)
+        conn = Connection(ws, request.transport, protocol, self.client, self.limits, label, self.count_error)
+        self.connections.add(conn)
+        gauge = self.metrics.connections.labels(label)
+        gauge.inc()
+        try:
+            await conn.run()
+        finally:
+            self.connections.discard(conn)
+            gauge.dec()
+
+    def new_session(self, label: str, defaults=None) -> Session:
+        return Session(self.client.info, self.limits, self.client.new_tokenizer, defaults,
+                       ContextObserver(self.metrics, label), contexts=self.client.contexts, voices=self.voices)
+
+
+def start_drain(app: web.Application) -> asyncio.Task:
+    """The drain (below), started at most once: /ready says 503 and new sessions are refused from here."""
+    gw: Gateway = app["gateway"]
+    if gw.drain_task is None:
+        gw.draining = True
+        gw.drain_task = asyncio.ensure_future(_drain(gw))
+    return gw.drain_task
+
+
+async def drain(app: web.Application, hurry: asyncio.Event | None = None) -> None:
+    """Graceful shutdown, the listener still open: /ready says 503 at once, new WebSocket sessions and
+    HTTP speech requests are refused (503), contexts in flight finish up to the shutdown deadline (or
+    until `hurry` is set), then every WebSocket closes with 1001. One drain per server: a call while it
+    runs (SIGTERM after POST /admin/drain) waits for the same one, which its `hurry` can cut short too."""
+    if hurry is not None:
+        app["gateway"].hurry.append(hurry)
+    await asyncio.shield(start_drain(app))
+
+
+async def _drain(gw: Gateway) -> None:
+    loop = asyncio.get_running_loop()
+    start, deadline_s = loop.time(), gw.config.shutdown_deadline_s
+    contexts, busy = gw.in_flight()
+    log.info("draining for up to %g s: %d context(s) in flight, %d WebSocket connection(s) open, %d of them with "
+             "contexts in flight", deadline_s, contexts, len(gw.connections), busy)
+
+    def hurried() -> bool:
+        return any(e.is_set() for e in gw.hurry)
+
+    while (contexts or busy) and loop.time() - start < deadline_s and not hurried():
+        await asyncio.sleep(DRAIN_POLL_S)
+        contexts, busy = gw.in_flight()
+    elapsed = loop.time() - start
+    if contexts or busy:
+        log.warning("%s after %.1f s: cutting off %d context(s) in flight (%d WebSocket connection(s) with contexts "
+                    "in flight)", "drain cut short by a second signal" if hurried() else "drain deadline reached",
+                    elapsed, contexts, busy)
+    else:
+        log.info("drained in %.1f s: every context finished", elapsed)
+    closing = list(gw.connections)
+    for conn in closing:
+        conn.close(1001, "server shutting down")
+    end = loop.time() + CLOSE_WAIT_S
+    while gw.connections and loop.time() < end:
+        await asyncio.sleep(DRAIN_POLL_S)
+    log.info("closed %d WebSocket connection(s) with 1001%s", len(closing),
+             f" ({len(gw.connections)} did not finish closing within {CLOSE_WAIT_S:g} s)" if gw.connections else "")

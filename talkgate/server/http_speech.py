@@ -1,0 +1,117 @@
+"""The I/O of every HTTP speech endpoint (sessions/http.py is the protocol side): the request's checks
+(key, drain, body), then one response streamed from its context. A streamed response is a Link like a
+WebSocket connection: the same outbox, error funnel, slow-consumer and idle rules, and the one path
+engine events take (server/engine_client.py); a client that disconnects ends its context at once."""
+from __future__ import annotations
+
+import asyncio
+import codecs
+from typing import Awaitable, Callable
+
+from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
+from aiohttp.web_protocol import RequestPayloadError
+
+from talkgate.server.connection import Link
+from talkgate.sessions.actions import http_status
+from talkgate.sessions.fields import SessionError, load_json
+from talkgate.sessions.http import Begin, HttpSpeech, Respond, error_response
+from talkgate.sessions.reference_audio import AudioError
+
+
+def respond(item: Respond) -> web.Response:
+    response = web.Response(status=item.status, body=item.body, content_type=item.content_type,
+                            headers=dict(item.headers))
+    response.code = item.error          # counted by the errors middleware
+    return response
+
+
+class HttpStream(Link):
+    """One speech request, from its context's start to the response's end."""
+
+    def __init__(self, request: web.Request, protocol: HttpSpeech, engine, limits, label: str, count_error):
+        super().__init__(request.transport, protocol, engine, limits, label, count_error)
+        self.request = request
+        self.response: web.StreamResponse | None = None
+
+    def other(self, action) -> None:
+        if isinstance(action, (Begin, Respond)):
+            self.outbox.put(action)
+        else:
+            super().other(action)
+
+    async def run(self) -> web.StreamResponse:
+        self.apply(self.call("start"))
+        writer = asyncio.create_task(self._write())
+        watch = asyncio.create_task(self._watch())
+        try:
+            await asyncio.wait([writer, watch], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for t in (writer, watch):
+                t.cancel()
+            await asyncio.gather(writer, watch, return_exceptions=True)
+            self.end()
+        if self.response is None:           # the client went away before any answer
+            return web.Response(status=499, reason="Client Closed Request")
+        return self.response
+
+    async def _write(self) -> None:
+        try:
+            while (item := await self.next_frame()) is not None:
+                if isinstance(item, Respond):
+                    self.response = respond(item)
+                    return
+                if isinstance(item, Begin):
+                    self.response = web.StreamResponse(headers={
+                        "Content-Type": item.content_type, "Cache-Control": "no-cache", "X-Accel-Buffering": "no",
+                        **dict(item.headers)})
+                    await self.response.prepare(self.request)
+                    continue
+                await self.response.write(item.data)
+                n = len(item.data)
+                self.delivery.wrote(n + len(f"{n:x}") + 4, item.stream, item.audio_ms)    # a chunk's framing
+                if item.stream is not None:
+                    self.call("note_sent", item.stream, item.audio_ms)
+            if self._closing is not None and self._closing[0] == 1000:
+                await self.response.write_eof()
+            elif self.request.transport is not None:     # broken off: the client sees a truncated body
+                self.request.transport.abort()
+        except ConnectionError:
+            pass
+
+
+async def read_json(request: web.Request, max_bytes: int) -> object:
+    """The request's JSON body; raises SessionError (invalid_body, invalid_json, message_too_large)."""
+    try:
+        raw = await request.read()          # over the body limit: 413 (the errors middleware answers it)
+    except (RequestPayloadError, HttpProcessingError):
+        # the rest of the body cannot be decoded either: it is over (aiohttp would read on after the
+        # response and log the same error again), and so is the connection
+        request.content.feed_eof()
+        raise SessionError("invalid_body", "the body cannot be decoded (Content-Encoding)") from None
+    try:
+        codecs.lookup(request.charset or "utf-8")
+        text = raw.decode(request.charset or "utf-8")
+    except (LookupError, UnicodeDecodeError) as e:
+        raise SessionError("invalid_json", f"the body is not text in its charset ({e.__class__.__name__})") from None
+    return load_json(text, max_bytes)
+
+
+async def serve_speech(request: web.Request, label: str, make: Callable[[object], Awaitable[HttpSpeech]],
+                       error: Callable[[int, str, str], Respond] = error_response) -> web.StreamResponse:
+    """Check the key and the drain, read the JSON body, `await make(body)` the protocol (SessionError: the
+    request's mistake; AudioError with its own status) and stream its response. Errors before the context
+    starts are `error(status, code, message)`: the API's own error shape."""
+    gw = request.app["gateway"]
+    if not gw.authorized(request):
+        return respond(error(401, "unauthorized", "a valid API key is required"))
+    if gw.draining:
+        return respond(error(503, "shutting_down", "the server is shutting down"))
+    try:
+        protocol = await make(await read_json(request, 4 * gw.limits.max_message_bytes))
+    except SessionError as e:
+        response = respond(error(e.status if isinstance(e, AudioError) else http_status(e.code), e.code, e.message))
+        if e.code == "invalid_body":
+            response.force_close()
+        return response
+    return await HttpStream(request, protocol, gw.client, gw.limits, label, gw.count_error).run()

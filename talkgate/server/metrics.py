@@ -1,0 +1,217 @@
+"""Prometheus metrics of one server (its own registry: several servers in one process stay apart).
+
+With gateway worker processes (`talkgate serve`) every worker writes its series to files in
+PROMETHEUS_MULTIPROC_DIR (prometheus_client's multiprocess mode, chosen when that variable is set at start)
+and renders all workers' files, so /metrics shows the whole server whichever worker answers: counters and
+histograms summed, `talkgate_connections` and `talkgate_contexts_active` summed over live workers, the
+`talkgate_worker_*` series and the event-loop lag per worker. The engine series (step time, slots, batch)
+come from the stats every engine process publishes to every worker (EngineCollector), with an `engine`
+label; a single-process server (`--workers 0`) has them without it.
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+
+from prometheus_client import (
+    CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest,
+)
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+
+from talkgate.ipc.wire import STEP_BUCKETS
+
+_MS_BUCKETS = (2, 5, 10, 15, 20, 30, 50, 75, 100, 150, 250, 500, 1000, 2500, 5000)
+_WORKER_S_BUCKETS = (.0005, .001, .002, .005, .01, .02, .05, .1, .25, 1)    # a worker's loop lag and step delivery
+
+
+class Metrics:
+    def __init__(self, worker: int = 0, engines=None):
+        """worker: this process's worker index (the label of its loop lag); engines: a gateway worker's
+        RemoteEngines, whose published stats become the engine series (None: an in-process engine, whose
+        stats and step times the server reads itself)."""
+        self.worker, self.multiprocess = str(worker), "PROMETHEUS_MULTIPROC_DIR" in os.environ
+        self.engines = engines
+        r = self.registry = CollectorRegistry()
+        ProcessCollector(registry=r)
+        self.connections = Gauge("talkgate_connections", "Open WebSocket connections", ["protocol"], registry=r,
+                                 multiprocess_mode="livesum")
+        self.contexts = Gauge("talkgate_contexts_active", "Contexts in flight (all protocols)", registry=r,
+                              multiprocess_mode="livesum")
+        self.contexts_total = Counter("talkgate_contexts_total", "Contexts started", ["protocol"], registry=r)
+        self.ttfa = Histogram("talkgate_ttfa_ms", "Text ready to first audio sent, ms", buckets=_MS_BUCKETS, registry=r)
+        self.frames = Counter("talkgate_frames_total", "Codec frames (80 ms) delivered", registry=r)
+        self.audio_seconds = Counter("talkgate_audio_seconds_total", "Audio delivered, seconds", registry=r)
+        self.underrun_risk = Counter("talkgate_underrun_risk_total",
+                                     "Audio writes to a socket after a real-time player fed by the writes, "
+                                     "started at the first, would have run dry", registry=r)
+        self.finished = Counter("talkgate_contexts_finished_total", "Contexts ended", ["reason"], registry=r)
+        self.cancels = Counter("talkgate_cancels_total", "Contexts cancelled by clients", registry=r)
+        self.errors = Counter("talkgate_errors_total", "Errors answered: WebSocket error events and error "
+                              "closes, HTTP error responses, refused connections", ["code"], registry=r)
+        if engines is None:
+            self.step_seconds = Histogram("talkgate_engine_step_seconds", "Engine step time", buckets=STEP_BUCKETS,
+                                          registry=r)
+            self.engine_running = Gauge("talkgate_engine_running", "Contexts in the engine's batch", registry=r)
+            self.engine_waiting = Gauge("talkgate_engine_waiting", "Contexts waiting for text or a slot", registry=r)
+            self.engine_slots = Gauge("talkgate_engine_slots", "Engine context slots", registry=r)
+            self.engine_slots_free = Gauge("talkgate_engine_slots_free", "Engine slots not held by a context",
+                                           registry=r)
+        # for proxies and autoscalers (docs/deploy.md), set at each scrape (observe); over worker processes the
+        # sessions add up and the load and drain flags are the largest any worker says
+        self.engine_slots_used = Gauge("talkgate_engine_slots_used", "Engine slots held by a context", registry=r,
+                                       multiprocess_mode="livemax")
+        self.sessions = Gauge("talkgate_sessions_active", "Open WebSocket sessions, all protocols", registry=r,
+                              multiprocess_mode="livesum")
+        self.load = Gauge("talkgate_load", "Share of this server's capacity in use, 0-1: the larger of engine slots "
+                          "used / slots and WebSocket sessions / --max-connections (a worker's share of them)",
+                          registry=r, multiprocess_mode="livemax")
+        self.draining = Gauge("talkgate_draining", "1 while the server drains (SIGTERM or POST /admin/drain)",
+                              registry=r, multiprocess_mode="livemax")
+        self.loop_lag = Histogram("talkgate_event_loop_lag_seconds", "Event-loop lag (late wake-ups), per worker",
+                                  ["worker"], buckets=_WORKER_S_BUCKETS, registry=r)
+        self._lag = self.loop_lag.labels(self.worker)
+        self.step_delivery = Histogram("talkgate_engine_step_delivery_seconds", "From an engine process emitting a "
+                                       "step's audio to a worker handling it (ZMQ and the worker's backlog), per worker",
+                                       ["worker"], buckets=_WORKER_S_BUCKETS, registry=r)
+        self.worker_connections = Gauge("talkgate_worker_connections", "Open WebSocket connections of a worker",
+                                        ["worker"], registry=r, multiprocess_mode="livesum")
+        self.worker_contexts = Gauge("talkgate_worker_contexts", "Contexts a worker has open in the engines",
+                                     ["worker"], registry=r, multiprocess_mode="livesum")
+        self.worker_cpu = Gauge("talkgate_worker_cpu_seconds", "CPU time of a worker process", ["worker"],
+                                registry=r, multiprocess_mode="livesum")
+        self.worker_cpu_wait = Gauge("talkgate_worker_cpu_wait_seconds", "Time a worker's event-loop thread was ready "
+                                     "to run but waited for a CPU (Linux schedstat): its cores held by other processes",
+                                     ["worker"], registry=r, multiprocess_mode="livesum")
+        self.worker_gc = Gauge("talkgate_worker_gc_seconds", "Time a worker process paused in garbage collections",
+                               ["worker"], registry=r, multiprocess_mode="livesum")
+        self.worker_gc_max = Gauge("talkgate_worker_gc_pause_max_seconds", "A worker process's longest "
+                                   "garbage-collection pause", ["worker"], registry=r, multiprocess_mode="livesum")
+
+    def observe(self, stats: dict, sessions: int, max_sessions: int, draining: bool) -> None:
+        """The gauges read at a scrape: `stats` the engine's (running, waiting, free_slots, slots; an in-process
+        engine's gauges are set from them) or the engine processes' totals (RemoteEngines.stats), `sessions`
+        the open WebSocket sessions of at most `max_sessions` (this process's)."""
+        if self.engines is None:
+            for gauge, key in ((self.engine_running, "running"), (self.engine_waiting, "waiting"),
+                               (self.engine_slots, "slots"), (self.engine_slots_free, "free_slots")):
+                if key in stats:
+                    gauge.set(stats[key])
+        load = sessions / max_sessions
+        if stats.get("slots"):
+            used = max(0, stats["slots"] - stats["free_slots"])
+            self.engine_slots_used.set(used)
+            load = max(load, used / stats["slots"])
+        self.sessions.set(sessions)
+        self.load.set(load)
+        self.draining.set(int(draining))
+
+    def render(self) -> bytes:
+        if not self.multiprocess:
+            return generate_latest(self.registry)
+        from prometheus_client import multiprocess
+        r = CollectorRegistry()
+        multiprocess.MultiProcessCollector(r)
+        ProcessCollector(registry=r)
+        if self.engines is not None:
+            r.register(EngineCollector(self.engines))
+        return generate_latest(r)
+
+    async def watch_loop_lag(self, interval: float = 0.05, sample=None) -> None:
+        """Sleep `interval` repeatedly and record how late each wake-up is; every 10th wake-up call
+        `sample()` (a worker's gauges)."""
+        for tick in range(1 << 62):
+            t = time.perf_counter()
+            await asyncio.sleep(interval)
+            self._lag.observe(max(0.0, time.perf_counter() - t - interval))
+            if sample is not None and tick % 10 == 0:
+                sample()
+
+
+class EngineCollector:
+    """The engine processes' series from the stats they published to this worker, labelled by engine."""
+
+    def __init__(self, engines):
+        self.engines = engines
+
+    def collect(self):
+        engines = self.engines.stats()["engines"]
+        family = lambda name, doc: GaugeMetricFamily(name, doc, labels=["engine"])
+        ready = family("talkgate_engine_ready", "1 while the engine process is warm and connected")
+        slots = family("talkgate_engine_slots", "Engine context slots")
+        free = family("talkgate_engine_slots_free", "Engine slots not held by a context")
+        running = family("talkgate_engine_running", "Contexts in the engine's batch")
+        waiting = family("talkgate_engine_waiting", "Contexts waiting for text or a slot")
+        cpu = family("talkgate_engine_cpu_seconds", "CPU time of the engine process")
+        behind = family("talkgate_engine_workers_behind", "Workers whose contexts it fails (worker_behind)")
+        step = HistogramMetricFamily("talkgate_engine_step_seconds", "Engine step time", labels=["engine"])
+        loop = CounterMetricFamily("talkgate_engine_loop_seconds", "The engine process's main loop by phase: receive "
+                                   "(workers' messages), turn (steps and graph captures), peers (backlogs, stats), "
+                                   "idle (waiting for messages)", labels=["engine", "phase"])
+        gpu_wait = CounterMetricFamily("talkgate_engine_gpu_wait_seconds", "Time the engine's turns spent blocked "
+                                       "on the GPU (a step's codes or PCM)", labels=["engine"])
+        cpu_wait = CounterMetricFamily("talkgate_engine_cpu_wait_seconds", "Time the engine's loop thread was ready to "
+                                       "run but waited for a CPU (Linux schedstat): its cores held by other processes",
+                                       labels=["engine"])
+        slow = CounterMetricFamily("talkgate_engine_slow_turns", "Turns of the engine loop over 40 ms (steps that can "
+                                   "make a new context's second frame late; the log says where their time went)",
+                                   labels=["engine"])
+        gc = CounterMetricFamily("talkgate_engine_gc_seconds", "Time the engine process paused in garbage "
+                                 "collections", labels=["engine"])
+        gc_max = family("talkgate_engine_gc_pause_max_seconds", "The engine process's longest garbage-collection pause")
+        gc_frozen = family("talkgate_engine_gc_frozen_objects", "Objects frozen out of the engine process's garbage "
+                           "collections (gc.freeze after warm-up)")
+        for i, e in enumerate(engines):
+            label = [str(i)]
+            ready.add_metric(label, float(e["state"] == "ready"))
+            if "slots" not in e:
+                continue                                    # not heard from yet
+            slots.add_metric(label, e["slots"])
+            free.add_metric(label, e["free_slots"])
+            running.add_metric(label, e["running"])
+            waiting.add_metric(label, e["waiting"])
+            cpu.add_metric(label, e.get("cpu_s", 0.0))
+            behind.add_metric(label, e.get("workers_behind", 0))
+            cum, buckets = 0, []
+            for bound, n in zip((*map(str, STEP_BUCKETS), "+Inf"), e["step_buckets"]):
+                cum += n
+                buckets.append((bound, cum))
+            step.add_metric(label, buckets, e["step_sum"])
+            for phase, seconds in e.get("loop_s", {}).items():
+                loop.add_metric([*label, phase], seconds)
+            gpu_wait.add_metric(label, e.get("gpu_wait_s", 0.0))
+            if e.get("cpu_wait_s") is not None:
+                cpu_wait.add_metric(label, e["cpu_wait_s"])
+            slow.add_metric(label, e.get("slow_turns", 0))
+            gc.add_metric(label, e.get("gc_s", 0.0))
+            gc_max.add_metric(label, e.get("gc_max_s", 0.0))
+            gc_frozen.add_metric(label, e.get("gc_frozen", 0))
+        yield from (ready, slots, free, running, waiting, cpu, behind, step, loop, gpu_wait, cpu_wait, slow, gc, gc_max,
+                    gc_frozen)
+
+
+class ContextObserver:
+    """What a Session reports, turned into metrics; one per protocol label."""
+
+    def __init__(self, metrics: Metrics, protocol: str):
+        self.m, self.protocol = metrics, protocol
+
+    def started(self) -> None:
+        self.m.contexts.inc()
+        self.m.contexts_total.labels(self.protocol).inc()
+
+    def first_audio(self, ttfa_ms: float) -> None:
+        self.m.ttfa.observe(ttfa_ms)
+
+    def audio(self, frames: int) -> None:
+        self.m.frames.inc(frames)
+        self.m.audio_seconds.inc(frames * 0.08)
+
+    def underrun_risk(self) -> None:
+        self.m.underrun_risk.inc()
+
+    def ended(self, reason: str) -> None:
+        self.m.contexts.dec()
+        self.m.finished.labels(reason).inc()
+        if reason == "cancelled":
+            self.m.cancels.inc()
