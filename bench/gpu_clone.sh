@@ -12,7 +12,7 @@
 set -uo pipefail
 size=${1:-1.7b}
 py=${PYTHON:-python3}; device=${DEVICE:-cuda}; port=${PORT:-8080}
-here=$(cd "$(dirname "$0")/../.." && pwd)
+here=$(cd "$(dirname "$0")/.." && pwd)
 out=${OUT:-/tmp/out}; res=$out/clone-$size; mkdir -p "$res"
 log() { echo "[$(date +%T)] $*"; }
 wheels=$(ls "$here"/.whl/*.whl "$here"/.e2e/*.whl 2>/dev/null)

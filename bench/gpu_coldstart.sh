@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Issue 22's cold-start measurement on a GPU machine, one model per call (each fits a 10-minute call):
-#   bench/gpu_coldstart.sh 1.7b      (GPU_TESTS=1: the GPU tests first)
+#   bench/gpu_coldstart.sh 1.7b      (GPU_TESTS=1: then the GPU test)
 # For the model: a random-weight checkpoint; `talkgate serve` with an empty talkgate cache (a fresh
 # machine), then again with the cache it filled (a restart): process start -> ready line -> first audio of a
 # request sent at ready, the first 20 requests after ready and 20 once it is long warm (bench/coldstart.py).
@@ -10,7 +10,7 @@
 # and the summary printed last.
 set -uo pipefail
 size=${1:?1.7b or 0.6b}
-here=$(cd "$(dirname "$0")/../.." && pwd)
+here=$(cd "$(dirname "$0")/.." && pwd)
 out=${OUT:-/tmp/out}; res=$out/cold-$size; mkdir -p "$res"
 log() { echo "[$(date +%T)] $*"; }
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "$here"/.e2e/*.whl "$here"/.whl/*.whl \

@@ -31,6 +31,6 @@ else
   log "native pcm 1 rps, cancels"; load --protocol native --rps 2 --duration 20 --cancel-share 0.5 --out "$res/cancel"
 fi
 kill -TERM $srv; wait $srv
-[ "${REF:-1}" = 0 ] || { log "reference baseline $size"; python3 bench/reference_baseline.py --size "$size" --tokenizer "$ck" --texts 1 --out "$res/reference.json" 2>&1 | grep -v Warn | tail -4; }
+[ "${REF:-1}" = 0 ] || { log "reference baseline $size"; python3 -m bench.reference_baseline --size "$size" --tokenizer "$ck" --texts 1 --out "$res/reference.json" 2>&1 | grep -v Warn | tail -4; }
 tar czf "$out/e2e-$size.tgz" -C /tmp "res-$size"
 log "done"

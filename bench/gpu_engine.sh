@@ -16,6 +16,6 @@ log "bench/engine.py $*"
 python3 -m bench.engine "$ck" --json "$out/engine-$size.json" "$@" 2>&1 | grep -v Warn
 if [ "${REF:-0}" = 1 ]; then
   log "reference baseline $size"
-  python3 bench/reference_baseline.py --size "$size" --tokenizer "$ck" --texts 1 --out "$out/reference-$size.json" 2>&1 | grep -v Warn | tail -6
+  python3 -m bench.reference_baseline --size "$size" --tokenizer "$ck" --texts 1 --out "$out/reference-$size.json" 2>&1 | grep -v Warn | tail -6
 fi
 log done

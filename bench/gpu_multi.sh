@@ -15,7 +15,7 @@
 # A dry run on a CPU machine: SETUP=0 DEVICE=cpu PRESET=tiny QUICK=1 bench/gpu_multi.sh
 set -uo pipefail
 out=${OUT:-/tmp/out}; res=${RES:-/tmp/res-multi}; rm -rf "$res"; mkdir -p "$out" "$res"
-tree=$(cd "$(dirname "$0")/../.." && pwd)
+tree=$(cd "$(dirname "$0")/.." && pwd)
 log() { echo "[$(date +%T)] $*" | tee -a "$res/progress"; }
 if [ "${SETUP:-1}" = 1 ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .e2e/*.whl .whl/*.whl || exit 1

@@ -13,7 +13,7 @@
 set -uo pipefail
 size=${1:?0.6b or 1.7b}
 out=${OUT:-/tmp/out}; res=/tmp/res-scale-$size; mkdir -p "$out" "$res"
-tree=$(cd "$(dirname "$0")/../.." && pwd)          # the tree holding this talkgate package
+tree=$(cd "$(dirname "$0")/.." && pwd)             # the repository root (bench/ is in it)
 log() { echo "[$(date +%T)] $*"; }
 if [ "${SETUP:-1}" = 1 ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .e2e/*.whl .whl/*.whl || exit 1
