@@ -1,7 +1,7 @@
 """Time CodecDecoder.decode_step (n=1 frame per row) at real size: eager and CUDA graph, per batch size.
 
-Usage (repo root on a GPU machine):
-    mkdir -p /tmp/p && ln -s $PWD /tmp/p/talkgate && PYTHONPATH=/tmp/p python bench/decoder.py
+Usage (from the repository root, on a GPU machine):
+    python -m bench.decoder
 Options: --batches 1,8,32,128,256  --precisions bf16,fp16,fp32-tf32,fp32,fp32-engine  --iters 30  --compile
          --matmul-macs 0,1073741824  (synth.codec_decoder.MATMUL_MACS values to time, default: as shipped)
          --engine-compile  (compile what the engine compiles, as it runs the decoder)

@@ -2,7 +2,7 @@
 replay in order (median duration over 10 replays, the gap before it, grid and block, name), and the kernel
 time summed by kind. Loads the checkpoint as the engine does (compiled parts, CUDA graphs of buckets 1 and 2).
 
-    python3 bench/decoder_kernels.py /tmp/ck-0.6b OUTDIR      # OUTDIR gets the profiler's trace
+    python -m bench.decoder_kernels /tmp/ck-0.6b OUTDIR      # OUTDIR gets the profiler's trace
 """
 import json
 import statistics

@@ -4,8 +4,8 @@
 
 A stand-in engine process speaks the engine's side of the protocol (HELLO -> WELCOME and STATS, COMMANDS
 read for the contexts' wire ids) and, for each step, hands every worker its rows as the engine process does
-(wire.step_message + send_multipart, the code of engine_process.EngineServer._deliver; timed) at a fixed step
-period. Each worker is a real RemoteEngines on its own event loop and process, whose client only counts the
+(wire.step_message + send_multipart, the code of ipc/engine_server.py EngineServer._deliver; timed) at a fixed
+step period. Each worker is a real RemoteEngines on its own event loop and process, whose client only counts the
 events it gets (no sessions, no encoding). Measured: the engine thread's time per step for all workers
 (pack + send), each worker's time per STEP message (receive, decode, one AudioChunk per row, deliver), and
 the one-way latency from the engine's send to the worker's deliver (both clocks are CLOCK_MONOTONIC).

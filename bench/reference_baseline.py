@@ -1,12 +1,13 @@
 """The official Qwen3-TTS reference (PyPI qwen-tts-compat) on the load generator's own texts, so that
 talkgate's figures and the reference's are measured in the same run, not quoted.
 
-    python bench/reference_baseline.py --size 0.6b --texts 2 --out results/ref-06b.json
+    python -m bench.reference_baseline --size 0.6b --tokenizer /tmp/ck-0.6b --texts 2 --out results/ref-06b.json
 
-Random weights at real sizes (as ../shared/tools/ref_baseline.py builds them); bf16 LM, fp32 decoder;
-sampling on; each text runs for frames_for_text(text) frames (random weights never sample eos). The
-reference's generate is not streaming, so its first audio is the whole generate + decode; the
-`chunk25_est_ms` column estimates a 25-frame chunked stream (prefill + 24 frames + decode of 25).
+--tokenizer: a checkpoint directory (`talkgate checkpoint create`), for its text tokenizer files. Random
+weights at real sizes (build() below); bf16 LM, fp32 decoder; sampling on; each text runs for
+frames_for_text(text) frames (random weights never sample eos). The reference's generate is not streaming,
+so its first audio is the whole generate + decode; the `chunk25_est_ms` column estimates a 25-frame chunked
+stream (prefill + 24 frames + decode of 25).
 """
 from __future__ import annotations
 
