@@ -1,4 +1,4 @@
-"""PNG plots of load runs (matplotlib, the `bench` extra; loadgen/load.py imports this only to draw)."""
+"""PNG plots of load runs (matplotlib, the `bench` extra; report.py imports this only to draw)."""
 from __future__ import annotations
 
 from pathlib import Path
