@@ -1,7 +1,9 @@
 """Drive a Sans-I/O protocol object (sessions/*.py) with no engine and no socket: feed it client
-messages and assert the engine commands and wire actions it returns; feed it engine events built
-here (AudioChunk with PCM, ContextDone, ContextFailed) and assert what goes out. The outbox behaves
-like the gateway's: Send queues a frame, Purge drops the queued frames of a stream, Close ends it.
+messages and assert the wire actions it returns and the engine commands it hands over (taken after every
+call, as the gateway's I/O layer takes them); feed it engine events built here (AudioChunk with PCM,
+ContextDone, ContextFailed) and assert what goes out. The outbox behaves like the gateway's: Send queues a
+frame, Purge drops the queued frames of a stream, Close ends it. Events of a context that was cancelled or
+ended are dropped before the protocol, as the gateway's engine client drops them (server/engine_client.py).
 
     h = Harness(tokenizer, lambda session: ElevenLabsProtocol(session, ...))
     h.ready(); h.send({...}); ctx = h.opened()[-1]; h.speak(ctx, 3); frames = h.deliver()
@@ -17,8 +19,8 @@ from talkgate.sessions.actions import Close, Purge, Send
 from talkgate.sessions.limits import Limits
 from talkgate.sessions.session import Session
 from talkgate.synth.api import (
-    FRAME_SAMPLES, AppendText, AudioChunk, CancelContext, ContextDone, ContextFailed, EndText, FlushText, ModelInfo,
-    OpenContext, TextSpoken,
+    FRAME_SAMPLES, AppendText, AudioChunk, CancelContext, ContextDone, ContextFailed, EndText, FlushText, MakeVoice,
+    ModelInfo, OpenContext, TextSpoken, VoiceFailed, event_key,
 )
 from talkgate.synth.checkpoint import LANGUAGES, SPEAKERS
 from talkgate.synth.tokenizer import StreamingTokenizer
@@ -27,7 +29,6 @@ from talkgate.synth.tokenizer import StreamingTokenizer
 INFO = ModelInfo(name="tiny", model_type="custom_voice", size="tiny", untrained=True, end_of_speech="text_length_rule",
                  voices=tuple(SPEAKERS),
                  languages=("auto",) + tuple(name for name in LANGUAGES if "dialect" not in name))
-COMMANDS = (OpenContext, AppendText, FlushText, EndText, CancelContext)
 
 
 class Clock:
@@ -60,13 +61,12 @@ class Harness:
         self.purged: list[int] = []
         self.frames: dict[int, int] = {}    # context -> frames fed so far
         self.answered: dict[int, int] = {}  # context -> its FlushText / EndText answered so far
-        self._ended: set[int] = set()       # contexts a ContextDone / ContextFailed fed here ended
+        self._ended: set[int] = set()       # contexts (voice requests) a ContextDone / ContextFailed (VoiceFailed) ended
 
     def apply(self, actions: list) -> list:
+        self.commands += self.proto.engine_commands()
         for a in actions:
-            if isinstance(a, COMMANDS):
-                self.commands.append(a)
-            elif isinstance(a, Send):
+            if isinstance(a, Send):
                 if self.close is None:
                     self.outbox.append(a)
             elif isinstance(a, Purge):
@@ -90,8 +90,10 @@ class Harness:
 
     def live(self) -> list[int]:
         """Contexts opened and neither cancelled nor ended by an event fed here."""
-        over = {c.context for c in self.commands if isinstance(c, CancelContext)} | self._ended
-        return [c for c in self.opened() if c not in over]
+        return [c for c in self.opened() if c not in self._over()]
+
+    def _over(self) -> set[int]:
+        return {c.context for c in self.commands if isinstance(c, CancelContext)} | self._ended
 
     def text_ids(self, context: int) -> list[int]:
         return [i for c in self.commands if isinstance(c, (AppendText, FlushText, EndText)) and c.context == context
@@ -102,8 +104,15 @@ class Harness:
 
     # ----- what the engine says -----
     def event(self, ev) -> list:
-        if isinstance(ev, (ContextDone, ContextFailed)):
-            self._ended.add(ev.context)
+        """The protocol's answer to one engine event; [] for an event of a context (voice request) that is over,
+        which the gateway drops before the protocol."""
+        key = event_key(ev)
+        asked = {c.request if isinstance(c, MakeVoice) else c.context for c in self.commands
+                 if isinstance(c, (OpenContext, MakeVoice))}
+        if key not in asked or key in self._over():
+            return []
+        if isinstance(ev, (ContextDone, ContextFailed, VoiceFailed)):
+            self._ended.add(key)
         return self.apply(self.proto.engine_event(ev))
 
     def audio(self, context: int, n: int = 1) -> list:

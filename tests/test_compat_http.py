@@ -32,7 +32,7 @@ def session(tokenizer) -> Session:
 
 def started(proto) -> tuple[int, list]:
     actions = proto.start()
-    (ctx,) = [a.context for a in actions if isinstance(a, OpenContext)]
+    (ctx,) = [c.context for c in proto.engine_commands() if isinstance(c, OpenContext)]
     return ctx, actions
 
 

@@ -1,12 +1,12 @@
 """The gateway's engine client (server/engine_client.py) on the real tiny engine: each step's events reach
-the owner of their context on the event loop, in order, once per step; nothing of a cancelled context
-follows its cancel; batches handed to a busy loop are counted and hold the engine, and none is dropped."""
+the owner of their context on the event loop, in order; nothing of a cancelled context follows its cancel (this
+is where a gateway drops stale events); batches handed to a busy loop are counted and hold the engine, and none is
+dropped."""
 from __future__ import annotations
 
 import asyncio
 import time
 
-from talkgate.server import engine_client as engine_client_module
 import numpy as np
 
 from talkgate.server.engine_client import EngineClient, join_frames
@@ -18,18 +18,14 @@ GREEDY = SamplingParams(greedy=True)
 
 
 class Owner:
-    """What a Link offers the engine client: engine_events(events), called on the loop."""
+    """What a Link offers the engine client: engine_event(event), called on the loop."""
 
     def __init__(self):
-        self.batches: list[list] = []
+        self.events: list = []
 
-    def engine_events(self, events):
+    def engine_event(self, ev):
         assert asyncio.get_running_loop()           # on the loop, never on the engine's thread
-        self.batches.append(list(events))
-
-    @property
-    def events(self):
-        return [ev for b in self.batches for ev in b]
+        self.events.append(ev)
 
 
 class Named(Owner):
@@ -39,9 +35,10 @@ class Named(Owner):
         super().__init__()
         self.name, self.delivered = name, delivered
 
-    def engine_events(self, events):
-        super().engine_events(events)
-        self.delivered.extend((self.name, ev) for ev in events if isinstance(ev, AudioChunk))
+    def engine_event(self, ev):
+        super().engine_event(ev)
+        if isinstance(ev, AudioChunk):
+            self.delivered.append((self.name, ev))
 
 
 def speak(client, owner, frames: int) -> int:
@@ -77,7 +74,6 @@ def test_events_reach_their_owner_in_order_once_per_step(tiny_engine):
     for owner, ctx, frames in ((a, ca, 6), (b, cb, 4)):
         assert {ev.context for ev in owner.events} == {ctx}
         assert frame_numbers(owner.events) == list(range(frames))
-        assert all(len([ev for ev in batch if isinstance(ev, AudioChunk)]) <= 1 for batch in owner.batches)
         assert owner.events[-1] == ContextDone(ctx, "length", frames)
     assert client.owned() == 0                      # done contexts are no longer routed
 
@@ -106,7 +102,7 @@ def test_nothing_follows_a_cancel_and_forget_cancels_what_is_left(tiny_engine):
 
 
 def test_a_busy_loop_holds_the_engine_and_nothing_is_dropped(tiny_engine, monkeypatch):
-    monkeypatch.setattr(engine_client_module, "MAX_BEHIND", 3)
+    monkeypatch.setattr(tiny_engine, "max_behind", 3)
 
     async def go():
         loop = asyncio.get_running_loop()
@@ -157,10 +153,11 @@ def test_a_step_for_many_links_is_handed_over_a_few_links_a_callback(tiny_engine
     log: list[str] = []
 
     class SlowOwner(Owner):
-        def engine_events(self, events):
-            super().engine_events(events)
-            log.append("link")
-            time.sleep(0.001)
+        def engine_event(self, ev):
+            super().engine_event(ev)
+            if isinstance(ev, AudioChunk):          # a step's audio of one Link: one chunk, joined if several
+                log.append("link")
+                time.sleep(0.001)
 
     async def go():
         loop = asyncio.get_running_loop()
@@ -182,7 +179,7 @@ def test_a_step_for_many_links_is_handed_over_a_few_links_a_callback(tiny_engine
     owners, ctxs = asyncio.run(go())
     runs = "".join("L" if e == "link" else "." for e in log).split(".")
     assert max(len(r) for r in runs) <= 4           # 2 ms of 1-ms Links, then the loop's other callbacks
-    assert max(len(b) for o in owners for b in o.batches) >= 1 and len(log) > 36
+    assert len(log) > 36
     for owner, ctx in zip(owners, ctxs):
         assert frame_numbers(owner.events) == [0, 1, 2]
         assert owner.events[-1] == ContextDone(ctx, "length", 3)

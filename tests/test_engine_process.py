@@ -32,11 +32,11 @@ def test_wire_round_trip():
     cmds = [OpenContext(3, params), AppendText(3, (1, 2, 3), 0.42), FlushText(3, (5,), 0.0), EndText(3, (4,), 0.06),
             CancelContext(3), OpenContext(3, ContextParams(voice_prompt=icl)),
             OpenContext(3, ContextParams(voice_prompt=VoicePrompt.from_arrays(np.ones(8, np.float32))))]
-    frames = wire.commands_message(7, [wire.command_to_wire(c, 3) for c in cmds]
-                                   + [wire.voice_command(3, MakeVoice(99, b"\0" * 96000, "Hi."))])
+    cmds.append(MakeVoice(99, b"\0" * 96000, "Hi."))
+    frames = wire.commands_message(7, [wire.command_to_wire(c) for c in cmds])
     ack, decoded = wire.decode(frames[1])
-    assert ack == 7 and [wire.command_from_wire(c) for c in decoded] == cmds + [MakeVoice(3, b"\0" * 96000, "Hi.")]
-    assert not wire.encodable(wire.command_to_wire(OpenContext(1, ContextParams(fixed_frames=1 << 70)), 1))
+    assert ack == 7 and [wire.command_from_wire(c) for c in decoded] == cmds
+    assert not wire.encodable(wire.command_to_wire(OpenContext(1, ContextParams(fixed_frames=1 << 70))))
     rows = np.random.default_rng(0).standard_normal((3, 1920)).astype(np.float32)
     events = [AudioChunk(5, rows[0], 0, 1, 1.5), AudioChunk(9, rows[1], 7, 1, 1.5), ContextDone(9, "length", 8),
               AudioChunk(11, rows[2], 2, 1, 1.5), TextSpoken(11, "length_rule", 3),
@@ -46,10 +46,9 @@ def test_wire_round_trip():
     assert (kind, seq, t, free) == (wire.STEP, 4, 1.5, 13)
     assert contexts.tolist() == [5, 9, 11] and first.tolist() == [0, 7, 2]
     np.testing.assert_array_equal(got, rows)
-    assert [wire.end_event(e[0], e) for e in ends] == [ContextDone(9, "length", 8), TextSpoken(11, "length_rule", 3),
-                                                         ContextFailed(12, "engine_full", "no room")]
-    assert [wire.voice_event(v[0], v) for v in voices] == [VoiceMade(4, icl, 12.5),
-                                                           VoiceFailed(5, "invalid_params", "silent")]
+    assert [wire.end_event(e) for e in ends] == [ContextDone(9, "length", 8), TextSpoken(11, "length_rule", 3),
+                                                  ContextFailed(12, "engine_full", "no room")]
+    assert [wire.voice_event(v) for v in voices] == [VoiceMade(4, icl, 12.5), VoiceFailed(5, "invalid_params", "silent")]
 
 
 def test_slow_turns_are_counted_and_summed_in_one_line_at_most_every_few_seconds(caplog):
@@ -159,8 +158,8 @@ class Client:
 async def ready(remote, n, timeout=90):
     remote.start()
     deadline = time.monotonic() + timeout
-    while sum(link.state == "ready" for link in remote.links) < n:
-        assert time.monotonic() < deadline, [link.state for link in remote.links]
+    while sum(e.state == "ready" for e in remote.engines) < n:
+        assert time.monotonic() < deadline, [e.state for e in remote.engines]
         await asyncio.sleep(0.05)
     return remote
 
@@ -187,9 +186,9 @@ def test_remote_audio_equals_the_in_process_engine(engines, tiny_checkpoint):
         def __init__(self):
             self.events, self.done = [], asyncio.Event()
 
-        def engine_events(self, events):
-            self.events.extend(events)
-            if not isinstance(events[-1], AudioChunk):
+        def engine_event(self, ev):
+            self.events.append(ev)
+            if not isinstance(ev, AudioChunk):
                 self.done.set()
 
     async def go():
@@ -208,9 +207,10 @@ def test_remote_audio_equals_the_in_process_engine(engines, tiny_checkpoint):
         assert owner.events[-1] == ContextDone(1, "length", 12)
         assert [f for e in chunks for f in range(e.first_frame, e.first_frame + e.n_frames)] == list(range(12))
         assert max(e.n_frames for e in chunks) > 1         # a context's frames of several steps joined
-        refused = Client(remote)
-        refused.remote.submit(refused.id, [OpenContext(1, ContextParams(voice="nobody"))])
-        assert (await refused.wait(1)).code == "unknown_voice"
+        refused = Owner()
+        client.submit(refused, [OpenContext(2, ContextParams(voice="nobody"))])
+        await asyncio.wait_for(refused.done.wait(), 60)
+        assert refused.events[0].code == "unknown_voice"
         client.close()
         remote.close()
         return np.concatenate([e.pcm for e in chunks])
@@ -230,7 +230,7 @@ def test_placement_by_free_slots_and_a_full_engine_is_retried(engines):
         ca.say(1, params=long)
         for ctx in (1, 2, 3):
             cb.say(ctx, params=long)
-        assert [link.opened for link in b.links] == [2, 1]          # b's stale view
+        assert [e.opened for e in b.engines] == [2, 1]          # b's stale view
         results = [await ca.wait(1)] + [await cb.wait(ctx) for ctx in (1, 2, 3)]
         assert all(r == ContextDone(r.context, "length", 40) for r in results), results
         assert all(c.frames(ctx) == 40 for c, ctx in ((ca, 1), (cb, 1), (cb, 2), (cb, 3)))
@@ -291,22 +291,22 @@ def test_a_killed_engine_fails_only_its_contexts_and_is_greeted_again(engines):
         c = Client(remote)
         for ctx in (1, 2):                                          # one on each engine
             c.say(ctx, params=ContextParams(sampling=GREEDY, fixed_frames=100 if ctx == 1 else 400))
-        assert [len(link.routes) for link in remote.links] == [1, 1]
+        assert [len(e.routes) for e in remote.engines] == [1, 1]
         while c.frames(1) < 2 or c.frames(2) < 2:
             await asyncio.sleep(0.01)
         engines[1].kill()
         last = await c.wait(2)
         assert isinstance(last, ContextFailed) and last.code == "engine_failed"
         assert await c.wait(1) == ContextDone(1, "length", 100)    # the other engine's context is untouched
-        assert remote.links[1].state == "down" and remote.ready
+        assert remote.engines[1].state == "down" and remote.ready
         engines[1].start()
         deadline = time.monotonic() + 90
-        while remote.links[1].state != "ready":
+        while remote.engines[1].state != "ready":
             assert time.monotonic() < deadline
             await asyncio.sleep(0.05)
         c.say(3, params=ContextParams(sampling=GREEDY, fixed_frames=20))
         c.say(4, params=ContextParams(sampling=GREEDY, fixed_frames=20))
-        assert [len(link.routes) for link in remote.links] == [1, 1]
+        assert [len(e.routes) for e in remote.engines] == [1, 1]
         assert await c.wait(3) == ContextDone(3, "length", 20) and await c.wait(4) == ContextDone(4, "length", 20)
         remote.close()
 

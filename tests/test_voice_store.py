@@ -262,12 +262,13 @@ def session(info=BASE, **defaults):
 def test_session_speaks_a_stored_voice_by_id_or_name():
     s = session(voice="brand")
     assert s.defaults.voice == "voice_00000000000000a1"
-    out = s.start("a")
-    assert isinstance(out[0], ContextStarted)
-    assert out[1] == OpenContext(out[1].context, out[1].params) and out[1].params.voice_prompt == PROMPT
-    assert out[1].params.voice is None
-    out = s.start("b", voice="voice_00000000000000a1")
-    assert out[1].params.voice_prompt == PROMPT
+    (out,) = s.start("a")
+    assert isinstance(out, ContextStarted)
+    (cmd,) = s.take_commands()
+    assert cmd == OpenContext(cmd.context, cmd.params) and cmd.params.voice_prompt == PROMPT
+    assert cmd.params.voice is None
+    s.start("b", voice="voice_00000000000000a1")
+    assert s.take_commands()[0].params.voice_prompt == PROMPT
     for voice, code, message in (("voice_00000000000000ff", "unknown_voice", "deleted, or never stored"),
                                  ("nobody", "unknown_voice", "speaks cloned voices")):
         with pytest.raises(SessionError) as e:
@@ -284,29 +285,36 @@ def test_session_speaks_a_stored_voice_by_id_or_name():
     with pytest.raises(SessionError) as e:
         session(CUSTOM).start("e", voice="Brand")
     assert e.value.code == "invalid_voice" and "needs a Base checkpoint" in e.value.message
-    assert session(CUSTOM).start("f", voice="Ryan")[1].params.voice == "ryan"
+    custom = session(CUSTOM)
+    custom.start("f", voice="Ryan")
+    assert custom.take_commands()[0].params.voice == "ryan"
 
 
 def test_session_with_reference_audio_opens_once_its_voice_is_made():
     s = session()
     ref = Reference(np.zeros(24000, np.float32).tobytes(), "Words.")
-    out = s.start("a", reference=ref)
-    ctx = out[1].request
-    assert out[1] == MakeVoice(ctx, ref.audio, "Words.")
-    assert s.append("a", "Hello") == [] and s.flush("a") == []          # text waits for the voice
+    s.start("a", reference=ref)
+    (cmd,) = s.take_commands()
+    ctx = cmd.request
+    assert cmd == MakeVoice(ctx, ref.audio, "Words.")
+    assert s.append("a", "Hello") == [] and s.end_text("a") == []          # text waits for the voice
+    assert s.take_commands() == []
     made = VoicePrompt.from_arrays(np.ones(8, np.float32))
-    out = s.on_engine_event(VoiceMade(ctx, made, 3.0))
+    assert s.on_engine_event(VoiceMade(ctx, made, 3.0)) == []
+    out = s.take_commands()
     assert [type(c) for c in out] == [OpenContext, AppendText, EndText] and out[0].context == ctx
     assert out[0].params.voice_prompt == made
     # a refused voice ends the context (nothing was opened in the engine: no cancel)
-    out = s.start("b", reference=ref)
-    out = s.on_engine_event(VoiceFailed(out[1].request, "invalid_params", "reference text too long"))
+    s.start("b", reference=ref)
+    (cmd,) = s.take_commands()
+    out = s.on_engine_event(VoiceFailed(cmd.request, "invalid_params", "reference text too long"))
     assert out == [ContextError("b", "invalid_params", "reference text too long", fatal=True, stream=2)]
-    # cancelled while its voice is made: the late answer is stale
-    out = s.start("c", reference=ref)
-    ctx = out[1].request
-    assert s.cancel("c")[-1] == CancelContext(ctx)
-    assert s.on_engine_event(VoiceMade(ctx, made)) == []
+    assert s.take_commands() == []
+    # cancelled while its voice is made: its cancel goes out (the engine's client drops the late answer)
+    s.start("c", reference=ref)
+    (cmd,) = s.take_commands()
+    s.cancel("c")
+    assert s.take_commands() == [CancelContext(cmd.request)] and "c" not in s.active
     with pytest.raises(SessionError, match="needs a Base checkpoint"):
         session(CUSTOM).start("d", reference=ref)
 

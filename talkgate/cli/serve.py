@@ -10,6 +10,7 @@ port: https:// and wss://.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import asyncio
 import logging
 import os
@@ -185,7 +186,8 @@ def server_config(args: argparse.Namespace):
                     max_backlog_ms=args.max_backlog_ms)
     return ServerConfig(limits=limits, api_keys=keys, allowed_origins=tuple(args.allow_origin),
                         shutdown_deadline_s=args.shutdown_deadline, voice_map=args.voice_map,
-                        voice_store=args.voice_store, admin_without_key=args.admin_without_key)
+                        voice_store=args.voice_store, admin_without_key=args.admin_without_key,
+                        ssl_certfile=args.ssl_certfile, ssl_keyfile=args.ssl_keyfile)
 
 
 def default_workers(engines: int, cores: int | None = None) -> int:
@@ -245,11 +247,7 @@ def run_supervised(args: argparse.Namespace) -> int:
         workers = args.workers if args.workers is not None else default_workers(len(engines))
         config = server_config(args)
         plan = Plan(host=args.host, port=reserved[0].getsockname()[1], model=model, engines=engines,
-                    workers=workers, engine_args=engine_args, limits=config.limits.as_dict(),
-                    server={"api_keys": list(config.api_keys), "allowed_origins": list(config.allowed_origins),
-                            "shutdown_deadline_s": config.shutdown_deadline_s, "voice_map": config.voice_map,
-                            "voice_store": config.voice_store, "admin_without_key": config.admin_without_key,
-                            "ssl_certfile": args.ssl_certfile, "ssl_keyfile": args.ssl_keyfile})
+                    workers=workers, engine_args=engine_args, server=dataclasses.asdict(config))
         return Supervisor(plan).run()
     finally:
         for s in reserved:

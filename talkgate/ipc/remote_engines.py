@@ -1,17 +1,21 @@
-"""The engine processes, seen from a gateway worker as one engine: connect / submit / disconnect / stats / info
-/ new_tokenizer, as synth.engine.Engine offers them in-process, over the messages of ipc/wire.py.
+"""The engine processes, seen from a gateway worker as one engine (synth.api.EngineInterface: connect / submit /
+disconnect / stats / info / new_tokenizer, as synth.engine.Engine offers them in-process), over the messages of
+ipc/wire.py.
 
     engines = RemoteEngines(["ipc:///tmp/tg/engine-0.ipc", ...], worker=3)
     engines.start()                         # on the worker's event loop
     await engines.wait_info()               # the first engine's WELCOME: ModelInfo, checkpoint (tokenizer)
-    client = engines.connect(deliver)       # deliver(events) on the event loop, once per engine step
+    client = engines.connect(deliver)       # deliver(events) on the event loop, once per read of the engines
     engines.submit(client, [OpenContext(1, params), AppendText(1, ids, seconds), EndText(1)])
+
+It serves one client, the worker's EngineClient (server/engine_client.py): the engines see one client per worker,
+and the client's ids (contexts, voice requests: unique in the worker) are the ids on the wire, so events come back
+as they went, their audio rows as views of the received buffer. Nothing is filtered here: events of a context
+cancelled meanwhile go on to the client, which drops them.
 
 Everything runs on the worker's event loop: each engine's DEALER socket is read by a loop reader, and the
 commands submitted during one loop iteration go out as one COMMANDS message per engine. submit may also be
 called from another thread: it only queues under a lock and wakes the loop.
-A client's context id is mapped to a wire id unique in this worker, so the engine sees one client per
-worker; events come back as the client's ids, their audio rows as views of the received buffer.
 
 Placement: a new context goes to the ready engine with the most free slots as last heard (each STEP and
 STATS message carries the engine's free slots; opens sent since are counted off). That view may be stale
@@ -28,12 +32,11 @@ events not yet routed to every Link (`hold`): it hands a new context's first fra
 it still holds, so the next STEPs are read while that waits. Those that queued meanwhile (up to
 MAX_MESSAGES_PER_READ) are read together and handed over as one batch, so a loop that fell behind catches up in
 one pass. Each is acknowledged when read; a loop that falls behind acknowledges late, and the engine, which never
-waits, fails this worker's contexts once it is WORKER_LAG_LIMIT_S behind (engine_process.py).
+waits, fails this worker's contexts once it is WORKER_LAG_LIMIT_S behind (ipc/engine_server.py).
 """
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 import os
 import threading
@@ -49,32 +52,26 @@ from talkgate.synth.api import (
 )
 
 log = logging.getLogger("talkgate.remote_engines")
+CLIENT = 1                  # the id of the one client
 ACK_EVERY = 8               # STEP messages handled before an acknowledgement goes out ...
 ACK_DELAY_S = 0.05          # ... or this long after the first unacknowledged one
 MAX_MESSAGES_PER_READ = 8   # then other loop callbacks (client messages) run before the rest is read
-MAX_BEHIND = 8              # steps' events the EngineClient may hold not yet routed to every Link: no STEP is read
-                            # then (at 256 rows, 20-ms steps: 160 ms of audio of the contexts past their first frames)
+# steps' events the EngineClient may hold not yet routed to every Link: no STEP is read then (at 256 rows, 20-ms
+# steps: 160 ms of audio of the contexts past their first frames)
+STEPS_HELD_BEFORE_READING = 8
 
 
 @dataclass(eq=False)
 class _Route:
-    """One open context of a local client, and where it runs."""
-    client: int
-    context: int                   # the client's id
-    wire: int                      # this worker's id for it on the wire
-    link: "_Link"
+    """One open context of the client, and the engine it runs on."""
+    context: int
+    engine: "_Engine"
     replay: list | None            # its commands (wire form) until its first event: re-sent on engine_full
     tried: set = field(default_factory=set)
 
 
 @dataclass(eq=False)
-class _Client:
-    deliver: Deliver
-    routes: dict = field(default_factory=dict)     # client's context id -> _Route
-
-
-@dataclass(eq=False)
-class _Link:
+class _Engine:
     """One engine process as this worker knows it."""
     index: int
     endpoint: str
@@ -85,7 +82,7 @@ class _Link:
     stats: dict = field(default_factory=dict)
     free: int = 0                  # free slots as last heard
     opened: int = 0                # opens sent since
-    routes: set = field(default_factory=set)       # wire ids
+    routes: set = field(default_factory=set)       # its contexts
     outbox: list = field(default_factory=list)     # wire commands not sent yet
     acked: int = 0                 # last STEP seq handled
     ack_sent: int = 0
@@ -97,21 +94,20 @@ class _Link:
 
 
 class RemoteEngines:
-    max_behind = MAX_BEHIND
+    max_behind = STEPS_HELD_BEFORE_READING
 
     def __init__(self, endpoints: list[str], worker: int = 0):
         self.worker = worker
-        self.links = [_Link(i, e) for i, e in enumerate(endpoints)]
+        self.engines = [_Engine(i, e) for i, e in enumerate(endpoints)]
         self.info: ModelInfo | None = None
         self.checkpoint: str | None = None
         self._tokenizer = None
         self._lock = threading.Lock()
-        self._clients: dict[int, _Client] = {}
-        self._client_ids = itertools.count(1)
-        self._routes: dict[int, _Route] = {}
-        self._wire_ids = itertools.count(1)
-        self._voice_requests: dict[int, tuple[int, int, _Link]] = {}   # wire id -> (client, its request id, engine)
-        self._local: dict[int, list] = {}          # events made here (refusals, engine_failed), not delivered yet
+        self._deliver: Deliver | None = None       # the one client's
+        self._routes: dict[int, _Route] = {}       # context -> its route
+        self._fresh: dict[int, _Route] = {}        # of those, the contexts that have had no event yet
+        self._voice_requests: dict[int, _Engine] = {}   # voice request -> the engine making it
+        self._local: list = []                     # events made here (refusals, engine_failed), not delivered yet
         self._flush_pending = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread = None
@@ -131,8 +127,8 @@ class RemoteEngines:
         self._loop_thread = threading.get_ident()
         self._info_ready = asyncio.Event()
         self._zctx = zmq.Context(io_threads=1)
-        for link in self.links:
-            s = link.sock = self._zctx.socket(zmq.DEALER)
+        for engine in self.engines:
+            s = engine.sock = self._zctx.socket(zmq.DEALER)
             s.setsockopt(zmq.IDENTITY, f"w{self.worker}".encode())
             s.setsockopt(zmq.IMMEDIATE, 1)          # no queue for an engine that is not connected
             s.setsockopt(zmq.SNDHWM, 0)
@@ -140,32 +136,32 @@ class RemoteEngines:
             s.setsockopt(zmq.LINGER, 0)
             s.setsockopt(zmq.RECONNECT_IVL, 100)
             s.setsockopt(zmq.RECONNECT_IVL_MAX, 1000)
-            link.monitor = s.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED)
-            s.connect(link.endpoint)
-            self._loop.add_reader(s.FD, self._readable, link)
-            self._loop.add_reader(link.monitor.FD, self._monitor_readable, link)
-            self._loop.call_soon(self._monitor_readable, link)
+            engine.monitor = s.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED)
+            s.connect(engine.endpoint)
+            self._loop.add_reader(s.FD, self._readable, engine)
+            self._loop.add_reader(engine.monitor.FD, self._monitor_readable, engine)
+            self._loop.call_soon(self._monitor_readable, engine)
 
     async def wait_info(self) -> ModelInfo:
         await self._info_ready.wait()
         return self.info
 
     def close(self) -> None:
-        for link in self.links:
-            if link.sock is not None:
-                self._loop.remove_reader(link.sock.FD)
-                self._loop.remove_reader(link.monitor.FD)
-                link.sock.disable_monitor()
-                link.monitor.close(linger=0)
-                link.sock.close(linger=0)
-                link.sock = None
+        for engine in self.engines:
+            if engine.sock is not None:
+                self._loop.remove_reader(engine.sock.FD)
+                self._loop.remove_reader(engine.monitor.FD)
+                engine.sock.disable_monitor()
+                engine.monitor.close(linger=0)
+                engine.sock.close(linger=0)
+                engine.sock = None
         if self._zctx is not None:
             self._zctx.term()
             self._zctx = None
 
     @property
     def ready(self) -> bool:
-        return any(link.state == "ready" for link in self.links)
+        return any(engine.state == "ready" for engine in self.engines)
 
     def new_tokenizer(self):
         from talkgate.synth.tokenizer import QwenTokenizer, StreamingTokenizer
@@ -175,29 +171,29 @@ class RemoteEngines:
 
     def capacity(self) -> int:
         """Free slots over the ready engines, as last heard."""
-        return sum(max(0, link.room) for link in self.links)
+        return sum(max(0, engine.room) for engine in self.engines)
 
     def stats(self) -> dict:
-        engines = [{**link.stats, "state": link.state} for link in self.links]
+        engines = [{**engine.stats, "state": engine.state} for engine in self.engines]
         return {"engines": engines, "free_slots": self.capacity(),
                 "slots": sum(e.get("slots", 0) for e in engines if e["state"] != "down"),
                 "contexts": len(self._routes)}
 
-    # ----- clients -----
+    # ----- the client -----
     def connect(self, deliver: Deliver) -> int:
         with self._lock:
-            client = next(self._client_ids)
-            self._clients[client] = _Client(deliver)
-        return client
+            if self._deliver is not None:
+                raise RuntimeError("RemoteEngines serves one client, and it is connected")
+            self._deliver = deliver
+        return CLIENT
 
     def disconnect(self, client: int) -> None:
         with self._lock:
-            c = self._clients.pop(client, None)
-            self._local.pop(client, None)
-            for w in [w for w, (k, _, _) in self._voice_requests.items() if k == client]:
-                del self._voice_requests[w]
-            for r in list(c.routes.values()) if c is not None else ():
-                r.link.outbox.append([wire.CANCEL, r.wire])
+            self._deliver = None
+            self._local.clear()
+            self._voice_requests.clear()
+            for r in list(self._routes.values()):
+                r.engine.outbox.append([wire.CANCEL, r.context])
                 self._forget(r)
         self._wake()
 
@@ -205,82 +201,83 @@ class RemoteEngines:
         """Queue commands; they leave with this loop iteration's COMMANDS message. Never raises for a context:
         refusals come back as ContextFailed through deliver."""
         with self._lock:
-            c = self._clients.get(client)
-            if c is None:
+            if self._deliver is None:
                 return
             for cmd in commands:
                 if isinstance(cmd, OpenContext):
-                    self._open(client, c, cmd)
+                    self._open(cmd)
                     continue
                 if isinstance(cmd, MakeVoice):
-                    self._make_voice(client, cmd)
+                    self._make_voice(cmd)
                     continue
-                r = c.routes.get(cmd.context)
+                r = self._routes.get(cmd.context)
                 if r is None:
                     continue
-                w = wire.command_to_wire(cmd, r.wire)
+                w = wire.command_to_wire(cmd)
                 if r.replay is not None:
                     r.replay.append(w)
-                r.link.outbox.append(w)
+                r.engine.outbox.append(w)
                 if isinstance(cmd, CancelContext):
                     self._forget(r)
         self._wake()
 
-    def _open(self, client: int, c: _Client, cmd: OpenContext) -> None:
-        if cmd.context in c.routes:
-            return self._refuse(client, cmd.context, "invalid_params", f"context {cmd.context} is already open")
-        w = next(self._wire_ids)
-        command = [wire.OPEN, w, wire.params_to_wire(cmd.params)]
+    def _open(self, cmd: OpenContext) -> None:
+        if cmd.context in self._routes:
+            return self._refuse(cmd.context, "invalid_params", f"context {cmd.context} is already open")
+        command = wire.command_to_wire(cmd)
         if not wire.encodable(command):
-            return self._refuse(client, cmd.context, "invalid_params", "a number in the context parameters does "
-                                "not fit in 64 bits")
-        link = self._place(())
-        if link is None:
-            return self._refuse(client, cmd.context, "engine_full", self._full_message())
-        r = _Route(client, cmd.context, w, link, [command], {link.index})
-        c.routes[cmd.context] = self._routes[w] = r
-        link.routes.add(w)
-        link.outbox.append(command)
-        link.opened += 1
+            return self._refuse(cmd.context, "invalid_params", "a number in the context parameters does not fit in "
+                                "64 bits")
+        engine = self._place(())
+        if engine is None:
+            return self._refuse(cmd.context, "engine_full", self._full_message())
+        r = _Route(cmd.context, engine, [command], {engine.index})
+        self._routes[cmd.context] = self._fresh[cmd.context] = r
+        engine.routes.add(cmd.context)
+        engine.outbox.append(command)
+        engine.opened += 1
 
-    def _make_voice(self, client: int, cmd: MakeVoice) -> None:
+    def _make_voice(self, cmd: MakeVoice) -> None:
         """A voice is the same made on any engine: the ready one with the most room makes it."""
-        link = self._place(())
-        if link is None:
-            self._local.setdefault(client, []).append(VoiceFailed(cmd.request, "engine_full", self._full_message()))
+        engine = self._place(())
+        if engine is None:
+            self._local.append(VoiceFailed(cmd.request, "engine_full", self._full_message()))
             return
-        w = next(self._wire_ids)
-        self._voice_requests[w] = (client, cmd.request, link)
-        link.outbox.append(wire.voice_command(w, cmd))
+        self._voice_requests[cmd.request] = engine
+        engine.outbox.append(wire.command_to_wire(cmd))
 
-    def _place(self, tried) -> _Link | None:
+    def _place(self, tried) -> _Engine | None:
         """The ready engine not tried yet with the most free slots as last heard. One that seems full is still
         asked (the view may be stale either way): it refuses with engine_full if it is."""
-        ready = [link for link in self.links if link.index not in tried and link.state == "ready"]
-        return max(ready, key=lambda l: l.room, default=None)
+        ready = [engine for engine in self.engines if engine.index not in tried and engine.state == "ready"]
+        return max(ready, key=lambda e: e.room, default=None)
 
     def _full_message(self) -> str:
         if not self.ready:
             return "no engine is ready (starting or restarting): try again shortly"
-        return f"all context slots of the {len(self.links)} engine(s) are in use"
+        return f"all context slots of the {len(self.engines)} engine(s) are in use"
 
-    def _refuse(self, client: int, context: int, code: str, message: str) -> None:
-        self._local.setdefault(client, []).append(ContextFailed(context, code, message))
+    def _refuse(self, context: int, code: str, message: str) -> None:
+        self._local.append(ContextFailed(context, code, message))
+
+    def _placed(self, context: int) -> None:
+        """The context's first event came: it stays on its engine, its commands are no longer kept."""
+        r = self._fresh.pop(context, None)
+        if r is not None:
+            r.replay = None
 
     def _forget(self, r: _Route) -> None:
-        self._routes.pop(r.wire, None)
-        r.link.routes.discard(r.wire)
-        c = self._clients.get(r.client)
-        if c is not None and c.routes.get(r.context) is r:
-            del c.routes[r.context]
+        self._routes.pop(r.context, None)
+        self._fresh.pop(r.context, None)
+        r.engine.routes.discard(r.context)
 
-    def _move(self, r: _Route, link: _Link) -> None:
+    def _move(self, r: _Route, engine: _Engine) -> None:
         """A context that has had no event yet goes to another engine with everything it was sent."""
-        r.link.routes.discard(r.wire)
-        r.link, r.tried = link, r.tried | {link.index}
-        link.routes.add(r.wire)
-        link.outbox.extend(r.replay)
-        link.opened += 1
+        r.engine.routes.discard(r.context)
+        r.engine, r.tried = engine, r.tried | {engine.index}
+        engine.routes.add(r.context)
+        engine.outbox.extend(r.replay)
+        engine.opened += 1
 
     # ----- sending -----
     def _wake(self) -> None:
@@ -295,171 +292,164 @@ class RemoteEngines:
     def _flush(self) -> None:
         self._flush_pending = False
         with self._lock:
-            out = [(link, link.outbox) for link in self.links if link.outbox]
-            for link, _ in out:
-                link.outbox = []
-            local, self._local = self._local, {}
-        for link, commands in out:
-            self._send(link, wire.commands_message(link.acked, commands))
-            link.ack_sent = link.acked
-        self._deliver_batches(local)
+            out = [(engine, engine.outbox) for engine in self.engines if engine.outbox]
+            for engine, _ in out:
+                engine.outbox = []
+            local, self._local = self._local, []
+        for engine, commands in out:
+            self._send(engine, wire.commands_message(engine.acked, commands))
+            engine.ack_sent = engine.acked
+        self._hand_over(local)
 
-    def _send(self, link: _Link, frames: list) -> None:
+    def _send(self, engine: _Engine, frames: list) -> None:
         try:
-            link.sock.send_multipart(frames, zmq.NOBLOCK)
+            engine.sock.send_multipart(frames, zmq.NOBLOCK)
         except zmq.Again:                   # not connected (IMMEDIATE): the engine is gone
-            self._engine_down(link, "its connection is closed")
-        self._loop.call_soon(self._readable, link)    # a send can consume the socket's read edge
+            self._engine_down(engine, "its connection is closed")
+        self._loop.call_soon(self._readable, engine)    # a send can consume the socket's read edge
 
-    def _ack(self, link: _Link) -> None:
-        link.ack_timer = None
-        if link.acked > link.ack_sent and link.sock is not None:
-            link.ack_sent = link.acked
-            self._send(link, wire.ack_message(link.acked))
+    def _ack(self, engine: _Engine) -> None:
+        engine.ack_timer = None
+        if engine.acked > engine.ack_sent and engine.sock is not None:
+            engine.ack_sent = engine.acked
+            self._send(engine, wire.ack_message(engine.acked))
 
     # ----- receiving (on the loop) -----
-    def _readable(self, link: _Link) -> None:
-        if link.sock is None:
+    def _readable(self, engine: _Engine) -> None:
+        if engine.sock is None:
             return
-        batches: dict[int, list] = {}   # the STEPs read now, handed over as one (a loop that fell behind catches up)
+        events: list = []       # the STEPs read now, handed over as one (a loop that fell behind catches up)
         try:
             for _ in range(MAX_MESSAGES_PER_READ):
                 if self.hold is not None and self.hold():
                     break
                 try:
-                    frames = link.sock.recv_multipart(zmq.NOBLOCK, copy=False)
+                    frames = engine.sock.recv_multipart(zmq.NOBLOCK, copy=False)
                 except zmq.Again:
                     return
                 try:
-                    self._handle(link, frames, batches)
+                    self._handle(engine, frames, events)
                 except Exception:
-                    log.exception("bad message from engine %d", link.index)
+                    log.exception("bad message from engine %d", engine.index)
         finally:
-            self._deliver_batches(batches)
-        self._loop.call_soon(self._readable, link)
+            self._hand_over(events)
+        self._loop.call_soon(self._readable, engine)
 
-    def _handle(self, link: _Link, frames: list, batches: dict[int, list]) -> None:
-        """One message; a STEP's events are added to `batches`, handed over by the caller."""
+    def _handle(self, engine: _Engine, frames: list, events: list) -> None:
+        """One message; a STEP's events are added to `events`, handed over by the caller."""
         kind = frames[0].bytes
         if kind == wire.STEP:
-            self._step(link, frames[1].buffer, frames[2].buffer, batches)
+            self._step(engine, frames[1].buffer, frames[2].buffer, events)
             return
-        self._deliver_batches(batches)      # the steps before it first: a WELCOME may fail their contexts
-        batches.clear()
+        self._hand_over(events[:])      # the steps before it first: a WELCOME may fail their contexts
+        events.clear()
         if kind == wire.STATS:
-            self._stats(link, wire.decode(frames[1].buffer))
+            self._stats(engine, wire.decode(frames[1].buffer))
         elif kind == wire.WELCOME:
-            self._welcome(link, wire.decode(frames[1].buffer))
+            self._welcome(engine, wire.decode(frames[1].buffer))
 
-    def _step(self, link: _Link, header, pcm, batches: dict[int, list]) -> None:
-        """One STEP's events into `batches` (client -> its events in order)."""
+    def _step(self, engine: _Engine, header, pcm, events: list) -> None:
+        """One STEP's events onto `events`, in order."""
         seq, t, free, contexts, frames, rows, ends, voices = wire.read_step(header, pcm)
-        link.free, link.opened = free, 0
+        engine.free, engine.opened = free, 0
         if self.on_delivery is not None and len(contexts):
             self.on_delivery(time.perf_counter() - t)
+        contexts = contexts.tolist()
+        events += [AudioChunk(context, rows[i], int(frames[i]), 1, t) for i, context in enumerate(contexts)]
         with self._lock:
-            for i, w in enumerate(contexts.tolist()):
-                r = self._routes.get(w)
-                if r is None:
-                    continue                                    # cancelled meanwhile: stale
-                r.replay = None
-                batches.setdefault(r.client, []).append(AudioChunk(r.context, rows[i], int(frames[i]), 1, t))
+            if self._fresh:
+                for context in contexts:
+                    self._placed(context)
             for end in ends:
                 r = self._routes.get(end[0])
-                if r is None:
-                    continue
-                if end[1] == wire.SPOKEN:                      # a flush's end: the context goes on
-                    r.replay = None
-                    batches.setdefault(r.client, []).append(wire.end_event(r.context, end))
-                    continue
-                if end[1] == wire.FAILED and end[2] == "engine_full" and r.replay is not None:
-                    other = self._place(r.tried)
-                    if other is not None:
-                        self._move(r, other)
-                        continue
-                self._forget(r)
-                batches.setdefault(r.client, []).append(wire.end_event(r.context, end))
+                if r is not None and end[1] == wire.SPOKEN:    # a flush's end: the context goes on
+                    self._placed(r.context)
+                elif r is not None:
+                    if end[1] == wire.FAILED and end[2] == "engine_full" and r.replay is not None:
+                        other = self._place(r.tried)
+                        if other is not None:
+                            self._move(r, other)
+                            continue
+                    self._forget(r)
+                events.append(wire.end_event(end))
             for answer in voices:
-                asked = self._voice_requests.pop(answer[0], None)
-                if asked is not None:
-                    batches.setdefault(asked[0], []).append(wire.voice_event(asked[1], answer))
-        link.acked = seq
-        if link.acked - link.ack_sent >= ACK_EVERY:
-            self._ack(link)
-        elif link.ack_timer is None:
-            link.ack_timer = self._loop.call_later(ACK_DELAY_S, self._ack, link)
-        if any(l.outbox for l in self.links):
+                self._voice_requests.pop(answer[0], None)
+                events.append(wire.voice_event(answer))
+        engine.acked = seq
+        if engine.acked - engine.ack_sent >= ACK_EVERY:
+            self._ack(engine)
+        elif engine.ack_timer is None:
+            engine.ack_timer = self._loop.call_later(ACK_DELAY_S, self._ack, engine)
+        if any(e.outbox for e in self.engines):
             self._wake()
 
-    def _stats(self, link: _Link, stats: dict) -> None:
-        link.stats = stats
-        link.free, link.opened = stats["free_slots"], 0
-        self._set_state(link, stats["state"])
+    def _stats(self, engine: _Engine, stats: dict) -> None:
+        engine.stats = stats
+        engine.free, engine.opened = stats["free_slots"], 0
+        self._set_state(engine, stats["state"])
 
-    def _welcome(self, link: _Link, w: dict) -> None:
-        if link.incarnation is not None and w["incarnation"] != link.incarnation and link.routes:
-            self._engine_down(link, "it was restarted")
-        link.incarnation = w["incarnation"]
-        link.acked = link.ack_sent = 0                  # the engine counts this connection's STEPs from 1
+    def _welcome(self, engine: _Engine, w: dict) -> None:
+        if engine.incarnation is not None and w["incarnation"] != engine.incarnation and engine.routes:
+            self._engine_down(engine, "it was restarted")
+        engine.incarnation = w["incarnation"]
+        engine.acked = engine.ack_sent = 0                  # the engine counts this connection's STEPs from 1
         if self.info is None:
             self.info, self.checkpoint = wire.info_from_wire(w["info"]), w["checkpoint"]
             self._info_ready.set()
-        log.info("engine %d (pid %d) greeted worker %d: %s", link.index, w["incarnation"], self.worker,
+        log.info("engine %d (pid %d) greeted worker %d: %s", engine.index, w["incarnation"], self.worker,
                  w["stats"]["state"])
-        self._stats(link, w["stats"])
+        self._stats(engine, w["stats"])
 
-    def _set_state(self, link: _Link, state: str) -> None:
-        if state != link.state:
-            link.state = state
+    def _set_state(self, engine: _Engine, state: str) -> None:
+        if state != engine.state:
+            engine.state = state
             if self.on_state is not None:
                 self.on_state()
 
-    def _monitor_readable(self, link: _Link) -> None:
-        while link.monitor is not None:
+    def _monitor_readable(self, engine: _Engine) -> None:
+        while engine.monitor is not None:
             try:
-                event = parse_monitor_message(link.monitor.recv_multipart(zmq.NOBLOCK))
+                event = parse_monitor_message(engine.monitor.recv_multipart(zmq.NOBLOCK))
             except zmq.Again:
                 return
             if event["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED:      # connected and able to send
-                self._send(link, wire.hello_message(self.worker, os.getpid()))
+                self._send(engine, wire.hello_message(self.worker, os.getpid()))
             elif event["event"] == zmq.EVENT_DISCONNECTED:
-                self._engine_down(link, "its connection closed")
+                self._engine_down(engine, "its connection closed")
 
-    def _engine_down(self, link: _Link, why: str) -> None:
+    def _engine_down(self, engine: _Engine, why: str) -> None:
         """The engine process is gone: its contexts move (no event yet) or fail with engine_failed."""
-        if link.state != "down" or link.routes:
-            log.warning("engine %d is down (%s): %d contexts of worker %d on it", link.index, why, len(link.routes),
+        if engine.state != "down" or engine.routes:
+            log.warning("engine %d is down (%s): %d contexts of worker %d on it", engine.index, why, len(engine.routes),
                         self.worker)
-        batches: dict[int, list] = {}
+        events: list = []
         with self._lock:
-            link.outbox = []
-            link.state, link.free, link.opened = "down", 0, 0
-            for w, (client, request, on) in list(self._voice_requests.items()):
-                if on is link:
-                    del self._voice_requests[w]
-                    batches.setdefault(client, []).append(VoiceFailed(
-                        request, "engine_failed", f"the engine process making this voice stopped ({why})"))
-            for w in list(link.routes):
-                r = self._routes[w]
+            engine.outbox = []
+            engine.state, engine.free, engine.opened = "down", 0, 0
+            for request, on in list(self._voice_requests.items()):
+                if on is engine:
+                    del self._voice_requests[request]
+                    events.append(VoiceFailed(request, "engine_failed",
+                                              f"the engine process making this voice stopped ({why})"))
+            for context in list(engine.routes):
+                r = self._routes[context]
                 other = self._place(r.tried) if r.replay is not None else None
                 if other is not None:
                     self._move(r, other)
                     continue
                 self._forget(r)
-                batches.setdefault(r.client, []).append(ContextFailed(
-                    r.context, "engine_failed", f"the engine process serving this context stopped ({why})"))
+                events.append(ContextFailed(context, "engine_failed",
+                                            f"the engine process serving this context stopped ({why})"))
         if self.on_state is not None:
             self.on_state()
         self._wake()
-        self._deliver_batches(batches)
+        self._hand_over(events)
 
-    def _deliver_batches(self, batches: dict[int, list]) -> None:
-        for client, events in batches.items():
-            c = self._clients.get(client)
-            if c is None:
-                continue
-            try:
-                c.deliver(events)
-            except Exception:
-                log.exception("delivering to client %d failed: disconnecting it", client)
-                self.disconnect(client)
+    def _hand_over(self, events: list) -> None:
+        if not events or self._deliver is None:
+            return
+        try:
+            self._deliver(events)
+        except Exception:
+            log.exception("delivering to the client failed: disconnecting it")
+            self.disconnect(CLIENT)

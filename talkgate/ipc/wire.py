@@ -79,18 +79,20 @@ def params_from_wire(w: list) -> ContextParams:
                          sampling=SamplingParams(*s), fixed_frames=fixed, voice_prompt=voice_from_wire(voice_prompt))
 
 
-def command_to_wire(cmd: EngineCommand, context: int) -> list:
-    """One command with its context id replaced by `context` (the worker's id for it on the wire)."""
+def command_to_wire(cmd: EngineCommand) -> list:
+    """One command; its ids (a context's, a voice request's) are the worker's: one client per worker."""
     if isinstance(cmd, AppendText):
-        return [TEXT, context, list(cmd.ids), cmd.seconds]
+        return [TEXT, cmd.context, list(cmd.ids), cmd.seconds]
     if isinstance(cmd, FlushText):
-        return [FLUSH, context, list(cmd.ids), cmd.seconds]
+        return [FLUSH, cmd.context, list(cmd.ids), cmd.seconds]
     if isinstance(cmd, EndText):
-        return [END, context, list(cmd.ids), cmd.seconds]
+        return [END, cmd.context, list(cmd.ids), cmd.seconds]
     if isinstance(cmd, CancelContext):
-        return [CANCEL, context]
+        return [CANCEL, cmd.context]
     if isinstance(cmd, OpenContext):
-        return [OPEN, context, params_to_wire(cmd.params)]
+        return [OPEN, cmd.context, params_to_wire(cmd.params)]
+    if isinstance(cmd, MakeVoice):
+        return [VOICE, cmd.request, cmd.audio, cmd.ref_text]
     raise TypeError(f"not an engine command: {cmd!r}")
 
 
@@ -155,11 +157,6 @@ def stats_message(stats: dict) -> list[bytes]:
     return [STATS, _pack(stats)]
 
 
-def voice_command(request: int, cmd: MakeVoice) -> list:
-    """A MakeVoice with its request id replaced by `request` (the worker's id for it on the wire)."""
-    return [VOICE, request, cmd.audio, cmd.ref_text]
-
-
 def _end(ev: EngineEvent) -> list:
     if isinstance(ev, ContextDone):
         return [ev.context, DONE, ev.reason, ev.frames]
@@ -195,18 +192,18 @@ def read_step(header, pcm) -> tuple[int, float, int, np.ndarray, np.ndarray, np.
     return seq, t, free, np.frombuffer(contexts, np.int64), np.frombuffer(frames, np.int32), rows, ends, voices
 
 
-def end_event(context: int, end: list) -> EngineEvent:
-    """A STEP's end entry as an event of `context` (the client's id for it): its last (DONE, FAILED) or a
-    flush's end (SPOKEN: the context goes on)."""
-    _, kind, a, b = end
+def end_event(end: list) -> EngineEvent:
+    """A STEP's end entry as an event: its context's last (DONE, FAILED) or a flush's end (SPOKEN: the context
+    goes on)."""
+    context, kind, a, b = end
     return (ContextDone(context, a, b) if kind == DONE else TextSpoken(context, a, b) if kind == SPOKEN
             else ContextFailed(context, a, b))
 
 
-def voice_event(request: int, answer: list) -> EngineEvent:
-    """A STEP's voice answer as an event of `request` (the client's id for it)."""
+def voice_event(answer: list) -> EngineEvent:
+    """A STEP's answer to a VOICE command as an event."""
     if answer[1] == MADE:
-        _, _, embedding, codes, ref_text, ms = answer
+        request, _, embedding, codes, ref_text, ms = answer
         return VoiceMade(request, VoicePrompt(embedding, codes, ref_text), ms)
-    _, _, code, message = answer
+    request, _, code, message = answer
     return VoiceFailed(request, code, message)

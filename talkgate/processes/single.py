@@ -53,6 +53,7 @@ async def serve(engine, config, sockets: list[socket.socket], url: str, tls: ssl
 
     app = create_app(engine, config)
     gw = app["gateway"]
+    engine.on_step = lambda ms, batch: gw.metrics.step_seconds.observe(ms / 1000)     # on the engine's thread
     runner = AppRunner(app, handle_signals=False, shutdown_timeout=CLEANUP_TIMEOUT_S)
     await runner.setup()
     stop, hurry = asyncio.Event(), asyncio.Event()

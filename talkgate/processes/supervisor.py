@@ -75,8 +75,7 @@ class Plan:
     engines: list[dict]                        # per engine: {"device", "cuda_visible"}
     workers: int
     engine_args: list[str] = field(default_factory=list)     # --dtype, --max-contexts, --seed ...
-    server: dict = field(default_factory=dict)              # ServerConfig fields but limits
-    limits: dict = field(default_factory=dict)              # Limits fields (max_connections: the server's)
+    server: dict = field(default_factory=dict)              # dataclasses.asdict(ServerConfig) (limits: the server's)
 
 
 class Supervisor:
@@ -91,7 +90,7 @@ class Supervisor:
         """Start everything, supervise until SIGTERM/SIGINT, drain the workers, stop the engines. -> exit status."""
         plan = self.plan
         host = f"[{plan.host}]" if ":" in plan.host else plan.host
-        scheme = "https" if plan.server.get("ssl_certfile") else "http"
+        scheme = "https" if plan.server["ssl_certfile"] else "http"
         self.url = f"{scheme}://{host}:{plan.port}"
         run_dir = tempfile.mkdtemp(prefix="talkgate-")
         metrics_dir = os.path.join(run_dir, "metrics")
@@ -105,10 +104,11 @@ class Supervisor:
             argv = [sys.executable, "-m", "talkgate.processes.engine_process", "--index", str(i), "--endpoint",
                     endpoints[i], "--model", plan.model, "--device", e["device"], *plan.engine_args]
             self.children.append(Child(f"engine {i}", argv, env))
-        limits = {**plan.limits, "max_connections": worker_cap(plan.limits["max_connections"], plan.workers)}
+        limits = plan.server["limits"]
+        server = {**plan.server, "limits": {**limits, "max_connections": worker_cap(limits["max_connections"],
+                                                                                   plan.workers)}}
         for w in range(plan.workers):
-            cfg = {"index": w, "host": plan.host, "port": plan.port, "engines": endpoints, "server": plan.server,
-                   "limits": limits}
+            cfg = {"index": w, "host": plan.host, "port": plan.port, "engines": endpoints, "server": server}
             env = {**base_env, "PROMETHEUS_MULTIPROC_DIR": metrics_dir, "TALKGATE_WORKER": json.dumps(cfg)}
             self.children.append(Child(f"worker {w}", [sys.executable, "-m", "talkgate.processes.worker"], env, True))
         wake_r, wake_w = os.pipe()
@@ -223,7 +223,7 @@ class Supervisor:
     def _shutdown(self) -> None:
         """SIGTERM the workers (each drains: contexts finish up to the shutdown deadline, then 1001), wait;
         then the engines."""
-        deadline_s = self.plan.server.get("shutdown_deadline_s", 10.0) + 10.0
+        deadline_s = self.plan.server["shutdown_deadline_s"] + 10.0
         workers = [c for c in self.children if c.status]
         engines = [c for c in self.children if not c.status]
         for group, wait_s in ((workers, deadline_s), (engines, ENGINE_STOP_S)):

@@ -2,8 +2,7 @@
 the shared port, its engines reached over ZMQ (ipc/remote_engines.py). Started by the supervisor
 (`talkgate serve`, processes/supervisor.py) with its settings as JSON in TALKGATE_WORKER:
 
-    {"index", "host", "port", "engines": [endpoint, ...], "status_fd", "server": ServerConfig fields,
-     "limits": Limits fields}
+    {"index", "host", "port", "engines": [endpoint, ...], "status_fd", "server": dataclasses.asdict(ServerConfig)}
 
 Every worker binds the port with SO_REUSEPORT, so the kernel spreads new connections over the workers; its
 `limits.max_connections` is its own cap (supervisor.py sizes it), past which it refuses with 1013. It waits
@@ -75,7 +74,6 @@ async def serve_worker(cfg: dict) -> int:
     from talkgate.server.errors import AppRunner
     from talkgate.server.gateway import ServerConfig, drain, start_drain
     from talkgate.system.schedstat import SchedStat
-    from talkgate.sessions.limits import Limits
 
     index = cfg["index"]
     loop = asyncio.get_running_loop()
@@ -95,12 +93,8 @@ async def serve_worker(cfg: dict) -> int:
         await asyncio.wait([info, stopped], return_when=asyncio.FIRST_COMPLETED)
         if stop.is_set():
             return 0
-        server = cfg["server"]
-        config = ServerConfig(limits=Limits(**cfg["limits"]), api_keys=tuple(server["api_keys"]),
-                              allowed_origins=tuple(server["allowed_origins"]),
-                              shutdown_deadline_s=server["shutdown_deadline_s"], voice_map=server["voice_map"],
-                              voice_store=server["voice_store"], admin_without_key=server["admin_without_key"])
-        tls = tls_context(server["ssl_certfile"], server["ssl_keyfile"])
+        config = ServerConfig(**cfg["server"])
+        tls = tls_context(config.ssl_certfile, config.ssl_keyfile)
         warm_gateway(engines)
         metrics = Metrics(worker=index, engines=engines)
         app = create_app(engines, config, metrics)
@@ -162,7 +156,7 @@ def main() -> int:
     die_with_parent()
     logging.basicConfig(level=logging.INFO,
                         format=f"%(asctime)s worker{cfg['index']} %(name)s %(levelname)s %(message)s")
-    descriptors.reserve(cfg["limits"]["max_connections"] + descriptors.SPARE)    # before ZMQ starts its threads
+    descriptors.reserve(cfg["server"]["limits"]["max_connections"] + descriptors.SPARE)   # before ZMQ starts its threads
     return asyncio.run(serve_worker(cfg))
 
 

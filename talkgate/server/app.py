@@ -51,7 +51,7 @@ async def ready(request: web.Request) -> web.Response:
 
 async def metrics(request: web.Request) -> web.Response:
     gw: Gateway = request.app["gateway"]
-    stats = gw.engine.stats() if hasattr(gw.engine, "stats") else {}
+    stats = gw.engine.stats()
     gw.metrics.observe(stats, len(gw.connections), gw.limits.max_connections, gw.draining)
     return web.Response(body=gw.metrics.render(), content_type="text/plain", charset="utf-8",
                         headers={"X-Content-Type-Options": "nosniff"})
@@ -72,8 +72,6 @@ async def web_file(request: web.Request) -> web.FileResponse:
 
 def create_app(engine, config: ServerConfig | None = None, gateway_metrics: Metrics | None = None) -> web.Application:
     gw = Gateway(engine, config or ServerConfig(), gateway_metrics)
-    if hasattr(engine, "on_step"):
-        engine.on_step = lambda ms, batch: gw.metrics.step_seconds.observe(ms / 1000)
     app = web.Application(middlewares=[errors_as_json], client_max_size=4 * gw.limits.max_message_bytes)
     app["gateway"] = gw
     app.router.add_get("/v1/ws", native_ws)
@@ -98,8 +96,7 @@ async def _start(app: web.Application) -> None:
     app["lag_watch"] = asyncio.create_task(gw.metrics.watch_loop_lag(sample=app.get("sample_metrics")))
     gw.client = EngineClient(gw.engine, asyncio.get_running_loop())
     gw.voices = Voices(gw.client.info, gw.store.get)
-    if hasattr(gw.engine, "hold"):
-        gw.engine.hold = gw.client.behind       # the engine waits while the loop is behind on its events
+    gw.engine.hold = gw.client.behind       # nothing more is handed over while the loop is behind on its events
 
 
 async def _stop(app: web.Application) -> None:

@@ -1,16 +1,17 @@
-"""Moves bytes between a client (a WebSocket here, a streamed HTTP response in openai_http.py) and one
-Sans-I/O protocol object, and holds it to its limits.
+"""Moves bytes between a client (a WebSocket here, a streamed HTTP response in http_speech.py) and one
+Sans-I/O protocol object (sessions/protocol.py), and holds it to its limits.
 
 Shape (websockets style): a reader task feeds client frames to the protocol, a writer task drains
 the bounded outbox into the socket, a watch task follows the clock; whichever of reader and writer
-ends first ends the connection. Engine events arrive from server/engine_client.py, once per engine
-step, on the same event loop: one thread touches the protocol object and its session, no lock. The
-engine commands among the protocol's actions go to the engine client, those of one call together.
+ends first ends the connection. Engine events arrive from server/engine_client.py, one at a time, on the
+same event loop: one thread touches the protocol object and its session, no lock.
 
-Every call into the protocol goes through `call`, the connection's error funnel: an exception (a bug)
-is logged once, counted as internal_error and answered with the protocol's own abort (its error
-event and close 1011); the connection ends and its contexts with it. Every error the client is told
-about is counted in /metrics here, from the actions (Send.error, Close.error).
+Every call into the protocol goes through `call`, the connection's error funnel: the wire actions it returns are
+applied, then the engine commands its session made are submitted, those of one call together (also when the call
+raised: a context that ended must be cancelled). An exception (a bug) is logged once, counted as internal_error
+and answered with the protocol's own abort (its error event and close 1011); the connection ends and its contexts
+with it. Every error the client is told about is counted in /metrics here, from the actions (Send.error,
+Close.error).
 
 Limits (docs/protocol.md): messages a second (bursts of BURST_S seconds' worth); the
 outbox; idle: no client message, no audio made for the client and nothing taken by it (delivery.py:
@@ -29,8 +30,9 @@ from aiohttp import WSMsgType, web
 from talkgate.server.delivery import Delivery
 from talkgate.server.engine_client import EngineClient
 from talkgate.server.outbox import Outbox, OutboxFull
-from talkgate.sessions.actions import ENGINE_COMMANDS, Close, Purge, Send
+from talkgate.sessions.actions import Close, Purge, Send
 from talkgate.sessions.limits import Limits
+from talkgate.sessions.protocol import ClientProtocol, SocketProtocol
 from talkgate.synth.api import EngineEvent
 
 log = logging.getLogger("talkgate.connection")
@@ -72,17 +74,15 @@ class Link:
     """What a WebSocket connection and a streamed HTTP response share: the protocol object behind the
     error funnel, the outbox, what the client took, the clock (slow consumers, idle)."""
 
-    def __init__(self, transport, protocol, engine: EngineClient, limits: Limits, label: str,
+    def __init__(self, transport, protocol: ClientProtocol, engine: EngineClient, limits: Limits, label: str,
                  count_error: Callable[[str], None]):
-        """`protocol` offers engine_event(), note_sent(), note_delivered(), tick(), idle_timeout(),
-        abort(), connection_lost(), each returning actions (sessions/actions.py); `count_error(code)`
-        records an error the client was told about."""
+        """`count_error(code)` records an error the client was told about."""
         self.protocol, self.engine, self.limits, self.label = protocol, engine, limits, label
         self.count_error = count_error
         self.outbox = Outbox(limits.max_outbox_items, limits.max_outbox_bytes)
         self.delivery = Delivery(transport)
         # a protocol may have its own inactivity timeout (ElevenLabs' inactivity_timeout query parameter)
-        self.idle_timeout_s = getattr(protocol, "idle_timeout_s", None) or limits.idle_timeout_s
+        self.idle_timeout_s = protocol.idle_timeout_s or limits.idle_timeout_s
         self.loop = asyncio.get_running_loop()
         self.last_activity = self.loop.time()
         self._closing: tuple[int, str] | None = None
@@ -90,31 +90,43 @@ class Link:
         self._lost = False
 
     # ----- the protocol, behind the error funnel -----
-    def call(self, method: str, *args) -> list:
-        """The protocol's answer to one call; an exception becomes the protocol's abort (close 1011)."""
+    def call(self, method: Callable, *args) -> None:
+        """One call of a protocol method: its wire actions applied, its session's engine commands submitted; an
+        exception becomes the protocol's abort (close 1011)."""
         if self._lost:
-            return []
+            return
         try:
-            return getattr(self.protocol, method)(*args)
+            actions = method(*args)
         except Exception:
-            log.exception("%s connection: %s failed", self.label, method)
-            try:
-                return self.protocol.abort("internal_error", "internal server error", 1011)
-            except Exception:
-                log.exception("%s connection: abort failed", self.label)
-                return [Close(1011, "internal error", error="internal_error")]
+            log.exception("%s connection: %s failed", self.label, method.__name__)
+            actions = self._abort("internal_error", "internal server error", 1011)
+        self.apply(actions or ())
+        self.submit()
 
-    def engine_events(self, events: list[EngineEvent]) -> None:
-        """One engine step's events of this link's contexts (server/engine_client.py)."""
-        for ev in events:
-            self.apply(self.call("engine_event", ev))
+    def _abort(self, code: str, message: str, ws_code: int) -> list:
+        try:
+            return self.protocol.abort(code, message, ws_code)
+        except Exception:
+            log.exception("%s connection: abort failed", self.label)
+            return [Close(1011, "internal error", error="internal_error")]
+
+    def submit(self) -> None:
+        """The engine commands the protocol's session made, in order (taken also after a call that raised)."""
+        try:
+            commands = self.protocol.engine_commands()
+        except Exception:
+            log.exception("%s connection: engine_commands failed", self.label)
+            return
+        if commands:
+            self.engine.submit(self, commands)
+
+    def engine_event(self, ev: EngineEvent) -> None:
+        """An event of one of this link's contexts (server/engine_client.py)."""
+        self.call(self.protocol.engine_event, ev)
 
     def apply(self, actions) -> None:
-        commands = []
         for a in actions:
-            if isinstance(a, ENGINE_COMMANDS):
-                commands.append(a)
-            elif isinstance(a, Send):
+            if isinstance(a, Send):
                 if a.error is not None:
                     self.count_error(a.error)
                 if a.stream is not None:        # audio made for the client: not idle
@@ -123,9 +135,9 @@ class Link:
                     self.outbox.put(a)
                 except OutboxFull:      # the client is not reading: what is queued goes, the error goes out
                     self.outbox.clear()
-                    self.apply(self.call("abort", "slow_consumer", "the client is not reading: over "
-                                         f"{self.limits.max_outbox_items} messages or "
-                                         f"{self.limits.max_outbox_bytes >> 20} MiB waiting", 1008))
+                    self.call(self.protocol.abort, "slow_consumer", "the client is not reading: over "
+                              f"{self.limits.max_outbox_items} messages or {self.limits.max_outbox_bytes >> 20} MiB "
+                              "waiting", 1008)
             elif isinstance(a, Purge):
                 self.outbox.purge(a.stream)
             elif isinstance(a, Close):
@@ -134,12 +146,10 @@ class Link:
                 self.close(a.code, a.reason)
             else:
                 self.other(a)
-        if commands:
-            self.engine.submit(self, commands)
 
     def end(self) -> None:
         """The link is over: its session's contexts end (their cancels submitted), nothing more reaches it."""
-        self.apply(self.call("connection_lost"))
+        self.call(self.protocol.connection_lost)
         self._lost = True
         self.engine.forget(self)
 
@@ -157,7 +167,7 @@ class Link:
         """Tell the protocol what the client's TCP took since the last look (its slow-consumer clock)."""
         taken_before = self.delivery.taken_bytes
         for stream, audio_ms in self.delivery.taken():
-            self.call("note_delivered", stream, audio_ms)
+            self.call(self.protocol.note_delivered, stream, audio_ms)
         if self.delivery.taken_bytes > taken_before:
             self.last_activity = self.loop.time()
 
@@ -188,18 +198,19 @@ class Link:
                 continue
             self.take()
             now = self.loop.time()
-            self.apply(self.call("tick"))
+            self.call(self.protocol.tick)
             if not idle_said and now - self.last_activity > self.idle_timeout_s:
                 idle_said = True
-                self.apply(self.call("idle_timeout"))
+                self.call(self.protocol.idle_timeout)
 
 
 class Connection(Link):
     """One WebSocket."""
 
-    def __init__(self, ws: web.WebSocketResponse, transport, protocol, engine: EngineClient, limits: Limits,
-                 label: str, count_error: Callable[[str], None]):
-        """`protocol` also offers ready(), receive_text(), receive_binary()."""
+    protocol: SocketProtocol
+
+    def __init__(self, ws: web.WebSocketResponse, transport, protocol: SocketProtocol, engine: EngineClient,
+                 limits: Limits, label: str, count_error: Callable[[str], None]):
         super().__init__(transport, protocol, engine, limits, label, count_error)
         self.ws = ws
         self.rate = RateLimit(limits.max_messages_per_s, self.last_activity)
@@ -207,7 +218,7 @@ class Connection(Link):
     # ----- the tasks -----
     async def run(self) -> None:
         """Until the client or the server closes; then every context of the connection ends."""
-        self.apply(self.call("ready"))
+        self.call(self.protocol.ready)
         reader = asyncio.create_task(self._read())
         writer = asyncio.create_task(self._write())
         watch = asyncio.create_task(self._watch())
@@ -241,12 +252,12 @@ class Connection(Link):
                 return
             self.last_activity = now = self.loop.time()
             if not self.rate.take(now):
-                self.apply(self.call("abort", "rate_limited", f"over {self.limits.max_messages_per_s:g} "
-                                     "messages a second", 1008))
+                self.call(self.protocol.abort, "rate_limited", f"over {self.limits.max_messages_per_s:g} messages "
+                          "a second", 1008)
             elif msg.type == WSMsgType.TEXT:
-                self.apply(self.call("receive_text", msg.data))
+                self.call(self.protocol.receive_text, msg.data)
             else:
-                self.apply(self.call("receive_binary", msg.data))
+                self.call(self.protocol.receive_binary, msg.data)
 
     async def _write(self) -> None:
         try:
@@ -256,6 +267,6 @@ class Connection(Link):
                 for i, size in zip(batch, sizes):
                     self.delivery.wrote(size, i.stream, i.audio_ms)
                     if i.stream is not None:
-                        self.call("note_sent", i.stream, i.audio_ms)
+                        self.call(self.protocol.note_sent, i.stream, i.audio_ms)
         except ConnectionError:         # the client went away: the reader sees it too
             pass

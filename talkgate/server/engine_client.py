@@ -2,12 +2,18 @@
 connection or HTTP stream) that owns their context, on the event loop. Every sink gets engine events
 through this one path.
 
-    client = EngineClient(engine, loop)     # engine: synth.engine.Engine, or anything with its
-                                            # connect / submit / disconnect / info / new_tokenizer
+    client = EngineClient(engine, loop)     # engine: synth.api.EngineInterface (the in-process Engine, or a
+                                            # worker's RemoteEngines)
     session = Session(client.info, limits, client.new_tokenizer, contexts=client.contexts)
     client.submit(link, commands)           # OpenContext makes `link` the owner of its context
-    ...                                     # link.engine_events(events) on the loop, once per step
+    ...                                     # link.engine_event(event) on the loop, each in order
     client.forget(link)                     # the link is over: whatever it still owns is cancelled
+
+This is the one place a gateway process drops stale events: those of a context no longer owned (cancelled, or
+ended) when they are handed over. A cancel takes effect at once: neither the engine nor a worker's view of the
+engines (ipc/remote_engines.py) filters what was already on its way, and a Session only ever sees events of its
+active contexts. An owner's context is released by its cancel (submit) or by its last event (ContextDone,
+ContextFailed; VoiceMade or VoiceFailed for a voice request) as that is handed over.
 
 Context ids come from one counter shared by every session of this gateway (`contexts`), so they are
 unique per engine client as the engine requires. A session's MakeVoice (a context's own reference audio)
@@ -28,9 +34,9 @@ otherwise one callback of 10-30 ms, and every client message and timer of the lo
 first slice runs as the step comes (a loop crowded with other callbacks would delay it), unless more steps
 already wait to be queued (the engine thread's, on a loop that was busy): those join the queues first.
 Backpressure: while the step batches not yet routed to every Link (those handed over and not yet queued, and
-the steps back to the oldest queued entry) reach `max_behind` (the engine's own, or MAX_BEHIND), `behind()` is
-true and the engine (its `hold`) waits before its next step, so the loop's backlog stays bounded without
-dropping anything.
+the steps back to the oldest queued entry) reach the engine's `max_behind`, `behind()` is true and the engine
+(its `hold`) waits before its next step, or a worker stops reading steps, so the loop's backlog stays bounded
+without dropping anything.
 """
 from __future__ import annotations
 
@@ -46,14 +52,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from talkgate.synth.api import (
-    AudioChunk, CancelContext, ContextDone, ContextFailed, EngineCommand, EngineError, MakeVoice, OpenContext,
-    VoiceFailed, VoiceMade, VoicePrompt,
+    AudioChunk, CancelContext, ContextDone, ContextFailed, EngineCommand, EngineError, EngineInterface, MakeVoice,
+    OpenContext, VoiceFailed, VoiceMade, VoicePrompt, event_key,
 )
 
 log = logging.getLogger("talkgate.engine_client")
-MAX_BEHIND = 32             # step batches handed to the loop and not yet routed (~32 steps of audio)
 ROUTE_SLICE_S = 0.002       # Links a loop callback hands their events to: until this long has passed
 URGENT_FRAMES = 4           # a Link with a context at one of its first frames (320 ms of audio) goes first
+LAST_EVENTS = (ContextDone, ContextFailed, VoiceMade, VoiceFailed)     # release their context (or voice request)
 
 
 @dataclass(eq=False)
@@ -65,12 +71,12 @@ class _Queued:
 
 
 class EngineClient:
-    def __init__(self, engine, loop: asyncio.AbstractEventLoop):
+    def __init__(self, engine: EngineInterface, loop: asyncio.AbstractEventLoop):
         self.engine, self.loop = engine, loop
         self.info = engine.info
         self.new_tokenizer = engine.new_tokenizer
         self.contexts = itertools.count(1)
-        self._owners: dict[int, object] = {}           # context -> Link (touched on the loop only)
+        self._owners: dict[int, object] = {}           # context or voice request -> its Link (on the loop only)
         self._outstanding = 0                          # batches handed over, not yet queued
         self._count_lock = threading.Lock()
         # id(Link) -> its queued events, in the order they are handed over (loop only)
@@ -79,10 +85,9 @@ class EngineClient:
         self._steps = 0                                # step batches queued so far
         self._queued_steps = 0                         # of which the queues still hold some (set on the loop)
         self._slice_pending = False
-        # an engine may say how far behind the loop may fall
-        self.max_behind = getattr(engine, "max_behind", MAX_BEHIND)
+        self.max_behind = engine.max_behind
         self._loop_thread = threading.get_ident()
-        self.client = engine.connect(self._deliver)
+        self.id = engine.connect(self._deliver)
 
     def submit(self, owner, commands: list[EngineCommand]) -> None:
         """On the loop: commands of `owner`'s session, in order."""
@@ -92,9 +97,8 @@ class EngineClient:
             elif isinstance(cmd, MakeVoice):
                 self._owners[cmd.request] = owner
             elif isinstance(cmd, CancelContext):
-                if self._owners.pop(cmd.context, None) is not None:
-                    self._unqueue(owner, cmd.context)
-        self.engine.submit(self.client, commands)
+                self._owners.pop(cmd.context, None)
+        self.engine.submit(self.id, commands)
 
     async def make_voice(self, audio: bytes, ref_text: str | None, timeout_s: float) -> VoicePrompt:
         """On the loop: the engine's voice made from 24 kHz float32 mono samples; raises EngineError (the
@@ -118,16 +122,12 @@ class EngineClient:
     def owned(self) -> int:
         return len(self._owners)
 
-    def capacity(self) -> int:
-        """Free engine slots as last known."""
-        return self.engine.stats().get("free_slots", 0)
-
     def behind(self) -> bool:
         """Called by the engine: on its own thread (an in-process engine), so it reads two counts only."""
         return self._outstanding + self._queued_steps >= self.max_behind
 
     def close(self) -> None:
-        self.engine.disconnect(self.client)
+        self.engine.disconnect(self.id)
 
     def _deliver(self, events: list) -> None:
         """The engine's deliver: on its thread (in-process engine) or on the loop (engines over IPC)."""
@@ -147,13 +147,9 @@ class EngineClient:
             self._steps += 1
             batches: dict[int, tuple[object, list]] = {}
             for ev in events:
-                key = _key(ev)
-                owner = self._owners.get(key)
-                if owner is None:               # cancelled meanwhile: stale
-                    continue
-                if isinstance(ev, (ContextDone, ContextFailed, VoiceMade, VoiceFailed)):
-                    del self._owners[key]
-                batches.setdefault(id(owner), (owner, []))[1].append(ev)
+                owner = self._owners.get(event_key(ev))
+                if owner is not None:           # else stale: dropped (it would be at its hand-over)
+                    batches.setdefault(id(owner), (owner, []))[1].append(ev)
             firsts = sorted((_first_frame(link_events), i, owner, link_events)      # i: Links never compared
                             for i, (owner, link_events) in enumerate(batches.values()))
             for first, _, owner, link_events in firsts:
@@ -181,12 +177,6 @@ class EngineClient:
             (self._urgent if urgent else self._rest)[key] = queued     # a Link already in _rest keeps its place
         queued.events.extend(events)
 
-    def _unqueue(self, owner, context: int) -> None:
-        """A cancelled context's events still queued for its owner go: nothing of it follows its cancel."""
-        queued = self._urgent.get(id(owner)) or self._rest.get(id(owner))
-        if queued is not None:
-            queued.events = [ev for ev in queued.events if _key(ev) != context]
-
     def _count_queued(self) -> None:
         """_queued_steps: step batches from the oldest queued entry's to the last (0: nothing queued)."""
         oldest = min((q.step for q in self._urgent.values()), default=self._steps + 1)
@@ -201,10 +191,8 @@ class EngineClient:
         t0 = time.perf_counter()
         while self._urgent or self._rest:
             _, queued = (self._urgent or self._rest).popitem(last=False)
-            events = join_frames(queued.events) if len(queued.events) > 1 else queued.events
             try:
-                if events:
-                    queued.owner.engine_events(events)
+                self._hand_over(queued.owner, join_frames(queued.events) if len(queued.events) > 1 else queued.events)
             except Exception:
                 log.exception("handing engine events to %r failed", queued.owner)
             if (self._urgent or self._rest) and time.perf_counter() - t0 > ROUTE_SLICE_S:
@@ -214,10 +202,16 @@ class EngineClient:
         self._queued_steps = 0
         self._slice_pending = False
 
-
-def _key(ev) -> int:
-    """The context (or voice request) an event belongs to."""
-    return ev.request if isinstance(ev, (VoiceMade, VoiceFailed)) else ev.context
+    def _hand_over(self, owner, events: list) -> None:
+        """Each event to `owner` while it still owns the event's context: checked event by event, since handling
+        one (a fault that ends the connection) may cancel the owner's other contexts."""
+        for ev in events:
+            key = event_key(ev)
+            if self._owners.get(key) is not owner:
+                continue                    # stale: cancelled since it came
+            if isinstance(ev, LAST_EVENTS):
+                del self._owners[key]
+            owner.engine_event(ev)
 
 
 def _first_frame(events: list) -> float:
@@ -233,7 +227,7 @@ def join_frames(events: list) -> list:
     runs: dict[int, list] = {}          # context -> its run still open in `out`
     for ev in events:
         if not isinstance(ev, AudioChunk):
-            runs.pop(_key(ev), None)
+            runs.pop(event_key(ev), None)
             out.append(ev)
             continue
         run = runs.get(ev.context)
@@ -259,11 +253,10 @@ class _VoiceWaiter:
     def __init__(self, loop: asyncio.AbstractEventLoop):
         self.future = loop.create_future()
 
-    def engine_events(self, events: list) -> None:
-        for ev in events:
-            if self.future.done():
-                return
-            if isinstance(ev, VoiceMade):
-                self.future.set_result(ev.voice)
-            elif isinstance(ev, VoiceFailed):
-                self.future.set_exception(EngineError(ev.message, ev.code))
+    def engine_event(self, ev) -> None:
+        if self.future.done():
+            return
+        if isinstance(ev, VoiceMade):
+            self.future.set_result(ev.voice)
+        elif isinstance(ev, VoiceFailed):
+            self.future.set_exception(EngineError(ev.message, ev.code))

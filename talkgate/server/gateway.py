@@ -28,6 +28,9 @@ CLOSE_WAIT_S = 5.0       # after the drain: how long closing sockets may take to
 
 @dataclass
 class ServerConfig:
+    """A server process's settings. It crosses to the gateway workers as `dataclasses.asdict(config)` (JSON) and
+    comes back as `ServerConfig(**d)`."""
+
     limits: Limits = field(default_factory=Limits)
     api_keys: tuple[str, ...] = ()            # empty: no authentication
     allowed_origins: tuple[str, ...] = ()     # empty: any Origin; else browsers must match one
@@ -35,6 +38,14 @@ class ServerConfig:
     voice_map: str | None = None              # JSON file: compatible APIs' voice ids -> talkgate voices
     voice_store: str | None = None            # the voice store's directory (None: voice_store.default_root())
     admin_without_key: bool = False           # /admin/* answers without api_keys (else refused: docs/operations.md)
+    ssl_certfile: str | None = None           # PEM files: serve https:// and wss:// (server/listen.py tls_context)
+    ssl_keyfile: str | None = None
+
+    def __post_init__(self):
+        # as JSON brings them back: an object and lists
+        if isinstance(self.limits, dict):
+            self.limits = Limits(**self.limits)
+        self.api_keys, self.allowed_origins = tuple(self.api_keys), tuple(self.allowed_origins)
 
 
 class Gateway:
@@ -61,14 +72,14 @@ class Gateway:
         """starting (warming up), ready, or draining (shutting down)."""
         return "draining" if self.draining else "ready" if self.ready else "starting"
 
-    def slots(self) -> tuple[int | None, int | None]:
-        """(free, all) engine context slots; None where the engine does not say."""
-        stats = self.engine.stats() if hasattr(self.engine, "stats") else {}
-        return stats.get("free_slots"), stats.get("slots")
+    def slots(self) -> tuple[int, int]:
+        """(free, all) engine context slots."""
+        stats = self.engine.stats()
+        return stats["free_slots"], stats["slots"]
 
     def in_flight(self) -> tuple[int, int]:
         """(contexts of this gateway open in the engine, WebSocket connections with a context in flight)."""
-        busy = sum(1 for c in self.connections if getattr(getattr(c.protocol, "session", None), "active", None))
+        busy = sum(1 for c in self.connections if c.protocol.session.active)
         return (self.client.owned() if self.client is not None else 0), busy
 
     # ----- access control -----

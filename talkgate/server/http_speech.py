@@ -41,7 +41,7 @@ class HttpStream(Link):
             super().other(action)
 
     async def run(self) -> web.StreamResponse:
-        self.apply(self.call("start"))
+        self.call(self.protocol.start)
         writer = asyncio.create_task(self._write())
         watch = asyncio.create_task(self._watch())
         try:
@@ -71,7 +71,7 @@ class HttpStream(Link):
                 n = len(item.data)
                 self.delivery.wrote(n + len(f"{n:x}") + 4, item.stream, item.audio_ms)    # a chunk's framing
                 if item.stream is not None:
-                    self.call("note_sent", item.stream, item.audio_ms)
+                    self.call(self.protocol.note_sent, item.stream, item.audio_ms)
             if self._closing is not None and self._closing[0] == 1000:
                 await self.response.write_eof()
             elif self.request.transport is not None:     # broken off: the client sees a truncated body

@@ -1,20 +1,15 @@
-"""The actions every protocol translator returns for the I/O layer (server/connection.py).
+"""The wire actions every protocol translator returns for the I/O layer (server/connection.py).
 
 `Send` a text or binary frame (audio frames name their stream and duration, so the writer can account
 for what the client really received), `Purge` the queued, unsent frames of a stream (a cancel
 happened), `Close` the socket after what is queued. A Send that reports an error names its code, so
 the I/O layer counts every error the client is told about in one place (/metrics errors_total).
-Engine commands (synth.api: OpenContext, AppendText, FlushText, EndText, CancelContext, MakeVoice) are actions
-too: the session makes them, every translator passes them through unchanged, the I/O layer submits them.
+Engine commands are the translators' other output (sessions/protocol.py), never among these.
 """
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-
-from talkgate.synth.api import AppendText, CancelContext, EndText, FlushText, MakeVoice, OpenContext
-
-ENGINE_COMMANDS = (OpenContext, AppendText, FlushText, EndText, CancelContext, MakeVoice)
 
 
 @dataclass(frozen=True)

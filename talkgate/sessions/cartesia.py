@@ -12,7 +12,7 @@ from __future__ import annotations
 import base64
 
 from talkgate.codecs import ENCODINGS as CODECS
-from talkgate.sessions.actions import BUSY, ENGINE_COMMANDS, Close, Send, dumps, http_status, send_json
+from talkgate.sessions.actions import BUSY, Close, Send, dumps, http_status, send_json
 from talkgate.sessions.alignment import Timeline
 from talkgate.sessions.fields import SessionError, field_of, show
 from talkgate.sessions.http import HttpSpeech, Respond, sse
@@ -100,10 +100,12 @@ class CartesiaProtocol(UtteranceProtocol):
 
     def idle_timeout(self) -> list:
         """Idle for the server's idle timeout: close (Cartesia closes idle sockets too; clients reconnect)."""
-        return [Close(1000, "idle timeout")] + self.utterances.close()
+        self.utterances.close()
+        return [Close(1000, "idle timeout")]
 
     def abort(self, code: str, message: str, ws_code: int) -> list:
-        return [self._error(None, code, message), Close(ws_code, code)] + self.utterances.close()
+        self.utterances.close()
+        return [self._error(None, code, message), Close(ws_code, code)]
 
     def receive_binary(self, data: bytes) -> list:
         return [self._error(None, "invalid_message", "binary frames are not accepted: send JSON text messages")]
@@ -153,9 +155,6 @@ class CartesiaProtocol(UtteranceProtocol):
     def _wire(self, events: list[Event]) -> list:
         out: list = []
         for ev in events:
-            if isinstance(ev, ENGINE_COMMANDS):    # passed through to the I/O layer, in order
-                out.append(ev)
-                continue
             if isinstance(ev, Audio):
                 out.append(self._audio_send(dumps(
                     {"type": "chunk", "data": base64.b64encode(ev.out.payload).decode(), "done": False,

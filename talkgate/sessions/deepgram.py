@@ -11,7 +11,7 @@ samples. Client mistakes are answered the Deepgram way: a close frame whose reas
 from __future__ import annotations
 
 from talkgate.codecs import ENCODINGS as CODECS
-from talkgate.sessions.actions import ENGINE_COMMANDS, Close, close_code, dumps, send_json
+from talkgate.sessions.actions import Close, close_code, dumps, send_json
 from talkgate.sessions.fields import SessionError, field_of, query_int, show
 from talkgate.sessions.http import HttpSpeech, Respond
 from talkgate.sessions.session import AudioFormat, ContextCancelled, ContextError, Session
@@ -63,10 +63,12 @@ class DeepgramProtocol(UtteranceProtocol):
                        "model_version": "talkgate", "model_uuid": self.session_id})]
 
     def idle_timeout(self) -> list:
-        return [Close(1000, "NET-0001: no messages received within the idle timeout")] + self.utterances.close()
+        self.utterances.close()
+        return [Close(1000, "NET-0001: no messages received within the idle timeout")]
 
     def abort(self, code: str, message: str, ws_code: int) -> list:
-        return [self._close(code, message, ws_code)] + self.utterances.close()
+        self.utterances.close()
+        return [self._close(code, message, ws_code)]
 
     def receive_binary(self, data: bytes) -> list:
         return [self._close("DATA-0000", "binary messages are not accepted: send JSON text messages", 1003)]
@@ -116,9 +118,6 @@ class DeepgramProtocol(UtteranceProtocol):
     def _wire(self, events: list[Event]) -> list:
         out: list = []
         for ev in events:
-            if isinstance(ev, ENGINE_COMMANDS):    # passed through to the I/O layer, in order
-                out.append(ev)
-                continue
             if isinstance(ev, Audio):
                 out.append(self._audio_send(ev.out.payload, ev.key, ev.out.stream, ev.out.duration_ms))
             elif isinstance(ev, SegmentDone):

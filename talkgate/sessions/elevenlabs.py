@@ -18,7 +18,7 @@ from typing import Callable
 import numpy as np
 
 from talkgate.codecs import ENCODINGS, FormatError, make_stream_encoder
-from talkgate.sessions.actions import ENGINE_COMMANDS, Close, Send, close_code, dumps, send_json
+from talkgate.sessions.actions import Close, Send, close_code, dumps, send_json
 from talkgate.sessions.alignment import Timeline
 from talkgate.sessions.fields import SessionError, field_of, integer, query_int, show
 from talkgate.sessions.http import HttpSpeech, Respond
@@ -119,11 +119,13 @@ class ElevenLabsProtocol(UtteranceProtocol):
         return []
 
     def idle_timeout(self) -> list:
+        self.utterances.close()
         return self._fatal("input_timeout_exceeded", f"Have not received new text for {self.idle_timeout_s:g} "
-                           "seconds: closing") + self.utterances.close()
+                           "seconds: closing")
 
     def abort(self, code: str, message: str, ws_code: int) -> list:
-        return [self._error(code, message), Close(ws_code, code)] + self.utterances.close()
+        self.utterances.close()
+        return [self._error(code, message), Close(ws_code, code)]
 
     # ----- client frames -----
     def receive_binary(self, data: bytes) -> list:
@@ -209,9 +211,6 @@ class ElevenLabsProtocol(UtteranceProtocol):
     def _wire(self, events: list[Event]) -> list:
         out: list = []
         for ev in events:
-            if isinstance(ev, ENGINE_COMMANDS):    # passed through to the I/O layer, in order
-                out.append(ev)
-                continue
             if isinstance(ev, Audio):
                 out.append(self._audio(ev))
             elif isinstance(ev, SegmentDone):

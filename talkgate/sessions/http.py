@@ -3,11 +3,11 @@ endpoint shares (OpenAI `POST /v1/audio/speech`, ElevenLabs text-to-speech, Cart
 `/tts/sse`, Deepgram `POST /v1/speak`). Sans-I/O, onto `Session`.
 
 `HttpSpeech(session, text, streamed).start()` opens the context (text appended and ended at once) and
-returns the first actions. Beside the wire actions (sessions/actions.py: Send a body piece, Close ends
-the body: code 1000 normally, any other code breaks the connection so the client sees a truncated chunked
-body; engine commands) it returns `Begin` (a streamed 200 response's headers, sent with the first audio,
-so that a context the engine refuses is still an error status) and `Respond` (the whole response at
-once: a body made at the end, or an error before any audio).
+returns the first actions; the engine commands wait for `engine_commands()` (sessions/protocol.py). Beside the
+wire actions (sessions/actions.py: Send a body piece, Close ends the body: code 1000 normally, any other code
+breaks the connection so the client sees a truncated chunked body) it returns `Begin` (a streamed 200 response's
+headers, sent with the first audio, so that a context the engine refuses is still an error status) and `Respond`
+(the whole response at once: a body made at the end, or an error before any audio).
 
 A translator subclasses it and says how the body is framed (`body`, `end`, `whole`, `failed_body`) and
 what its errors look like (`error`); the route (server/http_speech.py) parses the request into one.
@@ -18,10 +18,11 @@ import json
 import uuid
 from dataclasses import dataclass
 
-from talkgate.sessions.actions import ENGINE_COMMANDS, Close, Send, close_code, http_status
+from talkgate.sessions.actions import Close, Send, close_code, http_status
 from talkgate.sessions.fields import SessionError
+from talkgate.sessions.protocol import ClientProtocol
 from talkgate.sessions.session import AudioOut, ContextError, ContextFinished, Session
-from talkgate.synth.api import AppendText, EndText, EngineEvent
+from talkgate.synth.api import EngineEvent
 
 CONTEXT = "speech"
 
@@ -57,16 +58,14 @@ def sse(obj: dict, event: str | None = None) -> bytes:
     return f"{head}data: {json.dumps(obj, separators=(',', ':'))}\n\n".encode()
 
 
-class HttpSpeech:
+class HttpSpeech(ClientProtocol):
     """The audio of `text` as one response: streamed as generated (`streamed`), or whole at the end."""
 
-    idle_timeout_s: float | None = None
     content_type = "application/octet-stream"
 
     def __init__(self, session: Session, text: str, streamed: bool):
         self.session, self.text, self.streamed = session, text, streamed
         self.pieces: list[bytes] = []       # the body so far, when it is sent whole
-        self.text_tokens = 0                # the text's token ids handed to the engine
         self.request_id = str(uuid.uuid4())
         self.begun = False
 
@@ -96,26 +95,21 @@ class HttpSpeech:
         """An error response in the API's own shape (talkgate's by default)."""
         return error_response(status, code, message)
 
-    # ----- the Link-facing surface (server/connection.py) -----
+    # ----- the I/O layer's surface (sessions/protocol.py) -----
     def start(self) -> list:
         events: list = []
         try:
             events += self.session.start(CONTEXT)
             events += self.session.append(CONTEXT, self.text)
             if self.session.has(CONTEXT):
-                events += self.session.flush(CONTEXT)
+                events += self.session.end_text(CONTEXT)
         except SessionError as e:
-            return self._wire(events) + [self.error(http_status(e.code), e.code, e.message)] + self.session.close()
+            self.session.close()
+            return self._wire(events) + [self.error(http_status(e.code), e.code, e.message)]
         return self._wire(events)
 
     def engine_event(self, ev: EngineEvent) -> list:
         return self._wire(self.session.on_engine_event(ev))
-
-    def note_sent(self, stream: int, audio_ms: float) -> None:
-        self.session.note_sent(stream, audio_ms)
-
-    def note_delivered(self, stream: int, audio_ms: float) -> None:
-        self.session.note_delivered(stream, audio_ms)
 
     def tick(self) -> list:
         return self._wire(self.session.slow_consumers())
@@ -124,10 +118,8 @@ class HttpSpeech:
         return self.abort("idle_timeout", "no audio taken for the idle timeout", 1000)
 
     def abort(self, code: str, message: str, ws_code: int) -> list:
-        return self._failed(code, message) + self.session.close()
-
-    def connection_lost(self) -> list:
-        return self.session.close()
+        self.session.close()
+        return self._failed(code, message)
 
     # ----- internals -----
     def _begin(self) -> list:
@@ -139,11 +131,7 @@ class HttpSpeech:
     def _wire(self, events) -> list:
         out: list = []
         for ev in events:
-            if isinstance(ev, ENGINE_COMMANDS):    # passed through to the I/O layer, in order
-                if isinstance(ev, (AppendText, EndText)):
-                    self.text_tokens += len(ev.ids)
-                out.append(ev)
-            elif isinstance(ev, AudioOut):
+            if isinstance(ev, AudioOut):
                 pieces = self.body(ev)
                 if not self.streamed:           # kept for the response: taken, as far as the backlog goes
                     self.pieces += pieces

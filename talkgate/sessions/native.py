@@ -1,7 +1,8 @@
 """The native WebSocket protocol (docs/protocol.md), Sans-I/O, as a translator onto `Session`.
 
 Feed it client frames (`receive_text`, `receive_binary`) and engine events (`engine_event`); it
-returns actions for the I/O layer (sessions/actions.py: Send, Purge, Close). A client mistake is an
+returns actions for the I/O layer (sessions/actions.py: Send, Purge, Close), and its session's engine commands
+wait for `engine_commands()` (sessions/protocol.py). A client mistake is an
 `error` event; it never raises on client input (an exception is a bug: the I/O layer's funnel turns
 it into `abort`).
 """
@@ -13,9 +14,10 @@ import struct
 from typing import Callable
 
 from talkgate.codecs import ENCODINGS
-from talkgate.sessions.actions import ENGINE_COMMANDS, Action, Close, Purge, Send, dumps, send_json
+from talkgate.sessions.actions import Action, Close, Purge, Send, dumps, send_json
 from talkgate.sessions.fields import SessionError, field_of, integer, load_message, number, show
 from talkgate.sessions.limits import Limits
+from talkgate.sessions.protocol import SocketProtocol
 from talkgate.sessions.reference_audio import check_ref_text, decode_inline, read_clip
 from talkgate.sessions.session import (
     AudioFormat, AudioOut, ContextCancelled, ContextError, ContextFinished, ContextStarted, FirstAudio,
@@ -60,7 +62,7 @@ def parse_format(fmt: object, cid: str | None) -> AudioFormat:
     return AudioFormat(enc, rate)
 
 
-class NativeProtocol:
+class NativeProtocol(SocketProtocol):
     def __init__(self, session: Session, limits: Limits, session_id: str,
                  authenticate: Callable[[str], bool] | None = None):
         """`authenticate`: when set, the connection is not yet authenticated and the first message
@@ -166,7 +168,7 @@ class NativeProtocol:
         return self._wire(self.session.append(cid, text))
 
     def _on_flush(self, msg: dict) -> list[Action]:
-        return self._wire(self.session.flush(self._context_id(msg)))
+        return self._wire(self.session.end_text(self._context_id(msg)))
 
     def _on_cancel(self, msg: dict) -> list[Action]:
         cid = self._context_id(msg) if msg.get("context_id") is not None else None
@@ -177,7 +179,7 @@ class NativeProtocol:
         self.session.accepting = False
         events = []
         for cid in self.session.active:
-            events += self.session.flush(cid)
+            events += self.session.end_text(cid)
         return self._wire(events)
 
     def _maybe_close(self) -> list[Action]:
@@ -187,37 +189,22 @@ class NativeProtocol:
     def engine_event(self, ev: EngineEvent) -> list[Action]:
         return self._wire(self.session.on_engine_event(ev))
 
-    def note_sent(self, stream: int, audio_ms: float) -> None:
-        self.session.note_sent(stream, audio_ms)
-
-    def note_delivered(self, stream: int, audio_ms: float) -> None:
-        self.session.note_delivered(stream, audio_ms)
-
     def tick(self) -> list[Action]:
-        """Called every fraction of a second: contexts whose client stopped reading are cancelled."""
         return self._wire(self.session.slow_consumers())
 
     def idle_timeout(self) -> list[Action]:
-        """No client message and no audio taken by the client for the idle timeout: close."""
+        self.session.close()
         return [error("idle_timeout", f"nothing sent or read for {self.limits.idle_timeout_s:g} s: closing"),
-                Close(1000, "idle timeout")] + self.session.close()
+                Close(1000, "idle timeout")]
 
     def abort(self, code: str, message: str, ws_code: int) -> list[Action]:
-        """The connection must end (internal error, message rate, a full outbox): say why, close, and
-        end its contexts now."""
-        return [error(code, message), Close(ws_code, code)] + self.session.close()
-
-    def connection_lost(self) -> list[Action]:
-        """The socket is gone: -> the engine commands that end its contexts."""
-        return self.session.close()
+        self.session.close()
+        return [error(code, message), Close(ws_code, code)]
 
     # ----- session events -> wire -----
     def _wire(self, events: list[SessionEvent]) -> list[Action]:
         out: list[Action] = []
         for ev in events:
-            if isinstance(ev, ENGINE_COMMANDS):    # passed through to the I/O layer, in order
-                out.append(ev)
-                continue
             if isinstance(ev, AudioOut):
                 out.append(self._audio(ev))
             elif isinstance(ev, ContextStarted):

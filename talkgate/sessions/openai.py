@@ -138,7 +138,7 @@ class SpeechProtocol(HttpSpeech):
         if not self.request.sse:
             return []
         return [sse({"type": "speech.audio.done", "usage": {
-            "input_tokens": self.text_tokens, "output_tokens": ev.frames, "total_tokens": self.text_tokens + ev.frames}})]
+            "input_tokens": ev.text_tokens, "output_tokens": ev.frames, "total_tokens": ev.text_tokens + ev.frames}})]
 
     def failed_body(self, code: str, message: str) -> bytes | None:
         if not self.request.sse:

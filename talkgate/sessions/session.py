@@ -1,24 +1,23 @@
 """The one native session model: contexts of one connection, their text, audio encoding and cancel.
 
-Sans-I/O and pure: operations (`start`, `append`, `flush_text`, `flush`, `cancel`, `close`,
-`on_engine_event`) return a list of session events and engine commands (synth.api: OpenContext,
-AppendText, FlushText, EndText, CancelContext, MakeVoice); the caller (a wire protocol: native, ElevenLabs,
-Cartesia, Deepgram, OpenAI HTTP)
-turns the events into its own messages and passes the commands on to the I/O layer, which submits
-them. Every compatible API is a translator onto this class, never a second implementation.
+Sans-I/O and pure, with two outputs (as websockets' protocol core): operations (`start`, `append`, `flush_text`,
+`end_text`, `cancel`, `close`, `on_engine_event`) return session events, which the caller (a protocol translator:
+native, ElevenLabs, Cartesia, Deepgram, Twilio, the HTTP speech endpoints) turns into its own messages; the engine
+commands they make (synth.api: OpenContext, AppendText, FlushText, EndText, CancelContext, MakeVoice) wait in the
+session, in order, until the I/O layer takes them (`take_commands`) after each call and submits them. Every
+compatible API is a translator onto this class, never a second implementation.
 
 The session tokenizes: one StreamingTokenizer per context turns text deltas into the token ids the
 engine takes. It resolves voices (sessions/voices.py Voices: a voice of the model, or a stored cloned
 voice's VoicePrompt, looked up at each context start); a context with its own reference audio (Reference)
 sends MakeVoice first and holds its text commands until VoiceMade opens it. Engine events come back
-through `on_engine_event`; events of a context that is no longer active (cancelled, failed) are dropped
-here by context id: that is how stale audio that was already in flight when a cancel happened never
-reaches the client. One thread (the connection's event loop) touches a session.
+through `on_engine_event`, only those of the session's active contexts: the engine's client drops the events of a
+context that ended meanwhile (server/engine_client.py), so that stale audio already in flight when a cancel
+happened never reaches the client. One thread (the connection's event loop) touches a session.
 """
 from __future__ import annotations
 
 import enum
-import functools
 import itertools
 import time
 from dataclasses import dataclass, field, replace
@@ -32,7 +31,7 @@ from talkgate.sessions.voices import Voices
 from talkgate.synth.api import (
     SEED_RANGE, AppendText, AudioChunk, CancelContext, ContextDone, ContextFailed, ContextParams, EndText,
     EngineCommand, EngineEvent, FlushText, MakeVoice, ModelInfo, OpenContext, SamplingParams, TextSpoken,
-    VoiceFailed, VoiceMade, seed_fits,
+    VoiceFailed, VoiceMade, event_key, seed_fits,
 )
 from talkgate.synth.request import text_seconds
 
@@ -103,6 +102,7 @@ class ContextFinished:
     frames: int
     audio_ms: float
     ttfa_ms: float | None
+    text_tokens: int            # the text's token ids the engine took
 
 
 @dataclass(frozen=True)
@@ -164,6 +164,7 @@ class _Context:
     spoken_ms: list = field(default_factory=list)   # audio_ms_emitted at each flush's end not yet written: the
                                                     # player waits for the next text there by design, not an underrun
     audio_ms_delivered: float = 0.0     # taken by the client (left the server's socket buffer)
+    text_tokens: int = 0                # text token ids handed to the engine
 
 
 def _payload_durations(encoding: str, payloads: list[bytes], total_ms: float) -> list[float]:
@@ -191,22 +192,6 @@ class Observer:
     def ended(self, reason: str) -> None: ...
 
 
-def _drained(method):
-    """A public operation returns its events followed by the engine commands queued meanwhile. When it
-    raises, the commands stay queued (a context that ended must still be cancelled in the engine) and
-    go out with the next operation's result: `close()` at the latest."""
-
-    @functools.wraps(method)
-    def wrapper(self, *args, **kwargs):
-        out = method(self, *args, **kwargs)
-        if self._commands:
-            out = out + self._commands
-            self._commands = []
-        return out
-
-    return wrapper
-
-
 class Session:
     """Contexts of one connection. `new_tokenizer()` -> a StreamingTokenizer; `contexts`: where engine
     context ids come from (the gateway shares one counter among its sessions: ids are unique per engine
@@ -215,7 +200,8 @@ class Session:
     A context's life ends in one place, `_end`, on every path: done, failed, cancelled, the connection
     gone, or an exception while handling it (the context ends, then the exception goes on to the
     protocol's error funnel). `_end` queues the CancelContext unless the engine ended it itself, and
-    queued commands always go out (see _drained), so no path leaves an engine slot held."""
+    queued commands always go out (the I/O layer takes them after every call, one that raised too), so no
+    path leaves an engine slot held."""
 
     def __init__(self, info: ModelInfo, limits: Limits, new_tokenizer: Callable[[], object],
                  defaults: ContextConfig | None = None, observer: Observer | None = None,
@@ -270,7 +256,6 @@ class Session:
     def has(self, context_id: str) -> bool:
         return context_id in self._by_id
 
-    @_drained
     def start(self, context_id: str, **overrides) -> list:
         if not self.accepting:
             raise SessionError("session_closing", "the session is closing: no new contexts", context_id)
@@ -290,13 +275,13 @@ class Session:
         params = ContextParams(voice=None if prompt is not None else voice, voice_prompt=prompt,
                                language=cfg.language, instructions=cfg.instructions, sampling=cfg.sampling,
                                fixed_frames=cfg.fixed_frames)
-        started = ContextStarted(context_id, ctx.stream, cfg.format)
         if cfg.reference is not None:       # the context opens once its voice is made (VoiceMade)
             ctx.held, ctx.params = [], replace(params, voice=None)
-            return [started, MakeVoice(ctx.context, cfg.reference.audio, cfg.reference.ref_text)]
-        return [started, OpenContext(ctx.context, params)]
+            self._commands.append(MakeVoice(ctx.context, cfg.reference.audio, cfg.reference.ref_text))
+        else:
+            self._commands.append(OpenContext(ctx.context, params))
+        return [ContextStarted(context_id, ctx.stream, cfg.format)]
 
-    @_drained
     def append(self, context_id: str, text: str) -> list:
         out = [] if context_id in self._by_id else self.start(context_id)
         ctx = self._by_id[context_id]
@@ -315,11 +300,12 @@ class Session:
             except Exception:
                 self._end(ctx, "failed")
                 raise
-            out += self._engine(ctx, AppendText(ctx.context, tuple(ids), text_seconds(text)))
+            self._text(ctx, AppendText(ctx.context, tuple(ids), text_seconds(text)))
         return out
 
-    @_drained
-    def flush(self, context_id: str) -> list:
+    def end_text(self, context_id: str) -> list:
+        """The context's text is complete: the tokenizer's held-back tail goes out with EndText; the engine ends
+        the context once its audio is made (ContextFinished)."""
         ctx = self._get(context_id)
         if ctx.state is not State.OPEN:
             return []
@@ -331,9 +317,9 @@ class Session:
         except Exception:
             self._end(ctx, "failed")
             raise
-        return self._engine(ctx, EndText(ctx.context, tuple(tail)))
+        self._text(ctx, EndText(ctx.context, tuple(tail)))
+        return []
 
-    @_drained
     def flush_text(self, context_id: str) -> list:
         """Speak the text so far and keep the context open for more (the compatible APIs' flush): the
         tokenizer's held-back tail goes out with FlushText, and the engine's TextSpoken follows that audio. The text
@@ -348,9 +334,9 @@ class Session:
             self._end(ctx, "failed")
             raise
         ctx.text_chars = 0
-        return self._engine(ctx, FlushText(ctx.context, tuple(tail)))
+        self._text(ctx, FlushText(ctx.context, tuple(tail)))
+        return []
 
-    @_drained
     def cancel(self, context_id: str | None = None) -> list:
         """Cancel one context, or all of them (barge-in). Nothing of a cancelled context follows."""
         targets = [self._get(context_id)] if context_id is not None else list(self._by_id.values())
@@ -360,13 +346,11 @@ class Session:
             out.append(ContextCancelled(ctx.context_id, ctx.stream, round(ctx.audio_ms_sent, 1)))
         return out
 
-    @_drained
-    def close(self) -> list:
-        """The connection is gone (or going): end every context, say nothing; -> their CancelContexts."""
+    def close(self) -> None:
+        """The connection is gone (or going): end every context (their CancelContexts queued), say nothing."""
         self.accepting = False
         for ctx in list(self._by_id.values()):
             self._end(ctx, "disconnected")
-        return []
 
     def note_sent(self, stream: int, audio_ms: float) -> None:
         """The I/O layer wrote this much audio of `stream` to the socket. A write after the moment a real-time
@@ -394,7 +378,6 @@ class Session:
         if ctx is not None:
             ctx.audio_ms_delivered += audio_ms
 
-    @_drained
     def slow_consumers(self) -> list:
         """Fail the contexts whose client does not read: more than max_backlog_ms of their audio waits on
         the server (made and not taken by the client: outbox and socket buffer) while the client is
@@ -418,24 +401,25 @@ class Session:
                                   f"{limit} ms of it wait unread and it is behind real time: context cancelled")
         return out
 
-    @staticmethod
-    def _engine(ctx: _Context, cmd: EngineCommand) -> list:
-        """A context's text command: out now, or held until its voice is made."""
-        if ctx.held is None:
-            return [cmd]
-        ctx.held.append(cmd)
-        return []
+    def take_commands(self) -> list[EngineCommand]:
+        """The engine commands made since the last call, in order (the I/O layer submits them)."""
+        commands, self._commands = self._commands, []
+        return commands
+
+    def _text(self, ctx: _Context, cmd: AppendText | FlushText | EndText) -> None:
+        """A context's text command: queued now, or held until its voice is made."""
+        ctx.text_tokens += len(cmd.ids)
+        (self._commands if ctx.held is None else ctx.held).append(cmd)
 
     # ----- engine events -----
-    @_drained
     def on_engine_event(self, ev: EngineEvent) -> list:
-        ctx = self._by_context.get(ev.request if isinstance(ev, (VoiceMade, VoiceFailed)) else ev.context)
-        if ctx is None:                 # cancelled or failed already: stale, drop
-            return []
+        """An event of one of this session's active contexts (its engine client drops those of ended ones)."""
+        ctx = self._by_context[event_key(ev)]
         try:
             if isinstance(ev, VoiceMade):
                 held, ctx.held = ctx.held or [], None
-                return [OpenContext(ctx.context, replace(ctx.params, voice_prompt=ev.voice)), *held]
+                self._commands += [OpenContext(ctx.context, replace(ctx.params, voice_prompt=ev.voice)), *held]
+                return []
             if isinstance(ev, VoiceFailed):     # the context never opened in the engine
                 return self._fail(ctx, ev.code, ev.message, engine_done=True)
             if isinstance(ev, AudioChunk):
@@ -486,7 +470,7 @@ class Session:
         events += self._encoded(ctx, ctx.encoder.flush)
         self._end(ctx, reason, engine_done)
         events.append(ContextFinished(ctx.context_id, ctx.stream, reason, ctx.frames,
-                                      round(ctx.audio_ms_emitted, 1), ctx.ttfa_ms))
+                                      round(ctx.audio_ms_emitted, 1), ctx.ttfa_ms, ctx.text_tokens))
         return events
 
     def _fail(self, ctx: _Context, code: str, message: str, engine_done: bool = False) -> list[SessionEvent]:

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from talkgate.sessions.actions import Send, dumps
 from talkgate.sessions.fields import SessionError, load_message
 from talkgate.sessions.native import AUDIO_HEADER, NativeProtocol, error
+from talkgate.sessions.protocol import SocketProtocol
 from talkgate.sessions.session import AudioFormat
 
 FRAME_BYTES = 160               # 20 ms of 8 kHz mu-law
@@ -42,7 +43,7 @@ class _Playback:
     sent_audio: bool = False
 
 
-class TwilioProtocol:
+class TwilioProtocol(SocketProtocol):
     def __init__(self, native: NativeProtocol, stream_sid: str):
         self.native, self.session, self.stream_sid = native, native.session, stream_sid
         native.audio_transport = "binary"
@@ -52,9 +53,9 @@ class TwilioProtocol:
 
     @property
     def idle_timeout_s(self):
-        return getattr(self.native, "idle_timeout_s", None)
+        return self.native.idle_timeout_s
 
-    # ----- Connection surface -----
+    # ----- the I/O layer's surface (sessions/protocol.py) -----
     def ready(self) -> list:
         return self._twilio(self.native.ready())
 
@@ -74,12 +75,6 @@ class TwilioProtocol:
 
     def engine_event(self, ev) -> list:
         return self._twilio(self.native.engine_event(ev))
-
-    def note_sent(self, stream: int, audio_ms: float) -> None:
-        self.native.note_sent(stream, audio_ms)
-
-    def note_delivered(self, stream: int, audio_ms: float) -> None:
-        self.native.note_delivered(stream, audio_ms)
 
     def tick(self) -> list:
         return self._twilio(self.native.tick())

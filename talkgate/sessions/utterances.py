@@ -15,7 +15,7 @@ between turns; within a turn, text follows a flush sooner.
 
 Session events come back re-keyed to the utterance (`context_id` = the client's key), plus `Audio`
 (an AudioOut with its estimated alignment), `SegmentDone` (a flush's audio is out, or the last part's
-at the end) and `UtteranceDone`; the session's engine commands pass through unchanged, in order.
+at the end) and `UtteranceDone`; the session's engine commands wait in the session (Session.take_commands).
 """
 from __future__ import annotations
 
@@ -23,9 +23,10 @@ import itertools
 from collections import deque
 from dataclasses import dataclass, field, replace
 
-from talkgate.sessions.actions import ENGINE_COMMANDS, Action, Purge, Send
+from talkgate.sessions.actions import Action, Purge, Send
 from talkgate.sessions.alignment import CharSpan, Timeline, Word
 from talkgate.sessions.fields import SessionError, load_message
+from talkgate.sessions.protocol import SocketProtocol
 from talkgate.sessions.session import (
     AudioOut, ContextError, ContextFinished, FlushSpoken, Session, SessionEvent,
 )
@@ -155,7 +156,7 @@ class Utterances:
         if utt.sid is None:
             return self._done(utt)
         utt.open_chars = 0
-        return self._rekey(self.session.flush(utt.sid))
+        return self._rekey(self.session.end_text(utt.sid))
 
     def cancel(self, key: str) -> list[Event]:
         """Stop now; the ContextCancelled (if a context was running) names the stream to purge."""
@@ -165,17 +166,16 @@ class Utterances:
             return []
         sid = utt.sid
         del self._by_sid[sid]
-        return [ev if isinstance(ev, ENGINE_COMMANDS) else replace(ev, context_id=key)
-                for ev in self.session.cancel(sid)]
+        return [replace(ev, context_id=key) for ev in self.session.cancel(sid)]
 
     def cancel_all(self) -> list[Event]:
         return [ev for key in list(self.by_key) for ev in self.cancel(key)]
 
-    def close(self) -> list:
-        """The connection is gone: -> the engine commands that end what was running."""
+    def close(self) -> None:
+        """The connection is gone: what was running ends (its cancels queued in the session)."""
         self.by_key.clear()
         self._by_sid.clear()
-        return self.session.close()
+        self.session.close()
 
     # ----- engine events, time -----
     def on_engine_event(self, ev: EngineEvent) -> list[Event]:
@@ -201,9 +201,6 @@ class Utterances:
     def _rekey(self, events: list[SessionEvent]) -> list[Event]:
         out: list[Event] = []
         for ev in events:
-            if isinstance(ev, ENGINE_COMMANDS):
-                out.append(ev)
-                continue
             utt = self._by_sid.get(ev.context_id)
             if utt is None:             # already cancelled or failed here
                 continue
@@ -239,7 +236,7 @@ class Utterances:
         """An utterance with nothing pending ends its context (its audio is all out: it ends at once, nothing
         new to say); its next text starts a new one."""
         sid, utt.sid, utt.idle_since = utt.sid, None, None
-        return self._rekey(self.session.flush(sid))
+        return self._rekey(self.session.end_text(sid))
 
     def _context_done(self, utt: Utterance, reason: str) -> list[Event]:
         """Its context ended: at the end of input, the utterance is done; else (the engine ended it) the
@@ -260,15 +257,11 @@ class Utterances:
 
     def _fail(self, utt: Utterance, code: str, message: str) -> list[Event]:
         """The utterance cannot go on: stop it, tell the client (fatal error naming its stream)."""
-        stream, commands = None, []
+        stream = None
         if utt.sid is not None and self.session.has(utt.sid):
-            for ev in self.session.cancel(utt.sid):
-                if isinstance(ev, ENGINE_COMMANDS):
-                    commands.append(ev)
-                else:
-                    stream = ev.stream
+            stream = self.session.cancel(utt.sid)[0].stream
         self._drop(utt)
-        return [ContextError(utt.key, code, message, fatal=True, stream=stream)] + commands
+        return [ContextError(utt.key, code, message, fatal=True, stream=stream)]
 
     def _drop(self, utt: Utterance) -> None:
         self.by_key.pop(utt.key, None)
@@ -276,10 +269,9 @@ class Utterances:
             self._by_sid.pop(utt.sid, None)
 
 
-class UtteranceProtocol:
-    """The Connection-facing surface the compatible protocols share (see sessions.native)."""
-
-    idle_timeout_s: float | None = None     # the protocol's own inactivity timeout, if it has one
+class UtteranceProtocol(SocketProtocol):
+    """What the compatible WebSocket protocols share (sessions/protocol.py): their utterances, and the frames queued
+    for each."""
 
     def __init__(self, session: Session, session_id: str):
         self.session, self.session_id = session, session_id
@@ -304,9 +296,6 @@ class UtteranceProtocol:
             self._unsent.pop(stream, None)
             self._owner.pop(stream, None)
 
-    def note_delivered(self, stream: int, audio_ms: float) -> None:
-        self.session.note_delivered(stream, audio_ms)
-
     def _audio_send(self, data: str | bytes, key: str, stream: int, audio_ms: float) -> Send:
         self._unsent[stream] = self._unsent.get(stream, 0) + 1
         self._owner[stream] = key
@@ -323,7 +312,8 @@ class UtteranceProtocol:
         return [Purge(s) for s in sorted(streams)]
 
     def connection_lost(self) -> list[Action]:
-        return self.utterances.close()
+        self.utterances.close()
+        return []
 
     def _wire(self, events: list[Event]) -> list[Action]:
         raise NotImplementedError

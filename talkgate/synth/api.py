@@ -1,13 +1,15 @@
-"""The engine's public surface: what sessions/ and gateway/ may import from synth.
+"""The engine's public surface: what sessions/, server/ and ipc/ may import from synth.
 
 Everything here is plain data (no tensors, no threads) so that callers and tests can build and
-inspect it without a model. The engine itself lives in synth/engine.py: commands in (OpenContext,
-AppendText, FlushText, EndText, CancelContext through Engine.submit), events out (one deliver call per step).
+inspect it without a model, and the one interface every engine offers its clients (EngineInterface):
+commands in (OpenContext, AppendText, FlushText, EndText, CancelContext, MakeVoice through submit), events
+out (one deliver call per step). synth/engine.py's Engine implements it in-process; a gateway worker's
+RemoteEngines (ipc/remote_engines.py) implements it over the engine processes.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Union
+from typing import Callable, Protocol, Union
 
 import numpy as np
 
@@ -250,12 +252,18 @@ class TextSpoken:
 
 
 EngineEvent = Union[AudioChunk, ContextDone, ContextFailed, TextSpoken, VoiceMade, VoiceFailed]
+
+
+def event_key(ev: EngineEvent) -> int:
+    """The id a client chose that an event answers: its context's, or a MakeVoice's request."""
+    return ev.request if isinstance(ev, (VoiceMade, VoiceFailed)) else ev.context
 # called by the engine once per step per client with that step's events of the client's contexts (and the
 # answers to its MakeVoice commands)
 Deliver = Callable[[list[EngineEvent]], None]
 
 
-# ----- commands (client -> engine): `context` is chosen by the client, unique among its open contexts -----
+# ----- commands (client -> engine): `context` is chosen by the client and never reused by it (an event of a
+# cancelled context made before its cancel may still arrive after it: the client drops it) -----
 @dataclass(frozen=True)
 class OpenContext:
     """Start a context. Never refused by an exception: a bad voice, a full engine, ... come back as
@@ -320,3 +328,32 @@ class MakeVoice:
 
 EngineCommand = Union[OpenContext, AppendText, FlushText, EndText, CancelContext, MakeVoice]
 
+
+
+class EngineInterface(Protocol):
+    """What a client sees of an engine. Contexts are keyed by (client, the context id the client chose): a client
+    opens one without a round trip. submit never blocks and never raises for a context: a refusal comes back as
+    ContextFailed (VoiceFailed for MakeVoice) through deliver."""
+
+    info: ModelInfo
+    # step batches a client may have been handed and not yet routed (its `behind()` counts them) before `hold`
+    # stops the engine (in-process: before its next step) or the reading of steps (over IPC)
+    max_behind: int
+    # called before each step (in-process) or each read (over IPC): while it returns True, nothing more is handed
+    # to the client; it must not block
+    hold: Callable[[], bool] | None
+
+    def new_tokenizer(self):
+        """A StreamingTokenizer of the model's text (synth.tokenizer): the client tokenizes, the engine takes ids."""
+
+    def connect(self, deliver: Deliver) -> int:
+        """A new client's id; deliver(events) gets each step's events of its contexts, in order."""
+
+    def disconnect(self, client: int) -> None:
+        """Cancel the client's open contexts and forget it."""
+
+    def submit(self, client: int, commands: list[EngineCommand]) -> None:
+        """Queue commands, in order, for the engine's next step boundary."""
+
+    def stats(self) -> dict:
+        """At least free_slots and slots (the capacity /ready and /metrics report)."""

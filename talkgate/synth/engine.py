@@ -26,11 +26,11 @@ runs), and each client gets that step's audio in one `deliver` call before the e
 step's codes; what the codes decide (eos, failures) is delivered at the end of run_once. A context that
 reached its frame limit gets its ContextDone right after its last AudioChunk.
 
-deliver is called under the engine lock after dropping the events of cancelled contexts: once a
-CancelContext has been submitted (submit returned), no event of that context reaches its client. A
-cancelled context's slot is free at once; the engine drops it from the scheduler before the next step,
-and a new context re-initializes every per-slot tensor when its own open command is applied (commands
-apply in order).
+A cancelled context makes no event from its CancelContext on (the flag is checked as events are made); those it
+made before, still waiting for their deliver, go to the client, which drops them (server/engine_client.py: the
+one place a gateway filters stale events). A cancelled context's slot is free at once; the engine drops it from
+the scheduler before the next step, and a new context re-initializes every per-slot tensor when its own open
+command is applied (commands apply in order).
 """
 from __future__ import annotations
 
@@ -58,6 +58,9 @@ DEFAULT_MAX_FRAMES = 750        # 60 s of audio per context
 DEFAULT_BUDGET_FACTOR = 4.0     # runaway guard: max(4 * frames_for_text, 50) frames
 DEFAULT_BUDGET_MIN = 50
 HOLD_POLL_S = 0.001             # how often a held engine asks again
+# step batches delivered to a client on another thread and not yet routed by it (about that many steps of audio)
+# at which its `hold` makes the engine wait before the next step (synth.api.EngineInterface.max_behind)
+STEPS_HELD_FOR_A_CLIENT = 32
 # After warm-up the other buckets' graphs are captured one at a time on the engine thread (each holds it for
 # up to about a second, cuDNN's algorithm search mostly: docs/engine.md): once no context has been open for
 # QUIET_S (a request arriving during a capture waits for it); on a server that found no such moment for
@@ -97,6 +100,10 @@ class _Client:
 
 
 class Engine:
+    """The in-process engine: synth.api.EngineInterface on a thread of its own (start()), or driven by its caller."""
+
+    max_behind = STEPS_HELD_FOR_A_CLIENT
+
     def __init__(self, runner, tokenizer_factory, prompts, info: ModelInfo, *, max_prefills: int = MAX_PREFILLS,
                  budget_factor: float = DEFAULT_BUDGET_FACTOR, budget_min: int = DEFAULT_BUDGET_MIN,
                  default_seed: int | None = None):
@@ -116,8 +123,7 @@ class Engine:
         self._commands: collections.deque = collections.deque()
         self._clients: dict[int, _Client] = {}
         self._client_ids = itertools.count(1)
-        # events not delivered yet, per client: (request or None for a refused open, event)
-        self._pending: dict[int, list[tuple[Request | None, EngineEvent]]] = {}
+        self._pending: dict[int, list[EngineEvent]] = {}          # events not delivered yet, per client
         self._free_slots = list(range(runner.num_slots - 1, -1, -1))
         self._thread: threading.Thread | None = None
         self._ready = threading.Event()
@@ -185,8 +191,7 @@ class Engine:
                 voices.appendleft(tuple(self._voice[:2]))
                 self._voice = None
             for client, cmd in voices:
-                self._pending.setdefault(client, []).append((None, VoiceFailed(cmd.request, "engine_stopped",
-                                                                                 "engine stopped")))
+                self._pending.setdefault(client, []).append(VoiceFailed(cmd.request, "engine_stopped", "engine stopped"))
         for req in left:
             self._fail(req, EngineStopped("engine stopped"))
         self._deliver()
@@ -235,8 +240,7 @@ class Engine:
                 if isinstance(cmd, OpenContext):
                     err = self._open_locked(client, c, cmd.context, opens[id(cmd)])
                     if err is not None:
-                        self._pending.setdefault(client, []).append(
-                            (None, ContextFailed(cmd.context, err.code, err.message)))
+                        self._pending.setdefault(client, []).append(ContextFailed(cmd.context, err.code, err.message))
                     continue
                 if isinstance(cmd, MakeVoice):
                     err = (EngineStopped("engine stopped") if self._stopping else
@@ -245,8 +249,7 @@ class Engine:
                     if err is None:
                         self._voices.append((client, cmd))
                     else:
-                        self._pending.setdefault(client, []).append(
-                            (None, VoiceFailed(cmd.request, err.code, err.message)))
+                        self._pending.setdefault(client, []).append(VoiceFailed(cmd.request, err.code, err.message))
                     continue
                 req = c.contexts.get(cmd.context)
                 if req is None:
@@ -496,7 +499,7 @@ class Engine:
             ev = VoiceMade(cmd.request, ev, round(ms, 3))
         with self._lock:
             if client in self._clients:
-                self._pending.setdefault(client, []).append((None, ev))
+                self._pending.setdefault(client, []).append(ev)
         return True
 
     def _voice_steps(self, cmd: MakeVoice):
@@ -614,7 +617,7 @@ class Engine:
             for i, req, frame, after in frames:
                 if req.cancelled:
                     continue
-                self._pending.setdefault(req.client, []).append((req, AudioChunk(req.context, pcm[i], frame, 1, now)))
+                self._pending.setdefault(req.client, []).append(AudioChunk(req.context, pcm[i], frame, 1, now))
                 ends += [(req, end) for end in after]
         for req, end in ends:
             self._end(req, end)
@@ -623,20 +626,19 @@ class Engine:
     def _emit(self, req: Request, ev: EngineEvent) -> None:
         with self._lock:
             if not req.cancelled:
-                self._pending.setdefault(req.client, []).append((req, ev))
+                self._pending.setdefault(req.client, []).append(ev)
 
     def _deliver(self) -> bool:
-        """Hand every client its pending events in one call (under the lock, so that a cancel submitted
-        before cannot be overtaken); a client whose deliver raises is disconnected. False if none."""
+        """Hand every client its pending events in one call; a client whose deliver raises is disconnected. False
+        if none."""
         broken = []
         with self._lock:
             if not self._pending:
                 return False
             pending, self._pending = self._pending, {}
-            for client, items in pending.items():
+            for client, events in pending.items():
                 c = self._clients.get(client)
-                events = [ev for req, ev in items if req is None or not req.cancelled]
-                if c is None or not events:
+                if c is None:
                     continue
                 try:
                     c.deliver(events)
