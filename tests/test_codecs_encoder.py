@@ -110,6 +110,14 @@ def test_twilio_framing_gives_160_byte_mulaw_units():
     assert b"".join(units) == b"".join(run(whole, signal(24000 + 300)))
 
 
+def test_framing_cuts_whole_samples():
+    """3 ms at 44.1 kHz is 132.3 samples: 132 of them (528 bytes of f32), never a unit that splits a sample."""
+    enc = make_stream_encoder("pcm_f32le", 44100, frame_ms=3)
+    units = run(enc, signal(2400), sizes=(700,))
+    assert all(len(u) == 528 for u in units[:-1]) and len(units[-1]) % 4 == 0
+    assert sum(map(len, units)) == 4 * 4410 and enc.samples_out == 4410
+
+
 @pytest.mark.parametrize("encoding, rate", [("pcm_s16le", 22050), ("alaw", 8000), ("opus", 48000),
                                             ("wav", 44100), ("mp3", 24000), ("flac", 32000)])
 def test_output_does_not_depend_on_chunking(encoding, rate):

@@ -70,7 +70,7 @@ def make_stream_encoder(encoding: str, sample_rate: int, *, frame_ms: int | None
     packer_rate = sample_rate       # the rate the packer takes from the resampler (Opus: at most the engine's)
     if encoding in _RAW:
         width, to_bytes = _RAW[encoding]
-        frame_bytes = width * sample_rate * frame_ms // 1000 if frame_ms else None
+        frame_bytes = width * (sample_rate * frame_ms // 1000) if frame_ms else None     # whole samples
         packer = RawPacker(width, to_bytes, frame_bytes)
     elif encoding == "wav":
         packer = WavPacker(sample_rate, streaming)
