@@ -139,14 +139,6 @@ class StreamEncoder:
         """A packer's (bytes, samples) units as Packets."""
         return [Packet(data, 1000.0 * samples / self.sample_rate) for data, samples in units]
 
-    @property
-    def samples_out(self) -> int:
-        """Samples (at sample_rate) in the units returned so far; see each packer for what counts."""
-        return self._packer.samples_out
-
-    def duration_ms(self) -> float:
-        return 1000.0 * self._packer.samples_out / self.sample_rate
-
 
 class RawPacker:
     """Raw samples as bytes, one unit per chunk, or re-framed into `frame_bytes` units."""
@@ -154,7 +146,6 @@ class RawPacker:
     def __init__(self, width: int, to_bytes, frame_bytes: int | None):
         self._width, self._to_bytes, self._frame_bytes = width, to_bytes, frame_bytes
         self._pending = bytearray()
-        self.samples_out = 0
 
     def encode(self, x: np.ndarray) -> list[tuple[bytes, int]]:
         if not len(x):
@@ -174,9 +165,7 @@ class RawPacker:
         return self._out(units)
 
     def _out(self, units: list[bytes]) -> list[tuple[bytes, int]]:
-        out = [(u, len(u) // self._width) for u in units]
-        self.samples_out += sum(samples for _, samples in out)
-        return out
+        return [(u, len(u) // self._width) for u in units]
 
 
 class WavPacker:
@@ -186,7 +175,6 @@ class WavPacker:
         self._sample_rate, self._streaming = sample_rate, streaming
         self._header_sent = False
         self._chunks: list[bytes] = []     # whole-file mode only
-        self.samples_out = 0
 
     def encode(self, x: np.ndarray) -> list[tuple[bytes, int]]:
         data = pcm.s16le_bytes(x) if len(x) else b""
@@ -197,7 +185,6 @@ class WavPacker:
         self._header_sent = True
         if data:
             units.append((data, len(x)))
-        self.samples_out += len(x)
         return units
 
     def flush(self) -> list[tuple[bytes, int]]:
@@ -205,8 +192,8 @@ class WavPacker:
             return [] if self._header_sent else self.encode(np.zeros(0, np.float32))
         data = b"".join(self._chunks)
         self._chunks.clear()
-        self.samples_out = len(data) // 2
-        return [(wav_header(self._sample_rate, self.samples_out) + data, self.samples_out)]
+        samples = len(data) // 2
+        return [(wav_header(self._sample_rate, samples) + data, samples)]
 
 
 class OpusPacker:
@@ -222,10 +209,6 @@ class OpusPacker:
                                    serial=random.getrandbits(32), stream_rate=sample_rate) if ogg else None)
         self._headers_sent = False
         self._packet_samples = sample_rate * opus.FRAME_MS // 1000
-
-    @property
-    def samples_out(self) -> int:
-        return self._enc.packets_out * self._packet_samples
 
     def encode(self, x: np.ndarray) -> list[tuple[bytes, int]]:
         packets = self._enc.encode(x)
@@ -256,10 +239,6 @@ class AacPacker:
     def __init__(self, encoder: aac.AacEncoder):
         self._enc = encoder
 
-    @property
-    def samples_out(self) -> int:
-        return self._enc.frames_out * aac.FRAME_SAMPLES
-
     def encode(self, x: np.ndarray) -> list[tuple[bytes, int]]:
         return [(frame, aac.FRAME_SAMPLES) for frame in self._enc.encode(x)]
 
@@ -277,23 +256,15 @@ class SndfilePacker:
 
     def __init__(self, encoder: sndfile.SndfileEncoder):
         self._enc = encoder
-        self._samples_in = 0
         self._samples_unsent = 0      # handed to the encoder since the last unit
-        self.samples_out = 0
 
     def encode(self, x: np.ndarray) -> list[tuple[bytes, int]]:
         x = pcm.clean_f32(x)
-        self._samples_in += len(x)
         self._samples_unsent += len(x)
-        data = self._enc.write(x)
-        if self._enc.streaming:
-            self.samples_out = self._samples_in
-        return self._unit(data)
+        return self._unit(self._enc.write(x))
 
     def flush(self) -> list[tuple[bytes, int]]:
-        data = self._enc.close()
-        self.samples_out = self._samples_in
-        return self._unit(data)
+        return self._unit(self._enc.close())
 
     def _unit(self, data: bytes) -> list[tuple[bytes, int]]:
         if not data:
