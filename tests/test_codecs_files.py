@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import soundfile
 
-from talkgate.codecs import make_stream_encoder, pcm
+from talkgate.codecs import Packet, make_stream_encoder, pcm
 from talkgate.codecs.sndfile import MP3_RATES
 from talkgate.codecs.wav import wav_header
 
@@ -23,10 +23,18 @@ def speechlike(n: int, rate: int = 24000) -> np.ndarray:
 
 
 def encode_all(encoding: str, x: np.ndarray, rate: int = 24000, streaming: bool = True, **kw):
-    """-> (units from encode calls, units from flush); engine-sized 80 ms chunks."""
+    """-> (packets from encode calls, packets from flush); engine-sized 80 ms chunks."""
     enc = make_stream_encoder(encoding, rate, streaming=streaming, **kw)
-    units = [u for i in range(0, len(x), 1920) for u in enc.encode(x[i:i + 1920])]
-    return units, enc.flush()
+    packets = [p for i in range(0, len(x), 1920) for p in enc.encode(x[i:i + 1920])]
+    return packets, enc.flush()
+
+
+def data(packets: list[Packet]) -> bytes:
+    return b"".join(p.data for p in packets)
+
+
+def total_ms(packets: list[Packet]) -> float:
+    return sum(p.ms for p in packets)
 
 
 def snr_db(ref: np.ndarray, got: np.ndarray) -> float:
@@ -47,11 +55,13 @@ def test_streaming_wav_header_says_unknown_and_reads_to_the_end():
     assert struct.unpack_from("<I", header, 4)[0] == struct.unpack_from("<I", header, 40)[0] == 0xFFFFFFFF
     x = speechlike(N)
     units, tail = encode_all("wav", x)
-    assert units[0] == header and tail == []
-    y, sr = soundfile.read(io.BytesIO(b"".join(units)), dtype="int16")
+    assert units[0] == Packet(header, 0.0) and tail == []          # the header carries no audio
+    assert [p.ms for p in units[1:]] == [len(p.data) / 2 / 24 for p in units[1:]]
+    assert total_ms(units) == pytest.approx(1000 * N / 24000)
+    y, sr = soundfile.read(io.BytesIO(data(units)), dtype="int16")
     assert sr == 24000
     np.testing.assert_array_equal(y, pcm.to_s16(x))
-    with wave.open(io.BytesIO(b"".join(units))) as w:
+    with wave.open(io.BytesIO(data(units))) as w:
         assert w.readframes(10 * N) == pcm.s16le_bytes(x)
 
 
@@ -60,9 +70,10 @@ def test_whole_wav_has_exact_sizes():
     units, tail = encode_all("wav", x, rate=16000, streaming=False)
     assert units == [] and len(tail) == 1
     n = round(N * 16000 / 24000)
-    with wave.open(io.BytesIO(tail[0])) as w:
+    with wave.open(io.BytesIO(tail[0].data)) as w:
         assert (w.getframerate(), w.getnframes()) == (16000, n)
-    assert struct.unpack_from("<I", tail[0], 4)[0] == 36 + 2 * n
+    assert struct.unpack_from("<I", tail[0].data, 4)[0] == 36 + 2 * n
+    assert tail[0].ms == 1000 * n / 16000
 
 
 # ----- MP3 -----
@@ -77,17 +88,20 @@ def _mp3_first_frame_bytes(data: bytes) -> int:
 def test_mp3_streams_while_encoding_at_constant_bitrate():
     x = speechlike(2 * 24000)
     units, tail = encode_all("mp3", x)
-    streamed = sum(map(len, units))
-    total = streamed + sum(map(len, tail))
+    streamed = len(data(units))
+    total = streamed + len(data(tail))
     assert streamed > 0.9 * total                  # bytes leave as audio arrives, not at the end
     assert abs(total * 8 / 2.0 - 64000) < 0.06 * 64000
     assert len(units) >= 20                        # most 80 ms chunks yield bytes
+    # a unit carries the samples handed in since the last unit: the 80 ms chunks between them
+    assert all(p.ms > 0 and p.ms % 80 == 0 for p in units)
+    assert total_ms(units + tail) == pytest.approx(2000.0)
 
 
 def test_mp3_streamed_equals_whole_file_except_the_info_frame():
     x = speechlike(N)
-    streamed = b"".join(sum(encode_all("mp3", x), []))
-    whole = b"".join(sum(encode_all("mp3", x, streaming=False), []))
+    streamed = data(sum(encode_all("mp3", x), []))
+    whole = data(sum(encode_all("mp3", x, streaming=False), []))
     assert len(streamed) == len(whole)
     diff = np.nonzero(np.frombuffer(streamed, np.uint8) != np.frombuffer(whole, np.uint8))[0]
     assert 0 < len(diff) and diff.max() < _mp3_first_frame_bytes(whole)
@@ -96,14 +110,15 @@ def test_mp3_streamed_equals_whole_file_except_the_info_frame():
 def test_mp3_whole_file_decodes_gapless():
     x = speechlike(N)
     (units, tail) = encode_all("mp3", x, streaming=False)
-    y, sr = soundfile.read(io.BytesIO(tail[0]), dtype="float32")
+    assert units == [] and len(tail) == 1 and tail[0].ms == 1000 * N / 24000
+    y, sr = soundfile.read(io.BytesIO(tail[0].data), dtype="float32")
     assert sr == 24000 and len(y) == N             # the LAME info frame trims encoder delay and padding
     assert snr_db(x, y) > 15
 
 
 def test_mp3_stream_decodes_to_the_same_audio_after_the_codec_delay():
     x = speechlike(N)
-    y, sr = soundfile.read(io.BytesIO(b"".join(sum(encode_all("mp3", x), []))), dtype="float32")
+    y, sr = soundfile.read(io.BytesIO(data(sum(encode_all("mp3", x), []))), dtype="float32")
     corr = np.correlate(y[:6000], x[:4000], mode="valid")
     delay = int(np.argmax(corr))
     assert delay < 3000                            # encoder delay plus one silent info frame (~90 ms)
@@ -113,21 +128,22 @@ def test_mp3_stream_decodes_to_the_same_audio_after_the_codec_delay():
 @pytest.mark.parametrize("rate", MP3_RATES)
 def test_mp3_every_rate(rate):
     units, tail = encode_all("mp3", speechlike(4800), rate=rate)
-    data = b"".join(units + tail)
-    y, sr = soundfile.read(io.BytesIO(data), dtype="float32")
+    y, sr = soundfile.read(io.BytesIO(data(units + tail)), dtype="float32")
     assert sr == rate and len(y) >= 0.2 * rate
+    assert total_ms(units + tail) == pytest.approx(1000 * (4800 * rate // 24000) / rate)
 
 
 def test_mp3_bitrate_option():
     units, tail = encode_all("mp3", speechlike(2 * 24000), bitrate=32000)
-    assert abs(sum(map(len, units + tail)) * 8 / 2.0 - 32000) < 0.06 * 32000
+    assert abs(len(data(units + tail)) * 8 / 2.0 - 32000) < 0.06 * 32000
 
 
 # ----- FLAC -----
 def test_flac_whole_file_is_lossless():
     x = speechlike(N)
-    _, tail = encode_all("flac", x, streaming=False)
-    y, sr = soundfile.read(io.BytesIO(tail[0]), dtype="int16")
+    units, tail = encode_all("flac", x, streaming=False)
+    assert units == [] and len(tail) == 1 and tail[0].ms == 1000 * N / 24000
+    y, sr = soundfile.read(io.BytesIO(tail[0].data), dtype="int16")
     assert sr == 24000
     assert np.abs(y.astype(np.int32) - pcm.to_s16(x)).max() <= 1
 
@@ -135,9 +151,11 @@ def test_flac_whole_file_is_lossless():
 def test_flac_streamed_differs_only_in_the_streaminfo_totals():
     x = speechlike(N)
     units, tail = encode_all("flac", x)
-    streamed = b"".join(units + tail)
-    whole = b"".join(sum(encode_all("flac", x, streaming=False), []))
-    assert sum(map(len, units)) > 0.8 * len(streamed)
+    streamed = data(units + tail)
+    whole = data(sum(encode_all("flac", x, streaming=False), []))
+    assert len(data(units)) > 0.8 * len(streamed)
+    # the block held back to the end leaves at flush() with the samples handed in after the last unit
+    assert all(p.ms > 0 for p in units) and total_ms(units + tail) == pytest.approx(1000 * N / 24000)
     assert len(streamed) == len(whole) and streamed[:4] == b"fLaC"
     diff = np.nonzero(np.frombuffer(streamed, np.uint8) != np.frombuffer(whole, np.uint8))[0]
     assert 8 <= diff.min() and diff.max() < 8 + 34            # inside the STREAMINFO block

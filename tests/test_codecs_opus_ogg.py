@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import soundfile
 
-from talkgate.codecs import FormatError, OpusUnavailable, make_stream_encoder
+from talkgate.codecs import FormatError, OpusUnavailable, Packet, make_stream_encoder
 from talkgate.codecs.ogg import OggOpusWriter, ogg_crc
 from talkgate.codecs.opus import OpusDecoder, OpusEncoder
 
@@ -122,7 +122,7 @@ def test_missing_libopus_names_the_fix_and_pcm_still_works(monkeypatch):
         make_stream_encoder("opus", 48000)
     with pytest.raises(FormatError):
         make_stream_encoder("ogg_opus", 24000)
-    assert make_stream_encoder("pcm_s16le", 24000).encode(np.zeros(240, np.float32)) == [bytes(480)]
+    assert make_stream_encoder("pcm_s16le", 24000).encode(np.zeros(240, np.float32)) == [Packet(bytes(480), 10.0)]
 
 
 def test_importing_codecs_does_not_load_libopus():
@@ -162,8 +162,7 @@ def test_ogg_opus_stream_decodes_with_the_right_length_and_audio(rate):
     x = tone_and_chirp(n, 24000)
     enc = make_stream_encoder("ogg_opus", rate)
     units = [u for c in odd_chunks(x, 3) for u in enc.encode(c)] + enc.flush()
-    data = b"".join(units)
-    y, sr = soundfile.read(io.BytesIO(data), dtype="float32")
+    y, sr = soundfile.read(io.BytesIO(b"".join(u.data for u in units)), dtype="float32")
     assert sr == rate
     assert len(y) == n * rate // 24000          # pre-skip and end trim applied by the reader
     ref = _resampled(x, rate)
@@ -173,7 +172,7 @@ def test_ogg_opus_stream_decodes_with_the_right_length_and_audio(rate):
 def _resampled(x: np.ndarray, rate: int) -> np.ndarray:
     """x at `rate`, resampled the way the stream encoders do it."""
     enc = make_stream_encoder("pcm_f32le", rate)
-    return np.frombuffer(b"".join(enc.encode(x) + enc.flush()), dtype="<f4")
+    return np.frombuffer(b"".join(p.data for p in enc.encode(x) + enc.flush()), dtype="<f4")
 
 
 def test_ogg_opus_page_structure():
@@ -182,8 +181,10 @@ def test_ogg_opus_page_structure():
     first = enc.encode(np.zeros(10, np.float32))
     assert len(first) == 2        # the two header pages leave with the first call, before any audio
     units = first + [u for c in odd_chunks(tone_and_chirp(n - 10, 24000), 4) for u in enc.encode(c)] + enc.flush()
-    pages = [p for u in units for p in parse_pages(u)]
+    pages = [p for u in units for p in parse_pages(u.data)]
     assert len(pages) == len(units)                          # every unit is whole pages
+    # a header page carries no audio, an audio page the 20 ms of each packet on it
+    assert [u.ms for u in units] == [0.0, 0.0] + [20.0 * len(p["packets"]) for p in pages[2:]]
     assert all(p["crc_ok"] for p in pages)
     assert [p["seq"] for p in pages] == list(range(len(pages)))
     assert len({p["serial"] for p in pages}) == 1
@@ -208,10 +209,18 @@ def test_ogg_writer_splits_pages_at_255_segments():
     w = OggOpusWriter(48000, 312, 960, serial=7)
     w.headers()
     pages = w.pages([bytes(300)] * 200)       # 2 lacing values each: 127 packets fit on a page
-    assert [len(parse_pages(p)[0]["packets"]) for p in pages] == [127, 73]
-    assert parse_pages(pages[-1])[0]["granule"] == 200 * 960
-    last = parse_pages(w.last_pages([], 200 * 960 - 500)[0])[0]
-    assert last["packets"] == [] and last["flags"] == 0x04 and last["granule"] == 312 + 200 * 960 - 500
+    assert [len(parse_pages(p)[0]["packets"]) for p, _ in pages] == [n for _, n in pages] == [127, 73]
+    assert parse_pages(pages[-1][0])[0]["granule"] == 200 * 960
+    [(page, n)] = w.last_pages([], 200 * 960 - 500)
+    last = parse_pages(page)[0]
+    assert last["packets"] == [] and n == 0 and last["flags"] == 0x04 and last["granule"] == 312 + 200 * 960 - 500
+
+
+def test_ogg_writer_counts_the_packets_of_the_last_pages():
+    w = OggOpusWriter(48000, 312, 960, serial=7)
+    pages = w.last_pages([bytes(300)] * 130, 130 * 960 - 500)
+    assert [len(parse_pages(p)[0]["packets"]) for p, _ in pages] == [n for _, n in pages] == [127, 3]
+    assert [parse_pages(p)[0]["flags"] for p, _ in pages] == [0, 0x04]
 
 
 @pytest.mark.parametrize("encoding", ["opus", "ogg_opus"])
@@ -219,11 +228,15 @@ def test_a_48_khz_opus_stream_is_encoded_from_the_24_khz_pcm(encoding):
     n = 24000
     enc = make_stream_encoder(encoding, 48000)
     units = enc.encode(tone_and_chirp(n, 24000)) + enc.flush()
-    packets = units if encoding == "opus" else [pk for u in units for p in parse_pages(u) for pk in p["packets"]][2:]
+    pages = [] if encoding == "opus" else [p for u in units for p in parse_pages(u.data)]
+    packets = [u.data for u in units] if encoding == "opus" else [pk for p in pages for pk in p["packets"]][2:]
+    # 20 ms a packet at 48 kHz too (960 samples of the stream's rate from 480 of the encoder's)
+    assert [u.ms for u in units] == ([20.0] * len(packets) if encoding == "opus"
+                                     else [0.0, 0.0] + [20.0 * len(p["packets"]) for p in pages[2:]])
     # CELT's TOC: configurations 24-27 are super-wideband (what a 24-kHz input gives), 28-31 fullband
     assert {pk[0] >> 3 for pk in packets} <= set(range(24, 28))
-    assert enc.duration_ms() == 20 * len(packets) and enc.samples_out == 960 * len(packets)
+    assert sum(u.ms for u in units) == 20 * len(packets)
     if encoding == "ogg_opus":
-        head = parse_pages(units[0])[0]["packets"][0]
+        head = pages[0]["packets"][0]
         pre_skip, input_rate = struct.unpack("<8sBBHIhB", head)[3:5]
         assert input_rate == 48000 and pre_skip == 2 * OpusEncoder(24000).lookahead

@@ -3,8 +3,8 @@
 Importing this package loads no codec library that may be missing: libopus is loaded on the first
 Opus stream, so a server without it still serves PCM.
 """
-from talkgate.codecs.encoder import ENCODINGS, StreamEncoder, make_stream_encoder
+from talkgate.codecs.encoder import ENCODINGS, Packet, StreamEncoder, make_stream_encoder
 from talkgate.codecs.formaterror import FormatError
 from talkgate.codecs.opus import OpusUnavailable
 
-__all__ = ["ENCODINGS", "FormatError", "OpusUnavailable", "StreamEncoder", "make_stream_encoder"]
+__all__ = ["ENCODINGS", "FormatError", "OpusUnavailable", "Packet", "StreamEncoder", "make_stream_encoder"]

@@ -60,7 +60,6 @@ class AacEncoder:
         self._ctx = ctx
         self._pending = np.zeros(0, np.float32)
         self._pts = 0
-        self.frames_out = 0
 
     def encode(self, x: np.ndarray) -> list[bytes]:
         x = np.concatenate([self._pending, clean_f32(x)]) if len(self._pending) else clean_f32(x)
@@ -87,5 +86,4 @@ class AacEncoder:
         for p in packets:
             raw = bytes(p)
             out.append(adts_header(len(raw), self.sample_rate) + raw)
-        self.frames_out += len(out)
         return out

@@ -1,17 +1,20 @@
 """`make_stream_encoder`: one per-stream object from the engine's 24 kHz float PCM to wire units.
 
     enc = make_stream_encoder("opus", 48000)
-    for pcm in engine_chunks:           # float32 mono 24 kHz, any length
-        send_all(enc.encode(pcm))       # list of bytes: one Opus packet / PCM chunk / page each
-    send_all(enc.flush())               # the tail: resampler, partial frame, container end
-    enc.duration_ms()                   # audio sent so far (what a cancel reply reports)
+    for pcm in engine_chunks:               # float32 mono 24 kHz, any length
+        for packet in enc.encode(pcm):      # Packets: one Opus packet / PCM chunk / page each
+            send(packet.data, packet.ms)    # ms: the playback time of the audio in it (0 for a header)
+    for packet in enc.flush():              # the tail: resampler, partial frame, container end
+        send(packet.data, packet.ms)
 
 The stream is resampled first (pass-through at 24 kHz, and for Opus at any rate above it), then packed by
-the encoding's packer.
+the encoding's packer. A packer returns each unit with the samples (at the stream's rate) it carries, so
+the durations come from what is in the unit, not from its share of the bytes.
 """
 from __future__ import annotations
 
 import random
+from typing import NamedTuple
 
 import numpy as np
 
@@ -37,6 +40,13 @@ ENCODINGS = {
 # raw sample encodings: bytes per sample and float -> bytes
 _RAW = {"pcm_s16le": (2, pcm.s16le_bytes), "pcm_f32le": (4, pcm.f32le_bytes),
         "mulaw": (1, g711.ulaw_bytes), "alaw": (1, g711.alaw_bytes)}
+
+
+class Packet(NamedTuple):
+    """One unit for the wire and the playback time of the audio it carries: 0 for a header (WAV, Ogg's
+    OpusHead and OpusTags pages); an MP3/FLAC unit carries the samples handed in since the last unit."""
+    data: bytes
+    ms: float
 
 
 def make_stream_encoder(encoding: str, sample_rate: int, *, frame_ms: int | None = None,
@@ -70,7 +80,7 @@ def make_stream_encoder(encoding: str, sample_rate: int, *, frame_ms: int | None
     packer_rate = sample_rate       # the rate the packer takes from the resampler (Opus: at most the engine's)
     if encoding in _RAW:
         width, to_bytes = _RAW[encoding]
-        frame_bytes = width * sample_rate * frame_ms // 1000 if frame_ms else None
+        frame_bytes = width * (sample_rate * frame_ms // 1000) if frame_ms else None     # whole samples
         packer = RawPacker(width, to_bytes, frame_bytes)
     elif encoding == "wav":
         packer = WavPacker(sample_rate, streaming)
@@ -93,19 +103,22 @@ def make_stream_encoder(encoding: str, sample_rate: int, *, frame_ms: int | None
 
 
 class StreamEncoder:
-    """Resampler + packer of one stream. Not thread-safe: one owner calls encode ... flush, once."""
+    """Resampler + packer of one stream. Not thread-safe: one owner calls encode ... flush, once.
+
+    A packer's encode(x) and flush() return its units as (bytes, the samples at `sample_rate` they carry).
+    """
 
     def __init__(self, encoding: str, sample_rate: int, mime_type: str, resampler: Resampler, packer):
         self.encoding, self.sample_rate, self.mime_type = encoding, sample_rate, mime_type
         self._resampler, self._packer = resampler, packer
         self._flushed = False
 
-    def encode(self, pcm_f32_24k: np.ndarray) -> list[bytes]:
+    def encode(self, pcm_f32_24k: np.ndarray) -> list[Packet]:
         if self._flushed:
             raise RuntimeError(f"{self.encoding} stream already flushed")
-        return self._packer.encode(self._resampler.process(pcm_f32_24k))
+        return self._packets(self._packer.encode(self._resampler.process(pcm_f32_24k)))
 
-    def drain(self) -> list[bytes]:
+    def drain(self) -> list[Packet]:
         """At a pause in the audio (a flush whose audio is all made, more may follow): the resampler's
         held-back tail, and a fresh resampler for what follows. The packer keeps its state (an MP3 or AAC
         encoder's held-back block comes out with the audio after the pause, or at flush())."""
@@ -113,22 +126,18 @@ class StreamEncoder:
             raise RuntimeError(f"{self.encoding} stream already flushed")
         tail = self._resampler.flush()
         self._resampler = Resampler(self._resampler.out_rate, self._resampler.in_rate)
-        return self._packer.encode(tail)
+        return self._packets(self._packer.encode(tail))
 
-    def flush(self) -> list[bytes]:
+    def flush(self) -> list[Packet]:
         """The rest of the stream; the encoder is finished afterwards."""
         if self._flushed:
             raise RuntimeError(f"{self.encoding} stream already flushed")
         self._flushed = True
-        return self._packer.encode(self._resampler.flush()) + self._packer.flush()
+        return self._packets(self._packer.encode(self._resampler.flush()) + self._packer.flush())
 
-    @property
-    def samples_out(self) -> int:
-        """Samples (at sample_rate) in the units returned so far; see each packer for what counts."""
-        return self._packer.samples_out
-
-    def duration_ms(self) -> float:
-        return 1000.0 * self._packer.samples_out / self.sample_rate
+    def _packets(self, units: list[tuple[bytes, int]]) -> list[Packet]:
+        """A packer's (bytes, samples) units as Packets."""
+        return [Packet(data, 1000.0 * samples / self.sample_rate) for data, samples in units]
 
 
 class RawPacker:
@@ -137,9 +146,8 @@ class RawPacker:
     def __init__(self, width: int, to_bytes, frame_bytes: int | None):
         self._width, self._to_bytes, self._frame_bytes = width, to_bytes, frame_bytes
         self._pending = bytearray()
-        self.samples_out = 0
 
-    def encode(self, x: np.ndarray) -> list[bytes]:
+    def encode(self, x: np.ndarray) -> list[tuple[bytes, int]]:
         if not len(x):
             return []
         data = self._to_bytes(x)
@@ -151,14 +159,13 @@ class RawPacker:
         del self._pending[:n]
         return self._out(units)
 
-    def flush(self) -> list[bytes]:
+    def flush(self) -> list[tuple[bytes, int]]:
         units = [bytes(self._pending)] if self._pending else []
         self._pending.clear()
         return self._out(units)
 
-    def _out(self, units: list[bytes]) -> list[bytes]:
-        self.samples_out += sum(map(len, units)) // self._width
-        return units
+    def _out(self, units: list[bytes]) -> list[tuple[bytes, int]]:
+        return [(u, len(u) // self._width) for u in units]
 
 
 class WavPacker:
@@ -168,34 +175,32 @@ class WavPacker:
         self._sample_rate, self._streaming = sample_rate, streaming
         self._header_sent = False
         self._chunks: list[bytes] = []     # whole-file mode only
-        self.samples_out = 0
 
-    def encode(self, x: np.ndarray) -> list[bytes]:
+    def encode(self, x: np.ndarray) -> list[tuple[bytes, int]]:
         data = pcm.s16le_bytes(x) if len(x) else b""
         if not self._streaming:
             self._chunks.append(data)
             return []
-        units = [] if self._header_sent else [wav_header(self._sample_rate)]
+        units = [] if self._header_sent else [(wav_header(self._sample_rate), 0)]
         self._header_sent = True
         if data:
-            units.append(data)
-        self.samples_out += len(x)
+            units.append((data, len(x)))
         return units
 
-    def flush(self) -> list[bytes]:
+    def flush(self) -> list[tuple[bytes, int]]:
         if self._streaming:
             return [] if self._header_sent else self.encode(np.zeros(0, np.float32))
         data = b"".join(self._chunks)
         self._chunks.clear()
-        self.samples_out = len(data) // 2
-        return [wav_header(self._sample_rate, self.samples_out) + data]
+        samples = len(data) // 2
+        return [(wav_header(self._sample_rate, samples) + data, samples)]
 
 
 class OpusPacker:
     """Raw 20 ms Opus packets, or Ogg pages (headers first, one page per encode call).
 
-    samples_out counts 20 ms per packet emitted at the stream's `sample_rate` (which may be above the
-    encoder's input rate): the playback time of what was sent.
+    Each packet is 20 ms at the stream's `sample_rate` (which may be above the encoder's input rate):
+    the playback time of what was sent; a page carries that of the packets on it.
     """
 
     def __init__(self, encoder: opus.OpusEncoder, ogg: bool, sample_rate: int):
@@ -205,67 +210,64 @@ class OpusPacker:
         self._headers_sent = False
         self._packet_samples = sample_rate * opus.FRAME_MS // 1000
 
-    @property
-    def samples_out(self) -> int:
-        return self._enc.packets_out * self._packet_samples
-
-    def encode(self, x: np.ndarray) -> list[bytes]:
+    def encode(self, x: np.ndarray) -> list[tuple[bytes, int]]:
         packets = self._enc.encode(x)
         if self._ogg is None:
-            return packets
-        return self._headers() + self._ogg.pages(packets)
+            return self._units([(p, 1) for p in packets])
+        return self._units(self._headers() + self._ogg.pages(packets))
 
-    def flush(self) -> list[bytes]:
+    def flush(self) -> list[tuple[bytes, int]]:
         packets = self._enc.flush()
         if self._ogg is None:
-            return packets
-        return self._headers() + self._ogg.last_pages(packets, self._enc.samples_in)
+            return self._units([(p, 1) for p in packets])
+        return self._units(self._headers() + self._ogg.last_pages(packets, self._enc.samples_in))
 
-    def _headers(self) -> list[bytes]:
+    def _units(self, units: list[tuple[bytes, int]]) -> list[tuple[bytes, int]]:
+        """(packet or page, the Opus packets in it) -> (the same, its samples at the stream's rate)."""
+        return [(data, packets * self._packet_samples) for data, packets in units]
+
+    def _headers(self) -> list[tuple[bytes, int]]:
         if self._headers_sent:
             return []
         self._headers_sent = True
-        return self._ogg.headers()
+        return [(page, 0) for page in self._ogg.headers()]     # OpusHead, OpusTags: no audio
 
 
 class AacPacker:
-    """ADTS frames of 1024 samples; samples_out counts the samples of the frames emitted."""
+    """ADTS frames of 1024 samples each."""
 
     def __init__(self, encoder: aac.AacEncoder):
         self._enc = encoder
 
-    @property
-    def samples_out(self) -> int:
-        return self._enc.frames_out * aac.FRAME_SAMPLES
+    def encode(self, x: np.ndarray) -> list[tuple[bytes, int]]:
+        return [(frame, aac.FRAME_SAMPLES) for frame in self._enc.encode(x)]
 
-    def encode(self, x: np.ndarray) -> list[bytes]:
-        return self._enc.encode(x)
-
-    def flush(self) -> list[bytes]:
-        return self._enc.flush()
+    def flush(self) -> list[tuple[bytes, int]]:
+        return [(frame, aac.FRAME_SAMPLES) for frame in self._enc.flush()]
 
 
 class SndfilePacker:
     """MP3 / FLAC bytes as libsndfile writes them (whole-file mode: all of it at flush).
 
-    samples_out counts the samples handed to the encoder once their bytes may have left; the bytes
-    out lag them by up to one codec block (576-1152 samples).
+    The bytes out lag the samples in by up to one codec block (576-1152 samples), and a call may give no
+    bytes at all, so which samples a unit's bytes hold is not known: a unit carries the samples handed to
+    the encoder since the last unit. Each unit is off by at most a block; the sum over the stream is exact.
     """
 
     def __init__(self, encoder: sndfile.SndfileEncoder):
         self._enc = encoder
-        self._samples_in = 0
-        self.samples_out = 0
+        self._samples_unsent = 0      # handed to the encoder since the last unit
 
-    def encode(self, x: np.ndarray) -> list[bytes]:
+    def encode(self, x: np.ndarray) -> list[tuple[bytes, int]]:
         x = pcm.clean_f32(x)
-        self._samples_in += len(x)
-        data = self._enc.write(x)
-        if self._enc.streaming:
-            self.samples_out = self._samples_in
-        return [data] if data else []
+        self._samples_unsent += len(x)
+        return self._unit(self._enc.write(x))
 
-    def flush(self) -> list[bytes]:
-        data = self._enc.close()
-        self.samples_out = self._samples_in
-        return [data] if data else []
+    def flush(self) -> list[tuple[bytes, int]]:
+        return self._unit(self._enc.close())
+
+    def _unit(self, data: bytes) -> list[tuple[bytes, int]]:
+        if not data:
+            return []
+        samples, self._samples_unsent = self._samples_unsent, 0
+        return [(data, samples)]

@@ -79,16 +79,17 @@ class OggOpusWriter:
         return [self._pager.page([opus_head(self.pre_skip, self.stream_rate)], 0, OggPager.BOS),
                 self._pager.page([opus_tags()], 0)]
 
-    def pages(self, packets: list[bytes]) -> list[bytes]:
-        """Audio pages for `packets`; no page for no packets."""
+    def pages(self, packets: list[bytes]) -> list[tuple[bytes, int]]:
+        """Audio pages for `packets`, each with the number of packets on it; no page for no packets."""
         out = []
         for batch in self._batches(packets):
             self.granule += len(batch) * self.packet_granules
-            out.append(self._pager.page(batch, self.granule))
+            out.append((self._pager.page(batch, self.granule), len(batch)))
         return out
 
-    def last_pages(self, packets: list[bytes], samples_in: int) -> list[bytes]:
-        """The final pages, the last one flagged end-of-stream (with no packet if `packets` is empty).
+    def last_pages(self, packets: list[bytes], samples_in: int) -> list[tuple[bytes, int]]:
+        """The final pages with their packet counts, as `pages`; the last one is flagged end-of-stream
+        (with no packet if `packets` is empty).
 
         `samples_in` counts the real input samples (at input_rate): the last granule stops there,
         so a decoder drops the silence that padded the final packet.
@@ -99,7 +100,7 @@ class OggOpusWriter:
         end = self.pre_skip + samples_in * self._scale
         if end > self.granule:
             raise ValueError(f"end granule {end} is past the {self.granule} samples the packets decode to")
-        out.append(self._pager.page(batches[-1], end, OggPager.EOS))
+        out.append((self._pager.page(batches[-1], end, OggPager.EOS), len(batches[-1])))
         return out
 
     @staticmethod

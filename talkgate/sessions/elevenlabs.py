@@ -240,7 +240,7 @@ class ElevenLabsProtocol(UtteranceProtocol):
             enc, _ = self.encoders.get(ev.key) or (make_stream_encoder(
                 self.output.container, self.output.rate, bitrate=self.output.bitrate), None)
             self.encoders[ev.key] = (enc, ev.out.stream)
-            payload = b"".join(enc.encode(np.frombuffer(payload, np.float32)))
+            payload = b"".join(packet.data for packet in enc.encode(np.frombuffer(payload, np.float32)))
         audio = base64.b64encode(payload).decode() if payload else None     # an encoder may hold a frame back
         return self._audio_send(dumps(self._message(ev.key, audio, ev.span)), ev.key, ev.out.stream,
                                 ev.out.duration_ms)
@@ -250,7 +250,7 @@ class ElevenLabsProtocol(UtteranceProtocol):
         if key not in self.encoders:
             return []
         enc, stream = self.encoders.pop(key)
-        tail = b"".join(enc.flush())
+        tail = b"".join(packet.data for packet in enc.flush())
         if not tail:
             return []
         return [self._audio_send(dumps(self._message(key, base64.b64encode(tail).decode(), None)), key, stream, 0.0)]

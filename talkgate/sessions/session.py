@@ -167,17 +167,6 @@ class _Context:
     text_tokens: int = 0                # text token ids handed to the engine
 
 
-def _payload_durations(encoding: str, payloads: list[bytes], total_ms: float) -> list[float]:
-    """Split the audio time one encode() call produced over its payloads: Opus packets are 20 ms
-    each; raw PCM/G.711 (and a container's bytes, approximately) are proportional to their size."""
-    if not payloads:
-        return []
-    if encoding == "opus":
-        return [total_ms / len(payloads)] * len(payloads)
-    size = sum(map(len, payloads)) or 1
-    return [total_ms * len(p) / size for p in payloads]
-
-
 def _encoder(fmt: AudioFormat):
     return make_stream_encoder(fmt.encoding, fmt.sample_rate, streaming=fmt.streaming, bitrate=fmt.bitrate)
 
@@ -453,16 +442,13 @@ class Session:
         return events
 
     def _encoded(self, ctx: _Context, encode, *pcm) -> list[SessionEvent]:
-        """Run one encoder call (encode(pcm) or flush()) and turn its payloads into AudioOut events."""
-        before = ctx.encoder.duration_ms()
-        payloads = encode(*pcm)
-        durations = _payload_durations(ctx.encoder.encoding, payloads, ctx.encoder.duration_ms() - before)
+        """Run one encoder call (encode(pcm), drain() or flush()) and turn its packets into AudioOut events."""
         events = []
-        for payload, ms in zip(payloads, durations):
+        for packet in encode(*pcm):
             events.append(AudioOut(ctx.context_id, ctx.stream, ctx.encoder.encoding, ctx.seq,
-                                   round(ctx.audio_ms_emitted, 3), ms, payload))
+                                   round(ctx.audio_ms_emitted, 3), packet.ms, packet.data))
             ctx.seq += 1
-            ctx.audio_ms_emitted += ms
+            ctx.audio_ms_emitted += packet.ms
         return events
 
     def _finish(self, ctx: _Context, reason: str, engine_done: bool = False) -> list[SessionEvent]:
