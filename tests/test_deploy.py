@@ -14,8 +14,8 @@ import pytest
 import yaml
 
 from talkgate.cli import main as cli
-from talkgate.server.metrics import Metrics
 from talkgate.server.gateway import CLOSE_WAIT_S
+from talkgate.server.metrics import Metrics
 
 K8S = Path(__file__).resolve().parent.parent / "deploy" / "k8s"
 KUBERNETES_VERSIONS = ["1.29.0", kubernetes_validate.latest_version()]

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from talkgate.ipc import wire
-from talkgate.server.engine_client import EngineClient
 from talkgate.ipc.remote_engines import RemoteEngines
+from talkgate.server.engine_client import EngineClient
 from talkgate.synth.api import (
     AppendText, AudioChunk, CancelContext, ContextDone, ContextFailed, ContextParams, EndText, FlushText, MakeVoice,
     OpenContext, SamplingParams, TextSpoken, VoiceFailed, VoiceMade, VoicePrompt,

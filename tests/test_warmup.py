@@ -12,8 +12,8 @@ from talkgate.cli.main import main
 from talkgate.synth import compile_cache
 from talkgate.synth.api import ContextParams
 from talkgate.synth.engine import capture_slack, unnoticed
-from talkgate.synth.request import Request
 from talkgate.synth.precompiled import PrecompiledFunction
+from talkgate.synth.request import Request
 from talkgate.synth.runner import (PLAIN_WHEN_PRIMING, _compiled_graphs, batch_buckets, compile_hot_functions,
                                    fit_bucket, plain_functions)
 from talkgate.synth.scheduler import Scheduler

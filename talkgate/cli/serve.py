@@ -16,15 +16,15 @@ import logging
 import os
 from pathlib import Path
 
-from talkgate.system import descriptors
-from talkgate.system.childproc import usable_cores
 from talkgate.cli import args as cli_args
-from talkgate.processes import bytecode
 from talkgate.cli.args import CommandError
-from talkgate.system.warmup_watchdog import DEFAULT_STALL_S
+from talkgate.processes import bytecode
 from talkgate.processes import single
 from talkgate.server.listen import listen, tls_context
 from talkgate.sessions.limits import Limits
+from talkgate.system import descriptors
+from talkgate.system.childproc import usable_cores
+from talkgate.system.warmup_watchdog import DEFAULT_STALL_S
 
 log = logging.getLogger("talkgate.serve")
 DEFAULT_PRESET = "mini"

@@ -9,8 +9,8 @@ import os
 import time
 
 from talkgate.cli import args as cli_args
-from talkgate.processes import bytecode
 from talkgate.cli import serve
+from talkgate.processes import bytecode
 
 
 def add_parser(subparsers) -> None:

@@ -32,11 +32,11 @@ from dataclasses import dataclass, field
 
 import zmq
 
-from talkgate.system import heap
 from talkgate.ipc import wire
-from talkgate.system.warmup_watchdog import DEFAULT_STALL_S, WarmupWatchdog
-from talkgate.system.schedstat import SchedStat
 from talkgate.synth.api import EngineError
+from talkgate.system import heap
+from talkgate.system.schedstat import SchedStat
+from talkgate.system.warmup_watchdog import DEFAULT_STALL_S, WarmupWatchdog
 
 log = logging.getLogger("talkgate.engine_process")
 WORKER_LAG_LIMIT_S = 2.0        # a worker this far behind the engine has its contexts failed (worker_behind)

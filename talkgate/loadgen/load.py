@@ -31,15 +31,14 @@ from pathlib import Path
 
 import aiohttp
 
-from talkgate.system import descriptors
 from talkgate.loadgen import prompts as prompt_set
 from talkgate.loadgen import report
 from talkgate.loadgen.measure import (
     HEADER, histogram_delta, opus_packet_ms, parse_audio_header, parse_prometheus, poisson_arrivals, qwen_tokenizer,
     simulate_player, stats, token_deltas,
 )
-from talkgate.system import heap
 from talkgate.synth.request import frames_for_text   # the engine's documented text-length rule
+from talkgate.system import descriptors, heap
 
 ENCODING_CODES = {"opus": 1, "pcm_s16le": 2}
 DEFAULT_RATE = {"opus": 48000, "pcm_s16le": 24000}

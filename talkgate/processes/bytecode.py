@@ -24,8 +24,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from talkgate.system.childproc import usable_cores
 from talkgate.synth.compile_cache import cache_root
+from talkgate.system.childproc import usable_cores
 
 log = logging.getLogger("talkgate.bytecode")
 FOLDER = "bytecode"

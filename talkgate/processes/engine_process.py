@@ -23,8 +23,8 @@ log = logging.getLogger("talkgate.engine_process")
 
 def main(argv: list[str] | None = None) -> int:
     heap.hold_collections()         # until the model is loaded: its imports are most of a restart
-    from talkgate.system.childproc import die_with_parent
     from talkgate.synth.engine import Engine
+    from talkgate.system.childproc import die_with_parent
 
     p = argparse.ArgumentParser(prog="talkgate-engine", description="one engine process (started by talkgate serve)")
     p.add_argument("--index", type=int, default=0)

@@ -45,11 +45,11 @@ async def serve(engine, config, sockets: list[socket.socket], url: str, tls: ssl
     """Serve until the first SIGINT/SIGTERM, drain (a second signal cuts it short), stop. -> exit status."""
     from aiohttp import web
 
-    from talkgate.system import heap
     from talkgate.server.app import create_app
     from talkgate.server.errors import AppRunner
     from talkgate.server.gateway import drain
     from talkgate.server.listen import BACKLOG, CLEANUP_TIMEOUT_S
+    from talkgate.system import heap
 
     app = create_app(engine, config)
     gw = app["gateway"]

@@ -66,13 +66,13 @@ class StatusPipe:
 async def serve_worker(cfg: dict) -> int:
     from aiohttp import web
 
-    from talkgate.system import heap
-    from talkgate.server.metrics import Metrics
     from talkgate.ipc.remote_engines import RemoteEngines
-    from talkgate.server.listen import BACKLOG, CLEANUP_TIMEOUT_S, listen, tls_context
     from talkgate.server.app import create_app
     from talkgate.server.errors import AppRunner
     from talkgate.server.gateway import ServerConfig, drain, start_drain
+    from talkgate.server.listen import BACKLOG, CLEANUP_TIMEOUT_S, listen, tls_context
+    from talkgate.server.metrics import Metrics
+    from talkgate.system import heap
     from talkgate.system.schedstat import SchedStat
 
     index = cfg["index"]
