@@ -3,7 +3,7 @@ where there is none) and N gateway worker processes sharing the port, restarts a
 SIGTERM/SIGINT drains the workers, then stops the engines.
 
     supervisor (this process: no model, no sockets of its own but the reserved port)
-    ├── engine 0  (ipc/engine_server.py; CUDA_VISIBLE_DEVICES = its GPU)   ipc://RUN/engine-0.ipc
+    ├── engine 0  (processes/engine_process.py; CUDA_VISIBLE_DEVICES = its GPU)   ipc://RUN/engine-0.ipc
     ├── engine 1 ...
     ├── worker 0  (processes/worker.py: aiohttp on PORT with SO_REUSEPORT, DEALER to every engine)
     └── worker 1 ...
