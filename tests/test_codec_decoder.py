@@ -7,8 +7,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from talkgate.synth import codec_decoder
-from talkgate.synth.codec_decoder import (
-    CausalConv, CodecCheckpointError, CodecDecoderConfig, load_codec_decoder, write_random_codec_decoder)
+from talkgate.synth.codec_decoder import CausalConv, CodecDecoderConfig, load_codec_decoder, write_random_codec_decoder
+from talkgate.synth.speech_tokenizer import CodecCheckpointError
 
 # Tiny but complete: 16 codebooks, the real 72-frame window and the real 1920 samples per frame.
 TINY = dict(hidden_size=32, latent_dim=48, codebook_dim=32, codebook_size=64, num_attention_heads=2,

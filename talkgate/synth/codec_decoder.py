@@ -53,10 +53,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from talkgate.synth.sampling import kernel_module
+from talkgate.synth.speech_tokenizer import (
+    CONFIG_FILE, MODEL_TYPE, WEIGHTS_FILE, CodecCheckpointError, check_model_type, read_codec_config, read_half)
 
-MODEL_TYPE = "qwen3_tts_tokenizer_12hz"
-CONFIG_FILE = "config.json"
-WEIGHTS_FILE = "model.safetensors"
 PREFIX = "decoder."  # decoder tensors in model.safetensors; encoder.* is the voice-cloning encoder
 
 # decoder_config of the released checkpoints (Qwen/Qwen3-TTS-12Hz-*/speech_tokenizer/config.json).
@@ -81,10 +80,6 @@ PUBLISHED_ENCODER_CONFIG = {
     "use_cache": False, "use_causal_conv": True, "use_conv_shortcut": False,
     "vector_quantization_hidden_dimension": 256,
 }
-
-
-class CodecCheckpointError(ValueError):
-    """A speech_tokenizer directory that cannot be loaded; the message names the file and tensor."""
 
 
 @dataclass(frozen=True)
@@ -125,10 +120,7 @@ class CodecDecoderConfig:
     @classmethod
     def from_dict(cls, config: dict, source: str = CONFIG_FILE) -> "CodecDecoderConfig":
         """Parse a whole speech_tokenizer config (top level with `decoder_config`)."""
-        if config.get("model_type") != MODEL_TYPE:
-            raise CodecCheckpointError(
-                f"{source}: model_type {config.get('model_type')!r} is not {MODEL_TYPE!r} "
-                "(only the 12 Hz speech tokenizer is supported)")
+        check_model_type(config, source)
         dec = config.get("decoder_config")
         if not isinstance(dec, dict) or "codebook_dim" not in dec:
             raise CodecCheckpointError(f"{source}: decoder_config with codebook_dim is required")
@@ -154,17 +146,6 @@ class CodecDecoderConfig:
         if problems:
             raise CodecCheckpointError(f"{source}: unsupported decoder_config: " + "; ".join(problems))
         return cfg
-
-    @classmethod
-    def from_file(cls, path: str | Path) -> "CodecDecoderConfig":
-        path = Path(path)
-        if not path.is_file():
-            raise CodecCheckpointError(f"{path}: missing (expected the speech tokenizer's config)")
-        try:
-            config = json.loads(path.read_text())
-        except json.JSONDecodeError as e:
-            raise CodecCheckpointError(f"{path}: not valid JSON ({e})") from None
-        return cls.from_dict(config, str(path))
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -719,48 +700,11 @@ class CodecDecoder(nn.Module):
 # ---------------------------------------------------------------------------------------------------
 # Loading and writing checkpoints (speech_tokenizer/config.json + model.safetensors).
 
-_FLOAT_DTYPES = {"F64", "F32", "F16", "BF16"}
-
-
-NEEDED_FOR = {"decoder": "decoder: codes to audio", "encoder": "voice-cloning encoder: audio to codes"}
-
-
-def read_half(root: Path, model: torch.nn.Module, prefix: str, what: str, known: set[str] = frozenset()) -> dict:
-    """The tensors of one half of a speech_tokenizer's model.safetensors (decoder. or encoder.): every tensor of
-    `model`'s state dict under `prefix`, shape and float dtype checked; tensors under `prefix` that are neither the
-    model's nor in `known` are an error (a config that does not fit the file). `what` ("decoder", "encoder")
-    names the half in errors."""
-    from safetensors import safe_open
-
-    weights = root / WEIGHTS_FILE
-    if not weights.is_file():
-        raise CodecCheckpointError(f"{weights}: missing (expected the speech tokenizer's weights)")
-    expected, state = model.state_dict(), {}
-    with safe_open(str(weights), framework="pt", device="cpu") as f:
-        present = set(f.keys())
-        for name, like in expected.items():
-            key = prefix + name
-            if key not in present:
-                raise CodecCheckpointError(f"{weights}: missing tensor {key!r} (the {NEEDED_FOR[what]})")
-            sl = f.get_slice(key)
-            shape, kind = list(sl.get_shape()), sl.get_dtype()
-            if shape != list(like.shape):
-                raise CodecCheckpointError(f"{weights}: tensor {key!r} has shape {shape}, expected {list(like.shape)}")
-            if kind not in _FLOAT_DTYPES:
-                raise CodecCheckpointError(f"{weights}: tensor {key!r} has dtype {kind}, expected a float type")
-            state[name] = f.get_tensor(key)
-    unexpected = sorted(k for k in present if k.startswith(prefix) and k[len(prefix):] not in expected
-                        and k[len(prefix):] not in known)
-    if unexpected:
-        raise CodecCheckpointError(f"{weights}: unexpected {what} tensors {unexpected[:5]} ({len(unexpected)}; "
-                                   f"is its config right for this file?)")
-    return state
-
-
 def load_codec_decoder(speech_tokenizer_dir: str | Path, device="cpu", dtype: torch.dtype = torch.float32) -> CodecDecoder:
     """Load the decoder half of a speech_tokenizer directory (weights cast to `dtype` on `device`)."""
     root = Path(speech_tokenizer_dir)
-    cfg = CodecDecoderConfig.from_file(root / CONFIG_FILE)
+    path = root / CONFIG_FILE
+    cfg = CodecDecoderConfig.from_dict(read_codec_config(path), str(path))
     with torch.device("meta"):
         model = CodecDecoder(cfg)
     state = read_half(root, model, PREFIX, "decoder")

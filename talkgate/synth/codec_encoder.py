@@ -21,7 +21,6 @@ codebooks past the 16th are known and skipped.
 """
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -30,7 +29,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from talkgate.synth.codec_decoder import CONFIG_FILE, MODEL_TYPE, CodecCheckpointError, read_half
+from talkgate.synth.speech_tokenizer import (
+    CONFIG_FILE, MODEL_TYPE, CodecCheckpointError, check_model_type, read_codec_config, read_half)
 
 PREFIX = "encoder."
 FRAME_SAMPLES = 1920
@@ -72,9 +72,7 @@ class CodecEncoderConfig:
     @classmethod
     def from_dict(cls, config: dict, source: str = CONFIG_FILE) -> "CodecEncoderConfig":
         """Parse a whole speech_tokenizer config (top level with `encoder_config`)."""
-        if config.get("model_type") != MODEL_TYPE:
-            raise CodecCheckpointError(f"{source}: model_type {config.get('model_type')!r} is not {MODEL_TYPE!r} "
-                                       "(only the 12 Hz speech tokenizer is supported)")
+        check_model_type(config, source)
         enc = config.get("encoder_config")
         if not isinstance(enc, dict):
             raise CodecCheckpointError(f"{source}: encoder_config is required (the voice-cloning encoder)")
@@ -110,16 +108,6 @@ class CodecEncoderConfig:
         if problems:
             raise CodecCheckpointError(f"{source}: unsupported encoder_config: " + "; ".join(problems))
         return cfg
-
-    @classmethod
-    def from_file(cls, path: str | Path) -> "CodecEncoderConfig":
-        path = Path(path)
-        if not path.is_file():
-            raise CodecCheckpointError(f"{path}: missing (expected the speech tokenizer's config)")
-        try:
-            return cls.from_dict(json.loads(path.read_text()), str(path))
-        except json.JSONDecodeError as e:
-            raise CodecCheckpointError(f"{path}: not valid JSON ({e})") from None
 
 
 class CausalConv(nn.Module):
@@ -362,7 +350,8 @@ def unused_tensor_shapes(cfg: CodecEncoderConfig) -> dict[str, tuple[int, ...]]:
 def load_codec_encoder(speech_tokenizer_dir: str | Path, device="cpu", dtype: torch.dtype = torch.float32) -> CodecEncoder:
     """Load the encoder half of a speech_tokenizer directory (weights cast to `dtype` on `device`)."""
     root = Path(speech_tokenizer_dir)
-    cfg = CodecEncoderConfig.from_file(root / CONFIG_FILE)
+    path = root / CONFIG_FILE
+    cfg = CodecEncoderConfig.from_dict(read_codec_config(path), str(path))
     with torch.device("meta"):
         model = CodecEncoder(cfg)
     state = read_half(root, model, PREFIX, "encoder", set(unused_tensor_shapes(cfg)))
