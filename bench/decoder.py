@@ -19,7 +19,8 @@ import traceback
 import torch
 
 from talkgate.synth import codec_decoder
-from talkgate.synth.codec_decoder import load_codec_decoder, write_random_codec_decoder
+from talkgate.synth.codec_decoder import load_codec_decoder
+from talkgate.synth.random_speech_tokenizer import write_random_codec_decoder
 
 # fp32-engine: torch's defaults, which the engine keeps (TF32 convolutions, the convolutions computed as a
 # multiply too: codec_decoder.conv_addmm; exact float32 matmuls)

@@ -32,7 +32,7 @@ TEXT = "The quick brown fox jumps over the lazy dog, then naps in the afternoon 
 def batch1_runner(checkpoint: str):
     """The engine's runner for graph-level experiments (bench/decoder_kernels.py):
     loaded, warmed and captured (buckets 1 and 2), its row 0 a context in slot 0 at position 40, frame 20."""
-    from talkgate.synth.runner import load_runner
+    from talkgate.synth.runner_build import load_runner
     t0 = time.time()
     r, *_ = load_runner(checkpoint, max_contexts=4, max_batch=2)
     r.warmup()

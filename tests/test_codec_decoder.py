@@ -7,8 +7,9 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from talkgate.synth import codec_decoder
-from talkgate.synth.codec_decoder import (
-    CausalConv, CodecCheckpointError, CodecDecoderConfig, load_codec_decoder, write_random_codec_decoder)
+from talkgate.synth.codec_decoder import CausalConv, CodecDecoderConfig, load_codec_decoder
+from talkgate.synth.random_speech_tokenizer import speech_tokenizer_config, write_random_codec_decoder
+from talkgate.synth.speech_tokenizer import CodecCheckpointError
 
 # Tiny but complete: 16 codebooks, the real 72-frame window and the real 1920 samples per frame.
 TINY = dict(hidden_size=32, latent_dim=48, codebook_dim=32, codebook_size=64, num_attention_heads=2,
@@ -158,7 +159,6 @@ def test_writer_is_deterministic_and_official_layout(tmp_path, tiny_dir):
 
 
 def test_default_config_is_the_released_one(tmp_path):
-    from talkgate.synth.codec_decoder import speech_tokenizer_config
     cfg = CodecDecoderConfig.from_dict(speech_tokenizer_config())
     assert (cfg.hidden_size, cfg.intermediate_size, cfg.attn_head_dim, cfg.latent_dim, cfg.codebook_dim) == (512, 1024, 64, 1024, 512)
     assert cfg.frame_samples == 1920 and cfg.sliding_window == 72 and cfg.num_hidden_layers == 8

@@ -10,7 +10,7 @@ import torch
 
 from talkgate.synth import parallel_compile
 from talkgate.synth.parallel_compile import LATE, TASKS, helper_count, plan
-from talkgate.synth.runner import load_runner
+from talkgate.synth.runner_build import load_runner
 
 
 def test_the_plan_gives_every_task_to_one_helper_longest_first_and_the_late_ones_a_helper_of_their_own():

@@ -21,9 +21,9 @@ from safetensors.torch import load_file
 
 from talkgate.synth import checkpoint
 from talkgate.synth.api import SamplingParams
-from talkgate.synth.codec_decoder import write_random_codec_decoder
 from talkgate.synth.loader import load_tts
 from talkgate.synth.offline import generate_codes, synthesize
+from talkgate.synth.random_speech_tokenizer import write_random_codec_decoder
 from talkgate.synth.voice import make_voice_prompt
 from tests.reference import load_reference_tokenizer, ref, save_reference, tiny_config
 from tests.voicetools import voiced

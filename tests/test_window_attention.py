@@ -10,8 +10,8 @@ import torch
 import torch.nn.functional as F
 
 from talkgate.synth import codec_decoder
-from talkgate.synth.codec_decoder import (
-    CodecDecoderConfig, Transformer, load_codec_decoder, speech_tokenizer_config, write_random_codec_decoder)
+from talkgate.synth.codec_decoder import CodecDecoderConfig, Transformer, load_codec_decoder
+from talkgate.synth.random_speech_tokenizer import speech_tokenizer_config, write_random_codec_decoder
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # tests/test_codec_decoder.py's tiny decoder: 16 codebooks, the real 72-frame window

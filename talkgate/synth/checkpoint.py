@@ -6,7 +6,7 @@ writes config.json (model_type qwen3_tts, plus a {"talkgate": {"random_weights":
 that is how talkgate knows a model is untrained), generation_config.json, model.safetensors
 (sharded with model.safetensors.index.json above SHARD_BYTES), the Qwen text tokenizer files
 (vocab.json, merges.txt, tokenizer_config.json with the audio/TTS added tokens 151669..151675) and
-speech_tokenizer/ (synth.codec_decoder.write_random_codec_decoder: decoder and voice-cloning encoder, as every
+speech_tokenizer/ (synth/random_speech_tokenizer.py: decoder and voice-cloning encoder, as every
 published variant ships both). Base checkpoints also get the speaker encoder (`speaker_encoder.*` and
 `speaker_encoder_config`; tiny and mini write the whole config, as their widths are not the defaults).
 
@@ -35,8 +35,8 @@ from pathlib import Path
 
 import torch
 
-from talkgate.synth.codec_decoder import write_random_codec_decoder
 from talkgate.synth.config import VARIANTS
+from talkgate.synth.random_speech_tokenizer import write_random_codec_decoder
 from talkgate.synth.tokenizer import qwen_tokenizer_dir
 
 SHARD_BYTES = 2 << 30

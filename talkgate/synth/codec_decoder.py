@@ -43,7 +43,6 @@ calls it.
 """
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -53,38 +52,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from talkgate.synth.sampling import kernel_module
+from talkgate.synth.speech_tokenizer import CONFIG_FILE, CodecCheckpointError, check_model_type, read_codec_config, read_half
 
-MODEL_TYPE = "qwen3_tts_tokenizer_12hz"
-CONFIG_FILE = "config.json"
-WEIGHTS_FILE = "model.safetensors"
 PREFIX = "decoder."  # decoder tensors in model.safetensors; encoder.* is the voice-cloning encoder
-
-# decoder_config of the released checkpoints (Qwen/Qwen3-TTS-12Hz-*/speech_tokenizer/config.json).
-PUBLISHED_DECODER_CONFIG = {
-    "attention_bias": False, "attention_dropout": 0.0, "latent_dim": 1024, "codebook_dim": 512,
-    "codebook_size": 2048, "decoder_dim": 1536, "hidden_act": "silu", "hidden_size": 512,
-    "intermediate_size": 1024, "layer_scale_initial_scale": 0.01, "max_position_embeddings": 8000,
-    "head_dim": 64, "num_attention_heads": 16, "num_hidden_layers": 8, "num_key_value_heads": 16,
-    "num_quantizers": 16, "num_semantic_quantizers": 1, "rms_norm_eps": 1e-5, "rope_theta": 10000,
-    "semantic_codebook_size": 4096, "sliding_window": 72, "upsample_rates": [8, 5, 4, 3],
-    "upsampling_ratios": [2, 2], "vector_quantization_hidden_dimension": 512,
-}
-# encoder_config (a Mimi encoder) of the released checkpoints (synth/codec_encoder.py reads it).
-PUBLISHED_ENCODER_CONFIG = {
-    "audio_channels": 1, "codebook_dim": 256, "codebook_size": 2048, "compress": 2, "dilation_growth_rate": 2,
-    "frame_rate": 12.5, "head_dim": 64, "hidden_act": "gelu", "hidden_size": 512, "intermediate_size": 2048,
-    "kernel_size": 7, "last_kernel_size": 3, "layer_scale_initial_scale": 0.01, "max_position_embeddings": 8000,
-    "norm_eps": 1e-5, "normalize": False, "num_attention_heads": 8, "num_filters": 64, "num_hidden_layers": 8,
-    "num_key_value_heads": 8, "num_quantizers": 32, "num_residual_layers": 1, "num_semantic_quantizers": 1,
-    "pad_mode": "constant", "residual_kernel_size": 3, "rope_theta": 10000.0, "sampling_rate": 24000,
-    "sliding_window": 250, "trim_right_ratio": 1.0, "upsample_groups": 512, "upsampling_ratios": [8, 6, 5, 4],
-    "use_cache": False, "use_causal_conv": True, "use_conv_shortcut": False,
-    "vector_quantization_hidden_dimension": 256,
-}
-
-
-class CodecCheckpointError(ValueError):
-    """A speech_tokenizer directory that cannot be loaded; the message names the file and tensor."""
 
 
 @dataclass(frozen=True)
@@ -125,10 +95,7 @@ class CodecDecoderConfig:
     @classmethod
     def from_dict(cls, config: dict, source: str = CONFIG_FILE) -> "CodecDecoderConfig":
         """Parse a whole speech_tokenizer config (top level with `decoder_config`)."""
-        if config.get("model_type") != MODEL_TYPE:
-            raise CodecCheckpointError(
-                f"{source}: model_type {config.get('model_type')!r} is not {MODEL_TYPE!r} "
-                "(only the 12 Hz speech tokenizer is supported)")
+        check_model_type(config, source)
         dec = config.get("decoder_config")
         if not isinstance(dec, dict) or "codebook_dim" not in dec:
             raise CodecCheckpointError(f"{source}: decoder_config with codebook_dim is required")
@@ -154,17 +121,6 @@ class CodecDecoderConfig:
         if problems:
             raise CodecCheckpointError(f"{source}: unsupported decoder_config: " + "; ".join(problems))
         return cfg
-
-    @classmethod
-    def from_file(cls, path: str | Path) -> "CodecDecoderConfig":
-        path = Path(path)
-        if not path.is_file():
-            raise CodecCheckpointError(f"{path}: missing (expected the speech tokenizer's config)")
-        try:
-            config = json.loads(path.read_text())
-        except json.JSONDecodeError as e:
-            raise CodecCheckpointError(f"{path}: not valid JSON ({e})") from None
-        return cls.from_dict(config, str(path))
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -717,50 +673,13 @@ class CodecDecoder(nn.Module):
 
 
 # ---------------------------------------------------------------------------------------------------
-# Loading and writing checkpoints (speech_tokenizer/config.json + model.safetensors).
-
-_FLOAT_DTYPES = {"F64", "F32", "F16", "BF16"}
-
-
-NEEDED_FOR = {"decoder": "decoder: codes to audio", "encoder": "voice-cloning encoder: audio to codes"}
-
-
-def read_half(root: Path, model: torch.nn.Module, prefix: str, what: str, known: set[str] = frozenset()) -> dict:
-    """The tensors of one half of a speech_tokenizer's model.safetensors (decoder. or encoder.): every tensor of
-    `model`'s state dict under `prefix`, shape and float dtype checked; tensors under `prefix` that are neither the
-    model's nor in `known` are an error (a config that does not fit the file). `what` ("decoder", "encoder")
-    names the half in errors."""
-    from safetensors import safe_open
-
-    weights = root / WEIGHTS_FILE
-    if not weights.is_file():
-        raise CodecCheckpointError(f"{weights}: missing (expected the speech tokenizer's weights)")
-    expected, state = model.state_dict(), {}
-    with safe_open(str(weights), framework="pt", device="cpu") as f:
-        present = set(f.keys())
-        for name, like in expected.items():
-            key = prefix + name
-            if key not in present:
-                raise CodecCheckpointError(f"{weights}: missing tensor {key!r} (the {NEEDED_FOR[what]})")
-            sl = f.get_slice(key)
-            shape, kind = list(sl.get_shape()), sl.get_dtype()
-            if shape != list(like.shape):
-                raise CodecCheckpointError(f"{weights}: tensor {key!r} has shape {shape}, expected {list(like.shape)}")
-            if kind not in _FLOAT_DTYPES:
-                raise CodecCheckpointError(f"{weights}: tensor {key!r} has dtype {kind}, expected a float type")
-            state[name] = f.get_tensor(key)
-    unexpected = sorted(k for k in present if k.startswith(prefix) and k[len(prefix):] not in expected
-                        and k[len(prefix):] not in known)
-    if unexpected:
-        raise CodecCheckpointError(f"{weights}: unexpected {what} tensors {unexpected[:5]} ({len(unexpected)}; "
-                                   f"is its config right for this file?)")
-    return state
-
+# Loading (speech_tokenizer/config.json + model.safetensors: synth/speech_tokenizer.py).
 
 def load_codec_decoder(speech_tokenizer_dir: str | Path, device="cpu", dtype: torch.dtype = torch.float32) -> CodecDecoder:
     """Load the decoder half of a speech_tokenizer directory (weights cast to `dtype` on `device`)."""
     root = Path(speech_tokenizer_dir)
-    cfg = CodecDecoderConfig.from_file(root / CONFIG_FILE)
+    path = root / CONFIG_FILE
+    cfg = CodecDecoderConfig.from_dict(read_codec_config(path), str(path))
     with torch.device("meta"):
         model = CodecDecoder(cfg)
     state = read_half(root, model, PREFIX, "decoder")
@@ -768,99 +687,3 @@ def load_codec_decoder(speech_tokenizer_dir: str | Path, device="cpu", dtype: to
     model.load_state_dict({k: v.float() for k, v in state.items()}, strict=True, assign=True)
     model.prepare()  # replaces the meta buffers
     return model.to(device=device, dtype=dtype).eval().requires_grad_(False)
-
-
-# speech_tokenizer/preprocessor_config.json as released (the reference loads it with AutoFeatureExtractor)
-PREPROCESSOR_CONFIG = {"chunk_length_s": None, "feature_extractor_type": "EncodecFeatureExtractor", "feature_size": 1,
-                       "overlap": None, "padding_side": "right", "padding_value": 0.0, "return_attention_mask": True,
-                       "sampling_rate": 24000}
-
-
-def speech_tokenizer_config(decoder_config: dict | None = None, encoder_config: dict | None = None) -> dict:
-    """The whole speech_tokenizer/config.json, as released, with decoder_config / encoder_config keys overridden."""
-    dec = {**PUBLISHED_DECODER_CONFIG, **(decoder_config or {})}
-    frame = math.prod(dec["upsample_rates"]) * math.prod(dec["upsampling_ratios"])
-    return {
-        "architectures": ["Qwen3TTSTokenizerV2Model"],
-        "model_type": MODEL_TYPE,
-        "encoder_valid_num_quantizers": 16,
-        "input_sample_rate": 24000,
-        "output_sample_rate": 24000,
-        "decode_upsample_rate": frame,
-        "encode_downsample_rate": 1920,
-        "encoder_config": {**PUBLISHED_ENCODER_CONFIG, **(encoder_config or {})},
-        "decoder_config": dec,
-        "transformers_version": "4.57.3",
-    }
-
-
-@torch.no_grad()
-def _randomize(model: CodecDecoder, gen: torch.Generator):
-    """Weights that make every part of the decoder matter (layer scales and ConvNeXt gammas near 0.3
-    rather than the training init near 0), with roughly unit-variance activations."""
-    def normal(shape, std):
-        return torch.randn(shape, generator=gen) * std
-
-    for name, p in model.named_parameters():
-        leaf = name.rpartition(".")[2]
-        if leaf == "cluster_usage":
-            value = torch.rand(p.shape, generator=gen) + 0.5
-        elif leaf == "embedding_sum":
-            value = normal(p.shape, 0.5)
-        elif leaf in ("alpha", "beta"):
-            value = normal(p.shape, 0.3)
-        elif leaf in ("scale", "gamma"):
-            value = 0.3 + normal(p.shape, 0.05)
-        elif leaf == "bias":
-            value = normal(p.shape, 0.02)
-        elif p.dim() == 1:  # RMSNorm / LayerNorm weights
-            value = 1.0 + normal(p.shape, 0.1)
-        else:
-            owner = model.get_submodule(name.rpartition(".")[0])
-            if isinstance(owner, nn.ConvTranspose1d):  # [in, out, k]: each output sums in * k / stride terms
-                fan_in = p.shape[0] * p.shape[2] / owner.stride[0]
-            else:
-                fan_in = p[0].numel()
-            # residual-unit branches small, so activations do not grow block after block
-            value = normal(p.shape, fan_in ** -0.5 * (0.3 if ".conv2." in name else 1.0))
-        p.copy_(value)
-    model.prepare()
-
-
-def write_random_codec_decoder(out_dir: str | Path, decoder_config: dict | None = None, seed: int = 0,
-                               encoder_config: dict | None = None) -> Path:
-    """Write a speech tokenizer directory (config.json + model.safetensors, official names) with
-    deterministic random decoder weights; with `encoder_config` (overrides of the released one) also the
-    voice-cloning encoder's (synth.codec_encoder.random_encoder_tensors) and preprocessor_config.json, as
-    released. `out_dir` is the speech_tokenizer directory itself. The last conv is scaled by a power of two so
-    that the waveform of random codes stays well inside [-1, 1] (std near 0.1, little clamping)."""
-    from safetensors.torch import save_file
-
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    config = speech_tokenizer_config(decoder_config, encoder_config)
-    cfg = CodecDecoderConfig.from_dict(config)
-    gen = torch.Generator().manual_seed(seed)
-    model = CodecDecoder(cfg).eval()
-    _randomize(model, gen)
-    codes = torch.randint(0, cfg.codebook_size, (2, cfg.num_quantizers, 6), generator=gen)
-    final = model.decoder[-1].conv
-    for _ in range(4):
-        wav = model.decode(codes)
-        std = float(wav.std())
-        if wav.abs().max() < 0.99 or std == 0:
-            break
-        final.weight.data /= 16
-        final.bias.data /= 16
-    if std > 0:
-        gain = 2.0 ** round(math.log2(0.1 / std))
-        final.weight.data *= gain
-        final.bias.data *= gain
-    tensors = {PREFIX + k: v.contiguous() for k, v in model.state_dict().items()}
-    if encoder_config is not None:
-        from talkgate.synth.codec_encoder import random_encoder_tensors
-        tensors.update(random_encoder_tensors(config["encoder_config"], config["encoder_valid_num_quantizers"], seed))
-        (out / "preprocessor_config.json").write_text(json.dumps(PREPROCESSOR_CONFIG, indent=2) + "\n")
-    save_file(tensors, str(out / WEIGHTS_FILE), metadata={"format": "pt"})
-    (out / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
-    return out

@@ -21,7 +21,6 @@ codebooks past the 16th are known and skipped.
 """
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -30,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from talkgate.synth.codec_decoder import CONFIG_FILE, MODEL_TYPE, CodecCheckpointError, read_half
+from talkgate.synth.speech_tokenizer import CONFIG_FILE, CodecCheckpointError, check_model_type, read_codec_config, read_half
 
 PREFIX = "encoder."
 FRAME_SAMPLES = 1920
@@ -72,9 +71,7 @@ class CodecEncoderConfig:
     @classmethod
     def from_dict(cls, config: dict, source: str = CONFIG_FILE) -> "CodecEncoderConfig":
         """Parse a whole speech_tokenizer config (top level with `encoder_config`)."""
-        if config.get("model_type") != MODEL_TYPE:
-            raise CodecCheckpointError(f"{source}: model_type {config.get('model_type')!r} is not {MODEL_TYPE!r} "
-                                       "(only the 12 Hz speech tokenizer is supported)")
+        check_model_type(config, source)
         enc = config.get("encoder_config")
         if not isinstance(enc, dict):
             raise CodecCheckpointError(f"{source}: encoder_config is required (the voice-cloning encoder)")
@@ -110,16 +107,6 @@ class CodecEncoderConfig:
         if problems:
             raise CodecCheckpointError(f"{source}: unsupported encoder_config: " + "; ".join(problems))
         return cfg
-
-    @classmethod
-    def from_file(cls, path: str | Path) -> "CodecEncoderConfig":
-        path = Path(path)
-        if not path.is_file():
-            raise CodecCheckpointError(f"{path}: missing (expected the speech tokenizer's config)")
-        try:
-            return cls.from_dict(json.loads(path.read_text()), str(path))
-        except json.JSONDecodeError as e:
-            raise CodecCheckpointError(f"{path}: not valid JSON ({e})") from None
 
 
 class CausalConv(nn.Module):
@@ -339,7 +326,7 @@ class CodecEncoder(nn.Module):
 
 
 # ---------------------------------------------------------------------------------------------------
-# Loading and writing (speech_tokenizer/model.safetensors, `encoder.*`)
+# Loading (speech_tokenizer/model.safetensors, `encoder.*`)
 
 
 def unused_tensor_shapes(cfg: CodecEncoderConfig) -> dict[str, tuple[int, ...]]:
@@ -362,7 +349,8 @@ def unused_tensor_shapes(cfg: CodecEncoderConfig) -> dict[str, tuple[int, ...]]:
 def load_codec_encoder(speech_tokenizer_dir: str | Path, device="cpu", dtype: torch.dtype = torch.float32) -> CodecEncoder:
     """Load the encoder half of a speech_tokenizer directory (weights cast to `dtype` on `device`)."""
     root = Path(speech_tokenizer_dir)
-    cfg = CodecEncoderConfig.from_file(root / CONFIG_FILE)
+    path = root / CONFIG_FILE
+    cfg = CodecEncoderConfig.from_dict(read_codec_config(path), str(path))
     with torch.device("meta"):
         model = CodecEncoder(cfg)
     state = read_half(root, model, PREFIX, "encoder", set(unused_tensor_shapes(cfg)))
@@ -371,42 +359,3 @@ def load_codec_encoder(speech_tokenizer_dir: str | Path, device="cpu", dtype: to
         if isinstance(m, Codebook):
             m.embed = torch.empty_like(m.embed_sum)
     return model.to(device=device, dtype=dtype).prepare().eval().requires_grad_(False)
-
-
-@torch.no_grad()
-def random_encoder_tensors(encoder_config: dict, valid_quantizers: int = 16, seed: int = 0) -> dict[str, torch.Tensor]:
-    """Deterministic random weights for an encoder_config, every tensor of the official layout (with the
-    `encoder.` prefix). Convolutions and projections are drawn with std fan_in^-0.5 (residual branches
-    smaller) so that activations keep their scale, and each quantizer's codebook entries are random directions
-    at the scale of its input on a probe signal: the codes then vary with the audio, as a trained encoder's do."""
-    cfg = CodecEncoderConfig.from_dict({"model_type": MODEL_TYPE, "encoder_config": encoder_config,
-                                        "encoder_valid_num_quantizers": valid_quantizers})
-    gen = torch.Generator().manual_seed(seed + 7919)
-    model = CodecEncoder(cfg).eval()
-    for name, p in model.named_parameters():
-        if name.endswith("scale"):
-            p.fill_(0.3)
-        elif p.dim() == 1:
-            p.copy_((torch.randn(p.shape, generator=gen) * 0.02) if name.endswith("bias") else
-                    1.0 + torch.randn(p.shape, generator=gen) * 0.1)
-        else:
-            gain = 0.3 if ".block.3." in name else 1.0
-            p.copy_(torch.randn(p.shape, generator=gen) * gain * p[0].numel() ** -0.5)
-    probe = torch.randn(1, FRAME_SAMPLES * 12, generator=gen) * 0.1
-    h = model.embeddings(probe)
-    for rvq in (model.quantizer.semantic_residual_vector_quantizer, model.quantizer.acoustic_residual_vector_quantizer):
-        x = rvq.input_proj(h) if rvq.input_proj is not None else h
-        for layer in rvq.layers:
-            book = layer.codebook
-            # entries of one norm: with random norms the smallest ones would win whatever the audio (in 256
-            # dimensions the norms' spread outweighs the directions')
-            entries = torch.randn(book.embed_sum.shape, generator=gen)
-            entries *= float(x.std()) * entries.shape[1] ** 0.5 / entries.norm(dim=1, keepdim=True)
-            book.embed_sum.copy_(entries)
-            book.cluster_usage.copy_(torch.rand(book.cluster_usage.shape, generator=gen) + 0.5)
-            book.embed_sum.mul_(book.cluster_usage[:, None])
-    tensors = {PREFIX + k: v.contiguous() for k, v in model.state_dict().items()}
-    for name, shape in unused_tensor_shapes(cfg).items():
-        tensors[PREFIX + name] = (torch.ones(shape) if name.endswith(("initialized", "cluster_usage")) else
-                                  torch.randn(shape, generator=gen) * 0.02)
-    return tensors

@@ -157,7 +157,7 @@ class Engine:
         torch_compile: fuse the step's kernels with torch.compile on cuda (minutes of warm-up, cached);
         untrained_length: how an untrained checkpoint's contexts end, "text-rule" or "runaway"
         (synth.api.end_of_speech)."""
-        from talkgate.synth.runner import load_runner
+        from talkgate.synth.runner_build import load_runner
         runner, tokenizer_factory, prompts, info = load_runner(
             path_or_id, device=device, dtype=dtype, max_contexts=max_contexts,
             max_frames_per_context=max_frames_per_context, max_batch=max_batch, cuda_graphs=cuda_graphs,

@@ -31,12 +31,13 @@ import torch
 
 from talkgate.synth.api import ModelInfo, end_of_speech
 from talkgate.synth.checkpoint_dir import CheckpointError, resolve_path
-from talkgate.synth.codec_decoder import CodecCheckpointError, load_codec_decoder
+from talkgate.synth.codec_decoder import load_codec_decoder
 from talkgate.synth.codec_encoder import CodecEncoder, load_codec_encoder
 from talkgate.synth.config import ConfigError, GenerationConfig, TTSConfig
 from talkgate.synth.model import CodePredictor, Talker, fuse_projections
 from talkgate.synth.prompt import Prompts
 from talkgate.synth.speaker_encoder import SpeakerEncoder
+from talkgate.synth.speech_tokenizer import CodecCheckpointError
 from talkgate.synth.tokenizer import QwenTokenizer
 
 _FLOAT_DTYPES = ("F32", "F16", "BF16", "F64")

@@ -1,0 +1,119 @@
+"""Building the engine's runner from a checkpoint, its slots sized from the GPU memory left.
+
+    runner, tokenizer_factory, prompts, info = load_runner(path_or_id, device, dtype, ...)   # synth.engine.Engine's
+
+On CUDA the compile helpers of a fresh compile cache (synth/parallel_compile.py) run beside the checkpoint's load,
+and the slots are sized once they have ended (their GPU memory back).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import time
+
+import torch
+
+from talkgate.synth import parallel_compile
+from talkgate.synth.checkpoint_dir import resolve_path
+from talkgate.synth.loader import load_tts, read_config
+from talkgate.synth.prompt import CLONE_MAX_PROMPT
+from talkgate.synth.runner import Runner, compile_folder, warmed_marker
+from talkgate.synth.tokenizer import StreamingTokenizer
+
+log = logging.getLogger("talkgate.runner")     # a runner's start, logged with the runner's own lines
+
+DEFAULT_MAX_PROMPT = 128               # prompt positions a slot holds (Base: CLONE_MAX_PROMPT, a 30 s ICL voice)
+
+
+def _dtype(name) -> torch.dtype | None:
+    if name is None or isinstance(name, torch.dtype):
+        return name
+    return {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}[str(name)]
+
+
+def slot_bytes(tts, max_len: int, dtype: torch.dtype) -> int:
+    """GPU bytes one context slot takes: Talker KV + codec decoder state + small per-slot pools."""
+    d = tts.config.talker.dims
+    kv = d.num_layers * 2 * d.num_kv_heads * max_len * d.head_dim * dtype.itemsize
+    one = tts.codec_decoder.alloc_state(1, device="meta")
+    dec = sum(t.numel() * t.element_size() for t in (one.tails, one.kv, one.pos))
+    return kv + dec + tts.config.talker.vocab_size + 2 * d.hidden_size * dtype.itemsize + 128
+
+
+DEFAULT_MAX_SLOTS = 512      # slots sized from memory at most: 512 contexts of 60 s fit an 80-GB H100 (engine.md)
+DEFAULT_MAX_BATCH = 256      # rows a step takes at most by default; more contexts take turns (earliest deadline)
+# warm-up's peak above the slots, the weights and the 4 GiB + 10% reserve, per row of the largest step: the H100
+# peaked at 48.7 GiB with 256 slots and 256 rows at 0.6B (24.6 slots + 2.1 weights + 22 GiB, mostly cuDNN's
+# algorithm search) and 50.6 GiB at 1.7B, 11.7 GiB of which the old reserve covered: 12.5 GiB at 256 rows
+WARMUP_BYTES_PER_ROW = 50 << 20
+
+
+def slots_from_memory(tts, max_len: int, dtype: torch.dtype, device: torch.device, cap: int = DEFAULT_MAX_SLOTS,
+                      max_batch: int = DEFAULT_MAX_BATCH) -> int:
+    """As many slots as free GPU memory allows after a reserve for activations, graphs and warm-up (4 GiB + 10%
+    of what is free + WARMUP_BYTES_PER_ROW per row of the largest step, min(slots, max_batch)), at most
+    `cap`; at least 1."""
+    free, _ = torch.cuda.mem_get_info(device)
+    usable, per_slot = free - (4 << 30) - free // 10, slot_bytes(tts, max_len, dtype)
+    slots = usable // (per_slot + WARMUP_BYTES_PER_ROW)          # every slot a row of the largest step
+    if slots > max_batch:
+        slots = (usable - max_batch * WARMUP_BYTES_PER_ROW) // per_slot
+    return max(1, min(cap, slots))
+
+
+def load_runner(path_or_id, device=None, dtype=None, max_contexts=None, max_frames_per_context=750, max_batch=None,
+                cuda_graphs=True, max_prompt=None, decoder_dtype=None, torch_compile=True, untrained_length="text-rule"):
+    """-> (Runner, tokenizer factory, Prompts, ModelInfo) for synth.engine.Engine."""
+    t0 = time.perf_counter()
+    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    dtype = _dtype(dtype) or (torch.bfloat16 if device.type == "cuda" else torch.float32)
+    # float32 by default, as the reference and as measured end to end; float16 decodes as fast as bfloat16
+    # with 41 dB SNR against float32 (bfloat16: 23 dB), saving ~12 ms a step at 256 contexts, but has not
+    # been run through the engine on a GPU yet (docs/benchmarks.md)
+    decoder_dtype = _dtype(decoder_dtype) or torch.float32
+    root = resolve_path(path_or_id)
+    config = read_config(root)
+    if max_prompt is None:
+        max_prompt = CLONE_MAX_PROMPT if config.model_type == "base" else DEFAULT_MAX_PROMPT
+    if max_batch is None:
+        # sized from memory, a step takes at most DEFAULT_MAX_BATCH rows (engine.md); given, every context
+        max_batch = max_contexts or DEFAULT_MAX_BATCH
+    functions = helpers = None
+    if device.type == "cuda":                  # before anything compiles: the caches' folder for this model here
+        functions = compile_folder(config, root, device, dtype, decoder_dtype)
+        if torch_compile:                      # a fresh cache: compile helpers, beside this process's load
+            helpers = parallel_compile.start(root, device, dtype, decoder_dtype, max_prompt, max_frames_per_context,
+                                             max(min(max_batch, max_contexts or max_batch), 2),
+                                             warmed_marker(functions, max_prompt))
+    tts = load_tts(path_or_id, device=device, dtype=dtype, decoder_dtype=decoder_dtype,
+                   untrained_length=untrained_length)
+    t_loaded = time.perf_counter()
+    if helpers is not None:
+        helpers.wait()                         # their memory back before the slots are sized from what is free
+    max_len = max_prompt + max_frames_per_context
+    if max_contexts is None:
+        max_contexts = slots_from_memory(tts, max_len, dtype, device, max_batch=max_batch) \
+            if device.type == "cuda" else 16
+    max_batch = min(max_batch, max_contexts)
+    runner = Runner(tts, num_slots=max_contexts, max_frames=max_frames_per_context, max_prompt=max_prompt,
+                    max_batch=max_batch, device=device, dtype=dtype, cuda_graphs=cuda_graphs,
+                    torch_compile=torch_compile, compile_folder=functions)
+    if helpers is not None and helpers.late_done() is None:
+        runner.compiling_later(helpers)
+    # the cold start's first part (docs/benchmarks.md): what came before the load is the interpreter and imports
+    age = process_age_s()
+    log.info("loaded: checkpoint %.2f s, runner (slots, compiled functions bound) %.2f s; process start -> here %s",
+             t_loaded - t0, time.perf_counter() - t_loaded, "?" if age is None else f"{age:.2f} s")
+    return runner, (lambda: StreamingTokenizer(tts.tokenizer)), tts.prompts, tts.info
+
+
+def process_age_s() -> float | None:
+    """Seconds since this process started (Linux /proc; None elsewhere)."""
+    try:
+        with open("/proc/self/stat") as f:
+            start_ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    return uptime - start_ticks / os.sysconf("SC_CLK_TCK")
