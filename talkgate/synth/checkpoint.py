@@ -262,8 +262,15 @@ def create_checkpoint(out_dir: str | Path, preset: str = "mini", variant: str = 
     (tmp / "generation_config.json").write_text(json.dumps(GENERATION_CONFIG, indent=2) + "\n")
     _write_tokenizer(tmp)
     _write_weights(tmp, tensor_shapes(config), seed, dtype)
-    write_random_codec_decoder(tmp / "speech_tokenizer", copy.deepcopy(decoder_config), seed,
-                               encoder_config=copy.deepcopy(_CLONE_PRESETS[preset][1]))
+    # the speech tokenizer's weights are scaled by statistics of forward passes, whose float sums depend on the
+    # number of threads torch splits them over: one thread, so that the same seed writes the same bytes
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        write_random_codec_decoder(tmp / "speech_tokenizer", copy.deepcopy(decoder_config), seed,
+                                   encoder_config=copy.deepcopy(_CLONE_PRESETS[preset][1]))
+    finally:
+        torch.set_num_threads(threads)
     for item in tmp.iterdir():
         item.rename(out / item.name)
     tmp.rmdir()
