@@ -23,7 +23,6 @@ import random
 import re
 import shutil
 import subprocess
-import sys
 import threading
 import time
 from dataclasses import asdict, dataclass, field, replace

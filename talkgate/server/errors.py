@@ -38,7 +38,7 @@ async def errors_as_json(request: web.Request, handler):
     """Every HTTP error as ErrorResponse, aiohttp's own (404, 405, 413, ...) included, counted in
     /metrics; an unexpected exception logged once and answered 500; a client that went away is
     neither (aiohttp finishes the response quietly)."""
-    gw: Gateway = request.app["gateway"]
+    gw = request.app["gateway"]
     try:
         response = await handler(request)
     except web.HTTPException as e:
