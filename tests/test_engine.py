@@ -218,7 +218,7 @@ def test_empty_text_ends_at_once(speaker):
 def test_untrained_ends_by_the_text_rule_and_stats(engine, speaker):
     """An untrained checkpoint (random weights never sample eos usefully): a context without fixed_frames
     ends where the text-length rule puts it for the text it received, streamed deltas included."""
-    from talkgate.synth.engine import frames_for_text
+    from talkgate.synth.request import frames_for_text
     assert engine.info.untrained and engine.info.end_of_speech == "text_length_rule"
     deltas = ["Hello there, ", "this is streamed ", "in three parts."]
     _, sink = speak(speaker, deltas, ContextParams(sampling=SamplingParams(seed=3)))
@@ -234,7 +234,7 @@ def test_untrained_ends_by_the_text_rule_and_stats(engine, speaker):
 def test_text_rule_end_after_the_frames_ran_ahead(speaker):
     """Digits are a token each: while the text is open, frames follow the tokens past the length the text
     rule gives the text so far; when the text ends the context ends with the audio it has."""
-    from talkgate.synth.engine import frames_for_text
+    from talkgate.synth.request import frames_for_text
     text = "1234567890" * 4
     ctx, sink = speak(speaker, [text], ContextParams(sampling=GREEDY), end=False)
     deadline = time.time() + 30

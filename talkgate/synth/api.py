@@ -148,7 +148,7 @@ class ContextParams:
     instructions: str | None = None   # VoiceDesign description / CustomVoice instruction
     sampling: SamplingParams = field(default_factory=SamplingParams)
     # Benchmarks with random weights (which never sample eos) fix the length: see
-    # synth.engine.frames_for_text for the documented text-length rule.
+    # synth.request.frames_for_text for the documented text-length rule.
     fixed_frames: int | None = None
 
 

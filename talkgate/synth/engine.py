@@ -49,7 +49,7 @@ from talkgate.synth.api import (
     Deliver, EndText, EngineCommand, EngineError, EngineEvent, EngineFull, EngineStopped, FlushText, InvalidParams,
     MakeVoice, ModelInfo, OpenContext, TextSpoken, VoiceFailed, VoiceMade, VoicePrompt, seed_fits,
 )
-from talkgate.synth.request import Request, frames_for_text  # noqa: F401 (frames_for_text is public here)
+from talkgate.synth.request import Request
 from talkgate.synth.scheduler import Scheduler
 
 log = logging.getLogger("talkgate.engine")
