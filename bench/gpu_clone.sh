@@ -4,7 +4,7 @@
 # A random-weight Base checkpoint; `talkgate serve` on it (--max-contexts 32: batch-1 figures, a shorter
 # warm-up) and its background graph captures over; then bench/clone.py: upload -> voice ready for a 10 s clip (x-vector and ICL), batch-1 TTFA of the
 # default voice, a stored x-vector voice and a stored ICL voice of a 10 s reference (whole text at once), and
-# the ICL voice with its text streamed. GPU_TESTS=1: then the CUDA test of tests/test_clone_engine.py in the
+# the ICL voice with its text streamed. GPU_TESTS=1: then the CUDA test of tests/unit/test_clone_engine.py in the
 # time left of DEADLINE seconds (default 470).
 # Setup: the wheels of .whl/ and .e2e/ (as gpu_coldstart.sh and gpu_env.sh) travel with the tree.
 # A dry run on a CPU: DEVICE=cpu PYTHON=.venv/bin/python PORT=18080 bench/gpu_clone.sh tiny
@@ -50,6 +50,6 @@ kill -TERM $srv; wait $srv
 grep "talkgate.voices\|engine" "$res/server.log" | grep -v " DEBUG " | tail -5
 if [ "${GPU_TESTS:-0}" = 1 ]; then
   left=$(( ${DEADLINE:-470} - SECONDS )); log "GPU test (${left} s left)"
-  [ "$left" -gt 30 ] && timeout "$left" $py -m pytest -q -p no:cacheprovider tests/test_clone_engine.py -k cuda 2>&1 | tail -5
+  [ "$left" -gt 30 ] && timeout "$left" $py -m pytest -q -p no:cacheprovider tests/unit/test_clone_engine.py -k cuda 2>&1 | tail -5
 fi
 log "done"

@@ -5,7 +5,7 @@
 # machine), then again with the cache it filled (a restart): process start -> ready line -> first audio of a
 # request sent at ready, the first 20 requests after ready and 20 once it is long warm (bench/coldstart.py).
 # IMAGE=1: then `talkgate warmup` into a third, empty cache (an image build) and serve from it.
-# GPU_TESTS=1: then tests/test_engine_gpu.py, in the time left of DEADLINE seconds (default 570).
+# GPU_TESTS=1: then tests/gpu/test_engine_gpu.py, in the time left of DEADLINE seconds (default 570).
 # Setup as bench/gpu_env.sh: the wheels of .e2e/ and .whl/ and .e2e/libopus.so.0 travel with the tree. Results: $OUT/cold-<size>/ (one JSON and one server log a run)
 # and the summary printed last.
 set -uo pipefail
@@ -41,7 +41,7 @@ if [ "${IMAGE:-0}" = 1 ]; then
 fi
 if [ "${GPU_TESTS:-0}" = 1 ]; then
   left=$(( ${DEADLINE:-570} - SECONDS )); log "GPU tests (${left} s left)"
-  [ "$left" -gt 30 ] && timeout "$left" python3 -m pytest -q -p no:cacheprovider tests/test_engine_gpu.py -k "${TESTS_K:-}" -o log_cli=true --log-cli-level=WARNING 2>&1 | tail -40
+  [ "$left" -gt 30 ] && timeout "$left" python3 -m pytest -q -p no:cacheprovider tests/gpu/test_engine_gpu.py -k "${TESTS_K:-}" -o log_cli=true --log-cli-level=WARNING 2>&1 | tail -40
 fi
 python3 - "$res" <<'EOF'
 import json, sys, pathlib

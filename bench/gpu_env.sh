@@ -18,6 +18,6 @@ export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 gpu_tests() {
   [ "${GPU_TESTS:-0}" = 1 ] || return 0
   log "GPU tests"
-  timeout 240 python3 -m pytest -q -p no:cacheprovider tests/test_sample_kernel.py tests/test_attention.py \
-    tests/test_persistent.py tests/test_engine_gpu.py 2>&1 | tail -15
+  timeout 240 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_sample_kernel.py tests/gpu/test_attention.py \
+    tests/gpu/test_persistent.py tests/gpu/test_engine_gpu.py 2>&1 | tail -15
 }

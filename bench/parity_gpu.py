@@ -66,7 +66,7 @@ def compare(args, ckpt: Path, dtype_name: str) -> dict:
     from talkgate.synth.api import SamplingParams
     from talkgate.synth.loader import load_tts
     from talkgate.synth.offline import generate_codes
-    from tests.test_parity_talker import reference_run
+    from tests.parity.test_parity_talker import reference_run
 
     device, dtype = torch.device(args.device), getattr(torch, dtype_name)
     tts = load_tts(ckpt, device=device, dtype=dtype, with_decoder=False)
@@ -131,7 +131,7 @@ def compare_clone(args, ckpt: Path, dtype_name: str) -> list[dict]:
     from talkgate.synth.loader import load_tts
     from talkgate.synth.offline import generate_codes
     from talkgate.synth.voice import make_voice_prompt
-    from tests.test_parity_clone import reference_generate
+    from tests.parity.test_parity_clone import reference_generate
     from tests.voicetools import voiced
 
     device, dtype = torch.device(args.device), getattr(torch, dtype_name)

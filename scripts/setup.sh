@@ -11,7 +11,7 @@ need_pkgs=()
 # grep without -q: with pipefail, -q's early exit can kill ldconfig with SIGPIPE and fail the pipeline
 ldconfig -p 2>/dev/null | grep 'libopus\.so\.0' >/dev/null || need_pkgs+=(libopus0)
 [ $want_test = 1 ] && ! command -v chromium >/dev/null && need_pkgs+=(chromium)
-# the proxy in front of replicas in tests/test_fleet.py (Envoy comes from PyPI, with the test extra)
+# the proxy in front of replicas in tests/system/test_fleet.py (Envoy comes from PyPI, with the test extra)
 [ $want_test = 1 ] && ! command -v nginx >/dev/null && [ ! -x /usr/sbin/nginx ] && need_pkgs+=(nginx)
 if [ ${#need_pkgs[@]} -gt 0 ]; then
   echo "setup: installing ${need_pkgs[*]} with apt-get"

@@ -68,3 +68,14 @@ def base_server(tiny_base_checkpoint, tmp_path_factory):
                         "1") as srv:
         srv.store = store
         yield srv
+
+
+KINDS = ("unit", "system", "parity", "gpu")       # tests/<kind>/: pyproject.toml registers each as a marker
+
+
+def pytest_collection_modifyitems(items):
+    """Each test is marked with its folder's kind (`pytest -m "not system"`, say)."""
+    for item in items:
+        kind = next((part for part in item.path.parts[-3:-1] if part in KINDS), None)
+        if kind is not None:
+            item.add_marker(kind)

@@ -10,7 +10,7 @@ the row's logits in registers and does all of it:
   the same bisection (skipped when top_p >= 1);
 - noise: the same lowbias32 hash of (seed, counter, stream, index) as synth.sampling.uniform_noise,
   in uint32 arithmetic, so the kernel and the PyTorch code draw the same ids (up to float rounding of
-  the top-p sums and of log: tests/test_sample_kernel.py).
+  the top-p sums and of log: tests/gpu/test_sample_kernel.py).
 Ties at the cutoffs are kept, as in the PyTorch code. Runs in Triton's interpreter on the CPU for tests.
 """
 from __future__ import annotations

@@ -12,7 +12,7 @@ reads the fused q/k/v projection's row of each frame and:
   loaded as one block, reading only the row's own ring. The new frame enters from registers: its entry
   is not read back.
 One program per (row, kv head) covers the head's query group. Runs in Triton's interpreter on the CPU for
-tests (tests/test_window_attention.py).
+tests (tests/gpu/test_window_attention.py).
 """
 from __future__ import annotations
 

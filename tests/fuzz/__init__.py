@@ -1,1 +1,1 @@
-"""The fuzz and fault suite's harness (tests/test_fuzz.py, docs/reliability.md)."""
+"""The fuzz and fault suite's harness (tests/system/test_fuzz.py, docs/reliability.md)."""

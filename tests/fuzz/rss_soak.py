@@ -2,7 +2,7 @@
 
     python -m tests.fuzz.rss_soak --seconds 600 --every 30 --settle 60 > /tmp/soak.tsv
 
-Starts the open campaign server of tests/test_fuzz.py (same arguments, warm-up and canary), runs its
+Starts the open campaign server of tests/system/test_fuzz.py (same arguments, warm-up and canary), runs its
 mixed load (`mixed_load`) for --seconds, lets the server settle for --settle seconds with only the
 canary, and prints one line per process per sample: seconds, phase, process (supervisor, engine N,
 worker N), pid, VmRSS, RssAnon, RssFile (MB), threads, open file descriptors, and the total. The

@@ -18,7 +18,7 @@ from talkgate.synth.api import (
 )
 from tests.compat_harness import Harness, jsons, pcm
 
-SCHEMA = json.loads((Path(__file__).parent.parent / "docs" / "protocol.schema.json").read_text())
+SCHEMA = json.loads((Path(__file__).parents[2] / "docs" / "protocol.schema.json").read_text())
 
 
 def make(tokenizer, limits=Limits(max_contexts_per_connection=2, max_text_chars=100), authenticate=None):

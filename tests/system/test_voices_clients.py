@@ -9,7 +9,7 @@ import asyncio
 import aiohttp
 import pytest
 
-from tests.test_compat_clients import Pipecat, livekit_stream
+from tests.system.test_compat_clients import Pipecat, livekit_stream
 from tests.voicetools import AUTH, KEY, audio_file
 
 TURN_TIMEOUT_S = 90

@@ -30,7 +30,7 @@ from tests.voicetools import voiced
 
 FRAMES = 32
 TOL = 1e-4
-NEVER_EOS = 3071          # inside the suppressed range: fixed-length runs (tests/test_parity_talker.py)
+NEVER_EOS = 3071          # inside the suppressed range: fixed-length runs (tests/parity/test_parity_talker.py)
 GREEDY = SamplingParams(greedy=True)
 TINY_DECODER = checkpoint._PRESETS["tiny"][2]
 TINY_ENCODER = checkpoint._CLONE_PRESETS["tiny"][1]

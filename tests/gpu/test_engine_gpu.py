@@ -1,6 +1,6 @@
 """The engine on a CUDA GPU: CUDA-graph steps give what eager steps give (greedy, fp32), bf16 runs clean.
 
-Skipped on machines without a GPU (CI); run on the GPU machine: pytest tests/test_engine_gpu.py
+Skipped on machines without a GPU (CI); run on the GPU machine: pytest tests/gpu/test_engine_gpu.py
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The HTTP speech translators, Sans-I/O (sessions/http.py and its users): one request's context in, the
 response's actions out, engine events built here. The real endpoints are run with the vendors' SDKs in
-tests/test_compat_sdks.py; this covers what a healthy engine never does (a refused context, a failure
+tests/system/test_compat_sdks.py; this covers what a healthy engine never does (a refused context, a failure
 after the body began) and the parsing each API refuses."""
 from __future__ import annotations
 

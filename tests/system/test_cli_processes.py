@@ -1,86 +1,14 @@
-"""The `talkgate` command: checkpoint create and synthesize in process; help, version and mistakes as typed."""
+"""The console command as a user types it: `talkgate` from the virtual environment's bin, its help and version, what
+it imports, and every mistake answered in one line before a model loads (tests/unit/test_cli.py calls main() in
+the test's process)."""
 from __future__ import annotations
 
-import argparse
 import concurrent.futures
 import os
 import socket
 import subprocess
 import sys
-import wave
 from pathlib import Path
-
-import pytest
-
-from talkgate.cli.main import main
-
-
-def read_wav(path):
-    with wave.open(str(path)) as w:
-        return w.getframerate(), w.getnframes()
-
-
-def test_checkpoint_create_then_synthesize(tmp_path, capsys):
-    ck = tmp_path / "ck"
-    assert main(["checkpoint", "create", str(ck), "--preset", "tiny", "--variant", "custom_voice"]) == 0
-    assert (ck / "config.json").is_file() and (ck / "speech_tokenizer" / "model.safetensors").is_file()
-    out = tmp_path / "a.wav"
-    args = ["synthesize", "--model", str(ck), "--voice", "ryan", "--language", "english", "--text", "Hello there.",
-            "-o", str(out), "--seed", "3", "--max-frames", "6"]
-    assert main(args) == 0
-    err = capsys.readouterr().err
-    assert "untrained random weights" in err and '"untrained": true' in err
-    rate, n = read_wav(out)
-    assert rate == 24000 and 0 < n <= 6 * 1920 and n % 1920 == 0
-    again = tmp_path / "b.wav"
-    assert main(args[:-5] + [str(again), "--seed", "3", "--max-frames", "6"]) == 0
-    assert out.read_bytes() == again.read_bytes()                 # a seed makes sampling reproducible
-
-
-def test_synthesize_untrained_ends_by_the_text_rule(tiny_checkpoint, tmp_path, capsys):
-    """Random weights never sample eos: without --max-frames the utterance is as long as the text-length
-    rule says ("Hello there, how are you?": 25 characters, 19 frames), not max_new_tokens of noise."""
-    out = tmp_path / "rule.wav"
-    assert main(["synthesize", "--model", str(tiny_checkpoint), "--text", "Hello there, how are you?",
-                 "-o", str(out), "--seed", "1"]) == 0
-    assert '"end_of_speech": "text_length_rule"' in capsys.readouterr().err
-    assert read_wav(out) == (24000, 19 * 1920)
-
-
-def test_synthesize_with_a_cloned_voice(tmp_path, capsys):
-    import numpy as np
-    import soundfile
-
-    from tests.voicetools import voiced
-    ck = tmp_path / "base"
-    assert main(["checkpoint", "create", str(ck), "--preset", "tiny", "--variant", "base"]) == 0
-    ref = tmp_path / "ref.flac"
-    soundfile.write(str(ref), np.stack([voiced(1, 2.0, 16000)] * 2, axis=1), 16000)     # stereo FLAC
-    common = ["synthesize", "--model", str(ck), "--text", "Hello there.", "--max-frames", "6", "--seed", "1"]
-    assert main(common + ["-o", str(tmp_path / "x.wav"), "--ref-audio", str(ref)]) == 0
-    assert "x-vector only" in capsys.readouterr().err
-    assert main(common + ["-o", str(tmp_path / "icl.wav"), "--ref-audio", str(ref), "--ref-text", "Hi, me here."]) == 0
-    assert "ICL, 25 reference frames" in capsys.readouterr().err
-    assert read_wav(tmp_path / "icl.wav")[0] == 24000
-    (tmp_path / "bad.wav").write_bytes(b"not audio")
-    assert main(common + ["-o", str(tmp_path / "y.wav"), "--ref-audio", str(tmp_path / "bad.wav")]) == 2
-    assert "bad.wav: cannot read audio" in capsys.readouterr().err
-    assert main(common + ["-o", str(tmp_path / "y.wav"), "--ref-text", "x"]) == 2
-    assert "--ref-text needs --ref-audio" in capsys.readouterr().err
-
-
-def test_errors_are_one_line_and_exit_2(tmp_path, tiny_checkpoint, capsys):
-    assert main(["synthesize", "--model", str(tiny_checkpoint), "--voice", "bob", "--text", "hi",
-                 "-o", str(tmp_path / "x.wav")]) == 2
-    assert "talkgate: error: unknown voice 'bob'; available: serena" in capsys.readouterr().err
-    assert main(["synthesize", "--model", str(tmp_path / "missing"), "--text", "hi", "-o", str(tmp_path / "x.wav")]) == 2
-    assert "no such checkpoint directory" in capsys.readouterr().err
-    assert main(["checkpoint", "create", str(tiny_checkpoint), "--preset", "tiny"]) == 2
-    assert "not empty" in capsys.readouterr().err
-    for command in (["serve"], ["synthesize", "--model", str(tiny_checkpoint), "--text", "hi", "-o", "x.wav"]):
-        with pytest.raises(SystemExit) as exit_:
-            main(command + ["--seed", str(1 << 64)])
-        assert exit_.value.code == 2 and "--seed: must fit in 64 bits" in capsys.readouterr().err
 
 
 # ----- the console command, as a user types it -----
@@ -90,41 +18,6 @@ TALKGATE = str(Path(sys.executable).parent / "talkgate")
 def talkgate(*args: str, timeout: float = 120, env: dict | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([TALKGATE, *args], capture_output=True, text=True, timeout=timeout,
                           env={**os.environ, **(env or {})})
-
-
-def all_parsers():
-    """(prog, parser) of every command: talkgate, each subcommand, and `talkgate bench`."""
-    from talkgate.cli import bench
-    from talkgate.cli.main import parser
-
-    todo, found = [parser()], []
-    while todo:
-        p = todo.pop()
-        found.append((p.prog, p))
-        for action in p._actions:
-            if isinstance(action, argparse._SubParsersAction):
-                todo += [sub for name, sub in action.choices.items() if name != "bench"]
-    return found + [("talkgate bench", bench.parser())]
-
-
-def test_help_explains_every_option_and_shows_each_default_once():
-    from talkgate.cli.args import HelpFormatter
-
-    parsers = dict(all_parsers())
-    assert set(parsers) == {"talkgate", "talkgate checkpoint", "talkgate checkpoint create", "talkgate synthesize",
-                            "talkgate serve", "talkgate drain", "talkgate warmup", "talkgate bench"}
-    for prog, p in parsers.items():
-        text = p.format_help()
-        assert "(default: None)" not in text and "%(default)" not in text, prog
-        for action in p._actions:
-            if not action.option_strings and not isinstance(action, argparse._SubParsersAction):
-                assert action.help, (prog, action.dest)
-            if action.option_strings:
-                help_text = HelpFormatter(prog)._get_help_string(action) % {"default": action.default}
-                assert action.help and help_text.count("default") <= 1, (prog, action.option_strings, help_text)
-    serve_help = parsers["talkgate serve"].format_help()
-    assert "--port N" in serve_help and "(default: 8080)" in serve_help and "(default: 10.0)" in serve_help
-    assert "english, german" in parsers["talkgate synthesize"].format_help()
 
 
 def test_help_and_version_from_the_console_command():

@@ -16,7 +16,7 @@ from tests.serverproc import TalkgateServer
 
 HEADER = struct.Struct("<BBHIII")
 GREEDY = {"greedy": True}
-SCHEMA = json.load(open(__import__("pathlib").Path(__file__).parent.parent / "docs" / "protocol.schema.json"))
+SCHEMA = json.load(open(__import__("pathlib").Path(__file__).parents[2] / "docs" / "protocol.schema.json"))
 
 
 @pytest.fixture(scope="module")

@@ -2,7 +2,7 @@
 unknown field) and KEDA's ScaledObject schema (cloudcoil-models-keda, generated from KEDA's CRDs), and
 against talkgate itself: the commands parse with talkgate's own parser, the grace period covers the drain,
 the metric the autoscalers read is one talkgate exports. No cluster: deploy/k8s is not run on a live one.
-(deploy/nginx and deploy/envoy run for real in tests/test_fleet.py.)"""
+(deploy/nginx and deploy/envoy run for real in tests/system/test_fleet.py.)"""
 from __future__ import annotations
 
 import re
@@ -17,7 +17,7 @@ from talkgate.cli import main as cli
 from talkgate.server.gateway import CLOSE_WAIT_S
 from talkgate.server.metrics import Metrics
 
-K8S = Path(__file__).resolve().parent.parent / "deploy" / "k8s"
+K8S = Path(__file__).resolve().parents[2] / "deploy" / "k8s"
 KUBERNETES_VERSIONS = ["1.29.0", kubernetes_validate.latest_version()]
 
 

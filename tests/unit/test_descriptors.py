@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 
-from tests.serverproc import TalkgateServer
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads /proc (Linux)")
 
@@ -23,8 +22,8 @@ def fd_size(pid: int | str = "self") -> int:
 def in_process(body: str) -> subprocess.CompletedProcess:
     """Run `body` in a fresh interpreter with logging on and a second thread alive (the table is shared, as in a
     server)."""
-    code = "import logging, resource, threading, time\nfrom talkgate import descriptors\n" \
-           "from tests.test_descriptors import fd_size\nlogging.basicConfig()\n" \
+    code = "import logging, resource, threading, time\nfrom talkgate.system import descriptors\n" \
+           "from tests.unit.test_descriptors import fd_size\nlogging.basicConfig()\n" \
            "threading.Thread(target=time.sleep, args=(5,), daemon=True).start()\n" + textwrap.dedent(body)
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
 
@@ -56,16 +55,3 @@ def test_reserve_stops_at_the_hard_limit_and_says_so():
     """)
     assert out.stdout.split() == ["300", "300"]
     assert "room for 300 open files, fewer than the 600 wanted" in out.stderr
-
-
-@pytest.mark.parametrize("workers", ["1", "0"])
-def test_the_process_serving_connections_has_room_for_them_before_it_listens(tiny_checkpoint, workers):
-    from talkgate.system.descriptors import SPARE
-    from tests.test_faults import pids
-
-    with TalkgateServer(tiny_checkpoint, "--workers", workers, "--max-connections", "700", wait="listening") as srv:
-        server = pids(srv, "worker")[0] if workers == "1" else srv.proc.pid
-        assert fd_size(server) >= 700 + SPARE
-        limits = Path(f"/proc/{server}/limits").read_text()
-        soft = re.search(r"^Max open files\s+(\d+|unlimited)", limits, re.M).group(1)
-        assert soft == "unlimited" or int(soft) >= 700 + SPARE

@@ -12,7 +12,7 @@ import aiohttp
 import pytest
 
 from tests.serverproc import TalkgateServer
-from tests.test_gateway import StalledClient
+from tests.system.test_gateway import StalledClient
 
 KEY = "sekret"
 AUTH = {"Authorization": f"Bearer {KEY}"}

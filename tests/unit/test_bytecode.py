@@ -10,7 +10,7 @@ from pathlib import Path
 
 from talkgate.processes import bytecode
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 START = """
 import subprocess, sys
 from talkgate.processes import bytecode

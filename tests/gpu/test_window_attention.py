@@ -14,7 +14,7 @@ from talkgate.synth.codec_decoder import CodecDecoderConfig, Transformer, load_c
 from talkgate.synth.random_speech_tokenizer import speech_tokenizer_config, write_random_codec_decoder
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-# tests/test_codec_decoder.py's tiny decoder: 16 codebooks, the real 72-frame window
+# tests/unit/test_codec_decoder.py's tiny decoder: 16 codebooks, the real 72-frame window
 TINY = dict(hidden_size=32, latent_dim=48, codebook_dim=32, codebook_size=64, num_attention_heads=2,
             num_key_value_heads=2, head_dim=16, intermediate_size=64, num_hidden_layers=2, decoder_dim=32)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from playwright.sync_api import sync_playwright
 
-from tests.test_web import CHROMIUM, FLAGS, Client
+from tests.system.test_web import CHROMIUM, FLAGS, Client
 from tests.voicetools import KEY, audio_file
 
 

@@ -13,7 +13,7 @@ import aiohttp
 import numpy as np
 
 from tests.serverproc import TalkgateServer
-from tests.test_gateway import GREEDY, connect, pcm16
+from tests.system.test_gateway import GREEDY, connect, pcm16
 
 TEXT = "Streaming on while another process goes down."
 FRAMES = 120

@@ -251,7 +251,7 @@ async def kill_one(fleet: Fleet) -> None:
     and the other replica's streams finish with every frame."""
     from pipecat.services.elevenlabs.tts import ElevenLabsTTSService
 
-    from tests.test_compat_clients import Pipecat
+    from tests.system.test_compat_clients import Pipecat
 
     ws = fleet.proxy.url.replace("http://", "ws://")
     tts = ElevenLabsTTSService(api_key="unused", url=ws, settings=ElevenLabsTTSService.Settings(voice="any-voice"))

@@ -25,7 +25,7 @@ FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-
          "--autoplay-policy=no-user-gesture-required", "--use-fake-ui-for-media-stream",
          "--use-fake-device-for-media-stream"]
 MAX_TEXT = 400          # the server's --max-text-chars here, so one error case is a long text
-SCREENSHOT = Path(__file__).resolve().parent.parent / "docs" / "web.png"
+SCREENSHOT = Path(__file__).resolve().parents[2] / "docs" / "web.png"
 SHORT = "Hello there, this is a test of streaming speech."
 LONG = ("This sentence is long enough that the speech is still being generated when the person "
         "interrupts it, which is exactly the moment a barge-in has to silence the player and cancel "

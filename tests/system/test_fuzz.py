@@ -7,8 +7,8 @@ connections, contexts and engine slots are back, internal_error never counted, e
 was answered with is counted in /metrics. The last test of each server checks its gauges against the
 baseline and its RSS against the baseline + 10%.
 
-    pytest tests/test_fuzz.py                                   # the CI size (a few minutes, 2 cores)
-    TALKGATE_FUZZ_SCALE=release pytest tests/test_fuzz.py       # 10^5 messages, 30 minutes of mixed load
+    pytest tests/system/test_fuzz.py                                   # the CI size (a few minutes, 2 cores)
+    TALKGATE_FUZZ_SCALE=release pytest tests/system/test_fuzz.py       # 10^5 messages, 30 minutes of mixed load
     TALKGATE_FUZZ_SEED=7 ...                                    # another seed
 """
 from __future__ import annotations

@@ -22,7 +22,7 @@ import pytest
 
 from tests.serverproc import READY, TalkgateServer
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+README = Path(__file__).resolve().parents[2] / "README.md"
 BIN = Path(sys.executable).parent
 
 
