@@ -9,7 +9,7 @@ from aiohttp import web
 
 from talkgate.server.compat_ws import VOICE_MAP
 from talkgate.server.http_speech import serve_speech
-from talkgate.sessions.openai import SpeechProtocol, parse_request
+from talkgate.sessions.openai import OpenAISpeech, parse_request
 from talkgate.sessions.reference_audio import read_clip
 from talkgate.sessions.session import Reference
 
@@ -17,13 +17,13 @@ from talkgate.sessions.session import Reference
 async def speech(request: web.Request) -> web.StreamResponse:
     gw = request.app["gateway"]
 
-    async def make(body) -> SpeechProtocol:
+    async def make(body) -> OpenAISpeech:
         req = parse_request(body, gw.limits.max_http_input_chars, gw.client.info, request.app[VOICE_MAP])
         config = req.config
         if req.ref_audio is not None:       # this request's own voice: decoded off the loop, made by the engine
             clip = await asyncio.to_thread(read_clip, req.ref_audio, "ref_audio")
             config = replace(config, reference=Reference(clip.samples.tobytes(), req.ref_text))
-        return SpeechProtocol(gw.new_session("openai", config), req)
+        return OpenAISpeech(gw.new_session("openai", config), req)
 
     return await serve_speech(request, "openai", make)
 

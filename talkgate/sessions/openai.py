@@ -123,7 +123,7 @@ def _parse(body: object, max_chars: int, info: ModelInfo, voices: VoiceMap) -> S
     return SpeechRequest(text, cfg, fmt, streamed, stream_format == "sse", ref_audio, ref_text)
 
 
-class SpeechProtocol(HttpSpeech):
+class OpenAISpeech(HttpSpeech):
     def __init__(self, session: Session, request: SpeechRequest):
         super().__init__(session, request.text, request.streamed)
         self.request = request

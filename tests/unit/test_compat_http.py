@@ -16,7 +16,7 @@ from talkgate.sessions.elevenlabs import ElevenLabsSpeech, parse_http_request as
 from talkgate.sessions.fields import SessionError
 from talkgate.sessions.http import Begin, Respond
 from talkgate.sessions.limits import Limits
-from talkgate.sessions.openai import SpeechProtocol, parse_request
+from talkgate.sessions.openai import OpenAISpeech, parse_request
 from talkgate.sessions.session import Session
 from talkgate.sessions.voices import VoiceMap
 from talkgate.synth.api import AudioChunk, ContextDone, ContextFailed, OpenContext
@@ -40,7 +40,7 @@ def openai(tokenizer, **body):
     req = parse_request({"input": "Hello there.", **body}, 4096, INFO, VOICES)
     s = session(tokenizer)
     s.configure(**{k: getattr(req.config, k) for k in ("voice", "format", "language")})
-    return SpeechProtocol(s, req)
+    return OpenAISpeech(s, req)
 
 
 def test_openai_voices_and_defaults():
