@@ -112,11 +112,7 @@ class Link:
 
     def submit(self) -> None:
         """The engine commands the protocol's session made, in order (taken also after a call that raised)."""
-        try:
-            commands = self.protocol.engine_commands()
-        except Exception:
-            log.exception("%s connection: engine_commands failed", self.label)
-            return
+        commands = self.protocol.engine_commands()
         if commands:
             self.engine.submit(self, commands)
 
