@@ -1,0 +1,206 @@
+"""The session's leak check (a pytest plugin; tests/conftest.py takes its hooks): no test may leave a thread, a child
+process, a socket or a ZMQ context behind. After the last fixture's teardown the run fails, and its terminal summary
+says what was left, when anything is:
+
+- threads: every live Python thread but the main thread and those alive before the first test (a baseline taken once
+  collection has imported every test module: the interpreter's, pytest's and the libraries' own, started at import).
+  A thread running talkgate's or the tests' own code is never part of the baseline, whenever it started.
+- child processes of this process (/proc/self/task/*/children), running or exited and never waited for (a zombie).
+  No baseline: nothing may be a child before the first test either.
+- sockets: descriptors of this process that are sockets (/proc/self/fd), beyond those open before the first test.
+- ZMQ contexts: zmq.Context objects alive and not closed (gc.get_objects(), garbage not yet collected included), and
+  those the collector destroyed during the run (pyzmq warns "Unclosed context" then): a context left to the
+  collector is a leak whether or not a collection happened to come before the end, so the check does not depend
+  on the collector's timing.
+
+The check never runs the garbage collector itself: a finalizer it would run can block (pyzmq's Context.__del__ on a
+context whose sockets are garbage with it waits for them for good; tests/test_engine_process.py's remote_engines).
+
+What was left may still be ending (a reader thread that sees its server's EOF a moment after the server exited):
+the check waits up to GRACE_S for threads to end and children to exit before it counts them.
+"""
+from __future__ import annotations
+
+import gc
+import os
+import sys
+import threading
+import time
+import traceback
+import warnings
+from pathlib import Path
+
+import pytest
+
+GRACE_S = 10.0
+ROOT = Path(__file__).resolve().parent.parent
+OWN = tuple(str(ROOT / d) + os.sep for d in ("talkgate", "tests"))     # code whose threads are never baseline
+UNCLOSED_CONTEXT = "Unclosed context"                                  # pyzmq's Context.__del__ warning
+TCP_STATES = {"01": "established", "06": "time-wait", "07": "closed", "08": "close-wait", "0A": "listening"}
+
+
+class _Check:
+    def __init__(self):
+        self.threads: set[int] = set()      # thread idents of the baseline
+        self.sockets: set[str] = set()      # socket inodes of the baseline
+        self.collected: list[str] = []      # contexts the collector destroyed: "context (during test)"
+        self.report: list[str] = []         # what the summary prints, empty when nothing was left
+        self.counts: dict[str, int] = {}
+
+
+_check = _Check()
+
+
+def pytest_configure(config):
+    # pyzmq warns (ResourceWarning, ignored by Python's default filters) when the collector destroys a context
+    # nobody closed: shown, pytest records it and pytest_warning_recorded below counts it.
+    warnings.filterwarnings("always", message=UNCLOSED_CONTEXT, category=ResourceWarning)
+
+
+def pytest_collection_finish(session):
+    """The baseline: what is alive once every test module is imported, before the first test runs."""
+    _check.threads = {t.ident for t in _other_threads() if not _runs_own_code(t)}
+    _check.sockets = set(_sockets().values())
+
+
+def pytest_warning_recorded(warning_message, when, nodeid, location):
+    if issubclass(warning_message.category, ResourceWarning) and \
+            str(warning_message.message).startswith(UNCLOSED_CONTEXT):
+        _check.collected.append(f"{warning_message.message} (destroyed by the garbage collector during "
+                                f"{nodeid or when}: the test that left it ran then or earlier)")
+
+
+@pytest.hookimpl(trylast=True)      # after the runner's own sessionfinish, which tears down what -x or ^C left set up
+def pytest_sessionfinish(session, exitstatus):
+    leaks = find_leaks()
+    if not any(leaks.values()):
+        return
+    _check.counts = {kind: len(items) for kind, items in leaks.items() if items}
+    _check.report = [f"{kind}: {len(items)}" + "".join(f"\n  {item}" for item in items)
+                     for kind, items in leaks.items() if items]
+    if session.exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    if session.config.pluginmanager.get_plugin("terminalreporter") is None:
+        print("LEAK CHECK FAILED: the session left\n" + "\n".join(_check.report), file=sys.stderr)
+
+
+def pytest_terminal_summary(terminalreporter):
+    if not _check.report:
+        return
+    terminalreporter.section("leak check: what the tests left behind", sep="=", red=True, bold=True)
+    for block in _check.report:
+        terminalreporter.write_line(block)
+    terminalreporter.write_line("LEAK CHECK FAILED: the run fails (tests/leakcheck.py)", red=True, bold=True)
+    # and the last line counts them ("N passed, 2 leaked threads in ...")
+    for kind, n in _check.counts.items():
+        terminalreporter.stats.setdefault(f"leaked {kind}", []).extend([kind] * n)
+
+
+# ----- what is left -----
+def find_leaks(grace_s: float = GRACE_S) -> dict[str, list[str]]:
+    deadline = time.monotonic() + grace_s
+    while True:
+        threads = [t for t in _other_threads() if t.ident not in _check.threads]
+        children = _children()
+        if not (threads or children) or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    sockets = {fd: inode for fd, inode in _sockets().items() if inode not in _check.sockets}
+    return {"threads": [_describe_thread(t) for t in threads],
+            "child processes": [_describe_process(pid) for pid in children],
+            "sockets": [f"fd {fd}: {_describe_socket(inode)}" for fd, inode in sorted(sockets.items())],
+            "zmq contexts": [f"{c!r} not closed" for c in _zmq_contexts()] + _check.collected}
+
+
+def _other_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t is not threading.main_thread() and t.is_alive()]
+
+
+def _stack(thread: threading.Thread) -> list[traceback.FrameSummary]:
+    frame = sys._current_frames().get(thread.ident)
+    return traceback.extract_stack(frame) if frame is not None else []
+
+
+def _runs_own_code(thread: threading.Thread) -> bool:
+    target = getattr(thread, "_target", None)
+    code = getattr(target, "__code__", None)
+    files = [f.filename for f in _stack(thread)] + ([code.co_filename] if code else [])
+    return any(f.startswith(OWN) for f in files)
+
+
+def _describe_thread(t: threading.Thread) -> str:
+    target = getattr(t, "_target", None)
+    top = "; ".join(f"{Path(f.filename).name}:{f.lineno} {f.name}" for f in reversed(_stack(t)[-4:]))
+    return (f"{t.name!r} ({'daemon' if t.daemon else 'not daemon'}, target "
+            f"{getattr(target, '__qualname__', target)!r}): {top or 'no Python frame'}")
+
+
+def _children() -> list[int]:
+    pids = []
+    for task in Path("/proc/self/task").iterdir():
+        try:
+            pids += [int(p) for p in (task / "children").read_text().split()]
+        except OSError:          # the task ended meanwhile
+            pass
+    return sorted(set(pids))
+
+
+def _describe_process(pid: int) -> str:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        return f"pid {pid} (gone meanwhile)"
+    if state == "Z":
+        return f"pid {pid}: exited, never waited for (zombie)"
+    return f"pid {pid} (state {state}): {cmdline[:300]}"
+
+
+def _sockets() -> dict[int, str]:
+    """fd -> socket inode, for every descriptor of this process that is a socket."""
+    out = {}
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:          # closed meanwhile (or listdir's own descriptor)
+            continue
+        if target.startswith("socket:["):
+            out[int(fd)] = target[8:-1]
+    return out
+
+
+def _describe_socket(inode: str) -> str:
+    """The socket's kind and addresses, from /proc/net (hex addresses as the kernel writes them)."""
+    for table in ("tcp", "tcp6", "udp", "udp6"):
+        try:
+            lines = Path(f"/proc/net/{table}").read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            f = line.split()
+            if len(f) > 9 and f[9] == inode:
+                state = TCP_STATES.get(f[3], f[3]) if table.startswith("tcp") else f[3]
+                return f"{table} local {_addr(f[1])} remote {_addr(f[2])} {state} (inode {inode})"
+    try:
+        for line in Path("/proc/net/unix").read_text().splitlines()[1:]:
+            f = line.split()
+            if len(f) > 6 and f[6] == inode:
+                return f"unix {f[7] if len(f) > 7 else '(unnamed)'} (inode {inode})"
+    except OSError:
+        pass
+    return f"socket inode {inode}"
+
+
+def _addr(hexaddr: str) -> str:
+    host, port = hexaddr.split(":")
+    if len(host) == 8:
+        host = ".".join(str(int(host[i:i + 2], 16)) for i in (6, 4, 2, 0))
+    return f"{host}:{int(port, 16)}"
+
+
+def _zmq_contexts() -> list:
+    zmq = sys.modules.get("zmq")
+    if zmq is None:              # nothing in this process used ZMQ
+        return []
+    return [o for o in gc.get_objects()
+            if issubclass(type(o), zmq.Context) and not o.closed and not getattr(o, "_shadow", False)]

@@ -1,0 +1,87 @@
+"""The session's leak check (tests/leakcheck.py) itself, so that it cannot stop working unseen: tiny test files run
+by a pytest of their own with the check as a plugin. One leaking each kind fails the run and names each leak; one
+that cleans up after itself, also in session fixtures torn down after a failure with -x, passes."""
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run_pytest(tmp_path: Path, body: str, *args: str) -> subprocess.CompletedProcess:
+    (tmp_path / "test_tiny.py").write_text(textwrap.dedent(body))
+    return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "tests.leakcheck", *args,
+                           "test_tiny.py"], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                          env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)})
+
+
+def test_a_leak_of_each_kind_fails_the_run_and_is_named(tmp_path):
+    done = run_pytest(tmp_path, """
+        import socket, subprocess, sys, threading
+        import zmq
+
+        def test_leaks_one_of_each():
+            global kept
+            stop = threading.Event()
+            threading.Thread(target=stop.wait, name="leaked-thread", daemon=True).start()
+            listener = socket.socket()
+            listener.bind(("127.0.0.1", 0))
+            listener.listen()
+            # ends when this pytest process does (its stdin's writer is gone)
+            child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()  # leaked-child"],
+                                     stdin=subprocess.PIPE)
+            kept = (stop, listener, child, zmq.Context())
+
+        def test_leaves_a_context_to_the_collector():
+            ctx = zmq.Context()
+            ctx.socket(zmq.PAIR)
+    """)
+    out = done.stdout
+    assert done.returncode == 1, out + done.stderr
+    assert "2 passed" in out and "LEAK CHECK FAILED" in out, out
+    assert "threads: 1\n  'leaked-thread' (daemon, target 'Event.wait')" in out, out
+    assert "child processes: 1\n" in out and "# leaked-child" in out, out
+    assert "sockets: 1\n" in out and "127.0.0.1:" in out and "listening" in out, out
+    assert "zmq contexts: 2\n" in out and "not closed" in out, out
+    assert "destroyed by the garbage collector during test_tiny.py::test_leaves_a_context_to_the_collector" in out, out
+    assert "1 leaked threads, 1 leaked child processes, 1 leaked sockets, 2 leaked zmq contexts" in out, out
+
+
+def test_what_ends_in_time_or_in_teardown_is_not_a_leak(tmp_path):
+    """A thread that ends within the check's grace, and session fixtures (a thread, a child, a socket, a context)
+    torn down after the tests: also when the run is interrupted (^C) mid-test, which leaves them set up until
+    pytest's own sessionfinish tears them down (the check runs after it)."""
+    body = """
+        import socket, subprocess, sys, threading, time
+        import pytest, zmq
+
+        @pytest.fixture(scope="session")
+        def held():
+            stop = threading.Event()
+            thread = threading.Thread(target=stop.wait, name="fixture-thread")
+            thread.start()
+            child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+            sock, ctx = socket.socket(), zmq.Context()
+            yield
+            stop.set()
+            thread.join()
+            child.stdin.close()
+            child.wait()
+            sock.close()
+            ctx.term()
+
+        def test_uses_them(held):
+            threading.Thread(target=time.sleep, args=(1,), name="ending-soon").start()
+            FAIL
+
+        def test_after(held):
+            pass
+    """
+    clean = run_pytest(tmp_path, body.replace("FAIL", "pass"))
+    assert clean.returncode == 0 and "2 passed" in clean.stdout and "leak" not in clean.stdout, clean.stdout
+    stopped = run_pytest(tmp_path, body.replace("FAIL", "raise KeyboardInterrupt"))
+    assert stopped.returncode == 2 and "KeyboardInterrupt" in stopped.stdout, stopped.stdout
+    assert "leak" not in stopped.stdout.lower(), stopped.stdout
