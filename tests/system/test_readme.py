@@ -35,9 +35,12 @@ def commands() -> list[str]:
     return [line.split("  #")[0].strip() for line in lines if line.startswith(("curl ", ".venv/bin/talkgate "))]
 
 
-def localize(text: str, url: str, scratch: Path) -> str:
-    return (text.replace(".venv/bin/", f"{BIN}/").replace("http://127.0.0.1:8080", url)
-            .replace("ws://127.0.0.1:8080", url.replace("http://", "ws://")).replace("/tmp/", f"{scratch}/"))
+def localize(text: str, url: str, scratch: Path, bin_dir: Path = BIN) -> str:
+    # The README's /tmp/ paths first, while the text is only the README's: the interpreter's directory put in
+    # after them may itself lie under /tmp/ (a clone in /tmp/x), and its path is not the README's to rewrite.
+    text = text.replace("/tmp/", f"{scratch}/")
+    return (text.replace(".venv/bin/", f"{bin_dir}/").replace("http://127.0.0.1:8080", url)
+            .replace("ws://127.0.0.1:8080", url.replace("http://", "ws://")))
 
 
 def wav_seconds(path: Path) -> float:
@@ -57,6 +60,17 @@ def test_readme_shows_what_is_tested_here():
     shown = commands()
     assert [c.split()[0] for c in shown] == ["curl"] + [".venv/bin/talkgate"] * 3, shown
     assert "make serve" in README.read_text() and "make test" in README.read_text()
+
+
+def test_only_the_readmes_own_tmp_paths_are_rewritten():
+    """A checkout under /tmp/ (a fresh clone in /tmp/x): its interpreter's path stays as it is."""
+    command = commands()[1]
+    assert command.startswith(".venv/bin/talkgate ") and " /tmp/" in command
+    local = localize(command, "", Path("/tmp/pytest-of-x/scratch"), bin_dir=Path("/tmp/x/.venv/bin"))
+    program, *args = shlex.split(local)
+    paths = [a for a in args if a.startswith("/tmp/")]
+    assert program == "/tmp/x/.venv/bin/talkgate" and paths, (program, args)
+    assert all(p.startswith("/tmp/pytest-of-x/scratch/") for p in paths), paths
 
 
 def test_first_requests(server, tmp_path):
