@@ -3,6 +3,7 @@ real engine processes on the tiny checkpoint (CPU), real ZMQ sockets, RemoteEngi
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import subprocess
@@ -155,13 +156,22 @@ class Client:
                 for f in range(e.first_frame, e.first_frame + e.n_frames)]
 
 
-async def ready(remote, n, timeout=90):
-    remote.start()
-    deadline = time.monotonic() + timeout
-    while sum(e.state == "ready" for e in remote.engines) < n:
-        assert time.monotonic() < deadline, [e.state for e in remote.engines]
-        await asyncio.sleep(0.05)
-    return remote
+@contextlib.asynccontextmanager
+async def remote_engines(engines, worker, n=2, timeout=90):
+    """A worker's RemoteEngines, started, once n engines have greeted it; closed however the test ends. One left open
+    in a failed test's frames becomes garbage in a reference cycle with its ZMQ context and sockets, and a later full
+    collection (test_heap's gc.collect()) then blocks for good in pyzmq's Context.__del__: the collector has already
+    cleared the context's weak references to its sockets, so destroy() closes none and term() waits for them."""
+    remote = RemoteEngines(endpoints(engines), worker=worker)
+    try:
+        remote.start()
+        deadline = time.monotonic() + timeout
+        while sum(e.state == "ready" for e in remote.engines) < n:
+            assert time.monotonic() < deadline, [e.state for e in remote.engines]
+            await asyncio.sleep(0.05)
+        yield remote
+    finally:
+        remote.close()
 
 
 def run(coro):
@@ -192,28 +202,28 @@ def test_remote_audio_equals_the_in_process_engine(engines, tiny_checkpoint):
                 self.done.set()
 
     async def go():
-        remote = await ready(RemoteEngines(endpoints(engines), worker=0), 2)
-        client = EngineClient(remote, asyncio.get_running_loop())       # a worker's path
-        remote.hold = client.behind
-        owner = Owner()
-        tok = client.new_tokenizer()
-        client.submit(owner, [OpenContext(1, ContextParams(sampling=GREEDY, fixed_frames=12)),
-                              AppendText(1, tuple(tok.feed(TEXT)), text_seconds(TEXT)), EndText(1, tuple(tok.finish()))])
-        while not owner.events:
-            await asyncio.sleep(0.005)
-        time.sleep(0.4)              # the loop stops while steps go on: those queued meanwhile come joined
-        await asyncio.wait_for(owner.done.wait(), 60)
-        chunks = [e for e in owner.events if isinstance(e, AudioChunk)]
-        assert owner.events[-1] == ContextDone(1, "length", 12)
-        assert [f for e in chunks for f in range(e.first_frame, e.first_frame + e.n_frames)] == list(range(12))
-        assert max(e.n_frames for e in chunks) > 1         # a context's frames of several steps joined
-        refused = Owner()
-        client.submit(refused, [OpenContext(2, ContextParams(voice="nobody"))])
-        await asyncio.wait_for(refused.done.wait(), 60)
-        assert refused.events[0].code == "unknown_voice"
-        client.close()
-        remote.close()
-        return np.concatenate([e.pcm for e in chunks])
+        async with remote_engines(engines, worker=0) as remote:
+            client = EngineClient(remote, asyncio.get_running_loop())       # a worker's path
+            remote.hold = client.behind
+            owner = Owner()
+            tok = client.new_tokenizer()
+            client.submit(owner, [OpenContext(1, ContextParams(sampling=GREEDY, fixed_frames=12)),
+                                  AppendText(1, tuple(tok.feed(TEXT)), text_seconds(TEXT)),
+                                  EndText(1, tuple(tok.finish()))])
+            while not owner.events:
+                await asyncio.sleep(0.005)
+            time.sleep(0.4)              # the loop stops while steps go on: those queued meanwhile come joined
+            await asyncio.wait_for(owner.done.wait(), 60)
+            chunks = [e for e in owner.events if isinstance(e, AudioChunk)]
+            assert owner.events[-1] == ContextDone(1, "length", 12)
+            assert [f for e in chunks for f in range(e.first_frame, e.first_frame + e.n_frames)] == list(range(12))
+            assert max(e.n_frames for e in chunks) > 1         # a context's frames of several steps joined
+            refused = Owner()
+            client.submit(refused, [OpenContext(2, ContextParams(voice="nobody"))])
+            await asyncio.wait_for(refused.done.wait(), 60)
+            assert refused.events[0].code == "unknown_voice"
+            client.close()
+            return np.concatenate([e.pcm for e in chunks])
 
     np.testing.assert_allclose(run(go()), ref, atol=1e-5)
 
@@ -223,27 +233,25 @@ def test_placement_by_free_slots_and_a_full_engine_is_retried(engines):
     engine that has one slot left; the refused one is retried on the other engine and every context runs.
     A fifth context gets the capacity error."""
     async def go():
-        a = await ready(RemoteEngines(endpoints(engines), worker=1), 2)
-        b = await ready(RemoteEngines(endpoints(engines), worker=2), 2)
-        ca, cb = Client(a), Client(b)
-        long = ContextParams(sampling=GREEDY, fixed_frames=40)
-        ca.say(1, params=long)
-        for ctx in (1, 2, 3):
-            cb.say(ctx, params=long)
-        assert [e.opened for e in b.engines] == [2, 1]          # b's stale view
-        results = [await ca.wait(1)] + [await cb.wait(ctx) for ctx in (1, 2, 3)]
-        assert all(r == ContextDone(r.context, "length", 40) for r in results), results
-        assert all(c.frames(ctx) == 40 for c, ctx in ((ca, 1), (cb, 1), (cb, 2), (cb, 3)))
-        for ctx in (4, 5, 6, 7):                                    # open until their text ends
-            cb.say(ctx, params=ContextParams(sampling=GREEDY, fixed_frames=100_000), end=False)
-        await asyncio.sleep(0.5)
-        cb.say(8)                                                   # all 4 slots taken
-        assert (await cb.wait(8)).code == "engine_full"
-        assert sorted(s["free_slots"] for s in b.stats()["engines"]) == [0, 0]
-        b.disconnect(cb.id)                                         # frees them
-        await asyncio.sleep(0.5)
-        assert sorted(s["free_slots"] for s in a.stats()["engines"]) == [2, 2]
-        a.close(), b.close()
+        async with remote_engines(engines, worker=1) as a, remote_engines(engines, worker=2) as b:
+            ca, cb = Client(a), Client(b)
+            long = ContextParams(sampling=GREEDY, fixed_frames=40)
+            ca.say(1, params=long)
+            for ctx in (1, 2, 3):
+                cb.say(ctx, params=long)
+            assert [e.opened for e in b.engines] == [2, 1]          # b's stale view
+            results = [await ca.wait(1)] + [await cb.wait(ctx) for ctx in (1, 2, 3)]
+            assert all(r == ContextDone(r.context, "length", 40) for r in results), results
+            assert all(c.frames(ctx) == 40 for c, ctx in ((ca, 1), (cb, 1), (cb, 2), (cb, 3)))
+            for ctx in (4, 5, 6, 7):                                    # open until their text ends
+                cb.say(ctx, params=ContextParams(sampling=GREEDY, fixed_frames=100_000), end=False)
+            await asyncio.sleep(0.5)
+            cb.say(8)                                                   # all 4 slots taken
+            assert (await cb.wait(8)).code == "engine_full"
+            assert sorted(s["free_slots"] for s in b.stats()["engines"]) == [0, 0]
+            b.disconnect(cb.id)                                         # frees them
+            await asyncio.sleep(0.5)
+            assert sorted(s["free_slots"] for s in a.stats()["engines"]) == [2, 2]
 
     run(go())
 
@@ -255,31 +263,31 @@ def test_a_worker_that_falls_behind_loses_only_its_own_contexts(engines):
     started, outcome = threading.Event(), {}
 
     async def slow_worker():
-        slow = await ready(RemoteEngines(endpoints(engines), worker=3), 2)
-        cs = Client(slow)
-        cs.say(1, params=ContextParams(sampling=GREEDY, fixed_frames=100_000))
-        while cs.frames(1) < 2:
-            await asyncio.sleep(0.01)
-        started.set()
-        time.sleep(2.5)                                             # the loop is stuck: nothing read or acked
-        outcome["last"] = await cs.wait(1)                          # its backlog, then the failure
-        cs.say(2)                                                   # caught up: served again
-        outcome["again"] = await cs.wait(2)
-        slow.close()
+        async with remote_engines(engines, worker=3) as slow:
+            cs = Client(slow)
+            cs.say(1, params=ContextParams(sampling=GREEDY, fixed_frames=100_000))
+            while cs.frames(1) < 2:
+                await asyncio.sleep(0.01)
+            started.set()
+            time.sleep(2.5)                                             # the loop is stuck: nothing read or acked
+            outcome["last"] = await cs.wait(1)                          # its backlog, then the failure
+            cs.say(2)                                                   # caught up: served again
+            outcome["again"] = await cs.wait(2)
 
     thread = threading.Thread(target=lambda: run(slow_worker()))
     thread.start()
 
     async def fast_worker():
-        fast = await ready(RemoteEngines(endpoints(engines), worker=4), 2)
-        cf = Client(fast)
-        await asyncio.to_thread(started.wait, 120)
-        cf.say(1, params=ContextParams(sampling=GREEDY, fixed_frames=60))
-        assert await cf.wait(1) == ContextDone(1, "length", 60)    # served while the other is stuck
-        fast.close()
+        async with remote_engines(engines, worker=4) as fast:
+            cf = Client(fast)
+            await asyncio.to_thread(started.wait, 120)
+            cf.say(1, params=ContextParams(sampling=GREEDY, fixed_frames=60))
+            assert await cf.wait(1) == ContextDone(1, "length", 60)    # served while the other is stuck
 
-    run(fast_worker())
-    thread.join(180)
+    try:
+        run(fast_worker())
+    finally:            # the slow worker ends within its own run()'s 180 s: a failure here does not leave it going
+        thread.join(180)
     last = outcome["last"]
     assert isinstance(last, ContextFailed) and last.code == "worker_behind", last
     assert outcome["again"] == ContextDone(2, "length", 12)
@@ -287,27 +295,26 @@ def test_a_worker_that_falls_behind_loses_only_its_own_contexts(engines):
 
 def test_a_killed_engine_fails_only_its_contexts_and_is_greeted_again(engines):
     async def go():
-        remote = await ready(RemoteEngines(endpoints(engines), worker=5), 2)
-        c = Client(remote)
-        for ctx in (1, 2):                                          # one on each engine
-            c.say(ctx, params=ContextParams(sampling=GREEDY, fixed_frames=100 if ctx == 1 else 400))
-        assert [len(e.routes) for e in remote.engines] == [1, 1]
-        while c.frames(1) < 2 or c.frames(2) < 2:
-            await asyncio.sleep(0.01)
-        engines[1].kill()
-        last = await c.wait(2)
-        assert isinstance(last, ContextFailed) and last.code == "engine_failed"
-        assert await c.wait(1) == ContextDone(1, "length", 100)    # the other engine's context is untouched
-        assert remote.engines[1].state == "down" and remote.ready
-        engines[1].start()
-        deadline = time.monotonic() + 90
-        while remote.engines[1].state != "ready":
-            assert time.monotonic() < deadline
-            await asyncio.sleep(0.05)
-        c.say(3, params=ContextParams(sampling=GREEDY, fixed_frames=20))
-        c.say(4, params=ContextParams(sampling=GREEDY, fixed_frames=20))
-        assert [len(e.routes) for e in remote.engines] == [1, 1]
-        assert await c.wait(3) == ContextDone(3, "length", 20) and await c.wait(4) == ContextDone(4, "length", 20)
-        remote.close()
+        async with remote_engines(engines, worker=5) as remote:
+            c = Client(remote)
+            for ctx in (1, 2):                                          # one on each engine
+                c.say(ctx, params=ContextParams(sampling=GREEDY, fixed_frames=100 if ctx == 1 else 400))
+            assert [len(e.routes) for e in remote.engines] == [1, 1]
+            while c.frames(1) < 2 or c.frames(2) < 2:
+                await asyncio.sleep(0.01)
+            engines[1].kill()
+            last = await c.wait(2)
+            assert isinstance(last, ContextFailed) and last.code == "engine_failed"
+            assert await c.wait(1) == ContextDone(1, "length", 100)    # the other engine's context is untouched
+            assert remote.engines[1].state == "down" and remote.ready
+            engines[1].start()
+            deadline = time.monotonic() + 90
+            while remote.engines[1].state != "ready":
+                assert time.monotonic() < deadline
+                await asyncio.sleep(0.05)
+            c.say(3, params=ContextParams(sampling=GREEDY, fixed_frames=20))
+            c.say(4, params=ContextParams(sampling=GREEDY, fixed_frames=20))
+            assert [len(e.routes) for e in remote.engines] == [1, 1]
+            assert await c.wait(3) == ContextDone(3, "length", 20) and await c.wait(4) == ContextDone(4, "length", 20)
 
     run(go())
