@@ -297,17 +297,19 @@ async def slow_readers(camp, phase, max_backlog_ms: int, settle_timeout_s: float
     loop = asyncio.get_running_loop()
     with ThreadPoolExecutor(len(eps)) as pool:
         jobs = [loop.run_in_executor(pool, _slow_reader, camp.server.port, ep, camp.auth_headers, stop) for ep in eps]
-        # the server ends them by itself: wait until no context but the canary's is left
-        t0 = time.monotonic()
-        await asyncio.sleep(1.0)
-        async with aiohttp.ClientSession() as s:
-            while time.monotonic() - t0 < settle_timeout_s:
-                m = await camp.server.metrics(s)
-                if (m.get("talkgate_contexts_active") or 0) <= 2:
-                    break
-                await asyncio.sleep(0.5)
-        waited = time.monotonic() - t0
-        stop.set()
+        try:
+            # the server ends them by itself: wait until no context but the canary's is left
+            t0 = time.monotonic()
+            await asyncio.sleep(1.0)
+            async with aiohttp.ClientSession() as s:
+                while time.monotonic() - t0 < settle_timeout_s:
+                    m = await camp.server.metrics(s)
+                    if (m.get("talkgate_contexts_active") or 0) <= 2:
+                        break
+                    await asyncio.sleep(0.5)
+            waited = time.monotonic() - t0
+        finally:        # the readers stop however this ends: the pool's exit waits for them
+            stop.set()
         results = await asyncio.gather(*jobs, return_exceptions=True)
     for ep, r in zip(eps, results):
         if isinstance(r, BaseException):

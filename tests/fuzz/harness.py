@@ -165,7 +165,10 @@ class CanaryProcess:
         self.proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT,
                                      env={**os.environ, "PYTHONPATH": os.pathsep.join(path)})
         first = self._line(60)
-        assert first.get("ready"), f"the canary did not start: {first}"
+        if not first.get("ready"):      # not left running (and unwaited) by the failed fixture
+            self.proc.kill()
+            self.proc.wait()
+            raise AssertionError(f"the canary did not start: {first}")
 
     def _line(self, timeout: float) -> dict:
         ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
