@@ -39,6 +39,7 @@ class TalkgateServer:
         self.port = 0
         self.output: list[str] = []
         self._line = threading.Condition()
+        self._pump: threading.Thread | None = None
 
     def __enter__(self) -> "TalkgateServer":
         self.proc = subprocess.Popen(self.args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -56,13 +57,14 @@ class TalkgateServer:
                     self.ws_url = self.url.replace("http", "ws", 1)
                     ready.set()
 
-        threading.Thread(target=pump, daemon=True).start()
+        self._pump = threading.Thread(target=pump, name="talkgate-serve-output", daemon=True)
+        self._pump.start()
         if self.wait is None:
             return self
         deadline = time.monotonic() + self.timeout_s
         while not ready.wait(0.1):
             if self.proc.poll() is not None or time.monotonic() > deadline:
-                self.stop()
+                self.__exit__(None, None, None)         # no `with` calls it when __enter__ raises
                 raise RuntimeError("talkgate serve did not become ready:\n" + "".join(self.output[-60:]))
         return self
 
@@ -103,6 +105,12 @@ class TalkgateServer:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+        # The output's reader sees EOF once every process of the server has exited; then this end of the pipe is
+        # closed here, not left to the garbage collector. A reader still blocked is left (closing the pipe under it
+        # would wait for its read): the session's leak check names it, and the server process that holds the pipe.
+        self._pump.join(30)
+        if not self._pump.is_alive():
+            self.proc.stdout.close()
         shutil.rmtree(self.data, ignore_errors=True)
 
 
