@@ -35,8 +35,21 @@ def server(tiny_checkpoint):
         yield srv
 
 
+OPENED: list[RawWebSocket] = []
+
+
+@pytest.fixture(autouse=True)
+def close_opened():
+    """Each test's sockets are closed when it ends, whatever the server did with their connections (they were
+    left to the garbage collector)."""
+    yield
+    while OPENED:
+        OPENED.pop().close()
+
+
 def connect(server, ep) -> RawWebSocket:
     ws = RawWebSocket.connect(server.port, ep.path())
+    OPENED.append(ws)
     if ep.greeting is not None:
         f = ws.recv_frame(10)
         assert isinstance(f, Frame) and f.opcode == OP_TEXT and ep.greeting in f.payload.decode(), f
