@@ -53,6 +53,14 @@ def tls(cert, monkeypatch):
     return ssl.create_default_context(cafile=str(cert[0]))
 
 
+@pytest.fixture
+def http(tls):
+    """The HTTP client the SDKs are given (it trusts the certificate), closed after the test with the connections
+    it keeps alive: the SDKs' own clients are never closed here, and what they held was left to the collector."""
+    with httpx.Client(verify=tls, timeout=60) as client:
+        yield client
+
+
 def pcm_frames(audio: bytes, rate: int) -> float:
     """80 ms frames in s16le audio at `rate`."""
     return len(audio) / 2 / (rate * 0.08)
@@ -76,9 +84,9 @@ def contexts_active(url: str, tls: ssl.SSLContext) -> float:
 
 
 # ----- OpenAI -----
-def test_openai_speech(server, tls, tokenizer):
+def test_openai_speech(server, tls, http, tokenizer):
     import openai
-    client = openai.OpenAI(api_key=KEY, base_url=f"{server.url}/v1", http_client=httpx.Client(verify=tls))
+    client = openai.OpenAI(api_key=KEY, base_url=f"{server.url}/v1", http_client=http)
     speech = client.audio.speech
 
     # the body streams by default: the first bytes arrive while the context is still generating
@@ -119,17 +127,17 @@ def test_openai_speech(server, tls, tokenizer):
     assert e.value.status_code == 400 and e.value.body["code"] == "unknown_voice"
     with pytest.raises(openai.AuthenticationError):
         openai.OpenAI(api_key="wrong", base_url=f"{server.url}/v1",
-                      http_client=httpx.Client(verify=tls)).audio.speech.create(model="tts-1", voice="alloy", input="x")
+                      http_client=http).audio.speech.create(model="tts-1", voice="alloy", input="x")
 
 
 # ----- ElevenLabs -----
-def elevenlabs_client(server, tls, key=KEY):
+def elevenlabs_client(server, http, key=KEY):
     from elevenlabs.client import ElevenLabs
-    return ElevenLabs(api_key=key, base_url=server.url, httpx_client=httpx.Client(verify=tls, timeout=60))
+    return ElevenLabs(api_key=key, base_url=server.url, httpx_client=http)
 
 
-def test_elevenlabs_http(server, tls):
-    el = elevenlabs_client(server, tls)
+def test_elevenlabs_http(server, http):
+    el = elevenlabs_client(server, http)
     tts, voice = el.text_to_speech, "21m00Tcm4TlvDq8ikWAM"
     audio = b"".join(tts.convert(voice, text=TEXT, output_format="pcm_16000", model_id="eleven_flash_v2_5",
                                  optimize_streaming_latency=2, voice_settings={"stability": 0.5}, seed=7))
@@ -157,13 +165,13 @@ def test_elevenlabs_http(server, tls):
         b"".join(tts.convert("no-such-voice", text=TEXT))
     assert e.value.status_code == 400 and e.value.body["detail"]["status"] == "voice_not_found"
     with pytest.raises(ApiError) as e:
-        b"".join(elevenlabs_client(server, tls, "wrong").text_to_speech.convert(voice, text=TEXT))
+        b"".join(elevenlabs_client(server, http, "wrong").text_to_speech.convert(voice, text=TEXT))
     assert e.value.status_code == 401
 
 
-def test_elevenlabs_realtime_over_wss(server, tls):
+def test_elevenlabs_realtime_over_wss(server, http):
     """The SDK's realtime helper always connects with wss://."""
-    el = elevenlabs_client(server, tls)
+    el = elevenlabs_client(server, http)
     words = iter(["Hello ", "there, ", "how are ", "you?"])
     audio = b"".join(el.text_to_speech.convert_realtime("21m00Tcm4TlvDq8ikWAM", text=words,
                                                         output_format="pcm_16000"))
@@ -171,13 +179,13 @@ def test_elevenlabs_realtime_over_wss(server, tls):
 
 
 # ----- Cartesia -----
-def cartesia_client(server, tls):
+def cartesia_client(server, http):
     from cartesia import Cartesia
-    return Cartesia(api_key=KEY, base_url=server.url, http_client=httpx.Client(verify=tls, timeout=60))
+    return Cartesia(api_key=KEY, base_url=server.url, http_client=http)
 
 
-def test_cartesia_http(server, tls):
-    c = cartesia_client(server, tls)
+def test_cartesia_http(server, http):
+    c = cartesia_client(server, http)
     raw = c.tts.generate(model_id="sonic-3", transcript=TEXT, voice="ryan",
                          output_format={"container": "raw", "encoding": "pcm_s16le", "sample_rate": 16000}).read()
     assert pcm_frames(raw, 16000) == FRAMES
@@ -204,8 +212,8 @@ def test_cartesia_http(server, tls):
     assert e.value.body["error_code"] == "invalid_output_format"
 
 
-def test_cartesia_websocket(server, tls):
-    c = cartesia_client(server, tls)
+def test_cartesia_websocket(server, http):
+    c = cartesia_client(server, http)
     fmt = {"container": "raw", "encoding": "pcm_s16le", "sample_rate": 16000}
     with c.tts.websocket_connect() as conn:
         ctx = conn.context(model_id="sonic-3", voice="ryan", output_format=fmt)
@@ -225,15 +233,15 @@ def test_cartesia_websocket(server, tls):
 
 
 # ----- Deepgram -----
-def deepgram_client(server, tls):
+def deepgram_client(server, http):
     from deepgram import DeepgramClient, DeepgramClientEnvironment
     env = DeepgramClientEnvironment(base=server.url, production=server.ws_url, agent=server.ws_url,
                                     agent_rest=server.url)
-    return DeepgramClient(api_key=KEY, environment=env, httpx_client=httpx.Client(verify=tls, timeout=60))
+    return DeepgramClient(api_key=KEY, environment=env, httpx_client=http)
 
 
-def test_deepgram_rest(server, tls):
-    dg = deepgram_client(server, tls)
+def test_deepgram_rest(server, http):
+    dg = deepgram_client(server, http)
     mp3 = b"".join(dg.speak.v1.audio.generate(text=TEXT))        # Deepgram's default: MP3 at 22050 Hz
     assert mp3_close(mp3, FRAMES * 1764)
     pcm = b"".join(dg.speak.v1.audio.generate(text=TEXT, model="aura-2-thalia-en", encoding="linear16",
@@ -252,9 +260,9 @@ def test_deepgram_rest(server, tls):
     assert e.value.status_code == 400 and e.value.body["err_code"] == "UNSUPPORTED_SAMPLE_RATE"
 
 
-def test_deepgram_websocket(server, tls):
+def test_deepgram_websocket(server, http):
     from deepgram.speak.v1.types import SpeakV1Close, SpeakV1Flush, SpeakV1Text
-    dg = deepgram_client(server, tls)
+    dg = deepgram_client(server, http)
     with dg.speak.v1.connect(model="aura-2-thalia-en", encoding="linear16", sample_rate=16000) as ws:
         ws.send_text(SpeakV1Text(type="Speak", text="Hello there. "))
         ws.send_flush(SpeakV1Flush(type="Flush"))

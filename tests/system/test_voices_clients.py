@@ -19,18 +19,23 @@ def run(coro):
     return asyncio.run(asyncio.wait_for(coro, 4 * TURN_TIMEOUT_S))
 
 
+# The SDK clients are closed with the module, and the connections they keep alive with them (left to the garbage
+# collector otherwise). ElevenLabs' has no close of its own: it is given an HTTP client with its default timeout.
 @pytest.fixture(scope="module")
 def elevenlabs_client(base_server):
+    import httpx
     from elevenlabs import ElevenLabs
 
-    return ElevenLabs(api_key=KEY, base_url=base_server.url)
+    with httpx.Client(timeout=240) as http:
+        yield ElevenLabs(api_key=KEY, base_url=base_server.url, httpx_client=http)
 
 
 @pytest.fixture(scope="module")
 def cartesia_client(base_server):
     from cartesia import Cartesia
 
-    return Cartesia(api_key=KEY, base_url=base_server.url)
+    with Cartesia(api_key=KEY, base_url=base_server.url) as client:
+        yield client
 
 
 @pytest.fixture(scope="module")
