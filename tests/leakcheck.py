@@ -8,10 +8,12 @@ says what was left, when anything is:
 - child processes of this process (/proc/self/task/*/children), running or exited and never waited for (a zombie).
   No baseline: nothing may be a child before the first test either.
 - sockets: descriptors of this process that are sockets (/proc/self/fd), beyond those open before the first test.
-- ZMQ contexts: zmq.Context objects alive and not closed (gc.get_objects(), garbage not yet collected included), and
-  those the collector destroyed during the run (pyzmq warns "Unclosed context" then): a context left to the
-  collector is a leak whether or not a collection happened to come before the end, so the check does not depend
-  on the collector's timing.
+- ZMQ contexts: zmq.Context objects alive and not closed (gc.get_objects(), garbage not yet collected included).
+- and what was left to the garbage collector during the run: a socket, a context or a running child process whose
+  object was dropped unclosed (Python and pyzmq warn then: ResourceWarning "unclosed <socket", "Unclosed context",
+  "subprocess N is still running"). It is a leak whether or not a collection happened to come before the end, so
+  the check does not depend on the collector's timing; the warning names the test during which it was collected,
+  the one that left it or a later one.
 
 The check never runs the garbage collector itself: a finalizer it would run can block (pyzmq's Context.__del__ on a
 context whose sockets are garbage with it waits for them for good; tests/test_engine_process.py's remote_engines).
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import gc
 import os
+import re
 import sys
 import threading
 import time
@@ -35,7 +38,10 @@ import pytest
 GRACE_S = 10.0
 ROOT = Path(__file__).resolve().parent.parent
 OWN = tuple(str(ROOT / d) + os.sep for d in ("talkgate", "tests"))     # code whose threads are never baseline
-UNCLOSED_CONTEXT = "Unclosed context"                                  # pyzmq's Context.__del__ warning
+# the ResourceWarnings of objects closed by their finalizers: what each is counted as, the messages' beginnings
+LEFT_TO_COLLECTOR = {"sockets": ("unclosed <socket.socket", "unclosed <ssl.SSLSocket"),
+                     "zmq contexts": ("Unclosed context",),                           # pyzmq's Context.__del__
+                     "child processes": ("subprocess ",)}                             # "... N is still running"
 TCP_STATES = {"01": "established", "06": "time-wait", "07": "closed", "08": "close-wait", "0A": "listening"}
 
 
@@ -43,7 +49,7 @@ class _Check:
     def __init__(self):
         self.threads: set[int] = set()      # thread idents of the baseline
         self.sockets: set[str] = set()      # socket inodes of the baseline
-        self.collected: list[str] = []      # contexts the collector destroyed: "context (during test)"
+        self.collected: dict[str, list[str]] = {kind: [] for kind in LEFT_TO_COLLECTOR}    # the warnings, by kind
         self.report: list[str] = []         # what the summary prints, empty when nothing was left
         self.counts: dict[str, int] = {}
 
@@ -52,9 +58,10 @@ _check = _Check()
 
 
 def pytest_configure(config):
-    # pyzmq warns (ResourceWarning, ignored by Python's default filters) when the collector destroys a context
-    # nobody closed: shown, pytest records it and pytest_warning_recorded below counts it.
-    warnings.filterwarnings("always", message=UNCLOSED_CONTEXT, category=ResourceWarning)
+    # Python's default filters ignore ResourceWarning: shown, pytest records these and pytest_warning_recorded counts
+    for beginnings in LEFT_TO_COLLECTOR.values():
+        for beginning in beginnings:
+            warnings.filterwarnings("always", message=re.escape(beginning), category=ResourceWarning)
 
 
 def pytest_collection_finish(session):
@@ -64,10 +71,13 @@ def pytest_collection_finish(session):
 
 
 def pytest_warning_recorded(warning_message, when, nodeid, location):
-    if issubclass(warning_message.category, ResourceWarning) and \
-            str(warning_message.message).startswith(UNCLOSED_CONTEXT):
-        _check.collected.append(f"{warning_message.message} (destroyed by the garbage collector during "
-                                f"{nodeid or when}: the test that left it ran then or earlier)")
+    if not issubclass(warning_message.category, ResourceWarning):
+        return
+    message = str(warning_message.message)
+    for kind, beginnings in LEFT_TO_COLLECTOR.items():
+        if message.startswith(beginnings):
+            _check.collected[kind].append(f"{message} (left to the garbage collector, which closed it during "
+                                          f"{nodeid or when}: the test that left it ran then or earlier)")
 
 
 @pytest.hookimpl(trylast=True)      # after the runner's own sessionfinish, which tears down what -x or ^C left set up
@@ -107,9 +117,10 @@ def find_leaks(grace_s: float = GRACE_S) -> dict[str, list[str]]:
         time.sleep(0.1)
     sockets = {fd: inode for fd, inode in _sockets().items() if inode not in _check.sockets}
     return {"threads": [_describe_thread(t) for t in threads],
-            "child processes": [_describe_process(pid) for pid in children],
-            "sockets": [f"fd {fd}: {_describe_socket(inode)}" for fd, inode in sorted(sockets.items())],
-            "zmq contexts": [f"{c!r} not closed" for c in _zmq_contexts()] + _check.collected}
+            "child processes": [_describe_process(pid) for pid in children] + _check.collected["child processes"],
+            "sockets": [f"fd {fd}: {_describe_socket(inode)}" for fd, inode in sorted(sockets.items())]
+                       + _check.collected["sockets"],
+            "zmq contexts": [f"{c!r} not closed" for c in _zmq_contexts()] + _check.collected["zmq contexts"]}
 
 
 def _other_threads() -> list[threading.Thread]:
