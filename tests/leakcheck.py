@@ -25,7 +25,8 @@ Left out, each for its reason (nothing that runs talkgate's or the tests' own co
   it exits with this process.
 
 The check never runs the garbage collector itself: a finalizer it would run can block (pyzmq's Context.__del__ on a
-context whose sockets are garbage with it waits for them for good; tests/test_engine_process.py's remote_engines).
+context whose sockets are garbage with it waits for them for good: tests/system/test_engine_process.py,
+remote_engines).
 
 What was left may still be ending (a reader thread that sees its server's EOF a moment after the server exited):
 the check waits up to GRACE_S for threads to end and children to exit before it counts them.
