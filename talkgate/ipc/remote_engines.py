@@ -41,6 +41,7 @@ import logging
 import os
 import threading
 import time
+import weakref
 from dataclasses import dataclass, field
 
 import zmq
@@ -93,6 +94,12 @@ class _Engine:
         return self.free - self.opened if self.state == "ready" else 0
 
 
+def _close_zmq(zctx: zmq.Context, sockets: list[zmq.Socket]) -> None:
+    for s in sockets:
+        s.close(linger=0)
+    zctx.term()
+
+
 class RemoteEngines:
     max_behind = STEPS_HELD_BEFORE_READING
 
@@ -141,6 +148,11 @@ class RemoteEngines:
             self._loop.add_reader(s.FD, self._readable, engine)
             self._loop.add_reader(engine.monitor.FD, self._monitor_readable, engine)
             self._loop.call_soon(self._monitor_readable, engine)
+        # The context and its sockets are closed by close(), or when this object is collected unclosed (a worker or
+        # a test that failed before its close): never by pyzmq's Context.__del__, which, with the sockets garbage
+        # in the same cycle, finds its weak references to them cleared, closes none and waits in term() for good.
+        self._closer = weakref.finalize(self, _close_zmq, self._zctx,
+                                        [s for e in self.engines for s in (e.monitor, e.sock)])
 
     async def wait_info(self) -> ModelInfo:
         await self._info_ready.wait()
@@ -152,11 +164,9 @@ class RemoteEngines:
                 self._loop.remove_reader(engine.sock.FD)
                 self._loop.remove_reader(engine.monitor.FD)
                 engine.sock.disable_monitor()
-                engine.monitor.close(linger=0)
-                engine.sock.close(linger=0)
-                engine.sock = None
+                engine.sock = engine.monitor = None     # a flush or monitor read still scheduled finds them gone
         if self._zctx is not None:
-            self._zctx.term()
+            self._closer()                              # the sockets closed (linger 0), then the context
             self._zctx = None
 
     @property
@@ -302,6 +312,8 @@ class RemoteEngines:
         self._hand_over(local)
 
     def _send(self, engine: _Engine, frames: list) -> None:
+        if engine.sock is None:             # closed since this send was scheduled
+            return
         try:
             engine.sock.send_multipart(frames, zmq.NOBLOCK)
         except zmq.Again:                   # not connected (IMMEDIATE): the engine is gone
