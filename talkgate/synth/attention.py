@@ -144,8 +144,8 @@ def one_token_attention(qkv: torch.Tensor, q_norm: torch.Tensor, k_norm: torch.T
         qkv = qkv.contiguous()
     out = torch.empty(B, heads * D, device=qkv.device, dtype=qkv.dtype)
     row_pos = isinstance(pos, torch.Tensor)
-    # measured in CUDA graphs on an H100 (bench/kernels.py): few rows, long caches want 4 warps and
-    # 32-position blocks; many rows (the GPU is full anyway) and short caches one warp and 16 positions
+    # measured in CUDA graphs on an H100 (docs/experiments/README.md, kernels.py): few rows, long caches want 4
+    # warps and 32-position blocks; many rows (the GPU is full anyway) and short caches one warp and 16 positions
     wide = B <= 16 and k_cache.shape[2] > 16
     block, warps = (32, 4) if wide else (16, 1)
     one_token_attention_kernel[(B, kv_heads)](
