@@ -1,15 +1,19 @@
 #!/usr/bin/env bash
-# Issue 28 on a 2-GPU machine (nvidia-h200-x2): `talkgate serve --gpus all` (one engine process per GPU) against
-# `--gpus 0` on the same machine, one run for both models (about 20 minutes: start it detached and collect it
-# over several calls, see below).
-#   1.7B  OpenAI HTTP PCM, open loop, all buckets, text-rule lengths: the highest rate with 0 underruns, 0 errors
-#         and p95 TTFA <= 100 ms on two GPUs and on one; then, on two GPUs at a load one GPU carries, engine 1
-#         killed with SIGKILL: errors by code, time until it is ready again, the contexts it takes afterwards.
+# Issues 28 and 51 on a 2-GPU machine (nvidia-h200-x2): `talkgate serve --gpus all` (one engine process per GPU)
+# against `--gpus 0` on the same machine, one run for both models (about 14 minutes: start it detached and collect
+# it over several calls, see below).
+#   1.7B  OpenAI HTTP PCM, open loop, English medium texts, text-rule lengths: the highest rate with 0 underruns,
+#         0 errors and p95 TTFA <= 100 ms on two GPUs and on one (LEVELS_TWO, LEVELS_ONE); then, on two GPUs at a
+#         load one GPU carries, engine 1 killed with SIGKILL: errors by code, time until it is ready again, the
+#         contexts it takes afterwards.
 #   0.6B  native WebSocket, Opus 48 kHz, medium bucket, English (see docs/benchmarks.md for why): the most
-#         concurrent streams with 0 underruns and 0 errors on two GPUs and on one.
+#         concurrent streams with 0 underruns and 0 errors on two GPUs and on one (STREAMS_TWO, STREAMS_ONE).
+# The load generator runs in 8 processes; each run's summary reports their loop lag, and its wall and CPU time
+# (client-time.txt: wall, user, system seconds) say how many cores it took.
 # Both models are compiled first with `talkgate warmup`, one per GPU at once, so that every serve starts warm.
 # Placement: every engine's slots are sampled from /metrics every 2 s during each run (slots-*.txt).
-# Setup as bench/gpu_env.sh (wheels in .e2e/ and .whl/). Results: $OUT/multi.tgz; progress: $RES/progress.
+# Setup as bench/gpu_env.sh (the wheels in .e2e/, .whl/ if there is one). Results: $OUT/multi.tgz; progress:
+# $RES/progress.
 # Detached: setsid bash bench/gpu_multi.sh > /tmp/multi.out 2>&1 < /dev/null &
 #           then wait for "done" in /tmp/res-multi/progress (a later call: the same machine while it is warm).
 # A dry run on a CPU machine: SETUP=0 DEVICE=cpu PRESET=tiny QUICK=1 bench/gpu_multi.sh
@@ -18,7 +22,8 @@ out=${OUT:-/tmp/out}; res=${RES:-/tmp/res-multi}; rm -rf "$res"; mkdir -p "$out"
 tree=$(cd "$(dirname "$0")/.." && pwd)
 log() { echo "[$(date +%T)] $*" | tee -a "$res/progress"; }
 if [ "${SETUP:-1}" = 1 ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .e2e/*.whl .whl/*.whl || exit 1
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site $(ls .e2e/*.whl .whl/*.whl 2>/dev/null) \
+    || exit 1
   cp .e2e/libopus.so.0 /usr/lib/x86_64-linux-gnu/ && ldconfig
 fi
 cd "$tree"
@@ -69,8 +74,9 @@ stop() {
 }
 load() {    # load OUTDIR ARGS...
   local dir=$1; shift
-  timeout 400 python3 -m talkgate bench --url http://127.0.0.1:8080 --warmup 4 --out "$res/$dir" \
-    --max-in-flight 4096 --processes 8 "$@" > "$res/$dir.txt" 2>&1
+  local TIMEFORMAT="%R %U %S"
+  { time timeout 400 python3 -m talkgate bench --url http://127.0.0.1:8080 --warmup 4 --out "$res/$dir" \
+      --max-in-flight 4096 --processes 8 "$@" > "$res/$dir.txt" 2>&1; } 2> "$res/$dir-client-time.txt"
   grep -E "^(concurrency|rps|highest|warm-up)" "$res/$dir.txt" | tee -a "$res/progress"
   curl -s http://127.0.0.1:8080/metrics > "$res/$dir-metrics.txt"
 }
@@ -79,10 +85,10 @@ quick() { [ "${QUICK:-0}" = 1 ] && echo "$1" || echo "$2"; }
 # ---- 1.7B: two GPUs, the kill, one GPU
 serve two-1.7b 1.7b "${gpus_all[@]}"
 log "1.7B two GPUs: openai sweep"
-load sweep-two-1.7b --protocol openai --sweep "$(quick 1,2 100,120,140,160,180,200,220,240)" --duration 10 \
-  --ttfa-limit-ms 100
-log "1.7B two GPUs: engine 1 killed 10 s into a $(quick 2 40) req/s run"
-load kill-1.7b --protocol openai --rps "$(quick 2 40)" --duration "$(quick 60 100)" &
+http=(--protocol openai --lang en --bucket medium --duration 10 --ttfa-limit-ms 100)
+load sweep-two-1.7b "${http[@]}" --sweep "$(quick 1,2 "${LEVELS_TWO:-200,240,270,300}")"
+log "1.7B two GPUs: engine 1 killed 10 s into a $(quick 2 100) req/s run"
+load kill-1.7b --protocol openai --lang en --bucket medium --rps "$(quick 2 100)" --duration "$(quick 40 50)" &
 loader=$!
 sleep 10
 epid=$(grep -oP 'engine 1: .*\(pid \K[0-9]+' "$res/two-1.7b.log" | tail -1)
@@ -97,20 +103,19 @@ wait $loader
 stop two-1.7b
 serve one-1.7b 1.7b "${gpus_one[@]}"
 log "1.7B one GPU: openai sweep"
-load sweep-one-1.7b --protocol openai --sweep "$(quick 1,2 50,60,70,80,90,100,110,120,130)" --duration 10 \
-  --ttfa-limit-ms 100
+load sweep-one-1.7b "${http[@]}" --sweep "$(quick 1,2 "${LEVELS_ONE:-110,125,140,155}")"
 stop one-1.7b
 
 # ---- 0.6B: native Opus streams, two GPUs then one
 opus=(--protocol native --encoding opus --bucket medium --lang en --duration 12 --ttfa-limit-ms 3000 --concurrency 8)
 serve two-0.6b 0.6b "${gpus_all[@]}"
 log "0.6B two GPUs: opus streams"
-load sweep-two-0.6b "${opus[@]}" --sweep "$(quick 8 256,512,640,768,896,1024)"
+load sweep-two-0.6b "${opus[@]}" --sweep "$(quick 8 "${STREAMS_TWO:-512,768,1024}")"
 stop two-0.6b
 serve one-0.6b 0.6b "${gpus_one[@]}"
 log "0.6B one GPU: opus streams"
-load sweep-one-0.6b "${opus[@]}" --sweep "$(quick 8 128,256,320,384,448,512)"
+load sweep-one-0.6b "${opus[@]}" --sweep "$(quick 8 "${STREAMS_ONE:-384,512}")"
 stop one-0.6b
 
-tar czf "$out/multi.tgz" -C /tmp "$(basename "$res")"
+tar czf "$out/multi.tgz" -C "$(dirname "$res")" "$(basename "$res")"
 log "done"
