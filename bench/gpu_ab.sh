@@ -14,9 +14,7 @@ out=${OUT:-/tmp/out}; res=${RES:-/tmp/res-ab}; mkdir -p "$out" "$res"
 device=${DEVICE:-cuda} streams=${STREAMS:-512} rps_s=${RPS_S:-60}
 log() { echo "[$(date +%T)] $*" | tee -a "$res/progress"; }
 if [ "${SETUP:-1}" = 1 ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "$tree"/.e2e/*.whl \
-    || exit 1
-  cp "$tree"/.e2e/libopus.so.0 /usr/lib/x86_64-linux-gnu/ && ldconfig
+  (cd "$tree" && . bench/gpu_env.sh) || exit 1     # the wheels into /tmp/site, libopus
 fi
 export PYTHONUNBUFFERED=1
 site=/tmp/site

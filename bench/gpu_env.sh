@@ -12,7 +12,8 @@
 # Sourced from the repository root, this installs them, puts the root on the path (the talkgate package and
 # bench/), and defines log and gpu_tests (GPU_TESTS=1: the GPU-only tests first).
 log() { echo "[$(date +%T)] $*"; }
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .e2e/*.whl .whl/*.whl || exit 1
+python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site $(ls .e2e/*.whl .whl/*.whl 2>/dev/null) \
+  || exit 1
 cp .e2e/libopus.so.0 /usr/lib/x86_64-linux-gnu/ && ldconfig
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 gpu_tests() {

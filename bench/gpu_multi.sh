@@ -22,9 +22,7 @@ out=${OUT:-/tmp/out}; res=${RES:-/tmp/res-multi}; rm -rf "$res"; mkdir -p "$out"
 tree=$(cd "$(dirname "$0")/.." && pwd)
 log() { echo "[$(date +%T)] $*" | tee -a "$res/progress"; }
 if [ "${SETUP:-1}" = 1 ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site $(ls .e2e/*.whl .whl/*.whl 2>/dev/null) \
-    || exit 1
-  cp .e2e/libopus.so.0 /usr/lib/x86_64-linux-gnu/ && ldconfig
+  (cd "$tree" && . bench/gpu_env.sh) || exit 1     # the wheels into /tmp/site, libopus
 fi
 cd "$tree"
 export PYTHONPATH=$tree:/tmp/site PYTHONUNBUFFERED=1 TALKGATE_CACHE=/tmp/tgc

@@ -213,18 +213,18 @@ class OpusPacker:
     def encode(self, x: np.ndarray) -> list[tuple[bytes, int]]:
         packets = self._enc.encode(x)
         if self._ogg is None:
-            return self._units([(p, 1) for p in packets])
-        return self._units(self._headers() + self._ogg.pages(packets))
+            return [(p, self._packet_samples) for p in packets]
+        return self._pages(self._ogg.pages(packets))
 
     def flush(self) -> list[tuple[bytes, int]]:
         packets = self._enc.flush()
         if self._ogg is None:
-            return self._units([(p, 1) for p in packets])
-        return self._units(self._headers() + self._ogg.last_pages(packets, self._enc.samples_in))
+            return [(p, self._packet_samples) for p in packets]
+        return self._pages(self._ogg.last_pages(packets, self._enc.samples_in))
 
-    def _units(self, units: list[tuple[bytes, int]]) -> list[tuple[bytes, int]]:
-        """(packet or page, the Opus packets in it) -> (the same, its samples at the stream's rate)."""
-        return [(data, packets * self._packet_samples) for data, packets in units]
+    def _pages(self, pages: list[tuple[bytes, int]]) -> list[tuple[bytes, int]]:
+        """The headers first, then each (page, the Opus packets on it) as (page, its samples at the stream's rate)."""
+        return self._headers() + [(page, packets * self._packet_samples) for page, packets in pages]
 
     def _headers(self) -> list[tuple[bytes, int]]:
         if self._headers_sent:

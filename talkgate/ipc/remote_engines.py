@@ -67,7 +67,6 @@ class _Route:
     """One open context of the client, and the engine it runs on."""
     context: int
     engine: "_Engine"
-    replay: list | None            # its commands (wire form) until its first event: re-sent on engine_full
     tried: set = field(default_factory=set)
 
 
@@ -112,7 +111,8 @@ class RemoteEngines:
         self._lock = threading.Lock()
         self._deliver: Deliver | None = None       # the one client's
         self._routes: dict[int, _Route] = {}       # context -> its route
-        self._fresh: dict[int, _Route] = {}        # of those, the contexts that have had no event yet
+        # the contexts that have had no event yet: their commands (wire form), re-sent to another engine on engine_full
+        self._unplaced: dict[int, list] = {}
         self._voice_requests: dict[int, _Engine] = {}   # voice request -> the engine making it
         self._local: list = []                     # events made here (refusals, engine_failed), not delivered yet
         self._flush_pending = False
@@ -224,8 +224,8 @@ class RemoteEngines:
                 if r is None:
                     continue
                 w = wire.command_to_wire(cmd)
-                if r.replay is not None:
-                    r.replay.append(w)
+                if (sent := self._unplaced.get(cmd.context)) is not None:
+                    sent.append(w)
                 r.engine.outbox.append(w)
                 if isinstance(cmd, CancelContext):
                     self._forget(r)
@@ -241,8 +241,8 @@ class RemoteEngines:
         engine = self._place(())
         if engine is None:
             return self._refuse(cmd.context, "engine_full", self._full_message())
-        r = _Route(cmd.context, engine, [command], {engine.index})
-        self._routes[cmd.context] = self._fresh[cmd.context] = r
+        self._routes[cmd.context] = _Route(cmd.context, engine, {engine.index})
+        self._unplaced[cmd.context] = [command]
         engine.routes.add(cmd.context)
         engine.outbox.append(command)
         engine.opened += 1
@@ -270,15 +270,9 @@ class RemoteEngines:
     def _refuse(self, context: int, code: str, message: str) -> None:
         self._local.append(ContextFailed(context, code, message))
 
-    def _placed(self, context: int) -> None:
-        """The context's first event came: it stays on its engine, its commands are no longer kept."""
-        r = self._fresh.pop(context, None)
-        if r is not None:
-            r.replay = None
-
     def _forget(self, r: _Route) -> None:
         self._routes.pop(r.context, None)
-        self._fresh.pop(r.context, None)
+        self._unplaced.pop(r.context, None)
         r.engine.routes.discard(r.context)
 
     def _move(self, r: _Route, engine: _Engine) -> None:
@@ -286,7 +280,7 @@ class RemoteEngines:
         r.engine.routes.discard(r.context)
         r.engine, r.tried = engine, r.tried | {engine.index}
         engine.routes.add(r.context)
-        engine.outbox.extend(r.replay)
+        engine.outbox.extend(self._unplaced[r.context])
         engine.opened += 1
 
     # ----- sending -----
@@ -369,15 +363,14 @@ class RemoteEngines:
         contexts = contexts.tolist()
         events += [AudioChunk(context, rows[i], int(frames[i]), 1, t) for i, context in enumerate(contexts)]
         with self._lock:
-            if self._fresh:
-                for context in contexts:
-                    self._placed(context)
+            for context in self._unplaced.keys() & contexts:    # a first event: placed for good
+                del self._unplaced[context]
             for end in ends:
                 r = self._routes.get(end[0])
-                if r is not None and end[1] == wire.SPOKEN:    # a flush's end: the context goes on
-                    self._placed(r.context)
+                if r is not None and end[1] == wire.SPOKEN:    # a flush's end: the context goes on, placed
+                    self._unplaced.pop(r.context, None)
                 elif r is not None:
-                    if end[1] == wire.FAILED and end[2] == "engine_full" and r.replay is not None:
+                    if end[1] == wire.FAILED and end[2] == "engine_full" and r.context in self._unplaced:
                         other = self._place(r.tried)
                         if other is not None:
                             self._move(r, other)
@@ -445,7 +438,7 @@ class RemoteEngines:
                                               f"the engine process making this voice stopped ({why})"))
             for context in list(engine.routes):
                 r = self._routes[context]
-                other = self._place(r.tried) if r.replay is not None else None
+                other = self._place(r.tried) if context in self._unplaced else None
                 if other is not None:
                     self._move(r, other)
                     continue

@@ -391,8 +391,12 @@ class Session:
         return out
 
     def take_commands(self) -> list[EngineCommand]:
-        """The engine commands made since the last call, in order (the I/O layer submits them)."""
-        commands, self._commands = self._commands, []
+        """The engine commands made since the last call, in order (the I/O layer submits them). The I/O layer asks
+        after every call, those of every written frame too: most find none and get the session's own empty list
+        (nothing allocated), to read only."""
+        commands = self._commands
+        if commands:
+            self._commands = []
         return commands
 
     def _text(self, ctx: _Context, cmd: AppendText | FlushText | EndText) -> None:
