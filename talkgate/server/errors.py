@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 from http import HTTPStatus
+from typing import Callable
 
 from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
@@ -71,14 +72,12 @@ class JsonErrorHandler(RequestHandler):
             raise ConnectionError("the response had begun: no error response can follow")
         response = ErrorResponse(status, _http_code(status), message or HTTPStatus(status).phrase)
         response.force_close()
-        count = getattr(self._manager, "count_error", None)
-        if count is not None:
-            count(_http_code(status))
+        self._manager.count_error(_http_code(status))        # the JsonErrorServer that made this handler
         return response
 
 
 class JsonErrorServer(web.Server):
-    def __init__(self, *args, count_error=None, **kwargs):
+    def __init__(self, *args, count_error: Callable[[str], None], **kwargs):
         super().__init__(*args, **kwargs)
         self.count_error = count_error
 
