@@ -10,16 +10,15 @@ port: https:// and wss://.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import asyncio
+import dataclasses
 import logging
 import os
 from pathlib import Path
 
 from talkgate.cli import args as cli_args
 from talkgate.cli.args import CommandError
-from talkgate.processes import bytecode
-from talkgate.processes import single
+from talkgate.processes import bytecode, single
 from talkgate.server.listen import listen, tls_context
 from talkgate.sessions.limits import Limits
 from talkgate.system import descriptors

@@ -41,7 +41,7 @@ def _start(engine, warmup_stall_s: float) -> None:
 
 
 async def serve(engine, config, sockets: list[socket.socket], url: str, tls: ssl.SSLContext | None = None,
-                 warmup_stall_s: float = DEFAULT_STALL_S) -> int:
+                warmup_stall_s: float = DEFAULT_STALL_S) -> int:
     """Serve until the first SIGINT/SIGTERM, drain (a second signal cuts it short), stop. -> exit status."""
     from aiohttp import web
 
