@@ -4,7 +4,9 @@ says what was left, when anything is:
 
 - threads: every live Python thread but the main thread and those alive before the first test (a baseline taken once
   collection has imported every test module: the interpreter's, pytest's and the libraries' own, started at import).
-  A thread running talkgate's or the tests' own code is never part of the baseline, whenever it started.
+  A thread running talkgate's or the tests' own code is never part of the baseline, whenever it started. Each is
+  named with the test that was running when it started and where it was started from (a pool's idle worker shows
+  only the pool's own frames when it is found, not who made the pool).
 - child processes of this process (/proc/self/task/*/children), running or exited and never waited for (a zombie).
   No baseline: nothing may be a child before the first test either.
 - sockets: descriptors of this process that are sockets (/proc/self/fd), beyond those open before the first test.
@@ -41,11 +43,13 @@ import threading
 import time
 import traceback
 import warnings
+import weakref
 from pathlib import Path
 
 import pytest
 
 GRACE_S = 10.0
+STARTED_FROM_FRAMES = 8     # of the stack that started a thread, named in the report
 ROOT = Path(__file__).resolve().parent.parent
 OWN = tuple(str(ROOT / d) + os.sep for d in ("talkgate", "tests"))     # code whose threads are never baseline
 # the ResourceWarnings of objects closed by their finalizers: what each is counted as, the messages' beginnings
@@ -58,6 +62,8 @@ TCP_STATES = {"01": "established", "06": "time-wait", "07": "closed", "08": "clo
 class _Check:
     def __init__(self):
         self.threads: set[int] = set()      # thread idents of the baseline
+        self.test = "collection"            # the test running now (what a thread started now is said to start in)
+        self.started = weakref.WeakKeyDictionary()     # thread -> "started during <test>, from <where>"
         self.sockets: set[str] = set()      # socket inodes of the baseline
         self.collected: dict[str, list[str]] = {kind: [] for kind in LEFT_TO_COLLECTOR}    # the warnings, by kind
         self.report: list[str] = []         # what the summary prints, empty when nothing was left
@@ -68,6 +74,7 @@ _check = _Check()
 
 
 def pytest_configure(config):
+    _record_thread_starts()
     # Python's default filters ignore ResourceWarning: shown, pytest records these and pytest_warning_recorded counts
     for beginnings in LEFT_TO_COLLECTOR.values():
         for beginning in beginnings:
@@ -78,6 +85,25 @@ def pytest_collection_finish(session):
     """The baseline: what is alive once every test module is imported, before the first test runs."""
     _check.threads = {t.ident for t in _other_threads() if not _runs_own_code(t)}
     _check.sockets = set(_sockets().values())
+
+
+def pytest_runtest_logstart(nodeid, location):
+    _check.test = nodeid
+
+
+def _record_thread_starts():
+    start = threading.Thread.start
+    if getattr(start, "_leakcheck", False):          # configured twice in one process (pytester)
+        return
+
+    def recording_start(thread, *args, **kwargs):
+        frames = traceback.extract_stack(sys._getframe(1), limit=STARTED_FROM_FRAMES)
+        where = "; ".join(f"{Path(f.filename).name}:{f.lineno} {f.name}" for f in reversed(frames))
+        _check.started[thread] = f"started during {_check.test}, from {where}"
+        return start(thread, *args, **kwargs)
+
+    recording_start._leakcheck = True
+    threading.Thread.start = recording_start
 
 
 def pytest_warning_recorded(warning_message, when, nodeid, location):
@@ -154,8 +180,9 @@ def _runs_own_code(thread: threading.Thread) -> bool:
 def _describe_thread(t: threading.Thread) -> str:
     target = getattr(t, "_target", None)
     top = "; ".join(f"{Path(f.filename).name}:{f.lineno} {f.name}" for f in reversed(_stack(t)[-4:]))
+    started = _check.started.get(t, "started before the check was configured")
     return (f"{t.name!r} ({'daemon' if t.daemon else 'not daemon'}, target "
-            f"{getattr(target, '__qualname__', target)!r}): {top or 'no Python frame'}")
+            f"{getattr(target, '__qualname__', target)!r}): {top or 'no Python frame'}\n    {started}")
 
 
 def _children() -> list[int]:

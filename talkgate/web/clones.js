@@ -123,10 +123,11 @@ export class Clones {
     this.status("Storing the voice…");
     try {
       const v = await this.request("POST", "/v1/audio/voices", form);
-      this.stats.lastStored = { id: v.id, name: v.name, mode: v.mode, timing: v.timing };
       this.status(`Stored “${v.name}” (${v.mode === "icl" ? "in-context" : "x-vector"}, ${v.audio.seconds.toFixed(1)} s): it is now the voice.`);
       await this.refresh();
       this.useVoice(v.id);
+      // said last, once the list holds it and it is the voice: what watches lastStored sees all of that done
+      this.stats.lastStored = { id: v.id, name: v.name, mode: v.mode, timing: v.timing };
     } catch (e) {
       this.status("The voice was not stored.");
       this.onError(e);

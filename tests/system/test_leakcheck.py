@@ -45,6 +45,7 @@ def test_a_leak_of_each_kind_fails_the_run_and_is_named(tmp_path):
     assert done.returncode == 1, out + done.stderr
     assert "2 passed" in out and "LEAK CHECK FAILED" in out, out
     assert "threads: 1\n  'leaked-thread' (daemon, target 'Event.wait')" in out, out
+    assert "started during test_tiny.py::test_leaks_one_of_each, from test_tiny.py:" in out, out
     assert "child processes: 1\n" in out and "# leaked-child" in out, out
     assert "sockets: 2\n" in out and "127.0.0.1:" in out and "listening" in out, out
     assert "zmq contexts: 2\n" in out and "not closed" in out, out
