@@ -4,8 +4,8 @@ With gateway worker processes (`talkgate serve`) every worker writes its series 
 PROMETHEUS_MULTIPROC_DIR (prometheus_client's multiprocess mode, chosen when that variable is set at start)
 and renders all workers' files, so /metrics shows the whole server whichever worker answers: counters and
 histograms summed, `talkgate_connections` and `talkgate_contexts_active` summed over live workers, the
-`talkgate_worker_*` series and the event-loop lag per worker. The engine series (step time, slots, batch)
-come from the stats every engine process publishes to every worker (EngineCollector), with an `engine`
+`talkgate_worker_*` series and the event-loop lag per worker. The engine series (step time, slots, batch, audio
+made) come from the stats every engine process publishes to every worker (EngineCollector), with an `engine`
 label; a single-process server (`--workers 0`) has them without it.
 """
 from __future__ import annotations
@@ -20,9 +20,11 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
 from talkgate.ipc.wire import STEP_BUCKETS
+from talkgate.synth.request import FRAME_S
 
 _MS_BUCKETS = (2, 5, 10, 15, 20, 30, 50, 75, 100, 150, 250, 500, 1000, 2500, 5000)
 _WORKER_S_BUCKETS = (.0005, .001, .002, .005, .01, .02, .05, .1, .25, 1)    # a worker's loop lag and step delivery
+ENGINE_AUDIO_HELP = "Audio the engine made, seconds (80 ms a codec frame): rate() gives audio seconds per wall second"
 
 
 class Metrics:
@@ -57,6 +59,8 @@ class Metrics:
             self.engine_slots = Gauge("talkgate_engine_slots", "Engine context slots", registry=r)
             self.engine_slots_free = Gauge("talkgate_engine_slots_free", "Engine slots not held by a context",
                                            registry=r)
+            self.engine_audio = Counter("talkgate_engine_audio_seconds", ENGINE_AUDIO_HELP, registry=r)
+            self._engine_frames = 0             # the engine's frame count at the last scrape
         # for proxies and autoscalers (docs/deploy.md), set at each scrape (observe); over worker processes the
         # sessions add up and the load and drain flags are the largest any worker says
         self.engine_slots_used = Gauge("talkgate_engine_slots_used", "Engine slots held by a context", registry=r,
@@ -97,6 +101,9 @@ class Metrics:
                                (self.engine_slots, "slots"), (self.engine_slots_free, "free_slots")):
                 if key in stats:
                     gauge.set(stats[key])
+            if "frames" in stats:               # the engine counts frames; a counter only takes what is new
+                self.engine_audio.inc((stats["frames"] - self._engine_frames) * FRAME_S)
+                self._engine_frames = stats["frames"]
         load = sessions / max_sessions
         if stats.get("slots"):
             used = max(0, stats["slots"] - stats["free_slots"])
@@ -161,6 +168,7 @@ class EngineCollector:
         gc_max = family("talkgate_engine_gc_pause_max_seconds", "The engine process's longest garbage-collection pause")
         gc_frozen = family("talkgate_engine_gc_frozen_objects", "Objects frozen out of the engine process's garbage "
                            "collections (gc.freeze after warm-up)")
+        audio = CounterMetricFamily("talkgate_engine_audio_seconds", ENGINE_AUDIO_HELP, labels=["engine"])
         for i, e in enumerate(engines):
             label = [str(i)]
             ready.add_metric(label, float(e["state"] == "ready"))
@@ -186,8 +194,9 @@ class EngineCollector:
             gc.add_metric(label, e.get("gc_s", 0.0))
             gc_max.add_metric(label, e.get("gc_max_s", 0.0))
             gc_frozen.add_metric(label, e.get("gc_frozen", 0))
+            audio.add_metric(label, e["frames"] * FRAME_S)
         yield from (ready, slots, free, running, waiting, cpu, behind, step, loop, gpu_wait, cpu_wait, slow, gc, gc_max,
-                    gc_frozen)
+                    gc_frozen, audio)
 
 
 class ContextObserver:
@@ -205,7 +214,7 @@ class ContextObserver:
 
     def audio(self, frames: int) -> None:
         self.m.frames.inc(frames)
-        self.m.audio_seconds.inc(frames * 0.08)
+        self.m.audio_seconds.inc(frames * FRAME_S)
 
     def underrun_risk(self) -> None:
         self.m.underrun_risk.inc()

@@ -1,0 +1,46 @@
+"""The server's Prometheus series (server/metrics.py) from given engine stats: what /metrics renders of them
+(tests/system/test_bench_load.py reads them from a real server)."""
+from __future__ import annotations
+
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+
+from talkgate.ipc.wire import STEP_BUCKETS
+from talkgate.loadgen.measure import parse_prometheus
+from talkgate.server.metrics import EngineCollector, Metrics
+
+AUDIO = "talkgate_engine_audio_seconds_total"
+
+
+class PublishedStats:
+    """RemoteEngines as EngineCollector reads it: the stats each engine process published last."""
+
+    def __init__(self, engines: list[dict]):
+        self.engines = engines
+
+    def stats(self) -> dict:
+        return {"engines": self.engines}
+
+
+def engine_stats(frames: int) -> dict:
+    return {"state": "ready", "slots": 4, "free_slots": 4, "running": 0, "waiting": 0,
+            "step_buckets": [0] * (len(STEP_BUCKETS) + 1), "step_sum": 0.0, "frames": frames}
+
+
+def test_each_engine_process_counts_the_audio_it_made_from_its_frames():
+    registry = CollectorRegistry()
+    registry.register(EngineCollector(PublishedStats([engine_stats(25), {"state": "warming"}, engine_stats(0)])))
+    series = parse_prometheus(generate_latest(registry).decode())
+    audio = {dict(labels)["engine"]: v for (name, labels), v in series.items() if name == AUDIO}
+    assert audio == {"0": pytest.approx(2.0), "2": 0.0}          # 80 ms a frame; engine 1 not heard from yet
+
+
+def test_an_in_process_engine_counter_takes_the_frames_made_since_the_last_scrape():
+    metrics = Metrics()
+    audio = lambda: parse_prometheus(metrics.render().decode())[(AUDIO, ())]
+    assert audio() == 0.0
+    for frames, seconds in ((10, 0.8), (10, 0.8), (35, 2.8)):
+        metrics.observe({"frames": frames, "slots": 4, "free_slots": 4}, 0, 16, False)
+        assert audio() == pytest.approx(seconds)
+    metrics.observe({}, 0, 16, False)                             # stats without a frame count change nothing
+    assert audio() == pytest.approx(2.8)
