@@ -30,6 +30,7 @@ from pathlib import Path
 
 import aiohttp
 
+from talkgate.ipc.wire import STATS_INTERVAL_S
 from talkgate.loadgen import prompts as prompt_set
 from talkgate.loadgen import report
 from talkgate.loadgen.measure import (
@@ -44,6 +45,9 @@ DEFAULT_RATE = {"opus": 48000, "pcm_s16le": 24000}
 OPENAI_RATE = 24000                     # stream_format "audio" with response_format "pcm": s16le 24 kHz mono
 READY_TIMEOUT_S = 10.0                  # native: connection accepted -> session.ready
 CANCEL_POINT = (0.2, 0.8)               # a cancelled request is cancelled after this share of its audio
+# a scrape waits this long first, so that the audio made before it is all in the engine processes' series: those
+# are the stats they publish every STATS_INTERVAL_S, at the end of the turn running then
+SCRAPE_SETTLE_S = 3 * STATS_INTERVAL_S
 METRICS = ("ttfb_ms", "ttfa_ms", "e2e_ms", "rtf", "max_gap_ms", "underrun_ms", "connect_ms", "text_lag_ms",
            "server_ttfa_ms", "cancel_to_cancelled_ms", "cancel_to_last_audio_ms")
 
@@ -355,6 +359,7 @@ async def watch_loop_lag(lags: list[float], interval: float = 0.02) -> None:
 
 
 async def scrape(http: aiohttp.ClientSession, cfg: Config) -> dict:
+    await asyncio.sleep(SCRAPE_SETTLE_S)
     try:
         async with http.get(cfg.url + "/metrics", headers=cfg.auth_headers()) as resp:
             return parse_prometheus(await resp.text()) if resp.status == 200 else {}
@@ -398,6 +403,10 @@ def server_numbers(before: dict, after: dict, wall_s: float) -> dict:
             if share is not None:
                 phase = dict(labels).get("phase", "gpu_wait")
                 loop[phase] = loop.get(phase, 0.0) + share
+    # the headline figure: audio the engines made per wall second, each (`engine` label; none with `--workers 0`)
+    # and in all
+    audio = {labels: rate for (n, labels), v in after.items()
+             if n == "talkgate_engine_audio_seconds_total" and (rate := increase((n, labels), v)) is not None}
     total = sum(cores.values()) if cores else None
     return {"cpu_cores": total if total is not None else
             (cpu[1] - cpu[0]) / wall_s if None not in cpu and wall_s > 0 else None,
@@ -406,6 +415,9 @@ def server_numbers(before: dict, after: dict, wall_s: float) -> dict:
             "event_loop_lag_s_by_worker": by("talkgate_event_loop_lag_seconds", "worker") or None,
             "engine_step_s": histogram_delta(before, after, "talkgate_engine_step_seconds"),
             "engine_step_s_by_engine": by("talkgate_engine_step_seconds", "engine") or None,
+            "engine_audio_s_per_wall_s": sum(audio.values()) if audio else None,
+            "engine_audio_s_per_wall_s_by_engine": {dict(labels)["engine"]: rate for labels, rate in audio.items()
+                                                    if labels} or None,
             "engine_loop_share": loop or None,
             "step_delivery_s": histogram_delta(before, after, "talkgate_engine_step_delivery_seconds"),
             "gc_share_by_process": gc_share or None,

@@ -25,9 +25,20 @@ def seconds_as_ms(h: dict | None) -> str:
     return " / ".join(fmt(None if h[k] is None else h[k] * 1000, 2) for k in ("mean", "p99_le"))
 
 
+def audio_rate(s: dict) -> str:
+    """The headline figure, audio seconds per wall second: what the clients received, what the engines made (the
+    server's /metrics) and what each made (none with `--workers 0`: its one engine has no label). The step's roofline
+    fraction (bench/roofline.py) goes beside each engine's."""
+    engines = s["server"].get("engine_audio_s_per_wall_s_by_engine") or {}
+    made = ", ".join(f"engine {e} {v:.2f}" for e, v in sorted(engines.items(), key=lambda ev: int(ev[0])))
+    return (f"{fmt(s['audio_s_per_wall_s'], 2)} received, {fmt(s['server'].get('engine_audio_s_per_wall_s'), 2)} made"
+            + (f" ({made})" if made else ""))
+
+
 def one_line(s: dict) -> str:
     t = s["metrics"]["ttfa_ms"] or {}
     return (f"{s['mode']} {s['load']:g}: {s['requests']} requests, {s['achieved_rps']:.2f} req/s, "
+            f"audio s per wall s {audio_rate(s)}, "
             f"TTFA p50 {fmt(t.get('p50'))} p95 {fmt(t.get('p95'))} ms, underruns {s['underruns']}, "
             f"errors {sum(s['errors'].values())}, peak in flight {s['peak_in_flight']}"
             f" -> {'clean' if s['clean'] else 'NOT clean'}")
@@ -51,7 +62,7 @@ def markdown(cfg: dict, s: dict) -> str:
     rows = [("requests / completed / cancelled", f"{s['requests']} / {s['completed']} / {s['cancelled']}"),
             ("errors", ", ".join(f"{k}: {v}" for k, v in s["errors"].items()) or "none"),
             ("achieved req/s", fmt(s["achieved_rps"], 2)), ("peak in flight", s["peak_in_flight"]),
-            ("audio s per wall s", fmt(s["audio_s_per_wall_s"], 2)),
+            ("audio s per wall s: received by the clients, made by the engines (by engine)", audio_rate(s)),
             ("underruns (requests with any) / total ms",
              f"{s['underruns']} ({s['requests_with_underruns']}) / {fmt(s['underrun_ms_total'])}"),
             ("underrun requests: started in the ramp / after it; first ran dry at frame", underrun_split(s)),
@@ -127,12 +138,13 @@ def write_sweep(out: Path, cfg: dict, runs: list[dict], best: float | None) -> N
     steps = [r["summary"] for r in runs]
     mode = steps[0]["mode"]
     (out / "sweep.json").write_text(json.dumps({"config": cfg, "highest_clean": best, "steps": steps}, indent=1))
-    rows = ["| load | achieved req/s | p50 TTFA | p95 TTFA | p99 TTFA | underruns | errors | clean |",
-            "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    rows = ["| load | achieved req/s | audio s per wall s | p50 TTFA | p95 TTFA | p99 TTFA | underruns | errors | "
+            "clean |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for s in steps:
         t = s["metrics"]["ttfa_ms"] or {}
-        rows.append(f"| {s['load']:g} | {s['achieved_rps']:.2f} | {fmt(t.get('p50'))} | {fmt(t.get('p95'))} | "
-                    f"{fmt(t.get('p99'))} | {s['underruns']} | {sum(s['errors'].values())} | {s['clean']} |")
+        rows.append(f"| {s['load']:g} | {s['achieved_rps']:.2f} | {audio_rate(s)} | {fmt(t.get('p50'))} | "
+                    f"{fmt(t.get('p95'))} | {fmt(t.get('p99'))} | {s['underruns']} | {sum(s['errors'].values())} | "
+                    f"{s['clean']} |")
     (out / "sweep.md").write_text(f"# talkgate sweep ({cfg['protocol']}, {mode})\n\nHighest clean {mode}: "
                                   f"**{fmt(best)}** (clean: no errors, no underruns, p95 TTFA <= "
                                   f"{cfg['ttfa_limit_ms']:.0f} ms)\n\n" + "\n".join(rows) + "\n")

@@ -1,8 +1,11 @@
 """`talkgate bench` (talkgate/loadgen/, cli/bench.py) against a real `talkgate serve`: a short run of each protocol,
-errors failing the run, the ramp."""
+errors failing the run, the ramp, the audio per wall second the engine made (its /metrics counter) and the clients
+received."""
 from __future__ import annotations
 
 import json
+import time
+import urllib.request
 from pathlib import Path
 
 import numpy as np
@@ -10,6 +13,7 @@ import pytest
 
 from talkgate.cli import bench
 from talkgate.loadgen import load
+from talkgate.loadgen.measure import parse_prometheus
 
 
 # ----- a short run against a real `talkgate serve` (tiny random-weight checkpoint, CPU)
@@ -72,3 +76,32 @@ def test_ramp_spreads_the_clients_first_starts(server, tmp_path):
     starts = sorted(r["start_s"] for r in requests)
     # each process times from its own start (a few ms apart), and a loaded CI machine adds some jitter
     assert all(0.3 < b - a < 0.7 for a, b in zip(starts, starts[1:])), starts
+
+
+def _engine_audio_s(server) -> float:
+    with urllib.request.urlopen(server.url + "/metrics", timeout=10) as resp:
+        return parse_prometheus(resp.read().decode())[("talkgate_engine_audio_seconds_total", (("engine", "0"),))]
+
+
+def test_audio_per_wall_second_made_and_received(server, tmp_path, capsys):
+    """The engine's audio counter grows by exactly the audio the clients received (every request completes: no
+    frame made for a cancelled one), and the bench's summary, printed and written, shows it per wall second."""
+    time.sleep(load.SCRAPE_SETTLE_S)                    # the engine's last published stats count every frame
+    before = _engine_audio_s(server)
+    rc, summary, requests = _run(server, tmp_path, "--protocol", "openai", "--concurrency", "2", "--requests", "4",
+                                 "--seed", "5", "--warmup", "0")
+    assert rc == 0 and summary["completed"] == 4
+    received = sum(r["audio_ms"] for r in requests) / 1000
+    deadline = time.monotonic() + 10                    # the engine publishes its stats every 0.1 s
+    while (made := _engine_audio_s(server) - before) < received - 1e-6 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert made == pytest.approx(received, abs=1e-6)
+
+    assert summary["audio_s_per_wall_s"] == pytest.approx(received / summary["wall_s"])
+    engines = summary["server"]["engine_audio_s_per_wall_s_by_engine"]
+    assert engines.keys() == {"0"} and engines["0"] == pytest.approx(received / summary["wall_s"])
+    assert summary["server"]["engine_audio_s_per_wall_s"] == pytest.approx(engines["0"])
+    figure = f"audio s per wall s {received / summary['wall_s']:.2f} received, {engines['0']:.2f} made " \
+             f"(engine 0 {engines['0']:.2f})"
+    assert figure in capsys.readouterr().out
+    assert figure.removeprefix("audio s per wall s ") in (tmp_path / "results" / "summary.md").read_text()

@@ -221,6 +221,38 @@ def test_prometheus_parsing_and_deltas():
     assert load.server_numbers({}, {}, 10.0)["cpu_cores"] is None      # no /metrics: numbers are absent
 
 
+ENGINE_AUDIO_TEXT = """# TYPE talkgate_engine_audio_seconds_total counter
+talkgate_engine_audio_seconds_total{{engine="0"}} {e0}
+talkgate_engine_audio_seconds_total{{engine="1"}} {e1}
+talkgate_engine_audio_seconds_total{{engine="2"}} {e2}
+"""
+
+
+def test_audio_per_wall_second_received_and_made_by_each_engine():
+    """The headline figure in all (the clients') and per engine (the server's counter over the run); an engine
+    restarted during the run counts from 0 again and is left out rather than counted negative."""
+    before = measure.parse_prometheus(ENGINE_AUDIO_TEXT.format(e0=100.0, e1=40.0, e2=30.0))
+    after = measure.parse_prometheus(ENGINE_AUDIO_TEXT.format(e0=116.0, e1=48.0, e2=2.0))
+    server = load.server_numbers(before, after, wall_s=10.0)
+    assert server["engine_audio_s_per_wall_s_by_engine"] == {"0": pytest.approx(1.6), "1": pytest.approx(0.8)}
+    assert server["engine_audio_s_per_wall_s"] == pytest.approx(2.4)
+    single = "talkgate_engine_audio_seconds_total {}\n"           # `--workers 0`: one engine, no label
+    server_one = load.server_numbers(measure.parse_prometheus(single.format(3.0)),
+                                     measure.parse_prometheus(single.format(9.0)), wall_s=4.0)
+    assert server_one["engine_audio_s_per_wall_s"] == pytest.approx(1.5)
+    assert server_one["engine_audio_s_per_wall_s_by_engine"] is None
+    assert load.server_numbers({}, {}, 10.0)["engine_audio_s_per_wall_s"] is None
+
+    cfg = load.Config(rps=2.0)
+    s = load.summarize(cfg, [_result(i) for i in range(19)], 10.0, 10.0, 3, server, None, [0.1])
+    shown = "1.37 received, 2.40 made (engine 0 1.60, engine 1 0.80)"      # 19 x 0.72 s in 10 s
+    assert f"audio s per wall s {shown}, " in report.one_line(s)
+    assert f"| audio s per wall s: received by the clients, made by the engines (by engine) | {shown} |" \
+        in report.markdown(asdict(cfg), s)
+    s = load.summarize(cfg, [_result(0)], 10.0, 10.0, 3, {}, None, [0.1])   # no /metrics
+    assert "audio s per wall s 0.07 received, - made, " in report.one_line(s)
+
+
 # ----- CLI
 def test_dump_prompts(capsys):
     assert bench.main(["--dump-prompts", "--lang", "zh", "--bucket", "long"]) == 0
