@@ -1,6 +1,6 @@
 """The pure parts of the load generator: wire-format parsing, arrival schedules, text deltas, the
 simulated player, percentiles and Prometheus scrapes. No I/O but reading the tokenizer files once, so
-tests/unit/test_bench_load.py and tests/unit/test_bench_pacing.py check them exactly."""
+tests/unit/test_loadgen.py and tests/unit/test_bench_pacing.py check them exactly."""
 from __future__ import annotations
 
 import functools

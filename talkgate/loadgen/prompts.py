@@ -1,6 +1,6 @@
 """The built-in benchmark texts: English, Chinese and mixed Chinese/English, in three length buckets.
 
-Buckets count characters: short < 50, medium 50-200, long > 200 (tests/unit/test_bench_load.py checks it).
+Buckets count characters: short < 50, medium 50-200, long > 200 (tests/unit/test_loadgen.py checks it).
 The texts read like what a voice agent says: confirmations, directions, explanations, stories.
 `talkgate bench --dump-prompts` prints them (with ids and the frame count each is benchmarked at)
 so other tools, e.g. the reference baseline, time the same texts.
