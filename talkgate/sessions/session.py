@@ -24,7 +24,7 @@ from dataclasses import dataclass, field, replace
 from typing import Callable, Iterator
 
 from talkgate.codecs import FormatError, make_stream_encoder
-from talkgate.codecs.tempo import TempoStretcher
+from talkgate.codecs.tempo import MAX_SPEED, MIN_SPEED, TempoStretcher
 from talkgate.sessions.fields import SessionError, show
 from talkgate.sessions.limits import Limits
 from talkgate.sessions.voices import Voices
@@ -225,8 +225,8 @@ class Session:
         if language not in info.languages:
             raise SessionError("unknown_language", f"unknown language {show(cfg.language)}; available: "
                                f"{', '.join(info.languages)}", context_id)
-        if not 0.25 <= cfg.speed <= 4.0:
-            raise SessionError("invalid_params", "speed must be between 0.25 and 4.0", context_id)
+        if not MIN_SPEED <= cfg.speed <= MAX_SPEED:
+            raise SessionError("invalid_params", f"speed must be between {MIN_SPEED} and {MAX_SPEED}", context_id)
         if cfg.fixed_frames is not None and not (1 <= cfg.fixed_frames <= 100_000):
             raise SessionError("invalid_params", "fixed_frames must be between 1 and 100000", context_id)
         if cfg.sampling.seed is not None and not seed_fits(cfg.sampling.seed):
@@ -326,6 +326,13 @@ class Session:
         self._text(ctx, FlushText(ctx.context, tuple(tail)))
         return []
 
+    def set_speed(self, context_id: str, speed: float) -> None:
+        """The context's audio from here on is at `speed` (a pitch-kept tempo, 0.25 to 4). For a change between two
+        flushed segments (Deepgram's Configure): at a flush's end the stretcher gave out all it held, so nothing of
+        the previous segment is stretched anew. The caller checks the speed (the session's defaults: `configure`)."""
+        ctx = self._get(context_id)
+        ctx.tempo = None if speed == 1.0 else TempoStretcher(speed)
+
     def cancel(self, context_id: str | None = None) -> list:
         """Cancel one context, or all of them (barge-in). Nothing of a cancelled context follows."""
         targets = [self._get(context_id)] if context_id is not None else list(self._by_id.values())
@@ -418,7 +425,7 @@ class Session:
             if isinstance(ev, AudioChunk):
                 return self._audio(ctx, ev)
             if isinstance(ev, TextSpoken):
-                events = self._encoded(ctx, ctx.encoder.drain)
+                events = self._tempo_tail(ctx) + self._encoded(ctx, ctx.encoder.drain)
                 ctx.spoken_ms.append(ctx.audio_ms_emitted)
                 return events + [FlushSpoken(ctx.context_id, ctx.stream, ev.reason, ev.frames,
                                              round(ctx.audio_ms_emitted, 1))]
@@ -453,6 +460,15 @@ class Session:
                                    round(ctx.audio_ms_emitted, 3), packet.ms, packet.data))
             ctx.seq += 1
             ctx.audio_ms_emitted += packet.ms
+        return events
+
+    def _tempo_tail(self, ctx: _Context) -> list[SessionEvent]:
+        """At a flush's end: the audio the tempo stretcher still holds goes out with its segment (a flush is answered
+        once all of its audio is out), and the next segment starts a fresh stretcher at the same speed."""
+        if ctx.tempo is None:
+            return []
+        events = self._encoded(ctx, ctx.encoder.encode, ctx.tempo.flush())
+        ctx.tempo = TempoStretcher(ctx.tempo.speed)
         return events
 
     def _finish(self, ctx: _Context, reason: str, engine_done: bool = False) -> list[SessionEvent]:

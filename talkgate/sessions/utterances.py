@@ -168,6 +168,13 @@ class Utterances:
         del self._by_sid[sid]
         return [replace(ev, context_id=key) for ev in self.session.cancel(sid)]
 
+    def set_speed(self, key: str, speed: float) -> None:
+        """Its running context speaks at `speed` from here on; called between two of its segments
+        (Session.set_speed). The contexts it moves to later take the session's defaults."""
+        utt = self._get(key)
+        if utt.sid is not None:
+            self.session.set_speed(utt.sid, speed)
+
     def cancel_all(self) -> list[Event]:
         return [ev for key in list(self.by_key) for ev in self.cancel(key)]
 
