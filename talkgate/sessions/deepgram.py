@@ -1,5 +1,5 @@
 """Deepgram TTS, Sans-I/O, onto `Session`: the streaming WebSocket (`/v1/speak`) and the REST endpoint
-(`POST /v1/speak`: sessions/http.py).
+(`POST /v1/speak`: sessions/http.py). Flux TTS (`/v2/speak`) is sessions/deepgram_v2.py, with the helpers here.
 
 One stream of text per socket, spoken as one utterance (sessions/utterances.py): `Speak` appends
 text, `Flush` speaks what came so far and is answered with `Flushed` (its sequence_id) once that
@@ -25,18 +25,44 @@ STREAM = "speak"
 MAX_SPEAK_CHARS = 2000      # Deepgram's limit on the text of one Speak message
 
 
-def parse_query(query: dict[str, str]) -> AudioFormat:
+def stream_format(query: dict[str, str], rates: dict[str, tuple[int, ...]]) -> AudioFormat:
+    """The raw audio of a streaming socket (/v1/speak, /v2/speak): `encoding` and `sample_rate`, one of `rates`
+    (encoding -> its sample rates); raises SessionError (Deepgram's codes)."""
     enc = query.get("encoding", "linear16")
-    if enc not in ENCODINGS:
+    if enc not in rates:
         raise SessionError("UNSUPPORTED_ENCODING", f"encoding {show(enc)} is not supported: use "
-                           f"{', '.join(ENCODINGS)}")
+                           f"{', '.join(rates)}")
     rate = query.get("sample_rate", "24000" if enc == "linear16" else "8000")
-    if query_int(rate, 1, 1_000_000) not in RATES[enc]:
+    if query_int(rate, 1, 1_000_000) not in rates[enc]:
         raise SessionError("UNSUPPORTED_SAMPLE_RATE", f"sample_rate {show(rate)} is not supported for {enc}: use "
-                           f"{', '.join(map(str, RATES[enc]))}")
+                           f"{', '.join(map(str, rates[enc]))}")
+    return AudioFormat(ENCODINGS[enc], int(rate))
+
+
+def parse_query(query: dict[str, str]) -> AudioFormat:
+    fmt = stream_format(query, RATES)
     if query.get("container", "none") not in ("none", "raw"):
         raise SessionError("UNSUPPORTED_CONTAINER", "the WebSocket sends raw audio: container must be none")
-    return AudioFormat(ENCODINGS[enc], int(rate))
+    return fmt
+
+
+def model_voice(voices: VoiceMap, model: str, model_voices: tuple[str, ...]) -> str | None:
+    """A Deepgram model name -> the talkgate voice it maps to (sessions/voices.py VoiceMap); raises SessionError
+    INVALID_MODEL."""
+    try:
+        return voices.resolve("deepgram", model, model_voices)
+    except UnknownVoice as e:
+        raise SessionError("INVALID_MODEL", str(e)) from None
+
+
+def speak_text(msg: dict) -> str:
+    """The text of a `Speak` (the same message on /v1/speak and /v2/speak); raises SessionError."""
+    text = field_of(msg, "text", str)
+    if text is None:
+        raise SessionError("invalid_message", "Speak needs text (a string)")
+    if len(text) > MAX_SPEAK_CHARS:
+        raise SessionError("text_too_long", f"the text of one Speak is limited to {MAX_SPEAK_CHARS} characters")
+    return text
 
 
 class DeepgramProtocol(UtteranceProtocol):
@@ -48,10 +74,7 @@ class DeepgramProtocol(UtteranceProtocol):
         self.closing = False
         self.startup_error: SessionError | None = None
         try:
-            try:
-                voice = voices.resolve("deepgram", self.model, session.info.voices)
-            except UnknownVoice as e:
-                raise SessionError("INVALID_MODEL", str(e)) from None
+            voice = model_voice(voices, self.model, session.info.voices)
             self.session.configure(voice=voice, format=parse_query(query))
         except SessionError as e:
             self.startup_error = e
@@ -97,11 +120,7 @@ class DeepgramProtocol(UtteranceProtocol):
             return [self._close("DATA-0000", e.message, 1008, e.code)]
 
     def _speak(self, msg: dict) -> list:
-        text = field_of(msg, "text", str)
-        if text is None:
-            raise SessionError("invalid_message", "Speak needs text (a string)")
-        if len(text) > MAX_SPEAK_CHARS:
-            raise SessionError("text_too_long", f"the text of one Speak is limited to {MAX_SPEAK_CHARS} characters")
+        text = speak_text(msg)
         if self.closing:
             return [send_json({"type": "Warning", "description": "Speak after Close is ignored", "code": "CLOSING"})]
         return self._wire(self.utterances.append(STREAM, text))
@@ -193,11 +212,7 @@ def parse_rest_request(query: dict[str, str], body: object, info, voices: VoiceM
     if len(text) > MAX_REST_CHARS:
         raise SessionError("INVALID_REQUEST", f"text is limited to {MAX_REST_CHARS} characters")
     model = query.get("model", DEFAULT_MODEL)
-    try:
-        voice = voices.resolve("deepgram", model, info.voices)
-    except UnknownVoice as e:
-        raise SessionError("INVALID_MODEL", str(e)) from None
-    return text, model, parse_rest_query(query), voice
+    return text, model, parse_rest_query(query), model_voice(voices, model, info.voices)
 
 
 def rest_error(status: int, code: str, message: str, request_id: str | None = None) -> Respond:
