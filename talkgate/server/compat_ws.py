@@ -1,14 +1,17 @@
-"""Routes of the drop-in compatible WebSocket APIs (docs/compat.md): ElevenLabs, Cartesia, Deepgram,
-and the Twilio Media Streams mode. Each handler only builds the Sans-I/O protocol object; accept,
+"""Routes of the drop-in compatible WebSocket APIs (docs/compat.md): ElevenLabs, Cartesia, Deepgram (/v1/speak and
+Flux /v2/speak), and the Twilio Media Streams mode. Each handler only builds the Sans-I/O protocol object; accept,
 limits, access checks and the socket loop are `Gateway.serve_websocket`'s."""
 from __future__ import annotations
 
 from aiohttp import web
 
 from talkgate.server.errors import ErrorResponse
+from talkgate.server.http_speech import respond
+from talkgate.sessions import deepgram_v2
 from talkgate.sessions.cartesia import CartesiaProtocol
-from talkgate.sessions.deepgram import DeepgramProtocol
+from talkgate.sessions.deepgram import DeepgramProtocol, rest_error
 from talkgate.sessions.elevenlabs import ElevenLabsProtocol
+from talkgate.sessions.fields import SessionError
 from talkgate.sessions.native import NativeProtocol
 from talkgate.sessions.twilio import TwilioProtocol
 from talkgate.sessions.voices import VoiceMap
@@ -51,6 +54,21 @@ async def deepgram_ws(request: web.Request) -> web.WebSocketResponse:
     return await gw.serve_websocket(request, "deepgram", make)
 
 
+async def deepgram_v2_ws(request: web.Request) -> web.StreamResponse:
+    """Flux TTS. A bad query is refused before the upgrade, with HTTP 400 in Deepgram's REST error shape, as Deepgram
+    refuses it (the SDK's connect raises ApiError with that status)."""
+    gw = request.app["gateway"]
+    try:
+        settings = deepgram_v2.parse_query(dict(request.query), gw.client.info.voices, request.app[VOICE_MAP])
+    except SessionError as e:
+        return respond(rest_error(400, e.code, e.message))
+
+    def make(session_id, authenticate):
+        return deepgram_v2.DeepgramV2Protocol(gw.new_session("deepgram_v2"), session_id, settings)
+
+    return await gw.serve_websocket(request, "deepgram_v2", make)
+
+
 async def twilio_ws(request: web.Request) -> web.StreamResponse:
     gw = request.app["gateway"]
     stream_sid = request.query.get("stream_sid", "")
@@ -70,4 +88,5 @@ def add_routes(app: web.Application, voice_map: VoiceMap | None = None) -> None:
     app.router.add_get("/v1/text-to-speech/{voice_id}/multi-stream-input", _elevenlabs(multi=True))
     app.router.add_get("/tts/websocket", cartesia_ws)
     app.router.add_get("/v1/speak", deepgram_ws)
+    app.router.add_get("/v2/speak", deepgram_v2_ws)
     app.router.add_get("/v1/twilio", twilio_ws)

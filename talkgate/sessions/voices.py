@@ -70,6 +70,8 @@ DEFAULT_TABLES: dict[str, dict[str, str | None]] = {
         "aura-2-apollo-en": "ryan",
         "aura-2-arcas-en": "aiden",
         "aura-asteria-en": "serena",
+        "flux-alexis-en": "vivian",          # Flux TTS (/v2/speak), the SDK's example
+        "flux-haley-en": "serena",           # Flux TTS, Deepgram's docs' example
     },
 }
 

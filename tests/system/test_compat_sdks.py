@@ -277,3 +277,98 @@ def test_deepgram_websocket(server, http):
     assert pcm_frames(b"".join(m for m in messages[:flushed[0]] if isinstance(m, bytes)), 16000) == n1
     later = b"".join(m for m in messages[flushed[0]:flushed[1]] if isinstance(m, bytes))
     assert pcm_frames(later, 16000) == frames_for_text("Hello there. Bye now.") - n1
+
+
+# ----- Deepgram Flux TTS: /v2/speak -----
+def flux_until(ws, kind: str) -> list:
+    """What the SDK's v2 socket receives, up to and including the first message of type `kind`."""
+    out = []
+    while getattr(out[-1] if out else None, "type", None) != kind:
+        out.append(ws.recv())
+    return out
+
+
+def flux_audio(messages: list) -> bytes:
+    return b"".join(m for m in messages if isinstance(m, bytes))
+
+
+def test_deepgram_flux_turns_configure_close(server, http):
+    from deepgram.speak.v2.types import SpeakV2Configure, SpeakV2Speak
+    dg = deepgram_client(server, http)
+    n1 = frames_for_text("Hello there. ")
+    n2 = frames_for_text("Hello there. Bye now.") - n1
+    with dg.speak.v2.connect(model="flux-alexis-en", encoding="linear16", sample_rate=16000) as ws:
+        connected = ws.recv()
+        assert connected.type == "Connected" and connected.model_name == "flux-alexis-en" and connected.model_uuids
+        ws.send_speak(SpeakV2Speak(text="Hello there. "))
+        ws.send_flush()
+        first = flux_until(ws, "SpeechMetadata")
+        ws.send_configure(SpeakV2Configure(speed=1.5))
+        assert ws.recv().applied.speed == 1.5           # ConfigureSuccess
+        ws.send_speak(SpeakV2Speak(text="Bye now."))
+        ws.send_flush()
+        second = flux_until(ws, "SpeechMetadata")
+        ws.send_close()
+        rest = list(ws)
+    # every frame of a turn between its SpeechStarted and its SpeechMetadata
+    for turn in (first, second):
+        assert turn[0].type == "SpeechStarted" and all(isinstance(m, bytes) for m in turn[1:-2])
+        assert turn[-2].type == "Flushed" and turn[-2].speech_id == turn[-1].speech_id == turn[0].speech_id
+    assert first[0].speech_id != second[0].speech_id
+    assert pcm_frames(flux_audio(first), 16000) == n1 and first[-1].audio_duration_ms == n1 * 80
+    assert first[-1].input_character_count == len("Hello there. ")
+    # speed 1.5: the second turn is time-stretched (pitch kept) to 1/1.5 of its length
+    assert abs(len(flux_audio(second)) / 2 - n2 * 1280 / 1.5) <= 1
+    assert abs(second[-1].audio_duration_ms - n2 * 80 / 1.5) <= 1
+    (session,) = rest                                     # then the server closed with 1000
+    assert session.type == "SessionMetadata" and session.total_input_character_count == len("Hello there. Bye now.")
+
+
+def test_deepgram_flux_interrupt(server, http):
+    from deepgram.speak.v2.types import SpeakV2Interrupt, SpeakV2InterruptPlaybackOffset, SpeakV2Speak
+    dg = deepgram_client(server, http)
+    text = "Hello there, this turn is cut short by the caller."
+    with dg.speak.v2.connect(model="flux-alexis-en") as ws:
+        assert ws.recv().type == "Connected"
+        ws.send_speak(SpeakV2Speak(text=text))             # no Flush: the turn is still being made
+        assert ws.recv().type == "SpeechStarted" and isinstance(ws.recv(), bytes)
+        ws.send_interrupt(SpeakV2Interrupt(playback_offset=SpeakV2InterruptPlaybackOffset(value=400)))
+        cut = flux_until(ws, "SpeechInterrupted")
+        ws.send_speak(SpeakV2Speak(text="Sorry, go on."))
+        ws.send_flush()
+        after = flux_until(ws, "SpeechMetadata")
+        ws.send_close()
+        list(ws)
+    assert all(isinstance(m, bytes) for m in cut[:-1])    # only frames already on the wire before the report
+    report = cut[-1]
+    # 400 ms at the estimate's 14 characters a second: 5.6 -> 6 characters, "Hello "
+    assert report.audio_played_ms == 400 and report.text_spoken == "Hello " and report.text_remaining == text[6:]
+    assert report.metadata.input_character_count == len(text)
+    # nothing of the cut turn follows the report: the next message starts the next turn
+    assert after[0].type == "SpeechStarted" and after[0].speech_id != report.metadata.speech_id
+    assert pcm_frames(flux_audio(after), 24000) == frames_for_text("Sorry, go on.")
+
+
+def test_deepgram_flux_errors(server, http):
+    from deepgram.speak.v2.types import SpeakV2Configure, SpeakV2Speak
+    from websockets.exceptions import ConnectionClosedError, InvalidStatus
+    dg = deepgram_client(server, http)
+    # a bad query: refused before the upgrade, as Deepgram does. The SDK's sync connect means to turn that into
+    # ApiError but catches the legacy websockets exception, so the sync client's InvalidStatus comes through
+    with pytest.raises(InvalidStatus) as e:
+        with dg.speak.v2.connect(model="flux-alexis-en", speed=2.0):
+            pass
+    assert e.value.response.status_code == 400
+    assert json.loads(e.value.response.body)["err_code"] == "SPEED_OUT_OF_RANGE"
+    with dg.speak.v2.connect(model="flux-alexis-en") as ws:
+        assert ws.recv().type == "Connected"
+        ws.send_configure(SpeakV2Configure(speed=1.12))
+        failure = ws.recv()                                # the socket lives on
+        assert failure.type == "ConfigureFailure" and failure.code == "SPEED_INCREMENT_INVALID"
+        assert failure.field == "speed" and failure.value == 1.12
+        ws.send_speak(SpeakV2Speak(text="x" * 2001))       # over Deepgram's limit for one Speak
+        error = ws.recv()
+        assert error.type == "Error" and error.code == "BIG-0000" and error.description
+        with pytest.raises(ConnectionClosedError) as closed:
+            ws.recv()
+    assert closed.value.rcvd.code == 1008
