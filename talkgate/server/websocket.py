@@ -7,13 +7,21 @@ testsuite (cases 7.9.x, 7.13.x) expect. docs/reliability.md lists which frame-le
 aiohttp's and which are talkgate's. Once closed, the socket no longer re-arms aiohttp's heartbeat, so
 nothing holds it after its handler ends. Frames queued together are written with one call to the transport
 (`write_frames`): aiohttp writes each frame on its own, a send() system call per 20-ms Opus packet, which
-was as much of a worker's time as libopus (docs/benchmarks.md).
+was as much of a worker's time as libopus (docs/benchmarks.md). When aiohttp's reader fails the connection
+(a message over the frame limit: 1009; a protocol error: 1002; invalid UTF-8: 1007), what the client still sends
+is read and dropped after the close frame (`LingeringClose`), so that the client reads the close frame instead
+of a reset.
 """
 from __future__ import annotations
 
+import asyncio
 import struct
 
-from aiohttp import WSCloseCode, WSMsgType, web
+from aiohttp import WSCloseCode, WSMsgType, WebSocketError, web
+
+LINGER_S = 5.0                   # a failed connection reads what its client still sends for at most this long
+LINGER_BYTES = 64 * 1024 * 1024  # and this much (4 times the largest message tried: 16 MiB, read in ~10 ms)
+QUIET_S = 0.5                    # the server's FIN follows once the client has sent nothing for this long
 
 
 def close_code_valid(code: int) -> bool:
@@ -34,9 +42,61 @@ def server_frame(data: str | bytes) -> tuple[bytes, bytes]:
     return struct.pack("!BBQ", 0x80 | opcode, 127, n), payload
 
 
+class LingeringClose(asyncio.Protocol):
+    """A failed connection's transport from its close frame on. Closed at once, the socket would answer what
+    the client still sends (the rest of an oversized message) with a reset, and the client would report that
+    (1006) instead of the close frame already in its receive queue. So what the client sends is read and
+    dropped, nothing kept, until the client ends its side, and for at most LINGER_S or LINGER_BYTES (then the
+    transport is aborted). The server's end of the stream (FIN) waits until the client has been quiet for
+    QUIET_S: aiohttp's client (3.14) that finds the end of the stream before it has answered the close frame
+    fails to write its answer and reports 1006, while the websockets client answers and then waits for the
+    server's end. aiohttp's protocol, replaced here, still hears of the end and of write flow control."""
+
+    def __init__(self, transport: asyncio.Transport, replaced: asyncio.BaseProtocol):
+        self.loop = asyncio.get_running_loop()
+        self.transport, self.replaced = transport, replaced
+        self.bytes_left = LINGER_BYTES
+        self.last_data = self.loop.time()
+        self.ended = self.loop.create_future()
+        self.deadline = self.loop.call_later(LINGER_S, transport.abort)
+        self.quiet = self.loop.call_later(QUIET_S, self.end_stream_once_quiet)
+        transport.set_protocol(self)
+        transport.resume_reading()      # aiohttp may have paused reading while its message queue was full
+
+    def end_stream_once_quiet(self) -> None:
+        quiet_for = self.loop.time() - self.last_data
+        if quiet_for < QUIET_S:
+            self.quiet = self.loop.call_later(QUIET_S - quiet_for, self.end_stream_once_quiet)
+        elif self.transport.can_write_eof():   # TLS cannot half-close: there the client's own end ends it
+            self.transport.write_eof()
+
+    def data_received(self, data: bytes) -> None:
+        self.last_data = self.loop.time()
+        self.bytes_left -= len(data)
+        if self.bytes_left < 0:         # the budget is spent: a client that keeps sending gets the reset
+            self.transport.abort()
+
+    def eof_received(self) -> bool:
+        return False                    # the client has ended its side: the transport closes
+
+    def pause_writing(self) -> None:
+        self.replaced.pause_writing()
+
+    def resume_writing(self) -> None:
+        self.replaced.resume_writing()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.deadline.cancel()
+        self.quiet.cancel()
+        self.replaced.connection_lost(exc)
+        if not self.ended.done():
+            self.ended.set_result(None)
+
+
 class GatewayWebSocket(web.WebSocketResponse):
     def __init__(self, **kwargs):
         super().__init__(autoclose=False, **kwargs)
+        self._lingering: LingeringClose | None = None
 
     def _reset_heartbeat(self) -> None:
         # aiohttp 3.14 re-arms the heartbeat for every chunk the peer sends, also after the close (the client's
@@ -59,6 +119,26 @@ class GatewayWebSocket(web.WebSocketResponse):
         frames = [server_frame(m) for m in messages]
         transport.write(b"".join(part for frame in frames for part in frame))
         return [len(header) + len(payload) for header, payload in frames]
+
+    def _close_transport(self) -> None:
+        # aiohttp 3.14 fails a connection whose frames its reader refused (web_ws.py receive(): close() writes the
+        # close frame, its read for the client's close raises the reader's error, exception() is that
+        # WebSocketError) by closing the transport here at once. The client may still be sending (the rest of
+        # an oversized message), and may never read the close frame: LingeringClose reads the rest first.
+        if self._lingering is not None:
+            return                      # it owns the transport and closes it
+        transport = self._writer.transport if self._writer is not None else None
+        if isinstance(self.exception(), WebSocketError) and transport is not None and not transport.is_closing():
+            self._lingering = LingeringClose(transport, transport.get_protocol())
+        else:
+            super()._close_transport()
+
+    async def write_eof(self) -> None:
+        # aiohttp awaits this after the handler returns and closes the transport right after (web_protocol.py
+        # finish_response, start()): a lingering close must have ended by then, or that close resets it
+        await super().write_eof()
+        if self._lingering is not None:
+            await self._lingering.ended
 
     async def receive(self, timeout: float | None = None):
         msg = await super().receive(timeout)
