@@ -56,12 +56,15 @@ async def deepgram_ws(request: web.Request) -> web.WebSocketResponse:
 
 async def deepgram_v2_ws(request: web.Request) -> web.StreamResponse:
     """Flux TTS. A bad query is refused before the upgrade, with HTTP 400 in Deepgram's REST error shape, as Deepgram
-    refuses it (the SDK's connect raises ApiError with that status)."""
+    refuses it (the SDK's connect raises ApiError with that status). Only for a client with a valid key: the answer
+    names the models and voices, and an unauthorized one is refused after the upgrade, as on every socket."""
     gw = request.app["gateway"]
-    try:
-        settings = deepgram_v2.parse_query(dict(request.query), gw.client.info.voices, request.app[VOICE_MAP])
-    except SessionError as e:
-        return respond(rest_error(400, e.code, e.message))
+    settings = None
+    if gw.authorized(request):
+        try:
+            settings = deepgram_v2.parse_query(dict(request.query), gw.client.info.voices, request.app[VOICE_MAP])
+        except SessionError as e:
+            return respond(rest_error(400, e.code, e.message))
 
     def make(session_id, authenticate):
         return deepgram_v2.DeepgramV2Protocol(gw.new_session("deepgram_v2"), session_id, settings)

@@ -233,11 +233,11 @@ def test_cartesia_websocket(server, http):
 
 
 # ----- Deepgram -----
-def deepgram_client(server, http):
+def deepgram_client(server, http, key=KEY):
     from deepgram import DeepgramClient, DeepgramClientEnvironment
     env = DeepgramClientEnvironment(base=server.url, production=server.ws_url, agent=server.ws_url,
                                     agent_rest=server.url)
-    return DeepgramClient(api_key=KEY, environment=env, httpx_client=http)
+    return DeepgramClient(api_key=key, environment=env, httpx_client=http)
 
 
 def test_deepgram_rest(server, http):
@@ -360,6 +360,11 @@ def test_deepgram_flux_errors(server, http):
             pass
     assert e.value.response.status_code == 400
     assert json.loads(e.value.response.body)["err_code"] == "SPEED_OUT_OF_RANGE"
+    # without a valid key the query is never read (its errors name the models and voices): refused like every socket
+    with pytest.raises(ConnectionClosedError) as refused:
+        with deepgram_client(server, http, key="not-the-key").speak.v2.connect(model="nope", speed=2.0) as ws:
+            ws.recv()
+    assert refused.value.rcvd.code == 1008 and refused.value.rcvd.reason == "unauthorized"
     with dg.speak.v2.connect(model="flux-alexis-en") as ws:
         assert ws.recv().type == "Connected"
         ws.send_configure(SpeakV2Configure(speed=1.12))
