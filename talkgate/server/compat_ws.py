@@ -1,6 +1,6 @@
 """Routes of the drop-in compatible WebSocket APIs (docs/compat.md): ElevenLabs, Cartesia, Deepgram (/v1/speak and
-Flux /v2/speak), and the Twilio Media Streams mode. Each handler only builds the Sans-I/O protocol object; accept,
-limits, access checks and the socket loop are `Gateway.serve_websocket`'s."""
+Flux /v2/speak), DashScope's Qwen-TTS realtime, and the Twilio Media Streams mode. Each handler only builds the
+Sans-I/O protocol object; accept, limits, access checks and the socket loop are `Gateway.serve_websocket`'s."""
 from __future__ import annotations
 
 from aiohttp import web
@@ -8,10 +8,13 @@ from aiohttp import web
 from talkgate.server.errors import ErrorResponse
 from talkgate.server.http_speech import respond
 from talkgate.sessions import deepgram_v2
+from talkgate.sessions.actions import dumps
 from talkgate.sessions.cartesia import CartesiaProtocol
+from talkgate.sessions.dashscope import DashScopeProtocol
 from talkgate.sessions.deepgram import DeepgramProtocol, rest_error
 from talkgate.sessions.elevenlabs import ElevenLabsProtocol
 from talkgate.sessions.fields import SessionError
+from talkgate.sessions.http import Respond
 from talkgate.sessions.native import NativeProtocol
 from talkgate.sessions.twilio import TwilioProtocol
 from talkgate.sessions.voices import VoiceMap
@@ -72,6 +75,22 @@ async def deepgram_v2_ws(request: web.Request) -> web.StreamResponse:
     return await gw.serve_websocket(request, "deepgram_v2", make)
 
 
+async def dashscope_ws(request: web.Request) -> web.StreamResponse:
+    """Qwen-TTS realtime; the SDK sends its key as Authorization: Bearer. A connection without `model` is refused
+    before the upgrade, in DashScope's HTTP error shape."""
+    gw = request.app["gateway"]
+    model = request.query.get("model", "")
+    if not model:
+        return respond(Respond(400, "application/json", dumps({
+            "code": "InvalidParameter", "message": "model is required (?model=qwen-tts-realtime)",
+            "request_id": ""}).encode(), error="invalid_request"))
+
+    def make(session_id, authenticate):
+        return DashScopeProtocol(gw.new_session("dashscope"), session_id, model, request.app[VOICE_MAP])
+
+    return await gw.serve_websocket(request, "dashscope", make)
+
+
 async def twilio_ws(request: web.Request) -> web.StreamResponse:
     gw = request.app["gateway"]
     stream_sid = request.query.get("stream_sid", "")
@@ -92,4 +111,5 @@ def add_routes(app: web.Application, voice_map: VoiceMap | None = None) -> None:
     app.router.add_get("/tts/websocket", cartesia_ws)
     app.router.add_get("/v1/speak", deepgram_ws)
     app.router.add_get("/v2/speak", deepgram_v2_ws)
+    app.router.add_get("/api-ws/v1/realtime", dashscope_ws)
     app.router.add_get("/v1/twilio", twilio_ws)

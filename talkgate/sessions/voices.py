@@ -5,8 +5,8 @@ Voices: a voice of the model (case-insensitive) is itself; otherwise a stored vo
 hex digits) or by name (case-insensitive) is its synth.api.VoicePrompt (server/voice_store.py keeps them).
 
 VoiceMap: a table per API maps the API's voice ids (OpenAI voice names, ElevenLabs voice ids, Cartesia voice
-UUIDs, Deepgram model names) onto talkgate voices (a model voice's name, a stored voice's id or name), or onto
-null (the model's default voice). A stored voice's id or name is itself (so the ids the clone endpoints return work
+UUIDs, Deepgram model names, DashScope voice names) onto talkgate voices (a model voice's name, a stored voice's
+id or name), or onto null (the model's default voice). A stored voice's id or name is itself (so the ids the clone endpoints return work
 as they are); an id that is not in the table but names a voice of the model (case-insensitive) is that
 voice; otherwise the table's "*" entry, if it has one, applies; otherwise the id is unknown and the API
 answers with its own error shape. A model without named voices (Base, VoiceDesign) speaks every other id
@@ -26,7 +26,7 @@ from typing import Callable
 from talkgate.sessions.fields import SessionError, show
 from talkgate.synth.api import ModelInfo, VoicePrompt
 
-APIS = ("openai", "elevenlabs", "cartesia", "deepgram")
+APIS = ("openai", "elevenlabs", "cartesia", "deepgram", "dashscope")
 ANY = "*"
 VOICE_ID_PREFIX = "voice_"
 STORED_ID = re.compile(r"voice_[0-9a-f]{16}\Z")
@@ -72,6 +72,18 @@ DEFAULT_TABLES: dict[str, dict[str, str | None]] = {
         "aura-asteria-en": "serena",
         "flux-alexis-en": "vivian",          # Flux TTS (/v2/speak), the SDK's example
         "flux-haley-en": "serena",           # Flux TTS, Deepgram's docs' example
+    },
+    # DashScope's Qwen-TTS realtime system voices (Alibaba's descriptions); Serena and Dylan are speakers of the
+    # model too. No speaker speaks Shanghainese (Jada): the gender and age are kept over the dialect.
+    "dashscope": {
+        "Cherry": "vivian",     # sunny, friendly young woman (DashScope's default)
+        "Chelsie": "vivian",    # sweet young woman
+        "Jada": "vivian",       # Shanghai woman
+        "Sunny": "vivian",      # Sichuan girl
+        "Ethan": "ryan",        # bright, energetic man
+        "Serena": "serena",     # gentle woman
+        "Dylan": "dylan",       # Beijing young man
+        "Eric": "eric",         # Sichuan man
     },
 }
 

@@ -1,5 +1,5 @@
-"""The vendors' official Python SDKs, unmodified (openai, elevenlabs, cartesia, deepgram-sdk: versions pinned in
-the test extra), against one real `talkgate serve` over TLS (a self-signed certificate made here: https://
+"""The vendors' official Python SDKs, unmodified (openai, elevenlabs, cartesia, deepgram-sdk, dashscope: versions
+pinned in the test extra), against one real `talkgate serve` over TLS (a self-signed certificate made here: https://
 and wss:// on the same port), every HTTP and WebSocket call of docs/compat.md. Each SDK is pointed at
 talkgate as docs/compat.md shows; it trusts the certificate through its own HTTP client option
 (`http_client` / `httpx_client`) or, for the SDKs' WebSocket helpers, SSL_CERT_FILE (Python's default
@@ -377,3 +377,181 @@ def test_deepgram_flux_errors(server, http):
         with pytest.raises(ConnectionClosedError) as closed:
             ws.recv()
     assert closed.value.rcvd.code == 1008
+
+
+# ----- DashScope: Qwen-TTS realtime -----
+class DashScopeEvents:
+    """A QwenTtsRealtimeCallback's events (the SDK hands on_event the parsed JSON), waited on from the test."""
+
+    def __init__(self):
+        import queue
+
+        from dashscope.audio.qwen_tts_realtime import QwenTtsRealtimeCallback
+        self.queue: queue.Queue = queue.Queue(maxsize=10_000)
+        events = self.queue
+
+        class Callback(QwenTtsRealtimeCallback):
+            def on_event(self, message):
+                events.put_nowait(message)
+
+            def on_close(self, close_status_code, close_msg):
+                events.put_nowait({"type": "closed", "code": close_status_code})
+
+        self.callback = Callback()
+
+    def until(self, kind: str) -> list[dict]:
+        """The events up to and including the first of type `kind`."""
+        out: list[dict] = []
+        while not out or out[-1]["type"] != kind:
+            out.append(self.queue.get(timeout=30))
+        return out
+
+
+@pytest.fixture
+def dashscope_connect(server, tls, monkeypatch):
+    """connect(key) -> a connected QwenTtsRealtime pointed at talkgate and its events; each is closed after the
+    test, and its thread (the SDK's run_forever) joined. websocket-client (the SDK's library) leaves its socket
+    open when the server closes first (its close() returns early once the close frame came), so the socket it
+    used is shut here too."""
+    import dashscope
+    from dashscope.audio.qwen_tts_realtime import QwenTtsRealtime
+    clients, sockets = [], []
+
+    def connect():
+        monkeypatch.setattr(dashscope, "api_key", KEY)
+        events = DashScopeEvents()
+        client = QwenTtsRealtime(model="qwen-tts-realtime", callback=events.callback,
+                                 url=f"{server.ws_url}/api-ws/v1/realtime")
+        clients.append(client)
+        client.connect()
+        sockets.append(client.ws.sock)
+        assert events.until("session.created")[-1]["session"]["model"] == "qwen-tts-realtime"
+        return client, events
+
+    yield connect
+    for client in clients:
+        client.close()
+        client.thread.join(10)
+    for sock in sockets:
+        if sock is not None:
+            sock.shutdown()
+
+
+def dashscope_audio(events: list[dict]) -> bytes:
+    return b"".join(base64.b64decode(e["delta"]) for e in events if e["type"] == "response.audio.delta")
+
+
+def dashscope_types(events: list[dict]) -> list[str]:
+    """The event types, a run of audio deltas as one."""
+    out: list[str] = []
+    for e in events:
+        if not (out and e["type"] == out[-1] == "response.audio.delta"):
+            out.append(e["type"])
+    return out
+
+
+DASHSCOPE_RESPONSE = ["response.created", "response.output_item.added", "response.content_part.added",
+                      "response.audio.delta", "response.audio.done", "response.content_part.done",
+                      "response.output_item.done", "response.done"]
+
+
+def test_dashscope_server_commit_streamed_text_then_finish(dashscope_connect):
+    from dashscope.audio.qwen_tts_realtime import AudioFormat
+    client, events = dashscope_connect()
+    client.update_session(voice="Cherry", response_format=AudioFormat.PCM_24000HZ_MONO_16BIT, mode="server_commit")
+    updated = events.until("session.updated")[-1]
+    assert updated["session"]["voice"] == "Cherry" and updated["session"]["mode"] == "server_commit"
+    for piece in ("Hello ", "there."):
+        client.append_text(piece)
+    client.finish()
+    out = events.until("session.finished")
+    kinds = dashscope_types(out)
+    # the text went to the engine as it came: the audio may start before finish commits it
+    assert kinds.count("input_text_buffer.committed") == 1
+    kinds.remove("input_text_buffer.committed")
+    assert dashscope_types([{"type": k} for k in kinds]) == [*DASHSCOPE_RESPONSE, "session.finished"]
+    assert pcm_frames(dashscope_audio(out), 24000) == FRAMES
+    done = [e for e in out if e["type"] == "response.done"][0]
+    assert done["response"]["status"] == "completed" and done["response"]["id"] == client.get_last_response_id()
+    assert events.until("closed")[-1]["code"] == 1000       # the server closed the socket
+    assert client.get_session_id().startswith("sess_")
+
+
+def test_dashscope_commit_clear_cancel(dashscope_connect):
+    client, events = dashscope_connect()
+    client.update_session(voice="Serena", mode="commit", audio_format="pcm", sample_rate=16000)
+    events.until("session.updated")
+    client.append_text("Hello there. ")
+    client.commit()
+    first = events.until("response.done")
+    assert first[0]["item_id"] == first[2]["item"]["id"]      # the committed text is the response's item
+    assert dashscope_types(first) == ["input_text_buffer.committed", *DASHSCOPE_RESPONSE]
+    n1 = frames_for_text("Hello there. ")
+    assert pcm_frames(dashscope_audio(first), 16000) == n1
+    # clear drops the text not yet committed: committing then has nothing to commit
+    client.append_text("Never said.")
+    client.clear_appended_text()
+    assert events.until("input_text_buffer.cleared")[-1]["type"] == "input_text_buffer.cleared"
+    client.commit()
+    error = events.until("error")[-1]["error"]
+    assert error["code"] == "input_text_buffer_commit_empty" and error["type"] == "invalid_request_error"
+    # barge-in: a long response cancelled after its first delta; no delta of it follows response.done
+    client.append_text("This answer is long and the caller cuts it short, long before it ends.")
+    client.commit()
+    events.until("response.audio.delta")
+    client.cancel_response()
+    cut = events.until("response.done")
+    assert cut[-1]["response"]["status"] == "cancelled"
+    client.append_text("Bye now.")
+    client.commit()
+    after = events.until("response.done")
+    assert after[0]["type"] == "input_text_buffer.committed"   # nothing of the cancelled response came between
+    assert after[-1]["response"]["status"] == "completed"
+    assert pcm_frames(dashscope_audio(after), 16000) == frames_for_text("Bye now.")
+    client.finish()
+    assert events.until("session.finished")[-1]["type"] == "session.finished"
+
+
+@pytest.mark.parametrize("fmt, rate, magic", [("mp3", 24000, None), ("wav", 24000, b"RIFF"), ("opus", 48000, b"OggS")])
+def test_dashscope_formats(dashscope_connect, fmt, rate, magic):
+    client, events = dashscope_connect()
+    client.update_session(voice="Ethan", mode="commit", audio_format=fmt, sample_rate=rate)
+    events.until("session.updated")
+    client.append_text(TEXT)
+    client.finish()
+    audio = dashscope_audio(events.until("session.finished"))
+    assert magic is None or audio.startswith(magic)
+    samples = decoded_samples(audio, {"mp3": "mp3", "wav": "wav", "opus": "ogg"}[fmt]) * 24000 // rate
+    assert 0 <= samples - FRAMES * 1920 <= 2048 + 1152
+
+
+def test_dashscope_errors(dashscope_connect):
+    client, events = dashscope_connect()
+    client.update_session(voice="Nobody")
+    error = events.until("error")[-1]
+    assert error["error"]["code"] == "invalid_value" and error["error"]["param"] == "session.voice"
+    assert error["event_id"].startswith("event_")
+    client.send_raw("{not json")
+    assert events.until("error")[-1]["error"]["code"] == "invalid_json"
+    client.send_raw(json.dumps({"type": "response.create"}))
+    assert events.until("error")[-1]["error"]["code"] == "invalid_event"
+    client.update_session(voice="Cherry", mode="commit", sample_rate=12345)
+    assert events.until("error")[-1]["error"]["param"] == "session.sample_rate"
+    client.update_session(voice="Cherry")                   # the socket lived on through every error
+    assert events.until("session.updated")[-1]["session"]["voice"] == "Cherry"
+
+
+
+def test_dashscope_wrong_key_and_no_model(server, tls):
+    """The refusals, in the SDK's headers and URL (its connect() only times out on a closed socket: websockets here)."""
+    from websockets.exceptions import ConnectionClosedError, InvalidStatus
+    from websockets.sync.client import connect
+    url = f"{server.ws_url}/api-ws/v1/realtime"
+    with connect(f"{url}?model=qwen-tts-realtime", ssl=tls, additional_headers={"Authorization": "Bearer wrong"}) as ws:
+        with pytest.raises(ConnectionClosedError) as closed:
+            ws.recv(timeout=10)
+    assert closed.value.rcvd.code == 1008
+    with pytest.raises(InvalidStatus) as refused:
+        connect(url, ssl=tls, additional_headers={"Authorization": f"Bearer {KEY}"})
+    assert refused.value.response.status_code == 400
+    assert json.loads(refused.value.response.body)["code"] == "InvalidParameter"
