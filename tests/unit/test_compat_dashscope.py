@@ -188,3 +188,11 @@ def test_finish_with_nothing_said_closes_at_once(tokenizer):
     h.deliver()
     h.send({"type": "session.finish"})
     assert types(h.deliver()) == ["session.finished"] and h.close.code == 1000
+
+
+def test_speech_rate_is_a_tempo_change(tokenizer):
+    h = make(tokenizer, mode="commit", speech_rate=2.0)
+    h.send({"type": "input_text_buffer.append", "text": "Hi."})
+    h.send({"type": "input_text_buffer.commit"})
+    h.finish()
+    assert abs(len(audio_of(h.deliver())) / 2 - 3 * FRAME_SAMPLES / 2) <= 1     # 3 frames, half as long
