@@ -22,6 +22,10 @@ Left out, each for its reason (nothing that runs talkgate's or the tests' own co
   leaves it running for good (tqdm/std.py takes the bar out of its instances without stopping the monitor); the
   libraries' loaders make such bars (torch's compiler, the reference model's). A daemon of tqdm's that wakes every
   10 s, for the life of the process.
+- torch's compiler's thread pool (torch/_inductor/async_compile.py): the first compile in a process that loads a
+  compiled kernel starts it (AsyncCompile.pool, cached for the process), and it waits for work for the life of the
+  process; tests that compile in this process (tests/system/test_warmup.py) start it. Known by the stack that
+  started the thread, not by its name, which is any executor's.
 - multiprocessing's resource tracker (a child process): one per process, started by the first process spawned (the
   clients of talkgate bench's load generator) and meant to outlive them all, to reclaim what a crashed one left;
   it exits with this process.
@@ -49,6 +53,7 @@ from pathlib import Path
 import pytest
 
 GRACE_S = 10.0
+TORCH_COMPILE_POOL = os.path.join("torch", "_inductor", "async_compile.py")
 STARTED_FROM_FRAMES = 8     # of the stack that started a thread, named in the report
 ROOT = Path(__file__).resolve().parent.parent
 OWN = tuple(str(ROOT / d) + os.sep for d in ("talkgate", "tests"))     # code whose threads are never baseline
@@ -64,6 +69,7 @@ class _Check:
         self.threads: set[int] = set()      # thread idents of the baseline
         self.test = "collection"            # the test running now (what a thread started now is said to start in)
         self.started = weakref.WeakKeyDictionary()     # thread -> "started during <test>, from <where>"
+        self.library_pools = weakref.WeakSet()          # threads of torch's compile pool (left out: see above)
         self.sockets: set[str] = set()      # socket inodes of the baseline
         self.collected: dict[str, list[str]] = {kind: [] for kind in LEFT_TO_COLLECTOR}    # the warnings, by kind
         self.report: list[str] = []         # what the summary prints, empty when nothing was left
@@ -100,6 +106,8 @@ def _record_thread_starts():
         frames = traceback.extract_stack(sys._getframe(1), limit=STARTED_FROM_FRAMES)
         where = "; ".join(f"{Path(f.filename).name}:{f.lineno} {f.name}" for f in reversed(frames))
         _check.started[thread] = f"started during {_check.test}, from {where}"
+        if any(f.filename.endswith(TORCH_COMPILE_POOL) for f in frames):
+            _check.library_pools.add(thread)
         return start(thread, *args, **kwargs)
 
     recording_start._leakcheck = True
@@ -162,7 +170,7 @@ def find_leaks(grace_s: float = GRACE_S) -> dict[str, list[str]]:
 def _other_threads() -> list[threading.Thread]:
     tqdm = sys.modules.get("tqdm._monitor")
     return [t for t in threading.enumerate() if t is not threading.main_thread() and t.is_alive()
-            and not (tqdm and isinstance(t, tqdm.TMonitor))]
+            and not (tqdm and isinstance(t, tqdm.TMonitor)) and t not in _check.library_pools]
 
 
 def _stack(thread: threading.Thread) -> list[traceback.FrameSummary]:
