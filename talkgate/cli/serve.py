@@ -58,9 +58,11 @@ def add_parser(subparsers) -> None:
                     "/ready, /metrics, the web page) on one port until SIGTERM or SIGINT (Ctrl-C), which drain: "
                     "new sessions are refused, open contexts finish up to --shutdown-deadline, a second signal "
                     "cuts the drain short (docs/operations.md).")
-    p.add_argument("--model", metavar="DIR|ID", help="checkpoint directory or Hugging Face id (default: a built-in "
-                   f"random-weight '{DEFAULT_PRESET}' checkpoint, created once under $TALKGATE_CACHE or "
-                   "~/.cache/talkgate)")
+    p.add_argument("--model", metavar="[NAME=]DIR|ID", action="append", help="checkpoint directory or Hugging Face "
+                   f"id (default: a built-in random-weight '{DEFAULT_PRESET}' checkpoint, created once under "
+                   "$TALKGATE_CACHE or ~/.cache/talkgate); repeat it to serve several models, each with engine "
+                   "processes of its own, the first one for requests that name no model and no voice of another; "
+                   "NAME, else the directory's or id's last part, is what requests name it by (docs/operations.md)")
     p.add_argument("--host", metavar="ADDRESS", default="127.0.0.1",
                    help="address to listen on (0.0.0.0: every IPv4 interface)")
     p.add_argument("--port", metavar="N", type=cli_args.port, default=8080,
@@ -152,17 +154,20 @@ def run(args: argparse.Namespace) -> int:
         except StoreError as e:
             raise CommandError(f"--voice-store: {e.message}") from None
     tls = tls_context(args.ssl_certfile, args.ssl_keyfile)
+    models = served_models(args.model)
     if args.workers != 0:
-        return run_supervised(args)
+        return run_supervised(args, models)
+    if len(models) > 1:
+        raise CommandError("several --model need engine processes: leave out --workers 0")
     descriptors.reserve(args.max_connections + descriptors.SPARE)     # before the engine starts its threads
     sockets = listen(args.host, args.port)
     try:
         device = cli_args.check_device(args.device)
         if args.model:
             from talkgate.synth.checkpoint_dir import resolve_path
-            resolve_path(args.model)                    # CheckpointError: no such directory, not reachable, ...
-        engine = single.load_engine(args.model or str(default_checkpoint()), device, args.dtype, args.max_contexts,
-                                    args.seed, args.untrained_length)
+            resolve_path(models[0][1])                  # CheckpointError: no such directory, not reachable, ...
+        engine = single.load_engine(models[0][1] if args.model else str(default_checkpoint()), device, args.dtype,
+                                    args.max_contexts, args.seed, args.untrained_length)
         config = server_config(args)
         host = f"[{args.host}]" if ":" in args.host else args.host
         url = f"{'https' if tls else 'http'}://{host}:{sockets[0].getsockname()[1]}"
@@ -209,7 +214,25 @@ def gpu_indices(text: str | None, count: int) -> list[int]:
     return gpus
 
 
-def run_supervised(args: argparse.Namespace) -> int:
+def served_models(specs: list[str] | None) -> list[tuple[str, str]]:
+    """--model [NAME=]DIR|ID, given any number of times -> [(name, checkpoint)], the default first; none given: the
+    built-in default (its checkpoint is made later, only where it is used)."""
+    from talkgate.sessions.models import MODEL_NAME, model_name
+
+    models = []
+    for spec in specs or [""]:
+        name, sep, path = spec.partition("=")
+        if not sep or "/" in name:              # a path or id holding '=' further on is a path
+            name, path = model_name(spec) if spec else "default", spec
+        if not MODEL_NAME.match(name):
+            raise CommandError(f"--model {spec}: a model's name is letters, digits, '.', '_' and '-' (give NAME=DIR)")
+        if any(name.lower() == n.lower() for n, _ in models):
+            raise CommandError(f"--model {spec}: two models named {name!r}; name them apart with NAME=DIR")
+        models.append((name, path))
+    return models
+
+
+def run_supervised(args: argparse.Namespace, models: list[tuple[str, str]]) -> int:
     """Engine processes and gateway workers under the supervisor (processes/supervisor.py)."""
     from talkgate.processes.supervisor import Plan, Supervisor
 
@@ -224,28 +247,34 @@ def run_supervised(args: argparse.Namespace) -> int:
         device = cli_args.check_device(args.device)
         if args.model:
             from talkgate.synth.checkpoint_dir import resolve_path
-            resolve_path(args.model)
-        model = args.model or str(default_checkpoint())
+            for _, path in models:
+                resolve_path(path)
+        else:
+            from talkgate.sessions.models import model_name
+            path = str(default_checkpoint())
+            models = [(model_name(path), path)]
         if device == "cpu":
             if args.gpus is not None:
                 raise CommandError("--gpus needs a GPU (--device cuda)")
-            engines = [{"device": "cpu", "cuda_visible": None}] * args.engines
+            engines = [{"device": "cpu", "cuda_visible": None, "model": m} for m in range(len(models))
+                       for _ in range(args.engines)]
         else:
-            if args.engines > 1 and args.max_contexts is None:
-                raise CommandError("--engines above 1 on a GPU needs --max-contexts (each engine process would size "
-                                   "its slots from the whole GPU's free memory)")
+            if (args.engines > 1 or len(models) > 1) and args.max_contexts is None:
+                raise CommandError("--engines above 1 or several --model on a GPU need --max-contexts (each engine "
+                                   "process would size its slots from the whole GPU's free memory)")
             count = cli_args.cuda_device_count()
             gpus = gpu_indices(args.gpus, count) if args.gpus or device == "cuda" else [int(device.split(":")[1])]
             visible = os.environ.get("CUDA_VISIBLE_DEVICES")      # indices are of the visible GPUs
             ids = visible.split(",") if visible else [str(g) for g in range(count)]
-            engines = [{"device": "cuda", "cuda_visible": ids[g]} for g in gpus for _ in range(args.engines)]
+            engines = [{"device": "cuda", "cuda_visible": ids[g], "model": m} for m in range(len(models))
+                       for g in gpus for _ in range(args.engines)]
         engine_args = ["--untrained-length", args.untrained_length, "--warmup-stall", str(args.warmup_stall)]
         for flag, value in (("--dtype", args.dtype), ("--max-contexts", args.max_contexts), ("--seed", args.seed)):
             if value is not None:
                 engine_args += [flag, str(value)]
         workers = args.workers if args.workers is not None else default_workers(len(engines))
         config = server_config(args)
-        plan = Plan(host=args.host, port=reserved[0].getsockname()[1], model=model, engines=engines,
+        plan = Plan(host=args.host, port=reserved[0].getsockname()[1], models=models, engines=engines,
                     workers=workers, engine_args=engine_args, server=dataclasses.asdict(config))
         return Supervisor(plan).run()
     finally:

@@ -4,7 +4,7 @@ SIGTERM/SIGINT drains the workers, then stops the engines.
 
     supervisor (this process: no model, no sockets of its own but the reserved port)
     ├── engine 0  (processes/engine_process.py; CUDA_VISIBLE_DEVICES = its GPU)   ipc://RUN/engine-0.ipc
-    ├── engine 1 ...
+    ├── engine 1 ...   (one set per served model: each runs one model's checkpoint)
     ├── worker 0  (processes/worker.py: aiohttp on PORT with SO_REUSEPORT, DEALER to every engine)
     └── worker 1 ...
 
@@ -71,8 +71,8 @@ class Plan:
     """What to start: built by cli/serve.py from the command line."""
     host: str
     port: int                                  # reserved by serve.py
-    model: str
-    engines: list[dict]                        # per engine: {"device", "cuda_visible"}
+    models: list[tuple[str, str]]              # (name, checkpoint) of each served model, the default first
+    engines: list[dict]                        # per engine: {"device", "cuda_visible", "model": its index in models}
     workers: int
     engine_args: list[str] = field(default_factory=list)     # --dtype, --max-contexts, --seed ...
     server: dict = field(default_factory=dict)              # dataclasses.asdict(ServerConfig) (limits: the server's)
@@ -102,13 +102,15 @@ class Supervisor:
             if e.get("cuda_visible") is not None:
                 env["CUDA_VISIBLE_DEVICES"] = e["cuda_visible"]
             argv = [sys.executable, "-m", "talkgate.processes.engine_process", "--index", str(i), "--endpoint",
-                    endpoints[i], "--model", plan.model, "--device", e["device"], *plan.engine_args]
-            self.children.append(Child(f"engine {i}", argv, env))
+                    endpoints[i], "--model", plan.models[e["model"]][1], "--device", e["device"], *plan.engine_args]
+            self.children.append(Child(f"engine {i} ({plan.models[e['model']][0]})", argv, env))
         limits = plan.server["limits"]
         server = {**plan.server, "limits": {**limits, "max_connections": worker_cap(limits["max_connections"],
                                                                                    plan.workers)}}
+        models = [{"name": name, "engines": [endpoints[i] for i, e in enumerate(plan.engines) if e["model"] == m]}
+                  for m, (name, _) in enumerate(plan.models)]
         for w in range(plan.workers):
-            cfg = {"index": w, "host": plan.host, "port": plan.port, "engines": endpoints, "server": server}
+            cfg = {"index": w, "host": plan.host, "port": plan.port, "models": models, "server": server}
             env = {**base_env, "PROMETHEUS_MULTIPROC_DIR": metrics_dir, "TALKGATE_WORKER": json.dumps(cfg)}
             self.children.append(Child(f"worker {w}", [sys.executable, "-m", "talkgate.processes.worker"], env, True))
         wake_r, wake_w = os.pipe()

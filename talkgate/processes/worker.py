@@ -2,12 +2,16 @@
 the shared port, its engines reached over ZMQ (ipc/remote_engines.py). Started by the supervisor
 (`talkgate serve`, processes/supervisor.py) with its settings as JSON in TALKGATE_WORKER:
 
-    {"index", "host", "port", "engines": [endpoint, ...], "status_fd", "server": dataclasses.asdict(ServerConfig)}
+    {"index", "host", "port", "models": [{"name", "engines": [endpoint, ...]}, ...], "status_fd",
+     "server": dataclasses.asdict(ServerConfig)}
+
+Each served model's engines are one RemoteEngines, the models together one ModelEngines (server/model_engines.py).
 
 Every worker binds the port with SO_REUSEPORT, so the kernel spreads new connections over the workers; its
 `limits.max_connections` is its own cap (supervisor.py sizes it), past which it refuses with 1013. It waits
-for an engine's WELCOME (model info, tokenizer) before it listens, is ready (/health 200) while at least one
-engine is, and tells the supervisor through its status pipe: "listening", "ready", "not_ready".
+for a WELCOME of each model's engines (model info, tokenizer) before it listens, is ready (/ready 200) while at
+least one engine of the default model is, and tells the supervisor through its status pipe: "listening", "ready"
+(every model has a ready engine), "not_ready".
 SIGTERM or SIGINT: drain as the single-process server does (refuse new sessions, let contexts finish up to
 the shutdown deadline, a second signal cuts that short, close with 1001), then exit.
 """
@@ -72,6 +76,7 @@ async def serve_worker(cfg: dict) -> int:
     from talkgate.server.gateway import ServerConfig, drain, start_drain
     from talkgate.server.listen import BACKLOG, CLEANUP_TIMEOUT_S, listen, tls_context
     from talkgate.server.metrics import Metrics
+    from talkgate.server.model_engines import ModelEngines
     from talkgate.system import heap
     from talkgate.system.schedstat import SchedStat
 
@@ -85,14 +90,16 @@ async def serve_worker(cfg: dict) -> int:
     pauses = heap.GcPauses()
     schedstat = SchedStat()                         # of this thread, the event loop's
     status = StatusPipe(cfg.get("status_fd"))
-    engines = RemoteEngines(cfg["engines"], worker=index)
-    engines.start()
+    remotes = {m["name"]: RemoteEngines(m["engines"], worker=index) for m in cfg["models"]}
+    for remote in remotes.values():
+        remote.start()
     try:
-        info = asyncio.ensure_future(engines.wait_info())
+        info = asyncio.ensure_future(asyncio.gather(*(remote.wait_info() for remote in remotes.values())))
         stopped = asyncio.ensure_future(stop.wait())
         await asyncio.wait([info, stopped], return_when=asyncio.FIRST_COMPLETED)
         if stop.is_set():
             return 0
+        engines = ModelEngines(remotes)
         config = ServerConfig(**cfg["server"])
         tls = tls_context(config.ssl_certfile, config.ssl_keyfile)
         warm_gateway(engines)
@@ -103,8 +110,8 @@ async def serve_worker(cfg: dict) -> int:
 
         def on_state():
             gw.ready = engines.ready
-            if listening:
-                status.say("ready" if gw.ready else "not_ready")
+            if listening:       # the supervisor's "ready on URL" waits for every model
+                status.say("ready" if all(map(engines.model_ready, engines.names)) else "not_ready")
 
         def sample():
             metrics.worker_connections.labels(str(index)).set(len(gw.connections))
@@ -115,8 +122,9 @@ async def serve_worker(cfg: dict) -> int:
                 metrics.worker_cpu_wait.labels(str(index)).set(thread[1])
             metrics.worker_gc_max.labels(str(index)).set(pauses.longest)
 
-        engines.on_state = on_state
-        engines.on_delivery = metrics.step_delivery.labels(str(index)).observe
+        for remote in remotes.values():
+            remote.on_state = on_state
+            remote.on_delivery = metrics.step_delivery.labels(str(index)).observe
         app["sample_metrics"] = sample
         # POST /admin/drain on any worker drains them all: the supervisor signals every worker (SIGUSR1)
         app["drain_server"] = lambda: os.kill(os.getppid(), signal.SIGUSR1)
@@ -145,7 +153,8 @@ async def serve_worker(cfg: dict) -> int:
             await runner.cleanup()
         return 0
     finally:
-        engines.close()
+        for remote in remotes.values():
+            remote.close()
 
 
 def main() -> int:

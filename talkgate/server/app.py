@@ -12,6 +12,7 @@ from talkgate.server.engine_client import EngineClient
 from talkgate.server.errors import errors_as_json
 from talkgate.server.gateway import Gateway, ServerConfig, drain
 from talkgate.server.metrics import Metrics
+from talkgate.server.model_engines import ModelEngines
 from talkgate.sessions.native import NativeProtocol
 from talkgate.sessions.voices import Voices, VoiceMap
 
@@ -37,13 +38,22 @@ async def health(request: web.Request) -> web.Response:
 
 async def ready(request: web.Request) -> web.Response:
     """Readiness: 200 only when the engine is warm, the server is not draining and a context slot is
-    free; else 503, the body's `reason` saying which (starting, draining, full)."""
+    free; else 503, the body's `reason` saying which (starting, draining, full). Of the default model, or with
+    ?model=NAME of that served model (404 for a name not served)."""
     gw: Gateway = request.app["gateway"]
-    free, slots = gw.slots()
-    state = gw.state
+    name = request.query.get("model")
+    if name is not None:            # one model's readiness: its engines, under the server's own state
+        model = next((m for m in gw.models.all if m.name.lower() == name.lower()), None)
+        if model is None:
+            raise web.HTTPNotFound(text=f"no model {name!r}; served: {', '.join(m.name for m in gw.models.all)}")
+        stats = gw.engine.model_stats(model.name)
+        free, slots, info = stats["free_slots"], stats["slots"], model.info
+        state = gw.state if gw.state != "ready" or gw.engine.model_ready(model.name) else "starting"
+    else:
+        free, slots = gw.slots()
+        state, info = gw.state, gw.engine.info
     reason = state if state != "ready" else "full" if free == 0 else None
-    body = {"ready": reason is None, "state": state, "free_slots": free, "slots": slots,
-            "model": gw.engine.info.as_dict()}
+    body = {"ready": reason is None, "state": state, "free_slots": free, "slots": slots, "model": info.as_dict()}
     if reason is not None:
         body["reason"] = reason
     return web.json_response(body, status=200 if reason is None else 503)
@@ -71,7 +81,8 @@ async def web_file(request: web.Request) -> web.FileResponse:
 
 
 def create_app(engine, config: ServerConfig | None = None, gateway_metrics: Metrics | None = None) -> web.Application:
-    gw = Gateway(engine, config or ServerConfig(), gateway_metrics)
+    """`engine`: the served models' ModelEngines, or one engine (the one model it runs)."""
+    gw = Gateway(ModelEngines.of(engine), config or ServerConfig(), gateway_metrics)
     app = web.Application(middlewares=[errors_as_json], client_max_size=4 * gw.limits.max_message_bytes)
     app["gateway"] = gw
     app.router.add_get("/v1/ws", native_ws)
@@ -96,6 +107,7 @@ async def _start(app: web.Application) -> None:
     app["lag_watch"] = asyncio.create_task(gw.metrics.watch_loop_lag(sample=app.get("sample_metrics")))
     gw.client = EngineClient(gw.engine, asyncio.get_running_loop())
     gw.voices = Voices(gw.client.info, gw.store.get)
+    gw.models = gw.engine.models()
     gw.engine.hold = gw.client.behind       # nothing more is handed over while the loop is behind on its events
 
 

@@ -34,7 +34,8 @@ def _elevenlabs(timestamps: bool, streamed: bool):
 
 
 async def elevenlabs_models(request: web.Request) -> web.Response:
-    """ElevenLabs `GET /v1/models`: the loaded model under its own name and under the ids clients send."""
+    """ElevenLabs `GET /v1/models`: the default model under its own name and under the ids clients send, then each
+    other served model under its name (with its voices: `talkgate_voices`)."""
     gw = request.app["gateway"]
     if not gw.authorized(request):
         return respond(elevenlabs.http_error(401, "unauthorized", "a valid API key is required"))
@@ -43,15 +44,16 @@ async def elevenlabs_models(request: web.Request) -> web.Response:
     languages = [{"language_id": code, "name": name.capitalize()} for code, name in names.items()]
     notice = " (random untrained weights: the audio is noise)" if info.untrained else ""
 
-    def model(model_id: str, name: str) -> dict:
-        return {"model_id": model_id, "name": name, "can_do_text_to_speech": True, "can_do_voice_conversion": False,
+    def model(model_id: str, name: str, info=info) -> dict:
+        return {"talkgate_model_type": info.model_type, "talkgate_voices": list(info.voices),"model_id": model_id, "name": name, "can_do_text_to_speech": True, "can_do_voice_conversion": False,
                 "can_be_finetuned": False, "can_use_style": False, "can_use_speaker_boost": False,
                 "serves_pro_voices": False, "requires_alpha_access": False, "token_cost_factor": 1.0,
                 "description": f"talkgate serving {info.name} ({info.model_type} {info.size}){notice}",
                 "maximum_text_length_per_request": gw.limits.max_text_chars, "languages": languages}
 
+    served = [model(m.name, f"{m.name}: talkgate {m.info.model_type} {m.info.size}", m.info) for m in gw.models.all]
     return web.json_response([model("talkgate", f"talkgate {info.model_type} {info.size}")]
-                             + [model(m, f"{m} (served by talkgate)") for m in ELEVENLABS_MODEL_IDS])
+                             + [model(m, f"{m} (served by talkgate)") for m in ELEVENLABS_MODEL_IDS] + served)
 
 
 def deepgram_client(request: web.Request) -> bool:

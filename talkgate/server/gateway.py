@@ -18,6 +18,7 @@ from talkgate.server.metrics import ContextObserver, Metrics
 from talkgate.server.voice_store import VoiceStore, default_root
 from talkgate.server.websocket import GatewayWebSocket
 from talkgate.sessions.limits import Limits
+from talkgate.sessions.models import Models
 from talkgate.sessions.session import Session
 from talkgate.sessions.voices import Voices
 
@@ -52,8 +53,8 @@ class Gateway:
     """State shared by every handler: the engine, limits, metrics, open connections."""
 
     def __init__(self, engine, config: ServerConfig, metrics: Metrics | None = None):
-        """`engine`: synth.engine.Engine (or an object with its connect/submit/disconnect/stats: a gateway
-        worker's RemoteEngines)."""
+        """`engine`: the served models' engines (server/model_engines.py ModelEngines: in-process Engines, or a
+        gateway worker's RemoteEngines)."""
         self.engine, self.config, self.limits = engine, config, config.limits
         self.metrics = metrics or Metrics()
         self.connections: set[Connection] = set()
@@ -65,6 +66,7 @@ class Gateway:
         self.client: EngineClient | None = None    # the engine's client, made with the app (on its loop)
         self.store = VoiceStore(config.voice_store or default_root())
         self.voices: Voices | None = None          # what a `voice` names: the model's, the store's (with the client)
+        self.models: Models | None = None          # the served models (with the client)
         self.voices_making = 0                     # uploads being decoded and made (voices_http.py)
 
     @property
@@ -176,7 +178,8 @@ class Gateway:
 
     def new_session(self, label: str, defaults=None) -> Session:
         return Session(self.client.info, self.limits, self.client.new_tokenizer, defaults,
-                       ContextObserver(self.metrics, label), contexts=self.client.contexts, voices=self.voices)
+                       ContextObserver(self.metrics, label), contexts=self.client.contexts, voices=self.voices,
+                       models=self.models)
 
 
 def start_drain(app: web.Application) -> asyncio.Task:

@@ -18,7 +18,8 @@ async def speech(request: web.Request) -> web.StreamResponse:
     gw = request.app["gateway"]
 
     async def make(body) -> OpenAISpeech:
-        req = parse_request(body, gw.limits.max_http_input_chars, gw.client.info, request.app[VOICE_MAP])
+        req = parse_request(body, gw.limits.max_http_input_chars, gw.client.info, request.app[VOICE_MAP],
+                            gw.models)
         config = req.config
         if req.ref_audio is not None:       # this request's own voice: decoded off the loop, made by the engine
             clip = await asyncio.to_thread(read_clip, req.ref_audio, "ref_audio")

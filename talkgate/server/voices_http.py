@@ -135,7 +135,7 @@ async def make_voice(request: web.Request, name: object, files: list[Upload], re
     gw = request.app["gateway"]
     if gw.draining:
         raise Refused(503, "shutting_down", "the server is shutting down")
-    info = gw.client.info
+    info = gw.models.first("base").info      # the served model that makes cloned voices
     if info.model_type != "base":
         raise Refused(400, "cloning_unavailable", f"this server's model is {info.model_type}, which cannot clone "
                       "voices: serve a Base checkpoint")
@@ -196,20 +196,20 @@ async def _guarded(request: web.Request, handler, error):
 
 
 def _builtin(gw) -> tuple[str, ...]:
-    return gw.client.info.voices
+    return gw.models.voices()              # every served model's
 
 
 async def _stored(gw) -> list[StoredVoice]:
     """The stored voices this server speaks: all of them on a Base checkpoint, none on another model. Read on a
     worker thread (the first listing of a full store parses 1000 files)."""
-    return await asyncio.to_thread(gw.store.list) if gw.client.info.model_type == "base" else []
+    return await asyncio.to_thread(gw.store.list) if gw.models.first("base").info.model_type == "base" else []
 
 
 def _lookup(gw, key: str) -> StoredVoice | str | None:
     """A voice of the model (its name) or a stored voice it speaks, by id or name."""
     if key.lower() in _builtin(gw):
         return key.lower()
-    return gw.store.get(key) if gw.client.info.model_type == "base" else None
+    return gw.store.get(key) if gw.models.first("base").info.model_type == "base" else None
 
 
 async def _delete(gw, key: str, error_404: str) -> StoredVoice:

@@ -242,7 +242,7 @@ class NativeProtocol(SocketProtocol):
 
     def _overrides(self, msg: dict, cid: str | None) -> dict:
         o: dict = {}
-        for name in ("voice", "instructions", "language"):
+        for name in ("voice", "instructions", "language", "model"):
             if msg.get(name) is not None:
                 o[name] = field_of(msg, name, str, context_id=cid, required=True)
         if msg.get("speed") is not None:

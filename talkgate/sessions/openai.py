@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from talkgate.sessions.actions import SERVER_ERRORS
 from talkgate.sessions.fields import SessionError, field_of, integer, number, show
 from talkgate.sessions.http import HttpSpeech, sse
+from talkgate.sessions.models import Models
 from talkgate.sessions.reference_audio import MAX_BYTES, check_ref_text, decode_inline
 from talkgate.sessions.session import AudioFormat, AudioOut, ContextConfig, ContextFinished, Session
 from talkgate.sessions.voices import UnknownVoice, VoiceMap
@@ -47,10 +48,11 @@ class SpeechRequest:
     ref_text: str | None = None         # into config.reference: sessions/reference_audio.py read_clip)
 
 
-def parse_request(body: object, max_chars: int, info: ModelInfo, voices: VoiceMap) -> SpeechRequest:
+def parse_request(body: object, max_chars: int, info: ModelInfo, voices: VoiceMap,
+                  models: Models | None = None) -> SpeechRequest:
     """The JSON body -> SpeechRequest; raises SessionError (codes as OpenAI's: invalid_request, ...)."""
     try:
-        return _parse(body, max_chars, info, voices)
+        return _parse(body, max_chars, info, voices, models)
     except SessionError as e:
         if e.code in ("invalid_message", "invalid_params"):    # a missing or mistyped field
             raise SessionError("invalid_request", e.message) from None
@@ -77,7 +79,7 @@ def _voice(body: dict, info: ModelInfo, voices: VoiceMap) -> str | None:
                            f"({', '.join(info.voices) or 'none: it takes instructions'})") from None
 
 
-def _parse(body: object, max_chars: int, info: ModelInfo, voices: VoiceMap) -> SpeechRequest:
+def _parse(body: object, max_chars: int, info: ModelInfo, voices: VoiceMap, models: Models | None) -> SpeechRequest:
     if not isinstance(body, dict):
         raise SessionError("invalid_request", "the body must be a JSON object")
     text = field_of(body, "input", str, required=True)
@@ -100,7 +102,9 @@ def _parse(body: object, max_chars: int, info: ModelInfo, voices: VoiceMap) -> S
     if field_of(body, "non_streaming_mode", bool, False):
         raise SessionError("unsupported", "non_streaming_mode=true is not supported: talkgate feeds text to "
                            "the model as it arrives (non_streaming_mode=false)")
-    field_of(body, "model", str)
+    model = field_of(body, "model", str)
+    if models is not None:                  # the voice is one of the model's the request names (or any model's)
+        info = models.info_for(model)
     fixed = integer(body, "fixed_frames", 1, 100_000)
     seed = field_of(body, "seed", int)
     if seed is not None and not seed_fits(seed):
@@ -119,7 +123,7 @@ def _parse(body: object, max_chars: int, info: ModelInfo, voices: VoiceMap) -> S
     cfg = ContextConfig(voice=voice, language=field_of(body, "language", str, "auto"),
                         instructions=field_of(body, "instructions", str),
                         format=AudioFormat(encoding, rate, streaming=streamed),
-                        sampling=SamplingParams(seed=seed), fixed_frames=fixed, speed=speed)
+                        sampling=SamplingParams(seed=seed), fixed_frames=fixed, speed=speed, model=model)
     return SpeechRequest(text, cfg, fmt, streamed, stream_format == "sse", ref_audio, ref_text)
 
 

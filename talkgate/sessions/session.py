@@ -27,6 +27,7 @@ from talkgate.codecs import FormatError, make_stream_encoder
 from talkgate.codecs.tempo import MAX_SPEED, MIN_SPEED, TempoStretcher
 from talkgate.sessions.fields import SessionError, show
 from talkgate.sessions.limits import Limits
+from talkgate.sessions.models import Model, Models, model_name
 from talkgate.sessions.voices import Voices
 from talkgate.synth.api import (
     SEED_RANGE, AppendText, AudioChunk, CancelContext, ContextDone, ContextFailed, ContextParams, EndText,
@@ -65,6 +66,7 @@ class ContextConfig:
     sampling: SamplingParams = field(default_factory=SamplingParams)
     fixed_frames: int | None = None
     speed: float = 1.0          # tempo of the delivered audio (pitch kept): 0.25 to 4
+    model: str | None = None    # a served model's name or a vendor's alias (sessions/models.py); None: by the voice
 
 
 # ----- session events (what a wire protocol turns into messages) -----
@@ -152,6 +154,7 @@ class _Context:
     state: State = State.OPEN
     held: list | None = None        # its engine commands while the engine makes its voice (Reference)
     params: ContextParams | None = None     # its OpenContext's, until then
+    model: str | None = None        # the served model it runs on
     text_chars: int = 0
     t_first_text: float | None = None
     ttfa_ms: float | None = None
@@ -195,10 +198,12 @@ class Session:
     def __init__(self, info: ModelInfo, limits: Limits, new_tokenizer: Callable[[], object],
                  defaults: ContextConfig | None = None, observer: Observer | None = None,
                  clock: Callable[[], float] = time.perf_counter, contexts: Iterator[int] | None = None,
-                 voices: Voices | None = None):
-        """`voices`: what a `voice` may name (default: the model's voices only)."""
+                 voices: Voices | None = None, models: Models | None = None):
+        """`voices`: what a `voice` may name (default: the model's voices only); `models`: the served models a
+        context may be for (default: `info`'s alone)."""
         self.info, self.limits, self.new_tokenizer, self.clock = info, limits, new_tokenizer, clock
         self.voices = voices or Voices(info)
+        self.models = models or Models([Model(model_name(info.name), info)])
         self.observer = observer or Observer()
         self.contexts = contexts if contexts is not None else itertools.count(1)
         self.defaults = self._checked(defaults or ContextConfig())
@@ -214,10 +219,17 @@ class Session:
         self.defaults = self._checked(replace(self.defaults, **overrides))
         return self.defaults
 
+    def _model(self, cfg: ContextConfig, context_id: str | None = None) -> Model:
+        """The served model a context of `cfg` is for (sessions/models.py's rules)."""
+        voice = cfg.voice
+        stored = cfg.reference is not None or (voice is not None and voice.lower() not in self.models.voices()
+                                               and self.voices.stored(voice) is not None)
+        return self.models.route(cfg.model, voice, stored, cfg.instructions is not None, context_id)
+
     def _checked(self, cfg: ContextConfig, context_id: str | None = None) -> ContextConfig:
-        info = self.info
+        info = self._model(cfg, context_id).info
         if cfg.voice is not None:
-            cfg = replace(cfg, voice=self.voices.resolve(cfg.voice, context_id)[0])
+            cfg = replace(cfg, voice=self.voices.resolve(cfg.voice, context_id, info)[0])
         if cfg.reference is not None and info.model_type != "base":
             raise SessionError("invalid_params", "reference audio (a cloned voice) needs a Base checkpoint; this "
                                f"server's model is {info.model_type}", context_id)
@@ -254,21 +266,24 @@ class Session:
             raise SessionError("too_many_contexts", "too many contexts on this connection (limit "
                                f"{self.limits.max_contexts_per_connection}); flush or cancel one first", context_id)
         cfg = self._checked(replace(self.defaults, **overrides), context_id) if overrides else self.defaults
+        model = self._model(cfg, context_id)
         ctx = _Context(context_id, self._next_stream, next(self.contexts), _encoder(cfg.format), self.new_tokenizer(),
-                       None if cfg.speed == 1.0 else TempoStretcher(cfg.speed))
+                       None if cfg.speed == 1.0 else TempoStretcher(cfg.speed),
+                       model=None if model is self.models.default else model.name)   # None: the default's engine
         self._next_stream += 1
         self._by_id[context_id] = self._by_context[ctx.context] = self._by_stream[ctx.stream] = ctx
         self.observer.started()
         # a stored voice is looked up again at each start: one deleted since session.config is unknown now
-        voice, prompt = self.voices.resolve(cfg.voice, context_id) if cfg.voice is not None else (None, None)
+        voice, prompt = (self.voices.resolve(cfg.voice, context_id, model.info) if cfg.voice is not None
+                         else (None, None))
         params = ContextParams(voice=None if prompt is not None else voice, voice_prompt=prompt,
                                language=cfg.language, instructions=cfg.instructions, sampling=cfg.sampling,
                                fixed_frames=cfg.fixed_frames)
         if cfg.reference is not None:       # the context opens once its voice is made (VoiceMade)
             ctx.held, ctx.params = [], replace(params, voice=None)
-            self._commands.append(MakeVoice(ctx.context, cfg.reference.audio, cfg.reference.ref_text))
+            self._commands.append(MakeVoice(ctx.context, cfg.reference.audio, cfg.reference.ref_text, ctx.model))
         else:
-            self._commands.append(OpenContext(ctx.context, params))
+            self._commands.append(OpenContext(ctx.context, params, ctx.model))
         return [ContextStarted(context_id, ctx.stream, cfg.format)]
 
     def append(self, context_id: str, text: str) -> list:
@@ -418,7 +433,8 @@ class Session:
         try:
             if isinstance(ev, VoiceMade):
                 held, ctx.held = ctx.held or [], None
-                self._commands += [OpenContext(ctx.context, replace(ctx.params, voice_prompt=ev.voice)), *held]
+                self._commands += [OpenContext(ctx.context, replace(ctx.params, voice_prompt=ev.voice), ctx.model),
+                                   *held]
                 return []
             if isinstance(ev, VoiceFailed):     # the context never opened in the engine
                 return self._fail(ctx, ev.code, ev.message, engine_done=True)

@@ -102,11 +102,12 @@ class Voices:
         self.info = info
         self.stored = stored or (lambda key: None)
 
-    def resolve(self, voice: str, context_id: str | None = None) -> tuple[str, VoicePrompt | None]:
+    def resolve(self, voice: str, context_id: str | None = None,
+                info: ModelInfo | None = None) -> tuple[str, VoicePrompt | None]:
         """-> (the voice's canonical name: a model voice's name, lower case, or a stored voice's id; the stored
-        voice's VoicePrompt, else None). SessionError unknown_voice, or invalid_voice for a stored voice on
-        a model that cannot speak cloned voices."""
-        info = self.info
+        voice's VoicePrompt, else None) on `info`'s model (default: this one's). SessionError unknown_voice, or
+        invalid_voice for a stored voice on a model that cannot speak cloned voices."""
+        info = info or self.info
         if voice.lower() in info.voices:
             return voice.lower(), None
         found = self.stored(voice)

@@ -271,6 +271,8 @@ class OpenContext:
 
     context: int
     params: ContextParams
+    model: str | None = None          # the served model whose engine takes it (server/model_engines.py); None: the
+                                      # default. An engine never reads it: it is the one model it runs
 
 
 @dataclass(frozen=True)
@@ -324,6 +326,7 @@ class MakeVoice:
     request: int
     audio: bytes
     ref_text: str | None = None
+    model: str | None = None          # as OpenContext.model; None: the first Base model
 
 
 EngineCommand = Union[OpenContext, AppendText, FlushText, EndText, CancelContext, MakeVoice]
