@@ -117,6 +117,9 @@ def add_parser(subparsers) -> None:
     p.add_argument("--voice-store", metavar="DIR", help="directory of the stored (cloned) voices, which several "
                    "servers may share (docs/voices.md); default: voices/ in the talkgate data directory "
                    "($TALKGATE_DATA, else ~/.local/share/talkgate)")
+    p.add_argument("--trace-latency", metavar="PATH", help="append one JSON line per request to PATH: the time of "
+                   "each stage from the request read to its first audio byte written, in the worker and the engine "
+                   "(python -m bench.latency_trace PATH summarizes it; docs/operations.md)")
     p.add_argument("--shutdown-deadline", metavar="SECONDS", type=cli_args.seconds, default=10.0,
                    help="seconds open contexts may finish once a drain begins (SIGTERM, SIGINT, POST /admin/drain); "
                    "then their sockets close with 1001")
@@ -154,6 +157,12 @@ def run(args: argparse.Namespace) -> int:
         except StoreError as e:
             raise CommandError(f"--voice-store: {e.message}") from None
     tls = tls_context(args.ssl_certfile, args.ssl_keyfile)
+    if args.trace_latency:
+        try:
+            with open(args.trace_latency, "a"):
+                pass
+        except OSError as e:
+            raise CommandError(f"--trace-latency {args.trace_latency}: cannot append to it ({e.strerror})") from None
     models = served_models(args.model)
     if args.workers != 0:
         return run_supervised(args, models)
@@ -191,7 +200,8 @@ def server_config(args: argparse.Namespace):
     return ServerConfig(limits=limits, api_keys=keys, allowed_origins=tuple(args.allow_origin),
                         shutdown_deadline_s=args.shutdown_deadline, voice_map=args.voice_map,
                         voice_store=args.voice_store, admin_without_key=args.admin_without_key,
-                        ssl_certfile=args.ssl_certfile, ssl_keyfile=args.ssl_keyfile)
+                        ssl_certfile=args.ssl_certfile, ssl_keyfile=args.ssl_keyfile,
+                        trace_latency=args.trace_latency and os.path.abspath(args.trace_latency))
 
 
 def default_workers(engines: int, cores: int | None = None) -> int:

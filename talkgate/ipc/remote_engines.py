@@ -367,7 +367,7 @@ class RemoteEngines:
                 del self._unplaced[context]
             for end in ends:
                 r = self._routes.get(end[0])
-                if r is not None and end[1] == wire.SPOKEN:    # a flush's end: the context goes on, placed
+                if r is not None and end[1] in (wire.SPOKEN, wire.STAGES):     # not an end: the context goes on
                     self._unplaced.pop(r.context, None)
                 elif r is not None:
                     if end[1] == wire.FAILED and end[2] == "engine_full" and r.context in self._unplaced:

@@ -17,8 +17,10 @@ Engine -> worker:
                pcm float32 bytes [rows * 1920]]             one per engine step per worker that has events;
                                                             ends: [[context, DONE, reason, frames] |
                                                                    [context, FAILED, code, message] |
-                                                                   [context, SPOKEN, reason, frames]] (SPOKEN:
-                                                            a flush's audio is out, the context goes on);
+                                                                   [context, SPOKEN, reason, frames] |
+                                                                   [context, STAGES, stamps, 0]] (SPOKEN:
+                                                            a flush's audio is out, the context goes on;
+                                                            STAGES: a traced context's StageTimes);
                                                             voices: answers to VOICE, [[request, MADE,
                                                             embedding, codes, ref_text, ms] |
                                                             [request, VOICE_FAILED, code, message]]
@@ -35,13 +37,13 @@ import numpy as np
 
 from talkgate.synth.api import (
     FRAME_SAMPLES, AppendText, AudioChunk, CancelContext, ContextDone, ContextFailed, ContextParams, EndText,
-    EngineCommand, EngineEvent, FlushText, MakeVoice, ModelInfo, OpenContext, SamplingParams, TextSpoken,
+    EngineCommand, EngineEvent, FlushText, MakeVoice, ModelInfo, OpenContext, SamplingParams, StageTimes, TextSpoken,
     VoiceFailed, VoiceMade, VoicePrompt,
 )
 
 HELLO, COMMANDS, ACK, WELCOME, STEP, STATS = b"H", b"C", b"A", b"W", b"S", b"T"
 OPEN, TEXT, END, CANCEL, FLUSH, VOICE = 0, 1, 2, 3, 4, 5
-DONE, FAILED, SPOKEN = 0, 1, 2
+DONE, FAILED, SPOKEN, STAGES = 0, 1, 2, 3
 MADE, VOICE_FAILED = 0, 1
 STATS_INTERVAL_S = 0.1
 # engine step-time histogram buckets (seconds): engines count steps in them, workers render them (metrics.py)
@@ -70,13 +72,14 @@ def params_to_wire(p: ContextParams) -> list:
     s = p.sampling
     return [p.voice, p.language, p.instructions,
             [s.greedy, s.temperature, s.top_k, s.top_p, s.repetition_penalty, s.seed], p.fixed_frames,
-            voice_to_wire(p.voice_prompt)]
+            voice_to_wire(p.voice_prompt), p.trace_latency]
 
 
 def params_from_wire(w: list) -> ContextParams:
-    voice, language, instructions, s, fixed, voice_prompt = w
+    voice, language, instructions, s, fixed, voice_prompt, trace_latency = w
     return ContextParams(voice=voice, language=language, instructions=instructions,
-                         sampling=SamplingParams(*s), fixed_frames=fixed, voice_prompt=voice_from_wire(voice_prompt))
+                         sampling=SamplingParams(*s), fixed_frames=fixed, voice_prompt=voice_from_wire(voice_prompt),
+                         trace_latency=trace_latency)
 
 
 def command_to_wire(cmd: EngineCommand) -> list:
@@ -162,6 +165,8 @@ def _end(ev: EngineEvent) -> list:
         return [ev.context, DONE, ev.reason, ev.frames]
     if isinstance(ev, TextSpoken):
         return [ev.context, SPOKEN, ev.reason, ev.frames]
+    if isinstance(ev, StageTimes):
+        return [ev.context, STAGES, ev.stamps, 0]
     return [ev.context, FAILED, ev.code, ev.message]
 
 
@@ -175,7 +180,7 @@ def step_message(seq: int, free_slots: int, events: list[EngineEvent]) -> list:
     """One step's events for one worker: [STEP, header, pcm] with the rows' PCM in one buffer."""
     chunks = [ev for ev in events if isinstance(ev, AudioChunk)]
     voices = [_voice_answer(ev) for ev in events if isinstance(ev, (VoiceMade, VoiceFailed))]
-    ends = [_end(ev) for ev in events if isinstance(ev, (ContextDone, ContextFailed, TextSpoken))]
+    ends = [_end(ev) for ev in events if isinstance(ev, (ContextDone, ContextFailed, TextSpoken, StageTimes))]
     n = len(chunks)
     contexts = np.fromiter((c.context for c in chunks), np.int64, n)
     frames = np.fromiter((c.first_frame for c in chunks), np.int32, n)
@@ -193,11 +198,11 @@ def read_step(header, pcm) -> tuple[int, float, int, np.ndarray, np.ndarray, np.
 
 
 def end_event(end: list) -> EngineEvent:
-    """A STEP's end entry as an event: its context's last (DONE, FAILED) or a flush's end (SPOKEN: the context
-    goes on)."""
+    """A STEP's end entry as an event: its context's last (DONE, FAILED), a flush's end (SPOKEN: the context
+    goes on) or a traced context's stage times (STAGES)."""
     context, kind, a, b = end
     return (ContextDone(context, a, b) if kind == DONE else TextSpoken(context, a, b) if kind == SPOKEN
-            else ContextFailed(context, a, b))
+            else StageTimes(context, a) if kind == STAGES else ContextFailed(context, a, b))
 
 
 def voice_event(answer: list) -> EngineEvent:

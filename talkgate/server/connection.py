@@ -29,6 +29,7 @@ from aiohttp import WSMsgType, web
 
 from talkgate.server.delivery import Delivery
 from talkgate.server.engine_client import EngineClient
+from talkgate.server.latency_trace import LinkTrace
 from talkgate.server.outbox import Outbox, OutboxFull
 from talkgate.sessions.actions import Close, Purge, Send
 from talkgate.sessions.limits import Limits
@@ -75,9 +76,10 @@ class Link:
     error funnel, the outbox, what the client took, the clock (slow consumers, idle)."""
 
     def __init__(self, transport, protocol: ClientProtocol, engine: EngineClient, limits: Limits, label: str,
-                 count_error: Callable[[str], None]):
-        """`count_error(code)` records an error the client was told about."""
+                 count_error: Callable[[str], None], trace: LinkTrace | None = None):
+        """`count_error(code)` records an error the client was told about; `trace`: serve --trace-latency's."""
         self.protocol, self.engine, self.limits, self.label = protocol, engine, limits, label
+        self.trace = trace
         self.count_error = count_error
         self.outbox = Outbox(limits.max_outbox_items, limits.max_outbox_bytes)
         self.delivery = Delivery(transport)
@@ -95,11 +97,15 @@ class Link:
         exception becomes the protocol's abort (close 1011)."""
         if self._lost:
             return
+        if self.trace is not None:
+            self.trace.call_started()
         try:
             actions = method(*args)
         except Exception:
             log.exception("%s connection: %s failed", self.label, method.__name__)
             actions = self._abort("internal_error", "internal server error", 1011)
+        if self.trace is not None:
+            self.trace.call_returned()
         self.apply(actions or ())
         self.submit()
 
@@ -114,11 +120,19 @@ class Link:
         """The engine commands the protocol's session made, in order (taken also after a call that raised)."""
         commands = self.protocol.engine_commands()
         if commands:
-            self.engine.submit(self, commands)
+            if self.trace is None:
+                self.engine.submit(self, commands)
+            else:
+                self.engine.submit(self, self.trace.traced(commands))
+                self.trace.submitted(commands)
 
     def engine_event(self, ev: EngineEvent) -> None:
         """An event of one of this link's contexts (server/engine_client.py)."""
-        self.call(self.protocol.engine_event, ev)
+        if self.trace is None:
+            self.call(self.protocol.engine_event, ev)
+        elif not self.trace.engine_event(ev):
+            self.call(self.protocol.engine_event, ev)
+            self.trace.encoding = None
 
     def apply(self, actions) -> None:
         for a in actions:
@@ -127,6 +141,8 @@ class Link:
                     self.count_error(a.error)
                 if a.stream is not None:        # audio made for the client: not idle
                     self.last_activity = self.loop.time()
+                    if self.trace is not None:
+                        self.trace.queued(a.stream)
                 try:
                     self.outbox.put(a)
                 except OutboxFull:      # the client is not reading: what is queued goes, the error goes out
@@ -206,8 +222,8 @@ class Connection(Link):
     protocol: SocketProtocol
 
     def __init__(self, ws: web.WebSocketResponse, transport, protocol: SocketProtocol, engine: EngineClient,
-                 limits: Limits, label: str, count_error: Callable[[str], None]):
-        super().__init__(transport, protocol, engine, limits, label, count_error)
+                 limits: Limits, label: str, count_error: Callable[[str], None], trace: LinkTrace | None = None):
+        super().__init__(transport, protocol, engine, limits, label, count_error, trace)
         self.ws = ws
         self.rate = RateLimit(limits.max_messages_per_s, self.last_activity)
 
@@ -247,6 +263,8 @@ class Connection(Link):
             if msg.type not in (WSMsgType.TEXT, WSMsgType.BINARY):   # CLOSE, CLOSING, CLOSED, ERROR
                 return
             self.last_activity = now = self.loop.time()
+            if self.trace is not None:
+                self.trace.read()
             if not self.rate.take(now):
                 self.call(self.protocol.abort, "rate_limited", f"over {self.limits.max_messages_per_s:g} messages "
                           "a second", 1008)
@@ -263,6 +281,8 @@ class Connection(Link):
                 for i, size in zip(batch, sizes):
                     self.delivery.wrote(size, i.stream, i.audio_ms)
                     if i.stream is not None:
+                        if self.trace is not None:
+                            self.trace.written(i.stream)
                         self.call(self.protocol.note_sent, i.stream, i.audio_ms)
         except ConnectionError:         # the client went away: the reader sees it too
             pass

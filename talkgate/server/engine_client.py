@@ -53,7 +53,7 @@ import numpy as np
 
 from talkgate.synth.api import (
     AudioChunk, CancelContext, ContextDone, ContextFailed, EngineCommand, EngineError, EngineInterface, MakeVoice,
-    OpenContext, VoiceFailed, VoiceMade, VoicePrompt, event_key,
+    OpenContext, StageTimes, VoiceFailed, VoiceMade, VoicePrompt, event_key,
 )
 
 log = logging.getLogger("talkgate.engine_client")
@@ -147,6 +147,8 @@ class EngineClient:
             self._steps += 1
             batches: dict[int, tuple[object, list]] = {}
             for ev in events:
+                if type(ev) is StageTimes:      # a traced context's (serve --trace-latency): reached this loop
+                    ev.stamps.append(time.monotonic_ns())
                 owner = self._owners.get(event_key(ev))
                 if owner is not None:           # else stale: dropped (it would be at its hand-over)
                     batches.setdefault(id(owner), (owner, []))[1].append(ev)

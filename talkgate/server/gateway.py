@@ -7,6 +7,7 @@ import hmac
 import itertools
 import logging
 import secrets
+import time
 from dataclasses import dataclass, field
 
 from aiohttp import web
@@ -14,6 +15,7 @@ from aiohttp import web
 from talkgate.server.connection import Connection
 from talkgate.server.engine_client import EngineClient
 from talkgate.server.errors import ErrorResponse
+from talkgate.server.latency_trace import LinkTrace, TraceFile
 from talkgate.server.metrics import ContextObserver, Metrics
 from talkgate.server.voice_store import VoiceStore, default_root
 from talkgate.server.websocket import GatewayWebSocket
@@ -41,6 +43,7 @@ class ServerConfig:
     admin_without_key: bool = False           # /admin/* answers without api_keys (else refused: docs/operations.md)
     ssl_certfile: str | None = None           # PEM files: serve https:// and wss:// (server/listen.py tls_context)
     ssl_keyfile: str | None = None
+    trace_latency: str | None = None          # JSON-lines file of each request's stage times (latency_trace.py)
 
     def __post_init__(self):
         # as JSON brings them back: an object and lists
@@ -68,6 +71,11 @@ class Gateway:
         self.voices: Voices | None = None          # what a `voice` names: the model's, the store's (with the client)
         self.models: Models | None = None          # the served models (with the client)
         self.voices_making = 0                     # uploads being decoded and made (voices_http.py)
+        self.trace_file = TraceFile(config.trace_latency) if config.trace_latency else None
+
+    def link_trace(self, label: str) -> LinkTrace | None:
+        """A new request's or connection's trace under serve --trace-latency (read now), else None."""
+        return None if self.trace_file is None else LinkTrace(self.trace_file, label, time.monotonic_ns())
 
     @property
     def state(self) -> str:
@@ -166,7 +174,8 @@ class Gateway:
             return
         session_id = f"s{next(self.ids)}-{secrets.token_hex(4)}"
         protocol = make_protocol(session_id, authenticate)
-        conn = Connection(ws, request.transport, protocol, self.client, self.limits, label, self.count_error)
+        conn = Connection(ws, request.transport, protocol, self.client, self.limits, label, self.count_error,
+                          self.link_trace(f"ws:{label}"))
         self.connections.add(conn)
         gauge = self.metrics.connections.labels(label)
         gauge.inc()

@@ -29,8 +29,9 @@ def respond(item: Respond) -> web.Response:
 class HttpStream(Link):
     """One speech request, from its context's start to the response's end."""
 
-    def __init__(self, request: web.Request, protocol: HttpSpeech, engine, limits, label: str, count_error):
-        super().__init__(request.transport, protocol, engine, limits, label, count_error)
+    def __init__(self, request: web.Request, protocol: HttpSpeech, engine, limits, label: str, count_error,
+                 trace=None):
+        super().__init__(request.transport, protocol, engine, limits, label, count_error, trace)
         self.request = request
         self.response: web.StreamResponse | None = None
 
@@ -68,6 +69,8 @@ class HttpStream(Link):
                     await self.response.prepare(self.request)
                     continue
                 await self.response.write(item.data)
+                if self.trace is not None and item.stream is not None:
+                    self.trace.written(item.stream)
                 n = len(item.data)
                 self.delivery.wrote(n + len(f"{n:x}") + 4, item.stream, item.audio_ms)    # a chunk's framing
                 if item.stream is not None:
@@ -103,6 +106,7 @@ async def serve_speech(request: web.Request, label: str, make: Callable[[object]
     request's mistake; AudioError with its own status) and stream its response. Errors before the context
     starts are `error(status, code, message)`: the API's own error shape."""
     gw = request.app["gateway"]
+    trace = gw.link_trace(f"http:{label}")  # None unless serve --trace-latency; first: the request's read time
     if not gw.authorized(request):
         return respond(error(401, "unauthorized", "a valid API key is required"))
     if gw.draining:
@@ -114,4 +118,4 @@ async def serve_speech(request: web.Request, label: str, make: Callable[[object]
         if e.code == "invalid_body":
             response.force_close()
         return response
-    return await HttpStream(request, protocol, gw.client, gw.limits, label, gw.count_error).run()
+    return await HttpStream(request, protocol, gw.client, gw.limits, label, gw.count_error, trace).run()

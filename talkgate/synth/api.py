@@ -150,6 +150,7 @@ class ContextParams:
     # Benchmarks with random weights (which never sample eos) fix the length: see
     # synth.request.frames_for_text for the documented text-length rule.
     fixed_frames: int | None = None
+    trace_latency: bool = False       # the engine reports its first frame's stage times (StageTimes)
 
 
 # How a context ends when its request sets no fixed_frames (ModelInfo.end_of_speech): "model" for a trained
@@ -197,6 +198,23 @@ class AudioChunk:
     first_frame: int
     n_frames: int
     t_emitted: float          # time.perf_counter() when the engine handed it over
+
+
+# A traced context's (ContextParams.trace_latency) engine stages of its first frame, in order: its first text (ids,
+# a flush or the end) reached Engine.submit, a step took it into its prefill, that step was launched (on the CPU:
+# run), the step's codes reached the host (prefill, Talker and code predictor of frame 0), its PCM did (the codec
+# decoder), the events went to the client's deliver.
+ENGINE_STAGES = ("engine_received", "scheduled", "launched", "codes", "decoded", "handed")
+
+
+@dataclass(frozen=True)
+class StageTimes:
+    """The ENGINE_STAGES times (time.monotonic_ns) of a traced context's first frame, delivered with its first
+    AudioChunk. `stamps` is a list that the engine and then the gateway worker append to: CLOCK_MONOTONIC is one
+    clock for every process of the machine, so the engine's and the worker's times compare directly."""
+
+    context: int
+    stamps: list
 
 
 @dataclass(frozen=True)
@@ -251,7 +269,7 @@ class TextSpoken:
     frames: int
 
 
-EngineEvent = Union[AudioChunk, ContextDone, ContextFailed, TextSpoken, VoiceMade, VoiceFailed]
+EngineEvent = Union[AudioChunk, ContextDone, ContextFailed, TextSpoken, VoiceMade, VoiceFailed, StageTimes]
 
 
 def event_key(ev: EngineEvent) -> int:

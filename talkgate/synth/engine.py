@@ -45,9 +45,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from talkgate.synth.api import (
-    SAMPLE_RATE, SEED_RANGE, AppendText, AudioChunk, CancelContext, ContextDone, ContextFailed, ContextParams,
+    ENGINE_STAGES, SAMPLE_RATE, SEED_RANGE, AppendText, AudioChunk, CancelContext, ContextDone, ContextFailed, ContextParams,
     Deliver, EndText, EngineCommand, EngineError, EngineEvent, EngineFull, EngineStopped, FlushText, InvalidParams,
-    MakeVoice, ModelInfo, OpenContext, TextSpoken, VoiceFailed, VoiceMade, VoicePrompt, seed_fits,
+    MakeVoice, ModelInfo, OpenContext, StageTimes, TextSpoken, VoiceFailed, VoiceMade, VoicePrompt, seed_fits,
 )
 from talkgate.synth.request import Request
 from talkgate.synth.scheduler import Scheduler
@@ -93,6 +93,17 @@ def unnoticed(scheduler: Scheduler, now: float, slack: float = CAPTURE_SLACK_S) 
         r.deadline - now >= slack for r in scheduler.running if r.ready)
 
 
+SCHEDULED, LAUNCHED, CODES = (ENGINE_STAGES.index(s) for s in ("scheduled", "launched", "codes"))
+
+
+def stamp(reqs: list[Request], stage: int) -> None:
+    """The time of ENGINE_STAGES[stage] for the traced contexts of `reqs` that reached the stage before it (a
+    prefill is a context's first frame: its stages are stamped once)."""
+    for req in reqs:
+        if req.trace is not None and len(req.trace) == stage:
+            req.trace.append(time.monotonic_ns())
+
+
 @dataclass(eq=False)
 class _Client:
     deliver: Deliver
@@ -124,6 +135,7 @@ class Engine:
         self._clients: dict[int, _Client] = {}
         self._client_ids = itertools.count(1)
         self._pending: dict[int, list[EngineEvent]] = {}          # events not delivered yet, per client
+        self._traced: list[StageTimes] = []     # traced contexts' stage times pending with their first frame
         self._free_slots = list(range(runner.num_slots - 1, -1, -1))
         self._thread: threading.Thread | None = None
         self._ready = threading.Event()
@@ -254,6 +266,9 @@ class Engine:
                 req = c.contexts.get(cmd.context)
                 if req is None:
                     continue
+                if (req.trace is not None and not req.trace and not isinstance(cmd, CancelContext)
+                        and (cmd.ids or not isinstance(cmd, AppendText))):   # the first text that can make it ready
+                    req.trace.append(time.monotonic_ns())
                 if isinstance(cmd, AppendText):
                     self._commands.append(("text", req, (cmd.ids, cmd.seconds)))
                 elif isinstance(cmd, FlushText):
@@ -298,7 +313,8 @@ class Engine:
         req = Request(context=context, client=client, slot=self._free_slots.pop(), params=params, prompt=prompt,
                       frame_limit=self.runner.max_frames, budget_factor=self.budget_factor,
                       budget_min=self.budget_min, text_lead=prompt.ref_text_ids,
-                      prefill_text=prompt.text_positions, length_rule=self.length_rule)
+                      prefill_text=prompt.text_positions, length_rule=self.length_rule,
+                      trace=[] if params.trace_latency else None)
         c.contexts[context] = req
         self._commands.append(("open", req, None))
         return None
@@ -524,11 +540,17 @@ class Engine:
         if not prefill and not decode:
             return self._emit_audio()
         t0 = time.perf_counter()
+        if prefill:
+            stamp(prefill, SCHEDULED)
         try:
             step = self.runner.launch(prefill, decode)
+            if prefill:
+                stamp(prefill, LAUNCHED)
             self._emit_audio()
             self._deliver()                                     # the last step's audio, while this one runs
             codes = self.runner.codes_of(step)
+            if prefill:
+                stamp(prefill, CODES)
         except Exception as e:                                  # fail this step's contexts, keep serving
             log.exception("engine step failed")
             self._audio = None
@@ -617,6 +639,11 @@ class Engine:
             for i, req, frame, after in frames:
                 if req.cancelled:
                     continue
+                if req.trace is not None and frame == 0:
+                    self._traced.append(StageTimes(req.context, req.trace))
+                    req.trace.append(time.monotonic_ns())
+                    req.trace = None
+                    self._pending.setdefault(req.client, []).append(self._traced[-1])
                 self._pending.setdefault(req.client, []).append(AudioChunk(req.context, pcm[i], frame, 1, now))
                 ends += [(req, end) for end in after]
         for req, end in ends:
@@ -636,6 +663,11 @@ class Engine:
             if not self._pending:
                 return False
             pending, self._pending = self._pending, {}
+            if self._traced:
+                stamp_now = time.monotonic_ns()
+                for times in self._traced:
+                    times.stamps.append(stamp_now)
+                self._traced.clear()
             for client, events in pending.items():
                 c = self._clients.get(client)
                 if c is None:

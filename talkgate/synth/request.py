@@ -54,6 +54,9 @@ class Request:
     frames: int = 0                # frames generated (emitted or not) so far
     t_ready: float | None = None   # when frame 0 could first be computed: its audio deadline starts here
     cancelled: bool = False        # set under the engine lock: no event is emitted once it is True
+    # a traced context (params.trace_latency): its first frame's api.ENGINE_STAGES times so far, until they go out
+    # with that frame (then None); None for every other context, so an untraced one costs an `is None` per stage
+    trace: list | None = None
     freed: bool = False            # its slot is given back (finished, failed or cancelled): set once
 
     @property

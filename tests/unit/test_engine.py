@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from talkgate.synth.api import (
-    AppendText, AudioChunk, CancelContext, ContextDone, ContextFailed, ContextParams, EndText, OpenContext,
-    SamplingParams,
+    ENGINE_STAGES, AppendText, AudioChunk, CancelContext, ContextDone, ContextFailed, ContextParams, EndText,
+    OpenContext, SamplingParams, StageTimes,
 )
 from talkgate.synth.engine import Engine
 from talkgate.synth.request import text_seconds
@@ -477,5 +477,25 @@ def test_opens_of_one_step_fail_alone(engine):
         assert c.wait(1) == ContextDone(1, "length", 4) and c.wait(3) == ContextDone(3, "length", 4)
         np.testing.assert_allclose(c.pcm(1), c.pcm(3), atol=1e-5)            # same seed, same text
         assert engine.stats()["free_slots"] == engine.runner.num_slots
+    finally:
+        engine.disconnect(c.id)
+
+
+def test_a_traced_context_reports_its_first_frame_stages_once_and_others_none(engine):
+    """ContextParams.trace_latency: one StageTimes, just before the first AudioChunk, every ENGINE_STAGES time in
+    order (time.monotonic_ns, after the submit); an untraced context of the same steps gets none."""
+    c = Client(engine)
+    try:
+        t0 = time.monotonic_ns()
+        c.say(1, TEXT, ContextParams(sampling=GREEDY, fixed_frames=6, trace_latency=True))
+        c.say(2, TEXT, ContextParams(sampling=GREEDY, fixed_frames=6))
+        c.wait(1), c.wait(2)
+        traced = c.events(1)
+        times = [ev for ev in traced if isinstance(ev, StageTimes)]
+        assert len(times) == 1 and isinstance(traced[traced.index(times[0]) + 1], AudioChunk)
+        assert traced[traced.index(times[0]) + 1].first_frame == 0
+        stamps = times[0].stamps
+        assert len(stamps) == len(ENGINE_STAGES) and t0 <= stamps[0] and stamps == sorted(stamps)
+        assert not any(isinstance(ev, StageTimes) for ev in c.events(2))
     finally:
         engine.disconnect(c.id)

@@ -9,7 +9,7 @@ import pytest
 from talkgate.ipc import wire
 from talkgate.synth.api import (
     AppendText, AudioChunk, CancelContext, ContextDone, ContextFailed, ContextParams, EndText, FlushText, MakeVoice,
-    OpenContext, SamplingParams, TextSpoken, VoiceFailed, VoiceMade, VoicePrompt,
+    OpenContext, SamplingParams, StageTimes, TextSpoken, VoiceFailed, VoiceMade, VoicePrompt,
 )
 
 
@@ -19,7 +19,8 @@ def test_wire_round_trip():
     icl = VoicePrompt.from_arrays(np.arange(8, dtype=np.float32), np.ones((13, 16), np.int64), "Hello there.")
     cmds = [OpenContext(3, params), AppendText(3, (1, 2, 3), 0.42), FlushText(3, (5,), 0.0), EndText(3, (4,), 0.06),
             CancelContext(3), OpenContext(3, ContextParams(voice_prompt=icl)),
-            OpenContext(3, ContextParams(voice_prompt=VoicePrompt.from_arrays(np.ones(8, np.float32))))]
+            OpenContext(3, ContextParams(voice_prompt=VoicePrompt.from_arrays(np.ones(8, np.float32)))),
+            OpenContext(4, ContextParams(trace_latency=True))]
     cmds.append(MakeVoice(99, b"\0" * 96000, "Hi."))
     frames = wire.commands_message(7, [wire.command_to_wire(c) for c in cmds])
     ack, decoded = wire.decode(frames[1])
@@ -27,14 +28,15 @@ def test_wire_round_trip():
     assert not wire.encodable(wire.command_to_wire(OpenContext(1, ContextParams(fixed_frames=1 << 70))))
     rows = np.random.default_rng(0).standard_normal((3, 1920)).astype(np.float32)
     events = [AudioChunk(5, rows[0], 0, 1, 1.5), AudioChunk(9, rows[1], 7, 1, 1.5), ContextDone(9, "length", 8),
-              AudioChunk(11, rows[2], 2, 1, 1.5), TextSpoken(11, "length_rule", 3),
+              StageTimes(11, [1, 2, 3, 4, 5, 6]), AudioChunk(11, rows[2], 2, 1, 1.5), TextSpoken(11, "length_rule", 3),
               ContextFailed(12, "engine_full", "no room"), VoiceMade(4, icl, 12.5), VoiceFailed(5, "invalid_params", "silent")]
     kind, header, pcm = wire.step_message(4, 13, events)
     seq, t, free, contexts, first, got, ends, voices = wire.read_step(header, memoryview(pcm).cast("B"))
     assert (kind, seq, t, free) == (wire.STEP, 4, 1.5, 13)
     assert contexts.tolist() == [5, 9, 11] and first.tolist() == [0, 7, 2]
     np.testing.assert_array_equal(got, rows)
-    assert [wire.end_event(e) for e in ends] == [ContextDone(9, "length", 8), TextSpoken(11, "length_rule", 3),
+    assert [wire.end_event(e) for e in ends] == [ContextDone(9, "length", 8), StageTimes(11, [1, 2, 3, 4, 5, 6]),
+                                                  TextSpoken(11, "length_rule", 3),
                                                   ContextFailed(12, "engine_full", "no room")]
     assert [wire.voice_event(v) for v in voices] == [VoiceMade(4, icl, 12.5), VoiceFailed(5, "invalid_params", "silent")]
 
