@@ -86,6 +86,10 @@ def add_parser(subparsers) -> None:
     add_untrained_length(p)
     p.add_argument("--api-key", metavar="KEY", action="append", default=[], help="require this API key "
                    "(repeatable; also TALKGATE_API_KEYS=k1,k2); default: no key needed")
+    p.add_argument("--keys", metavar="FILE", help="keys file: JSON lines of hashed keys, each with an id, a tenant, "
+                   "a role (admin|user) and limits; reloaded on SIGHUP and when it changes (docs/operations.md)")
+    p.add_argument("--audit-log", metavar="PATH", help="append audit records (voices created and deleted, keys "
+                   "refused, keys reloaded) to this JSON-lines file (docs/operations.md)")
     p.add_argument("--admin-without-key", action="store_true", help="answer the admin endpoints (POST /admin/drain) "
                    "without an API key; without --api-key they are refused otherwise (docs/operations.md)")
     p.add_argument("--allow-origin", metavar="ORIGIN", action="append", default=[],
@@ -156,6 +160,20 @@ def run(args: argparse.Namespace) -> int:
             VoiceStore(args.voice_store).open()
         except StoreError as e:
             raise CommandError(f"--voice-store: {e.message}") from None
+    if args.keys:
+        from talkgate.server.keys import KeysError, KeysFile
+        try:
+            KeysFile(args.keys)
+        except KeysError as e:
+            raise CommandError(str(e)) from None
+        if args.api_key:
+            raise CommandError("--api-key and --keys: give the keys in one place (the keys file)")
+    if args.audit_log:
+        from talkgate.server.audit import AuditLog
+        try:
+            AuditLog(args.audit_log).close()
+        except OSError as e:
+            raise CommandError(f"--audit-log {args.audit_log}: {e.strerror or e}") from None
     tls = tls_context(args.ssl_certfile, args.ssl_keyfile)
     if args.trace_latency:
         try:
@@ -200,7 +218,8 @@ def server_config(args: argparse.Namespace):
     return ServerConfig(limits=limits, api_keys=keys, allowed_origins=tuple(args.allow_origin),
                         shutdown_deadline_s=args.shutdown_deadline, voice_map=args.voice_map,
                         voice_store=args.voice_store, admin_without_key=args.admin_without_key,
-                        ssl_certfile=args.ssl_certfile, ssl_keyfile=args.ssl_keyfile,
+                        ssl_certfile=args.ssl_certfile, ssl_keyfile=args.ssl_keyfile, keys_file=args.keys,
+                        audit_log=args.audit_log,
                         trace_latency=args.trace_latency and os.path.abspath(args.trace_latency))
 
 

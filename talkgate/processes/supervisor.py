@@ -119,6 +119,7 @@ class Supervisor:
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self._on_signal)
         signal.signal(signal.SIGUSR1, self._on_drain)
+        signal.signal(signal.SIGHUP, self._on_reload)
         self.sel.register(wake_r, selectors.EVENT_READ, None)
         log.info("supervisor (pid %d): %d engine process(es), %d worker(s), port %d, run folder %s", os.getpid(),
                  len(plan.engines), plan.workers, plan.port, run_dir)
@@ -144,6 +145,12 @@ class Supervisor:
         for c in self.children:
             if c.status and c.proc is not None and c.proc.poll() is None:
                 c.proc.send_signal(signal.SIGUSR1)
+
+    def _on_reload(self, signum, frame) -> None:
+        """SIGHUP: every worker reloads the keys file (server/keys.py); nothing stops."""
+        for c in self.children:
+            if c.status and c.proc is not None and c.proc.poll() is None:
+                c.proc.send_signal(signal.SIGHUP)
 
     def _on_signal(self, signum, frame) -> None:
         if self.stopping:                   # a second signal: the workers cut their drain short

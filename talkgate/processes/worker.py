@@ -87,6 +87,8 @@ async def serve_worker(cfg: dict) -> int:
         loop.add_signal_handler(sig, lambda: (hurry if stop.is_set() else stop).set())
     drain_asked = asyncio.Event()                   # SIGUSR1 from the supervisor: an admin drain, staying up
     loop.add_signal_handler(signal.SIGUSR1, drain_asked.set)
+    # SIGHUP (from the supervisor): the keys reload once the app runs (server/app.py); until then it must not stop us
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
     pauses = heap.GcPauses()
     schedstat = SchedStat()                         # of this thread, the event loop's
     status = StatusPipe(cfg.get("status_fd"))

@@ -1,6 +1,7 @@
 """Admin endpoints for operators and orchestrators: `POST /admin/drain` (the drain a SIGTERM starts, without
-stopping the process) and `GET /admin/drain` (where it stands). They need an API key; a server run without
---api-key refuses them (403 admin_disabled) unless it was started with --admin-without-key."""
+stopping the process) and `GET /admin/drain` (where it stands). They need an admin key (every --api-key is one;
+in a keys file, role admin); a server run without keys refuses them (403 admin_disabled) unless it was started
+with --admin-without-key."""
 from __future__ import annotations
 
 import asyncio
@@ -12,12 +13,16 @@ from talkgate.server.gateway import Gateway, start_drain
 
 
 def refusal(gw: Gateway, request: web.Request) -> ErrorResponse | None:
-    if not gw.config.api_keys:
+    if not gw.keyed:
         if gw.config.admin_without_key:
             return None
-        return ErrorResponse(403, "admin_disabled", "the admin endpoints need --api-key (or --admin-without-key)")
-    if not gw.key_ok(gw.request_key(request)):
+        return ErrorResponse(403, "admin_disabled", "the admin endpoints need --api-key or --keys (or "
+                             "--admin-without-key)")
+    if not gw.authorized(request):
         return ErrorResponse(401, "unauthorized", "a valid API key is required", {"WWW-Authenticate": "Bearer"})
+    if not gw.identify(request).admin:
+        gw.refused(request, "not_admin")
+        return ErrorResponse(403, "forbidden", "the admin endpoints need an admin key")
     return None
 
 

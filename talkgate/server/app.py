@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import signal
 from pathlib import Path
 
 from aiohttp import web
@@ -14,7 +15,7 @@ from talkgate.server.gateway import Gateway, ServerConfig, drain
 from talkgate.server.metrics import Metrics
 from talkgate.server.model_engines import ModelEngines
 from talkgate.sessions.native import NativeProtocol
-from talkgate.sessions.voices import Voices, VoiceMap
+from talkgate.sessions.voices import VoiceMap
 
 log = logging.getLogger("talkgate.server")
 WEB_DIR = Path(__file__).resolve().parent.parent / "web"
@@ -25,7 +26,8 @@ async def native_ws(request: web.Request) -> web.WebSocketResponse:
     gw: Gateway = request.app["gateway"]
 
     def make(session_id, authenticate):
-        return NativeProtocol(gw.new_session("native"), gw.limits, session_id, authenticate)
+        return NativeProtocol(gw.new_session("native", compat_ws.scope(request).voices), gw.limits, session_id,
+                              authenticate)
 
     return await gw.serve_websocket(request, "native", make, first_message_auth=True)
 
@@ -91,7 +93,8 @@ def create_app(engine, config: ServerConfig | None = None, gateway_metrics: Metr
     app.router.add_get("/metrics", metrics)
     openai_http.add_routes(app)
     voices_http.add_routes(app)
-    compat_ws.add_routes(app, VoiceMap.load(gw.config.voice_map, stored=gw.store.exists))
+    gw.voice_map = VoiceMap.load(gw.config.voice_map)
+    compat_ws.add_routes(app)
     compat_http.add_routes(app)
     admin.add_routes(app)
     app.router.add_get("/", index)
@@ -106,11 +109,17 @@ async def _start(app: web.Application) -> None:
     gw: Gateway = app["gateway"]
     app["lag_watch"] = asyncio.create_task(gw.metrics.watch_loop_lag(sample=app.get("sample_metrics")))
     gw.client = EngineClient(gw.engine, asyncio.get_running_loop())
-    gw.voices = Voices(gw.client.info, gw.store.get)
     gw.models = gw.engine.models()
+    if gw.keys_file is not None:
+        app["keys_watch"] = asyncio.create_task(gw.watch_keys())
+    # SIGHUP reloads the keys (in every worker: the supervisor passes it on), never stops the server
+    asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, gw.reload_keys)
     gw.engine.hold = gw.client.behind       # nothing more is handed over while the loop is behind on its events
 
 
 async def _stop(app: web.Application) -> None:
     app["lag_watch"].cancel()
+    if "keys_watch" in app:
+        app["keys_watch"].cancel()
+    asyncio.get_running_loop().remove_signal_handler(signal.SIGHUP)
     app["gateway"].client.close()

@@ -8,7 +8,7 @@ from __future__ import annotations
 from aiohttp import web
 
 from talkgate.server import voices_http
-from talkgate.server.compat_ws import VOICE_MAP
+from talkgate.server.compat_ws import scope
 from talkgate.server.http_speech import respond, serve_speech
 from talkgate.sessions import cartesia, deepgram, elevenlabs
 from talkgate.sessions.voices import ISO_LANGUAGES
@@ -22,11 +22,12 @@ def _elevenlabs(timestamps: bool, streamed: bool):
         gw = request.app["gateway"]
 
         async def make(body) -> elevenlabs.ElevenLabsSpeech:
+            own = scope(request)
             text, config, output = elevenlabs.parse_http_request(
-                request.match_info["voice_id"], dict(request.query), body, gw.client.info, request.app[VOICE_MAP],
+                request.match_info["voice_id"], dict(request.query), body, gw.client.info, own.voice_map,
                 gw.limits.max_text_chars)
-            return elevenlabs.ElevenLabsSpeech(gw.new_session("elevenlabs", config), text, output, timestamps,
-                                               streamed)
+            return elevenlabs.ElevenLabsSpeech(gw.new_session("elevenlabs", own.voices, config), text, output,
+                                               timestamps, streamed)
 
         return await serve_speech(request, "elevenlabs", make, elevenlabs.http_error)
 
@@ -77,9 +78,10 @@ def _cartesia(events: bool):
         gw = request.app["gateway"]
 
         async def make(body) -> cartesia.CartesiaSpeech:
-            text, config, own = cartesia.parse_http_request(body, gw.client.info, request.app[VOICE_MAP],
+            voices = scope(request)
+            text, config, own = cartesia.parse_http_request(body, gw.client.info, voices.voice_map,
                                                             gw.limits.max_text_chars, events)
-            session = gw.new_session("cartesia")
+            session = gw.new_session("cartesia", voices.voices)
             session.configure(**config)
             return cartesia.CartesiaSpeech(session, text, config["format"], events, **own)
 
@@ -92,9 +94,9 @@ async def deepgram_rest(request: web.Request) -> web.StreamResponse:
     gw = request.app["gateway"]
 
     async def make(body) -> deepgram.DeepgramSpeech:
-        text, model, fmt, voice = deepgram.parse_rest_request(dict(request.query), body, gw.client.info,
-                                                              request.app[VOICE_MAP])
-        session = gw.new_session("deepgram")
+        own = scope(request)
+        text, model, fmt, voice = deepgram.parse_rest_request(dict(request.query), body, gw.client.info, own.voice_map)
+        session = gw.new_session("deepgram", own.voices)
         session.configure(voice=voice, format=fmt)
         return deepgram.DeepgramSpeech(session, text, model, fmt)
 

@@ -1,11 +1,14 @@
 """Routes of the drop-in compatible WebSocket APIs (docs/compat.md): ElevenLabs, Cartesia, Deepgram (/v1/speak and
 Flux /v2/speak), DashScope's Qwen-TTS realtime, and the Twilio Media Streams mode. Each handler only builds the
-Sans-I/O protocol object; accept, limits, access checks and the socket loop are `Gateway.serve_websocket`'s."""
+Sans-I/O protocol object; accept, limits, access checks and the socket loop are `Gateway.serve_websocket`'s. Each
+speaks the voices of its client's tenant (`scope`: Gateway.scope), or, for a key sent in the first message, those
+of the scope `authenticate` gives."""
 from __future__ import annotations
 
 from aiohttp import web
 
 from talkgate.server.errors import ErrorResponse
+from talkgate.server.gateway import IDENTITY
 from talkgate.server.http_speech import respond
 from talkgate.sessions import deepgram_v2
 from talkgate.sessions.actions import dumps
@@ -17,9 +20,11 @@ from talkgate.sessions.fields import SessionError
 from talkgate.sessions.http import Respond
 from talkgate.sessions.native import NativeProtocol
 from talkgate.sessions.twilio import TwilioProtocol
-from talkgate.sessions.voices import VoiceMap
+from talkgate.sessions.voices import VoiceScope
 
-VOICE_MAP = "voice_map"     # app key: the VoiceMap (default tables unless add_routes was given one)
+def scope(request: web.Request) -> VoiceScope:
+    """The voices the request's client may name (none before it is authenticated)."""
+    return request.app["gateway"].scope(request.get(IDENTITY))
 
 
 def _elevenlabs(multi: bool):
@@ -30,8 +35,9 @@ def _elevenlabs(multi: bool):
         voice_id, query = request.match_info["voice_id"], dict(request.query)
 
         def make(session_id, authenticate):
-            return ElevenLabsProtocol(gw.new_session(label), session_id, voice_id, query,
-                                      request.app[VOICE_MAP], multi, authenticate)
+            own = scope(request)
+            return ElevenLabsProtocol(gw.new_session(label, own.voices), session_id, voice_id, query, own.voice_map,
+                                      multi, authenticate)
 
         return await gw.serve_websocket(request, label, make, first_message_auth=True)
 
@@ -42,7 +48,8 @@ async def cartesia_ws(request: web.Request) -> web.WebSocketResponse:
     gw = request.app["gateway"]
 
     def make(session_id, authenticate):
-        return CartesiaProtocol(gw.new_session("cartesia"), session_id, request.app[VOICE_MAP])
+        own = scope(request)
+        return CartesiaProtocol(gw.new_session("cartesia", own.voices), session_id, own.voice_map)
 
     return await gw.serve_websocket(request, "cartesia", make)
 
@@ -52,7 +59,8 @@ async def deepgram_ws(request: web.Request) -> web.WebSocketResponse:
     query = dict(request.query)
 
     def make(session_id, authenticate):
-        return DeepgramProtocol(gw.new_session("deepgram"), session_id, query, request.app[VOICE_MAP])
+        own = scope(request)
+        return DeepgramProtocol(gw.new_session("deepgram", own.voices), session_id, query, own.voice_map)
 
     return await gw.serve_websocket(request, "deepgram", make)
 
@@ -63,14 +71,15 @@ async def deepgram_v2_ws(request: web.Request) -> web.StreamResponse:
     names the models and voices, and an unauthorized one is refused after the upgrade, as on every socket."""
     gw = request.app["gateway"]
     settings = None
-    if gw.authorized(request):
+    if gw.identify(request) is not None:        # serve_websocket refuses (and audits) the others
         try:
-            settings = deepgram_v2.parse_query(dict(request.query), gw.client.info.voices, request.app[VOICE_MAP])
+            settings = deepgram_v2.parse_query(dict(request.query), gw.client.info.voices, scope(request).voice_map)
         except SessionError as e:
             return respond(rest_error(400, e.code, e.message))
 
     def make(session_id, authenticate):
-        return deepgram_v2.DeepgramV2Protocol(gw.new_session("deepgram_v2"), session_id, settings)
+        return deepgram_v2.DeepgramV2Protocol(gw.new_session("deepgram_v2", scope(request).voices), session_id,
+                                              settings)
 
     return await gw.serve_websocket(request, "deepgram_v2", make)
 
@@ -86,7 +95,8 @@ async def dashscope_ws(request: web.Request) -> web.StreamResponse:
             "request_id": ""}).encode(), error="invalid_request"))
 
     def make(session_id, authenticate):
-        return DashScopeProtocol(gw.new_session("dashscope"), session_id, model, request.app[VOICE_MAP])
+        own = scope(request)
+        return DashScopeProtocol(gw.new_session("dashscope", own.voices), session_id, model, own.voice_map)
 
     return await gw.serve_websocket(request, "dashscope", make)
 
@@ -98,14 +108,13 @@ async def twilio_ws(request: web.Request) -> web.StreamResponse:
         return ErrorResponse(400, "invalid_request", "stream_sid (the Twilio Media Stream's streamSid) is required")
 
     def make(session_id, authenticate):
-        native = NativeProtocol(gw.new_session("twilio"), gw.limits, session_id, authenticate)
+        native = NativeProtocol(gw.new_session("twilio", scope(request).voices), gw.limits, session_id, authenticate)
         return TwilioProtocol(native, stream_sid)
 
     return await gw.serve_websocket(request, "twilio", make, first_message_auth=True)
 
 
-def add_routes(app: web.Application, voice_map: VoiceMap | None = None) -> None:
-    app[VOICE_MAP] = voice_map or VoiceMap()
+def add_routes(app: web.Application) -> None:
     app.router.add_get("/v1/text-to-speech/{voice_id}/stream-input", _elevenlabs(multi=False))
     app.router.add_get("/v1/text-to-speech/{voice_id}/multi-stream-input", _elevenlabs(multi=True))
     app.router.add_get("/tts/websocket", cartesia_ws)

@@ -1,32 +1,37 @@
 """What every handler of one server process shares (Gateway: the engine, its client, limits, metrics, the open
-connections, access checks, the WebSocket plumbing every WebSocket protocol goes through) and the drain."""
+connections, access checks and who a client is, the WebSocket plumbing every WebSocket protocol goes through)
+and the drain."""
 from __future__ import annotations
 
 import asyncio
-import hmac
 import itertools
 import logging
 import secrets
 import time
 from dataclasses import dataclass, field
+from functools import partial
 
 from aiohttp import web
 
+from talkgate.server.audit import AuditLog
 from talkgate.server.connection import Connection
 from talkgate.server.engine_client import EngineClient
 from talkgate.server.errors import ErrorResponse
 from talkgate.server.latency_trace import LinkTrace, TraceFile
+from talkgate.server.keys import OPEN, Identity, Keyring, KeysFile
 from talkgate.server.metrics import ContextObserver, Metrics
 from talkgate.server.voice_store import VoiceStore, default_root
 from talkgate.server.websocket import GatewayWebSocket
 from talkgate.sessions.limits import Limits
 from talkgate.sessions.models import Models
 from talkgate.sessions.session import Session
-from talkgate.sessions.voices import Voices
+from talkgate.sessions.voices import VoiceMap, Voices, VoiceScope
 
 log = logging.getLogger("talkgate.server")
 DRAIN_POLL_S = 0.05      # how often a drain looks whether the contexts in flight have finished
 CLOSE_WAIT_S = 5.0       # after the drain: how long closing sockets may take to write what is queued
+KEYS_POLL_S = 2.0        # how often each worker looks whether the keys file changed
+IDENTITY = "identity"    # request key: who the request is (Gateway.identify)
 
 
 @dataclass
@@ -35,7 +40,9 @@ class ServerConfig:
     comes back as `ServerConfig(**d)`."""
 
     limits: Limits = field(default_factory=Limits)
-    api_keys: tuple[str, ...] = ()            # empty: no authentication
+    api_keys: tuple[str, ...] = ()            # empty (and no keys_file): no authentication
+    keys_file: str | None = None              # JSON lines of hashed keys with tenants and roles (server/keys.py)
+    audit_log: str | None = None              # JSON lines file the audit records are appended to (server/audit.py)
     allowed_origins: tuple[str, ...] = ()     # empty: any Origin; else browsers must match one
     shutdown_deadline_s: float = 10.0         # graceful shutdown: contexts may finish for this long
     voice_map: str | None = None              # JSON file: compatible APIs' voice ids -> talkgate voices
@@ -68,8 +75,11 @@ class Gateway:
         self.hurry: list[asyncio.Event] = []           # any of them set cuts the drain short
         self.client: EngineClient | None = None    # the engine's client, made with the app (on its loop)
         self.store = VoiceStore(config.voice_store or default_root())
-        self.voices: Voices | None = None          # what a `voice` names: the model's, the store's (with the client)
         self.models: Models | None = None          # the served models (with the client)
+        self.voice_map = VoiceMap()                 # the compatible APIs' voice ids (app.create_app loads --voice-map)
+        self.keys_file = KeysFile(config.keys_file) if config.keys_file else None    # KeysError: start-up fails
+        self.api_keys = Keyring.from_secrets(config.api_keys)
+        self.audit = AuditLog(config.audit_log)
         self.voices_making = 0                     # uploads being decoded and made (voices_http.py)
         self.trace_file = TraceFile(config.trace_latency) if config.trace_latency else None
 
@@ -93,12 +103,58 @@ class Gateway:
         return (self.client.owned() if self.client is not None else 0), busy
 
     # ----- access control -----
-    def key_ok(self, key: str | None) -> bool:
-        """Constant-time comparison of bytes (compare_digest refuses non-ASCII str: any key may come)."""
-        if key is None:
-            return False
-        given = key.encode("utf-8", "surrogatepass")
-        return any(hmac.compare_digest(given, k.encode("utf-8", "surrogatepass")) for k in self.config.api_keys)
+    @property
+    def keyed(self) -> bool:
+        """Whether clients need a key (else every client is keys.OPEN: the default tenant, as before tenants)."""
+        return self.keys_file is not None or bool(self.api_keys.keys)
+
+    def identify_key(self, key: str | None) -> Identity | None:
+        if not self.keyed:
+            return OPEN
+        return (self.keys_file.keyring if self.keys_file is not None else self.api_keys).identify(key)
+
+    def identify(self, request: web.Request) -> Identity | None:
+        """Who the request is, by its key (kept on the request); None: no key, or one not in force."""
+        if IDENTITY not in request:
+            request[IDENTITY] = self.identify_key(self.request_key(request))
+        return request[IDENTITY]
+
+    def refused(self, request: web.Request, reason: str) -> None:
+        self.audit.key_refused(reason, path=request.path, remote=request.remote)
+
+    def scope(self, who: Identity | None) -> VoiceScope:
+        """The voices `who` may name (None: a client not yet authenticated: no stored voice)."""
+        stored = partial(self.store.get, who=who) if who is not None else (lambda key: None)
+        return VoiceScope(Voices(self.client.info, stored),
+                          self.voice_map.with_stored(lambda key: stored(key) is not None))
+
+    def authenticate(self, request: web.Request, key: str) -> VoiceScope | None:
+        """A WebSocket's key sent in its first message -> the client's scope, or None (refused, audited)."""
+        who = self.identify_key(key)
+        if who is None:
+            self.refused(request, "unknown_key")
+            return None
+        request[IDENTITY] = who
+        return self.scope(who)
+
+    def reload_keys(self, forced: bool = True) -> None:
+        """SIGHUP (forced) or a poll: read the keys file again if it changed; audited either way it goes."""
+        if self.keys_file is None:
+            log.info("no keys file to reload (serve --keys FILE)")
+            return
+        if not forced and not self.keys_file.changed():
+            return
+        error = self.keys_file.reload()
+        if error is None:
+            self.audit.record("keys_reloaded", file=str(self.keys_file.path), keys=len(self.keys_file.keyring.keys))
+        else:
+            self.audit.record("keys_reload_refused", file=str(self.keys_file.path), line=error.line, why=error.why,
+                              keys_in_force=len(self.keys_file.keyring.keys))
+
+    async def watch_keys(self) -> None:
+        while True:
+            await asyncio.sleep(KEYS_POLL_S)
+            self.reload_keys(forced=False)
 
     def request_key(self, request: web.Request) -> str | None:
         """An API key from the places clients put it: Authorization Bearer/Token (the scheme in any
@@ -119,7 +175,11 @@ class Gateway:
         return origin is None or not self.config.allowed_origins or origin in self.config.allowed_origins
 
     def authorized(self, request: web.Request) -> bool:
-        return not self.config.api_keys or self.key_ok(self.request_key(request))
+        """Whether the request's key is in force (who it is: identify); a refusal is audited."""
+        if self.identify(request) is not None:
+            return True
+        self.refused(request, "missing_key" if self.request_key(request) is None else "unknown_key")
+        return False
 
     # ----- WebSocket plumbing shared by every WebSocket protocol -----
     def count_error(self, code: str) -> None:
@@ -128,7 +188,8 @@ class Gateway:
     async def serve_websocket(self, request: web.Request, label: str, make_protocol,
                               first_message_auth: bool = False) -> web.StreamResponse:
         """Accept, check limits and access, then run `make_protocol(session_id, authenticate)` over the
-        socket. Refusals close with 1008 (policy) or 1013 (try later); while draining, the upgrade itself
+        socket. `authenticate`: None when the request's key was good (request[IDENTITY] is who it is), else, for
+        a protocol whose first message may carry the key, `authenticate(key)` -> its VoiceScope or None. Refusals close with 1008 (policy) or 1013 (try later); while draining, the upgrade itself
         is refused (HTTP 503 shutting_down).
         Nothing raised after the upgrade reaches aiohttp (it would write an HTTP 500 into the
         WebSocket stream): a failure is logged once, counted and closed with 1011."""
@@ -163,10 +224,10 @@ class Gateway:
         elif len(self.connections) >= self.limits.max_connections:
             refusal = (1013, "too many connections, try again later", "too_many_connections")
         authenticate = None
-        if refusal is None and not self.authorized(request):
+        if refusal is None and self.identify(request) is None:
             if first_message_auth:
-                authenticate = self.key_ok
-            else:
+                authenticate = partial(self.authenticate, request)
+            elif not self.authorized(request):
                 refusal = (1008, "unauthorized", "unauthorized")
         if refusal is not None:
             self.count_error(refusal[2])
@@ -185,9 +246,10 @@ class Gateway:
             self.connections.discard(conn)
             gauge.dec()
 
-    def new_session(self, label: str, defaults=None) -> Session:
+    def new_session(self, label: str, voices: Voices, defaults=None) -> Session:
+        """`voices`: what the client may name (scope(who).voices)."""
         return Session(self.client.info, self.limits, self.client.new_tokenizer, defaults,
-                       ContextObserver(self.metrics, label), contexts=self.client.contexts, voices=self.voices,
+                       ContextObserver(self.metrics, label), contexts=self.client.contexts, voices=voices,
                        models=self.models)
 
 

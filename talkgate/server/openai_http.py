@@ -7,7 +7,7 @@ from dataclasses import replace
 
 from aiohttp import web
 
-from talkgate.server.compat_ws import VOICE_MAP
+from talkgate.server.compat_ws import scope
 from talkgate.server.http_speech import serve_speech
 from talkgate.sessions.openai import OpenAISpeech, parse_request
 from talkgate.sessions.reference_audio import read_clip
@@ -18,13 +18,13 @@ async def speech(request: web.Request) -> web.StreamResponse:
     gw = request.app["gateway"]
 
     async def make(body) -> OpenAISpeech:
-        req = parse_request(body, gw.limits.max_http_input_chars, gw.client.info, request.app[VOICE_MAP],
-                            gw.models)
+        own = scope(request)
+        req = parse_request(body, gw.limits.max_http_input_chars, gw.client.info, own.voice_map, gw.models)
         config = req.config
         if req.ref_audio is not None:       # this request's own voice: decoded off the loop, made by the engine
             clip = await asyncio.to_thread(read_clip, req.ref_audio, "ref_audio")
             config = replace(config, reference=Reference(clip.samples.tobytes(), req.ref_text))
-        return OpenAISpeech(gw.new_session("openai", config), req)
+        return OpenAISpeech(gw.new_session("openai", own.voices, config), req)
 
     return await serve_speech(request, "openai", make)
 

@@ -3,7 +3,7 @@
     store = VoiceStore(Path("/var/lib/talkgate/voices"))
     with store.claim("Brand voice") as claim:       # the name, atomically, before the voice is computed
         voice = claim.save(prompt, source={...})     # durable and visible to every process at once
-    store.get(voice.id) or store.get("brand voice")  # by id, or by name (case-insensitive)
+    store.get(voice.id, who) or store.get("brand voice", who)  # by id, or by name (case-insensitive), as `who` sees it
     store.delete(voice.id)
 
 Layout (`talkgate serve --voice-store DIR`; default: default_root()):
@@ -12,10 +12,15 @@ Layout (`talkgate serve --voice-store DIR`; default: default_root()):
                        made from. Written whole to tmp/, fsynced, then renamed into place: a reader sees all of
                        it or nothing, and a crash leaves nothing half-stored.
     names/<digest>     the claim on a name: a symlink to ../voices/<id>.json (digest: sha256 of the name,
-                       NFKC-casefolded). Symlink creation is atomic and fails when the name is taken, on a local
+                       NFKC-casefolded, after the tenant's name and a newline unless the tenant is the default one:
+                       names are per tenant, and a store made before tenants keeps its names). Symlink creation is atomic and fails when the name is taken, on a local
                        or an NFS directory alike, so of two uploads of one name, from anywhere, exactly one
                        goes on; the claim is made before the voice is computed, so the loser is told at once.
     tmp/               files being written.
+
+Tenants: a voice belongs to the tenant of the key that stored it (`tenant`, `key_id`; a voice stored before
+tenants belongs to the default tenant). A client sees and speaks its tenant's voices and those an admin shared
+(`shared`); an admin sees every voice. Any other voice is, to it, a voice that does not exist.
 
 A voice exists exactly when voices/<id>.json does. A claim whose voice does not exist is an upload in flight
 (bounded by its engine timeout), or what a crash (or a delete cut short) left: once older than STALE_S it
@@ -38,6 +43,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from talkgate.server.keys import DEFAULT_TENANT, Identity
 from talkgate.sessions.voices import STORED_ID, VOICE_ID_PREFIX
 from talkgate.synth.api import VoicePrompt
 
@@ -78,6 +84,15 @@ class StoredVoice:
     source: dict = field(default_factory=dict)     # the audio: format, seconds, rate, channels, file names
     model: dict = field(default_factory=dict)      # the model that made it (its x-vector fits this model size)
     api: str = "talkgate"                # the endpoint it was created through
+    tenant: str = DEFAULT_TENANT         # its owner (server/keys.py), and the key that stored it
+    key_id: str | None = None
+    shared: bool = False                 # an admin made it usable by every tenant
+
+    def visible_to(self, who: Identity) -> bool:
+        return who.admin or self.shared or self.tenant == who.tenant
+
+    def deletable_by(self, who: Identity) -> bool:
+        return who.admin or self.tenant == who.tenant
 
     @property
     def mode(self) -> str:
@@ -88,7 +103,8 @@ class StoredVoice:
         return {"id": self.id, "name": self.name, "created_at": int(self.created_at), "mode": self.mode,
                 "ref_text": self.prompt.ref_text, "description": self.description, "language": self.language,
                 "consent": self.consent, "labels": dict(self.labels), "audio": dict(self.source),
-                "model": dict(self.model), "api": self.api}
+                "model": dict(self.model), "api": self.api, "tenant": self.tenant, "key_id": self.key_id,
+                "shared": self.shared}
 
     def record(self) -> dict:
         p = self.prompt
@@ -105,7 +121,8 @@ class StoredVoice:
                              d.get("ref_text"))
         return cls(d["id"], d["name"], float(d["created_at"]), prompt, d.get("description") or "", d.get("language"),
                    d.get("consent"), dict(d.get("labels") or {}), dict(d.get("audio") or {}),
-                   dict(d.get("model") or {}), d.get("api") or "talkgate")
+                   dict(d.get("model") or {}), d.get("api") or "talkgate", d.get("tenant") or DEFAULT_TENANT,
+                   d.get("key_id"), d.get("shared") is True)
 
 
 def name_key(name: str) -> str:
@@ -127,8 +144,8 @@ def check_name(name: object) -> str:
 class Claim:
     """The right to store a voice under a name, until saved or released (a context manager releases it)."""
 
-    def __init__(self, store: "VoiceStore", id: str, name: str, path: Path):
-        self.store, self.id, self.name, self.path = store, id, name, path
+    def __init__(self, store: "VoiceStore", id: str, name: str, tenant: str, path: Path):
+        self.store, self.id, self.name, self.tenant, self.path = store, id, name, tenant, path
         self.target = f"../voices/{id}.json"
         self.voice: StoredVoice | None = None
 
@@ -142,7 +159,7 @@ class Claim:
         """Write the voice (durably) and publish it; StoreError if the claim was lost meanwhile."""
         if self.voice is not None:
             raise RuntimeError("this claim's voice is saved already")
-        voice = StoredVoice(self.id, self.name, time.time(), prompt, **meta)
+        voice = StoredVoice(self.id, self.name, time.time(), prompt, tenant=self.tenant, **meta)
         self.store.write(voice, self)
         self.voice = voice
         return voice
@@ -193,16 +210,18 @@ class VoiceStore:
         self._opened = True
 
     # ----- reading -----
-    def get(self, key: str) -> StoredVoice | None:
-        """A voice by id, else by name (case-insensitive); None when there is none."""
+    def get(self, key: str, who: Identity) -> StoredVoice | None:
+        """A voice `who` may use, by id, else by name (case-insensitive, among its tenant's); None when there is
+        none: one of another tenant is None too, as if it did not exist."""
         if not isinstance(key, str) or not key:
             return None
         if STORED_ID.match(key):
-            return self.by_id(key)
-        return self.by_name(key)
+            voice = self.by_id(key)
+            return voice if voice is not None and voice.visible_to(who) else None
+        return self.by_name(key, who.tenant)
 
-    def exists(self, key: str) -> bool:
-        return self.get(key) is not None
+    def exists(self, key: str, who: Identity) -> bool:
+        return self.get(key, who) is not None
 
     def by_id(self, voice_id: str) -> StoredVoice | None:
         if not STORED_ID.match(voice_id or ""):      # never a path made of what a client sent
@@ -219,17 +238,18 @@ class VoiceStore:
         with self._cache_lock:
             self._cache.pop(voice_id, None)
 
-    def by_name(self, name: str) -> StoredVoice | None:
+    def by_name(self, name: str, tenant: str) -> StoredVoice | None:
         try:
-            target = os.readlink(self.names_dir / self._digest(name))
+            target = os.readlink(self.names_dir / self._digest(name, tenant))
         except (OSError, ValueError):
             return None
         voice_id = Path(target).stem
         voice = self.by_id(voice_id)
-        return voice if voice is not None and name_key(voice.name) == name_key(name.strip()) else None
+        return (voice if voice is not None and voice.tenant == tenant and name_key(voice.name) == name_key(name.strip())
+                else None)
 
-    def list(self) -> list[StoredVoice]:
-        """Every voice, oldest first."""
+    def list(self, who: Identity) -> list[StoredVoice]:
+        """Every voice `who` may use, oldest first."""
         out = []
         try:
             entries = list(os.scandir(self.voices_dir))
@@ -244,7 +264,7 @@ class VoiceStore:
             except OSError:
                 continue
             voice = self._load(voice_id, Path(entry.path), st)
-            if voice is not None:
+            if voice is not None and voice.visible_to(who):
                 out.append(voice)
         return sorted(out, key=lambda v: (v.created_at, v.id))
 
@@ -278,8 +298,8 @@ class VoiceStore:
         return voice
 
     # ----- writing -----
-    def claim(self, name: str) -> Claim:
-        """Claim a name for a new voice; StoreError: invalid_name, voice_exists (409: taken, or an upload of
+    def claim(self, name: str, tenant: str = DEFAULT_TENANT) -> Claim:
+        """Claim a name among `tenant`'s voices for a new voice of it; StoreError: invalid_name, voice_exists (409: taken, or an upload of
         it in flight), voice_limit_reached, voice_store_unavailable."""
         name = check_name(name)
         if not self._opened:
@@ -288,8 +308,8 @@ class VoiceStore:
             raise StoreError("voice_limit_reached", f"the voice store holds {self.max_voices} voices, its limit: "
                              "delete one first")
         voice_id = new_voice_id()
-        path = self.names_dir / self._digest(name)
-        claim = Claim(self, voice_id, name, path)
+        path = self.names_dir / self._digest(name, tenant)
+        claim = Claim(self, voice_id, name, tenant, path)
         for _ in range(2):
             try:
                 os.symlink(claim.target, path)
@@ -299,7 +319,7 @@ class VoiceStore:
             except OSError as e:
                 raise StoreError("voice_store_unavailable", f"the voice store cannot be written: {e.strerror or e}",
                                  500) from None
-            other = self.by_name(name)
+            other = self.by_name(name, tenant)
             if other is not None:
                 raise StoreError("voice_exists", f"a voice named {other.name!r} exists already (id {other.id}): "
                                  "delete it first, or choose another name", 409)
@@ -360,7 +380,7 @@ class VoiceStore:
             raise StoreError("voice_store_unavailable", f"the voice could not be deleted: {e.strerror or e}",
                              500) from None
         self._forget(voice_id)
-        name = self.names_dir / self._digest(voice.name)
+        name = self.names_dir / self._digest(voice.name, voice.tenant)
         try:
             if os.readlink(name) == f"../voices/{voice_id}.json":
                 os.unlink(name)
@@ -370,8 +390,11 @@ class VoiceStore:
         return voice
 
     @staticmethod
-    def _digest(name: str) -> str:
-        return hashlib.sha256(name_key(name.strip()).encode("utf-8", "surrogatepass")).hexdigest()[:40]
+    def _digest(name: str, tenant: str) -> str:
+        key = name_key(name.strip())
+        if tenant != DEFAULT_TENANT:        # a tenant's name never contains a newline (server/keys.py NAME)
+            key = f"{tenant}\n{key}"
+        return hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()[:40]
 
 
 def new_voice_id() -> str:

@@ -15,6 +15,12 @@ decoded and checked on a worker thread (sessions/reference_audio.py: 1-30 s, not
 name claimed in the store (409 at once if it is taken or being created), the voice made by the engine (one
 MakeVoice, engine_client.py), then written durably: the answer comes once every process sees the voice.
 Nothing is stored when any step fails. API keys apply as everywhere (Gateway.authorized).
+
+Tenants (docs/voices.md): a voice belongs to the tenant of the key that stored it. A client lists, reads and
+speaks its tenant's voices and those an admin shared (form field `shared=true` on any of the three create
+endpoints, admin keys only); an admin sees every voice. Any other voice is answered exactly as an id or name
+that was never stored. Only its tenant's keys or an admin delete a voice. Creations and deletions go to the audit
+log (server/audit.py) with the key id, tenant and consent.
 """
 from __future__ import annotations
 
@@ -29,6 +35,8 @@ from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.web_protocol import RequestPayloadError
 
 from talkgate.server.errors import ErrorResponse
+from talkgate.server.gateway import IDENTITY
+from talkgate.server.keys import Identity
 from talkgate.server.voice_store import StoredVoice, StoreError
 from talkgate.sessions.actions import http_status
 from talkgate.sessions.fields import SessionError
@@ -128,11 +136,18 @@ def _field(form: Form, *names: str, limit: int | None = None) -> str | None:
 
 
 # ----- making a voice -----
-async def make_voice(request: web.Request, name: object, files: list[Upload], ref_text: object = None,
+async def make_voice(request: web.Request, form: Form, name: object, files: list[Upload], ref_text: object = None,
                      api: str = "talkgate", **meta) -> tuple[StoredVoice, dict]:
-    """Decode, claim the name, make and store a voice -> (the voice, where the time went in ms); raises
-    Refused, StoreError, AudioError, SessionError or EngineError, having stored nothing."""
+    """Decode, claim the name among the client's tenant's, make and store a voice of that tenant -> (the voice,
+    where the time went in ms); raises Refused, StoreError, AudioError, SessionError or EngineError, having
+    stored nothing."""
     gw = request.app["gateway"]
+    who: Identity = request[IDENTITY]
+    shared = (_field(form, "shared") or "false").lower()
+    if shared not in ("true", "false"):
+        raise Refused(400, "invalid_shared", "shared is true or false")
+    if shared == "true" and not who.admin:
+        raise Refused(403, "forbidden", "only an admin key shares a voice with every tenant")
     if gw.draining:
         raise Refused(503, "shutting_down", "the server is shutting down")
     info = gw.models.first("base").info      # the served model that makes cloned voices
@@ -152,19 +167,22 @@ async def make_voice(request: web.Request, name: object, files: list[Upload], re
         t0 = loop.time()
         clip = await asyncio.to_thread(_decode, files)
         t1 = loop.time()
-        with gw.store.claim(name) as claim:
+        with gw.store.claim(name, who.tenant) as claim:
             prompt = await gw.client.make_voice(clip.samples.tobytes(), ref_text, MAKE_TIMEOUT_S)
             t2 = loop.time()
             source = {**clip.describe(), "files": [f.filename for f in files]}
             model = {"name": info.name, "model_type": info.model_type, "size": info.size, "dim": prompt.dim,
                      "untrained": info.untrained}
-            voice = await asyncio.to_thread(claim.save, prompt, source=source, model=model, api=api, **meta)
+            voice = await asyncio.to_thread(claim.save, prompt, source=source, model=model, api=api,
+                                            key_id=who.key_id, shared=shared == "true", **meta)
         t3 = loop.time()
     finally:
         gw.voices_making -= 1
     timing = {"decode_ms": round(1000 * (t1 - t0), 1), "engine_ms": round(1000 * (t2 - t1), 1),
               "store_ms": round(1000 * (t3 - t2), 1)}
     log.info("voice %s (%r, %s, %.2f s of audio) stored: %s", voice.id, voice.name, voice.mode, clip.seconds, timing)
+    gw.audit.record("voice_created", voice=voice.id, name=voice.name, tenant=voice.tenant, key_id=who.key_id,
+                    consent=voice.consent, api=api, shared=voice.shared)
     return voice, timing
 
 
@@ -199,27 +217,35 @@ def _builtin(gw) -> tuple[str, ...]:
     return gw.models.voices()              # every served model's
 
 
-async def _stored(gw) -> list[StoredVoice]:
-    """The stored voices this server speaks: all of them on a Base checkpoint, none on another model. Read on a
-    worker thread (the first listing of a full store parses 1000 files)."""
-    return await asyncio.to_thread(gw.store.list) if gw.models.first("base").info.model_type == "base" else []
+async def _stored(request: web.Request) -> list[StoredVoice]:
+    """The stored voices this server speaks to the client: its tenant's and the shared ones when a Base model is
+    served, none otherwise. Read on a worker thread (the first listing of a full store parses 1000 files)."""
+    gw = request.app["gateway"]
+    return (await asyncio.to_thread(gw.store.list, request[IDENTITY])
+            if gw.models.first("base").info.model_type == "base" else [])
 
 
-def _lookup(gw, key: str) -> StoredVoice | str | None:
-    """A voice of the model (its name) or a stored voice it speaks, by id or name."""
+def _lookup(request: web.Request, key: str) -> StoredVoice | str | None:
+    """A voice of the model (its name) or a stored voice it speaks to the client, by id or name."""
+    gw = request.app["gateway"]
     if key.lower() in _builtin(gw):
         return key.lower()
-    return gw.store.get(key) if gw.models.first("base").info.model_type == "base" else None
+    return gw.store.get(key, request[IDENTITY]) if gw.models.first("base").info.model_type == "base" else None
 
 
-async def _delete(gw, key: str, error_404: str) -> StoredVoice:
+async def _delete(request: web.Request, key: str, error_404: str) -> StoredVoice:
+    gw, who = request.app["gateway"], request[IDENTITY]
     if key.lower() in _builtin(gw):
         raise Refused(400, "builtin_voice", f"{key!r} is a voice of the model; only stored voices can be deleted")
-    voice = _lookup(gw, key)
+    voice = _lookup(request, key)
+    if voice is not None and not voice.deletable_by(who):       # a shared voice of another tenant: seen, not owned
+        raise Refused(403, "forbidden", f"the voice {key!r} is shared with you; only its owner or an admin deletes it")
     deleted = await asyncio.to_thread(gw.store.delete, voice.id) if voice is not None else None
     if deleted is None:
         raise Refused(404, error_404, f"no voice {key!r}")
     log.info("voice %s (%r) deleted", deleted.id, deleted.name)
+    gw.audit.record("voice_deleted", voice=deleted.id, name=deleted.name, tenant=deleted.tenant, key_id=who.key_id,
+                    by_tenant=who.tenant, consent=deleted.consent)
     return deleted
 
 
@@ -240,7 +266,7 @@ async def _openai_create(request: web.Request) -> web.Response:
     if consent is None:
         raise Refused(400, "missing_consent", "consent is required: a reference to the speaker's consent to clone "
                       "their voice (stored with the voice)")
-    voice, timing = await make_voice(request, _field(form, "name"), form.files, _field(form, "ref_text", "reference_text"),
+    voice, timing = await make_voice(request, form, _field(form, "name"), form.files, _field(form, "ref_text", "reference_text"),
                                      api="openai", consent=consent,
                                      description=_field(form, "description", "speaker_description") or "",
                                      language=_field(form, "language"))
@@ -250,20 +276,20 @@ async def _openai_create(request: web.Request) -> web.Response:
 async def _openai_list(request: web.Request) -> web.Response:
     gw = request.app["gateway"]
     info = gw.client.info
-    voices = [openai_voice(v) for v in (*_builtin(gw), *await _stored(gw))]
+    voices = [openai_voice(v) for v in (*_builtin(gw), *await _stored(request))]
     return web.json_response({"object": "list", "voices": voices, "languages": list(info.languages),
                               "model": info.as_dict()})
 
 
 async def _openai_get(request: web.Request) -> web.Response:
-    voice = _lookup(request.app["gateway"], request.match_info["voice"])
+    voice = _lookup(request, request.match_info["voice"])
     if voice is None:
         raise Refused(404, "voice_not_found", f"no voice {request.match_info['voice']!r}")
     return web.json_response(openai_voice(voice))
 
 
 async def _openai_delete(request: web.Request) -> web.Response:
-    voice = await _delete(request.app["gateway"], request.match_info["voice"], "voice_not_found")
+    voice = await _delete(request, request.match_info["voice"], "voice_not_found")
     return web.json_response({"id": voice.id, "object": "audio.voice.deleted", "deleted": True})
 
 
@@ -300,23 +326,23 @@ async def _elevenlabs_add(request: web.Request) -> web.Response:
             raise Refused(400, "invalid_labels", "labels must be a JSON object of strings") from None
         if not isinstance(labels, dict) or not all(isinstance(k, str) and isinstance(x, str) for k, x in labels.items()):
             raise Refused(400, "invalid_labels", "labels must be a JSON object of strings")
-    voice, _ = await make_voice(request, _field(form, "name"), form.files, api="elevenlabs", labels=labels,
+    voice, _ = await make_voice(request, form, _field(form, "name"), form.files, api="elevenlabs", labels=labels,
                                 description=_field(form, "description") or "", language=labels.get("language"))
     return web.json_response({"voice_id": voice.id, "requires_verification": False})
 
 
-async def _elevenlabs_all(gw) -> list[dict]:
-    return [elevenlabs_voice(v) for v in (*_builtin(gw), *await _stored(gw))]
+async def _elevenlabs_all(request: web.Request) -> list[dict]:
+    return [elevenlabs_voice(v) for v in (*_builtin(request.app["gateway"]), *await _stored(request))]
 
 
 async def _elevenlabs_list(request: web.Request) -> web.Response:
-    return web.json_response({"voices": await _elevenlabs_all(request.app["gateway"])})
+    return web.json_response({"voices": await _elevenlabs_all(request)})
 
 
 async def _elevenlabs_search(request: web.Request) -> web.Response:
     """GET /v2/voices: search (name or description), voice_type, category, page_size, next_page_token."""
     q = request.query
-    voices = await _elevenlabs_all(request.app["gateway"])
+    voices = await _elevenlabs_all(request)
     search = q.get("search", "").lower()
     if search:
         voices = [v for v in voices if search in v["name"].lower() or search in (v["description"] or "").lower()]
@@ -343,14 +369,14 @@ def _page_args(size: str | None, offset: str) -> tuple[int, int]:
 
 
 async def _elevenlabs_get(request: web.Request) -> web.Response:
-    voice = _lookup(request.app["gateway"], request.match_info["voice_id"])
+    voice = _lookup(request, request.match_info["voice_id"])
     if voice is None:
         raise Refused(404, "voice_not_found", f"A voice with voice_id {request.match_info['voice_id']!r} was not found")
     return web.json_response(elevenlabs_voice(voice))
 
 
 async def _elevenlabs_delete(request: web.Request) -> web.Response:
-    await _delete(request.app["gateway"], request.match_info["voice_id"], "voice_not_found")
+    await _delete(request, request.match_info["voice_id"], "voice_not_found")
     return web.json_response({"status": "ok"})
 
 
@@ -391,7 +417,7 @@ async def _cartesia_clone(request: web.Request) -> web.Response:
     language = _field(form, "language")
     if language is not None and (len(language) > 16 or not language.replace("-", "").replace("_", "").isalnum()):
         raise Refused(400, "invalid_language", "language must be a language code such as en")
-    voice, _ = await make_voice(request, _field(form, "name"), form.files, api="cartesia",
+    voice, _ = await make_voice(request, form, _field(form, "name"), form.files, api="cartesia",
                                 description=_field(form, "description") or "", language=language or "en")
     return web.json_response(cartesia_voice(voice, metadata=True))
 
@@ -399,7 +425,7 @@ async def _cartesia_clone(request: web.Request) -> web.Response:
 async def _cartesia_list(request: web.Request) -> web.Response:
     """GET /voices: q, is_owner, limit, starting_after / ending_before (a voice id): one page of `data`."""
     gw, q = request.app["gateway"], request.query
-    voices = [cartesia_voice(v) for v in (*_builtin(gw), *await _stored(gw))]
+    voices = [cartesia_voice(v) for v in (*_builtin(gw), *await _stored(request))]
     if q.get("q"):
         needle = q["q"].lower()
         voices = [v for v in voices if needle in v["name"].lower() or needle in v["description"].lower()
@@ -422,14 +448,14 @@ async def _cartesia_list(request: web.Request) -> web.Response:
 
 
 async def _cartesia_get(request: web.Request) -> web.Response:
-    voice = _lookup(request.app["gateway"], request.match_info["voice_id"])
+    voice = _lookup(request, request.match_info["voice_id"])
     if voice is None:
         raise Refused(404, "voice_not_found", f"voice {request.match_info['voice_id']!r} not found")
     return web.json_response(cartesia_voice(voice))
 
 
 async def _cartesia_delete(request: web.Request) -> web.Response:
-    await _delete(request.app["gateway"], request.match_info["voice_id"], "voice_not_found")
+    await _delete(request, request.match_info["voice_id"], "voice_not_found")
     return web.Response(status=204)
 
 
@@ -448,7 +474,7 @@ async def _deepgram_models(request: web.Request) -> web.Response:
         return {"name": name, "canonical_name": name, "architecture": "qwen3-tts", "languages": languages,
                 "version": "talkgate", "uuid": uuid, "metadata": extra}
     tts = [model(v, v, {"category": "builtin"}) for v in _builtin(gw)]
-    tts += [model(v.id, v.id, {"display_name": v.name, "category": "cloned"}) for v in await _stored(gw)]
+    tts += [model(v.id, v.id, {"display_name": v.name, "category": "cloned"}) for v in await _stored(request)]
     return web.json_response({"stt": [], "tts": tts})
 
 

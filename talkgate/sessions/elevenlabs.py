@@ -28,7 +28,7 @@ from talkgate.sessions.session import (
 from talkgate.sessions.utterances import (
     Audio, Event, SegmentDone, UtteranceDone, UtteranceProtocol,
 )
-from talkgate.sessions.voices import UnknownVoice, VoiceMap, resolve_language
+from talkgate.sessions.voices import UnknownVoice, VoiceMap, VoiceScope, resolve_language
 from talkgate.synth.api import SamplingParams
 
 MAX_CONTEXTS = 5                # ElevenLabs' limit of simultaneous contexts per socket
@@ -71,9 +71,10 @@ def parse_output_format(name: str) -> OutputFormat:
 
 class ElevenLabsProtocol(UtteranceProtocol):
     def __init__(self, session: Session, session_id: str, voice_id: str, query: dict[str, str],
-                 voices: VoiceMap, multi: bool, authenticate: Callable[[str], bool] | None = None):
+                 voices: VoiceMap, multi: bool, authenticate: Callable[[str], VoiceScope | None] | None = None):
         """`query`: the socket URL's query parameters; `authenticate`: when set, the first message must
-        carry a valid `xi_api_key`."""
+        carry a valid `xi_api_key`, and the voice is looked up among the voices it gives then (not before:
+        until then the client is nobody)."""
         super().__init__(session, session_id)
         self.multi, self.authenticate = multi, authenticate
         self.idle_timeout_s = float(DEFAULT_INACTIVITY_S)
@@ -81,8 +82,13 @@ class ElevenLabsProtocol(UtteranceProtocol):
         self.output = OutputFormat(AudioFormat())
         self.encoders: dict[str, tuple] = {}    # context -> (mp3 / Ogg Opus encoder, its last stream)
         self.startup_error: SessionError | None = None
+        self.voice_id, self.query = voice_id, query
+        if authenticate is None:
+            self._start(voices)
+
+    def _start(self, voices: VoiceMap) -> None:
         try:
-            self._configure(voice_id, query, voices)
+            self._configure(self.voice_id, self.query, voices)
         except SessionError as e:
             self.startup_error = e
 
@@ -138,9 +144,14 @@ class ElevenLabsProtocol(UtteranceProtocol):
             msg = self._parse(data)
             if self.authenticate is not None:
                 key = msg.get("xi_api_key")
-                if not isinstance(key, str) or not self.authenticate(key):
+                scope = self.authenticate(key) if isinstance(key, str) else None
+                if scope is None:
                     return self._unauthorized()
                 self.authenticate = None
+                self.session.voices = scope.voices
+                self._start(scope.voice_map)
+                if self.startup_error is not None:
+                    return self.ready()
             return self._on_multi(msg) if self.multi else self._on_single(msg)
         except SessionError as e:
             if self.authenticate is not None:

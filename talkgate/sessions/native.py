@@ -18,6 +18,7 @@ from talkgate.sessions.actions import Action, Close, Purge, Send, dumps, send_js
 from talkgate.sessions.fields import SessionError, field_of, integer, load_message, number, show
 from talkgate.sessions.limits import Limits
 from talkgate.sessions.protocol import SocketProtocol
+from talkgate.sessions.voices import VoiceScope
 from talkgate.sessions.reference_audio import check_ref_text, decode_inline, read_clip
 from talkgate.sessions.session import (
     AudioFormat, AudioOut, ContextCancelled, ContextError, ContextFinished, ContextStarted, FirstAudio,
@@ -64,9 +65,9 @@ def parse_format(fmt: object, cid: str | None) -> AudioFormat:
 
 class NativeProtocol(SocketProtocol):
     def __init__(self, session: Session, limits: Limits, session_id: str,
-                 authenticate: Callable[[str], bool] | None = None):
+                 authenticate: Callable[[str], VoiceScope | None] | None = None):
         """`authenticate`: when set, the connection is not yet authenticated and the first message
-        must be {"type": "auth", "api_key": ...} for which it returns True."""
+        must be {"type": "auth", "api_key": ...} for which it returns the client's voices (not None)."""
         self.session, self.limits, self.session_id = session, limits, session_id
         self.authenticate = authenticate
         self.audio_transport = "binary"
@@ -111,9 +112,11 @@ class NativeProtocol(SocketProtocol):
     def _auth(self, msg: dict) -> list[Action]:
         """The first message of a connection that must authenticate: a valid auth, or it closes."""
         key = msg.get("api_key")
-        if msg.get("type") != "auth" or not isinstance(key, str) or not self.authenticate(key):
+        scope = self.authenticate(key) if msg.get("type") == "auth" and isinstance(key, str) else None
+        if scope is None:
             return self._unauthorized()
         self.authenticate = None
+        self.session.voices = scope.voices
         return self.ready()
 
     def _unauthorized(self) -> list[Action]:

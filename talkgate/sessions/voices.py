@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -142,6 +143,12 @@ class VoiceMap:
                 raise ValueError(f"voice map: {api!r} must map voice ids (strings) to talkgate voices (string or null)")
             self.tables[api] = dict(table)
 
+    def with_stored(self, stored: Callable[[str], bool]) -> "VoiceMap":
+        """The same tables, seeing the stored voices `stored` sees (one tenant's: VoiceScope)."""
+        scoped = VoiceMap.__new__(VoiceMap)
+        scoped.tables, scoped.stored = self.tables, stored
+        return scoped
+
     @classmethod
     def load(cls, path: str | Path | None, stored: Callable[[str], bool] | None = None) -> "VoiceMap":
         if path is None:
@@ -173,6 +180,15 @@ class VoiceMap:
         if ANY in table:
             return table[ANY]
         raise UnknownVoice(api, voice_id)
+
+
+@dataclass(frozen=True)
+class VoiceScope:
+    """The voices one client may name: the model's, and the stored voices of its tenant (and those shared with
+    every tenant). The server makes it once it knows who the client is (server/gateway.py Gateway.scope); a
+    connection that authenticates with its first message is given its scope then."""
+    voices: Voices
+    voice_map: VoiceMap
 
 
 # ISO 639-1 codes the compatible APIs send -> Qwen3-TTS language names

@@ -9,7 +9,7 @@ import pytest
 from talkgate.sessions.actions import Close, Purge
 from talkgate.sessions.elevenlabs import ElevenLabsProtocol, parse_output_format
 from talkgate.sessions.fields import SessionError
-from talkgate.sessions.voices import VoiceMap
+from talkgate.sessions.voices import VoiceMap, Voices, VoiceScope
 from talkgate.synth.api import CancelContext
 from tests.compat_harness import INFO, Harness, jsons
 
@@ -146,16 +146,34 @@ def test_malformed_messages(tokenizer, msg, code):
 
 
 def test_first_message_auth(tokenizer):
-    h = make(tokenizer, authenticate=lambda k: k == "secret")
+    h = make(tokenizer, authenticate=lambda k: scope() if k == "secret" else None)
     h.send({"text": " ", "context_id": "c", "xi_api_key": "wrong"})
     assert h.queued()[0]["error"] == "invalid_api_key" and h.close.code == 1008
-    h = make(tokenizer, authenticate=lambda k: k == "secret")
+    h = make(tokenizer, authenticate=lambda k: scope() if k == "secret" else None)
     h.send({"text": "Hi. ", "context_id": "c", "xi_api_key": "secret", "flush": True})
     h.finish()
     assert h.close is None and audio_messages(h.deliver())
-    h = make(tokenizer, authenticate=lambda k: k == "secret")
+    h = make(tokenizer, authenticate=lambda k: scope() if k == "secret" else None)
     h.send("{junk")                                            # the first message decides
     assert h.queued()[0]["error"] == "invalid_api_key" and h.close.code == 1008
+
+
+def scope(table=None) -> VoiceScope:
+    return VoiceScope(Voices(INFO), VoiceMap({"elevenlabs": table or {"v1": INFO.voices[0]}}))
+
+
+def test_first_message_auth_looks_the_voice_up_among_the_clients_voices(tokenizer):
+    """Before its key, a client is nobody: the voice of the URL is looked up with the scope its key gives."""
+    nobody = VoiceMap({"elevenlabs": {}})       # v1 is unknown to a client not yet authenticated
+    h = make(tokenizer, voices=nobody, authenticate=lambda k: scope() if k == "secret" else None)
+    assert h.queued() == [] and h.close is None
+    h.send({"text": "Hi. ", "context_id": "c", "xi_api_key": "secret", "flush": True})
+    h.finish()
+    assert h.close is None and audio_messages(h.deliver())
+    # and a scope that does not know the voice: the error of an unknown voice, once authenticated
+    h = make(tokenizer, authenticate=lambda k: scope({"other": None}) if k == "secret" else None)
+    h.send({"text": "Hi. ", "context_id": "c", "xi_api_key": "secret"})
+    assert h.queued()[0]["error"] == "voice_not_found" and h.close.code == 1008
 
 
 @pytest.mark.parametrize("name, magic", [("mp3_22050_32", None), ("opus_48000_64", b"OggS")])

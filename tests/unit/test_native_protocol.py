@@ -16,9 +16,13 @@ from talkgate.sessions.native import AUDIO_HEADER, FORMATS, NativeProtocol, pars
 from talkgate.synth.api import (
     AppendText, AudioChunk, CancelContext, ContextDone, EndText, OpenContext, TextSpoken,
 )
-from tests.compat_harness import Harness, jsons, pcm
+from talkgate.sessions.voices import VoiceMap, Voices, VoiceScope
+from tests.compat_harness import INFO, Harness, jsons, pcm
 
 SCHEMA = json.loads((Path(__file__).parents[2] / "docs" / "protocol.schema.json").read_text())
+
+
+SCOPE = VoiceScope(Voices(INFO), VoiceMap())     # what a good key gives: the model's voices
 
 
 def make(tokenizer, limits=Limits(max_contexts_per_connection=2, max_text_chars=100), authenticate=None):
@@ -163,11 +167,11 @@ def test_close_waits_for_contexts_then_closes_and_refuses_new_ones(tokenizer):
 @pytest.mark.parametrize("first", ['{"type": "text", "context_id": "a", "text": "x"}', "{junk", "[1]",
                                    '{"type": "auth", "api_key": "wrong"}', '{"type": "auth", "api_key": 5}'])
 def test_auth_is_the_first_message_or_nothing(tokenizer, first):
-    h = make(tokenizer, authenticate=lambda key: key == "k")
+    h = make(tokenizer, authenticate=lambda key: SCOPE if key == "k" else None)
     assert h.ready() == []
     h.send(first)
     assert h.queued()[0]["code"] == "unauthorized" and h.close == Close(1008, "unauthorized")
-    h = make(tokenizer, authenticate=lambda key: key == "k")
+    h = make(tokenizer, authenticate=lambda key: SCOPE if key == "k" else None)
     h.send({"type": "auth", "api_key": "k"})
     assert h.queued()[0]["type"] == "session.ready"
 

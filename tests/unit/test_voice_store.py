@@ -3,6 +3,7 @@ clients upload it (sessions/reference_audio.py); what a voice means to a session
 from __future__ import annotations
 
 import base64
+import hashlib
 import io
 import json
 import os
@@ -16,6 +17,7 @@ import pytest
 import soundfile
 
 from talkgate.server import voice_store as voice_store_module
+from talkgate.server.keys import OPEN
 from talkgate.server.voice_store import StoredVoice, StoreError, VoiceStore
 from talkgate.sessions.fields import SessionError
 from talkgate.sessions.limits import Limits
@@ -37,18 +39,18 @@ ICL = VoicePrompt.from_arrays(np.ones(8, np.float32), np.arange(32).reshape(2, 1
 # ----- the store -----
 def test_save_get_list_delete_and_restart(tmp_path):
     store = VoiceStore(tmp_path / "store")
-    assert store.list() == [] and store.get("anything") is None      # nothing made before the first upload
+    assert store.list(OPEN) == [] and store.get("anything", OPEN) is None      # nothing made before the first upload
     with store.claim("  Brand Voice ") as claim:
         voice = claim.save(ICL, description="ours", language="en", source={"seconds": 2.0})
     assert STORED_ID.match(voice.id) and voice.name == "Brand Voice" and voice.mode == "icl"
     other = store.claim("other")
     other.save(PROMPT)
     for key in (voice.id, "brand voice", "BRAND VOICE", " Brand Voice"):
-        assert store.get(key) == voice, key
+        assert store.get(key, OPEN) == voice, key
     # a new process (a restart, another worker) reads the same
     again = VoiceStore(tmp_path / "store")
-    assert [v.id for v in again.list()] == [voice.id, other.voice.id]
-    assert again.get(voice.id) == voice and again.get(voice.id).prompt == ICL
+    assert [v.id for v in again.list(OPEN)] == [voice.id, other.voice.id]
+    assert again.get(voice.id, OPEN) == voice and again.get(voice.id, OPEN).prompt == ICL
     # the record is JSON: what it was made from, the prompt as base64
     record = json.loads((tmp_path / "store" / "voices" / f"{voice.id}.json").read_text())
     assert record["format"] == "talkgate.voice/1" and record["ref_text"] == "Some words."
@@ -56,10 +58,10 @@ def test_save_get_list_delete_and_restart(tmp_path):
     assert oct(os.stat(tmp_path / "store" / "voices").st_mode & 0o777) == "0o700"
     # deleted: gone for every process at once (the other instance had it cached), and its name is free
     assert again.delete(voice.id) == voice
-    assert store.get(voice.id) is None and store.get("Brand Voice") is None and again.delete(voice.id) is None
+    assert store.get(voice.id, OPEN) is None and store.get("Brand Voice", OPEN) is None and again.delete(voice.id) is None
     with store.claim("brand voice") as claim:
         renewed = claim.save(PROMPT)
-    assert renewed.id != voice.id and again.get("Brand voice") == renewed
+    assert renewed.id != voice.id and again.get("Brand voice", OPEN) == renewed
 
 
 def test_names_are_unique_and_checked(tmp_path):
@@ -70,14 +72,14 @@ def test_names_are_unique_and_checked(tmp_path):
         with pytest.raises(StoreError) as e:
             store.claim(name)
         assert e.value.code == code, name
-    assert store.get("ＡＮＡ").name == "Ana"
+    assert store.get("ＡＮＡ", OPEN).name == "Ana"
     # a claim in flight holds the name; released without a save, the name is free and nothing was stored
     claim = store.claim("Ben")
     with pytest.raises(StoreError, match="is being created by another request") as e:
         store.claim("ben")
     assert e.value.status == 409
     claim.release()
-    assert store.get("Ben") is None and len(store.list()) == 1
+    assert store.get("Ben", OPEN) is None and len(store.list(OPEN)) == 1
     store.claim("ben").release()
     # the store's limit
     small = VoiceStore(tmp_path, max_voices=1)
@@ -111,7 +113,7 @@ def test_concurrent_uploads_of_one_name_from_processes(tmp_path):
     results = [tuple(json.loads(p.communicate(timeout=60)[0])) for p in procs]
     saved = [r for r in results if r[0] == "saved"]
     assert len(saved) == 1 and sorted(r for r in results if r[0] != "saved") == [("voice_exists", 409)] * 5
-    assert [v.id for v in VoiceStore(tmp_path).list()] == [saved[0][1]]
+    assert [v.id for v in VoiceStore(tmp_path).list(OPEN)] == [saved[0][1]]
 
 
 def test_crash_leftovers(tmp_path, monkeypatch):
@@ -128,7 +130,7 @@ def test_crash_leftovers(tmp_path, monkeypatch):
     with pytest.raises(StoreError, match="taken over"):
         crashed.save(PROMPT)
     crashed.release()
-    assert taken.owned() and store.list() == []
+    assert taken.owned() and store.list(OPEN) == []
     taken.save(PROMPT)
     # a half-written file in tmp/ is never read, and an old one goes when a store opens
     (tmp_path / "tmp" / "voice_0123456789abcdef.99.json").write_text('{"format": "talkgate.vo')
@@ -136,18 +138,18 @@ def test_crash_leftovers(tmp_path, monkeypatch):
     stale.write_text("{")
     os.utime(stale, (old - 3600, old - 3600))
     VoiceStore(tmp_path).open()
-    assert not stale.exists() and [v.name for v in store.list()] == ["dee"]
+    assert not stale.exists() and [v.name for v in store.list(OPEN)] == ["dee"]
     # a damaged voice file is skipped (and logged), never served
     bad = tmp_path / "voices" / "voice_00000000000000aa.json"
     bad.write_text('{"format": "talkgate.voice/1", "id": "voice_00000000000000aa"}')
-    assert store.get("voice_00000000000000aa") is None and len(store.list()) == 1
+    assert store.get("voice_00000000000000aa", OPEN) is None and len(store.list(OPEN)) == 1
 
 
 def test_lookups_never_make_paths_of_client_strings(tmp_path):
     store = VoiceStore(tmp_path)
     (tmp_path / "secret.json").write_text("{}")
     for key in ("../secret", "voice_../../x", "/etc/passwd", "voice_0123456789abcdeF", "", "\x00"):
-        assert store.get(key) is None and store.by_id(key) is None
+        assert store.get(key, OPEN) is None and store.by_id(key) is None
 
 
 def test_store_that_cannot_be_written(tmp_path):
@@ -331,3 +333,30 @@ def test_voice_map_resolves_stored_voices():
     with pytest.raises(UnknownVoice):
         VoiceMap(stored=stored).resolve("deepgram", "aura-nobody", ("ryan",))
     assert re.fullmatch(STORED_ID, "voice_0123456789abcdef")
+
+
+def test_tenants_own_their_voices_and_a_store_made_before_tenants_is_the_default_tenants(tmp_path):
+    from talkgate.server.keys import Identity
+    acme, beta, admin = Identity("a-1", "acme"), Identity("b-1", "beta"), Identity("ops-1", "ops", "admin")
+    default_user = Identity("d-1", "default")
+    store = VoiceStore(tmp_path)
+    mine = store.claim("Narrator", "acme").save(PROMPT, key_id="a-1")
+    theirs = store.claim("narrator", "beta").save(PROMPT)           # names are per tenant
+    assert (mine.tenant, mine.key_id, theirs.tenant) == ("acme", "a-1", "beta")
+    assert store.get("narrator", acme) == mine and store.get("Narrator", beta) == theirs
+    assert store.get(mine.id, beta) is None and store.get(theirs.id, acme) is None      # as if it did not exist
+    assert store.get(mine.id, admin) == mine and store.get("narrator", admin) is None   # an admin: by id
+    assert store.list(acme) == [mine] and store.list(admin) == [mine, theirs]
+    assert mine.deletable_by(acme) and not mine.deletable_by(beta) and mine.deletable_by(admin)
+    house = store.claim("House", "ops").save(PROMPT, shared=True)
+    assert store.get(house.id, beta) == house and store.list(beta) == [theirs, house]
+    assert not house.deletable_by(beta)
+    # a record written before tenants (no tenant, key_id, shared) under the old name digest: the default tenant's
+    old = {k: v for k, v in mine.record().items() if k not in ("tenant", "key_id", "shared")}
+    old.update(id="voice_00000000000000b1", name="Legacy")
+    (tmp_path / "voices" / "voice_00000000000000b1.json").write_text(json.dumps(old))
+    digest = hashlib.sha256(b"legacy").hexdigest()[:40]
+    os.symlink("../voices/voice_00000000000000b1.json", tmp_path / "names" / digest)
+    legacy = store.get("legacy", default_user)
+    assert legacy is not None and legacy.tenant == "default" and store.get("voice_00000000000000b1", OPEN) == legacy
+    assert store.get("legacy", acme) is None and store.get(legacy.id, acme) is None
