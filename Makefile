@@ -1,9 +1,11 @@
 # The commands of README.md: `make serve`, `make test` (everything: what CI runs) and `make test-fast` (the unit tests).
+# `make image`: the container image with buildah (VARIANT=cpu or cuda; docs/deploy.md, "The image").
 PORT ?= 8080
 HOST ?= 127.0.0.1
 PYTEST_ARGS ?=
+VARIANT ?= cpu
 
-.PHONY: serve test test-fast setup setup-test
+.PHONY: serve test test-fast setup setup-test image
 setup:
 	scripts/setup.sh
 setup-test:
@@ -16,3 +18,5 @@ test: setup-test
 test-fast:
 	@[ -x .venv/bin/pytest ] || scripts/setup.sh --test
 	.venv/bin/python -m pytest tests/unit $(PYTEST_ARGS)
+image:
+	VARIANT=$(VARIANT) scripts/image.sh
