@@ -100,3 +100,17 @@ def test_autoscalers_read_a_gauge_talkgate_exports():
     target = kind("deployment.yaml", "Deployment")["metadata"]["name"]
     assert hpa["spec"]["scaleTargetRef"]["name"] == target
     assert kind("keda.yaml", "ScaledObject")["spec"]["scaleTargetRef"]["name"] == target
+
+
+def test_deployment_runs_the_image_with_its_volumes_and_user():
+    """The pod mounts the image's volumes (deploy/Containerfile's VOLUME) and runs as its user, whom the
+    volumes must be writable to; the image is named, not a placeholder."""
+    containerfile = (K8S.parent / "Containerfile").read_text()
+    (volumes,) = re.findall(r"(?m)^VOLUME (\[.*\])$", containerfile)
+    (uid,) = re.findall(r"useradd --uid (\d+)", containerfile)
+    pod = kind("deployment.yaml", "Deployment")["spec"]["template"]["spec"]
+    c = container()
+    assert set(yaml.safe_load(volumes)) <= {m["mountPath"] for m in c["volumeMounts"] if not m.get("readOnly")}
+    security = pod["securityContext"]
+    assert security["runAsNonRoot"] and security["runAsUser"] == security["fsGroup"] == int(uid)
+    assert re.fullmatch(r"[\w.-]+(:\d+)?/[\w./-]+:cuda", c["image"])
