@@ -142,7 +142,8 @@ class DeepgramV2Protocol(UtteranceProtocol):
     def idle_timeout(self) -> list:
         self.utterances.close()
         message = "no messages received within the idle timeout"
-        return [send_json({"type": "Error", "code": "NET-0001", "description": message}),
+        # an Error the client reads is counted as every error is (talkgate_errors_total)
+        return [send_json({"type": "Error", "code": "NET-0001", "description": message}, error="idle_timeout"),
                 Close(1000, f"NET-0001: {message}")]
 
     def abort(self, code: str, message: str, ws_code: int) -> list:

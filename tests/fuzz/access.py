@@ -12,7 +12,7 @@ import socket
 import aiohttp
 
 from tests.fuzz.cases import SERVED, refused_properly
-from tests.fuzz.endpoints import CARTESIA, DEEPGRAM, EL_MULTI, EL_SINGLE, NATIVE, TWILIO
+from tests.fuzz.endpoints import CARTESIA, DASHSCOPE, DEEPGRAM, DEEPGRAM_V2, EL_MULTI, EL_SINGLE, NATIVE, TWILIO
 from tests.fuzz.mutate import BIG, CONTROL_TOKENS
 from tests.fuzz.rawws import Ended, HandshakeRefused, RawWebSocket
 from tests.fuzz.workers import HttpRequest, judge_http, send_http
@@ -22,7 +22,8 @@ ORIGIN = "https://app.example"
 # a message that gets an answer on each endpoint once it is served
 SERVE_PROBE = {NATIVE: '{"type":"ping","id":"s"}', TWILIO: '{"type":"ping","id":"s"}',
                EL_MULTI: '{"context_id":"s","close_context":true}', EL_SINGLE: '{"text":""}',
-               CARTESIA: CARTESIA.probe(0), DEEPGRAM: None}
+               CARTESIA: CARTESIA.probe(0), DEEPGRAM: None, DEEPGRAM_V2: DEEPGRAM_V2.probe(0),
+               DASHSCOPE: DASHSCOPE.probe(0)}
 SERVED_MARKS = SERVED + ('"pong"', '"type":"done"', '"type": "done"')
 
 
@@ -71,6 +72,12 @@ def ws_access_cases() -> list[tuple]:
         CARTESIA: [("X-API-Key header", {"X-API-Key": KEY}, None), ("?api_key=", "query:api_key", None)],
         DEEPGRAM: [("Authorization: Token", {"Authorization": f"Token {KEY}"}, None),
                    ("authorization: token (lower case scheme)", {"Authorization": f"token {KEY}"}, None)],
+        # deepgram-sdk sends an API key as Token and an access token as Bearer
+        DEEPGRAM_V2: [("Authorization: Token", {"Authorization": f"Token {KEY}"}, None),
+                      ("authorization: token (lower case scheme)", {"Authorization": f"token {KEY}"}, None),
+                      ("Authorization: Bearer (the SDK's access token)", {"Authorization": f"Bearer {KEY}"}, None)],
+        DASHSCOPE: [("Authorization: Bearer", {"Authorization": f"Bearer {KEY}"}, None),
+                    ("authorization: bearer (lower case scheme)", {"Authorization": f"bearer {KEY}"}, None)],
     }
     for ep, ways in right.items():
         for what, headers, first in ways:
@@ -78,7 +85,7 @@ def ws_access_cases() -> list[tuple]:
             if isinstance(headers, str):
                 path, headers = ep.path(**{headers.split(":")[1]: KEY}), {}
             out.append((f"key by {what}", ep, path, headers, b"", first, "served"))
-    for ep in (NATIVE, TWILIO, EL_MULTI, EL_SINGLE, CARTESIA, DEEPGRAM):
+    for ep in (NATIVE, TWILIO, EL_MULTI, EL_SINGLE, CARTESIA, DEEPGRAM, DEEPGRAM_V2, DASHSCOPE):
         normal = SERVE_PROBE[ep]
         out.append(("no key", ep, ep.path(), {}, b"", normal, "refused"))
         out.append(("a wrong key", ep, ep.path(), {"Authorization": "Bearer nope", "xi-api-key": "nope",
@@ -95,6 +102,12 @@ def ws_access_cases() -> list[tuple]:
                     _all_keys() | {"Origin": ORIGIN + ".evil.example"}, b"", normal, "refused"))
         out.append(("the right key from the allowed origin", ep, ep.path(), _all_keys() | {"Origin": ORIGIN},
                     b"", None, "served"))
+    # the query is checked before the upgrade only for a valid key (its HTTP 400 names the models and voices):
+    # without one the socket is refused with 1008 like every other (refused_properly's default shape is not
+    # Deepgram's, so a 400 fails this)
+    for query in ({"speed": "9"}, {"model": "flux-nobody-en"}):
+        out.append((f"no key and a bad query {query}", DEEPGRAM_V2, DEEPGRAM_V2.path(**query), {}, b"", None,
+                    "refused"))
     for ep, msg in ((NATIVE, {"type": "auth", "api_key": "é"}), (NATIVE, {"type": "auth", "api_key": "\ud800"}),
                     (NATIVE, {"type": "auth", "api_key": [KEY]}), (NATIVE, {"type": "auth", "api_key": BIG}),
                     (TWILIO, {"type": "auth", "api_key": "é"}),

@@ -15,8 +15,9 @@ from dataclasses import dataclass, field
 import aiohttp
 
 from tests.fuzz.endpoints import (
-    CARTESIA, CARTESIA_PCM, CARTESIA_VOICE, DEEPGRAM, EL_MULTI, EL_SINGLE, NATIVE, TWILIO, WS_ENDPOINTS, Conn,
-    Endpoint, cartesia_session, deepgram_session, elevenlabs_session, judge, native_session, twilio_session,
+    CARTESIA, CARTESIA_PCM, CARTESIA_VOICE, DASHSCOPE, DEEPGRAM, DEEPGRAM_V2, EL_MULTI, EL_SINGLE, NATIVE, TWILIO,
+    WS_ENDPOINTS, Conn, Endpoint, cartesia_session, dashscope_session, deepgram_session, deepgram_v2_session,
+    elevenlabs_session, judge, native_session, twilio_session,
 )
 from tests.fuzz.mutate import BIG, CONTROL_TOKENS
 from tests.fuzz.rawws import Ended, HandshakeRefused, RawWebSocket
@@ -52,6 +53,8 @@ def _templates(ep: Endpoint) -> tuple[dict, str, list]:
     if ep is CARTESIA:
         return ({"context_id": "c1", "transcript": "hello ", "voice": CARTESIA_VOICE, "output_format": CARTESIA_PCM,
                  "continue": True}, "transcript", [])
+    if ep is DASHSCOPE:
+        return {"type": "input_text_buffer.append", "text": "hello "}, "text", []
     return {"type": "Speak", "text": "hello "}, "text", []
 
 
@@ -155,9 +158,38 @@ def message_cases(ep: Endpoint, max_message_bytes: int) -> list[Case]:
             bad(f"{k} = {_short(v)}", json.dumps({**t, k: v}))
         bad("empty context_id", json.dumps({**t, "context_id": ""}))
         bad("no context_id", json.dumps({k: v for k, v in t.items() if k != "context_id"}))
-    if ep is DEEPGRAM:
+    if ep in (DEEPGRAM, DEEPGRAM_V2):
         bad("Speak of 2001 characters", json.dumps({"type": "Speak", "text": "z" * 2001}))
         bad("Speak without text", json.dumps({"type": "Speak"}))
+    if ep is DEEPGRAM_V2:
+        bad("Clear (/v1/speak's; Flux has Interrupt)", json.dumps({"type": "Clear"}))
+        for speed in (1.55, 0.45, 2, 0, -1, 1.07, BIG, "1.0", True, [1]):
+            bad(f"Configure speed = {_short(speed)}", json.dumps({"type": "Configure", "speed": speed}))
+        for offset in ({"type": "time_ms", "value": -1}, {"type": "time_ms", "value": 1.5}, {"type": "bytes", "value": 5},
+                       {"type": "time_ms"}, {"type": "time_ms", "value": BIG}, 5, "5", [5]):
+            # the checks of playback_offset come before "nothing to interrupt": no audio is needed for them
+            bad(f"Interrupt playback_offset = {_short(offset)}", json.dumps({"type": "Interrupt", "playback_offset": offset}))
+    if ep is DASHSCOPE:
+        def update(**session):
+            return json.dumps({"type": "session.update", "session": session})
+        for k, v in (("voice", 5), ("voice", "\ud800"), ("mode", "auto"), ("mode", 1), ("response_format", "ogg"),
+                     ("response_format", ["pcm"]), ("sample_rate", 11025), ("sample_rate", "24000"),
+                     ("sample_rate", 24000.0), ("sample_rate", BIG), ("speech_rate", 2.5), ("speech_rate", True),
+                     ("volume", 101), ("volume", 50.5), ("pitch_rate", 0.1), ("bit_rate", 5), ("bit_rate", BIG),
+                     ("language_type", 5), ("language_type", "Klingon"), ("instructions", ["x"])):
+            bad(f"session.update {k} = {_short(v)}", update(**{k: v}))
+        bad("session.update opus at 22050 Hz (the codec cannot)", update(response_format="opus", sample_rate=22050))
+        for v in ([], "voice=Cherry", 5):
+            bad(f"session.update session = {_short(v)}", json.dumps({"type": "session.update", "session": v}))
+        bad("input_text_buffer.append without text", json.dumps({"type": "input_text_buffer.append"}))
+        bad("input_text_buffer.commit with nothing to commit", json.dumps({"type": "input_text_buffer.commit"}))
+        bad("response.cancel with nothing in progress", json.dumps({"type": "response.cancel"}))
+        c.append(Case(ep, "session.update after text (DashScope: the session has started)",
+                      update(voice="Ethan"), setup=[json.dumps(t)]))
+        # three messages of half the message limit each: past --max-text-chars' default 20,000 with 16 KiB messages
+        third = json.dumps({**t, "text": "w " * (max_message_bytes // 4)})
+        c.append(Case(ep, "uncommitted text past the session's text limit, mode commit", third,
+                      setup=[update(mode="commit"), third, third]))
     return c
 
 
@@ -233,7 +265,9 @@ async def control_token_text(camp, phase) -> None:
                   ("elevenlabs multi", lambda t: elevenlabs_session(s, ws, True, h, text=t)),
                   ("elevenlabs single", lambda t: elevenlabs_session(s, ws, False, h, text=t)),
                   ("cartesia", lambda t: cartesia_session(s, ws, h, text=t)),
-                  ("deepgram", lambda t: deepgram_session(s, ws, h, text=t))]
+                  ("deepgram", lambda t: deepgram_session(s, ws, h, text=t)),
+                  ("deepgram v2", lambda t: deepgram_v2_session(s, ws, h, text=t)),
+                  ("dashscope", lambda t: dashscope_session(s, ws, h, text=t))]
         jobs = [one(s, "native", makers[0][1], CONTROL_TEXT)]
         jobs += [one(s, name, make, texts[i % len(texts)]) for i, (name, make) in enumerate(makers[1:])]
         await asyncio.gather(*jobs)
@@ -268,21 +302,14 @@ async def _after_close(camp, phase, ep) -> None:
 
 # ----- the upgrade: query parameters and keys checked after the 101 -----
 def refused_properly(port: int, path: str, headers: dict | None = None, raw_headers: bytes = b"",
-                     first: str | None = None, served_marks: tuple = ()) -> str | None:
-    """Open `path`; it must be refused with the protocol's error: an HTTP 4xx JSON error before the
-    upgrade, or after it an error and/or a close frame (not 1000, not 1011) with a reason. -> what was
-    wrong, or None."""
+                     first: str | None = None, served_marks: tuple = (), refused_by: Endpoint = NATIVE) -> str | None:
+    """Open `path`; it must be refused with the protocol's error: before the upgrade an HTTP answer as
+    `refused_by` refuses a connection (talkgate's 4xx JSON error unless the endpoint's API has its own), or
+    after it an error and/or a close frame (not 1000, not 1011) with a reason. -> what was wrong, or None."""
     try:
         ws = RawWebSocket.connect(port, path, headers, raw_headers=raw_headers)
     except HandshakeRefused as e:
-        if not 400 <= e.status < 500:
-            return f"upgrade answered HTTP {e.status}: {e.body[:120]!r}"
-        try:
-            body = json.loads(e.body)
-            assert isinstance(body.get("error"), dict) and isinstance(body["error"].get("code"), str)
-        except (ValueError, AssertionError, AttributeError):
-            return f"upgrade refused with HTTP {e.status} but not a JSON error: {e.body[:120]!r}"
-        return None
+        return refused_by.refusal_problem(e.status, e.body)
     except (ConnectionError, OSError) as e:
         return f"connection failed: {e!r}"
     try:
@@ -328,8 +355,26 @@ QUERY_CASES = [
     (DEEPGRAM, {"sample_rate": "１６０００"}, "sample_rate in fullwidth digits"),
     (DEEPGRAM, {"sample_rate": str(BIG)}, "sample_rate of 401 digits"),
     (DEEPGRAM, {"encoding": "linear16\u0000"}, "encoding with a NUL"),
+    # /v2/speak checks its query before the upgrade (HTTP 400, Deepgram's REST shape)
+    (DEEPGRAM_V2, {"sample_rate": "²"}, "sample_rate=²"),
+    (DEEPGRAM_V2, {"sample_rate": "１６０００"}, "sample_rate in fullwidth digits"),
+    (DEEPGRAM_V2, {"sample_rate": str(BIG)}, "sample_rate of 401 digits"),
+    (DEEPGRAM_V2, {"sample_rate": "16000", "encoding": "mulaw"}, "mulaw at 16000 Hz (talkgate's G.711 is 8 kHz)"),
+    (DEEPGRAM_V2, {"encoding": "linear16\u0000"}, "encoding with a NUL"),
+    (DEEPGRAM_V2, {"model": ""}, "an empty model"),
+    (DEEPGRAM_V2, {"model": "flux-nobody-en"}, "an unknown model"),
+    (DEEPGRAM_V2, {"speed": "²"}, "speed=²"),
+    (DEEPGRAM_V2, {"speed": "1.55"}, "speed out of range"),
+    (DEEPGRAM_V2, {"speed": "1.07"}, "speed not a multiple of 0.05"),
+    (DEEPGRAM_V2, {"speed": "NaN"}, "speed=NaN"),
+    (DEEPGRAM_V2, {"speed": "1e0"}, "speed in exponent notation"),
+    (DEEPGRAM_V2, {"speed": str(BIG)}, "speed of 401 digits"),
+    (DEEPGRAM_V2, {"expressivity": "١"}, "expressivity in Arabic-Indic digits"),
+    (DEEPGRAM_V2, {"expressivity": "1.5"}, "expressivity not an integer"),
+    (DEEPGRAM_V2, {"expressivity": "3"}, "expressivity out of range"),
+    (DASHSCOPE, {"model": ""}, "an empty model"),
 ]
-SERVED = ('"isFinal"', '"Metadata"', '"session.ready"')
+SERVED = ('"isFinal"', '"Metadata"', '"session.ready"', '"Connected"', '"session.created"')
 
 
 async def query_cases(camp, phase) -> None:
@@ -337,7 +382,7 @@ async def query_cases(camp, phase) -> None:
         problem = await asyncio.to_thread(refused_properly, camp.server.port, ep.path(**query), camp.auth_headers,
                                           first=json.dumps({"context_id": "q", "close_context": True}) if ep is EL_MULTI
                                           else json.dumps({"text": ""}) if ep is EL_SINGLE else None,
-                                          served_marks=SERVED)
+                                          served_marks=SERVED, refused_by=ep)
         if problem:
             phase.fail("bad query parameter", f"{ep.name}: {what}: {problem}")
         else:

@@ -1,7 +1,8 @@
 """Every endpoint of the server as the fuzzer drives it, and the rules its answers are judged by.
 
 An `Endpoint` knows its URL, what its error looks like (native `error` event, ElevenLabs `{"error"}`,
-Cartesia `type: error`, Deepgram a close with a reason or a `Warning`) and its *probe*: a message whose
+Cartesia `type: error`, Deepgram a close with a reason or a `Warning`, Deepgram Flux `Error` or
+`ConfigureFailure`, DashScope an `error` event) and its *probe*: a message whose
 answer is recognisable and arrives after the answer to everything sent before it (answers are written
 in order), so the frames between an input and the probe's answer are that input's answer:
 
@@ -9,6 +10,9 @@ in order), so the frames between an input and the probe's answer are that input'
     ElevenLabs multi  {"context_id": "probeN", "close_context": true} -> a message naming probeN
     Cartesia          an empty context "probe-N", ended at once      -> done (or error) naming it
     Deepgram          {"type": "ProbeN"} (an unknown type)           -> a Warning naming it
+    Deepgram Flux     {"type": "Configure", "speed": 100+N}           -> ConfigureFailure with that value
+                      (an Error closes /v2/speak; a refused Configure is answered and the socket lives on)
+    DashScope         {"type": "probe.N"} (an unknown event)          -> an error event naming it
     ElevenLabs single (one utterance per socket: no probe; a short window, judged per script)
 
 `judge` applies the rules to one input's answer: never a hang, never a close without a reason (a close
@@ -80,7 +84,7 @@ class Reply:
             elif isinstance(i, dict) and i.get("event") == "media":
                 if not shown or shown[-1] != "<audio>":
                     shown.append("<audio>")
-            elif isinstance(i, dict) and i.get("type") == "chunk":
+            elif isinstance(i, dict) and i.get("type") in ("chunk", "response.audio.delta"):
                 if not shown or shown[-1] != "<audio>":
                     shown.append("<audio>")
             else:
@@ -112,6 +116,18 @@ class Endpoint:
 
     def answers_probe(self, item, n: int) -> bool:
         return False
+
+    def refusal_problem(self, status: int, body: bytes) -> str | None:
+        """What is wrong with an HTTP answer to the upgrade (the connection refused before it), or None: a 4xx
+        in talkgate's JSON error shape."""
+        if not 400 <= status < 500:
+            return f"upgrade answered HTTP {status}: {body[:120]!r}"
+        try:
+            error = json.loads(body).get("error")
+            assert isinstance(error, dict) and isinstance(error.get("code"), str)
+        except (ValueError, AssertionError, AttributeError):
+            return f"upgrade refused with HTTP {status} but not a JSON error: {body[:120]!r}"
+        return None
 
 
 class Native(Endpoint):
@@ -240,9 +256,91 @@ class Deepgram(Endpoint):
         return self.is_error(item) and f"Probe{n}" in json.dumps(item)
 
 
+class DeepgramV2(Endpoint):
+    """Flux TTS. An `Error` is followed by a close, so the probe is a `Configure` whose speed is out of range,
+    answered with a `ConfigureFailure` naming the value while the socket lives on."""
+    name, label, greeting = "deepgram /v2/speak", "deepgram_v2", "Connected"
+    PROBE_SPEED = 100
+
+    def path(self, **query) -> str:
+        return "/v2/speak" + _query({"model": "flux-alexis-en", "encoding": "linear16", "sample_rate": "24000",
+                                     **query})
+
+    def is_error(self, item) -> bool:
+        return isinstance(item, dict) and item.get("type") in ("Error", "ConfigureFailure")
+
+    def problems(self, item) -> list[str]:
+        if not self.is_error(item):
+            return []
+        out = []
+        if not isinstance(item.get("code"), str) or not isinstance(item.get("description"), str):
+            out.append(f"malformed {item.get('type')} {item}")
+        if item.get("code") == "internal_error":
+            out.append("internal_error answered to a client's input")
+        return out
+
+    def probe(self, n: int) -> str:
+        return json.dumps({"type": "Configure", "speed": self.PROBE_SPEED + n})
+
+    def answers_probe(self, item, n: int) -> bool:
+        return (isinstance(item, dict) and item.get("type") == "ConfigureFailure"
+                and item.get("value") == self.PROBE_SPEED + n)
+
+    def refusal_problem(self, status: int, body: bytes) -> str | None:
+        """Deepgram refuses a bad query with HTTP 400 in its REST error shape, before the upgrade."""
+        try:
+            doc = json.loads(body)
+            assert status == 400 and isinstance(doc.get("err_code"), str) and isinstance(doc.get("err_msg"), str)
+        except (ValueError, AssertionError, AttributeError):
+            return f"upgrade refused with HTTP {status}, not 400 in Deepgram's REST error shape: {body[:120]!r}"
+        return None
+
+
+class DashScope(Endpoint):
+    """Qwen-TTS realtime: every event has a server event_id; an error is an `error` event and the socket lives on."""
+    name, label, greeting = "dashscope /api-ws/v1/realtime", "dashscope", "session.created"
+    json_audio = True
+
+    def path(self, **query) -> str:
+        return "/api-ws/v1/realtime" + _query({"model": "qwen-tts-realtime", **query})
+
+    def is_error(self, item) -> bool:
+        return isinstance(item, dict) and item.get("type") == "error"
+
+    def problems(self, item) -> list[str]:
+        if not isinstance(item, dict):
+            return []
+        out = [] if isinstance(item.get("event_id"), str) else [f"event without an event_id: {item}"]
+        if self.is_error(item):
+            error = item.get("error")
+            if not isinstance(error, dict) or not all(isinstance(error.get(k), str) for k in ("type", "code", "message")):
+                return out + [f"malformed error {item}"]
+            if error["code"] == "internal_error":
+                out.append("internal_error answered to a client's input")
+            elif error["type"] == "server_error" and error["code"] not in SERVER_FAULT_CODES:
+                out.append(f"server_error for a client's mistake ({error['code']})")
+        return out
+
+    def probe(self, n: int) -> str:
+        return json.dumps({"type": f"probe.{n}"})
+
+    def answers_probe(self, item, n: int) -> bool:
+        return self.is_error(item) and f"'probe.{n}'" in json.dumps(item)
+
+    def refusal_problem(self, status: int, body: bytes) -> str | None:
+        """A connection without `model` is refused before the upgrade in DashScope's HTTP error shape."""
+        try:
+            doc = json.loads(body)
+            assert status == 400 and isinstance(doc.get("code"), str) and isinstance(doc.get("message"), str)
+        except (ValueError, AssertionError, AttributeError):
+            return f"upgrade refused with HTTP {status}, not 400 in DashScope's error shape: {body[:120]!r}"
+        return None
+
+
 NATIVE, TWILIO, CARTESIA, DEEPGRAM = Native(), Twilio(), Cartesia(), Deepgram()
 EL_MULTI, EL_SINGLE = ElevenLabs(multi=True), ElevenLabs(multi=False)
-WS_ENDPOINTS = [NATIVE, TWILIO, EL_MULTI, EL_SINGLE, CARTESIA, DEEPGRAM]
+DEEPGRAM_V2, DASHSCOPE = DeepgramV2(), DashScope()
+WS_ENDPOINTS = [NATIVE, TWILIO, EL_MULTI, EL_SINGLE, CARTESIA, DEEPGRAM, DEEPGRAM_V2, DASHSCOPE]
 
 
 def _query(q: dict) -> str:
@@ -451,6 +549,32 @@ async def deepgram_session(session, base_ws: str, headers=None, text="Warm up.")
     await conn.close()
 
 
+async def deepgram_v2_session(session, base_ws: str, headers=None, text="Warm up.") -> None:
+    conn, greet = await Conn.open(DEEPGRAM_V2, session, base_ws, headers=headers)
+    assert greet.answered, greet.brief()
+    await conn.send(json.dumps({"type": "Speak", "text": text}))
+    await conn.send(json.dumps({"type": "Flush"}))
+    r = await conn.collect(lambda i: isinstance(i, dict) and i.get("type") in ("SpeechMetadata", "Error"), 60)
+    assert r.answered and r.jsons()[-1]["type"] == "SpeechMetadata" and conn.closed is None, r.brief()
+    await conn.send(json.dumps({"type": "Close"}))
+    r = await conn.until_closed()
+    assert conn.closed == (1000, "closed by client"), r.brief()
+
+
+async def dashscope_session(session, base_ws: str, headers=None, response_format="pcm", rate=24000,
+                            text="Warm up.") -> None:
+    conn, greet = await Conn.open(DASHSCOPE, session, base_ws, headers=headers)
+    assert greet.answered, greet.brief()
+    for m in ({"type": "session.update", "session": {"voice": "Cherry", "response_format": response_format,
+                                                      "sample_rate": rate}},
+              {"type": "input_text_buffer.append", "text": text}, {"type": "session.finish"}):
+        await conn.send(json.dumps(m))
+    r = await conn.until_closed()
+    kinds = [i.get("type") for i in r.jsons()]
+    assert "error" not in kinds and kinds[-1:] == ["session.finished"] and conn.closed == (1000, "session finished"), \
+        r.brief()
+
+
 async def twilio_session(session, base_ws: str, headers=None, text="Warm up.") -> None:
     conn, greet = await Conn.open(TWILIO, session, base_ws, headers=headers)
     assert greet.answered, greet.brief()
@@ -480,7 +604,9 @@ async def warm_up(camp) -> None:
         jobs += [elevenlabs_session(s, ws, True, h, out)
                  for out in ("pcm_24000", "mp3_44100_128", "opus_48000_64", "ulaw_8000")]
         jobs += [elevenlabs_session(s, ws, False, h), cartesia_session(s, ws, h),
-                 cartesia_session(s, ws, h, "pcm_f32le", 44100), deepgram_session(s, ws, h), twilio_session(s, ws, h)]
+                 cartesia_session(s, ws, h, "pcm_f32le", 44100), deepgram_session(s, ws, h), twilio_session(s, ws, h),
+                 deepgram_v2_session(s, ws, h), dashscope_session(s, ws, h), dashscope_session(s, ws, h, "mp3", 24000),
+                 dashscope_session(s, ws, h, "opus", 48000)]
         jobs += [http(s, fmt) for fmt in ("pcm", "wav", "mp3", "opus", "flac")]
         await asyncio.gather(*jobs)
     await asyncio.sleep(1.0)

@@ -15,7 +15,8 @@ from concurrent.futures import ThreadPoolExecutor
 import aiohttp
 
 from tests.fuzz.endpoints import (
-    CARTESIA, CARTESIA_PCM, CARTESIA_VOICE, DEEPGRAM, EL_MULTI, EL_SINGLE, NATIVE, TWILIO, Conn, Reply, judge,
+    CARTESIA, CARTESIA_PCM, CARTESIA_VOICE, DASHSCOPE, DEEPGRAM, DEEPGRAM_V2, EL_MULTI, EL_SINGLE, NATIVE, TWILIO,
+    Conn, Reply, judge,
 )
 from tests.fuzz.rawws import OP_BINARY, OP_CLOSE, OP_TEXT, Ended, Frame, HandshakeRefused, RawWebSocket
 
@@ -37,18 +38,24 @@ def start_messages(ep, tag: str) -> list[str]:
     if ep is CARTESIA:
         return [json.dumps({"context_id": tag, "model_id": "sonic-2", "transcript": LONG_TEXT, "continue": False,
                             "voice": CARTESIA_VOICE, "output_format": CARTESIA_PCM})]
+    if ep is DASHSCOPE:
+        return [json.dumps({"type": "input_text_buffer.append", "text": LONG_TEXT}),
+                json.dumps({"type": "input_text_buffer.commit"})]
     return [json.dumps({"type": "Speak", "text": LONG_TEXT}), json.dumps({"type": "Flush"})]
 
 
 def keepalive(ep) -> str | None:
     """A message that changes nothing, so a client that writes but never reads is not idle (Deepgram
-    has none here: its KeepAlive is answered with a Warning, and the test needs no answers)."""
+    has none here: its KeepAlive is answered with a Warning, and the test needs no answers; DashScope
+    neither: every event it has is answered or changes the session)."""
     if ep in (NATIVE, TWILIO):
         return json.dumps({"type": "ping"})
     if ep is EL_MULTI:
         return json.dumps({"text": "", "context_id": "keepalive"})
     if ep is CARTESIA:
         return json.dumps({"context_id": "keepalive", "cancel": True})
+    if ep is DEEPGRAM_V2:
+        return json.dumps({"type": "Configure"})       # nothing to configure: a small ConfigureSuccess
     return None
 
 
@@ -62,7 +69,8 @@ def audio_ms(ep, frame: Frame) -> float:
         msg = json.loads(frame.payload)
     except ValueError:
         return 0.0
-    data = msg.get("audio") if ep in (EL_MULTI, EL_SINGLE) else msg.get("data") if msg.get("type") == "chunk" else None
+    data = (msg.get("audio") if ep in (EL_MULTI, EL_SINGLE) else msg.get("data") if msg.get("type") == "chunk"
+            else msg.get("delta") if msg.get("type") == "response.audio.delta" else None)
     return len(base64.b64decode(data)) / PCM_BYTES_PER_MS if isinstance(data, str) else 0.0
 
 
@@ -132,7 +140,7 @@ def _http_storm_client(port: int, wait_s: float, headers: dict) -> None:
 async def disconnect_storm(camp, phase, n_sockets: int, rng: random.Random, wave: int = 8) -> None:
     """Sockets of every endpoint start audio and vanish mid-stream, `wave` at a time (so the fuzz never
     takes the canary's engine slots): close frame, FIN, RST, half-close, a frame cut in half."""
-    eps = [NATIVE, TWILIO, EL_MULTI, EL_SINGLE, CARTESIA, DEEPGRAM, "http"]
+    eps = [NATIVE, TWILIO, EL_MULTI, EL_SINGLE, CARTESIA, DEEPGRAM, DEEPGRAM_V2, DASHSCOPE, "http"]
     with ThreadPoolExecutor(wave) as pool:
         loop = asyncio.get_running_loop()
         done = 0
@@ -156,7 +164,8 @@ async def cancel_races(camp, phase, rounds: int, rng: random.Random) -> None:
     all at once; after the cancel's answer no audio of that context may come."""
     async with aiohttp.ClientSession() as s:
         await asyncio.gather(_native_races(camp, phase, s, rounds, rng),
-                             *(race(camp, phase, s, rounds // 2, rng) for race in (_deepgram_races, _cartesia_races, _el_races)))
+                             *(race(camp, phase, s, rounds // 2, rng) for race in (
+                                 _deepgram_races, _cartesia_races, _el_races, _deepgram_v2_races, _dashscope_races)))
 
 
 async def _native_races(camp, phase, s, rounds, rng) -> None:
@@ -212,6 +221,58 @@ async def _deepgram_races(camp, phase, s, rounds, rng) -> None:
         phase.counts["cancel races"] += 1
         if conn.closed is not None:
             phase.fail("cancel race", f"deepgram: connection ended: {reply.brief()}")
+            return
+    await conn.close()
+
+
+async def _deepgram_v2_races(camp, phase, s, rounds, rng) -> None:
+    """Flux Interrupt: the audio not yet written is dropped before SpeechInterrupted, so none follows it."""
+    conn, _ = await Conn.open(DEEPGRAM_V2, s, camp.server.ws_url, headers=camp.auth_headers)
+    for i in range(rounds):
+        await conn.send(json.dumps({"type": "Speak", "text": "Interrupt me soon. " * 3}))
+        await conn.send(json.dumps({"type": "Flush"}))
+        # an Interrupt before any audio of the session is a Warning (nothing to cut): the first round waits for it
+        if i == 0 or rng.random() < 0.7:
+            await conn.collect(lambda it: isinstance(it, bytes), 5)
+        await conn.send(json.dumps({"type": "Interrupt"}))
+        reply = await conn.collect(lambda it: isinstance(it, dict) and it.get("type") in ("SpeechInterrupted", "Warning"),
+                                   20)
+        after = await conn.exchange(DEEPGRAM_V2.probe(10 ** 6 + i))
+        judge(DEEPGRAM_V2, f"Interrupt race {i}", reply, phase, False)
+        if reply.answered and reply.jsons()[-1]["type"] == "SpeechInterrupted" and \
+                any(isinstance(b, bytes) for b in after.items):
+            phase.fail("audio after cancel", f"deepgram v2: {sum(isinstance(b, bytes) for b in after.items)} audio "
+                       f"frames after SpeechInterrupted")
+        phase.counts["cancel races"] += 1
+        if conn.closed is not None:
+            phase.fail("cancel race", f"deepgram v2: connection ended: {reply.brief()}")
+            return
+    await conn.close()
+
+
+async def _dashscope_races(camp, phase, s, rounds, rng) -> None:
+    """DashScope response.cancel: every response not yet done ends `cancelled`, and no delta of it follows."""
+    conn, _ = await Conn.open(DASHSCOPE, s, camp.server.ws_url, headers=camp.auth_headers)
+    for i in range(rounds):
+        await conn.send(json.dumps({"type": "input_text_buffer.append", "text": "Cancel me soon. " * 3}))
+        await conn.send(json.dumps({"type": "input_text_buffer.commit"}))
+        if rng.random() < 0.7:
+            await conn.collect(lambda it: isinstance(it, dict) and it.get("type") == "response.audio.delta", 5)
+        reply = await conn.exchange(json.dumps({"type": "response.cancel"}))
+        judge(DASHSCOPE, f"response.cancel race {i}", reply, phase, False)
+        items = reply.jsons() + (await conn.drain(0.2)).jsons()
+        done: set[str] = set()
+        late = []
+        for m in items:
+            if m.get("type") == "response.done":
+                done.add(m["response"]["id"])
+            elif m.get("type") == "response.audio.delta" and m.get("response_id") in done:
+                late.append(m)
+        if late:
+            phase.fail("audio after cancel", f"dashscope: {len(late)} deltas of a response after its response.done")
+        phase.counts["cancel races"] += 1
+        if conn.closed is not None:
+            phase.fail("cancel race", f"dashscope: connection ended: {reply.brief()}")
             return
     await conn.close()
 
@@ -277,7 +338,7 @@ def _slow_reader(port: int, ep, headers: dict, stop: threading.Event) -> dict:
     received, stopped_by, finished = 0.0, None, False
     for f in frames + ([end] if isinstance(end, Frame) else []):
         if f.opcode == OP_TEXT and any(m in f.payload for m in (b'"context.done"', b'"isFinal":true', b'"type":"done"',
-                                                                 b'"Flushed"')):
+                                                                 b'"Flushed"', b'"response.audio.done"')):
             finished = True         # the whole utterance went out: it was never cancelled
             break
         if is_error_frame(ep, f):
@@ -292,7 +353,7 @@ async def slow_readers(camp, phase, max_backlog_ms: int, settle_timeout_s: float
     """A client that stops reading must be cancelled once the audio it has not taken, counted anywhere on
     the server (socket buffer included), passes max_backlog_ms: the audio it finally reads before the
     error is at most that plus what its own small receive buffer holds (< 1 s here)."""
-    eps = [NATIVE, DEEPGRAM, CARTESIA, EL_MULTI]
+    eps = [NATIVE, DEEPGRAM, CARTESIA, EL_MULTI, DEEPGRAM_V2, DASHSCOPE]
     stop = threading.Event()
     loop = asyncio.get_running_loop()
     with ThreadPoolExecutor(len(eps)) as pool:
@@ -336,6 +397,9 @@ async def idle_clients(camp, phase, idle_s: float) -> None:
         (CARTESIA, None, [{"context_id": "i", "transcript": "Idle ", "continue": True, "voice": CARTESIA_VOICE,
                            "output_format": CARTESIA_PCM}]),
         (DEEPGRAM, None, [{"type": "Speak", "text": "Idle "}]),
+        (DEEPGRAM_V2, None, [{"type": "Speak", "text": "Idle "}]),
+        (DASHSCOPE, None, [{"type": "input_text_buffer.append", "text": "Idle "}]),
+        (DASHSCOPE, None, []),
         (EL_MULTI, {"inactivity_timeout": str(int(idle_s))}, [{"text": "Idle ", "context_id": "i"}]),
     ]
 
@@ -363,6 +427,9 @@ async def floods(camp, phase, n: int) -> None:
     plans = [(NATIVE, lambda i: json.dumps({"type": "ping", "id": i}), lambda it: it.get("type") == "pong"),
              (TWILIO, lambda i: json.dumps({"type": "ping", "id": i}), lambda it: it.get("type") == "pong"),
              (DEEPGRAM, lambda i: json.dumps({"type": "Flush"}), lambda it: it.get("type") == "Flushed"),
+             (DEEPGRAM_V2, lambda i: json.dumps({"type": "Configure"}), lambda it: it.get("type") == "ConfigureSuccess"),
+             (DASHSCOPE, lambda i: json.dumps({"type": "input_text_buffer.clear"}),
+              lambda it: it.get("type") == "input_text_buffer.cleared"),
              (EL_MULTI, lambda i: json.dumps({"text": "", "context_id": "k"}), None),
              (CARTESIA, lambda i: json.dumps({"context_id": f"x{i}", "cancel": True}), None)]
 

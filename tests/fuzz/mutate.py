@@ -35,7 +35,8 @@ DEEP_MARK = "\u0001DEEP\u0001"
 @dataclass(frozen=True)
 class F:
     """What one field takes. kind: str text cid bool int num enum obj any; `required`; range lo..hi
-    (lo_open: lo excluded); `values` for enum; `sub` and `closed` (unknown keys refused) for obj."""
+    (lo_open: lo excluded) and `step` (a number must be a multiple of it); `values` for enum; `sub` and
+    `closed` (unknown keys refused) for obj."""
     kind: str
     required: bool = False
     lo: float | None = None
@@ -45,6 +46,7 @@ class F:
     sub: dict | None = None
     closed: bool = False
     max_len: int | None = None
+    step: float | None = None
 
     def breaks(self, v) -> bool:
         """Is `v` outside this contract (None: the field is absent)?"""
@@ -67,7 +69,9 @@ class F:
                 return True
             if self.lo is not None and (v < self.lo or (self.lo_open and v == self.lo)):
                 return True
-            return self.hi is not None and v > self.hi
+            if self.hi is not None and v > self.hi:
+                return True
+            return self.step is not None and abs(v / self.step - round(v / self.step)) > 1e-6
         if k == "enum":
             return not any(type(v) is type(x) and v == x for x in self.values)
         if k == "obj":
@@ -236,6 +240,59 @@ DEEPGRAM_SCRIPTS = [
 ]
 DEEPGRAM_PROTOCOL = Protocol("deepgram", DEEPGRAM_SCRIPTS, DEEPGRAM_CONTRACTS, _deepgram_kind, type_field="type")
 
+def _deepgram_v2_kind(msg):
+    t = msg.get("type")
+    return t if isinstance(t, str) and t in DEEPGRAM_V2_CONTRACTS else None
+
+
+# Flux: Clear is /v1/speak's (an unknown type here); a refused Configure is a ConfigureFailure, an error all the same
+DEEPGRAM_V2_CONTRACTS = {
+    "Speak": {"text": F("text", True, max_len=2000)}, "Flush": {}, "Close": {},
+    "Interrupt": {"playback_offset": F("obj", sub={"type": F("enum", values=("time_ms",)),
+                                                   "value": F("int", True, lo=0)})},
+    "Configure": {"speed": F("num", lo=0.5, hi=1.5, step=0.05)}}
+DEEPGRAM_V2_SCRIPTS = [
+    [{"type": "Speak", "text": "Hello from Flux. "}, {"type": "Flush"}],
+    [{"type": "Configure", "speed": 1.25}, {"type": "Speak", "text": "Faster now, "}, {"type": "Speak", "text": "two parts."},
+     {"type": "Flush"}, {"type": "Interrupt"}],
+    [{"type": "Speak", "text": "Heard up to here. "}, {"type": "Flush"},
+     {"type": "Interrupt", "playback_offset": {"type": "time_ms", "value": 120}}],
+    [{"type": "Speak", "text": "Last words."}, {"type": "Close"}],
+]
+DEEPGRAM_V2_PROTOCOL = Protocol("deepgram-v2", DEEPGRAM_V2_SCRIPTS, DEEPGRAM_V2_CONTRACTS, _deepgram_v2_kind,
+                                type_field="type")
+
+
+def _dashscope_kind(msg):
+    t = msg.get("type")
+    return t if isinstance(t, str) and t in DASHSCOPE_CONTRACTS else None
+
+
+DASHSCOPE_SESSION = F("obj", sub={
+    "voice": F("str"), "mode": F("enum", values=("server_commit", "commit")),
+    "response_format": F("enum", values=("pcm", "wav", "mp3", "opus")),
+    "sample_rate": F("enum", values=(8000, 16000, 22050, 24000, 44100, 48000)),
+    "speech_rate": F("num", lo=0.5, hi=2), "volume": F("int", lo=0, hi=100), "pitch_rate": F("num", lo=0.5, hi=2),
+    "bit_rate": F("int", lo=6, hi=510), "language_type": F("str"), "instructions": F("str")})
+# an empty commit, a cancel with nothing in progress and session.update after the first text are refused too:
+# errors that depend on what came before, not on the message
+DASHSCOPE_CONTRACTS = {
+    "session.update": {"session": DASHSCOPE_SESSION}, "input_text_buffer.append": {"text": F("text", True)},
+    "input_text_buffer.commit": {}, "input_text_buffer.clear": {}, "response.cancel": {}, "session.finish": {}}
+DASHSCOPE_SCRIPTS = [
+    [{"type": "session.update", "session": {"voice": "Cherry", "mode": "server_commit", "response_format": "pcm",
+                                            "sample_rate": 24000, "speech_rate": 1.2, "volume": 50, "pitch_rate": 1.0,
+                                            "language_type": "English", "instructions": "Calm."}},
+     {"type": "input_text_buffer.append", "text": "Hello from DashScope mode."}, {"type": "input_text_buffer.commit"}],
+    [{"type": "session.update", "session": {"mode": "commit", "response_format": "mp3", "bit_rate": 64}},
+     {"type": "input_text_buffer.append", "text": "Committed "}, {"type": "input_text_buffer.append", "text": "text."},
+     {"type": "input_text_buffer.commit"}, {"type": "response.cancel"}],
+    [{"type": "input_text_buffer.append", "text": "Streaming "}, {"type": "input_text_buffer.append", "text": "words."},
+     {"type": "input_text_buffer.clear"}],
+    [{"type": "input_text_buffer.append", "text": "Finish me."}, {"type": "session.finish"}],
+]
+DASHSCOPE_PROTOCOL = Protocol("dashscope", DASHSCOPE_SCRIPTS, DASHSCOPE_CONTRACTS, _dashscope_kind, type_field="type")
+
 HTTP_CONTRACT = {
     "input": F("text", True, max_len=4096), "model": F("str"), "voice": F("str"),
     "response_format": F("enum", values=("pcm", "wav", "mp3", "opus", "flac")), "speed": SPEED,
@@ -334,7 +391,7 @@ class Mutator:
         return Input(_dumps(m, self.rng), False, "valid " + json.dumps(m)[:100], normal_end=self._ends(m))
 
     def _ends(self, m: dict) -> bool:
-        return (m.get("type") in ("close", "Close") or m.get("close_socket") is True
+        return (m.get("type") in ("close", "Close", "session.finish") or m.get("close_socket") is True
                 or (self.p.name == "elevenlabs-single" and m.get("text") == "" and not m.get("flush")))
 
     def _sequence(self, msgs: list[dict]) -> list[Input]:

@@ -16,15 +16,17 @@ import aiohttp
 
 from tests.fuzz import mutate as M
 from tests.fuzz.endpoints import (
-    CARTESIA, DEEPGRAM, EL_MULTI, EL_SINGLE, NATIVE, SERVER_FAULT_CODES, TWILIO, Conn, Endpoint, Reply, judge,
-    strict_json,
+    CARTESIA, DASHSCOPE, DEEPGRAM, DEEPGRAM_V2, EL_MULTI, EL_SINGLE, NATIVE, SERVER_FAULT_CODES, TWILIO, Conn,
+    Endpoint, Reply, judge, strict_json,
 )
 
 PROTOCOLS = {NATIVE: M.NATIVE_PROTOCOL, TWILIO: M.TWILIO_PROTOCOL, EL_MULTI: M.EL_MULTI_PROTOCOL,
-             EL_SINGLE: M.EL_SINGLE_PROTOCOL, CARTESIA: M.CARTESIA_PROTOCOL, DEEPGRAM: M.DEEPGRAM_PROTOCOL}
+             EL_SINGLE: M.EL_SINGLE_PROTOCOL, CARTESIA: M.CARTESIA_PROTOCOL, DEEPGRAM: M.DEEPGRAM_PROTOCOL,
+             DEEPGRAM_V2: M.DEEPGRAM_V2_PROTOCOL, DASHSCOPE: M.DASHSCOPE_PROTOCOL}
 # how the messages of a run are shared out; ElevenLabs stream-input (one socket per script, whose audio
 # it waits for) is about a hundred times slower per message than the others, so it gets a little
-SHARE = {NATIVE: 0.25, TWILIO: 0.15, EL_MULTI: 0.17, EL_SINGLE: 0.0125, CARTESIA: 0.23, DEEPGRAM: 0.19}
+SHARE = {NATIVE: 0.2, TWILIO: 0.12, EL_MULTI: 0.14, EL_SINGLE: 0.0125, CARTESIA: 0.18, DEEPGRAM: 0.13,
+         DEEPGRAM_V2: 0.11, DASHSCOPE: 0.11}
 
 
 def _cleanup(ep: Endpoint, ids: list[str]) -> list[str]:
@@ -35,6 +37,10 @@ def _cleanup(ep: Endpoint, ids: list[str]) -> list[str]:
         return [json.dumps({"context_id": i, "cancel": True}) for i in ids]
     if ep is DEEPGRAM:
         return [json.dumps({"type": "Clear"})]
+    if ep is DEEPGRAM_V2:
+        return [json.dumps({"type": "Interrupt"})]
+    if ep is DASHSCOPE:
+        return [json.dumps({"type": "response.cancel"})]
     if ep is EL_MULTI:
         return [json.dumps({"close_socket": True})]
     return []

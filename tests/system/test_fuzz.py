@@ -22,8 +22,8 @@ import pytest
 
 from tests.fuzz import access, cases, faults, workers
 from tests.fuzz.endpoints import (
-    EL_SINGLE, WS_ENDPOINTS, cartesia_session, deepgram_session, elevenlabs_session, http_speech, native_session,
-    twilio_session,
+    EL_SINGLE, WS_ENDPOINTS, cartesia_session, dashscope_session, deepgram_session, deepgram_v2_session,
+    elevenlabs_session, http_speech, native_session, twilio_session,
 )
 from tests.fuzz.harness import ENGINE_SLOTS, Campaign, Scale
 
@@ -266,7 +266,8 @@ async def _well_behaved(camp: Campaign, phase) -> None:
         for name, make in (("native", lambda: native_session(s, ws, h)), ("twilio", lambda: twilio_session(s, ws, h)),
                            ("elevenlabs", lambda: elevenlabs_session(s, ws, True, h)),
                            ("cartesia", lambda: cartesia_session(s, ws, h)), ("deepgram", lambda: deepgram_session(s, ws, h)),
-                           ("http", lambda: _http_ok(s, url, h))):
+                           ("deepgram v2", lambda: deepgram_v2_session(s, ws, h)),
+                           ("dashscope", lambda: dashscope_session(s, ws, h)), ("http", lambda: _http_ok(s, url, h))):
             try:
                 await asyncio.wait_for(make(), 60)
                 phase.counts["well-behaved sessions"] += 1

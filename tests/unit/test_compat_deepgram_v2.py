@@ -245,6 +245,14 @@ def test_bad_messages_are_an_error_then_close_1008(tokenizer, msg, code):
     assert h.close.code == 1008 and h.close.reason.startswith(code)
 
 
+def test_idle_timeout_is_an_error_that_is_counted_then_close_1000(tokenizer):
+    h = make(tokenizer)
+    h.deliver()
+    error, close = h.proto.idle_timeout()
+    assert error.error == "idle_timeout" and '"code":"NET-0001"' in error.data    # Send.error: counted in /metrics
+    assert close.code == 1000 and close.reason.startswith("NET-0001")
+
+
 def test_binary_frame_is_an_error(tokenizer):
     h = make(tokenizer)
     h.deliver()
