@@ -176,7 +176,7 @@ def message_cases(ep: Endpoint, max_message_bytes: int) -> list[Case]:
                      ("response_format", ["pcm"]), ("sample_rate", 11025), ("sample_rate", "24000"),
                      ("sample_rate", 24000.0), ("sample_rate", BIG), ("speech_rate", 2.5), ("speech_rate", True),
                      ("volume", 101), ("volume", 50.5), ("pitch_rate", 0.1), ("bit_rate", 5), ("bit_rate", BIG),
-                     ("language_type", 5), ("language_type", "Klingon"), ("instructions", ["x"])):
+                     ("language_type", 5), ("instructions", ["x"])):
             bad(f"session.update {k} = {_short(v)}", update(**{k: v}))
         bad("session.update opus at 22050 Hz (the codec cannot)", update(response_format="opus", sample_rate=22050))
         for v in ([], "voice=Cherry", 5):

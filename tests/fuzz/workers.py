@@ -68,8 +68,8 @@ async def fuzz_endpoint(camp, phase, ep: Endpoint, n_messages: int, rng: random.
                     reply = await conn.exchange(inp.data)
                     sent += 1
                     phase.counts[ep.name] += 1
+                    judge(ep, inp.what, reply, phase, inp.known_bad, ending or inp.normal_end, after_end=ending)
                     ending = ending or inp.normal_end
-                    judge(ep, inp.what, reply, phase, inp.known_bad, ending)
                     if conn.closed is not None or reply.timed_out:
                         break
                 if reply.timed_out:
