@@ -12,11 +12,13 @@ ended are dropped before the protocol, as the gateway's engine client drops them
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import numpy as np
 
 from talkgate.sessions.actions import Close, Purge, Send
 from talkgate.sessions.limits import Limits
+from talkgate.sessions.models import Model, Models
 from talkgate.sessions.session import Session
 from talkgate.synth.api import (
     FRAME_SAMPLES, AppendText, AudioChunk, CancelContext, ContextDone, ContextFailed, EndText, FlushText, MakeVoice,
@@ -29,6 +31,14 @@ from talkgate.synth.tokenizer import StreamingTokenizer
 INFO = ModelInfo(name="tiny", model_type="custom_voice", size="tiny", untrained=True, end_of_speech="text_length_rule",
                  voices=tuple(SPEAKERS),
                  languages=("auto",) + tuple(name for name in LANGUAGES if "dialect" not in name))
+
+
+# what a server of one model serves (the HTTP parsers take the served models)
+ONE_MODEL = Models([Model("tiny", INFO)])
+# two served models for the routing tests: the default first, then another CustomVoice checkpoint whose one voice
+# the default lacks (a voice looked up on the wrong model is refused)
+OTHER_INFO = replace(INFO, name="other", voices=("solo",))
+TWO_MODELS = Models([Model("tiny", INFO), Model("other", OTHER_INFO)])
 
 
 class Clock:
@@ -48,11 +58,13 @@ def pcm(frame: int, n_frames: int = 1) -> np.ndarray:
 
 
 class Harness:
-    def __init__(self, tokenizer, make, limits: Limits | None = None, clock: Clock | None = None):
+    def __init__(self, tokenizer, make, limits: Limits | None = None, clock: Clock | None = None,
+                 models: Models | None = None):
         # the outbox is drained only when a test says so: allow a whole utterance to wait in it
         self.limits = limits or Limits(max_text_chars=400, max_backlog_ms=60_000)
         self.clock = clock or Clock()
-        self.session = Session(INFO, self.limits, lambda: StreamingTokenizer(tokenizer), clock=self.clock)
+        self.session = Session(INFO, self.limits, lambda: StreamingTokenizer(tokenizer), clock=self.clock,
+                               models=models)
         self.proto = make(self.session)
         self.outbox: list[Send] = []
         self.delivered: list = []       # JSON objects (dict) and binary frames (bytes), in order

@@ -24,7 +24,7 @@ def _elevenlabs(timestamps: bool, streamed: bool):
         async def make(body) -> elevenlabs.ElevenLabsSpeech:
             own = scope(request)
             text, config, output = elevenlabs.parse_http_request(
-                request.match_info["voice_id"], dict(request.query), body, gw.client.info, own.voice_map,
+                request.match_info["voice_id"], dict(request.query), body, gw.models, own.voice_map,
                 gw.limits.max_text_chars)
             return elevenlabs.ElevenLabsSpeech(gw.new_session("elevenlabs", own.voices, config), text, output,
                                                timestamps, streamed)
@@ -79,7 +79,7 @@ def _cartesia(events: bool):
 
         async def make(body) -> cartesia.CartesiaSpeech:
             voices = scope(request)
-            text, config, own = cartesia.parse_http_request(body, gw.client.info, voices.voice_map,
+            text, config, own = cartesia.parse_http_request(body, gw.models, voices.voice_map,
                                                             gw.limits.max_text_chars, events)
             session = gw.new_session("cartesia", voices.voices)
             session.configure(**config)
@@ -95,10 +95,8 @@ async def deepgram_rest(request: web.Request) -> web.StreamResponse:
 
     async def make(body) -> deepgram.DeepgramSpeech:
         own = scope(request)
-        text, model, fmt, voice = deepgram.parse_rest_request(dict(request.query), body, gw.client.info, own.voice_map)
-        session = gw.new_session("deepgram", own.voices)
-        session.configure(voice=voice, format=fmt)
-        return deepgram.DeepgramSpeech(session, text, model, fmt)
+        text, model, config = deepgram.parse_rest_request(dict(request.query), body, gw.models, own.voice_map)
+        return deepgram.DeepgramSpeech(gw.new_session("deepgram", own.voices, config), text, model, config.format)
 
     return await serve_speech(request, "deepgram", make, deepgram.rest_error)
 

@@ -73,7 +73,7 @@ async def deepgram_v2_ws(request: web.Request) -> web.StreamResponse:
     settings = None
     if gw.identify(request) is not None:        # serve_websocket refuses (and audits) the others
         try:
-            settings = deepgram_v2.parse_query(dict(request.query), gw.client.info.voices, scope(request).voice_map)
+            settings = deepgram_v2.parse_query(dict(request.query), gw.models, scope(request).voice_map)
         except SessionError as e:
             return respond(rest_error(400, e.code, e.message))
 

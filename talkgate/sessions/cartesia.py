@@ -16,6 +16,7 @@ from talkgate.sessions.actions import BUSY, Close, Send, dumps, http_status, sen
 from talkgate.sessions.alignment import Timeline
 from talkgate.sessions.fields import SessionError, field_of, show
 from talkgate.sessions.http import HttpSpeech, Respond, sse
+from talkgate.sessions.models import Models
 from talkgate.sessions.session import (
     AudioFormat, AudioOut, ContextCancelled, ContextError, ContextFinished, Session,
 )
@@ -76,16 +77,19 @@ def voice_id(voice: object, cid: str | None) -> str:
     return voice["id"]
 
 
-def context_config(msg: dict, cid: str | None, info, voices: VoiceMap,
+def context_config(msg: dict, cid: str | None, models: Models, voices: VoiceMap,
                    containers: tuple[str, ...] = ("raw",)) -> dict:
-    """The context settings of a generation request (voice, format, language), as ContextConfig fields."""
+    """The context settings of a generation request (model, voice, format, language), as ContextConfig fields.
+    `model_id`: a served model's name, or Cartesia's (sonic-2, ...: the default's alias)."""
+    model = field_of(msg, "model_id", str, None, cid)
+    info = models.info_for(model, cid)
     try:
         name = voices.resolve("cartesia", voice_id(msg.get("voice"), cid), info.voices)
     except UnknownVoice as e:
         raise SessionError("voice_not_found", str(e), cid) from None
     fmt = parse_output_format(msg.get("output_format"), cid, containers)
     language = resolve_language(field_of(msg, "language", str, None, cid), info.languages)
-    return {"voice": name, "format": fmt, "language": language}
+    return {"voice": name, "format": fmt, "language": language, "model": model}
 
 
 class CartesiaProtocol(UtteranceProtocol):
@@ -138,7 +142,7 @@ class CartesiaProtocol(UtteranceProtocol):
         flush = field_of(msg, "flush", bool, False, cid)
         add_timestamps = field_of(msg, "add_timestamps", bool, False, cid)
         if cid not in self.utterances:
-            self.utterances.open(cid, **context_config(msg, cid, self.session.info, self.voices))
+            self.utterances.open(cid, **context_config(msg, cid, self.session.models, self.voices))
             self.timestamps[cid] = add_timestamps
             self.flush_ids[cid] = 0
         events: list[Event] = []
@@ -198,7 +202,7 @@ class CartesiaProtocol(UtteranceProtocol):
 HTTP_CONTAINERS = ("raw", "wav", "mp3")
 
 
-def parse_http_request(body: object, info, voices: VoiceMap, max_chars: int, events: bool) -> tuple[str, dict, dict]:
+def parse_http_request(body: object, models: Models, voices: VoiceMap, max_chars: int, events: bool) -> tuple[str, dict, dict]:
     """-> (transcript, ContextConfig fields, the request's own fields for /tts/sse: context_id,
     add_timestamps); raises SessionError."""
     if not isinstance(body, dict):
@@ -208,11 +212,10 @@ def parse_http_request(body: object, info, voices: VoiceMap, max_chars: int, eve
         raise SessionError("invalid_request", "transcript is empty")
     if len(text) > max_chars:
         raise SessionError("text_too_long", f"transcript is limited to {max_chars} characters")
-    field_of(body, "model_id", str)
     field_of(body, "generation_config", dict)
     own = {"context_id": field_of(body, "context_id", str) if events else None,
            "add_timestamps": field_of(body, "add_timestamps", bool, False) if events else False}
-    return text, context_config(body, None, info, voices, HTTP_CONTAINERS), own
+    return text, context_config(body, None, models, voices, HTTP_CONTAINERS), own
 
 
 def error_fields(code: str, message: str, request_id: str | None, context_id: str | None = None) -> dict:

@@ -29,7 +29,7 @@ import itertools
 import secrets
 from dataclasses import dataclass
 
-from talkgate.sessions.actions import Close, send_json
+from talkgate.sessions.actions import Close, close_code, send_json
 from talkgate.sessions.fields import SessionError, field_of, integer, number, show
 from talkgate.sessions.session import AudioFormat, ContextCancelled, ContextError, Session
 from talkgate.sessions.utterances import Audio, Event, SegmentDone, UtteranceDone, UtteranceProtocol
@@ -68,6 +68,11 @@ class DashScopeProtocol(UtteranceProtocol):
     def __init__(self, session: Session, session_id: str, model: str, voices: VoiceMap):
         super().__init__(session, session_id)
         self.model, self.voices = model, voices
+        self.startup_error: SessionError | None = None
+        try:        # `model`: a served model's name, or DashScope's (qwen-tts-realtime, ...: the default's alias)
+            self.info = session.models.info_for(model)
+        except SessionError as e:
+            self.info, self.startup_error = session.info, e
         self.settings = Settings()
         self.extra: dict = {}               # the session.update fields echoed in session.updated
         self.started = False                # text came: the session's settings are fixed (DashScope's rule)
@@ -77,10 +82,17 @@ class DashScopeProtocol(UtteranceProtocol):
         self.last: Response | None = None       # the response done last
         self.ids = itertools.count(1)
         self.finishing = False
-        session.configure(voice=self._voice(DEFAULT_VOICE))
+        if self.startup_error is None:
+            voice = self._voice(DEFAULT_VOICE)
+            if self.info.voices and voice not in self.info.voices:
+                voice = None        # a model without DashScope's default voice speaks its own default
+            session.configure(voice=voice, model=model)
 
     # ----- SocketProtocol -----
     def ready(self) -> list:
+        if self.startup_error is not None:
+            return self._error(self.startup_error.code, self.startup_error.message, "model") + [
+                Close(close_code(self.startup_error.code), self.startup_error.code)]
         return [self._event("session.created", session=self._session_view())]
 
     def idle_timeout(self) -> list:
@@ -125,7 +137,7 @@ class DashScopeProtocol(UtteranceProtocol):
             raise SessionError("invalid_value", "Session update error: session already started or finished or "
                                "failed.")
         body = field_of(msg, "session", dict, {})
-        config, settings, extra = _session_config(body, self.settings, self.voices, self.session.info)
+        config, settings, extra = _session_config(body, self.settings, self.voices, self.info)
         try:
             self.session.configure(**config)
         except SessionError as e:       # a format the codec cannot make at that rate or bit rate
@@ -304,7 +316,7 @@ class DashScopeProtocol(UtteranceProtocol):
         return [self._event("error", reports=code, error=error)]
 
     def _voice(self, name: str) -> str | None:
-        return _voice(self.voices, name, self.session.info.voices)
+        return _voice(self.voices, name, self.info.voices)
 
 
 def _voice(voices: VoiceMap, name: str, model_voices: tuple[str, ...]) -> str | None:

@@ -14,7 +14,8 @@ from talkgate.codecs import ENCODINGS as CODECS
 from talkgate.sessions.actions import Close, close_code, dumps, send_json
 from talkgate.sessions.fields import SessionError, field_of, query_int, show
 from talkgate.sessions.http import HttpSpeech, Respond
-from talkgate.sessions.session import AudioFormat, ContextCancelled, ContextError, Session
+from talkgate.sessions.models import Models
+from talkgate.sessions.session import AudioFormat, ContextCancelled, ContextConfig, ContextError, Session
 from talkgate.sessions.utterances import Audio, Event, SegmentDone, UtteranceDone, UtteranceProtocol
 from talkgate.sessions.voices import UnknownVoice, VoiceMap
 
@@ -55,6 +56,21 @@ def model_voice(voices: VoiceMap, model: str, model_voices: tuple[str, ...]) -> 
         raise SessionError("INVALID_MODEL", str(e)) from None
 
 
+def served_model(model: str, models: Models, voices: VoiceMap) -> tuple[str | None, str | None]:
+    """Deepgram's `model` -> (the served model it names, None: the one its voice has; the talkgate voice). Deepgram's
+    model is a voice (aura-2-thalia-en), so a served model is named before it, `NAME:aura-2-thalia-en`: the
+    separator is in no served model's name (sessions/models.py MODEL_NAME) nor Deepgram's, and any client sends it
+    unmodified as its model. Raises SessionError INVALID_MODEL (Deepgram's code for every model it does not serve)."""
+    name, separator, voice_model = model.partition(":")
+    if not separator:
+        name, voice_model = None, model
+    try:
+        info = models.info_for(name)
+    except SessionError as e:
+        raise SessionError("INVALID_MODEL", e.message) from None
+    return name, model_voice(voices, voice_model, info.voices)
+
+
 def speak_text(msg: dict) -> str:
     """The text of a `Speak` (the same message on /v1/speak and /v2/speak); raises SessionError."""
     text = field_of(msg, "text", str)
@@ -74,8 +90,8 @@ class DeepgramProtocol(UtteranceProtocol):
         self.closing = False
         self.startup_error: SessionError | None = None
         try:
-            voice = model_voice(voices, self.model, session.info.voices)
-            self.session.configure(voice=voice, format=parse_query(query))
+            served, voice = served_model(self.model, session.models, voices)
+            self.session.configure(voice=voice, format=parse_query(query), model=served)
         except SessionError as e:
             self.startup_error = e
 
@@ -202,8 +218,9 @@ def parse_rest_query(query: dict[str, str]) -> AudioFormat:
     return AudioFormat("wav" if container == "wav" else session_enc, rate, bitrate=bitrate)
 
 
-def parse_rest_request(query: dict[str, str], body: object, info, voices: VoiceMap) -> tuple[str, str, AudioFormat, str | None]:
-    """-> (text, model name, format, voice); raises SessionError."""
+def parse_rest_request(query: dict[str, str], body: object, models: Models,
+                       voices: VoiceMap) -> tuple[str, str, ContextConfig]:
+    """-> (text, Deepgram's model name, the context's config); raises SessionError."""
     if not isinstance(body, dict):
         raise SessionError("INVALID_REQUEST", "the body must be a JSON object {\"text\": ...}")
     text = body.get("text")
@@ -212,7 +229,8 @@ def parse_rest_request(query: dict[str, str], body: object, info, voices: VoiceM
     if len(text) > MAX_REST_CHARS:
         raise SessionError("INVALID_REQUEST", f"text is limited to {MAX_REST_CHARS} characters")
     model = query.get("model", DEFAULT_MODEL)
-    return text, model, parse_rest_query(query), model_voice(voices, model, info.voices)
+    served, voice = served_model(model, models, voices)
+    return text, model, ContextConfig(voice=voice, format=parse_rest_query(query), model=served)
 
 
 def rest_error(status: int, code: str, message: str, request_id: str | None = None) -> Respond:

@@ -28,8 +28,9 @@ from dataclasses import dataclass
 
 from talkgate.sessions.actions import Close, close_code, send_json
 from talkgate.sessions.alignment import CHARS_PER_SECOND
-from talkgate.sessions.deepgram import model_voice, speak_text, stream_format
+from talkgate.sessions.deepgram import served_model, speak_text, stream_format
 from talkgate.sessions.fields import SessionError, field_of, show
+from talkgate.sessions.models import Models
 from talkgate.sessions.session import AudioFormat, ContextCancelled, ContextError, Session
 from talkgate.sessions.utterances import Audio, Event, SegmentDone, UtteranceDone, UtteranceProtocol
 from talkgate.sessions.voices import VoiceMap
@@ -55,6 +56,7 @@ class Settings:
     voice: str | None
     format: AudioFormat
     speed: float | None         # None: not set
+    served_model: str | None    # the served model `model` names (deepgram.py served_model); None: its voice's
 
 
 def speed_fault(speed: float) -> tuple[str, str] | None:
@@ -66,12 +68,12 @@ def speed_fault(speed: float) -> tuple[str, str] | None:
     return None
 
 
-def parse_query(query: dict[str, str], model_voices: tuple[str, ...], voices: VoiceMap) -> Settings:
+def parse_query(query: dict[str, str], models: Models, voices: VoiceMap) -> Settings:
     """The query of a /v2/speak connection; raises SessionError with Deepgram's code (the upgrade is refused)."""
     model = query.get("model")
     if not model:
         raise SessionError("INVALID_MODEL", "model is required (flux-{voice}-{language})")
-    voice = model_voice(voices, model, model_voices)
+    served, voice = served_model(model, models, voices)
     fmt = stream_format(query, RATES)
     speed = None
     if "speed" in query:
@@ -89,7 +91,7 @@ def parse_query(query: dict[str, str], model_voices: tuple[str, ...], voices: Vo
             raise SessionError("EXPRESSIVITY_OUT_OF_RANGE", f"expressivity {show(text)} is not from -2 to 2")
         if value not in EXPRESSIVITY:
             raise SessionError("EXPRESSIVITY_INCREMENT_INVALID", f"expressivity {show(text)} is not an integer")
-    return Settings(model, voice, fmt, speed)
+    return Settings(model, voice, fmt, speed, served)
 
 
 @dataclass(eq=False)
@@ -123,7 +125,8 @@ class DeepgramV2Protocol(UtteranceProtocol):
         super().__init__(session, session_id)
         self.model = settings.model
         self.speed = settings.speed         # as set on this session (ConfigureSuccess reports it)
-        session.configure(voice=settings.voice, format=settings.format, speed=settings.speed or 1.0)
+        session.configure(voice=settings.voice, format=settings.format, speed=settings.speed or 1.0,
+                          model=settings.served_model)
         self.turns: deque[Turn] = deque()   # not finished: the one being spoken first; bounded by the utterance's
                                             # flushes (MAX_FLUSHES)
         self.history: deque[Turn] = deque(maxlen=TURN_HISTORY)

@@ -22,6 +22,7 @@ from talkgate.sessions.actions import Close, Send, close_code, dumps, send_json
 from talkgate.sessions.alignment import Timeline
 from talkgate.sessions.fields import SessionError, field_of, integer, query_int, show
 from talkgate.sessions.http import HttpSpeech, Respond
+from talkgate.sessions.models import Models
 from talkgate.sessions.session import (
     AudioFormat, AudioOut, ContextCancelled, ContextConfig, ContextError, ContextFinished, Session,
 )
@@ -93,7 +94,8 @@ class ElevenLabsProtocol(UtteranceProtocol):
             self.startup_error = e
 
     def _configure(self, voice_id: str, query: dict[str, str], voices: VoiceMap) -> None:
-        info = self.session.info
+        model = query.get("model_id")       # a served model's name, or ElevenLabs' (the default's alias)
+        info = self.session.models.info_for(model)
         try:
             voice = voices.resolve("elevenlabs", voice_id, info.voices)
         except UnknownVoice as e:
@@ -116,7 +118,7 @@ class ElevenLabsProtocol(UtteranceProtocol):
             raise SessionError("invalid_seed", "seed must be an integer from 0 to 2^64 - 1")
         self.session.configure(voice=voice, format=self.output.session,
                                language=resolve_language(query.get("language_code"), info.languages),
-                               sampling=SamplingParams(seed=seed))
+                               sampling=SamplingParams(seed=seed), model=model)
 
     # ----- connection -----
     def ready(self) -> list:
@@ -299,9 +301,10 @@ def http_format(output: OutputFormat) -> AudioFormat:
     return AudioFormat(output.container, output.rate, bitrate=output.bitrate)
 
 
-def parse_http_request(voice_id: str, query: dict[str, str], body: object, info, voices: VoiceMap,
+def parse_http_request(voice_id: str, query: dict[str, str], body: object, models: Models, voices: VoiceMap,
                        max_chars: int) -> tuple[str, ContextConfig, OutputFormat]:
-    """-> (text, context config, output format); raises SessionError."""
+    """-> (text, context config, output format); raises SessionError. `model_id`: a served model's name, or
+    ElevenLabs' (the default's alias)."""
     if not isinstance(body, dict):
         raise SessionError("invalid_request", "the body must be a JSON object")
     text = field_of(body, "text", str, required=True)
@@ -309,6 +312,8 @@ def parse_http_request(voice_id: str, query: dict[str, str], body: object, info,
         raise SessionError("invalid_request", "text is empty")
     if len(text) > max_chars:
         raise SessionError("text_too_long", f"text is limited to {max_chars} characters")
+    model = field_of(body, "model_id", str)
+    info = models.info_for(model)
     try:
         voice = voices.resolve("elevenlabs", voice_id, info.voices)
     except UnknownVoice as e:
@@ -317,7 +322,7 @@ def parse_http_request(voice_id: str, query: dict[str, str], body: object, info,
     latency = query.get("optimize_streaming_latency")
     if latency is not None and query_int(latency, 0, LATENCY_LEVELS[-1]) is None:
         raise SessionError("invalid_request", "optimize_streaming_latency must be an integer from 0 to 4")
-    for name in ("model_id", "language_code", "previous_text", "next_text", "apply_text_normalization"):
+    for name in ("language_code", "previous_text", "next_text", "apply_text_normalization"):
         field_of(body, name, str)
     for name in ("voice_settings", "audio_effects"):
         field_of(body, name, dict)
@@ -326,7 +331,7 @@ def parse_http_request(voice_id: str, query: dict[str, str], body: object, info,
     seed = integer(body, "seed", 0, MAX_SEED, code="invalid_request")
     config = ContextConfig(voice=voice, language=resolve_language(field_of(body, "language_code", str),
                                                                   info.languages),
-                           format=http_format(output), sampling=SamplingParams(seed=seed))
+                           format=http_format(output), sampling=SamplingParams(seed=seed), model=model)
     return text, config, output
 
 

@@ -3,7 +3,7 @@
 Pure: `Models` holds each model's name and ModelInfo, in the order given (the first is the default), and
 answers the one routing question every protocol asks, `route`:
   1. a model the request names: a configured model's name (case-insensitive), or a vendor's model name that
-     clients send today (OpenAI's tts-1, ElevenLabs' eleven_*, Cartesia's sonic*, ...: VENDOR_MODELS), which
+     clients send today (OpenAI's tts-1, ElevenLabs' eleven_*, Cartesia's sonic*, DashScope's qwen*-realtime*, ...: VENDOR_MODELS), which
      stays an alias of the default model; any other name is unknown_model (the protocol's own error);
   2. else the voice: a voice of a model (a CustomVoice speaker) -> the first model that has it, the default
      first; a stored cloned voice or reference audio -> the first Base model; instructions alone (no voice)
@@ -22,7 +22,7 @@ from talkgate.synth.api import ModelInfo
 
 # the model names the vendors' clients send (their defaults and documented ids): aliases of the default model
 VENDOR_MODELS = re.compile(r"(tts(-1(-hd)?)?|gpt-4o(-mini)?-tts(-[\w-]+)?|eleven_[\w]+|sonic[\w.-]*|aura[\w-]*"
-                           r"|talkgate)\Z", re.IGNORECASE)
+                           r"|qwen[\w.-]*-realtime[\w.-]*|talkgate)\Z", re.IGNORECASE)
 MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}\Z")
 
 

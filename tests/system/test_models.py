@@ -5,12 +5,14 @@ checkpoint and different audio on another (random weights of their own)."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import os
 import signal
 from pathlib import Path
 
 import aiohttp
+import httpx
 import pytest
 
 from talkgate.synth.checkpoint import create_checkpoint
@@ -24,14 +26,18 @@ def server(tiny_checkpoint, tiny_base_checkpoint, tmp_path_factory):
     vd = create_checkpoint(tmp_path_factory.mktemp("ckpt") / "tiny-voice_design", preset="tiny",
                            variant="voice_design", seed=0)
     store = tmp_path_factory.mktemp("voice-store")
+    # --seed: a request that sets none (Cartesia has no seed) is as reproducible as the seeded ones (speak's 7)
     with TalkgateServer(f"cv={tiny_checkpoint}", "--model", f"base={tiny_base_checkpoint}", "--model", f"vd={vd}",
-                        "--workers", "1", "--api-key", KEY, "--voice-store", str(store)) as srv:
+                        "--workers", "1", "--api-key", KEY, "--voice-store", str(store), "--seed", "7") as srv:
         srv.checkpoints = {"cv": str(tiny_checkpoint), "base": str(tiny_base_checkpoint), "vd": str(vd)}
         yield srv
 
 
+TEXT = "Hello there, my friend."
+
+
 async def speak(url: str, **body) -> tuple[int, bytes]:
-    body = {"input": "Hello there, my friend.", "response_format": "pcm", "seed": 7, **body}
+    body = {"input": TEXT, "response_format": "pcm", "seed": 7, **body}
     async with aiohttp.ClientSession() as http:
         async with http.post(f"{url}/v1/audio/speech", json=body, headers=AUTH) as r:
             return r.status, await r.read()
@@ -55,6 +61,40 @@ def test_openai_model_routes_each_request_to_its_model(server):
     assert vd_by_instructions == vd
     assert len({cv[1], vd[1], base[1]}) == 3             # three checkpoints, three different audios
     assert unknown[0] == 400 and b"unknown_model" in unknown[1] and b"cv, base, vd" in unknown[1]
+
+
+def test_vendor_sdks_select_a_model_by_name(server):
+    """ElevenLabs' and Cartesia's SDKs, unmodified, name a served model in their own model_id (HTTP and Cartesia's
+    WebSocket): the audio is that model's, as OpenAI's `model` gives it; their own model names are the default's."""
+    import cartesia
+    from cartesia import Cartesia
+    from elevenlabs.client import ElevenLabs
+    from elevenlabs.core.api_error import ApiError
+
+    (_, base), (_, cv) = asyncio.run(speak(server.url, model="base")), asyncio.run(speak(server.url, voice="ryan"))
+    pcm = {"container": "raw", "encoding": "pcm_s16le", "sample_rate": 24000}
+    with httpx.Client(timeout=60) as http:
+        tts = ElevenLabs(api_key=KEY, base_url=server.url, httpx_client=http).text_to_speech
+        el = {model: b"".join(tts.convert("ryan", text=TEXT, model_id=model, output_format="pcm_24000", seed=7))
+              for model in ("base", "eleven_flash_v2_5")}
+        with pytest.raises(ApiError) as el_unknown:
+            b"".join(tts.convert("ryan", text=TEXT, model_id="no-such-model"))
+        c = Cartesia(api_key=KEY, base_url=server.url, websocket_base_url=server.ws_url, http_client=http)
+        c_http = {model: c.tts.generate(model_id=model, transcript=TEXT, voice="ryan", output_format=pcm).read()
+                  for model in ("base", "sonic-3")}
+        with pytest.raises(cartesia.BadRequestError) as c_unknown:
+            c.tts.generate(model_id="no-such-model", transcript=TEXT, voice="ryan", output_format=pcm)
+        with c.tts.websocket_connect() as conn:
+            ctx = conn.context(model_id="base", voice="ryan", output_format=pcm)
+            ctx.push(TEXT)
+            ctx.no_more_inputs()
+            c_socket = b"".join(base64.b64decode(e.data) for e in ctx.receive() if e.type == "chunk")
+
+    assert base != cv
+    assert el["base"] == base and el["eleven_flash_v2_5"] == cv
+    assert c_http["base"] == base and c_http["sonic-3"] == cv and c_socket == base
+    assert el_unknown.value.status_code == 400 and el_unknown.value.body["detail"]["status"] == "unknown_model"
+    assert c_unknown.value.body["error_code"] == "unknown_model"
 
 
 def test_ready_and_listing_per_model(server):

@@ -9,13 +9,13 @@ from talkgate.sessions.deepgram_v2 import DeepgramV2Protocol, Turn, parse_query
 from talkgate.sessions.fields import SessionError
 from talkgate.sessions.voices import VoiceMap
 from talkgate.synth.api import FRAME_SAMPLES, CancelContext, TextSpoken
-from tests.compat_harness import INFO, Harness, jsons
+from tests.compat_harness import INFO, ONE_MODEL, Harness, jsons
 
 VOICES = VoiceMap({"deepgram": {"flux-test-en": INFO.voices[0]}})
 
 
 def make(tokenizer, **query):
-    settings = parse_query({"model": "flux-test-en", **query}, INFO.voices, VOICES)
+    settings = parse_query({"model": "flux-test-en", **query}, ONE_MODEL, VOICES)
     h = Harness(tokenizer, lambda s: DeepgramV2Protocol(s, "s1", settings))
     h.ready()
     return h
@@ -284,11 +284,11 @@ def test_engine_failure_is_an_error(tokenizer):
 ])
 def test_bad_query_is_refused(query, code):
     with pytest.raises(SessionError) as e:
-        parse_query(query, INFO.voices, VOICES)
+        parse_query(query, ONE_MODEL, VOICES)
     assert e.value.code == code
 
 
 def test_query_of_the_sdk():
     settings = parse_query({"model": "flux-test-en", "encoding": "linear16", "sample_rate": "44100", "speed": "1.25",
-                            "expressivity": "-2", "mip_opt_out": "true", "tag": "x"}, INFO.voices, VOICES)
+                            "expressivity": "-2", "mip_opt_out": "true", "tag": "x"}, ONE_MODEL, VOICES)
     assert (settings.voice, settings.format.sample_rate, settings.speed) == (INFO.voices[0], 44100, 1.25)

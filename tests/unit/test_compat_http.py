@@ -21,7 +21,7 @@ from talkgate.sessions.session import Session
 from talkgate.sessions.voices import VoiceMap
 from talkgate.synth.api import AudioChunk, ContextDone, ContextFailed, OpenContext
 from talkgate.synth.tokenizer import StreamingTokenizer
-from tests.compat_harness import INFO, pcm
+from tests.compat_harness import INFO, ONE_MODEL, pcm
 
 VOICES = VoiceMap()
 
@@ -59,13 +59,13 @@ def test_openai_voices_and_defaults():
 def test_refused_context_is_an_error_status_in_each_apis_shape(tokenizer):
     s = session(tokenizer)
     text, config, output = elevenlabs_request("21m00Tcm4TlvDq8ikWAM", {"output_format": "pcm_16000"},
-                                              {"text": "Hi."}, INFO, VOICES, 1000)
+                                              {"text": "Hi."}, ONE_MODEL, VOICES, 1000)
     s.configure(**{k: getattr(config, k) for k in ("voice", "format", "language")})
     protocols = [openai(tokenizer), ElevenLabsSpeech(s, text, output, timestamps=False, streamed=True)]
     s = session(tokenizer)
-    text, model, fmt, voice = parse_rest_request({}, {"text": "Hi."}, INFO, VOICES)
-    s.configure(voice=voice, format=fmt)
-    protocols.append(DeepgramSpeech(s, text, model, fmt))
+    text, model, config = parse_rest_request({}, {"text": "Hi."}, ONE_MODEL, VOICES)
+    s.configure(voice=config.voice, format=config.format)
+    protocols.append(DeepgramSpeech(s, text, model, config.format))
     bodies = []
     for proto in protocols:
         ctx, _ = started(proto)
@@ -107,7 +107,7 @@ def test_elevenlabs_with_timestamps_whole_and_streamed(tokenizer):
     for streamed in (False, True):
         s = session(tokenizer)
         text, config, output = elevenlabs_request("21m00Tcm4TlvDq8ikWAM", {"output_format": "pcm_24000"},
-                                                  {"text": "Hi there."}, INFO, VOICES, 1000)
+                                                  {"text": "Hi there."}, ONE_MODEL, VOICES, 1000)
         s.configure(**{k: getattr(config, k) for k in ("voice", "format", "language")})
         proto = ElevenLabsSpeech(s, text, output, timestamps=True, streamed=streamed)
         ctx, _ = started(proto)
@@ -139,7 +139,7 @@ def test_cartesia_and_deepgram_requests_refused_in_their_terms(tokenizer):
                         "invalid_output_format"),
                        ({"transcript": " ", "voice": "ryan"}, "invalid_request")):
         with pytest.raises(SessionError) as e:
-            cartesia_request(body, INFO, VOICES, 1000, events=False)
+            cartesia_request(body, ONE_MODEL, VOICES, 1000, events=False)
         assert e.value.code == code, body
     for query, code in (({"encoding": "pcm"}, "UNSUPPORTED_ENCODING"),
                         ({"encoding": "linear16", "sample_rate": "44100"}, "UNSUPPORTED_SAMPLE_RATE"),
@@ -156,7 +156,8 @@ def test_cartesia_and_deepgram_requests_refused_in_their_terms(tokenizer):
 def test_cartesia_sse_failure_after_audio_is_an_error_event(tokenizer):
     text, config, own = cartesia_request({"transcript": "Hi.", "voice": "ryan", "context_id": "c9",
                                           "output_format": {"container": "raw", "encoding": "pcm_s16le",
-                                                            "sample_rate": 24000}}, INFO, VOICES, 1000, events=True)
+                                                            "sample_rate": 24000}},
+                                         ONE_MODEL, VOICES, 1000, events=True)
     s = session(tokenizer)
     s.configure(**config)
     proto = CartesiaSpeech(s, text, config["format"], True, **own)
