@@ -142,8 +142,12 @@ class EngineCollector:
         self.engines = engines
 
     def collect(self):
+        """Each series labelled by `engine` (its index); with several models served, by `model` too and `engine` its
+        index among that model's (a server of one model keeps the series it always had)."""
         engines = self.engines.stats()["engines"]
-        family = lambda name, doc: GaugeMetricFamily(name, doc, labels=["engine"])
+        by_model = any("model" in e for e in engines)      # ModelEngines names each engine's model only then
+        names = ["engine", "model"] if by_model else ["engine"]
+        family = lambda name, doc: GaugeMetricFamily(name, doc, labels=names)
         ready = family("talkgate_engine_ready", "1 while the engine process is warm and connected")
         slots = family("talkgate_engine_slots", "Engine context slots")
         free = family("talkgate_engine_slots_free", "Engine slots not held by a context")
@@ -151,26 +155,29 @@ class EngineCollector:
         waiting = family("talkgate_engine_waiting", "Contexts waiting for text or a slot")
         cpu = family("talkgate_engine_cpu_seconds", "CPU time of the engine process")
         behind = family("talkgate_engine_workers_behind", "Workers whose contexts it fails (worker_behind)")
-        step = HistogramMetricFamily("talkgate_engine_step_seconds", "Engine step time", labels=["engine"])
+        step = HistogramMetricFamily("talkgate_engine_step_seconds", "Engine step time", labels=names)
         loop = CounterMetricFamily("talkgate_engine_loop_seconds", "The engine process's main loop by phase: receive "
                                    "(workers' messages), turn (steps and graph captures), peers (backlogs, stats), "
-                                   "idle (waiting for messages)", labels=["engine", "phase"])
+                                   "idle (waiting for messages)", labels=[*names, "phase"])
         gpu_wait = CounterMetricFamily("talkgate_engine_gpu_wait_seconds", "Time the engine's turns spent blocked "
-                                       "on the GPU (a step's codes or PCM)", labels=["engine"])
+                                       "on the GPU (a step's codes or PCM)", labels=names)
         cpu_wait = CounterMetricFamily("talkgate_engine_cpu_wait_seconds", "Time the engine's loop thread was ready to "
                                        "run but waited for a CPU (Linux schedstat): its cores held by other processes",
-                                       labels=["engine"])
+                                       labels=names)
         slow = CounterMetricFamily("talkgate_engine_slow_turns", "Turns of the engine loop over 40 ms (steps that can "
                                    "make a new context's second frame late; the log says where their time went)",
-                                   labels=["engine"])
+                                   labels=names)
         gc = CounterMetricFamily("talkgate_engine_gc_seconds", "Time the engine process paused in garbage "
-                                 "collections", labels=["engine"])
+                                 "collections", labels=names)
         gc_max = family("talkgate_engine_gc_pause_max_seconds", "The engine process's longest garbage-collection pause")
         gc_frozen = family("talkgate_engine_gc_frozen_objects", "Objects frozen out of the engine process's garbage "
                            "collections (gc.freeze after warm-up)")
-        audio = CounterMetricFamily("talkgate_engine_audio_seconds", ENGINE_AUDIO_HELP, labels=["engine"])
-        for i, e in enumerate(engines):
-            label = [str(i)]
+        audio = CounterMetricFamily("talkgate_engine_audio_seconds", ENGINE_AUDIO_HELP, labels=names)
+        index: dict[str | None, int] = {}              # model -> its engines so far
+        for e in engines:
+            model = e.get("model")
+            label = [str(index.setdefault(model, 0)), *([model] if by_model else [])]
+            index[model] += 1
             ready.add_metric(label, float(e["state"] == "ready"))
             if "slots" not in e:
                 continue                                    # not heard from yet

@@ -10,14 +10,15 @@ back as they went, whichever engine made them. Commands after an OpenContext (or
 engine by its id until the context's last event (ContextDone, ContextFailed; VoiceMade, VoiceFailed) or its
 CancelContext. A voice request that names no model (the voice store's uploads) goes to the first Base model.
 
-Faults stay within a model: each model's engines fail only their own contexts (ipc/remote_engines.py), and
-`ready` is the default model's (plain /ready); `model_ready(name)` answers /ready?model=NAME.
+Faults stay within a model: each model's engines fail only their own contexts (ipc/remote_engines.py), their
+failures' messages name the model, and `ready` is the default model's (plain /ready); `model_ready(name)` answers /ready?model=NAME.
 With one model every command goes to its engine as it came and nothing is tracked: a server of one model
 behaves as before there were several.
 """
 from __future__ import annotations
 
 import threading
+from dataclasses import replace
 
 from talkgate.sessions.models import Model, Models, model_name
 from talkgate.synth.api import (
@@ -27,6 +28,14 @@ from talkgate.synth.api import (
 
 CLIENT = 1                  # the id of the one client
 LAST_EVENTS = (ContextDone, ContextFailed, VoiceMade, VoiceFailed)
+
+
+def naming_model(ev, name: str):
+    """A failure (engine_full, engine_failed, ...) names the model whose engines it comes from: with several models
+    `all engine slots are busy` alone does not say which model to add capacity to, nor which engine died."""
+    if isinstance(ev, (ContextFailed, VoiceFailed)):
+        return replace(ev, message=f"model {name}: {ev.message}")
+    return ev
 
 
 class ModelEngines:
@@ -97,16 +106,16 @@ class ModelEngines:
             self._clients[self.names[0]] = self.default.connect(deliver)
             return CLIENT
         for name, engine in self.engines.items():
-            self._clients[name] = engine.connect(self._delivery(deliver))
+            self._clients[name] = engine.connect(self._delivery(name, deliver))
         return CLIENT
 
-    def _delivery(self, deliver):
+    def _delivery(self, name: str, deliver):
         def on_events(events: list) -> None:
             with self._lock:
                 for ev in events:
                     if isinstance(ev, LAST_EVENTS):
                         self._routes.pop(event_key(ev), None)
-            deliver(events)
+            deliver([naming_model(ev, name) for ev in events])
         return on_events
 
     def disconnect(self, client: int) -> None:

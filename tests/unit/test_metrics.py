@@ -44,3 +44,18 @@ def test_an_in_process_engine_counter_takes_the_frames_made_since_the_last_scrap
         assert audio() == pytest.approx(seconds)
     metrics.observe({}, 0, 16, False)                             # stats without a frame count change nothing
     assert audio() == pytest.approx(2.8)
+
+
+def test_several_models_label_each_engine_by_model_and_its_index_among_the_models():
+    """ModelEngines.stats names each engine's model only when several are served (one model: the labels above)."""
+    engines = [{**engine_stats(25), "model": "cv"}, {**engine_stats(50), "model": "cv"},
+               {**engine_stats(0), "model": "base"}]
+    registry = CollectorRegistry()
+    registry.register(EngineCollector(PublishedStats(engines)))
+    series = parse_prometheus(generate_latest(registry).decode())
+    audio = {tuple(sorted(labels)): v for (name, labels), v in series.items() if name == AUDIO}
+    assert audio == {(("engine", "0"), ("model", "cv")): pytest.approx(2.0),
+                     (("engine", "1"), ("model", "cv")): pytest.approx(4.0),
+                     (("engine", "0"), ("model", "base")): 0.0}
+    loop = [dict(labels) for (name, labels), _ in series.items() if name == "talkgate_engine_slots"]
+    assert {(d["engine"], d["model"]) for d in loop} == {("0", "cv"), ("1", "cv"), ("0", "base")}
