@@ -1,6 +1,6 @@
 """`talkgate warmup`: compile the model's GPU step into the talkgate cache ahead of time, so that a later
 `talkgate serve` of the same model on the same kind of GPU starts in seconds (e.g. run it when an image is
-built). Everything serve compiles, with the same model, device, dtype and slot flags (synth/compile_cache.py)."""
+built); several --model (serve's [NAME=]DIR) warm each in turn. Everything serve compiles, with the same model, device, dtype and slot flags (synth/compile_cache.py)."""
 from __future__ import annotations
 
 import argparse
@@ -19,8 +19,9 @@ def add_parser(subparsers) -> None:
         description="Compile everything `talkgate serve` compiles for this model, device, dtype and slot count "
                     "into the talkgate cache ($TALKGATE_CACHE or ~/.cache/talkgate), e.g. when an image is built; "
                     "a later serve of the same model on the same kind of GPU reuses it. Nothing to do on a CPU.")
-    p.add_argument("--model", metavar="DIR|ID", help="checkpoint directory or Hugging Face id (default: serve's "
-                   f"built-in random-weight '{serve.DEFAULT_PRESET}' checkpoint)")
+    p.add_argument("--model", metavar="[NAME=]DIR|ID", action="append", help="checkpoint directory or Hugging Face "
+                   "id, as serve takes it; repeat it to warm every model of a server of several, one after the other "
+                   f"(default: serve's built-in random-weight '{serve.DEFAULT_PRESET}' checkpoint)")
     p.add_argument("--device", metavar="DEVICE", type=cli_args.device,
                    help="cpu, cuda or cuda:N (default: cuda when a GPU is visible, else cpu)")
     p.add_argument("--dtype", choices=["bfloat16", "float16", "float32"],
@@ -33,22 +34,27 @@ def add_parser(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")  # its phases
     kept = bytecode.use()               # before torch is imported: an image's warm-up fills this too
+    import torch
+
     from talkgate.synth import compile_cache
     from talkgate.synth.engine import Engine
 
     device = cli_args.check_device(args.device)
-    t0 = time.perf_counter()
-    engine = Engine.from_pretrained(args.model or str(serve.default_checkpoint()), device=device,
-                                    dtype=args.dtype, max_contexts=args.max_contexts)
-    runner = engine.runner
-    if runner.device.type != "cuda":
-        print(f"talkgate: {runner.device.type}: nothing is compiled or captured on this device; nothing to do")
-        return 0
-    loaded = time.perf_counter()
-    runner.warmup()
-    runner.finish_compiles()            # a fresh cache's last helper (two rows' persistent kernels): in the cache too
-    print(f"talkgate: warm-up of {engine.info.name} ({engine.info.size}, {runner.num_slots} slots) done in "
-          f"{time.perf_counter() - loaded:.1f} s after a {loaded - t0:.1f} s load, {len(runner.graphs)} graphs; "
-          "compile cache: " + ", ".join(f"{var}={os.environ.get(var)}" for var in compile_cache.ENV)
-          + (f"; Python bytecode: {kept}" if kept else ""))
+    for name, checkpoint in serve.served_models(args.model):
+        t0 = time.perf_counter()
+        engine = Engine.from_pretrained(checkpoint or str(serve.default_checkpoint()), device=device,
+                                        dtype=args.dtype, max_contexts=args.max_contexts)
+        runner = engine.runner
+        if runner.device.type != "cuda":
+            print(f"talkgate: {runner.device.type}: nothing is compiled or captured on this device; nothing to do")
+            return 0
+        loaded = time.perf_counter()
+        runner.warmup()
+        runner.finish_compiles()        # a fresh cache's last helper (two rows' persistent kernels): in the cache too
+        print(f"talkgate: warm-up of {name} ({engine.info.name}, {engine.info.size}, {runner.num_slots} slots) done "
+              f"in {time.perf_counter() - loaded:.1f} s after a {loaded - t0:.1f} s load, {len(runner.graphs)} graphs;"
+              " compile cache: " + ", ".join(f"{var}={os.environ.get(var)}" for var in compile_cache.ENV)
+              + (f"; Python bytecode: {kept}" if kept else ""))
+        del engine, runner              # the next model's slots are sized from the GPU memory this one frees
+        torch.cuda.empty_cache()
     return 0

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -170,6 +171,34 @@ def test_compiled_kinds_are_kept_and_the_next_process_loads_them_without_tracing
 def test_warmup_command_on_cpu_has_nothing_to_do(tiny_checkpoint, capsys):
     assert main(["warmup", "--model", str(tiny_checkpoint), "--device", "cpu", "--max-contexts", "2"]) == 0
     assert "nothing is compiled or captured" in capsys.readouterr().out
+
+
+def test_warmup_command_warms_every_model_given(capsys, monkeypatch):
+    """Several --model as serve takes them ([NAME=]DIR): each is loaded and warmed in turn (stand-in GPU engines:
+    what warmup calls of one)."""
+    from talkgate.synth.engine import Engine
+    warmed = []
+
+    class StandInRunner:
+        device, num_slots, graphs = torch.device("cuda"), 2, ()
+
+        def __init__(self, checkpoint):
+            self.checkpoint = checkpoint
+
+        def warmup(self):
+            warmed.append(self.checkpoint)
+
+        def finish_compiles(self):
+            pass
+
+    def from_pretrained(checkpoint, **kwargs):
+        return SimpleNamespace(runner=StandInRunner(checkpoint), info=SimpleNamespace(name=checkpoint, size="tiny"))
+    monkeypatch.setattr(Engine, "from_pretrained", from_pretrained)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    assert main(["warmup", "--model", "cv=/ckpt/a", "--model", "/ckpt/b", "--max-contexts", "2"]) == 0
+    assert warmed == ["/ckpt/a", "/ckpt/b"]
+    out = capsys.readouterr().out
+    assert "warm-up of cv (/ckpt/a" in out and "warm-up of b (/ckpt/b" in out
 
 
 def test_warmup_command_takes_serves_model_flags(capsys):
