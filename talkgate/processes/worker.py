@@ -142,11 +142,12 @@ async def serve_worker(cfg: dict) -> int:
         try:
             for s in listen(cfg["host"], cfg["port"], reuse_port=True):
                 await web.SockSite(runner, s, backlog=BACKLOG, ssl_context=tls).start()
+            # logged before the supervisor hears of it: whoever reads "listening" finds this line in the log
+            log.info("worker %d (pid %d) listening on %s:%d, at most %d connections", index, os.getpid(),
+                     cfg["host"], cfg["port"], config.limits.max_connections)
             listening = True
             status.say("listening")
             on_state()
-            log.info("worker %d (pid %d) listening on %s:%d, at most %d connections", index, os.getpid(),
-                     cfg["host"], cfg["port"], config.limits.max_connections)
             await stopped
             status.say("draining")
             await drain(app, hurry)     # contexts finish up to the deadline (a second signal: at once), then 1001
