@@ -90,6 +90,9 @@ def add_parser(subparsers) -> None:
                    "a role (admin|user) and limits; reloaded on SIGHUP and when it changes (docs/operations.md)")
     p.add_argument("--audit-log", metavar="PATH", help="append audit records (voices created and deleted, keys "
                    "refused, keys reloaded) to this JSON-lines file (docs/operations.md)")
+    p.add_argument("--usage-log", metavar="PATH", help="append one usage record per finished context (key, model, "
+                   "characters, audio seconds delivered) to this JSON-lines file; GET /v1/usage totals it "
+                   "(docs/operations.md)")
     p.add_argument("--admin-without-key", action="store_true", help="answer the admin endpoints (POST /admin/drain) "
                    "without an API key; without --api-key they are refused otherwise (docs/operations.md)")
     p.add_argument("--allow-origin", metavar="ORIGIN", action="append", default=[],
@@ -168,6 +171,12 @@ def run(args: argparse.Namespace) -> int:
             raise CommandError(str(e)) from None
         if args.api_key:
             raise CommandError("--api-key and --keys: give the keys in one place (the keys file)")
+    if args.usage_log:
+        from talkgate.server.usage import UsageLog
+        try:
+            UsageLog(args.usage_log).close()
+        except OSError as e:
+            raise CommandError(f"--usage-log {args.usage_log}: {e.strerror or e}") from None
     if args.audit_log:
         from talkgate.server.audit import AuditLog
         try:
@@ -219,7 +228,7 @@ def server_config(args: argparse.Namespace):
                         shutdown_deadline_s=args.shutdown_deadline, voice_map=args.voice_map,
                         voice_store=args.voice_store, admin_without_key=args.admin_without_key,
                         ssl_certfile=args.ssl_certfile, ssl_keyfile=args.ssl_keyfile, keys_file=args.keys,
-                        audit_log=args.audit_log,
+                        audit_log=args.audit_log, usage_log=args.usage_log and os.path.abspath(args.usage_log),
                         trace_latency=args.trace_latency and os.path.abspath(args.trace_latency))
 
 

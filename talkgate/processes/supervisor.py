@@ -106,7 +106,8 @@ class Supervisor:
             self.children.append(Child(f"engine {i} ({plan.models[e['model']][0]})", argv, env))
         limits = plan.server["limits"]
         server = {**plan.server, "limits": {**limits, "max_connections": worker_cap(limits["max_connections"],
-                                                                                   plan.workers)}}
+                                                                                   plan.workers)},
+                  "key_limit_share": plan.workers}
         models = [{"name": name, "engines": [endpoints[i] for i, e in enumerate(plan.engines) if e["model"] == m]}
                   for m, (name, _) in enumerate(plan.models)]
         for w in range(plan.workers):

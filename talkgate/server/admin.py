@@ -1,5 +1,5 @@
 """Admin endpoints for operators and orchestrators: `POST /admin/drain` (the drain a SIGTERM starts, without
-stopping the process) and `GET /admin/drain` (where it stands). They need an admin key (every --api-key is one;
+stopping the process), `GET /admin/drain` (where it stands) and `GET /v1/usage` (the usage log's totals). They need an admin key (every --api-key is one;
 in a keys file, role admin); a server run without keys refuses them (403 admin_disabled) unless it was started
 with --admin-without-key."""
 from __future__ import annotations
@@ -10,6 +10,7 @@ from aiohttp import web
 
 from talkgate.server.errors import ErrorResponse
 from talkgate.server.gateway import Gateway, start_drain
+from talkgate.server.usage import totals
 
 
 def refusal(gw: Gateway, request: web.Request) -> ErrorResponse | None:
@@ -57,6 +58,23 @@ async def drain_status(request: web.Request) -> web.Response:
     return web.json_response(status(gw))
 
 
+async def usage(request: web.Request) -> web.Response:
+    """Totals by key and model of the contexts that ended in [start, end) (unix seconds; either may be left out),
+    of one key with `key_id`, read from the usage log (server/usage.py totals: its last 256 MiB at most)."""
+    gw: Gateway = request.app["gateway"]
+    if (refused := refusal(gw, request)) is not None:
+        return refused
+    if gw.usage.path is None:
+        return ErrorResponse(404, "usage_disabled", "the server keeps no usage log (serve --usage-log PATH)")
+    try:
+        start, end = (float(request.query[k]) if k in request.query else None for k in ("start", "end"))
+    except ValueError:
+        return ErrorResponse(400, "invalid_request", "start and end are unix times in seconds")
+    body = await asyncio.to_thread(totals, gw.usage.path, start, end, request.query.get("key_id"))
+    return web.json_response({"start": start, "end": end, **body})
+
+
 def add_routes(app: web.Application) -> None:
+    app.router.add_get("/v1/usage", usage)
     app.router.add_post("/admin/drain", drain)
     app.router.add_get("/admin/drain", drain_status)

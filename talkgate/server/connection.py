@@ -31,6 +31,7 @@ from talkgate.server.delivery import Delivery
 from talkgate.server.engine_client import EngineClient
 from talkgate.server.latency_trace import LinkTrace
 from talkgate.server.outbox import Outbox, OutboxFull
+from talkgate.server.usage import KeyAccount
 from talkgate.sessions.actions import Close, Purge, Send
 from talkgate.sessions.limits import Limits
 from talkgate.sessions.protocol import ClientProtocol, SocketProtocol
@@ -90,6 +91,7 @@ class Link:
         self._closing: tuple[int, str] | None = None
         self._closing_since = 0.0
         self._lost = False
+        self.account: KeyAccount | None = None     # the client key's limits and usage (Gateway.keep_account)
 
     # ----- the protocol, behind the error funnel -----
     def call(self, method: Callable, *args) -> None:
@@ -108,6 +110,8 @@ class Link:
             self.trace.call_returned()
         self.apply(actions or ())
         self.submit()
+        if self.account is not None:
+            self.account.settle()
 
     def _abort(self, code: str, message: str, ws_code: int) -> list:
         try:
@@ -145,13 +149,15 @@ class Link:
                         self.trace.queued(a.stream)
                 try:
                     self.outbox.put(a)
+                    if a.stream is not None and self.account is not None and not self.outbox.closed:
+                        self.account.queued(a.stream)
                 except OutboxFull:      # the client is not reading: what is queued goes, the error goes out
-                    self.outbox.clear()
+                    self.dropped(self.outbox.clear())
                     self.call(self.protocol.abort, "slow_consumer", "the client is not reading: over "
                               f"{self.limits.max_outbox_items} messages or {self.limits.max_outbox_bytes >> 20} MiB "
                               "waiting", 1008)
             elif isinstance(a, Purge):
-                self.outbox.purge(a.stream)
+                self.dropped(self.outbox.purge(a.stream))
             elif isinstance(a, Close):
                 if a.error is not None:
                     self.count_error(a.error)
@@ -159,11 +165,26 @@ class Link:
             else:
                 self.other(a)
 
+    def dropped(self, items: list) -> None:
+        if self.account is not None:
+            self.account.dropped(items)
+
+    def wrote_audio(self, stream: int, audio_ms: float) -> None:
+        """A frame of `stream`'s audio was written to the client: metered, and the protocol told."""
+        if self.trace is not None:
+            self.trace.written(stream)
+        if self.account is not None:
+            self.account.sent(stream, audio_ms)
+        self.call(self.protocol.note_sent, stream, audio_ms)
+
     def end(self) -> None:
-        """The link is over: its session's contexts end (their cancels submitted), nothing more reaches it."""
+        """The link is over: its session's contexts end (their cancels submitted), nothing more reaches it; their
+        usage is recorded with what was written."""
         self.call(self.protocol.connection_lost)
         self._lost = True
         self.engine.forget(self)
+        if self.account is not None:
+            self.account.close()
 
     def other(self, action) -> None:
         raise TypeError(f"unknown action {action!r}")
@@ -281,8 +302,6 @@ class Connection(Link):
                 for i, size in zip(batch, sizes):
                     self.delivery.wrote(size, i.stream, i.audio_ms)
                     if i.stream is not None:
-                        if self.trace is not None:
-                            self.trace.written(i.stream)
-                        self.call(self.protocol.note_sent, i.stream, i.audio_ms)
+                        self.wrote_audio(i.stream, i.audio_ms)
         except ConnectionError:         # the client went away: the reader sees it too
             pass

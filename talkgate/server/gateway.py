@@ -18,8 +18,10 @@ from talkgate.server.connection import Connection
 from talkgate.server.engine_client import EngineClient
 from talkgate.server.errors import ErrorResponse
 from talkgate.server.latency_trace import LinkTrace, TraceFile
+from talkgate.server.key_limits import KeyLimits
 from talkgate.server.keys import OPEN, Identity, Keyring, KeysFile
 from talkgate.server.metrics import ContextObserver, Metrics
+from talkgate.server.usage import KeyAccount, UsageLog
 from talkgate.server.voice_store import VoiceStore, default_root
 from talkgate.server.websocket import GatewayWebSocket
 from talkgate.sessions.limits import Limits
@@ -51,6 +53,8 @@ class ServerConfig:
     ssl_certfile: str | None = None           # PEM files: serve https:// and wss:// (server/listen.py tls_context)
     ssl_keyfile: str | None = None
     trace_latency: str | None = None          # JSON-lines file of each request's stage times (latency_trace.py)
+    usage_log: str | None = None              # JSON-lines file of each finished context's usage (server/usage.py)
+    key_limit_share: int = 1                  # worker processes each key's limits are split over (key_limits.py)
 
     def __post_init__(self):
         # as JSON brings them back: an object and lists
@@ -80,6 +84,8 @@ class Gateway:
         self.keys_file = KeysFile(config.keys_file) if config.keys_file else None    # KeysError: start-up fails
         self.api_keys = Keyring.from_secrets(config.api_keys)
         self.audit = AuditLog(config.audit_log)
+        self.usage = UsageLog(config.usage_log)
+        self.key_limits = KeyLimits(config.key_limit_share)
         self.voices_making = 0                     # uploads being decoded and made (voices_http.py)
         self.trace_file = TraceFile(config.trace_latency) if config.trace_latency else None
 
@@ -137,6 +143,16 @@ class Gateway:
         request[IDENTITY] = who
         return self.scope(who)
 
+    def authenticate_connection(self, request: web.Request, conn, key: str) -> VoiceScope | None:
+        """authenticate for a WebSocket (`conn()` is its Connection): a key over its connections limit closes it
+        (1013, key_connections_limit) before the protocol says it is ready."""
+        scope = self.authenticate(request, key)
+        if scope is not None and (over := self.key_limits.connect(request[IDENTITY])) is not None:
+            request[IDENTITY] = None
+            self.count_error(over.code)
+            conn().close(1013, over.message)
+        return scope
+
     def reload_keys(self, forced: bool = True) -> None:
         """SIGHUP (forced) or a poll: read the keys file again if it changed; audited either way it goes."""
         if self.keys_file is None:
@@ -180,6 +196,13 @@ class Gateway:
             return True
         self.refused(request, "missing_key" if self.request_key(request) is None else "unknown_key")
         return False
+
+    def keep_account(self, link: Connection, request: web.Request, api: str, admitted: bool = False) -> KeyAccount:
+        """The link's key account (its key's limits and usage), for its session and its writer; `admitted`: an
+        HTTP request whose limits serve_speech took as a whole."""
+        account = KeyAccount(lambda: request.get(IDENTITY), self.key_limits, self.usage, api, admitted)
+        link.account = link.protocol.session.account = account
+        return account
 
     # ----- WebSocket plumbing shared by every WebSocket protocol -----
     def count_error(self, code: str) -> None:
@@ -226,9 +249,13 @@ class Gateway:
         authenticate = None
         if refusal is None and self.identify(request) is None:
             if first_message_auth:
-                authenticate = partial(self.authenticate, request)
+                authenticate = partial(self.authenticate_connection, request, lambda: conn)
             elif not self.authorized(request):
                 refusal = (1008, "unauthorized", "unauthorized")
+        if refusal is None and request[IDENTITY] is not None and \
+                (over := self.key_limits.connect(request[IDENTITY])) is not None:
+            request[IDENTITY] = None        # not counted: nothing to give back
+            refusal = (1013, over.message, over.code)     # as the server's own too_many_connections
         if refusal is not None:
             self.count_error(refusal[2])
             await ws.close(code=refusal[0], message=refusal[1].encode())
@@ -237,6 +264,7 @@ class Gateway:
         protocol = make_protocol(session_id, authenticate)
         conn = Connection(ws, request.transport, protocol, self.client, self.limits, label, self.count_error,
                           self.link_trace(f"ws:{label}"))
+        self.keep_account(conn, request, label)
         self.connections.add(conn)
         gauge = self.metrics.connections.labels(label)
         gauge.inc()
@@ -245,6 +273,8 @@ class Gateway:
         finally:
             self.connections.discard(conn)
             gauge.dec()
+            if request.get(IDENTITY) is not None:
+                self.key_limits.disconnect(request[IDENTITY])
 
     def new_session(self, label: str, voices: Voices, defaults=None) -> Session:
         """`voices`: what the client may name (scope(who).voices)."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import codecs
+from dataclasses import replace
 from typing import Awaitable, Callable
 
 from aiohttp import web
@@ -13,6 +14,7 @@ from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.web_protocol import RequestPayloadError
 
 from talkgate.server.connection import Link
+from talkgate.server.gateway import IDENTITY
 from talkgate.sessions.actions import http_status
 from talkgate.sessions.fields import SessionError, load_json
 from talkgate.sessions.http import Begin, HttpSpeech, Respond, error_response
@@ -69,12 +71,10 @@ class HttpStream(Link):
                     await self.response.prepare(self.request)
                     continue
                 await self.response.write(item.data)
-                if self.trace is not None and item.stream is not None:
-                    self.trace.written(item.stream)
                 n = len(item.data)
                 self.delivery.wrote(n + len(f"{n:x}") + 4, item.stream, item.audio_ms)    # a chunk's framing
                 if item.stream is not None:
-                    self.call(self.protocol.note_sent, item.stream, item.audio_ms)
+                    self.wrote_audio(item.stream, item.audio_ms)
             if self._closing is not None and self._closing[0] == 1000:
                 await self.response.write_eof()
             elif self.request.transport is not None:     # broken off: the client sees a truncated body
@@ -118,4 +118,13 @@ async def serve_speech(request: web.Request, label: str, make: Callable[[object]
         if e.code == "invalid_body":
             response.force_close()
         return response
-    return await HttpStream(request, protocol, gw.client, gw.limits, label, gw.count_error, trace).run()
+    who = request[IDENTITY]
+    if (over := gw.key_limits.start_context(who, len(protocol.text))) is not None:
+        refused = error(429, over.code, over.message)
+        return respond(replace(refused, headers=(*refused.headers, ("Retry-After", str(over.retry_after_s)))))
+    stream = HttpStream(request, protocol, gw.client, gw.limits, label, gw.count_error, trace)
+    gw.keep_account(stream, request, label, admitted=True)
+    try:
+        return await stream.run()
+    finally:
+        gw.key_limits.end_context(who)

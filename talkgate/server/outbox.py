@@ -36,14 +36,20 @@ class Outbox:
         self._bytes += size
         self._ready.set()
 
-    def purge(self, stream: int) -> None:
-        """Drop the queued frames of one stream (its context was cancelled)."""
-        self._items = deque(i for i in self._items if getattr(i, "stream", None) != stream)
-        self._bytes = sum(map(_size, self._items))
+    def purge(self, stream: int) -> list:
+        """Drop the queued frames of one stream (its context was cancelled) -> them."""
+        dropped = [i for i in self._items if getattr(i, "stream", None) == stream]
+        if dropped:
+            self._items = deque(i for i in self._items if getattr(i, "stream", None) != stream)
+            self._bytes = sum(map(_size, self._items))
+        return dropped
 
-    def clear(self) -> None:
+    def clear(self) -> list:
+        """Drop every queued frame -> them."""
+        dropped = list(self._items)
         self._items.clear()
         self._bytes = 0
+        return dropped
 
     def close(self) -> None:
         """No more puts; get() returns what is queued, then None."""

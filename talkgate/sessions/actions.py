@@ -38,10 +38,13 @@ Action = Send | Purge | Close
 # every other code is a client's mistake (HTTP 4xx, WebSocket close 1008, never 500 or 1011)
 SERVER_ERRORS = frozenset({"internal_error", "engine_error", "engine_stopped", "engine_failed"})
 BUSY = "engine_full"
+# a client key's limits (server/key_limits.py): "too many requests", as the vendors answer theirs
+KEY_LIMITS = frozenset({"key_connections_limit", "key_contexts_limit", "key_requests_limit", "key_characters_limit",
+                        "key_audio_limit"})
 
 
 def http_status(code: str) -> int:
-    return 500 if code in SERVER_ERRORS else 503 if code == BUSY else 400
+    return 500 if code in SERVER_ERRORS else 503 if code == BUSY else 429 if code in KEY_LIMITS else 400
 
 
 def close_code(code: str) -> int:

@@ -184,6 +184,15 @@ class Observer:
     def ended(self, reason: str) -> None: ...
 
 
+class Account:
+    """What a session's contexts draw on beyond the server's limits, and report their usage to: a client key's
+    (server/usage.py KeyAccount). A refusal is an object with `code` and `message`; this account refuses nothing."""
+
+    def start(self, stream: int): return None                   # a context of `stream` may start: None, or refused
+    def characters(self, stream: int, n: int): return None      # n more characters of its text: None, or refused
+    def ended(self, stream: int, model: str) -> None: ...        # the session is done with it
+
+
 class Session:
     """Contexts of one connection. `new_tokenizer()` -> a StreamingTokenizer; `contexts`: where engine
     context ids come from (the gateway shares one counter among its sessions: ids are unique per engine
@@ -213,6 +222,7 @@ class Session:
         self._by_stream: dict[int, _Context] = {}
         self._next_stream = 1
         self._commands: list[EngineCommand] = []
+        self.account = Account()        # the gateway's KeyAccount for a client with a key
 
     # ----- configuration -----
     def configure(self, **overrides) -> ContextConfig:
@@ -267,6 +277,8 @@ class Session:
                                f"{self.limits.max_contexts_per_connection}); flush or cancel one first", context_id)
         cfg = self._checked(replace(self.defaults, **overrides), context_id) if overrides else self.defaults
         model = self._model(cfg, context_id)
+        if (refused := self.account.start(self._next_stream)) is not None:
+            raise SessionError(refused.code, refused.message, context_id)
         ctx = _Context(context_id, self._next_stream, next(self.contexts), _encoder(cfg.format), self.new_tokenizer(),
                        None if cfg.speed == 1.0 else TempoStretcher(cfg.speed),
                        model=None if model is self.models.default else model.name)   # None: the default's engine
@@ -295,6 +307,8 @@ class Session:
         if ctx.text_chars + len(text) > self.limits.max_text_chars:
             return out + self._fail(ctx, "text_too_long", "text of one context is limited to "
                                     f"{self.limits.max_text_chars} characters")
+        if text and (refused := self.account.characters(ctx.stream, len(text))) is not None:
+            return out + self._fail(ctx, refused.code, refused.message)
         if text:
             ctx.text_chars += len(text)
             if ctx.t_first_text is None:
@@ -516,5 +530,6 @@ class Session:
         self._by_context.pop(ctx.context, None)
         self._by_stream.pop(ctx.stream, None)
         self.observer.ended(reason)
+        self.account.ended(ctx.stream, ctx.model or self.models.default.name)
         if not engine_done:
             self._commands.append(CancelContext(ctx.context))

@@ -1,0 +1,270 @@
+"""Per-key limits and usage metering against a real `talkgate serve --keys FILE --usage-log PATH` (tiny Base
+checkpoint, CPU, one worker: a key's limits are exact there): each limit trips exactly at its number in every
+protocol's shape (HTTP 429 with Retry-After in each API's error body; WebSocket close 1013 or the protocol's error
+event), counted in /metrics by code and never by key; under a mixed load with cancels the usage log's totals equal
+the audio each client received; a SIGKILL mid-load leaves every record whole and once."""
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+import json
+import random
+
+import aiohttp
+import pytest
+
+from tests.serverproc import TalkgateServer
+
+LIMITS = {"conn": {"connections": 2}, "ctx": {"contexts": 2}, "rpm": {"requests_per_minute": 3},
+          "chars": {"characters_per_minute": 40}, "native": {}, "openai": {}, "cartesia": {}, "elevenlabs": {},
+          "deepgram": {}, "admin": {}}
+SECRET = {name: f"secret-of-{name}" for name in LIMITS}
+PCM_BYTES_S = 48000         # s16le, 24 kHz, mono
+FRAME_S = 0.08
+SHORT = "Hello there."      # 12 characters
+PCM = {"container": "raw", "encoding": "pcm_s16le", "sample_rate": 24000}
+
+
+def keys_text() -> str:
+    return "".join(json.dumps({"id": f"{name}-key", "tenant": "t", "role": "admin" if name == "admin" else "user",
+                               "sha256": hashlib.sha256(SECRET[name].encode()).hexdigest(), "limits": limits}) + "\n"
+                   for name, limits in LIMITS.items())
+
+
+def run(coro, timeout: float = 300):
+    return asyncio.run(asyncio.wait_for(coro, timeout))
+
+
+def bearer(name: str) -> dict:
+    return {"Authorization": f"Bearer {SECRET[name]}"}
+
+
+def serve(checkpoint, root, *extra):
+    (root / "keys.jsonl").write_text(keys_text())
+    return TalkgateServer(checkpoint, "--keys", str(root / "keys.jsonl"), "--usage-log", str(root / "usage.jsonl"),
+                          "--seed", "1", "--workers", "1", *extra)
+
+
+@pytest.fixture(scope="module")
+def server(tiny_base_checkpoint, tmp_path_factory):
+    root = tmp_path_factory.mktemp("key-limits")
+    with serve(tiny_base_checkpoint, root) as srv:
+        srv.root = root
+        yield srv
+
+
+async def http_speech(http, url: str, api: str, key: str, text: str = SHORT, frames: int = 3) -> tuple[int, dict, bytes]:
+    """One HTTP speech request of `api` -> (status, headers, body)."""
+    path, body = {
+        "openai": ("/v1/audio/speech", {"model": "tts-1", "input": text, "voice": "alloy", "response_format": "pcm",
+                                        "fixed_frames": frames}),
+        "elevenlabs": ("/v1/text-to-speech/21m00Tcm4TlvDq8ikWAM?output_format=pcm_24000", {"text": text}),
+        "cartesia": ("/tts/bytes", {"model_id": "sonic", "transcript": text, "voice": {"mode": "id", "id": "x"},
+                                    "output_format": PCM}),
+        "deepgram": ("/v1/speak?encoding=linear16&sample_rate=24000", {"text": text})}[api]
+    async with http.post(url + path, json=body, headers=bearer(key)) as r:
+        return r.status, dict(r.headers), await r.read()
+
+
+def error_code(api: str, body: bytes) -> str:
+    """The error code in each API's own error body."""
+    b = json.loads(body)
+    return {"openai": lambda: b["error"]["code"], "elevenlabs": lambda: b["detail"]["status"],
+            "cartesia": lambda: b["error_code"], "deepgram": lambda: b["err_code"]}[api]()
+
+
+async def native(http, ws_url: str, key: str, auth_message: bool = False):
+    """A native WebSocket of `key` (header or first-message auth) -> (socket, its first message)."""
+    s = await http.ws_connect(ws_url + "/v1/ws", headers={} if auth_message else bearer(key))
+    if auth_message:
+        await s.send_json({"type": "auth", "api_key": SECRET[key]})
+    return s, await s.receive(timeout=30)
+
+
+async def metrics(http, url: str) -> str:
+    async with http.get(url + "/metrics") as r:
+        return await r.text()
+
+
+def errors(text: str, code: str) -> float:
+    line = next((x for x in text.splitlines() if x.startswith(f'talkgate_errors_total{{code="{code}"}}')), None)
+    return float(line.split()[-1]) if line else 0.0
+
+
+def test_each_limit_trips_at_its_number_in_every_protocols_shape(server):
+    url, ws_url = server.url, server.ws_url
+
+    async def go():
+        async with aiohttp.ClientSession() as http:
+            # connections: 2 open (header key and first-message key), the third refused as too_many_connections is
+            open_ = [await native(http, ws_url, "conn"), await native(http, ws_url, "conn", auth_message=True)]
+            assert all(json.loads(m.data)["type"] == "session.ready" for _, m in open_)
+            for auth_message in (False, True):
+                s, m = await native(http, ws_url, "conn", auth_message)
+                assert m.type == aiohttp.WSMsgType.CLOSE and s.close_code == 1013, (m, auth_message)
+                await s.close()
+            async with http.ws_connect(ws_url + "/tts/websocket", headers={"X-API-Key": SECRET["conn"]}) as s:
+                assert (await s.receive(timeout=30)).type == aiohttp.WSMsgType.CLOSE and s.close_code == 1013
+            await open_[0][0].close()           # one closes: the next opens
+            s, m = await native(http, ws_url, "conn")
+            assert json.loads(m.data)["type"] == "session.ready"
+            for sock in (s, open_[1][0]):
+                await sock.close()
+
+            # contexts: 2 in flight on a native socket, the third refused by its error event; HTTP 429 meanwhile
+            s, _ = await native(http, ws_url, "ctx")
+            for cid in ("a", "b", "c"):
+                await s.send_json({"type": "context.start", "context_id": cid, "fixed_frames": 400})
+                await s.send_json({"type": "text", "context_id": cid, "text": "A long one."})
+            refused = None
+            while refused is None:
+                m = await s.receive(timeout=30)
+                if m.type == aiohttp.WSMsgType.TEXT and json.loads(m.data)["type"] == "error":
+                    refused = json.loads(m.data)
+            assert refused["code"] == "key_contexts_limit" and refused["context_id"] == "c", refused
+            for api in ("openai", "elevenlabs", "cartesia", "deepgram"):
+                status, headers, body = await http_speech(http, url, api, "ctx")
+                assert status == 429 and headers["Retry-After"] == "1", (api, status, body)
+                assert error_code(api, body) == "key_contexts_limit", (api, body)
+            await s.send_json({"type": "cancel", "context_id": "a"})
+            async with http.ws_connect(ws_url + "/tts/websocket", headers={"X-API-Key": SECRET["ctx"]}) as c:
+                for cid in ("x", "y"):          # one slot free: x runs, y is refused in Cartesia's error shape
+                    await c.send_json({"context_id": cid, "transcript": "A long one.", "continue": True,
+                                       "voice": {"mode": "id", "id": "x"}, "output_format": PCM})
+                while (m := await c.receive_json(timeout=30))["type"] != "error":
+                    pass
+                assert (m["error_code"], m["status_code"], m["context_id"]) == ("key_contexts_limit", 429, "y"), m
+            await s.close()
+
+            # requests a minute: 3 go, then every API says 429 with its Retry-After in its own shape
+            for _ in range(3):
+                status, _, body = await http_speech(http, url, "openai", "rpm")
+                assert status == 200 and body, status
+            for api in ("openai", "elevenlabs", "cartesia", "deepgram"):
+                status, headers, body = await http_speech(http, url, api, "rpm")
+                assert status == 429 and 1 <= int(headers["Retry-After"]) <= 60, (api, status)
+                assert error_code(api, body) == "key_requests_limit", (api, body)
+            s, _ = await native(http, ws_url, "rpm")
+            await s.send_json({"type": "context.start", "context_id": "n", "fixed_frames": 3})
+            m = await s.receive_json(timeout=30)
+            assert (m["type"], m["code"]) == ("error", "key_requests_limit"), m
+            await s.close()
+
+            # characters a minute: 40 of them, exactly
+            status, _, _ = await http_speech(http, url, "openai", "chars", "x" * 41)
+            assert status == 429
+            status, _, _ = await http_speech(http, url, "openai", "chars", "x" * 28)
+            assert status == 200
+            s, _ = await native(http, ws_url, "chars")
+            await s.send_json({"type": "context.start", "context_id": "n", "fixed_frames": 3})
+            await s.send_json({"type": "text", "context_id": "n", "text": "x" * 12})      # 40: still within
+            await s.send_json({"type": "text", "context_id": "n", "text": "y"})           # 41
+            while (m := await s.receive(timeout=30)).type != aiohttp.WSMsgType.TEXT or \
+                    json.loads(m.data)["type"] != "error":
+                pass
+            assert json.loads(m.data)["code"] == "key_characters_limit", m.data
+            await s.close()
+            return await metrics(http, url)
+
+    text = run(go())
+    # contexts: c's start and its text (which starts it again), 4 HTTP APIs, Cartesia's y
+    assert errors(text, "key_connections_limit") == 3 and errors(text, "key_contexts_limit") == 7
+    assert errors(text, "key_requests_limit") == 5 and errors(text, "key_characters_limit") == 2
+    assert "-key" not in text           # never a per-key label
+
+
+async def load(url: str, ws_url: str, sessions: int, seed: int) -> dict[str, dict]:
+    """A mixed load over five protocols, a third of the native contexts cancelled after their first audio -> per
+    key: audio seconds the clients received and contexts."""
+    rng = random.Random(seed)
+    got = {k: {"audio_s": 0.0, "contexts": 0} for k in ("native", "openai", "cartesia", "elevenlabs", "deepgram")}
+
+    async def one(http, n: int) -> None:
+        kind = ("native", "native", "openai", "cartesia", "elevenlabs", "deepgram")[n % 6]
+        frames = rng.randint(3, 30)
+        if kind == "native":
+            async with http.ws_connect(ws_url + "/v1/ws", headers=bearer("native")) as s:
+                cancel = n % 3 == 0
+                await s.send_json({"type": "context.start", "context_id": "c", "fixed_frames": frames})
+                await s.send_json({"type": "text", "context_id": "c", "text": "Some words to say."})
+                await s.send_json({"type": "flush", "context_id": "c"})
+                while True:
+                    m = await s.receive(timeout=60)
+                    if m.type == aiohttp.WSMsgType.BINARY:
+                        got["native"]["audio_s"] += (len(m.data) - 16) / PCM_BYTES_S
+                        if cancel:
+                            cancel = False
+                            await s.send_json({"type": "cancel", "context_id": "c"})
+                    elif m.type != aiohttp.WSMsgType.TEXT or json.loads(m.data)["type"] in (
+                            "context.done", "context.cancelled", "error"):
+                        break               # (a socket that ended: its receive answers at once from here on)
+                await s.close()
+        elif kind == "cartesia":
+            async with http.ws_connect(ws_url + "/tts/websocket", headers={"X-API-Key": SECRET["cartesia"]}) as s:
+                await s.send_json({"context_id": "k", "transcript": "Some words to say.", "continue": False,
+                                   "voice": {"mode": "id", "id": "x"}, "output_format": PCM})
+                while (m := await s.receive_json(timeout=60))["type"] not in ("done", "error"):
+                    if m["type"] == "chunk":
+                        got["cartesia"]["audio_s"] += len(base64.b64decode(m["data"])) / PCM_BYTES_S
+        else:
+            status, _, body = await http_speech(http, url, kind, kind, frames=frames)
+            assert status == 200, body
+            got[kind]["audio_s"] += len(body) / PCM_BYTES_S
+        got[kind]["contexts"] += 1
+
+    slots = asyncio.Semaphore(12)       # within the tiny engine's 16 context slots
+
+    async def held(http, n: int) -> None:
+        async with slots:
+            await one(http, n)
+
+    async with aiohttp.ClientSession() as http:
+        await asyncio.gather(*(held(http, n) for n in range(sessions)))
+    return got
+
+
+def usage_records(path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_usage_totals_equal_the_audio_clients_received(server):
+    got = run(load(server.url, server.ws_url, 50, 7))
+
+    async def totals():
+        async with aiohttp.ClientSession() as http:
+            async with http.get(server.url + "/v1/usage", headers=bearer("native")) as r:
+                assert r.status == 403
+            await asyncio.sleep(0.5)        # the last records are written as their connections end
+            async with http.get(server.url + "/v1/usage?start=0", headers=bearer("admin")) as r:
+                assert r.status == 200
+                return await r.json()
+    body = run(totals())
+    by_key = {t["key_id"]: t for t in body["totals"]}
+    for kind, client in got.items():
+        total = by_key[f"{kind}-key"]
+        assert total["contexts"] == client["contexts"], (kind, total, client)
+        assert abs(total["audio_s"] - client["audio_s"]) <= FRAME_S * client["contexts"], (kind, total, client)
+        assert total["audio_s"] > 0 and total["characters"] > 0
+    records = usage_records(server.root / "usage.jsonl")
+    assert len({r["id"] for r in records}) == len(records)
+
+
+def test_sigkill_mid_load_leaves_every_usage_record_whole_and_once(tiny_base_checkpoint, tmp_path):
+    srv = serve(tiny_base_checkpoint, tmp_path)
+    with srv:
+        async def go():
+            task = asyncio.ensure_future(load(srv.url, srv.ws_url, 24, 3))
+            while not (tmp_path / "usage.jsonl").exists() or len(usage_records(tmp_path / "usage.jsonl")) < 10:
+                await asyncio.sleep(0.05)
+            srv.kill()
+            try:
+                await task
+            except (aiohttp.ClientError, AssertionError, asyncio.TimeoutError):
+                pass                    # the server is gone mid-load
+        run(go())
+    lines = (tmp_path / "usage.jsonl").read_text().split("\n")
+    assert lines[-1] == ""              # ends with a whole line
+    records = [json.loads(line) for line in lines[:-1]]
+    assert len(records) >= 10 and len({r["id"] for r in records}) == len(records)
+    assert all(r["audio_s"] >= 0 and r["key_id"].endswith("-key") for r in records)
