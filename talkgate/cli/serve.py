@@ -162,7 +162,11 @@ def run(args: argparse.Namespace) -> int:
         try:
             VoiceStore(args.voice_store).open()
         except StoreError as e:
-            raise CommandError(f"--voice-store: {e.message}") from None
+            # a wrong path fails start-up; a disk fault of the right one does not: the stored voices are still
+            # served, uploads are answered voice_store_unavailable until the disk takes writes again
+            if not e.disk_fault:
+                raise CommandError(f"--voice-store: {e.message}") from None
+            log.warning("--voice-store: %s: starting anyway (stored voices are served, new ones refused)", e.message)
     if args.keys:
         from talkgate.server.keys import KeysError, KeysFile
         try:

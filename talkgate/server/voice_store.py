@@ -31,6 +31,7 @@ and are made on the event loop; the fsyncs of save and delete run on a worker th
 from __future__ import annotations
 
 import base64
+import errno
 import hashlib
 import json
 import logging
@@ -66,9 +67,14 @@ def default_root() -> Path:
 class StoreError(Exception):
     """A refusal a client is told about: `code`, `message`, and the HTTP `status` that answers it."""
 
-    def __init__(self, code: str, message: str, status: int = 400):
+    def __init__(self, code: str, message: str, status: int = 400, disk_fault: bool = False):
         super().__init__(message)
         self.code, self.message, self.status = code, message, status
+        self.disk_fault = disk_fault       # the store's filesystem is read-only or full: a passing state, not a wrong path
+
+
+# errors of a store whose directory is right but whose disk cannot take writes now (a read-only remount, a full disk)
+DISK_FAULTS = {errno.EROFS, errno.ENOSPC, errno.EDQUOT}
 
 
 @dataclass(frozen=True)
@@ -206,7 +212,7 @@ class VoiceStore:
                     pass
         except OSError as e:
             raise StoreError("voice_store_unavailable", f"the voice store {self.root} cannot be written: "
-                             f"{e.strerror or e}", 500) from None
+                             f"{e.strerror or e}", 500, disk_fault=e.errno in DISK_FAULTS) from None
         self._opened = True
 
     # ----- reading -----

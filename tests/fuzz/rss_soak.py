@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 from talkgate.synth.checkpoint import create_checkpoint
-from tests import test_fuzz
+from tests.system import test_fuzz
 from tests.fuzz.harness import Campaign, Phase, children
 
 

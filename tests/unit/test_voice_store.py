@@ -3,6 +3,7 @@ clients upload it (sessions/reference_audio.py); what a voice means to a session
 from __future__ import annotations
 
 import base64
+import errno
 import hashlib
 import io
 import json
@@ -157,6 +158,19 @@ def test_store_that_cannot_be_written(tmp_path):
     with pytest.raises(StoreError) as e:
         VoiceStore(tmp_path / "file" / "store").claim("x")
     assert e.value.code == "voice_store_unavailable" and e.value.status == 500
+    assert not e.value.disk_fault             # a wrong path: `serve --voice-store` refuses to start
+
+
+@pytest.mark.parametrize("err", [errno.EROFS, errno.ENOSPC])
+def test_store_on_a_read_only_or_full_disk_is_a_disk_fault(tmp_path, monkeypatch, err):
+    """`serve` starts on such a store (the soak's read-only fault, issue 50): its voices are served, uploads refused."""
+    def refuse(self, data):
+        raise OSError(err, os.strerror(err))
+
+    monkeypatch.setattr(voice_store_module.Path, "write_bytes", refuse)
+    with pytest.raises(StoreError) as e:
+        VoiceStore(tmp_path).open()
+    assert e.value.code == "voice_store_unavailable" and e.value.disk_fault
 
 
 def test_stored_voice_record_round_trip():

@@ -1,0 +1,700 @@
+"""The soak: a real `talkgate serve` under the whole mix for N minutes, with process and disk faults on a schedule
+(issue 50; docs/reliability.md, "The soak").
+
+    python -m tests.soak --minutes 60 --seed 1 --out /tmp/soak          # as root: the voice store on a small tmpfs
+
+Starts `talkgate serve` on the tiny Base checkpoint (CPU, TLS with a certificate made here, supervisor + 2 workers +
+an engine process, an API key, the voice store on a tmpfs of --store-mb), measures its capacity (native sessions a
+second at --capacity-concurrency, unless --capacity gives it), then drives --load of it as an open-loop mix over
+every WebSocket protocol (tests/fuzz clients), HTTP whole and streamed, streamed text, cancels and barge-ins, voice
+uploads and deletions; slow readers and reconnect storms in turns; and, spread evenly over the run, the faults:
+SIGKILL of a worker, SIGKILL of the engine process, the voice store's disk full, the store read-only (with a restart
+while it is), a kill of every worker mid-upload, a stored voice file truncated, SIGTERM drain and restart.
+
+Writes to --out: samples.csv (each process's VmRSS, descriptors and threads every --sample-s), sessions.csv (every
+session: kind, start, end, outcome, close code), faults.csv, report.md, rss.png when matplotlib is installed; prints
+the verdict and exits 0 when it passes, 1 when not.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import csv
+import json
+import os
+import random
+import re
+import signal
+import ssl
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import aiohttp
+
+from talkgate.synth.checkpoint import create_checkpoint
+from tests.fuzz.endpoints import CARTESIA, DEEPGRAM, EL_MULTI, EL_SINGLE, NATIVE, TWILIO, Conn
+from tests.fuzz.faults import start_messages
+from tests.fuzz.rss_soak import open_fds, role, status_mb
+from tests.serverproc import TalkgateServer, descendants
+from tests.voicetools import AUTH, KEY, audio_file, voice_form
+
+WARM_UP_S = 120                 # what a process allocates once (caches, arenas) is in place after this
+SLOPE_LIMIT_MB = 1.0            # issue 50: RSS slope per 10 minutes after warm-up
+SESSION_TIMEOUT_S = 60.0
+MAX_IN_FLIGHT = 24              # the engine's 32 slots (--max-contexts) keep room for the storms' sockets
+# how long each fault may take until /ready answers 200 again (docs/operations.md: a process is restarted at once)
+RECOVERY_LIMIT_S = {"worker SIGKILL": 30, "engine SIGKILL": 60, "drain and restart": 120, "disk full": 5,
+                    "read-only store, restart": 120, "kill mid-upload": 30, "voice file truncated": 5}
+STORM_SOCKETS = 40
+FD_SLACK, THREAD_SLACK = 4, 2   # a storm's descriptors and threads are back within this of the level before it
+TEXT = "The soak keeps speaking while the faults come and go."
+ENDPOINTS = (NATIVE, TWILIO, EL_MULTI, EL_SINGLE, CARTESIA, DEEPGRAM)
+
+
+@dataclass
+class Outcome:
+    kind: str
+    start: float
+    end: float = 0.0
+    ok: bool = False
+    detail: str = ""
+    close_code: int | None = None      # the server's close code; None when it closed without one
+    closed_by_server: bool = False
+
+
+@dataclass
+class FaultRecord:
+    name: str
+    start: float
+    ready_s: float = -1.0
+    within_limit: bool = False
+    failed_sessions: int = 0
+    sessions_in_window: int = 0
+    voices_intact: bool = False
+    detail: str = ""
+    end: float = 0.0
+
+
+@dataclass
+class Soak:
+    args: argparse.Namespace
+    tmp: Path
+    store: Path
+    cert: Path
+    key: Path
+    ckpt: Path
+    t0: float = field(default_factory=time.monotonic)
+    server: TalkgateServer | None = None
+    outcomes: list[Outcome] = field(default_factory=list)
+    faults: list[FaultRecord] = field(default_factory=list)
+    storms: list[dict] = field(default_factory=list)
+    acked_voices: dict[str, str] = field(default_factory=dict)   # name -> id, what the server acknowledged
+    lost_voices: dict[str, str] = field(default_factory=dict)    # voices a fault owns (the truncated file)
+    log_lines: list[str] = field(default_factory=list)           # every server's output, restarts included
+    uploads: int = 0
+    deletions: int = 0
+    voice_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    final_voice_check: str = ""
+
+    def now(self) -> float:
+        return time.monotonic() - self.t0
+
+    def ssl_context(self) -> ssl.SSLContext:
+        return ssl.create_default_context(cafile=str(self.cert))
+
+    def start_server(self) -> None:
+        self.server = TalkgateServer(
+            self.ckpt, "--workers", "2", "--api-key", KEY, "--voice-store", str(self.store), "--max-contexts", "32",
+            "--ssl-certfile", str(self.cert), "--ssl-keyfile", str(self.key), "--seed", "1", timeout_s=300)
+        self.server.__enter__()
+
+    def stop_server(self, sig: int = signal.SIGTERM) -> int | None:
+        code = self.server.stop(sig, timeout_s=90)
+        self.server.__exit__(None, None, None)
+        self.log_lines += self.server.output
+        return code
+
+
+# ----- sessions: each returns an Outcome and never raises -----
+async def _speak(soak: Soak, http, kind: str, rng: random.Random) -> Outcome:
+    out = Outcome(kind, soak.now())
+    ws = soak.server.ws_url
+    try:
+        if kind == "http":
+            fmt = rng.choice(["pcm", "wav", "mp3", "opus"])
+            async with http.post(soak.server.url + "/v1/audio/speech", headers=AUTH, json={
+                    "input": TEXT, "response_format": fmt, "fixed_frames": 8, "stream": rng.random() < 0.5}) as r:
+                body = await r.read()
+                out.ok, out.detail = r.status == 200 and len(body) > 0, f"HTTP {r.status}"
+        else:
+            await _ws_session(soak, http, ws, kind, rng, out)
+    except (aiohttp.ClientError, ConnectionError, asyncio.TimeoutError, OSError) as e:
+        out.detail = f"{type(e).__name__}: {e}"[:200]
+    out.end = soak.now()
+    return out
+
+
+def _done(ep, item) -> bool:
+    if not isinstance(item, dict):
+        return False
+    if ep in (NATIVE, TWILIO):
+        return item.get("type") in ("context.done", "error")
+    if ep is CARTESIA:
+        return item.get("type") in ("done", "error")
+    if ep is DEEPGRAM:
+        return item.get("type") == "Flushed"
+    return bool(item.get("isFinal")) or "error" in item
+
+
+def _opening(ep, kind: str, rng: random.Random) -> list[dict]:
+    """The messages of one utterance; `streamed` sends its text in word deltas."""
+    words = TEXT.split(" ")
+    deltas = [w + " " for w in words] if kind == "streamed" else [TEXT]
+    if ep in (NATIVE, TWILIO):
+        start = [{"type": "context.start", "context_id": "c", "fixed_frames": 10}] if ep is NATIVE else []
+        return start + [{"type": "text", "context_id": "c", "text": d} for d in deltas] + \
+            [{"type": "flush", "context_id": "c"}]
+    if ep is EL_MULTI:
+        return [{"text": " ", "context_id": "c"}] + [{"text": d, "context_id": "c"} for d in deltas] + \
+            [{"context_id": "c", "flush": True}, {"context_id": "c", "close_context": True}]
+    if ep is EL_SINGLE:
+        return [{"text": " "}] + [{"text": d} for d in deltas] + [{"text": "", "flush": True}]
+    if ep is CARTESIA:
+        fmt = {"container": "raw", "encoding": "pcm_s16le", "sample_rate": 24000}
+        return [{"context_id": "c", "model_id": "sonic-2", "transcript": d, "continue": i < len(deltas) - 1,
+                 "voice": {"mode": "id", "id": "ryan"}, "output_format": fmt} for i, d in enumerate(deltas)]
+    return [{"type": "Speak", "text": d} for d in deltas] + [{"type": "Flush"}]
+
+
+async def _ws_session(soak: Soak, http, ws: str, kind: str, rng: random.Random, out: Outcome) -> None:
+    ep = {"native": NATIVE, "streamed": NATIVE, "cancel": NATIVE, "twilio": TWILIO, "el-multi": EL_MULTI,
+          "barge-in": EL_MULTI, "el-single": EL_SINGLE, "cartesia": CARTESIA, "deepgram": DEEPGRAM}[kind]
+    conn, greet = await Conn.open(ep, http, ws, headers=AUTH)
+    try:
+        if ep.greeting is not None and not greet.answered:
+            out.detail = "no greeting: " + greet.brief()[:150]
+            return
+        for m in _opening(ep, kind, rng):
+            await conn.send(json.dumps(m))
+        if kind == "cancel":
+            await asyncio.sleep(rng.uniform(0.0, 0.5))
+            await conn.send(json.dumps({"type": "cancel", "context_id": "c"}))
+        elif kind == "barge-in":       # the user speaks over the agent: the context goes, a new one follows
+            await asyncio.sleep(rng.uniform(0.05, 0.5))
+            for m in ({"context_id": "c", "close_context": True}, {"text": "Sorry, go on. ", "context_id": "d"},
+                      {"context_id": "d", "flush": True}, {"context_id": "d", "close_context": True}):
+                await conn.send(json.dumps(m))
+        r = await conn.collect(
+            (lambda i: isinstance(i, dict) and i.get("context_id") == "d" and i.get("isFinal")) if kind == "barge-in"
+            else (lambda i: _done(ep, i)), SESSION_TIMEOUT_S)
+        errors = [i for i in r.jsons() if i.get("type") == "error" or "error" in i]
+        out.ok = r.answered and (not errors or kind == "cancel")
+        out.detail = "" if out.ok else (r.brief()[:200] if not r.answered else json.dumps(errors[0])[:200])
+        if ep is EL_SINGLE and conn.closed is None:
+            await conn.drain(5)        # stream-input ends with the server's close
+    finally:
+        if conn.closed is not None:
+            out.closed_by_server = True
+            out.close_code = None if conn.abrupt or conn.closed[0] in (None, 1005, 1006) else conn.closed[0]
+        await conn.close()
+
+
+async def _slow_reader(soak: Soak, http) -> Outcome:
+    """Starts a long utterance and reads nothing for 8 s (aiohttp stops reading the socket once its queue is full):
+    the server must end it with an error by --max-backlog-ms, never silently."""
+    out = Outcome("slow reader", soak.now())
+    try:
+        conn, greet = await Conn.open(NATIVE, http, soak.server.ws_url, headers=AUTH)
+        for m in start_messages(NATIVE, "slow"):
+            await conn.send(m)
+        await asyncio.sleep(8)
+        r = await conn.collect(lambda i: isinstance(i, dict) and i.get("type") in ("error", "context.done"), 60)
+        out.ok = r.answered
+        out.detail = next((i.get("code", "") for i in r.jsons() if i.get("type") == "error"), r.brief()[:120])
+        if conn.closed is not None:
+            out.closed_by_server, out.close_code = True, None if conn.abrupt else conn.closed[0]
+        await conn.send(json.dumps({"type": "cancel"}))
+        await conn.close()
+    except (aiohttp.ClientError, ConnectionError, asyncio.TimeoutError, OSError) as e:
+        out.detail = f"{type(e).__name__}: {e}"[:200]
+    out.end = soak.now()
+    return out
+
+
+async def _storm_socket(soak: Soak, http, rng: random.Random) -> None:
+    ep = rng.choice(ENDPOINTS)
+    try:
+        conn, _ = await Conn.open(ep, http, soak.server.ws_url, headers=AUTH)
+        for m in start_messages(ep, "storm"):
+            await conn.send(m)
+        await conn.collect(None, rng.uniform(0.0, 0.6))
+        if rng.random() < 0.5 and conn.ws._conn is not None:     # vanish: TCP reset, no close frame
+            conn.ws._conn.transport.abort()
+        await conn.close()
+    except (aiohttp.ClientError, ConnectionError, asyncio.TimeoutError, OSError):
+        pass
+
+
+def process_levels(root_pid: int) -> dict[str, tuple[int, int]]:
+    """role -> (descriptors, threads) of every live process of the server."""
+    levels = {}
+    for pid in [root_pid, *descendants(root_pid)]:
+        try:
+            levels[role(pid, root_pid)] = (open_fds(pid), status_mb(pid)["Threads"])
+        except OSError:
+            pass
+    return levels
+
+
+async def storm(soak: Soak, http, rng: random.Random) -> None:
+    """A reconnect storm, then whether each process's descriptors and threads return to their level before it."""
+    before = process_levels(soak.server.proc.pid)
+    t = soak.now()
+    for wave in range(STORM_SOCKETS // 8):
+        await asyncio.gather(*(_storm_socket(soak, http, rng) for _ in range(8)))
+    deadline, after = time.monotonic() + 30, {}
+    while time.monotonic() < deadline:
+        await asyncio.sleep(2)
+        after = process_levels(soak.server.proc.pid)
+        if all(r in after and after[r][0] <= fd + FD_SLACK and after[r][1] <= th + THREAD_SLACK
+               for r, (fd, th) in before.items()):
+            break
+    back = all(r in after and after[r][0] <= fd + FD_SLACK and after[r][1] <= th + THREAD_SLACK
+               for r, (fd, th) in before.items())
+    soak.storms.append({"t": round(t), "before": before, "after": after, "back": back})
+
+
+# ----- voices -----
+async def upload_voice(soak: Soak, http, name: str) -> tuple[int, dict]:
+    data = voice_form(name, audio_file(2.0, seed=len(name)))
+    async with http.post(soak.server.url + "/v1/audio/voices", data=data, headers=AUTH) as r:
+        body = await r.json(content_type=None)
+        if r.status in (200, 201):
+            soak.acked_voices[name] = body["id"]
+            soak.uploads += 1
+        return r.status, body
+
+
+async def voice_cycle(soak: Soak, http, rng: random.Random, n: int) -> Outcome:
+    """Upload a voice, speak with one, delete the oldest past four (the store stays a few voices)."""
+    out = Outcome("voice", soak.now())
+    try:
+        async with soak.voice_lock:
+            status, body = await upload_voice(soak, http, f"soak-{soak.args.seed}-{n}")
+            out.ok, out.detail = status in (200, 201), f"upload HTTP {status} {json.dumps(body)[:120]}"
+            while len(soak.acked_voices) > 4:
+                name = next(iter(soak.acked_voices))
+                async with http.delete(f"{soak.server.url}/v1/audio/voices/{soak.acked_voices[name]}",
+                                       headers=AUTH) as r:
+                    if r.status not in (200, 204):
+                        out.ok, out.detail = False, f"delete HTTP {r.status}"
+                        break
+                    del soak.acked_voices[name]
+                    soak.deletions += 1
+    except (aiohttp.ClientError, ConnectionError, asyncio.TimeoutError, OSError, ValueError) as e:
+        out.detail = f"{type(e).__name__}: {e}"[:200]
+    out.end = soak.now()
+    return out
+
+
+async def check_voices(soak: Soak, http) -> str:
+    """'' when the listing holds exactly the acknowledged voices and each resolves; else what differs."""
+    async with soak.voice_lock:
+        async with http.get(soak.server.url + "/v1/audio/voices", headers=AUTH) as r:
+            listed = {v["name"]: v["id"] for v in (await r.json())["voices"] if str(v.get("name", "")).startswith("soak-")}
+        problems = []
+        if listed != soak.acked_voices:
+            problems.append(f"listed {sorted(listed)} acknowledged {sorted(soak.acked_voices)}")
+        for name, vid in listed.items():
+            async with http.get(f"{soak.server.url}/v1/audio/voices/{vid}", headers=AUTH) as r:
+                if r.status != 200:
+                    problems.append(f"{name} listed but GET answers {r.status}")
+        return "; ".join(problems)
+
+
+# ----- faults -----
+def pid_of(soak: Soak, what: str) -> int | None:
+    root = soak.server.proc.pid
+    return next((p for p in descendants(root) if role(p, root).startswith(what)), None)
+
+
+async def wait_ready(soak: Soak, http, limit_s: float) -> float:
+    """Seconds until /ready answers 200 (after the fault's processes are gone and back), -1 past limit_s."""
+    start = time.monotonic()
+    while time.monotonic() - start < limit_s:
+        try:
+            async with http.get(soak.server.url + "/ready", timeout=aiohttp.ClientTimeout(total=3)) as r:
+                if r.status == 200:
+                    return time.monotonic() - start
+        except (aiohttp.ClientError, ConnectionError, asyncio.TimeoutError, OSError):
+            pass
+        await asyncio.sleep(0.25)
+    return -1.0
+
+
+def wait_replaced(soak: Soak, what: str, old: int, limit_s: float) -> None:
+    """Until a process of role `what` other than `old` lives (the supervisor restarted it), at most limit_s."""
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline and pid_of(soak, what) in (None, old):
+        time.sleep(0.2)
+
+
+def fill(path: Path) -> None:
+    """Fill the filesystem of `path` to ENOSPC."""
+    with open(path, "wb") as f:
+        block = b"\0" * 65536
+        for _ in range(100000):        # far more than any --store-mb
+            try:
+                f.write(block)
+                f.flush()
+            except OSError:
+                return
+
+
+async def run_fault(soak: Soak, http, name: str, rng: random.Random) -> FaultRecord:
+    rec = FaultRecord(name, soak.now())
+    loop = asyncio.get_running_loop()
+    limit = RECOVERY_LIMIT_S[name]
+    if name in ("worker SIGKILL", "engine SIGKILL"):
+        what = "worker" if name == "worker SIGKILL" else "engine"
+        victim = pid_of(soak, what)
+        os.kill(victim, signal.SIGKILL)
+        await loop.run_in_executor(None, wait_replaced, soak, what, victim, limit)
+    elif name == "drain and restart":
+        code = await loop.run_in_executor(None, soak.stop_server)
+        rec.detail = f"exit status {code}"
+        await loop.run_in_executor(None, soak.start_server)
+    elif name == "disk full":
+        filler = soak.store / "filler"
+        fill(filler)
+        status, body = await upload_voice(soak, http, f"soak-full-{rec.start:.0f}")
+        rec.detail = f"upload on a full disk: HTTP {status} {body.get('error', {}).get('code', body)}"
+        if status < 500 or body.get("error", {}).get("code") != "voice_store_unavailable":
+            rec.detail += " (expected 500 voice_store_unavailable)"
+        filler.unlink()
+    elif name == "read-only store, restart":
+        subprocess.run(["mount", "-o", "remount,ro", str(soak.store)], check=True)
+        try:
+            status, body = await upload_voice(soak, http, f"soak-ro-{rec.start:.0f}")
+            rec.detail = f"upload on a read-only store: HTTP {status} {body.get('error', {}).get('code', body)}"
+            await loop.run_in_executor(None, soak.stop_server)
+            try:
+                await loop.run_in_executor(None, soak.start_server)     # start-up must not need a writable store
+                rec.detail += "; restarted while read-only"
+            except RuntimeError as e:
+                rec.detail += "; start-up FAILED while read-only: " + str(e).splitlines()[-1][:200]
+                rec.ready_s = -2.0
+        finally:
+            subprocess.run(["mount", "-o", "remount,rw", str(soak.store)], check=True)
+        if rec.ready_s == -2.0:
+            soak.log_lines += soak.server.output
+            await loop.run_in_executor(None, soak.start_server)
+    elif name == "kill mid-upload":
+        name_ = f"soak-{soak.args.seed}-killed-{rec.start:.0f}"
+        async with soak.voice_lock:
+            task = asyncio.ensure_future(upload_voice(soak, http, name_))
+            await asyncio.sleep(rng.uniform(0.05, 0.4))
+            victims = [p for p in descendants(soak.server.proc.pid) if role(p, soak.server.proc.pid).startswith("worker")]
+            for p in victims:
+                os.kill(p, signal.SIGKILL)
+            try:
+                status, _ = await task
+                rec.detail = f"upload answered {status} before the kill"
+            except (aiohttp.ClientError, ConnectionError, OSError, ValueError) as e:
+                rec.detail = f"upload cut: {type(e).__name__}"
+        for p in victims:
+            await loop.run_in_executor(None, wait_replaced, soak, "worker", p, limit)
+        ready = await wait_ready(soak, http, limit)
+        async with http.get(soak.server.url + "/v1/audio/voices", headers=AUTH) as r:
+            listed = {v["name"]: v["id"] for v in (await r.json())["voices"]}
+        if name_ in listed and name_ not in soak.acked_voices:     # stored whole before the kill: it counts
+            soak.acked_voices[name_] = listed[name_]
+            rec.detail += "; the voice was stored whole"
+        rec.ready_s = ready
+    elif name == "voice file truncated":
+        async with soak.voice_lock:
+            if soak.acked_voices:
+                name_, vid = next(iter(soak.acked_voices.items()))
+                path = soak.store / "voices" / f"{vid}.json"
+                data = path.read_bytes()
+                path.write_bytes(data[: len(data) // 2])
+                soak.lost_voices[name_] = soak.acked_voices.pop(name_)   # the disk lost it: it must vanish whole
+                rec.detail = f"{name_}: {len(data)} -> {len(data) // 2} bytes"
+    failed_start = rec.ready_s == -2.0
+    if rec.ready_s < 0:
+        rec.ready_s = await wait_ready(soak, http, limit)
+    rec.within_limit = 0 <= rec.ready_s <= limit and not failed_start
+    problems = await check_voices(soak, http)
+    rec.voices_intact = not problems
+    if problems:
+        rec.detail += "; voices: " + problems
+    rec.end = soak.now()
+    return rec
+
+
+FAULTS = ("worker SIGKILL", "engine SIGKILL", "disk full", "kill mid-upload", "voice file truncated",
+          "read-only store, restart", "drain and restart")
+
+
+# ----- load -----
+async def measure_capacity(soak: Soak, http, seconds: float, concurrency: int) -> float:
+    """Native sessions completed a second with `concurrency` clients back to back."""
+    rng, done = random.Random(0), 0
+    deadline = time.monotonic() + seconds
+
+    async def client():
+        nonlocal done
+        while time.monotonic() < deadline:
+            if (await _speak(soak, http, "native", rng)).ok:
+                done += 1
+
+    start = time.monotonic()
+    await asyncio.gather(*(client() for _ in range(concurrency)))
+    return done / (time.monotonic() - start)
+
+
+MIX = {"native": 3, "streamed": 2, "cancel": 1, "barge-in": 1, "twilio": 1, "el-multi": 1, "el-single": 1,
+       "cartesia": 2, "deepgram": 1, "http": 3}
+
+
+async def drive(soak: Soak, rate: float) -> None:
+    args, rng = soak.args, random.Random(soak.args.seed)
+    end = time.monotonic() + args.minutes * 60
+    fault_every = args.minutes * 60 / (len(FAULTS) + 1)
+    next_fault, fault_i = time.monotonic() + fault_every, 0
+    next_turn = time.monotonic() + 45      # slow readers and storms take turns
+    kinds, weights = list(MIX), list(MIX.values())
+    in_flight: set[asyncio.Task] = set()
+    n = 0
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=soak.ssl_context(), limit=0)) as http:
+        if not rate:
+            rate = args.load * await measure_capacity(soak, http, 20, args.capacity_concurrency)
+            soak.args.measured_rate = rate
+            print(f"soak: driving {rate:.2f} sessions/s ({args.load:.0%} of measured capacity)", flush=True)
+        while time.monotonic() < end:
+            await asyncio.sleep(rng.expovariate(rate))
+            n += 1
+            if len(in_flight) < MAX_IN_FLIGHT:
+                job = voice_cycle(soak, http, rng, n) if n % 25 == 0 else _speak(soak, http, rng.choices(kinds, weights)[0], rng)
+                task = asyncio.ensure_future(job)
+                in_flight.add(task)
+                task.add_done_callback(lambda t: (in_flight.discard(t), soak.outcomes.append(t.result())))
+            if time.monotonic() >= next_turn:
+                next_turn += 45
+                if rng.random() < 0.5:
+                    t = asyncio.ensure_future(storm(soak, http, rng))
+                else:
+                    t = asyncio.ensure_future(_slow_reader(soak, http))
+                    t.add_done_callback(lambda t: soak.outcomes.append(t.result()))
+                in_flight.add(t)
+                t.add_done_callback(in_flight.discard)
+            if time.monotonic() >= next_fault and fault_i < len(FAULTS):
+                name = FAULTS[fault_i]
+                fault_i += 1
+                print(f"soak: {soak.now():.0f} s: fault {name}", flush=True)
+                rec = await run_fault(soak, http, name, rng)
+                soak.faults.append(rec)
+                print(f"soak: {name}: ready in {rec.ready_s:.1f} s; {rec.detail}", flush=True)
+                next_fault = time.monotonic() + fault_every
+        if in_flight:
+            await asyncio.wait(in_flight, timeout=SESSION_TIMEOUT_S + 30)
+        soak.final_voice_check = await check_voices(soak, http)
+
+
+# ----- sampling and the verdict -----
+def sampler(soak: Soak, stop: threading.Event, path: Path) -> None:
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["s", "process", "pid", "rss_mb", "fds", "threads"])
+        while True:
+            server = soak.server
+            if server is not None and server.proc is not None and server.proc.poll() is None:
+                root = server.proc.pid
+                for pid in [root, *descendants(root)]:
+                    try:
+                        s = status_mb(pid)
+                        w.writerow([round(soak.now(), 1), role(pid, root), pid, round(s["VmRSS"], 2), open_fds(pid),
+                                    s["Threads"]])
+                    except OSError:
+                        pass
+                f.flush()
+            if stop.wait(soak.args.sample_s):
+                return
+
+
+def slope_mb_per_10min(points: list[tuple[float, float]]) -> float:
+    n = len(points)
+    mx, my = sum(p[0] for p in points) / n, sum(p[1] for p in points) / n
+    var = sum((p[0] - mx) ** 2 for p in points)
+    return 0.0 if var == 0 else sum((p[0] - mx) * (p[1] - my) for p in points) / var * 600
+
+
+def rss_slopes(samples: list[dict], warm_up_s: float) -> dict[str, tuple[float, float, int]]:
+    """process -> (slope MB/10 min, span s, samples) over its longest-lived pid after warm-up (a killed process's
+    successor has a warm-up of its own, so each pid's series is fitted from its own start + warm_up_s)."""
+    by_pid: dict[tuple[str, str], list[tuple[float, float]]] = {}
+    for s in samples:
+        by_pid.setdefault((s["process"], s["pid"]), []).append((float(s["s"]), float(s["rss_mb"])))
+    best: dict[str, list[tuple[float, float]]] = {}
+    for (proc, _), pts in by_pid.items():
+        pts = [p for p in pts if p[0] >= pts[0][0] + warm_up_s]
+        if len(pts) >= 3 and (proc not in best or pts[-1][0] - pts[0][0] > best[proc][-1][0] - best[proc][0][0]):
+            best[proc] = pts
+    return {proc: (slope_mb_per_10min(pts), pts[-1][0] - pts[0][0], len(pts)) for proc, pts in best.items()}
+
+
+def crashes(soak: Soak) -> list[str]:
+    """Processes that exited without a fault killing them, and tracebacks in the servers' logs."""
+    killed = sum(1 for f in soak.faults if f.name in ("worker SIGKILL", "engine SIGKILL")) + \
+        2 * sum(1 for f in soak.faults if f.name == "kill mid-upload")
+    exits = [line.strip() for line in soak.log_lines if re.search(r"exited with", line)]
+    found = [f"{len(exits)} process exits for {killed} kills: " + " | ".join(exits)] if len(exits) != killed else []
+    return found + [line.strip() for line in soak.log_lines if "Traceback" in line]
+
+
+def plot(samples: list[dict], path: Path) -> bool:
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    fig, ax = plt.subplots(figsize=(10, 5))
+    for proc in sorted({s["process"] for s in samples}):
+        pts = [(float(s["s"]) / 60, float(s["rss_mb"])) for s in samples if s["process"] == proc]
+        ax.plot(*zip(*pts), ".", label=proc, markersize=3)
+    ax.set_xlabel("minutes")
+    ax.set_ylabel("VmRSS (MB)")
+    ax.legend()
+    fig.savefig(path, dpi=100)
+    return True
+
+
+def in_window(o: Outcome, f: FaultRecord) -> bool:
+    return o.start <= f.end + 2 and o.end >= f.start - 0.5
+
+
+def report(soak: Soak, out: Path) -> bool:
+    samples = list(csv.DictReader(open(out / "samples.csv")))
+    slopes = rss_slopes(samples, WARM_UP_S)
+    process_faults = [f for f in soak.faults]
+    for f in process_faults:
+        owned = [o for o in soak.outcomes if in_window(o, f)]
+        f.sessions_in_window, f.failed_sessions = len(owned), sum(1 for o in owned if not o.ok)
+    outside = [o for o in soak.outcomes if not any(in_window(o, f) for f in soak.faults)]
+    failed_outside = [o for o in outside if not o.ok and o.kind != "slow reader"]
+    no_code = [o for o in outside if o.closed_by_server and o.close_code is None]
+    slow_silent = [o for o in soak.outcomes if o.kind == "slow reader" and not o.ok]
+    crash_lines = crashes(soak)
+    checks = {
+        f"every process's RSS slope after warm-up < {SLOPE_LIMIT_MB} MB / 10 min":
+            all(v[0] < SLOPE_LIMIT_MB for v in slopes.values()) and bool(slopes),
+        "descriptors and threads back to their level after every storm": all(s["back"] for s in soak.storms),
+        "every fault ready again within its limit": all(f.within_limit for f in soak.faults),
+        "stored voices intact after every fault and at the end":
+            all(f.voices_intact for f in soak.faults) and not soak.final_voice_check,
+        "no session failed outside a fault's window": not failed_outside,
+        "0 closes without a code outside process faults": not no_code,
+        "every slow reader answered (error or done), never silent": not slow_silent,
+        "0 crashes": not crash_lines,
+    }
+    passed = all(checks.values())
+    with open(out / "sessions.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["kind", "start", "end", "ok", "close_code", "detail"])
+        for o in soak.outcomes:
+            w.writerow([o.kind, round(o.start, 2), round(o.end, 2), o.ok, o.close_code, o.detail])
+    with open(out / "faults.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["fault", "start", "ready_s", "limit_s", "failed", "sessions_in_window", "voices_intact", "detail"])
+        for r in soak.faults:
+            w.writerow([r.name, round(r.start), round(r.ready_s, 2), RECOVERY_LIMIT_S[r.name], r.failed_sessions,
+                        r.sessions_in_window, r.voices_intact, r.detail])
+    kinds: dict[str, list[int]] = {}
+    for o in soak.outcomes:
+        kinds.setdefault(o.kind, [0, 0])[0 if o.ok else 1] += 1
+    plotted = plot(samples, out / "rss.png")
+    a = soak.args
+    lines = [f"# talkgate soak: {'PASSED' if passed else 'FAILED'}", "",
+             f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; {a.minutes} min, seed {a.seed}, load "
+             f"{getattr(a, 'measured_rate', a.capacity):.2f} sessions/s; {len(soak.outcomes)} sessions, "
+             f"{soak.uploads} voice uploads, {soak.deletions} deletions, {len(soak.storms)} storms of {STORM_SOCKETS} "
+             "sockets", "", "## Checks", ""]
+    lines += [f"- [{'x' if ok else ' '}] {name}" for name, ok in checks.items()]
+    lines += ["", "## RSS slope per process (after its own first %d s)" % WARM_UP_S, "",
+              "| process | MB / 10 min | over s | samples |", "| --- | --- | --- | --- |"]
+    lines += [f"| {p} | {v[0]:+.2f} | {v[1]:.0f} | {v[2]} |" for p, v in sorted(slopes.items())]
+    lines += ["", "## Faults", "", "| s | fault | ready after s (limit) | failed / sessions in its window | voices intact | "
+              "detail |", "| --- | --- | --- | --- | --- | --- |"]
+    lines += [f"| {r.start:.0f} | {r.name} | {r.ready_s:.1f} ({RECOVERY_LIMIT_S[r.name]}) | {r.failed_sessions} / "
+              f"{r.sessions_in_window} | {r.voices_intact} | {r.detail} |" for r in soak.faults]
+    lines += ["", "## Sessions", "", "| kind | ok | failed |", "| --- | --- | --- |"]
+    lines += [f"| {k} | {v[0]} | {v[1]} |" for k, v in sorted(kinds.items())]
+    lines += ["", "## Storms", ""] + [f"- {s['t']} s: back to level: {s['back']}; before {s['before']}; after "
+                                      f"{s['after']}" for s in soak.storms]
+    lines += ["", "## Findings", ""]
+    lines += [f"- failed outside a fault: {o.kind} at {o.start:.0f} s: {o.detail}" for o in failed_outside[:30]]
+    lines += [f"- closed without a code: {o.kind} at {o.start:.0f} s" for o in no_code[:30]]
+    lines += [f"- slow reader at {o.start:.0f} s: {o.detail}" for o in slow_silent[:10]]
+    lines += [f"- crash: {c[:300]}" for c in crash_lines[:30]]
+    if soak.final_voice_check:
+        lines.append(f"- voices at the end: {soak.final_voice_check}")
+    if plotted:
+        lines += ["", "![RSS over time](rss.png)"]
+    (out / "report.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return passed
+
+
+def mount_store(path: Path, size_mb: int) -> None:
+    """The voice store on a filesystem of its own, small enough to fill (needs root: mount)."""
+    path.mkdir(parents=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_mb}m,mode=0700", "tmpfs", str(path)], check=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m tests.soak", description=__doc__.split("\n")[0])
+    ap.add_argument("--minutes", type=float, default=60)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--out", type=Path, default=Path("soak-out"))
+    ap.add_argument("--load", type=float, default=0.7, help="fraction of the measured capacity to drive")
+    ap.add_argument("--capacity", type=float, default=0.0, help="sessions/s to drive, instead of measuring")
+    ap.add_argument("--capacity-concurrency", type=int, default=8)
+    ap.add_argument("--sample-s", type=float, default=10.0)
+    ap.add_argument("--store-mb", type=int, default=8)
+    args = ap.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="talkgate-soak-") as tmp:
+        tmp = Path(tmp)
+        cert, key = tmp / "cert.pem", tmp / "key.pem"
+        subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out",
+                        str(cert), "-days", "2", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"],
+                       check=True, capture_output=True)
+        ckpt = create_checkpoint(tmp / "tiny-base", preset="tiny", variant="base", seed=0)
+        soak = Soak(args, tmp, tmp / "store", cert, key, ckpt)
+        mount_store(soak.store, args.store_mb)
+        stop = threading.Event()
+        sampling = threading.Thread(target=sampler, args=(soak, stop, args.out / "samples.csv"), daemon=True)
+        try:
+            soak.start_server()
+            sampling.start()
+            asyncio.run(drive(soak, args.capacity * args.load if args.capacity else 0.0))
+        finally:
+            stop.set()
+            sampling.join(30)
+            if soak.server is not None and soak.server.proc.poll() is None:
+                soak.stop_server()
+            subprocess.run(["umount", "-l", str(soak.store)], check=False)
+        (args.out / "server.log").write_text("".join(soak.log_lines))
+        passed = report(soak, args.out)
+    print(f"soak: {'PASSED' if passed else 'FAILED'} (report: {args.out / 'report.md'})")
+    return 0 if passed else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
