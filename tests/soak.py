@@ -43,8 +43,6 @@ from tests.fuzz.rss_soak import open_fds, role, status_mb
 from tests.serverproc import TalkgateServer, descendants
 from tests.voicetools import AUTH, KEY, audio_file, voice_form
 
-WARM_UP_S = 120                 # what a process allocates once (caches, arenas) is in place after this
-SLOPE_LIMIT_MB = 1.0            # issue 50: RSS slope per 10 minutes after warm-up
 SESSION_TIMEOUT_S = 60.0
 MAX_IN_FLIGHT = 24              # the engine's 32 slots (--max-contexts) keep room for the storms' sockets
 # how long each fault may take until /ready answers 200 again (docs/operations.md: a process is restarted at once)
@@ -581,7 +579,7 @@ def in_window(o: Outcome, f: FaultRecord) -> bool:
 
 def report(soak: Soak, out: Path) -> bool:
     samples = list(csv.DictReader(open(out / "samples.csv")))
-    slopes = rss_slopes(samples, WARM_UP_S)
+    slopes = rss_slopes(samples, soak.args.warm_up_s)
     process_faults = [f for f in soak.faults]
     for f in process_faults:
         owned = [o for o in soak.outcomes if in_window(o, f)]
@@ -592,8 +590,8 @@ def report(soak: Soak, out: Path) -> bool:
     slow_silent = [o for o in soak.outcomes if o.kind == "slow reader" and not o.ok]
     crash_lines = crashes(soak)
     checks = {
-        f"every process's RSS slope after warm-up < {SLOPE_LIMIT_MB} MB / 10 min":
-            all(v[0] < SLOPE_LIMIT_MB for v in slopes.values()) and bool(slopes),
+        f"every process's RSS slope after warm-up < {soak.args.slope_limit_mb} MB / 10 min":
+            all(v[0] < soak.args.slope_limit_mb for v in slopes.values()) and bool(slopes),
         "descriptors and threads back to their level after every storm": all(s["back"] for s in soak.storms),
         "every fault ready again within its limit": all(f.within_limit for f in soak.faults),
         "stored voices intact after every fault and at the end":
@@ -626,7 +624,7 @@ def report(soak: Soak, out: Path) -> bool:
              f"{soak.uploads} voice uploads, {soak.deletions} deletions, {len(soak.storms)} storms of {STORM_SOCKETS} "
              "sockets", "", "## Checks", ""]
     lines += [f"- [{'x' if ok else ' '}] {name}" for name, ok in checks.items()]
-    lines += ["", "## RSS slope per process (after its own first %d s)" % WARM_UP_S, "",
+    lines += ["", "## RSS slope per process (after its own first %d s)" % soak.args.warm_up_s, "",
               "| process | MB / 10 min | over s | samples |", "| --- | --- | --- | --- |"]
     lines += [f"| {p} | {v[0]:+.2f} | {v[1]:.0f} | {v[2]} |" for p, v in sorted(slopes.items())]
     lines += ["", "## Faults", "", "| s | fault | ready after s (limit) | failed / sessions in its window | voices intact | "
@@ -667,6 +665,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--capacity-concurrency", type=int, default=8)
     ap.add_argument("--sample-s", type=float, default=10.0)
     ap.add_argument("--store-mb", type=int, default=8)
+    ap.add_argument("--warm-up-s", type=float, default=120,
+                    help="each process's RSS slope is fitted from this long after its start (what it allocates once)")
+    ap.add_argument("--slope-limit-mb", type=float, default=1.0,
+                    help="the largest RSS slope per 10 minutes that passes (issue 50: 1 MB over the hour)")
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="talkgate-soak-") as tmp:
