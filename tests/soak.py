@@ -253,7 +253,7 @@ async def storm(soak: Soak, http, rng: random.Random) -> None:
     """A reconnect storm, then whether each process's descriptors and threads return to their level before it."""
     before = process_levels(soak.server.proc.pid)
     t = soak.now()
-    for wave in range(STORM_SOCKETS // 8):
+    for _ in range(STORM_SOCKETS // 8):
         await asyncio.gather(*(_storm_socket(soak, http, rng) for _ in range(8)))
     deadline, after = time.monotonic() + 30, {}
     while time.monotonic() < deadline:
@@ -426,6 +426,8 @@ async def run_fault(soak: Soak, http, name: str, rng: random.Random) -> FaultRec
     failed_start = rec.ready_s == -2.0
     if rec.ready_s < 0:
         rec.ready_s = await wait_ready(soak, http, limit)
+        if rec.ready_s >= 0:            # from the fault: a restart's start_server has waited for ready already
+            rec.ready_s = soak.now() - rec.start
     rec.within_limit = 0 <= rec.ready_s <= limit and not failed_start
     problems = await check_voices(soak, http)
     rec.voices_intact = not problems
@@ -518,7 +520,7 @@ def sampler(soak: Soak, stop: threading.Event, path: Path) -> None:
                         s = status_mb(pid)
                         w.writerow([round(soak.now(), 1), role(pid, root), pid, round(s["VmRSS"], 2), open_fds(pid),
                                     s["Threads"]])
-                    except OSError:
+                    except (OSError, KeyError):      # gone, or a zombie (no VmRSS) between its kill and its reaping
                         pass
                 f.flush()
             if stop.wait(soak.args.sample_s):
@@ -580,8 +582,7 @@ def in_window(o: Outcome, f: FaultRecord) -> bool:
 def report(soak: Soak, out: Path) -> bool:
     samples = list(csv.DictReader(open(out / "samples.csv")))
     slopes = rss_slopes(samples, soak.args.warm_up_s)
-    process_faults = [f for f in soak.faults]
-    for f in process_faults:
+    for f in soak.faults:
         owned = [o for o in soak.outcomes if in_window(o, f)]
         f.sessions_in_window, f.failed_sessions = len(owned), sum(1 for o in owned if not o.ok)
     outside = [o for o in soak.outcomes if not any(in_window(o, f) for f in soak.faults)]
