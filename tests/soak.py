@@ -37,7 +37,7 @@ from pathlib import Path
 import aiohttp
 
 from talkgate.synth.checkpoint import create_checkpoint
-from tests.fuzz.endpoints import CARTESIA, DEEPGRAM, EL_MULTI, EL_SINGLE, NATIVE, TWILIO, Conn
+from tests.fuzz.endpoints import CARTESIA, DEEPGRAM, EL_MULTI, EL_SINGLE, NATIVE, TWILIO, Conn, Reply
 from tests.fuzz.faults import start_messages
 from tests.fuzz.rss_soak import open_fds, role, status_mb
 from tests.serverproc import TalkgateServer, descendants
@@ -49,6 +49,7 @@ MAX_IN_FLIGHT = 24              # the engine's 32 slots (--max-contexts) keep ro
 RECOVERY_LIMIT_S = {"worker SIGKILL": 30, "engine SIGKILL": 60, "drain and restart": 120, "disk full": 5,
                     "read-only store, restart": 120, "kill mid-upload": 30, "voice file truncated": 5}
 STORM_SOCKETS = 40
+SLOW_QUIET_S, SLOW_MOST_S = 15, 240   # a slow reader hangs after 15 s without a message; bounded at 240 s
 FD_SLACK, THREAD_SLACK = 4, 2   # a storm's descriptors and threads are back within this of the level before it
 TEXT = "The soak keeps speaking while the faults come and go."
 ENDPOINTS = (NATIVE, TWILIO, EL_MULTI, EL_SINGLE, CARTESIA, DEEPGRAM)
@@ -98,6 +99,10 @@ class Soak:
     deletions: int = 0
     voice_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     final_voice_check: str = ""
+    in_flight: set = field(default_factory=set)                  # the sessions, slow readers and storms running
+    storm_tasks: set = field(default_factory=set)
+    paused: bool = False                                         # a storm holds new sessions back (storm())
+    quiet: asyncio.Lock = field(default_factory=asyncio.Lock)   # a storm and a fault never overlap
 
     def now(self) -> float:
         return time.monotonic() - self.t0
@@ -158,10 +163,15 @@ def _opening(ep, kind: str, rng: random.Random) -> list[dict]:
         return start + [{"type": "text", "context_id": "c", "text": d} for d in deltas] + \
             [{"type": "flush", "context_id": "c"}]
     if ep is EL_MULTI:
+        if kind == "barge-in":      # the agent's text still streaming, not flushed, when the user speaks over it
+            return [{"text": " ", "context_id": "c"}] + [{"text": w + " ", "context_id": "c"} for w in words]
         return [{"text": " ", "context_id": "c"}] + [{"text": d, "context_id": "c"} for d in deltas] + \
             [{"context_id": "c", "flush": True}, {"context_id": "c", "close_context": True}]
     if ep is EL_SINGLE:
-        return [{"text": " "}] + [{"text": d} for d in deltas] + [{"text": "", "flush": True}]
+        # stream-input ends its input with an empty text (ElevenLabs' end-of-input message; sessions/elevenlabs.py
+        # `_on_single`): the rest is spoken, then isFinal and close 1000. {"text": "", "flush": true} is a flush
+        # of nothing, after which the server waits for more text (and closes input_timeout_exceeded after 20 s).
+        return [{"text": " "}] + [{"text": d} for d in deltas] + [{"text": ""}]
     if ep is CARTESIA:
         fmt = {"container": "raw", "encoding": "pcm_s16le", "sample_rate": 24000}
         return [{"context_id": "c", "model_id": "sonic-2", "transcript": d, "continue": i < len(deltas) - 1,
@@ -187,14 +197,21 @@ async def _ws_session(soak: Soak, http, ws: str, kind: str, rng: random.Random, 
             for m in ({"context_id": "c", "close_context": True}, {"text": "Sorry, go on. ", "context_id": "d"},
                       {"context_id": "d", "flush": True}, {"context_id": "d", "close_context": True}):
                 await conn.send(json.dumps(m))
-        r = await conn.collect(
-            (lambda i: isinstance(i, dict) and i.get("context_id") == "d" and i.get("isFinal")) if kind == "barge-in"
-            else (lambda i: _done(ep, i)), SESSION_TIMEOUT_S)
-        errors = [i for i in r.jsons() if i.get("type") == "error" or "error" in i]
-        out.ok = r.answered and (not errors or kind == "cancel")
-        out.detail = "" if out.ok else (r.brief()[:200] if not r.answered else json.dumps(errors[0])[:200])
-        if ep is EL_SINGLE and conn.closed is None:
-            await conn.drain(5)        # stream-input ends with the server's close
+        if kind == "cancel":
+            await _judge_cancel(conn, out)
+        elif kind == "barge-in":
+            await _judge_barge_in(conn, out)
+        else:
+            r = await conn.collect(lambda i: _done(ep, i), SESSION_TIMEOUT_S)
+            errors = [i for i in r.jsons() if ep.is_error(i)]
+            out.ok = r.answered and not errors
+            out.detail = "" if out.ok else (r.brief()[:200] if not r.answered else json.dumps(errors[0])[:200])
+            if ep is EL_SINGLE and out.ok:      # stream-input ends with the server's close 1000 after isFinal
+                if conn.closed is None:
+                    await conn.drain(5)
+                if conn.closed is None or conn.abrupt or conn.closed[0] != 1000:
+                    out.ok = False
+                    out.detail = f"stream-input not closed 1000 after isFinal: {conn.closed} abrupt={conn.abrupt}"
     finally:
         if conn.closed is not None:
             out.closed_by_server = True
@@ -202,20 +219,87 @@ async def _ws_session(soak: Soak, http, ws: str, kind: str, rng: random.Random, 
         await conn.close()
 
 
+def _is_audio(item) -> bool:
+    return isinstance(item, bytes) or (isinstance(item, dict) and isinstance(item.get("audio"), str))
+
+
+async def _judge_cancel(conn: Conn, out: Outcome) -> None:
+    """The runner cancelled context c (native): a success when the context ends `context.cancelled` with no audio
+    after it, or, when the cancel came too late, `context.done` and then the cancel answered `unknown_context`
+    (docs/protocol.md: every context ends with exactly one of done, cancelled or an error)."""
+    r = await conn.collect(lambda i: isinstance(i, dict) and i.get("type") in ("context.cancelled", "error"),
+                           SESSION_TIMEOUT_S)
+    js = r.jsons()
+    last = js[-1] if r.answered else {}
+    if last.get("type") == "context.cancelled" and last.get("context_id") == "c":
+        after = await conn.collect(None, 0.5)     # nothing of the cancelled context follows its context.cancelled
+        late = [i for i in after.items if _is_audio(i)]
+        out.ok = not late
+        out.detail = "cancelled" if out.ok else f"{len(late)} audio frames after context.cancelled"
+    elif last.get("code") == "unknown_context" and any(i.get("type") == "context.done" for i in js):
+        out.ok, out.detail = True, "done before the cancel (answered unknown_context)"
+    else:
+        out.detail = "cancel not answered with context.cancelled: " + r.brief()[:180]
+
+
+async def _judge_barge_in(conn: Conn, out: Outcome) -> None:
+    """ElevenLabs multi-stream-input barge-in: context c closed with its text not flushed (it stops, purged) or
+    flushed already (its audio finishes); either way c answers isFinal with no audio of c after it, and context d
+    then speaks to its isFinal. ElevenLabs names the context `contextId` in what it sends."""
+    r = await conn.collect(lambda i: isinstance(i, dict) and i.get("contextId") == "d" and i.get("isFinal"),
+                           SESSION_TIMEOUT_S)
+    items = r.jsons()
+    errors = [i for i in items if "error" in i]
+    final_c = next((n for n, i in enumerate(items) if i.get("contextId") == "c" and i.get("isFinal")), None)
+    late_c = [] if final_c is None else [i for i in items[final_c + 1:] if i.get("contextId") == "c" and _is_audio(i)]
+    out.ok = r.answered and not errors and final_c is not None and not late_c
+    out.detail = "" if out.ok else (json.dumps(errors[0])[:200] if errors else "no isFinal for c" if final_c is None
+                                    and r.answered else f"{len(late_c)} audio of c after its isFinal" if late_c
+                                    else r.brief()[:200])
+
+
 async def _slow_reader(soak: Soak, http) -> Outcome:
-    """Starts a long utterance and reads nothing for 8 s (aiohttp stops reading the socket once its queue is full):
-    the server must end it with an error by --max-backlog-ms, never silently."""
+    """Starts a long utterance (750 frames) and reads nothing for 8 s (aiohttp stops reading the socket once its
+    queue is full), then reads on, as the fuzz suite's slow-reader phase judges one (tests/fuzz/faults.py): the
+    server either kept it (the whole utterance, context.done) or cut it off as documented (docs/protocol.md,
+    Limits: the `slow_consumer` error, the context cancelled; or close 1008 `slow_consumer` when its connection's
+    write queue is full), never silently: a close without that, a close without a code, or SLOW_QUIET_S without any
+    message (a hang; a long utterance on a loaded CPU engine may be slower than real time, so no single deadline)
+    fails it."""
     out = Outcome("slow reader", soak.now())
     try:
         conn, greet = await Conn.open(NATIVE, http, soak.server.ws_url, headers=AUTH)
         for m in start_messages(NATIVE, "slow"):
             await conn.send(m)
         await asyncio.sleep(8)
-        r = await conn.collect(lambda i: isinstance(i, dict) and i.get("type") in ("error", "context.done"), 60)
-        out.ok = r.answered
-        out.detail = next((i.get("code", "") for i in r.jsons() if i.get("type") == "error"), r.brief()[:120])
+        items, deadline, hang = [], time.monotonic() + SLOW_MOST_S, False
+        end = lambda i: isinstance(i, dict) and i.get("type") in ("error", "context.done")     # noqa: E731
+        while conn.closed is None and time.monotonic() < deadline:
+            part = await conn.collect(end, SLOW_QUIET_S)
+            items += part.items
+            if part.answered:
+                break
+            if not part.items and conn.closed is None:
+                hang = True
+                break
+        js = [i for i in items if isinstance(i, dict)]
+        err = next((i for i in js if i.get("type") == "error"), None)
+        done = any(i.get("type") == "context.done" for i in js)
+        closed = conn.closed
         if conn.closed is not None:
-            out.closed_by_server, out.close_code = True, None if conn.abrupt else conn.closed[0]
+            out.closed_by_server = True
+            out.close_code = None if conn.abrupt or conn.closed[0] in (None, 1005, 1006) else conn.closed[0]
+        if err is not None:
+            out.ok = err.get("code") == "slow_consumer"
+            out.detail = f"cut: {err.get('code')}" + ("" if out.ok else f" {json.dumps(err)[:150]}")
+        elif done:
+            out.ok, out.detail = True, "kept: context.done"
+        elif closed is not None and out.close_code == 1008 and "slow_consumer" in (closed[1] or ""):
+            out.ok, out.detail = True, "cut: close 1008 slow_consumer"
+        else:
+            out.detail = ("hang: %d s without a message" % SLOW_QUIET_S if hang else
+                          f"silent end: close {closed} abrupt={conn.abrupt}" if closed else "not over in %d s"
+                          % SLOW_MOST_S) + "; " + Reply(items=items).brief()[:120]
         await conn.send(json.dumps({"type": "cancel"}))
         await conn.close()
     except (aiohttp.ClientError, ConnectionError, asyncio.TimeoutError, OSError) as e:
@@ -249,22 +333,37 @@ def process_levels(root_pid: int) -> dict[str, tuple[int, int]]:
     return levels
 
 
-async def storm(soak: Soak, http, rng: random.Random) -> None:
-    """A reconnect storm, then whether each process's descriptors and threads return to their level before it."""
-    before = process_levels(soak.server.proc.pid)
-    t = soak.now()
-    for _ in range(STORM_SOCKETS // 8):
-        await asyncio.gather(*(_storm_socket(soak, http, rng) for _ in range(8)))
-    deadline, after = time.monotonic() + 30, {}
-    while time.monotonic() < deadline:
-        await asyncio.sleep(2)
-        after = process_levels(soak.server.proc.pid)
-        if all(r in after and after[r][0] <= fd + FD_SLACK and after[r][1] <= th + THREAD_SLACK
-               for r, (fd, th) in before.items()):
-            break
-    back = all(r in after and after[r][0] <= fd + FD_SLACK and after[r][1] <= th + THREAD_SLACK
+def _at_level(before: dict, after: dict) -> bool:
+    return all(r in after and after[r][0] <= fd + FD_SLACK and after[r][1] <= th + THREAD_SLACK
                for r, (fd, th) in before.items())
-    soak.storms.append({"t": round(t), "before": before, "after": after, "back": back})
+
+
+async def storm(soak: Soak, http, rng: random.Random) -> None:
+    """A reconnect storm, then whether each process's descriptors and threads return to their level before it.
+    Both levels are taken at rest: new sessions are held back and those running (each holds a socket in a worker
+    and a context in the engine, up to MAX_IN_FLIGHT of them) are let finish first, and no fault runs meanwhile
+    (soak.quiet), so what differs is what the storm left behind, not the load of the moment."""
+    async with soak.quiet:
+        soak.paused = True
+        try:
+            me = asyncio.current_task()
+            others = [t for t in soak.in_flight if t is not me and t not in soak.storm_tasks]
+            if others:
+                await asyncio.wait(others, timeout=SLOW_MOST_S + 30)
+            await asyncio.sleep(6)     # closed sockets linger up to 5 s (LingeringClose)
+            before = process_levels(soak.server.proc.pid)
+            t = soak.now()
+            for _ in range(STORM_SOCKETS // 8):
+                await asyncio.gather(*(_storm_socket(soak, http, rng) for _ in range(8)))
+            deadline, after = time.monotonic() + 30, {}
+            while time.monotonic() < deadline:
+                await asyncio.sleep(2)
+                after = process_levels(soak.server.proc.pid)
+                if _at_level(before, after):
+                    break
+            soak.storms.append({"t": round(t), "before": before, "after": after, "back": _at_level(before, after)})
+        finally:
+            soak.paused = False
 
 
 # ----- voices -----
@@ -469,7 +568,7 @@ async def drive(soak: Soak, rate: float) -> None:
     next_fault, fault_i = time.monotonic() + fault_every, 0
     next_turn = time.monotonic() + 45      # slow readers and storms take turns
     kinds, weights = list(MIX), list(MIX.values())
-    in_flight: set[asyncio.Task] = set()
+    in_flight = soak.in_flight
     n = 0
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=soak.ssl_context(), limit=0)) as http:
         if not rate:
@@ -479,15 +578,17 @@ async def drive(soak: Soak, rate: float) -> None:
         while time.monotonic() < end:
             await asyncio.sleep(rng.expovariate(rate))
             n += 1
-            if len(in_flight) < MAX_IN_FLIGHT:
+            if len(in_flight) < MAX_IN_FLIGHT and not soak.paused:
                 job = voice_cycle(soak, http, rng, n) if n % 25 == 0 else _speak(soak, http, rng.choices(kinds, weights)[0], rng)
                 task = asyncio.ensure_future(job)
                 in_flight.add(task)
                 task.add_done_callback(lambda t: (in_flight.discard(t), soak.outcomes.append(t.result())))
-            if time.monotonic() >= next_turn:
+            if time.monotonic() >= next_turn and not soak.paused:
                 next_turn += 45
                 if rng.random() < 0.5:
                     t = asyncio.ensure_future(storm(soak, http, rng))
+                    soak.storm_tasks.add(t)
+                    t.add_done_callback(soak.storm_tasks.discard)
                 else:
                     t = asyncio.ensure_future(_slow_reader(soak, http))
                     t.add_done_callback(lambda t: soak.outcomes.append(t.result()))
@@ -497,7 +598,8 @@ async def drive(soak: Soak, rate: float) -> None:
                 name = FAULTS[fault_i]
                 fault_i += 1
                 print(f"soak: {soak.now():.0f} s: fault {name}", flush=True)
-                rec = await run_fault(soak, http, name, rng)
+                async with soak.quiet:
+                    rec = await run_fault(soak, http, name, rng)
                 soak.faults.append(rec)
                 print(f"soak: {name}: ready in {rec.ready_s:.1f} s; {rec.detail}", flush=True)
                 next_fault = time.monotonic() + fault_every
@@ -599,7 +701,7 @@ def report(soak: Soak, out: Path) -> bool:
             all(f.voices_intact for f in soak.faults) and not soak.final_voice_check,
         "no session failed outside a fault's window": not failed_outside,
         "0 closes without a code outside process faults": not no_code,
-        "every slow reader answered (error or done), never silent": not slow_silent,
+        "every slow reader kept (context.done) or cut off with slow_consumer, never silent": not slow_silent,
         "0 crashes": not crash_lines,
     }
     passed = all(checks.values())
