@@ -103,7 +103,9 @@ class Supervisor:
                 env["CUDA_VISIBLE_DEVICES"] = e["cuda_visible"]
             argv = [sys.executable, "-m", "talkgate.processes.engine_process", "--index", str(i), "--endpoint",
                     endpoints[i], "--model", plan.models[e["model"]][1], "--device", e["device"], *plan.engine_args]
-            self.children.append(Child(f"engine {i} ({plan.models[e['model']][0]})", argv, env))
+            # the model named only where there are several: a one-model server's log reads as it always has
+            name = f"engine {i} ({plan.models[e['model']][0]})" if len(plan.models) > 1 else f"engine {i}"
+            self.children.append(Child(name, argv, env))
         limits = plan.server["limits"]
         server = {**plan.server, "limits": {**limits, "max_connections": worker_cap(limits["max_connections"],
                                                                                    plan.workers)},
