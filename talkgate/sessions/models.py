@@ -21,8 +21,9 @@ from talkgate.sessions.fields import SessionError, show
 from talkgate.synth.api import ModelInfo
 
 # the model names the vendors' clients send (their defaults and documented ids): aliases of the default model
+# (Qwen's own: qwen3-tts, qwen3-tts-flash, qwen-tts-realtime, a Hugging Face id such as Qwen/Qwen3-TTS-12Hz-1.7B-Base)
 VENDOR_MODELS = re.compile(r"(tts(-1(-hd)?)?|gpt-4o(-mini)?-tts(-[\w-]+)?|eleven_[\w]+|sonic[\w.-]*|aura[\w-]*"
-                           r"|qwen[\w.-]*-realtime[\w.-]*|talkgate)\Z", re.IGNORECASE)
+                           r"|(qwen/)?qwen[\w.-]*-tts[\w.-]*|qwen[\w.-]*-realtime[\w.-]*|talkgate)\Z", re.IGNORECASE)
 MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}\Z")
 
 
@@ -50,7 +51,8 @@ class Models:
 
     def named(self, name: str, context_id: str | None = None) -> Model:
         """A configured model by name, or the default for a vendor's model name; SessionError unknown_model."""
-        found = self._by_name.get(name.lower())
+        # a Hugging Face id names the served model of its last part (`--model ORG/NAME` serves it as NAME)
+        found = self._by_name.get(name.lower()) or self._by_name.get(model_name(name).lower())
         if found is not None:
             return found
         if VENDOR_MODELS.match(name):

@@ -171,3 +171,19 @@ def test_one_model_server_is_unchanged(tokenizer):
     h = Harness(tokenizer, lambda s: CartesiaProtocol(s, "s1", VOICES))
     h.send(cartesia_request("a", "sonic-2", INFO.voices[0]))
     assert [c.model for c in opened(h)] == [None]
+
+
+@pytest.mark.parametrize("name, served", [
+    ("qwen3-tts", "tiny"), ("Qwen3-TTS-Flash", "tiny"), ("Qwen/Qwen3-TTS-12Hz-1.7B-Base", "tiny"),
+    ("qwen-tts-realtime", "tiny"), ("other", "other"), ("SomeOrg/other", "other"), ("tts-1", "tiny")])
+def test_qwen_names_and_hugging_face_ids(name, served):
+    """Qwen's own model names alias the default (README's OpenAI example sends qwen3-tts); a Hugging Face id names
+    the served model of its last part."""
+    assert TWO_MODELS.named(name).name == served
+
+
+@pytest.mark.parametrize("name", ["qwen3", "whisper-1", "other/x"])
+def test_other_names_are_unknown(name):
+    with pytest.raises(SessionError) as e:
+        TWO_MODELS.named(name)
+    assert e.value.code == "unknown_model"
