@@ -45,9 +45,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from talkgate.synth.api import (
-    ENGINE_STAGES, SAMPLE_RATE, SEED_RANGE, AppendText, AudioChunk, CancelContext, ContextDone, ContextFailed, ContextParams,
-    Deliver, EndText, EngineCommand, EngineError, EngineEvent, EngineFull, EngineStopped, FlushText, InvalidParams,
-    MakeVoice, ModelInfo, OpenContext, StageTimes, TextSpoken, VoiceFailed, VoiceMade, VoicePrompt, seed_fits,
+    ENGINE_STAGES, SAMPLE_RATE, SEED_RANGE, AppendText, AudioChunk, CancelContext, ContextDone, ContextFailed,
+    ContextParams, Deliver, EndText, EngineCommand, EngineError, EngineEvent, EngineFull, EngineStopped, FlushText,
+    InvalidParams, MakeVoice, ModelInfo, OpenContext, StageTimes, TextSpoken, VoiceFailed, VoiceMade, VoicePrompt,
+    seed_fits,
 )
 from talkgate.synth.request import Request
 from talkgate.synth.scheduler import Scheduler
@@ -640,10 +641,11 @@ class Engine:
                 if req.cancelled:
                     continue
                 if req.trace is not None and frame == 0:
-                    self._traced.append(StageTimes(req.context, req.trace))
                     req.trace.append(time.monotonic_ns())
+                    times = StageTimes(req.context, req.trace)
                     req.trace = None
-                    self._pending.setdefault(req.client, []).append(self._traced[-1])
+                    self._traced.append(times)
+                    self._pending.setdefault(req.client, []).append(times)
                 self._pending.setdefault(req.client, []).append(AudioChunk(req.context, pcm[i], frame, 1, now))
                 ends += [(req, end) for end in after]
         for req, end in ends:
