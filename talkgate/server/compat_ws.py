@@ -70,16 +70,16 @@ async def deepgram_v2_ws(request: web.Request) -> web.StreamResponse:
     refuses it (the SDK's connect raises ApiError with that status). Only for a client with a valid key: the answer
     names the models and voices, and an unauthorized one is refused after the upgrade, as on every socket."""
     gw = request.app["gateway"]
-    settings = None
-    if gw.identify(request) is not None:        # serve_websocket refuses (and audits) the others
+    settings, known = None, gw.identify(request) is not None    # serve_websocket refuses (and audits) the others
+    own = scope(request)
+    if known:
         try:
-            settings = deepgram_v2.parse_query(dict(request.query), gw.models, scope(request).voice_map)
+            settings = deepgram_v2.parse_query(dict(request.query), gw.models, own.voice_map)
         except SessionError as e:
             return respond(rest_error(400, e.code, e.message))
 
     def make(session_id, authenticate):
-        return deepgram_v2.DeepgramV2Protocol(gw.new_session("deepgram_v2", scope(request).voices), session_id,
-                                              settings)
+        return deepgram_v2.DeepgramV2Protocol(gw.new_session("deepgram_v2", own.voices), session_id, settings)
 
     return await gw.serve_websocket(request, "deepgram_v2", make)
 

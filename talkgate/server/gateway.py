@@ -130,9 +130,10 @@ class Gateway:
 
     def scope(self, who: Identity | None) -> VoiceScope:
         """The voices `who` may name (None: a client not yet authenticated: no stored voice)."""
-        stored = partial(self.store.get, who=who) if who is not None else (lambda key: None)
-        return VoiceScope(Voices(self.client.info, stored),
-                          self.voice_map.with_stored(lambda key: stored(key) is not None))
+        if who is None:
+            return VoiceScope(Voices(self.client.info), self.voice_map.with_stored(lambda key: False))
+        return VoiceScope(Voices(self.client.info, partial(self.store.get, who=who)),
+                          self.voice_map.with_stored(partial(self.store.exists, who=who)))
 
     def authenticate(self, request: web.Request, key: str) -> VoiceScope | None:
         """A WebSocket's key sent in its first message -> the client's scope, or None (refused, audited)."""
@@ -197,12 +198,14 @@ class Gateway:
         self.refused(request, "missing_key" if self.request_key(request) is None else "unknown_key")
         return False
 
-    def keep_account(self, link: Connection, request: web.Request, api: str, admitted: bool = False) -> KeyAccount:
+    def keep_account(self, link: Connection, request: web.Request, api: str, admitted: bool = False) -> None:
         """The link's key account (its key's limits and usage), for its session and its writer; `admitted`: an
-        HTTP request whose limits serve_speech took as a whole."""
+        HTTP request whose limits serve_speech took as a whole. None without a keys file (no key has limits) and
+        without a usage log (nothing is recorded): then no frame pays for the accounting."""
+        if self.keys_file is None and self.usage.fd is None:
+            return
         account = KeyAccount(lambda: request.get(IDENTITY), self.key_limits, self.usage, api, admitted)
         link.account = link.protocol.session.account = account
-        return account
 
     # ----- WebSocket plumbing shared by every WebSocket protocol -----
     def count_error(self, code: str) -> None:

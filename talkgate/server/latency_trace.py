@@ -60,7 +60,11 @@ class TraceFile:
                 self.left = -1
             return
         self.left -= len(line)
-        os.write(self.fd, line)         # one write: the lines of several processes do not interleave
+        try:
+            os.write(self.fd, line)     # one write: the lines of several processes do not interleave
+        except OSError as e:            # a full disk ends the tracing, never the client's connection
+            log.warning("--trace-latency %s: %s; no more traces", self.path, e.strerror or e)
+            self.left = -1
 
     def close(self) -> None:
         os.close(self.fd)

@@ -198,10 +198,7 @@ class DashScopeProtocol(UtteranceProtocol):
             out += self._commit()
         elif self.responses and not self.responses[-1].committed:
             out += self._committed(self.responses[-1])
-            self.responses[-1].committed = True
-        if STREAM not in self.utterances:
-            self.utterances.open(STREAM)
-        return out + self._wire(self.utterances.end(STREAM))   # speaks the rest, then UtteranceDone
+        return out + self._wire(self.utterances.end(STREAM))   # the rest spoken (opened if need be), UtteranceDone
 
     # ----- responses -----
     def _new_ids(self) -> tuple[str, str]:
@@ -244,8 +241,7 @@ class DashScopeProtocol(UtteranceProtocol):
 
     def _cancel_responses(self) -> list:
         """Barge-in: nothing not yet spoken is made or sent any more, before the responses' ends go out."""
-        out = self._wire(self.utterances.cancel(STREAM)) if STREAM in self.utterances else []
-        out += self._purges(None)
+        out = self._barge_in(STREAM)
         for response in self.responses:
             out += self._announce(response) + self._done(response, "cancelled")
         self.responses.clear()

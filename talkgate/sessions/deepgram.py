@@ -142,10 +142,9 @@ class DeepgramProtocol(UtteranceProtocol):
         return self._wire(self.utterances.append(STREAM, text))
 
     def _clear(self) -> list:
-        events = self.utterances.cancel(STREAM) if STREAM in self.utterances else []
         self.clears += 1
         # audio of flushed segments may still be queued too: none of the old turn may follow Cleared
-        out = self._wire(events) + self._purges(None)
+        out = self._barge_in(STREAM)
         out.append(send_json({"type": "Cleared", "sequence_id": self.clears - 1}))
         return out + [Close(1000, "closed by client")] if self.closing else out
 

@@ -207,8 +207,7 @@ class DeepgramV2Protocol(UtteranceProtocol):
         if turn is None:
             return [_warning("NO_ACTIVE_SPEECH", "no turn is being spoken: nothing to interrupt")]
         # barge-in: nothing not yet spoken is made or sent any more, before the report goes out
-        out = self._wire(self.utterances.cancel(STREAM)) if STREAM in self.utterances else []
-        out += self._purges(None)
+        out = self._barge_in(STREAM)
         self.turns.clear()
         self.history.clear()            # a later offset must advance past this one: no earlier turn is hit again
         report = {"type": "SpeechInterrupted"}

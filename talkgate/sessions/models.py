@@ -45,6 +45,9 @@ class Models:
         self.all = tuple(models)
         self.default = models[0]
         self._by_name = {m.name.lower(): m for m in models}
+        self._voices = tuple(dict.fromkeys(v for m in models for v in m.info.voices))
+        # what a request that names no model maps its voice against (info_for): made once, not per request
+        self._any_info = replace(self.default.info, voices=self._voices)
 
     def __len__(self) -> int:
         return len(self.all)
@@ -80,7 +83,7 @@ class Models:
         chooses the model), the default's with every model's voices."""
         if name:
             return self.named(name, context_id).info
-        return replace(self.default.info, voices=self.voices())
+        return self._any_info
 
     def first(self, model_type: str) -> Model:
         """The first model of `model_type` (custom_voice, base, voice_design), else the default."""
@@ -88,4 +91,4 @@ class Models:
 
     def voices(self) -> tuple[str, ...]:
         """Every model's voices, each once, in the models' order."""
-        return tuple(dict.fromkeys(v for m in self.all for v in m.info.voices))
+        return self._voices

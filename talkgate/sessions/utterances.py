@@ -308,6 +308,12 @@ class UtteranceProtocol(SocketProtocol):
         self._owner[stream] = key
         return Send(data, stream, audio_ms)
 
+    def _barge_in(self, key: str) -> list:
+        """Utterance `key` cancelled if it runs, and every queued frame dropped: nothing not yet spoken follows
+        (Deepgram's Clear and Interrupt, DashScope's response.cancel)."""
+        out = self._wire(self.utterances.cancel(key)) if key in self.utterances else []
+        return out + self._purges(None)
+
     def _purges(self, key: str | None, stream: int | None = None) -> list[Purge]:
         """Drop the queued audio of utterance `key` (of every utterance when None), and of `stream`."""
         streams = {s for s, k in self._owner.items() if key is None or k == key}
