@@ -27,8 +27,10 @@ fi
 cd "$tree"
 export PYTHONPATH=$tree:/tmp/site PYTHONUNBUFFERED=1 TALKGATE_CACHE=/tmp/tgc
 device=${DEVICE:-cuda}
-if [ "$device" = cpu ]; then gpus_all=(--engines 2); gpus_one=(--engines 1); slots=(--max-contexts 16)
-else gpus_all=(--gpus all); gpus_one=(--gpus 0); slots=(--max-contexts 512); fi
+# slots an engine: 640 for 0.6B, so that a level of 512 streams a GPU is not refused for slots freed a moment after
+# their client's next start
+if [ "$device" = cpu ]; then gpus_all=(--engines 2); gpus_one=(--engines 1); slots=(--max-contexts 16); slots06=("${slots[@]}")
+else gpus_all=(--gpus all); gpus_one=(--gpus 0); slots=(--max-contexts 512); slots06=(--max-contexts 640); fi
 tg() { python3 -m talkgate "$@"; }
 { nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv,noheader 2>/dev/null; nproc; date -u;
   env | grep -E "NCCL_NVLS|MULTICAST|NVSHMEM" ;
@@ -42,7 +44,10 @@ done
 if [ "$device" = cuda ]; then
   log "warmup: 1.7B on GPU 0 and 0.6B on GPU 1 at once"
   CUDA_VISIBLE_DEVICES=0 tg warmup --model /tmp/ck-1.7b "${slots[@]}" > "$res/warmup-1.7b.log" 2>&1 &
-  CUDA_VISIBLE_DEVICES=1 tg warmup --model /tmp/ck-0.6b "${slots[@]}" > "$res/warmup-0.6b.log" 2>&1 &
+  CUDA_VISIBLE_DEVICES=1 tg warmup --model /tmp/ck-0.6b "${slots06[@]}" > "$res/warmup-0.6b.log" 2>&1 &
+  # bench/gpu_models.sh's float16 decoder, compiled now while nothing is measured
+  [ "${FP16_WARMUP:-0}" = 1 ] && CUDA_VISIBLE_DEVICES=0 tg warmup --model /tmp/ck-1.7b "${slots[@]}" \
+    --decoder-dtype float16 > "$res/warmup-1.7b-fp16.log" 2>&1 &
   wait
   log "warmup done: $(tail -1 "$res/warmup-1.7b.log" | cut -c1-160) | $(tail -1 "$res/warmup-0.6b.log" | cut -c1-160)"
 fi
@@ -104,15 +109,17 @@ log "1.7B one GPU: openai sweep"
 load sweep-one-1.7b "${http[@]}" --sweep "$(quick 1,2 "${LEVELS_ONE:-110,125,140,155}")"
 stop one-1.7b
 
-# ---- 0.6B: native Opus streams, two GPUs then one
-opus=(--protocol native --encoding opus --bucket medium --lang en --duration 12 --ttfa-limit-ms 3000 --concurrency 8)
+# ---- 0.6B: native Opus streams started over 2 s (as in issue 23's runs), two GPUs then one
+slots=("${slots06[@]}")
+opus=(--protocol native --encoding opus --bucket medium --lang en --duration 12 --ramp 2 --ttfa-limit-ms 3000
+      --concurrency 16 --processes 16)
 serve two-0.6b 0.6b "${gpus_all[@]}"
 log "0.6B two GPUs: opus streams"
-load sweep-two-0.6b "${opus[@]}" --sweep "$(quick 8 "${STREAMS_TWO:-512,768,1024}")"
+load sweep-two-0.6b "${opus[@]}" --sweep "$(quick 16 "${STREAMS_TWO:-768,896,1024,1152}")"
 stop two-0.6b
 serve one-0.6b 0.6b "${gpus_one[@]}"
 log "0.6B one GPU: opus streams"
-load sweep-one-0.6b "${opus[@]}" --sweep "$(quick 8 "${STREAMS_ONE:-384,512}")"
+load sweep-one-0.6b "${opus[@]}" --sweep "$(quick 16 "${STREAMS_ONE:-384,448,512,576}")"
 stop one-0.6b
 
 tar czf "$out/multi.tgz" -C "$(dirname "$res")" "$(basename "$res")"

@@ -47,6 +47,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--first-token-delay-ms", type=float, default=d.first_token_delay_ms,
                    help="native: pause between context.start and the first text delta (not part of TTFA)")
     p.add_argument("--voice", help="speaker (default: the server's)")
+    p.add_argument("--instructions", help="sent with every request: a VoiceDesign model's voice description, or "
+                   "the style a model that takes instructions speaks in")
     p.add_argument("--model", default=d.model, help="OpenAI `model` field")
     p.add_argument("--api-key", help="the server's API key, if it requires one")
     p.add_argument("--max-in-flight", type=int, default=d.max_in_flight,
@@ -94,7 +96,8 @@ def config_from(args: argparse.Namespace, p: argparse.ArgumentParser) -> Config:
                   length=args.length, cancel_share=args.cancel_share, encoding=args.encoding,
                   sample_rate=args.sample_rate or DEFAULT_RATE[args.encoding],
                   tokens_per_second=args.tokens_per_second, first_token_delay_ms=args.first_token_delay_ms,
-                  voice=args.voice, model=args.model, api_key=args.api_key, max_in_flight=args.max_in_flight,
+                  voice=args.voice, instructions=args.instructions, model=args.model, api_key=args.api_key,
+                  max_in_flight=args.max_in_flight,
                   request_timeout_s=args.request_timeout, underrun_tolerance_ms=args.underrun_tolerance_ms,
                   ttfa_limit_ms=args.ttfa_limit_ms, seed=args.seed, processes=args.processes,
                   ramp_s=args.ramp)

@@ -143,7 +143,7 @@ class EngineServer:
         self._graphs_pending = True
 
     # ----- the loop -----
-    def warm_up(self) -> None:
+    def warm_up(self, every_graph: bool = False) -> None:
         """Warm the engine up on this thread while a helper thread greets workers and publishes stats."""
         done = threading.Event()
 
@@ -154,7 +154,7 @@ class EngineServer:
         helper.start()
         try:
             with WarmupWatchdog(self.engine.runner, self.warmup_stall_s, f"engine {self.index}"):
-                self.engine.warm_up()
+                self.engine.warm_up(every_graph)
         finally:
             done.set()
             helper.join()            # the socket is this thread's from here on

@@ -156,6 +156,8 @@ async def native_request(http: aiohttp.ClientSession, cfg: Config, job: Job, r: 
                  "format": {"encoding": cfg.encoding, "sample_rate": rate}}
         if cfg.voice:
             start["voice"] = cfg.voice
+        if cfg.instructions:
+            start["instructions"] = cfg.instructions
         if job.frames is not None:
             start["fixed_frames"] = job.frames
         await ws.send_str(json.dumps(start))
@@ -242,6 +244,8 @@ async def openai_request(http: aiohttp.ClientSession, cfg: Config, job: Job, r: 
             "stream_format": "audio", "language": job.prompt["language"]}
     if cfg.voice:
         body["voice"] = cfg.voice
+    if cfg.instructions:
+        body["instructions"] = cfg.instructions
     if job.frames is not None:
         body["fixed_frames"] = job.frames
     sent: list[float] = []      # filled by the trace hook when the body's first byte is written
@@ -448,6 +452,7 @@ class Config:
     tokens_per_second: float = 25.0        # native: LLM tokens (Qwen's) a second; 0: the whole text at once
     first_token_delay_ms: float = 0.0
     voice: str | None = None
+    instructions: str | None = None        # a VoiceDesign model's voice description, or a style to speak in
     model: str = "talkgate"
     api_key: str | None = None
     max_in_flight: int = 512

@@ -32,17 +32,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", required=True)
     p.add_argument("--device")
     p.add_argument("--dtype")
+    p.add_argument("--decoder-dtype")
     p.add_argument("--max-contexts", type=int)
     p.add_argument("--seed", type=int)
     p.add_argument("--untrained-length", choices=["text-rule", "runaway"], default="text-rule")
     p.add_argument("--warmup-stall", type=float, default=DEFAULT_STALL_S)
+    p.add_argument("--every-graph", action="store_true",
+                   help="capture every batch size's graph before ready (the supervisor's restart beside a sibling)")
     args = p.parse_args(argv)
     die_with_parent()
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s engine{args.index} %(name)s %(levelname)s %(message)s")
     if (args.device or "").startswith("cpu"):
         import torch
         torch.set_num_threads(1)     # as the single-process server: one intra-op thread on a CPU engine
-    engine = Engine.from_pretrained(args.model, device=args.device, dtype=args.dtype, max_contexts=args.max_contexts,
+    engine = Engine.from_pretrained(args.model, device=args.device, dtype=args.dtype, decoder_dtype=args.decoder_dtype,
+                                    max_contexts=args.max_contexts,
                                     default_seed=args.seed, untrained_length=args.untrained_length)
     heap.freeze(f"engine {args.index} loaded")     # warm-up, which may compile for minutes, collects as usual
     stop = threading.Event()
@@ -52,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     log.info("engine %d: %s on %s/%s, %d slots, bound to %s (pid %d)", args.index, engine.info.name,
              engine.info.device, engine.info.dtype, engine.runner.num_slots, args.endpoint, os.getpid())
     try:
-        server.warm_up()
+        server.warm_up(args.every_graph)
         server.serve(stop)
     finally:
         server.close()

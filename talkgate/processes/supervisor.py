@@ -64,6 +64,7 @@ class Child:
     restart_at: float | None = None
     state: str = "starting"                    # the last status line
     exits: int = 0
+    model: int | None = None                   # an engine's: the index of its model in Plan.models
 
 
 @dataclass
@@ -105,7 +106,7 @@ class Supervisor:
                     endpoints[i], "--model", plan.models[e["model"]][1], "--device", e["device"], *plan.engine_args]
             # the model named only where there are several: a one-model server's log reads as it always has
             name = f"engine {i} ({plan.models[e['model']][0]})" if len(plan.models) > 1 else f"engine {i}"
-            self.children.append(Child(name, argv, env))
+            self.children.append(Child(name, argv, env, model=e["model"]))
         limits = plan.server["limits"]
         server = {**plan.server, "limits": {**limits, "max_connections": worker_cap(limits["max_connections"],
                                                                                    plan.workers)},
@@ -169,13 +170,24 @@ class Supervisor:
             r, w = os.pipe()
             child.env["TALKGATE_WORKER"] = json.dumps({**json.loads(child.env["TALKGATE_WORKER"]), "status_fd": w})
             pass_fds = (w,)
+        argv = child.argv
+        if self._sibling_serves(child):
+            # a restart while another engine carries the model: no context needs this one soon, so it captures
+            # every graph first instead of between steps under load (each capture holds its thread up to ~1 s)
+            argv = [*argv, "--every-graph"]
         # a session of its own: a terminal's Ctrl-C reaches the supervisor alone, which stops workers first
-        child.proc = subprocess.Popen(child.argv, env=child.env, pass_fds=pass_fds, start_new_session=True)
+        child.proc = subprocess.Popen(argv, env=child.env, pass_fds=pass_fds, start_new_session=True)
         child.started, child.restart_at, child.state = time.monotonic(), None, "starting"
         if child.status:
             os.close(w)
             child.status_r = r
             self.sel.register(r, selectors.EVENT_READ, child)
+
+    def _sibling_serves(self, child: Child) -> bool:
+        """An engine started again while another engine process of its model runs."""
+        return child.model is not None and child.exits > 0 and any(
+            c is not child and c.model == child.model and c.proc is not None and c.proc.poll() is None
+            for c in self.children)
 
     def _turn(self, wake_r: int) -> None:
         for key, _ in self.sel.select(timeout=0.2):

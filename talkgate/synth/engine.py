@@ -372,10 +372,10 @@ class Engine:
             if not self.turn():
                 self._wake.wait(timeout=0.5)
 
-    def warm_up(self) -> None:
-        """Compiles and the graphs a first audio needs (the engine thread's start; an engine process that
-        drives the loop itself calls it, then turn())."""
-        self.runner.warmup(first_audio_only=True)
+    def warm_up(self, every_graph: bool = False) -> None:
+        """Compiles and the graphs a first audio needs, or every graph (the engine thread's start; an engine
+        process that drives the loop itself calls it, then turn())."""
+        self.runner.warmup(first_audio_only=not every_graph)
         self._ready_at = self._open_at = time.perf_counter()
 
     def turn(self) -> bool:

@@ -109,6 +109,10 @@ def test_killed_engine_fails_only_its_contexts_and_is_restarted(tiny_checkpoint)
                     return all([series(await metrics(s, srv), "talkgate_engine_ready", engine="0") == 1.0
                                 for _ in range(3)])
                 await wait_for(back)
+                # restarted beside engine 1, engine 0 captures every graph before it is ready (none of its
+                # captures then stalls a context); engine 1 was a first start
+                argv = {i: open(f"/proc/{p}/cmdline").read().split("\0") for i, p in pids(srv, "engine").items()}
+                assert "--every-graph" in argv[0] and "--every-graph" not in argv[1], argv
                 again = [await connect(s, srv) for _ in range(4)]
                 for i, c in enumerate(again):
                     await start(c, f"d{i}")

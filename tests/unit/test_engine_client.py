@@ -234,8 +234,13 @@ def test_a_new_contexts_first_frames_go_before_older_audio_still_queued(tiny_eng
             speak(client, o, 40)
         await until(lambda: all(len(frame_numbers(o.events)) >= 6 for o in old))
         new = Named("new", delivered)
+        steps = tiny_engine.stats()["steps"]
         speak(client, new, 6)
-        time.sleep(1.0)                             # the loop is blocked: the steps' batches wait for it
+        # the loop is blocked while the engine makes new's first frames and more of the old ones' (counted in
+        # steps, not seconds: a loaded machine steps slower): the steps' batches wait for it
+        deadline = time.monotonic() + 60
+        while tiny_engine.stats()["steps"] < steps + 10 and time.monotonic() < deadline:
+            time.sleep(0.01)
         await until(lambda: all(o.events and isinstance(o.events[-1], ContextDone) for o in old + [new]))
         client.close()
         return old, new
