@@ -100,12 +100,13 @@ class EngineClient:
                 self._owners.pop(cmd.context, None)
         self.engine.submit(self.id, commands)
 
-    async def make_voice(self, audio: bytes, ref_text: str | None, timeout_s: float) -> VoicePrompt:
-        """On the loop: the engine's voice made from 24 kHz float32 mono samples; raises EngineError (the
-        engine's refusal, or engine_error after timeout_s)."""
+    async def make_voice(self, audio: bytes, ref_text: str | None, timeout_s: float,
+                         model: str | None = None) -> VoicePrompt:
+        """On the loop: the voice made by `model`'s engine (None: the default's) from 24 kHz float32 mono samples;
+        raises EngineError (the engine's refusal, or engine_error after timeout_s)."""
         waiter = _VoiceWaiter(self.loop)
         request = next(self.contexts)
-        self.submit(waiter, [MakeVoice(request, audio, ref_text)])
+        self.submit(waiter, [MakeVoice(request, audio, ref_text, model)])
         try:
             return await asyncio.wait_for(waiter.future, timeout_s)
         except asyncio.TimeoutError:

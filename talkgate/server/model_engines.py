@@ -8,7 +8,8 @@ model its OpenContext names (sessions/models.py chose it; None: the default, the
 Each model's engine sees the one client under the same context ids (unique in the EngineClient), so events come
 back as they went, whichever engine made them. Commands after an OpenContext (or MakeVoice) follow it to its
 engine by its id until the context's last event (ContextDone, ContextFailed; VoiceMade, VoiceFailed) or its
-CancelContext. A voice request that names no model (the voice store's uploads) goes to the first Base model.
+CancelContext. A command that names no model goes to the default's engine (sessions/models.py chose every model: an
+upload's MakeVoice names the Base model that makes it, voices_http.py).
 
 Faults stay within a model: each model's engines fail only their own contexts (ipc/remote_engines.py), their
 failures' messages name the model, and `ready` is the default model's (plain /ready); `model_ready(name)` answers /ready?model=NAME.
@@ -147,8 +148,7 @@ class ModelEngines:
             name = self._routes[cmd.context] = self._named(cmd.model)
             return name
         if isinstance(cmd, MakeVoice):
-            name = self._named(cmd.model) if cmd.model is not None else self._first_base()
-            self._routes[cmd.request] = name
+            name = self._routes[cmd.request] = self._named(cmd.model)
             return name
         if isinstance(cmd, CancelContext):
             return self._routes.pop(cmd.context, None)
@@ -156,6 +156,3 @@ class ModelEngines:
 
     def _named(self, model: str | None) -> str:
         return self.names[0] if model is None else model
-
-    def _first_base(self) -> str:
-        return next((name for name, e in self.engines.items() if e.info.model_type == "base"), self.names[0])

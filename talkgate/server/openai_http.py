@@ -19,7 +19,7 @@ async def speech(request: web.Request) -> web.StreamResponse:
 
     async def make(body) -> OpenAISpeech:
         own = scope(request)
-        req = parse_request(body, gw.limits.max_http_input_chars, gw.client.info, own.voice_map, gw.models)
+        req = parse_request(body, gw.limits.max_http_input_chars, gw.models, own.voice_map)
         config = req.config
         if req.ref_audio is not None:       # this request's own voice: decoded off the loop, made by the engine
             clip = await asyncio.to_thread(read_clip, req.ref_audio, "ref_audio")

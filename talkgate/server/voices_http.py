@@ -1,7 +1,8 @@
 """The voice endpoints: cloned voices stored (server/voice_store.py) and listed, in each API's own shape.
 
     POST   /v1/audio/voices            OpenAI / vLLM-Omni: multipart audio_sample, name, consent, ref_text
-    GET    /v1/audio/voices            the model's voices and the stored ones
+                                       (every create endpoint: `model`, the Base model that makes it)
+    GET    /v1/audio/voices            the models' voices and the stored ones (?model=NAME: those NAME speaks)
     GET    /v1/audio/voices/{id}       DELETE /v1/audio/voices/{id}     (by id or name)
     POST   /v1/voices/add              ElevenLabs instant voice cloning: multipart files (one or more), name,
                                        description, labels
@@ -150,10 +151,8 @@ async def make_voice(request: web.Request, form: Form, name: object, files: list
         raise Refused(403, "forbidden", "only an admin key shares a voice with every tenant")
     if gw.draining:
         raise Refused(503, "shutting_down", "the server is shutting down")
-    info = gw.models.first("base").info      # the served model that makes cloned voices
-    if info.model_type != "base":
-        raise Refused(400, "cloning_unavailable", f"this server's model is {info.model_type}, which cannot clone "
-                      "voices: serve a Base checkpoint")
+    maker = gw.models.maker(_field(form, "model", "model_id"))   # the one named, else the first Base model
+    info = maker.info
     if not files:
         raise Refused(400, "missing_audio", "the voice needs an audio file (1-30 s of the voice: WAV, FLAC, Ogg or MP3)")
     if len(files) > MAX_FILES:
@@ -168,11 +167,13 @@ async def make_voice(request: web.Request, form: Form, name: object, files: list
         clip = await asyncio.to_thread(_decode, files)
         t1 = loop.time()
         with gw.store.claim(name, who.tenant) as claim:
-            prompt = await gw.client.make_voice(clip.samples.tobytes(), ref_text, MAKE_TIMEOUT_S)
+            prompt = await gw.client.make_voice(clip.samples.tobytes(), ref_text, MAKE_TIMEOUT_S,
+                                                None if maker is gw.models.default else maker.name)
             t2 = loop.time()
             source = {**clip.describe(), "files": [f.filename for f in files]}
+            # voice_key: the models it is valid on (synth/api.py ModelInfo.speaks)
             model = {"name": info.name, "model_type": info.model_type, "size": info.size, "dim": prompt.dim,
-                     "untrained": info.untrained}
+                     "untrained": info.untrained, "voice_key": info.voice_key, "served_as": maker.name}
             voice = await asyncio.to_thread(claim.save, prompt, source=source, model=model, api=api,
                                             key_id=who.key_id, shared=shared == "true", **meta)
         t3 = loop.time()
@@ -219,10 +220,15 @@ def _builtin(gw) -> tuple[str, ...]:
 
 async def _stored(request: web.Request) -> list[StoredVoice]:
     """The stored voices this server speaks to the client: its tenant's and the shared ones when a Base model is
-    served, none otherwise. Read on a worker thread (the first listing of a full store parses 1000 files)."""
+    served, none otherwise; with `?model=NAME`, those valid on that model (the web page's list). Read on a worker
+    thread (the first listing of a full store parses 1000 files)."""
     gw = request.app["gateway"]
-    return (await asyncio.to_thread(gw.store.list, request[IDENTITY])
-            if gw.models.first("base").info.model_type == "base" else [])
+    name = request.query.get("model")
+    model = gw.models.named(name) if name else None
+    if gw.models.cloner is None or (model is not None and not model.info.clones):
+        return []
+    voices = await asyncio.to_thread(gw.store.list, request[IDENTITY])
+    return voices if model is None else [v for v in voices if model.info.speaks(v.model)]
 
 
 def _lookup(request: web.Request, key: str) -> StoredVoice | str | None:
@@ -230,7 +236,7 @@ def _lookup(request: web.Request, key: str) -> StoredVoice | str | None:
     gw = request.app["gateway"]
     if key.lower() in _builtin(gw):
         return key.lower()
-    return gw.store.get(key, request[IDENTITY]) if gw.models.first("base").info.model_type == "base" else None
+    return gw.store.get(key, request[IDENTITY]) if gw.models.cloner is not None else None
 
 
 async def _delete(request: web.Request, key: str, error_404: str) -> StoredVoice:

@@ -6,8 +6,9 @@ answers the one routing question every protocol asks, `route`:
      clients send today (OpenAI's tts-1, ElevenLabs' eleven_*, Cartesia's sonic*, DashScope's qwen*-realtime*, ...: VENDOR_MODELS), which
      stays an alias of the default model; any other name is unknown_model (the protocol's own error);
   2. else the voice: a voice of a model (a CustomVoice speaker) -> the first model that has it, the default
-     first; a stored cloned voice or reference audio -> the first Base model; instructions alone (no voice)
-     -> the first VoiceDesign model;
+     first; a stored cloned voice -> the first Base model it is valid on (made by a checkpoint of the same
+     voice_key: synth/api.py ModelInfo.speaks), reference audio -> the first Base model; instructions alone (no
+     voice) -> the first VoiceDesign model;
   3. else the default.
 A server of one model routes everything to it, as before there were several.
 """
@@ -48,6 +49,11 @@ class Models:
         self._voices = tuple(dict.fromkeys(v for m in models for v in m.info.voices))
         # what a request that names no model maps its voice against (info_for): made once, not per request
         self._any_info = replace(self.default.info, voices=self._voices)
+        # the model that makes uploaded voices unless the upload names one: the first that clones, or None
+        self.cloner = next((m for m in models if m.info.clones), None)
+        # what session.ready and the web page show of each model (its served name; `checkpoint`: where from)
+        self.listing = tuple({**m.info.as_dict(), "name": m.name, "checkpoint": m.info.name,
+                              "default": m is self.default} for m in models)
 
     def __len__(self) -> int:
         return len(self.all)
@@ -63,14 +69,16 @@ class Models:
         raise SessionError("unknown_model", f"unknown model {show(name)}; available: "
                            f"{', '.join(m.name for m in self.all)}", context_id)
 
-    def route(self, name: str | None = None, voice: str | None = None, stored: bool = False,
+    def route(self, name: str | None = None, voice: str | None = None, made_by: dict | None = None,
               instructions: bool = False, context_id: str | None = None) -> Model:
-        """The model a request is for (the module's rules). `voice`: the voice asked for, `stored`: it is a stored
-        (cloned) voice or the request brings reference audio; `instructions`: the request has instructions."""
+        """The model a request is for (the module's rules). `voice`: the voice asked for; `made_by`: the voice is a
+        stored (cloned) one, made by the model this describes (StoredVoice.model), or {} for reference audio the
+        request brings; `instructions`: the request has instructions. A stored voice no served model can speak goes
+        to the first that clones (or the default), whose refusal says why (sessions/voices.py)."""
         if name:
             return self.named(name, context_id)
-        if stored:
-            return self.first("base")
+        if made_by is not None:
+            return next((m for m in self.all if m.info.speaks(made_by)), self.cloner or self.default)
         if voice:
             lowered = voice.lower()
             return next((m for m in self.all if lowered in m.info.voices), self.default)
@@ -86,8 +94,18 @@ class Models:
         return self._any_info
 
     def first(self, model_type: str) -> Model:
-        """The first model of `model_type` (custom_voice, base, voice_design), else the default."""
+        """The first model of `model_type` (custom_voice, voice_design), else the default."""
         return next((m for m in self.all if m.info.model_type == model_type), self.default)
+
+    def maker(self, name: str | None = None) -> Model:
+        """The model that makes a voice to store: the one named, else the first that clones; SessionError
+        unknown_model, or cloning_unavailable when it (or every served model) cannot clone."""
+        model = self.named(name) if name else self.cloner
+        if model is None or not model.info.clones:
+            which = f"model {model.name} is {model.info.model_type}" if model is not None else \
+                f"this server's models are {', '.join(sorted({m.info.model_type for m in self.all}))}"
+            raise SessionError("cloning_unavailable", f"{which}, which cannot clone voices: serve a Base checkpoint")
+        return model
 
     def voices(self) -> tuple[str, ...]:
         """Every model's voices, each once, in the models' order."""

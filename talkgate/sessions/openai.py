@@ -48,11 +48,11 @@ class SpeechRequest:
     ref_text: str | None = None         # into config.reference: sessions/reference_audio.py read_clip)
 
 
-def parse_request(body: object, max_chars: int, info: ModelInfo, voices: VoiceMap,
-                  models: Models | None = None) -> SpeechRequest:
-    """The JSON body -> SpeechRequest; raises SessionError (codes as OpenAI's: invalid_request, ...)."""
+def parse_request(body: object, max_chars: int, models: Models, voices: VoiceMap) -> SpeechRequest:
+    """The JSON body -> SpeechRequest; raises SessionError (codes as OpenAI's: invalid_request, ...). `models`: the
+    served models (sessions/models.py), whose `model` field picks the voices `voice` is mapped against."""
     try:
-        return _parse(body, max_chars, info, voices, models)
+        return _parse(body, max_chars, models, voices)
     except SessionError as e:
         if e.code in ("invalid_message", "invalid_params"):    # a missing or mistyped field
             raise SessionError("invalid_request", e.message) from None
@@ -79,7 +79,7 @@ def _voice(body: dict, info: ModelInfo, voices: VoiceMap) -> str | None:
                            f"({', '.join(info.voices) or 'none: it takes instructions'})") from None
 
 
-def _parse(body: object, max_chars: int, info: ModelInfo, voices: VoiceMap, models: Models | None) -> SpeechRequest:
+def _parse(body: object, max_chars: int, models: Models, voices: VoiceMap) -> SpeechRequest:
     if not isinstance(body, dict):
         raise SessionError("invalid_request", "the body must be a JSON object")
     text = field_of(body, "input", str, required=True)
@@ -103,8 +103,7 @@ def _parse(body: object, max_chars: int, info: ModelInfo, voices: VoiceMap, mode
         raise SessionError("unsupported", "non_streaming_mode=true is not supported: talkgate feeds text to "
                            "the model as it arrives (non_streaming_mode=false)")
     model = field_of(body, "model", str)
-    if models is not None:                  # the voice is one of the model's the request names (or any model's)
-        info = models.info_for(model)
+    info = models.info_for(model)           # the voice is one of the model's the request names (or any model's)
     fixed = integer(body, "fixed_frames", 1, 100_000)
     seed = field_of(body, "seed", int)
     if seed is not None and not seed_fits(seed):

@@ -215,7 +215,7 @@ class Session:
         self.models = models or Models([Model(model_name(info.name), info)])
         self.observer = observer or Observer()
         self.contexts = contexts if contexts is not None else itertools.count(1)
-        self.defaults = self._checked(defaults or ContextConfig())
+        self.defaults = self._checked(defaults or ContextConfig())[0]
         self.accepting = True           # False once the client said it is done: no new contexts
         self._by_id: dict[str, _Context] = {}
         self._by_context: dict[int, _Context] = {}
@@ -226,21 +226,26 @@ class Session:
 
     # ----- configuration -----
     def configure(self, **overrides) -> ContextConfig:
-        self.defaults = self._checked(replace(self.defaults, **overrides))
+        self.defaults = self._checked(replace(self.defaults, **overrides))[0]
         return self.defaults
 
     def _model(self, cfg: ContextConfig, context_id: str | None = None) -> Model:
         """The served model a context of `cfg` is for (sessions/models.py's rules)."""
-        voice = cfg.voice
-        stored = cfg.reference is not None or (voice is not None and voice.lower() not in self.models.voices()
-                                               and self.voices.stored(voice) is not None)
-        return self.models.route(cfg.model, voice, stored, cfg.instructions is not None, context_id)
+        voice, made_by = cfg.voice, None
+        if cfg.reference is not None:
+            made_by = {}
+        elif voice is not None and voice.lower() not in self.models.voices():
+            found = self.voices.stored(voice)
+            made_by = found.model if found is not None else None
+        return self.models.route(cfg.model, voice, made_by, cfg.instructions is not None, context_id)
 
-    def _checked(self, cfg: ContextConfig, context_id: str | None = None) -> ContextConfig:
-        info = self._model(cfg, context_id).info
+    def _checked(self, cfg: ContextConfig, context_id: str | None = None) -> tuple[ContextConfig, Model]:
+        """`cfg` checked against the model it is for -> (cfg with its voice and language canonical, that model)."""
+        model = self._model(cfg, context_id)
+        info = model.info
         if cfg.voice is not None:
             cfg = replace(cfg, voice=self.voices.resolve(cfg.voice, context_id, info)[0])
-        if cfg.reference is not None and info.model_type != "base":
+        if cfg.reference is not None and not info.clones:
             raise SessionError("invalid_params", "reference audio (a cloned voice) needs a Base checkpoint; this "
                                f"server's model is {info.model_type}", context_id)
         language = (cfg.language or "auto").lower()
@@ -257,7 +262,7 @@ class Session:
             _encoder(cfg.format)
         except FormatError as e:
             raise SessionError("invalid_format", str(e), context_id) from None
-        return replace(cfg, language=language)
+        return replace(cfg, language=language), model
 
     # ----- operations -----
     @property
@@ -275,8 +280,8 @@ class Session:
         if len(self._by_id) >= self.limits.max_contexts_per_connection:
             raise SessionError("too_many_contexts", "too many contexts on this connection (limit "
                                f"{self.limits.max_contexts_per_connection}); flush or cancel one first", context_id)
-        cfg = self._checked(replace(self.defaults, **overrides), context_id) if overrides else self.defaults
-        model = self._model(cfg, context_id)
+        cfg, model = (self._checked(replace(self.defaults, **overrides), context_id) if overrides
+                      else (self.defaults, self._model(self.defaults, context_id)))
         if (refused := self.account.start(self._next_stream)) is not None:
             raise SessionError(refused.code, refused.message, context_id)
         ctx = _Context(context_id, self._next_stream, next(self.contexts), _encoder(cfg.format), self.new_tokenizer(),

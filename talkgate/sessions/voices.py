@@ -97,7 +97,7 @@ class UnknownVoice(Exception):
 
 class Voices:
     """The voices a session may name: the model's, then the store's. `stored(key)` -> a stored voice (with
-    .id, .name and .prompt, server/voice_store.py StoredVoice) by id or name, or None."""
+    .id, .name, .prompt and .model, server/voice_store.py StoredVoice) by id or name, or None."""
 
     def __init__(self, info: ModelInfo, stored: Callable[[str], object | None] | None = None):
         self.info = info
@@ -113,16 +113,22 @@ class Voices:
             return voice.lower(), None
         found = self.stored(voice)
         if found is not None:
-            if info.model_type != "base":
+            if not info.clones:
                 raise SessionError("invalid_voice", f"{show(voice)} is a cloned voice, which needs a Base checkpoint; "
-                                   f"this server's model is {info.model_type}", context_id)
+                                   f"this model is {info.model_type}", context_id)
+            if not info.speaks(found.model):
+                made_by = found.model
+                raise SessionError("invalid_voice", f"{show(voice)} was cloned by another Base checkpoint "
+                                   f"({made_by.get('name')}, {made_by.get('size')}): a cloned voice is valid only on "
+                                   f"the checkpoint that made it (its speaker encoder's); this model is {info.name} "
+                                   f"({info.size}): store the voice again with this model", context_id)
             return found.id, found.prompt
         if STORED_ID.match(voice):
             raise SessionError("unknown_voice", f"no voice {show(voice)}: it was deleted, or never stored",
                                context_id)
         if info.voices:
             available = ", ".join(info.voices)
-        elif info.model_type == "base":
+        elif info.clones:
             available = "none of its own (this model speaks cloned voices: see GET /v1/audio/voices)"
         else:
             available = "none (this model takes instructions)"

@@ -180,10 +180,28 @@ class ModelInfo:
     device: str = "cpu"
     dtype: str = "float32"
     end_of_speech: str = "model"   # what ends a context without fixed_frames: see end_of_speech()
+    # a Base checkpoint's voice prompts' maker: a digest of its speaker encoder's and speech tokenizer encoder's
+    # weights as stored ("" for other variants); a VoicePrompt is valid on the models of the same voice_key (speaks)
+    voice_key: str = ""
+
+    @property
+    def clones(self) -> bool:
+        """Whether this model makes and speaks cloned voices (a Base checkpoint): the one place that says so."""
+        return self.model_type == "base"
+
+    def speaks(self, made_by: dict) -> bool:
+        """Whether a voice prompt made by the model `made_by` describes (a stored voice's `model`: its voice_key)
+        is valid on this one. A prompt's x-vector comes from its maker's speaker encoder, trained with that
+        checkpoint's Talker and fed to it raw as an input embedding (docs/voices.md): it means nothing to a Talker
+        of another checkpoint, even one of the same size (0.6B and 1.7B Base share the speech tokenizer, so the
+        reference codes would fit, but not their speaker encoders: 1024 and 2048 values). A voice stored before
+        voice keys were recorded is taken on any Base model (the engine refuses an x-vector of another size)."""
+        key = made_by.get("voice_key")
+        return self.clones and (not key or key == self.voice_key)
 
     def as_dict(self) -> dict:
         d = {k: getattr(self, k) for k in self.__dataclass_fields__}
-        d["voices"], d["languages"] = list(self.voices), list(self.languages)
+        d["voices"], d["languages"], d["clones"] = list(self.voices), list(self.languages), self.clones
         if self.untrained:
             d["notice"] = "random untrained weights: the audio is noise, not speech"
         return d

@@ -21,6 +21,7 @@ codebooks past the 16th are known and skipped.
 """
 from __future__ import annotations
 
+import hashlib
 import math
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -29,7 +30,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from talkgate.synth.speech_tokenizer import CONFIG_FILE, CodecCheckpointError, check_model_type, read_codec_config, read_half
+from talkgate.synth.speech_tokenizer import (
+    CONFIG_FILE, CodecCheckpointError, check_model_type, digest, read_codec_config, read_half,
+)
 
 PREFIX = "encoder."
 FRAME_SAMPLES = 1920
@@ -354,7 +357,11 @@ def load_codec_encoder(speech_tokenizer_dir: str | Path, device="cpu", dtype: to
     with torch.device("meta"):
         model = CodecEncoder(cfg)
     state = read_half(root, model, PREFIX, "encoder", set(unused_tensor_shapes(cfg)))
+    h = hashlib.blake2b(digest_size=16)
+    for name in sorted(state):
+        digest(h, name, state[name])
     model.load_state_dict(state, strict=True, assign=True)
+    model.weights_digest = h.hexdigest()      # the weights as stored: part of a Base model's voice_key
     for m in model.modules():                        # derived buffers, still on meta: computed by prepare()
         if isinstance(m, Codebook):
             m.embed = torch.empty_like(m.embed_sum)

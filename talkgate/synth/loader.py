@@ -22,6 +22,7 @@ The Talker's KV cache is not allocated here: call tts.talker.setup_cache(...).
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from dataclasses import dataclass
@@ -37,7 +38,7 @@ from talkgate.synth.config import ConfigError, GenerationConfig, TTSConfig
 from talkgate.synth.model import CodePredictor, Talker, fuse_projections
 from talkgate.synth.prompt import Prompts
 from talkgate.synth.speaker_encoder import SpeakerEncoder
-from talkgate.synth.speech_tokenizer import CodecCheckpointError
+from talkgate.synth.speech_tokenizer import CodecCheckpointError, digest
 from talkgate.synth.tokenizer import QwenTokenizer
 
 _FLOAT_DTYPES = ("F32", "F16", "BF16", "F64")
@@ -108,7 +109,8 @@ def weight_files(root: Path) -> dict[str, Path]:
 
 
 def _load_lm(root: Path, config: TTSConfig, device, dtype, weights: bool = True
-             ) -> tuple[Talker, CodePredictor, SpeakerEncoder | None]:
+             ) -> tuple[Talker, CodePredictor, SpeakerEncoder | None, str]:
+    """-> the modules and the speaker encoder's weights' digest (as stored; "" without one)."""
     from safetensors import safe_open
 
     with torch.device("meta"):
@@ -136,9 +138,10 @@ def _load_lm(root: Path, config: TTSConfig, device, dtype, weights: bool = True
     by_file: dict[Path, list[str]] = {}
     for name in expected:
         by_file.setdefault(files[name], []).append(name)
+    speaker_digest = hashlib.blake2b(digest_size=16)
     for file, names in by_file.items():
         with safe_open(str(file), framework="pt", device="cpu") as f:
-            for name in names:
+            for name in sorted(names):
                 module_name, param = expected[name]
                 like = modules[module_name].get_parameter(param)
                 sl = f.get_slice(name)
@@ -148,14 +151,28 @@ def _load_lm(root: Path, config: TTSConfig, device, dtype, weights: bool = True
                                           f"expected {list(like.shape)} from config.json")
                 if kind not in _FLOAT_DTYPES:
                     raise CheckpointError(f"{file}: tensor {name!r} has dtype {kind}, expected a float type")
-                states[module_name][param] = (f.get_tensor(name).to(device=device, dtype=dtype) if weights
-                                              else torch.zeros(shape, device=device, dtype=dtype))
+                if not weights:
+                    states[module_name][param] = torch.zeros(shape, device=device, dtype=dtype)
+                    continue
+                tensor = f.get_tensor(name)
+                if module_name == "speaker_encoder":
+                    digest(speaker_digest, name, tensor)
+                states[module_name][param] = tensor.to(device=device, dtype=dtype)
     for module_name, module in modules.items():
         module.load_state_dict(states[module_name], strict=True, assign=True)
         module.eval().requires_grad_(False)
     fuse_projections(talker, predictor)
     predictor.setup(device)
-    return talker, predictor, speaker
+    return talker, predictor, speaker, speaker_digest.hexdigest() if speaker is not None else ""
+
+
+def voice_key(speaker_digest: str, codec_encoder: CodecEncoder | None) -> str:
+    """A Base model's voice_key (synth/api.py ModelInfo.speaks): what its voice prompts are made with, the speaker
+    encoder (the x-vector) and the speech tokenizer's encoder (the reference codes), by their weights as stored
+    (so one checkpoint has one key on every device and dtype). "" for a model that does not clone."""
+    if not speaker_digest or codec_encoder is None:
+        return ""
+    return hashlib.blake2b(f"{speaker_digest} {codec_encoder.weights_digest}".encode(), digest_size=12).hexdigest()
 
 
 def read_config(root: Path) -> TTSConfig:
@@ -185,7 +202,7 @@ def load_tts(path_or_id: str | os.PathLike, device: str | torch.device = "cpu", 
     for token_id in (config.tts_pad, config.tts_bos, config.tts_eos, config.im_start, config.im_end):
         if token_id >= config.talker.text_vocab_size:
             raise CheckpointError(f"{root / 'config.json'}: token id {token_id} >= text_vocab_size")
-    talker, predictor, speaker = _load_lm(root, config, device, dtype, weights)
+    talker, predictor, speaker, speaker_digest = _load_lm(root, config, device, dtype, weights)
     decoder = codec_encoder = None
     st = root / "speech_tokenizer"
     if (with_decoder or speaker is not None) and not st.is_dir():
@@ -202,7 +219,8 @@ def load_tts(path_or_id: str | os.PathLike, device: str | torch.device = "cpu", 
                      size=str(config.talkgate.get("preset") or config.model_size), untrained=config.untrained,
                      voices=prompts.voices, languages=prompts.languages, device=str(device),
                      dtype=str(dtype).removeprefix("torch."),
-                     end_of_speech=end_of_speech(config.untrained, untrained_length))
+                     end_of_speech=end_of_speech(config.untrained, untrained_length),
+                     voice_key=voice_key(speaker_digest, codec_encoder))
     return LoadedTTS(talker=talker, code_predictor=predictor, codec_decoder=decoder, config=config,
                      generation_config=generation, tokenizer=tokenizer, prompts=prompts, info=info, path=root,
                      speaker_encoder=speaker, codec_encoder=codec_encoder)

@@ -42,6 +42,12 @@ def read_codec_config(path: Path) -> dict:
         raise CodecCheckpointError(f"{path}: not valid JSON ({e})") from None
 
 
+def digest(h, name: str, tensor: torch.Tensor) -> None:
+    """Add one tensor as stored (name, dtype, shape, bytes) to the hash `h` (a model's voice_key: loader.py)."""
+    h.update(f"{name} {tensor.dtype} {tuple(tensor.shape)}\n".encode())
+    h.update(tensor.contiguous().reshape(-1).view(torch.uint8).numpy())
+
+
 def read_half(root: Path, model: torch.nn.Module, prefix: str, what: str, known: set[str] = frozenset()) -> dict:
     """The tensors of one half of a speech_tokenizer's model.safetensors (decoder. or encoder.): every tensor of
     `model`'s state dict under `prefix`, shape and float dtype checked; tensors under `prefix` that are neither the

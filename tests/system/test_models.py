@@ -25,11 +25,15 @@ from tests.voicetools import AUTH, KEY, audio_file, upload
 def server(tiny_checkpoint, tiny_base_checkpoint, tmp_path_factory):
     vd = create_checkpoint(tmp_path_factory.mktemp("ckpt") / "tiny-voice_design", preset="tiny",
                            variant="voice_design", seed=0)
+    # a second Base checkpoint: its own speaker encoder and speech tokenizer (other random weights, same size)
+    base2 = create_checkpoint(tmp_path_factory.mktemp("ckpt") / "tiny-base-2", preset="tiny", variant="base", seed=1)
     store = tmp_path_factory.mktemp("voice-store")
     # --seed: a request that sets none (Cartesia has no seed) is as reproducible as the seeded ones (speak's 7)
     with TalkgateServer(f"cv={tiny_checkpoint}", "--model", f"base={tiny_base_checkpoint}", "--model", f"vd={vd}",
-                        "--workers", "1", "--api-key", KEY, "--voice-store", str(store), "--seed", "7") as srv:
-        srv.checkpoints = {"cv": str(tiny_checkpoint), "base": str(tiny_base_checkpoint), "vd": str(vd)}
+                        "--model", f"base2={base2}", "--workers", "1", "--api-key", KEY, "--voice-store", str(store),
+                        "--seed", "7") as srv:
+        srv.checkpoints = {"cv": str(tiny_checkpoint), "base": str(tiny_base_checkpoint), "vd": str(vd),
+                           "base2": str(base2)}
         yield srv
 
 
@@ -60,7 +64,7 @@ def test_openai_model_routes_each_request_to_its_model(server):
     assert cv_by_voice == cv and alias == cv
     assert vd_by_instructions == vd
     assert len({cv[1], vd[1], base[1]}) == 3             # three checkpoints, three different audios
-    assert unknown[0] == 400 and b"unknown_model" in unknown[1] and b"cv, base, vd" in unknown[1]
+    assert unknown[0] == 400 and b"unknown_model" in unknown[1] and b"cv, base, vd, base2" in unknown[1]
 
 
 def test_vendor_sdks_select_a_model_by_name(server):
@@ -133,6 +137,26 @@ def test_cloned_voice_goes_to_the_base_model(server):
     by_voice, by_model, on_cv = asyncio.run(main())
     assert by_voice[0] == 200 and by_voice == by_model
     assert on_cv[0] == 400 and b"invalid_voice" in on_cv[1]
+
+
+def test_a_cloned_voice_is_spoken_only_by_the_base_checkpoint_that_made_it(server):
+    """A voice prompt's x-vector is its maker's speaker encoder's (ModelInfo.speaks): a voice made by base2 (the
+    upload's `model`) goes to base2 when the request names no model, and is refused on base, in words."""
+    async def main():
+        async with aiohttp.ClientSession() as http:
+            status, made = await upload(http, server.url, "Kim", audio_file(2.0), model="base2")
+            assert status in (200, 201), made
+            async with http.get(f"{server.url}/v1/audio/voices?model=base", headers=AUTH) as r:
+                on_base = [v["id"] for v in (await r.json())["voices"]]
+            async with http.get(f"{server.url}/v1/audio/voices?model=base2", headers=AUTH) as r:
+                on_base2 = [v["id"] for v in (await r.json())["voices"]]
+        return (made, on_base, on_base2, await speak(server.url, voice=made["id"]),
+                await speak(server.url, model="base2", voice=made["id"]), await speak(server.url, model="base", voice=made["id"]))
+
+    made, on_base, on_base2, by_voice, by_model, refused = asyncio.run(main())
+    assert made["id"] in on_base2 and made["id"] not in on_base
+    assert by_voice[0] == 200 and by_voice == by_model
+    assert refused[0] == 400 and b"invalid_voice" in refused[1] and b"valid only on the checkpoint" in refused[1]
 
 
 def test_two_models_on_one_connection(server):

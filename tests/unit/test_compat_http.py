@@ -37,22 +37,22 @@ def started(proto) -> tuple[int, list]:
 
 
 def openai(tokenizer, **body):
-    req = parse_request({"input": "Hello there.", **body}, 4096, INFO, VOICES)
+    req = parse_request({"input": "Hello there.", **body}, 4096, ONE_MODEL, VOICES)
     s = session(tokenizer)
     s.configure(**{k: getattr(req.config, k) for k in ("voice", "format", "language")})
     return OpenAISpeech(s, req)
 
 
 def test_openai_voices_and_defaults():
-    req = parse_request({"input": "Hi.", "voice": "onyx"}, 4096, INFO, VOICES)
+    req = parse_request({"input": "Hi.", "voice": "onyx"}, 4096, ONE_MODEL, VOICES)
     assert req.config.voice == "uncle_fu" and req.streamed and not req.sse and req.response_format == "mp3"
-    assert parse_request({"input": "Hi.", "voice": {"id": "Ryan"}}, 4096, INFO, VOICES).config.voice == "ryan"
-    assert parse_request({"input": "Hi.", "stream": False}, 4096, INFO, VOICES).config.format.streaming is False
+    assert parse_request({"input": "Hi.", "voice": {"id": "Ryan"}}, 4096, ONE_MODEL, VOICES).config.voice == "ryan"
+    assert parse_request({"input": "Hi.", "stream": False}, 4096, ONE_MODEL, VOICES).config.format.streaming is False
     for body, code in (({"voice": {"name": "x"}}, "invalid_request"), ({"voice": 3}, "invalid_request"),
                        ({"voice": "nobody"}, "unknown_voice"), ({"stream": False, "stream_format": "sse"},
                                                                  "invalid_request")):
         with pytest.raises(SessionError) as e:
-            parse_request({"input": "Hi.", **body}, 4096, INFO, VOICES)
+            parse_request({"input": "Hi.", **body}, 4096, ONE_MODEL, VOICES)
         assert e.value.code == code, body
 
 

@@ -250,8 +250,8 @@ def test_inline_audio_fields():
 
 # ----- what a voice means to a session -----
 class Found:
-    def __init__(self, voice_id, name, prompt):
-        self.id, self.name, self.prompt = voice_id, name, prompt
+    def __init__(self, voice_id, name, prompt, model=None):
+        self.id, self.name, self.prompt, self.model = voice_id, name, prompt, model or {}
 
 
 BASE = ModelInfo("tiny-base", "base", "tiny", True, (), ("auto", "english"))
@@ -304,6 +304,30 @@ def test_session_speaks_a_stored_voice_by_id_or_name():
     custom = session(CUSTOM)
     custom.start("f", voice="Ryan")
     assert custom.take_commands()[0].params.voice == "ryan"
+
+
+def test_a_stored_voice_goes_to_the_base_models_of_its_maker(monkeypatch):
+    """A cloned voice is valid on the Base checkpoints of its maker's voice_key (speaker encoder and speech
+    tokenizer encoder): routed there when no model is named; named elsewhere, refused with the reason."""
+    from talkgate.sessions.models import Model, Models
+
+    small, other = (ModelInfo("ckpt/0.6b-base", "base", "0b6", False, (), ("auto",), voice_key=k) for k in ("k1", "k2"))
+    models = Models([Model("cv", CUSTOM), Model("other", other), Model("small", small), Model("twin", small)])
+    made_by = {"name": "ckpt/0.6b-base", "size": "0b6", "voice_key": "k1"}
+    monkeypatch.setitem(STORED, "voice_00000000000000b2", Found("voice_00000000000000b2", "Jo", PROMPT, made_by))
+    s = Session(CUSTOM, Limits(), Tokenizer, voices=Voices(CUSTOM, lookup), models=models)
+    assert models.cloner.name == "other" and models.maker("twin").name == "twin"
+    s.start("a", voice="Jo")
+    s.start("b", voice="jo", model="twin")
+    s.start("c", voice="voice_00000000000000a1")        # stored before voice keys: any Base model
+    assert [c.model for c in s.take_commands()] == ["small", "twin", "other"]
+    for model, message in (("other", "valid only on the checkpoint that made it"), ("cv", "needs a Base checkpoint")):
+        with pytest.raises(SessionError) as e:
+            s.start("d", voice="Jo", model=model)
+        assert e.value.code == "invalid_voice" and message in e.value.message
+    with pytest.raises(SessionError) as e:
+        models.maker("cv")
+    assert e.value.code == "cloning_unavailable" and "model cv is custom_voice" in e.value.message
 
 
 def test_session_with_reference_audio_opens_once_its_voice_is_made():
