@@ -78,7 +78,8 @@ class NativeProtocol(SocketProtocol):
         if self.authenticate is not None:
             return []
         return [send_json({"type": "session.ready", "session_id": self.session_id,
-                       "model": self.session.info.as_dict(), "limits": self.limits.as_dict(),
+                       "model": self.session.info.as_dict(), "models": self.session.models.listing,
+                       "limits": self.limits.as_dict(),
                        "config": self._config_dict()})]
 
     def _config_dict(self) -> dict:

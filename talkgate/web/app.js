@@ -40,8 +40,9 @@ const ERROR_WORDS = {
   internal_error: "The server hit an internal error.",
   engine_stopped: "The server's speech engine has stopped.",
   decode_error: "This browser could not decode the audio.",
-  invalid_voice: "That voice cannot be spoken by this server's model.",
-  cloning_unavailable: "This server's model cannot clone voices.",
+  invalid_voice: "That voice cannot be spoken by the chosen model.",
+  cloning_unavailable: "The chosen model cannot clone voices.",
+  unknown_model: "The server does not serve that model.",
   voice_exists: "A stored voice has that name already.",
   voice_not_found: "The server has no such stored voice.",
   invalid_name: "The voice needs a name (at most 100 characters).",
@@ -76,7 +77,8 @@ const stats = {
   bargeIns: 0,
   utterances: [],
   errors: [],
-  model: null,
+  model: null,              // the chosen model (one of models)
+  models: [],               // the served models, from session.ready
   limits: null,
 };
 window.talkgateStats = stats;
@@ -139,16 +141,30 @@ function onMessage(msg) {
 }
 
 function onReady(msg) {
-  const m = msg.model;
-  stats.model = m;
+  // the served models (session.ready's `models`: each one's voices, languages, whether it clones), the default first
+  stats.models = msg.models || [{ ...msg.model, default: true }];
   stats.sessionId = msg.session_id;
   stats.limits = msg.limits;
+  const pick = $("model-pick");
+  const keep = pick.value;
+  pick.replaceChildren(...stats.models.map((m) => Object.assign(document.createElement("option"),
+    { value: m.name, textContent: `${m.name}: ${m.model_type} ${m.size}${m.default ? " (default)" : ""}` })));
+  const chosen = stats.models.find((m) => m.name === keep) || stats.models.find((m) => m.default) || stats.models[0];
+  pick.value = chosen.name;
+  chooseModel(chosen.name);
+}
+
+/** The model that speaks: its figures, its voices and languages, and the clone card when it clones. */
+function chooseModel(name) {
+  const m = stats.models.find((x) => x.name === name);
+  stats.model = m;
   const banner = $("untrained");
   banner.hidden = !m.untrained;
   $("untrained-notice").textContent = m.notice || "random untrained weights: the audio is noise, not speech";
-  const rows = [["name", m.name], ["type", m.model_type], ["size", m.size], ["device", `${m.device} / ${m.dtype}`],
-                ["sample rate", `${m.sample_rate} Hz`], ["voices", m.voices.length ? m.voices.join(", ") : m.model_type === "base" ? "cloned (stored below)" : "none (instructions)"],
-                ["weights", m.untrained ? "UNTRAINED (random)" : "trained"], ["session", msg.session_id]];
+  const rows = [["name", m.name], ["checkpoint", m.checkpoint], ["type", m.model_type], ["size", m.size],
+                ["device", `${m.device} / ${m.dtype}`], ["sample rate", `${m.sample_rate} Hz`],
+                ["voices", m.voices.length ? m.voices.join(", ") : m.clones ? "cloned (stored below)" : "none (instructions)"],
+                ["weights", m.untrained ? "UNTRAINED (random)" : "trained"], ["session", stats.sessionId]];
   const dl = $("model");
   dl.replaceChildren();
   for (const [k, v] of rows) {
@@ -156,6 +172,9 @@ function onReady(msg) {
     const dd = document.createElement("dd"); dd.textContent = v;
     dl.append(dt, dd);
   }
+  // a voice of another model leaves the box (a stored voice stays: the server says if this model cannot speak it)
+  const voice = $("voice").value.trim().toLowerCase();
+  if (voice && !m.voices.includes(voice) && stats.models.some((x) => x.voices.includes(voice))) $("voice").value = "";
   setVoiceSuggestions();
   clones.setModel(m);
   const lang = $("language");
@@ -217,6 +236,8 @@ async function speak() {
   const mode = document.querySelector("input[name=mode]:checked").value;
   const u = newUtterance(mode);
   const start = { type: "context.start", context_id: u.id, format: chosenFormat() };
+  if (stats.models && stats.models.length > 1) start.model = stats.model.name;
+  u.model = stats.model ? stats.model.name : null;
   const voice = $("voice").value.trim();
   if (voice) start.voice = voice;
   u.voice = voice || null;
@@ -448,6 +469,7 @@ async function setMic(on) {
 function wire() {
   $("url").value = defaultUrl();
   clones.wire();
+  $("model-pick").addEventListener("change", () => chooseModel($("model-pick").value));
   $("speak-form").addEventListener("submit", (e) => { e.preventDefault(); speak(); });
   $("stop").addEventListener("click", (e) => stop("stopped", e.timeStamp));
   $("text").addEventListener("input", updateCount);

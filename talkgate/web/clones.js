@@ -39,12 +39,19 @@ export class Clones {
     });
   }
 
-  /** The model (from session.ready) says whether this server clones; then the list. */
+  /** The chosen model (one of session.ready's models) says whether the card shows: a model that clones makes
+   *  the voices stored here and speaks those it made (the list is the server's for this model). */
   setModel(model) {
-    this.stats.available = model.model_type === "base";
-    $("clone-unavailable").hidden = this.stats.available;
+    this.model = model.name;
+    this.stats.available = model.clones === true;
+    $("clone-card").hidden = !this.stats.available;
     for (const el of $("clone-form").elements) el.disabled = !this.stats.available;
     this.updateButton();
+    if (!this.stats.available) {
+      this.stats.voices = [];
+      this.onVoices(this.stats.voices);
+      return Promise.resolve();
+    }
     return this.refresh();
   }
 
@@ -67,7 +74,9 @@ export class Clones {
 
   async refresh() {
     try {
-      const data = await this.request("GET", "/v1/audio/voices");
+      const model = this.model;
+      const data = await this.request("GET", `/v1/audio/voices?model=${encodeURIComponent(model)}`);
+      if (model !== this.model) return;          // another model was chosen meanwhile: its own refresh answers
       this.stats.voices = data.voices.filter((v) => v.type === "cloned")
         .map((v) => ({ id: v.id, name: v.name, mode: v.mode, seconds: v.audio && v.audio.seconds }));
     } catch (e) {
@@ -117,6 +126,7 @@ export class Clones {
     form.append("name", $("clone-name").value.trim());
     if ($("clone-text").value.trim()) form.append("ref_text", $("clone-text").value.trim());
     form.append("consent", CONSENT);
+    form.append("model", this.model);          // the chosen model makes it (and speaks it)
     form.append("audio_sample", this.clip.blob, this.clip.filename);
     this.stats.storing = true;
     this.updateButton();
