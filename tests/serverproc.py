@@ -27,7 +27,8 @@ LISTENING = re.compile(r"talkgate: listening on (https?://[\d.]+:(\d+))")
 class TalkgateServer:
     def __init__(self, model_dir: str | Path, *extra_args: str, timeout_s: float = 180.0, env: dict | None = None,
                  wait: str | None = "ready"):
-        self.args = [sys.executable, "-m", "talkgate", "serve", "--model", str(model_dir),
+        # model_dir None: no --model (the extra args give the models: --models FILE)
+        self.args = [sys.executable, "-m", "talkgate", "serve", *(("--model", str(model_dir)) if model_dir else ()),
                      "--port", "0", "--device", "cpu", *extra_args]
         self.timeout_s = timeout_s
         self.wait = {"ready": READY, "listening": LISTENING, None: None}[wait]

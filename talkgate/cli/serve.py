@@ -17,7 +17,9 @@ import os
 from pathlib import Path
 
 from talkgate.cli import args as cli_args
+from talkgate.cli import models_file
 from talkgate.cli.args import CommandError
+from talkgate.cli.models_file import ModelSpec
 from talkgate.processes import bytecode, single
 from talkgate.server.listen import listen, tls_context
 from talkgate.sessions.limits import Limits
@@ -63,6 +65,9 @@ def add_parser(subparsers) -> None:
                    "$TALKGATE_CACHE or ~/.cache/talkgate); repeat it to serve several models, each with engine "
                    "processes of its own, the first one for requests that name no model and no voice of another; "
                    "NAME, else the directory's or id's last part, is what requests name it by (docs/operations.md)")
+    p.add_argument("--models", metavar="FILE", help="the served models from a file instead of --model: one JSON "
+                   "object a line with path (directory or Hugging Face id), name, aliases, gpus, engines and "
+                   "max_contexts (docs/operations.md)")
     p.add_argument("--host", metavar="ADDRESS", default="127.0.0.1",
                    help="address to listen on (0.0.0.0: every IPv4 interface)")
     p.add_argument("--port", metavar="N", type=cli_args.port, default=8080,
@@ -196,20 +201,30 @@ def run(args: argparse.Namespace) -> int:
                 pass
         except OSError as e:
             raise CommandError(f"--trace-latency {args.trace_latency}: cannot append to it ({e.strerror})") from None
-    models = served_models(args.model)
+    if args.models and args.model:
+        raise CommandError("--model and --models: give the models in one place (the models file)")
+    specs = models_file.read(args.models) if args.models else [ModelSpec(*m) for m in served_models(args.model)]
     if args.workers != 0:
-        return run_supervised(args, models)
-    if len(models) > 1:
-        raise CommandError("several --model need engine processes: leave out --workers 0")
+        return run_supervised(args, specs)
+    # one process runs one engine thread: several models (each an engine of its own) need engine processes
+    if len(specs) > 1:
+        names = ", ".join(spec.name for spec in specs)
+        raise CommandError(f"--workers 0 serves one model; {len(specs)} are given ({names}): several models need "
+                           "engine processes, leave out --workers 0")
+    if specs[0].aliases or specs[0].gpus or specs[0].engines:
+        raise CommandError(f"--models {args.models}: aliases, gpus and engines need engine processes: leave out "
+                           "--workers 0")
+    models = [(specs[0].name, specs[0].path)]
+    max_contexts = specs[0].max_contexts or args.max_contexts
     descriptors.reserve(args.max_connections + descriptors.SPARE)     # before the engine starts its threads
     sockets = listen(args.host, args.port)
     try:
         device = cli_args.check_device(args.device)
-        if args.model:
+        if args.model or args.models:
             from talkgate.synth.checkpoint_dir import resolve_path
             resolve_path(models[0][1])                  # CheckpointError: no such directory, not reachable, ...
-        engine = single.load_engine(models[0][1] if args.model else str(default_checkpoint()), device, args.dtype,
-                                    args.decoder_dtype, args.max_contexts, args.seed, args.untrained_length)
+        engine = single.load_engine(models[0][1] if args.model or args.models else str(default_checkpoint()), device,
+                                    args.dtype, args.decoder_dtype, max_contexts, args.seed, args.untrained_length)
         config = server_config(args)
         host = f"[{args.host}]" if ":" in args.host else args.host
         url = f"{'https' if tls else 'http'}://{host}:{sockets[0].getsockname()[1]}"
@@ -276,8 +291,14 @@ def served_models(specs: list[str] | None) -> list[tuple[str, str]]:
     return models
 
 
-def run_supervised(args: argparse.Namespace, models: list[tuple[str, str]]) -> int:
-    """Engine processes and gateway workers under the supervisor (processes/supervisor.py)."""
+def slots_args(spec: ModelSpec) -> list[str]:
+    """A model's own engine flags (after the server's: the last --max-contexts wins)."""
+    return ["--max-contexts", str(spec.max_contexts)] if spec.max_contexts else []
+
+
+def run_supervised(args: argparse.Namespace, specs: list[ModelSpec]) -> int:
+    """Engine processes and gateway workers under the supervisor (processes/supervisor.py): each model's on its GPUs
+    (its own or --gpus), --engines (or its own) per GPU, with its max_contexts (or --max-contexts) slots each."""
     from talkgate.processes.supervisor import Plan, Supervisor
 
     # a port someone holds, with SO_REUSEPORT or not, is refused by a bind without it; then the port is held
@@ -289,29 +310,36 @@ def run_supervised(args: argparse.Namespace, models: list[tuple[str, str]]) -> i
     reserved = listen(args.host, port, reuse_port=True, backlog=None)
     try:
         device = cli_args.check_device(args.device)
-        if args.model:
+        if args.model or args.models:
             from talkgate.synth.checkpoint_dir import resolve_path
-            for _, path in models:
-                resolve_path(path)
+            for spec in specs:
+                resolve_path(spec.path)
         else:
             from talkgate.sessions.models import model_name
             path = str(default_checkpoint())
-            models = [(model_name(path), path)]
+            specs = [ModelSpec(model_name(path), path)]
+        models = [(spec.name, spec.path) for spec in specs]
+        engines = []
         if device == "cpu":
-            if args.gpus is not None:
-                raise CommandError("--gpus needs a GPU (--device cuda)")
-            engines = [{"device": "cpu", "cuda_visible": None, "model": m} for m in range(len(models))
-                       for _ in range(args.engines)]
+            if args.gpus is not None or any(spec.gpus for spec in specs):
+                raise CommandError("--gpus (or a model's gpus) needs a GPU (--device cuda)")
+            for m, spec in enumerate(specs):
+                engines += [{"device": "cpu", "cuda_visible": None, "model": m, "args": slots_args(spec)}
+                            for _ in range(spec.engines or args.engines)]
         else:
-            if (args.engines > 1 or len(models) > 1) and args.max_contexts is None:
-                raise CommandError("--engines above 1 or several --model on a GPU need --max-contexts (each engine "
-                                   "process would size its slots from the whole GPU's free memory)")
             count = cli_args.cuda_device_count()
-            gpus = gpu_indices(args.gpus, count) if args.gpus or device == "cuda" else [int(device.split(":")[1])]
             visible = os.environ.get("CUDA_VISIBLE_DEVICES")      # indices are of the visible GPUs
             ids = visible.split(",") if visible else [str(g) for g in range(count)]
-            engines = [{"device": "cuda", "cuda_visible": ids[g], "model": m} for m in range(len(models))
-                       for g in gpus for _ in range(args.engines)]
+            for m, spec in enumerate(specs):
+                shared = (spec.engines or args.engines) > 1 or len(specs) > 1
+                if shared and (spec.max_contexts or args.max_contexts) is None:
+                    raise CommandError(f"model {spec.name}: --engines above 1 or several models on a GPU need "
+                                       "--max-contexts or the model's max_contexts (each engine process would size its "
+                                       "slots from the whole GPU's free memory)")
+                which = spec.gpus or args.gpus
+                gpus = gpu_indices(which, count) if which or device == "cuda" else [int(device.split(":")[1])]
+                engines += [{"device": "cuda", "cuda_visible": ids[g], "model": m, "args": slots_args(spec)}
+                            for g in gpus for _ in range(spec.engines or args.engines)]
         engine_args = ["--untrained-length", args.untrained_length, "--warmup-stall", str(args.warmup_stall)]
         for flag, value in (("--dtype", args.dtype), ("--decoder-dtype", args.decoder_dtype),
                             ("--max-contexts", args.max_contexts), ("--seed", args.seed)):
@@ -320,7 +348,8 @@ def run_supervised(args: argparse.Namespace, models: list[tuple[str, str]]) -> i
         workers = args.workers if args.workers is not None else default_workers(len(engines))
         config = server_config(args)
         plan = Plan(host=args.host, port=reserved[0].getsockname()[1], models=models, engines=engines,
-                    workers=workers, engine_args=engine_args, server=dataclasses.asdict(config))
+                    workers=workers, engine_args=engine_args, server=dataclasses.asdict(config),
+                    aliases={spec.name: list(spec.aliases) for spec in specs if spec.aliases})
         return Supervisor(plan).run()
     finally:
         for s in reserved:

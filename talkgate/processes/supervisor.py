@@ -73,9 +73,11 @@ class Plan:
     host: str
     port: int                                  # reserved by serve.py
     models: list[tuple[str, str]]              # (name, checkpoint) of each served model, the default first
-    engines: list[dict]                        # per engine: {"device", "cuda_visible", "model": its index in models}
+    engines: list[dict]                        # per engine: {"device", "cuda_visible", "model": its index in models,
+                                               # "args": its model's own engine flags (a models file's max_contexts)}
     workers: int
     engine_args: list[str] = field(default_factory=list)     # --dtype, --max-contexts, --seed ...
+    aliases: dict = field(default_factory=dict)              # model name -> its other names (a models file's)
     server: dict = field(default_factory=dict)              # dataclasses.asdict(ServerConfig) (limits: the server's)
 
 
@@ -103,7 +105,8 @@ class Supervisor:
             if e.get("cuda_visible") is not None:
                 env["CUDA_VISIBLE_DEVICES"] = e["cuda_visible"]
             argv = [sys.executable, "-m", "talkgate.processes.engine_process", "--index", str(i), "--endpoint",
-                    endpoints[i], "--model", plan.models[e["model"]][1], "--device", e["device"], *plan.engine_args]
+                    endpoints[i], "--model", plan.models[e["model"]][1], "--device", e["device"], *plan.engine_args,
+                    *e.get("args", ())]
             # the model named only where there are several: a one-model server's log reads as it always has
             name = f"engine {i} ({plan.models[e['model']][0]})" if len(plan.models) > 1 else f"engine {i}"
             self.children.append(Child(name, argv, env, model=e["model"]))
@@ -111,7 +114,8 @@ class Supervisor:
         server = {**plan.server, "limits": {**limits, "max_connections": worker_cap(limits["max_connections"],
                                                                                    plan.workers)},
                   "key_limit_share": plan.workers}
-        models = [{"name": name, "engines": [endpoints[i] for i, e in enumerate(plan.engines) if e["model"] == m]}
+        models = [{"name": name, "aliases": list(plan.aliases.get(name, ())),
+                   "engines": [endpoints[i] for i, e in enumerate(plan.engines) if e["model"] == m]}
                   for m, (name, _) in enumerate(plan.models)]
         for w in range(plan.workers):
             cfg = {"index": w, "host": plan.host, "port": plan.port, "models": models, "server": server}

@@ -2,7 +2,7 @@
 the shared port, its engines reached over ZMQ (ipc/remote_engines.py). Started by the supervisor
 (`talkgate serve`, processes/supervisor.py) with its settings as JSON in TALKGATE_WORKER:
 
-    {"index", "host", "port", "models": [{"name", "engines": [endpoint, ...]}, ...], "status_fd",
+    {"index", "host", "port", "models": [{"name", "aliases", "engines": [endpoint, ...]}, ...], "status_fd",
      "server": dataclasses.asdict(ServerConfig)}
 
 Each served model's engines are one RemoteEngines, the models together one ModelEngines (server/model_engines.py).
@@ -101,7 +101,7 @@ async def serve_worker(cfg: dict) -> int:
         await asyncio.wait([info, stopped], return_when=asyncio.FIRST_COMPLETED)
         if stop.is_set():
             return 0
-        engines = ModelEngines(remotes)
+        engines = ModelEngines(remotes, {a: m["name"] for m in cfg["models"] for a in m.get("aliases", ())})
         config = ServerConfig(**cfg["server"])
         tls = tls_context(config.ssl_certfile, config.ssl_keyfile)
         warm_gateway(engines)

@@ -40,9 +40,11 @@ def naming_model(ev, name: str):
 
 
 class ModelEngines:
-    def __init__(self, engines: dict):
-        """`engines`: model name -> its engine (an in-process Engine or a worker's RemoteEngines), the default first."""
+    def __init__(self, engines: dict, aliases: dict[str, str] | None = None):
+        """`engines`: model name -> its engine (an in-process Engine or a worker's RemoteEngines), the default first;
+        `aliases`: alias -> model name (sessions/models.py Models)."""
         self.engines = dict(engines)
+        self.aliases = dict(aliases or {})
         self.names = list(self.engines)
         self.default = self.engines[self.names[0]]
         self.max_behind = min(e.max_behind for e in self.engines.values())
@@ -62,7 +64,7 @@ class ModelEngines:
 
     def models(self) -> Models:
         """The served models (their infos: known once each model's engine greeted)."""
-        return Models([Model(name, engine.info) for name, engine in self.engines.items()])
+        return Models([Model(name, engine.info) for name, engine in self.engines.items()], self.aliases)
 
     def new_tokenizer(self):
         return self.default.new_tokenizer()

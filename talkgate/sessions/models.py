@@ -40,12 +40,16 @@ class Model:
 
 
 class Models:
-    def __init__(self, models: list[Model]):
+    def __init__(self, models: list[Model], aliases: dict[str, str] | None = None):
+        """`aliases`: other names of served models (alias -> model name; a models file's `aliases`), looked up as
+        their names are, before the vendors' names (so `tts-1` may name a configured model)."""
         if not models:
             raise ValueError("no model")
         self.all = tuple(models)
         self.default = models[0]
         self._by_name = {m.name.lower(): m for m in models}
+        for alias, name in (aliases or {}).items():
+            self._by_name.setdefault(alias.lower(), self._by_name[name.lower()])
         self._voices = tuple(dict.fromkeys(v for m in models for v in m.info.voices))
         # what a request that names no model maps its voice against (info_for): made once, not per request
         self._any_info = replace(self.default.info, voices=self._voices)

@@ -226,3 +226,29 @@ async def until_any(client: NativeClient, kinds: tuple[str, ...]) -> dict:
                 return ev
         elif msg.type != aiohttp.WSMsgType.BINARY:
             raise AssertionError(f"the socket ended: {client.events[-5:]}")
+
+
+def test_a_models_file_names_aliases_and_slots(tiny_checkpoint, tiny_base_checkpoint, tmp_path):
+    """`serve --models FILE`: each line a model with its name, aliases (a vendor's model name among them, which then
+    names that model instead of the default) and its engines' slots."""
+    models = tmp_path / "models.jsonl"
+    models.write_text(f"# the default first\n"
+                      f'{{"name": "cv", "path": "{tiny_checkpoint}"}}\n\n'
+                      f'{{"name": "base", "path": "{tiny_base_checkpoint}", "aliases": ["tts-1", "clone"], '
+                      f'"max_contexts": 3}}\n')
+
+    async def main(url):
+        async with aiohttp.ClientSession() as http:
+            slots = {}
+            for model in ("cv", "base"):
+                async with http.get(f"{url}/ready?model={model}") as r:
+                    slots[model] = (await r.json())["slots"]
+        return (slots, await speak(url, model="base"), await speak(url, model="tts-1"), await speak(url, model="clone"),
+                await speak(url, model="gpt-4o-mini-tts", voice="ryan"), await speak(url, voice="ryan"))
+
+    with TalkgateServer(None, "--models", str(models), "--workers", "1", "--api-key", KEY) as srv:
+        slots, base, tts1, clone, vendor, cv = asyncio.run(main(srv.url))
+    assert slots == {"cv": 16, "base": 3}                   # the CPU's default for cv, the file's for base
+    assert base[0] == 200 and tts1 == base and clone == base
+    assert vendor[0] == 200 and vendor == cv and cv != base
+

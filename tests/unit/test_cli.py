@@ -78,6 +78,34 @@ def test_errors_are_one_line_and_exit_2(tmp_path, tiny_checkpoint, capsys):
         assert exit_.value.code == 2 and "--seed: must fit in 64 bits" in capsys.readouterr().err
 
 
+def test_serve_models_file_mistakes_name_the_line_and_workers_0_serves_one_model(tmp_path, tiny_checkpoint, capsys):
+    """`serve --models FILE`: each mistake is one line naming the file's line, before anything starts; `--workers 0`
+    with several models is refused in words (one process runs one engine)."""
+    good = f'{{"name": "cv", "path": "{tiny_checkpoint}"}}'
+    cases = {
+        "not json": ("# a comment\n" + good + "\n{nope", "line 3: not a JSON object"),
+        "no path": ('{"name": "x"}', "line 1: 'path' is required"),
+        "unknown key": (f'{{"path": "{tiny_checkpoint}", "slots": 3}}', "line 1: unknown key 'slots'"),
+        "taken": (good + f'\n{{"name": "b", "path": "{tiny_checkpoint}", "aliases": ["CV"]}}',
+                  "line 2: the name 'CV' is taken (line 1)"),
+        "bad alias": (f'{{"path": "{tiny_checkpoint}", "aliases": ["a b"]}}', "line 1: 'a b': a model's name"),
+        "gpus": (f'{{"path": "{tiny_checkpoint}", "gpus": "0"}}', "line 1: 'gpus' is \"all\" or a list"),
+        "slots": (f'{{"path": "{tiny_checkpoint}", "max_contexts": 0}}', "line 1: 'max_contexts' is a whole number"),
+        "empty": ("\n# nothing\n", "no model in it"),
+    }
+    for text, expected in cases.values():
+        path = tmp_path / "models.jsonl"
+        path.write_text(text)
+        assert main(["serve", "--models", str(path), "--port", "0"]) == 2
+        err = capsys.readouterr().err
+        assert f"talkgate: error: --models {path}" in err and expected in err and err.count("\n") == 1, err
+    assert main(["serve", "--models", str(path), "--model", str(tiny_checkpoint)]) == 2
+    assert "--model and --models: give the models in one place" in capsys.readouterr().err
+    assert main(["serve", "--model", f"a={tiny_checkpoint}", "--model", f"b={tiny_checkpoint}", "--workers", "0",
+                 "--port", "0"]) == 2
+    assert "--workers 0 serves one model; 2 are given (a, b)" in capsys.readouterr().err
+
+
 def all_parsers():
     """(prog, parser) of every command: talkgate, each subcommand, and `talkgate bench`."""
     from talkgate.cli import bench
