@@ -10,13 +10,12 @@ with bad keys cannot fill the disk).
 """
 from __future__ import annotations
 
-import json
-import logging
 import os
 import time
 from pathlib import Path
 
-log = logging.getLogger("talkgate.audit")
+from talkgate.server.jsonlines import JsonLines
+
 MAX_LINE_BYTES = 4096
 MAX_STRING_CHARS = 256      # one field's string, before the line's own bound
 REFUSED_PER_MINUTE = 60
@@ -26,23 +25,20 @@ class AuditLog:
     def __init__(self, path: str | Path | None):
         """None: nothing is recorded. Opening a path that cannot be written raises OSError (start-up fails)."""
         self.path = Path(path) if path else None
-        self.fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600) if self.path else None
+        self.file = JsonLines(self.path, "audit log") if self.path else None     # no fsync: a server's crash loses none
         self.window_start, self.refused_in_window, self.refused_left_out = 0.0, 0, 0
 
     def record(self, event: str, **fields) -> None:
-        if self.fd is None:
+        if self.file is None:
             return
         record = {"time": round(time.time(), 3), "event": event, "pid": os.getpid(),
                   **{k: _bounded(v) for k, v in fields.items()}}
         if self.refused_left_out:
             record["refused_left_out"], self.refused_left_out = self.refused_left_out, 0
-        line = json.dumps(record, ensure_ascii=True, separators=(",", ":"))
-        if len(line) >= MAX_LINE_BYTES:
-            line = json.dumps({k: record[k] for k in ("time", "event", "pid")} | {"truncated": True})
-        try:
-            os.write(self.fd, (line + "\n").encode())
-        except OSError as e:            # a full disk must not take the server down: said in its log
-            log.error("audit log %s: cannot write (%s): %s", self.path, e.strerror or e, line)
+        line = self.file.line(record)
+        if len(line) > MAX_LINE_BYTES:
+            line = self.file.line({k: record[k] for k in ("time", "event", "pid")} | {"truncated": True})
+        self.file.write(line)
 
     def key_refused(self, reason: str, **fields) -> None:
         now = time.monotonic()
@@ -55,9 +51,9 @@ class AuditLog:
         self.record("key_refused", reason=reason, **fields)
 
     def close(self) -> None:
-        if self.fd is not None:
-            os.close(self.fd)
-            self.fd = None
+        if self.file is not None:
+            self.file.close()
+            self.file = None
 
 
 def _bounded(value):

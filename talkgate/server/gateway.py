@@ -202,7 +202,7 @@ class Gateway:
         """The link's key account (its key's limits and usage), for its session and its writer; `admitted`: an
         HTTP request whose limits serve_speech took as a whole. None without a keys file (no key has limits) and
         without a usage log (nothing is recorded): then no frame pays for the accounting."""
-        if self.keys_file is None and self.usage.fd is None:
+        if self.keys_file is None and not self.usage.enabled:
             return
         account = KeyAccount(lambda: request.get(IDENTITY), self.key_limits, self.usage, api, admitted)
         link.account = link.protocol.session.account = account

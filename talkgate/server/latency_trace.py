@@ -25,17 +25,14 @@ several worker processes go to one file: each is one write() of an O_APPEND desc
 """
 from __future__ import annotations
 
-import json
-import logging
-import os
 import time
 from dataclasses import dataclass, replace
 
+from talkgate.server.jsonlines import JsonLines
 from talkgate.synth.api import (
     ENGINE_STAGES, AppendText, AudioChunk, EndText, EngineCommand, FlushText, OpenContext, StageTimes, event_key,
 )
 
-log = logging.getLogger("talkgate.latency_trace")
 WORKER_BEFORE = ("read", "parsed", "tokenized", "sent")
 WORKER_AFTER = ("received", "encoded", "written")        # "received": the worker's stamp on StageTimes
 STAGES = WORKER_BEFORE + ENGINE_STAGES + WORKER_AFTER
@@ -43,31 +40,12 @@ MAX_OPEN = 64                   # traces in progress per Link (contexts whose fi
 MAX_TRACE_BYTES = 64 << 20      # what one process writes to the trace file, at most (~150,000 requests)
 
 
-class TraceFile:
-    """The JSON-lines file of one process's traces (appended to, shared with the other workers)."""
+class TraceFile(JsonLines):
+    """The JSON-lines file of one process's traces (appended to, shared with the other workers): a failing write
+    (a full disk) ends the tracing, never the client's connection; at most MAX_TRACE_BYTES from one process."""
 
     def __init__(self, path: str, max_bytes: int = MAX_TRACE_BYTES):
-        self.path = path
-        self.fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        self.left = max_bytes
-
-    def write(self, record: dict) -> None:
-        line = (json.dumps(record, separators=(",", ":")) + "\n").encode()
-        if len(line) > self.left:
-            if self.left >= 0:
-                log.warning("--trace-latency %s: this process wrote its %d MiB; no more traces", self.path,
-                            MAX_TRACE_BYTES >> 20)
-                self.left = -1
-            return
-        self.left -= len(line)
-        try:
-            os.write(self.fd, line)     # one write: the lines of several processes do not interleave
-        except OSError as e:            # a full disk ends the tracing, never the client's connection
-            log.warning("--trace-latency %s: %s; no more traces", self.path, e.strerror or e)
-            self.left = -1
-
-    def close(self) -> None:
-        os.close(self.fd)
+        super().__init__(path, "--trace-latency", mode=0o644, max_bytes=max_bytes, stop_on_error=True)
 
 
 @dataclass(eq=False)

@@ -5,26 +5,26 @@ Audio is counted where its frames are written to the client (server/connection.p
 cancelled or cut off counts what was sent and nothing the client never got. A context's record is written once it
 is over and none of its frames waits in the outbox (written or purged), or when its connection ends.
 
-Each record is one write(2) on a file opened O_APPEND: the kernel appends it whole, the lines of several processes
-never interleave, and a record written survives the server's SIGKILL (it is the kernel's). The file is
-fdatasync'ed at most once a second, with a record: a host crash loses at most the last second's records. Each
-record has its own random `id` and is written once; a line a full disk cut short does not parse and is skipped
-by the reader (GET /v1/usage). A context still in flight when the server is killed has no record.
+Each record is one write(2) on a file opened O_APPEND (server/jsonlines.py): the kernel appends it whole, the lines
+of several processes never interleave, and a record written survives the server's SIGKILL (it is the kernel's).
+The file is fdatasync'ed within SYNC_S of each record: a host crash loses at most the last second's records. Each
+record has its own random `id` and is written once; a line cut short (a full disk, a host crash) does not parse
+and is skipped by the reader (GET /v1/usage), and the next record starts on a line of its own. A context still in
+flight when the server is killed has no record.
 """
 from __future__ import annotations
 
 import json
-import logging
 import os
 import secrets
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from talkgate.server.jsonlines import JsonLines
 from talkgate.server.key_limits import KeyLimits, Refusal
 from talkgate.server.keys import Identity
 
-log = logging.getLogger("talkgate.usage")
 SYNC_S = 1.0
 MAX_READ_BYTES = 256 << 20      # GET /v1/usage reads at most the log's last this many bytes
 MAX_LINE_BYTES = 4096
@@ -34,26 +34,20 @@ class UsageLog:
     def __init__(self, path: str | Path | None):
         """None: nothing is recorded. A path that cannot be written raises OSError (start-up fails)."""
         self.path = Path(path) if path else None
-        self.fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600) if self.path else None
-        self.synced = time.monotonic()
+        self.file = JsonLines(self.path, "usage log", sync_s=SYNC_S) if self.path else None
+
+    @property
+    def enabled(self) -> bool:
+        return self.file is not None
 
     def record(self, record: dict) -> None:
-        if self.fd is None:
-            return
-        line = json.dumps(record, ensure_ascii=True, separators=(",", ":")) + "\n"
-        try:
-            os.write(self.fd, line.encode())
-            if time.monotonic() - self.synced >= SYNC_S:
-                os.fdatasync(self.fd)
-                self.synced = time.monotonic()
-        except OSError as e:            # a full disk must not take the server down: said in its log
-            log.error("usage log %s: cannot write (%s): %s", self.path, e.strerror or e, line.strip())
+        if self.file is not None:
+            self.file.write(record)
 
     def close(self) -> None:
-        if self.fd is not None:
-            os.fsync(self.fd)
-            os.close(self.fd)
-            self.fd = None
+        if self.file is not None:
+            self.file.close()
+            self.file = None
 
 
 @dataclass
@@ -160,6 +154,8 @@ def totals(path: Path, start: float | None, end: float | None, key_id: str | Non
         if offset:
             f.readline()                # the line cut by the offset
         for line in iter(lambda: f.readline(MAX_LINE_BYTES), b""):
+            if not line.strip():
+                continue                # the newline that ends a line cut short (server/jsonlines.py)
             try:
                 r = json.loads(line)
                 t, key, model = float(r["end"]), r["key_id"], r["model"]
