@@ -298,10 +298,15 @@ class Connection(Link):
         try:
             while (item := await self.next_frame()) is not None:
                 batch = [item, *self.outbox.take_ready(FRAMES_PER_WRITE - 1)]
+                if not self.ws.writable():
+                    return              # closing: nothing more goes out (the reader sees it too)
+                # metered before the bytes go, in the same step: a context's usage record is in its log before the
+                # client can see the context's end, so a SIGKILL cannot lose the record of audio a client has
+                for i in batch:
+                    if i.stream is not None:
+                        self.wrote_audio(i.stream, i.audio_ms)
                 sizes = self.ws.write_frames([i.data for i in batch])
                 for i, size in zip(batch, sizes):
                     self.delivery.wrote(size, i.stream, i.audio_ms)
-                    if i.stream is not None:
-                        self.wrote_audio(i.stream, i.audio_ms)
         except ConnectionError:         # the client went away: the reader sees it too
             pass

@@ -40,6 +40,8 @@ class HttpStream(Link):
     def other(self, action) -> None:
         if isinstance(action, (Begin, Respond)):
             self.outbox.put(action)
+            if getattr(action, "stream", None) is not None and self.account is not None and not self.outbox.closed:
+                self.account.queued(action.stream)      # a whole body of audio: metered once written (_write)
         else:
             super().other(action)
 
@@ -63,6 +65,13 @@ class HttpStream(Link):
             while (item := await self.next_frame()) is not None:
                 if isinstance(item, Respond):
                     self.response = respond(item)
+                    if item.stream is not None:     # audio sent whole: metered as it goes to the socket (a client
+                        transport = self.request.transport      # gone: nothing), its record before the body
+                        if transport is None or transport.is_closing():
+                            return
+                        self.wrote_audio(item.stream, item.audio_ms)
+                        await self.response.prepare(self.request)
+                        await self.response.write_eof()
                     return
                 if isinstance(item, Begin):
                     self.response = web.StreamResponse(headers={

@@ -1,8 +1,9 @@
 """Usage metering (`talkgate serve --usage-log PATH`): one JSON line per finished context, appended by every worker
 process to the same file: the key (id, tenant), model, API, characters in, audio seconds out, start and end time.
 
-Audio is counted where its frames are written to the client (server/connection.py Link.wrote_audio), so a context
-cancelled or cut off counts what was sent and nothing the client never got. A context's record is written once it
+Audio is counted where its frames go to the client's socket (server/connection.py Link.wrote_audio; a body sent
+whole, server/http_speech.py, as it goes), so a context cancelled or cut off counts what was sent and nothing the
+client never got; metered just before the bytes are handed over, so a record precedes the end its client sees. A context's record is written once it
 is over and none of its frames waits in the outbox (written or purged), or when its connection ends.
 
 Each record is one write(2) on a file opened O_APPEND (server/jsonlines.py): the kernel appends it whole, the lines

@@ -106,6 +106,10 @@ class GatewayWebSocket(web.WebSocketResponse):
         if not (self._closed or self._closing):
             super()._reset_heartbeat()
 
+    def writable(self) -> bool:
+        """Whether write_frames writes now (else it raises ConnectionResetError)."""
+        return self._writer is not None and not self.closed and not self._writer.transport.is_closing()
+
     def write_frames(self, messages: list[str | bytes]) -> list[int]:
         """Write `messages` (text or binary) as frames, in order, with one transport write; returns each
         frame's bytes. The caller bounds what the socket holds (Connection.room). Once the close frame is

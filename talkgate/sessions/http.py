@@ -40,6 +40,8 @@ class Respond:
     body: bytes
     error: str | None = None
     headers: tuple[tuple[str, str], ...] = ()
+    stream: int | None = None      # a body of audio: its context's stream and its duration (metered once written)
+    audio_ms: float = 0.0
 
 
 def error_body(status: int, code: str, message: str) -> bytes:
@@ -65,7 +67,9 @@ class HttpSpeech(ClientProtocol):
 
     def __init__(self, session: Session, text: str, streamed: bool):
         self.session, self.text, self.streamed = session, text, streamed
-        self.pieces: list[bytes] = []       # the body so far, when it is sent whole
+        self.pieces: list[bytes] = []       # the body so far, when it is sent whole ...
+        self.whole_stream: int | None = None    # ... and its audio's stream and duration
+        self.whole_ms = 0.0
         self.request_id = str(uuid.uuid4())
         self.begun = False
 
@@ -135,6 +139,7 @@ class HttpSpeech(ClientProtocol):
                 pieces = self.body(ev)
                 if not self.streamed:           # kept for the response: taken, as far as the backlog goes
                     self.pieces += pieces
+                    self.whole_stream, self.whole_ms = ev.stream, self.whole_ms + ev.duration_ms
                     self.session.note_delivered(ev.stream, ev.duration_ms)
                     continue
                 out += self._begin()
@@ -147,7 +152,7 @@ class HttpSpeech(ClientProtocol):
                 if not self.streamed:
                     self.begun = True
                     out.append(Respond(200, self.content_type, self.whole(self.pieces + pieces),
-                                       headers=self.headers()))
+                                       headers=self.headers(), stream=self.whole_stream, audio_ms=self.whole_ms))
                     continue
                 out += self._begin()
                 out += [Send(p) for p in pieces]

@@ -1,8 +1,10 @@
 """Per-key limits and usage metering against a real `talkgate serve --keys FILE --usage-log PATH` (tiny Base
 checkpoint, CPU, one worker: a key's limits are exact there): each limit trips exactly at its number in every
 protocol's shape (HTTP 429 with Retry-After in each API's error body; WebSocket close 1013 or the protocol's error
-event), counted in /metrics by code and never by key; under a mixed load with cancels the usage log's totals equal
-the audio each client received; a SIGKILL mid-load leaves every record whole and once."""
+event), counted in /metrics by code and never by key; under a 200-session mixed load with cancels (streamed and
+whole HTTP bodies) the usage log's totals equal the audio each client received within a frame a context; a SIGKILL
+mid-load loses no record of a context its client saw end and counts none twice, and a restart on the same log goes
+on past a line cut short."""
 from __future__ import annotations
 
 import asyncio
@@ -10,6 +12,7 @@ import base64
 import hashlib
 import json
 import random
+import time
 
 import aiohttp
 import pytest
@@ -17,13 +20,18 @@ import pytest
 from tests.serverproc import TalkgateServer
 
 LIMITS = {"conn": {"connections": 2}, "ctx": {"contexts": 2}, "rpm": {"requests_per_minute": 3},
-          "chars": {"characters_per_minute": 40}, "native": {}, "openai": {}, "cartesia": {}, "elevenlabs": {},
-          "deepgram": {}, "admin": {}}
+          "chars": {"characters_per_minute": 40}, "native": {}, "openai": {}, "openai_whole": {}, "cartesia": {},
+          "elevenlabs": {}, "elevenlabs_whole": {}, "deepgram": {}, "admin": {}}
+KINDS = ("native", "native", "openai", "openai_whole", "cartesia", "elevenlabs", "elevenlabs_whole", "deepgram")
 SECRET = {name: f"secret-of-{name}" for name in LIMITS}
 PCM_BYTES_S = 48000         # s16le, 24 kHz, mono
 FRAME_S = 0.08
 SHORT = "Hello there."      # 12 characters
 PCM = {"container": "raw", "encoding": "pcm_s16le", "sample_rate": 24000}
+# The load's cost is the audio the engine makes: on the CPU a tiny step costs about 60 ms plus 3.6 ms a row, so its
+# contexts are short (2-10 frames; a short text where the API has no fixed length) and batched up to SLOTS at once
+SLOTS = 48
+LOAD_TEXT = "Hi there."
 
 
 def keys_text() -> str:
@@ -43,7 +51,7 @@ def bearer(name: str) -> dict:
 def serve(checkpoint, root, *extra):
     (root / "keys.jsonl").write_text(keys_text())
     return TalkgateServer(checkpoint, "--keys", str(root / "keys.jsonl"), "--usage-log", str(root / "usage.jsonl"),
-                          "--seed", "1", "--workers", "1", *extra)
+                          "--seed", "1", "--workers", "1", "--max-contexts", str(SLOTS), *extra)
 
 
 @pytest.fixture(scope="module")
@@ -54,15 +62,25 @@ def server(tiny_base_checkpoint, tmp_path_factory):
         yield srv
 
 
-async def http_speech(http, url: str, api: str, key: str, text: str = SHORT, frames: int = 3) -> tuple[int, dict, bytes]:
-    """One HTTP speech request of `api` -> (status, headers, body)."""
-    path, body = {
+def speech_request(api: str, text: str = SHORT, frames: int = 3) -> tuple[str, dict]:
+    """(path, JSON body) of one HTTP speech request of `api` (`openai_whole`, `elevenlabs_whole`: the audio sent
+    whole at the end: OpenAI's stream false, ElevenLabs' with-timestamps JSON)."""
+    return {
         "openai": ("/v1/audio/speech", {"model": "tts-1", "input": text, "voice": "alloy", "response_format": "pcm",
                                         "fixed_frames": frames}),
+        "openai_whole": ("/v1/audio/speech", {"model": "tts-1", "input": text, "voice": "alloy", "stream": False,
+                                              "response_format": "pcm", "fixed_frames": frames}),
         "elevenlabs": ("/v1/text-to-speech/21m00Tcm4TlvDq8ikWAM?output_format=pcm_24000", {"text": text}),
+        "elevenlabs_whole": ("/v1/text-to-speech/21m00Tcm4TlvDq8ikWAM/with-timestamps?output_format=pcm_24000",
+                             {"text": text}),
         "cartesia": ("/tts/bytes", {"model_id": "sonic", "transcript": text, "voice": {"mode": "id", "id": "x"},
                                     "output_format": PCM}),
         "deepgram": ("/v1/speak?encoding=linear16&sample_rate=24000", {"text": text})}[api]
+
+
+async def http_speech(http, url: str, api: str, key: str, text: str = SHORT, frames: int = 3) -> tuple[int, dict, bytes]:
+    """One HTTP speech request of `api` -> (status, headers, body)."""
+    path, body = speech_request(api, text, frames)
     async with http.post(url + path, json=body, headers=bearer(key)) as r:
         return r.status, dict(r.headers), await r.read()
 
@@ -174,46 +192,97 @@ def test_each_limit_trips_at_its_number_in_every_protocols_shape(server):
     assert "-key" not in text           # never a per-key label
 
 
-async def load(url: str, ws_url: str, sessions: int, seed: int) -> dict[str, dict]:
-    """A mixed load over five protocols, a third of the native contexts cancelled after their first audio -> per
-    key: audio seconds the clients received and contexts."""
+class Tally:
+    """What the clients of one key received: contexts that ended as the client sees an end (done, cancelled, a whole
+    body) and their audio; contexts cut off (the server gone mid-context), the audio they got and the most the
+    server could have metered for them (their length when it is fixed, else what they got and a socket's worth)."""
+
+    def __init__(self):
+        self.contexts, self.audio_s = 0, 0.0
+        self.cut, self.cut_audio_s, self.cut_most_s = 0, 0.0, 0.0
+
+    def ended(self, audio_s: float) -> None:
+        self.contexts += 1
+        self.audio_s += audio_s
+
+    def cut_off(self, audio_s: float, most_s: float | None) -> None:
+        self.cut += 1
+        self.cut_audio_s += audio_s
+        self.cut_most_s += most_s if most_s is not None else audio_s + 1.0 + 16 * FRAME_S
+
+
+async def load(url: str, ws_url: str, sessions: int, seed: int, at_once: int = SLOTS - 8) -> dict[str, Tally]:
+    """A mixed load over five protocols, streamed and whole HTTP bodies, a third of the native contexts cancelled
+    after their first audio -> per key, what its clients received."""
     rng = random.Random(seed)
-    got = {k: {"audio_s": 0.0, "contexts": 0} for k in ("native", "openai", "cartesia", "elevenlabs", "deepgram")}
+    got = {k: Tally() for k in KINDS}
+
+    async def native(http, frames: int, cancel: bool) -> tuple[float, bool]:
+        audio_s = 0.0
+        async with http.ws_connect(ws_url + "/v1/ws", headers=bearer("native")) as s:
+            await s.send_json({"type": "context.start", "context_id": "c", "fixed_frames": frames})
+            await s.send_json({"type": "text", "context_id": "c", "text": LOAD_TEXT})
+            await s.send_json({"type": "flush", "context_id": "c"})
+            while True:
+                m = await s.receive(timeout=60)
+                if m.type == aiohttp.WSMsgType.BINARY:
+                    audio_s += (len(m.data) - 16) / PCM_BYTES_S
+                    if cancel:
+                        cancel = False
+                        await s.send_json({"type": "cancel", "context_id": "c"})
+                elif m.type != aiohttp.WSMsgType.TEXT:
+                    return audio_s, False           # the socket ended without the context's end
+                elif json.loads(m.data)["type"] in ("context.done", "context.cancelled", "error"):
+                    return audio_s, True
+
+    async def cartesia(http) -> tuple[float, bool]:
+        audio_s = 0.0
+        async with http.ws_connect(ws_url + "/tts/websocket", headers={"X-API-Key": SECRET["cartesia"]}) as s:
+            await s.send_json({"context_id": "k", "transcript": LOAD_TEXT, "continue": False,
+                               "voice": {"mode": "id", "id": "x"}, "output_format": PCM})
+            while (m := await s.receive(timeout=60)).type == aiohttp.WSMsgType.TEXT:
+                event = json.loads(m.data)
+                if event["type"] == "chunk":
+                    audio_s += len(base64.b64decode(event["data"])) / PCM_BYTES_S
+                elif event["type"] in ("done", "error"):
+                    return audio_s, True
+            return audio_s, False
+
+    async def http_body(http, kind: str, frames: int) -> tuple[float, bool]:
+        path, body = speech_request(kind, LOAD_TEXT, frames)
+        data = b""
+        try:
+            async with http.post(url + path, json=body, headers=bearer(kind)) as r:
+                async for chunk in r.content.iter_any():
+                    data += chunk
+                assert r.status == 200, data
+        except aiohttp.ClientError:
+            return len(data) / PCM_BYTES_S, False
+        if kind == "elevenlabs_whole":
+            return len(base64.b64decode(json.loads(data)["audio_base64"])) / PCM_BYTES_S, True
+        return len(data) / PCM_BYTES_S, True
 
     async def one(http, n: int) -> None:
-        kind = ("native", "native", "openai", "cartesia", "elevenlabs", "deepgram")[n % 6]
-        frames = rng.randint(3, 30)
-        if kind == "native":
-            async with http.ws_connect(ws_url + "/v1/ws", headers=bearer("native")) as s:
-                cancel = n % 3 == 0
-                await s.send_json({"type": "context.start", "context_id": "c", "fixed_frames": frames})
-                await s.send_json({"type": "text", "context_id": "c", "text": "Some words to say."})
-                await s.send_json({"type": "flush", "context_id": "c"})
-                while True:
-                    m = await s.receive(timeout=60)
-                    if m.type == aiohttp.WSMsgType.BINARY:
-                        got["native"]["audio_s"] += (len(m.data) - 16) / PCM_BYTES_S
-                        if cancel:
-                            cancel = False
-                            await s.send_json({"type": "cancel", "context_id": "c"})
-                    elif m.type != aiohttp.WSMsgType.TEXT or json.loads(m.data)["type"] in (
-                            "context.done", "context.cancelled", "error"):
-                        break               # (a socket that ended: its receive answers at once from here on)
-                await s.close()
-        elif kind == "cartesia":
-            async with http.ws_connect(ws_url + "/tts/websocket", headers={"X-API-Key": SECRET["cartesia"]}) as s:
-                await s.send_json({"context_id": "k", "transcript": "Some words to say.", "continue": False,
-                                   "voice": {"mode": "id", "id": "x"}, "output_format": PCM})
-                while (m := await s.receive_json(timeout=60))["type"] not in ("done", "error"):
-                    if m["type"] == "chunk":
-                        got["cartesia"]["audio_s"] += len(base64.b64decode(m["data"])) / PCM_BYTES_S
+        kind = KINDS[n % len(KINDS)]
+        frames = rng.randint(2, 10)
+        most = frames * FRAME_S
+        try:
+            if kind == "native":
+                audio_s, ended = await native(http, frames, cancel=n % 3 == 0)
+            elif kind == "cartesia":
+                audio_s, ended = await cartesia(http)
+                most = None
+            else:
+                audio_s, ended = await http_body(http, kind, frames)
+        except (aiohttp.ClientError, ConnectionError):
+            audio_s, ended = 0.0, False     # refused at its connect: the server is gone (the context never began)
+            most = 0.0
+        if ended:
+            got[kind].ended(audio_s)
         else:
-            status, _, body = await http_speech(http, url, kind, kind, frames=frames)
-            assert status == 200, body
-            got[kind]["audio_s"] += len(body) / PCM_BYTES_S
-        got[kind]["contexts"] += 1
+            got[kind].cut_off(audio_s, most)
 
-    slots = asyncio.Semaphore(12)       # within the tiny engine's 16 context slots
+    slots = asyncio.Semaphore(at_once)       # within the engine's context slots
 
     async def held(http, n: int) -> None:
         async with slots:
@@ -228,43 +297,77 @@ def usage_records(path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
+async def usage(url: str) -> dict:
+    async with aiohttp.ClientSession() as http:
+        async with http.get(url + "/v1/usage?start=0", headers=bearer("admin")) as r:
+            assert r.status == 200
+            return await r.json()
+
+
 def test_usage_totals_equal_the_audio_clients_received(server):
-    got = run(load(server.url, server.ws_url, 50, 7))
+    t = time.monotonic()
+    got = run(load(server.url, server.ws_url, 200, 7))
+    took = time.monotonic() - t
 
     async def totals():
         async with aiohttp.ClientSession() as http:
             async with http.get(server.url + "/v1/usage", headers=bearer("native")) as r:
                 assert r.status == 403
-            await asyncio.sleep(0.5)        # the last records are written as their connections end
-            async with http.get(server.url + "/v1/usage?start=0", headers=bearer("admin")) as r:
-                assert r.status == 200
-                return await r.json()
+        await asyncio.sleep(0.5)            # the last records are written as their connections end
+        return await usage(server.url)
     body = run(totals())
     by_key = {t["key_id"]: t for t in body["totals"]}
     for kind, client in got.items():
         total = by_key[f"{kind}-key"]
-        assert total["contexts"] == client["contexts"], (kind, total, client)
-        assert abs(total["audio_s"] - client["audio_s"]) <= FRAME_S * client["contexts"], (kind, total, client)
+        assert client.cut == 0 and total["contexts"] == client.contexts, (kind, total, vars(client))
+        assert abs(total["audio_s"] - client.audio_s) <= FRAME_S * client.contexts, (kind, total, vars(client))
         assert total["audio_s"] > 0 and total["characters"] > 0
+    assert sum(c.contexts for c in got.values()) == 200
     records = usage_records(server.root / "usage.jsonl")
     assert len({r["id"] for r in records}) == len(records)
+    assert took < 60, f"200 sessions took {took:.1f} s"
 
 
-def test_sigkill_mid_load_leaves_every_usage_record_whole_and_once(tiny_base_checkpoint, tmp_path):
-    srv = serve(tiny_base_checkpoint, tmp_path)
-    with srv:
+def test_sigkill_mid_load_loses_no_usage_record_and_counts_none_twice(tiny_base_checkpoint, tmp_path):
+    """SIGKILL of the whole server mid-load (supervisor, worker and engine at once): every context whose end its client
+    saw has its record (a record is written before the bytes that end its context leave), none is there twice, and
+    what the records count is what the clients got (cut-off contexts: at most what the server could have metered).
+    Then a line cut short is put at the log's end (what a host crash or a full disk can leave; a SIGKILL cannot
+    cut a write) and the server starts again on the same log: its records start on a line of their own, and
+    GET /v1/usage is the records before the kill plus the new load's, the cut line skipped."""
+    log_path = tmp_path / "usage.jsonl"
+    with serve(tiny_base_checkpoint, tmp_path) as srv:
         async def go():
-            task = asyncio.ensure_future(load(srv.url, srv.ws_url, 24, 3))
-            while not (tmp_path / "usage.jsonl").exists() or len(usage_records(tmp_path / "usage.jsonl")) < 10:
-                await asyncio.sleep(0.05)
+            task = asyncio.ensure_future(load(srv.url, srv.ws_url, 64, 3))
+            while not log_path.exists() or len(usage_records(log_path)) < 16:
+                await asyncio.sleep(0.01)
             srv.kill()
-            try:
-                await task
-            except (aiohttp.ClientError, AssertionError, asyncio.TimeoutError):
-                pass                    # the server is gone mid-load
-        run(go())
-    lines = (tmp_path / "usage.jsonl").read_text().split("\n")
-    assert lines[-1] == ""              # ends with a whole line
+            return await task
+        before = run(go())
+    lines = log_path.read_text().split("\n")
+    assert lines[-1] == ""                  # ends with a whole line
     records = [json.loads(line) for line in lines[:-1]]
-    assert len(records) >= 10 and len({r["id"] for r in records}) == len(records)
-    assert all(r["audio_s"] >= 0 and r["key_id"].endswith("-key") for r in records)
+    assert len(records) >= 16 and len({r["id"] for r in records}) == len(records)
+    assert sum(t.cut for t in before.values()) > 0, "the kill came after the load: it proves nothing"
+    for kind, client in before.items():
+        mine = [r for r in records if r["key_id"] == f"{kind}-key"]
+        audio_s = sum(r["audio_s"] for r in mine)
+        # none lost: every context its client saw end is there; none twice: no more than the contexts begun
+        assert client.contexts <= len(mine) <= client.contexts + client.cut, (kind, len(mine), vars(client))
+        assert client.audio_s - FRAME_S * client.contexts <= audio_s, (kind, audio_s, vars(client))
+        assert audio_s <= client.audio_s + client.cut_most_s + FRAME_S * (client.contexts + client.cut), \
+            (kind, audio_s, vars(client))
+
+    with open(log_path, "ab") as f:         # a line cut short
+        f.write(b'{"id":"0badc0de","key_id":"native-key","tenant":"t","model"')
+    with serve(tiny_base_checkpoint, tmp_path) as srv:
+        after = run(load(srv.url, srv.ws_url, 16, 4))
+        body = run(usage(srv.url))
+    assert body["skipped"] == 1, body
+    by_key = {t["key_id"]: t for t in body["totals"]}
+    for kind, client in after.items():
+        mine = [r for r in records if r["key_id"] == f"{kind}-key"]
+        total = by_key[f"{kind}-key"]
+        assert client.cut == 0 and total["contexts"] == len(mine) + client.contexts, (kind, total, len(mine))
+        assert abs(total["audio_s"] - sum(r["audio_s"] for r in mine) - client.audio_s) <= \
+            FRAME_S * client.contexts + 0.01, (kind, total, vars(client))
