@@ -148,11 +148,20 @@ class Gateway:
         """authenticate for a WebSocket (`conn()` is its Connection): a key over its connections limit closes it
         (1013, key_connections_limit) before the protocol says it is ready."""
         scope = self.authenticate(request, key)
-        if scope is not None and (over := self.key_limits.connect(request[IDENTITY])) is not None:
-            request[IDENTITY] = None
-            self.count_error(over.code)
-            conn().close(1013, over.message)
+        if scope is not None and (over := self.admit_connection(request)) is not None:
+            conn().close(1013, over)
         return scope
+
+    def admit_connection(self, request: web.Request) -> str | None:
+        """The one check of a WebSocket's key against its connections limit, once its key is known (its upgrade's,
+        or its first message's): counted (given back as it ends), or refused -> why (counted in /metrics; the
+        request is nobody from here: nothing to give back)."""
+        over = self.key_limits.connect(request[IDENTITY])
+        if over is None:
+            return None
+        request[IDENTITY] = None
+        self.count_error(over.code)
+        return over.message
 
     def reload_keys(self, forced: bool = True) -> None:
         """SIGHUP (forced) or a poll: read the keys file again if it changed; audited either way it goes."""
@@ -255,12 +264,11 @@ class Gateway:
                 authenticate = partial(self.authenticate_connection, request, lambda: conn)
             elif not self.authorized(request):
                 refusal = (1008, "unauthorized", "unauthorized")
-        if refusal is None and request[IDENTITY] is not None and \
-                (over := self.key_limits.connect(request[IDENTITY])) is not None:
-            request[IDENTITY] = None        # not counted: nothing to give back
-            refusal = (1013, over.message, over.code)     # as the server's own too_many_connections
         if refusal is not None:
             self.count_error(refusal[2])
+        elif request[IDENTITY] is not None and (over := self.admit_connection(request)) is not None:
+            refusal = (1013, over)          # as the server's own too_many_connections
+        if refusal is not None:
             await ws.close(code=refusal[0], message=refusal[1].encode())
             return
         session_id = f"s{next(self.ids)}-{secrets.token_hex(4)}"
