@@ -86,7 +86,8 @@ class Gateway:
         self.audit = AuditLog(config.audit_log)
         self.usage = UsageLog(config.usage_log)
         self.key_limits = KeyLimits(config.key_limit_share)
-        self.voices_making = 0                     # uploads being decoded and made (voices_http.py)
+        self.voices_making = 0                     # uploads being decoded and made (voices_http.py) ...
+        self.voices_making_of: dict[str, int] = {}  # ... by tenant (its cap counts them: keys file limit `voices`)
         self.trace_file = TraceFile(config.trace_latency) if config.trace_latency else None
 
     def link_trace(self, label: str) -> LinkTrace | None:

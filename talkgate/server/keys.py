@@ -26,8 +26,10 @@ from pathlib import Path
 log = logging.getLogger("talkgate.keys")
 DEFAULT_TENANT = "default"      # the tenant of --api-key keys, of a server without keys, and of voices stored before tenants
 ROLES = ("admin", "user")
-# per key, enforced by server/key_limits.py; absent: only the server's own limits
-LIMITS = ("connections", "contexts", "requests_per_minute", "characters_per_minute", "audio_seconds_per_day")
+# per key, enforced by server/key_limits.py (`voices`: the voices its tenant may hold in the store, when this key
+# stores one: server/voices_http.py); absent: only the server's own limits
+LIMITS = ("connections", "contexts", "requests_per_minute", "characters_per_minute", "audio_seconds_per_day",
+          "voices")
 MAX_FILE_BYTES = 4 << 20
 MAX_KEYS = 10_000
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@-]{0,63}\Z")       # a key id or a tenant: safe in logs and records

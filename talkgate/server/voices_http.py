@@ -20,7 +20,8 @@ Nothing is stored when any step fails. API keys apply as everywhere (Gateway.aut
 Tenants (docs/voices.md): a voice belongs to the tenant of the key that stored it. A client lists, reads and
 speaks its tenant's voices and those an admin shared (form field `shared=true` on any of the three create
 endpoints, admin keys only); an admin sees every voice. Any other voice is answered exactly as an id or name
-that was never stored. Only its tenant's keys or an admin delete a voice. Creations and deletions go to the audit
+that was never stored. Only its tenant's keys or an admin delete a voice. A tenant holds at most its key's limit
+`voices` (keys file): the store's MAX_VOICES are shared by every tenant. Creations and deletions go to the audit
 log (server/audit.py) with the key id, tenant and consent.
 """
 from __future__ import annotations
@@ -162,7 +163,15 @@ async def make_voice(request: web.Request, form: Form, name: object, files: list
         raise Refused(503, "busy", f"{MAX_MAKING} voices are being made on this server; try again in a moment")
     loop = asyncio.get_running_loop()
     gw.voices_making += 1
+    making = gw.voices_making_of
+    making[who.tenant] = making.get(who.tenant, 0) + 1
     try:
+        cap = who.limits.get("voices")
+        if cap is not None:     # the tenant's voices stored and being made here (this one too) within its cap
+            held = await asyncio.to_thread(gw.store.count_of, who.tenant) + making[who.tenant] - 1
+            if held >= cap:
+                raise Refused(400, "voice_limit_reached", f"this key's tenant holds {held} voices, its limit: "
+                              "delete one first")
         t0 = loop.time()
         clip = await asyncio.to_thread(_decode, files)
         t1 = loop.time()
@@ -179,6 +188,9 @@ async def make_voice(request: web.Request, form: Form, name: object, files: list
         t3 = loop.time()
     finally:
         gw.voices_making -= 1
+        making[who.tenant] -= 1
+        if not making[who.tenant]:
+            del making[who.tenant]
     timing = {"decode_ms": round(1000 * (t1 - t0), 1), "engine_ms": round(1000 * (t2 - t1), 1),
               "store_ms": round(1000 * (t3 - t2), 1)}
     log.info("voice %s (%r, %s, %.2f s of audio) stored: %s", voice.id, voice.name, voice.mode, clip.seconds, timing)

@@ -19,14 +19,17 @@ from tests.voicetools import audio_file, voice_form
 
 TEXT = "Hello there, this is my voice."
 KEYS = {"a": ("a-1", "acme", "user"), "a2": ("a-2", "acme", "user"), "b": ("b-1", "beta", "user"),
-        "admin": ("ops-1", "ops", "admin"), "leaving": ("a-3", "acme", "user")}
+        "admin": ("ops-1", "ops", "admin"), "leaving": ("a-3", "acme", "user"), "c": ("c-1", "gamma", "user"),
+        "c2": ("c-2", "gamma", "user")}
+LIMITS = {"c": {"voices": 2}, "c2": {"voices": 2}}         # gamma may hold 2 voices in the store
 SECRET = {name: f"secret-of-{name}" for name in KEYS}
 NEVER_STORED = "voice_0123456789abcdef"
 
 
 def keys_text(names) -> str:
     return "".join(json.dumps({"id": KEYS[n][0], "tenant": KEYS[n][1], "role": KEYS[n][2],
-                               "sha256": hashlib.sha256(SECRET[n].encode()).hexdigest()}) + "\n" for n in names)
+                               "sha256": hashlib.sha256(SECRET[n].encode()).hexdigest(),
+                               "limits": LIMITS.get(n, {})}) + "\n" for n in names)
 
 
 def run(coro, timeout: float = 240):
@@ -196,6 +199,39 @@ def test_two_tenants_on_every_clone_api_and_protocol(server):
     assert deleted[mine["elevenlabs"]]["key_id"] == "a-2" and deleted[mine["cartesia"]]["key_id"] == "ops-1"
 
 
+def test_a_tenants_voice_cap_holds_for_it_alone_in_each_clone_apis_shape(server):
+    url = server.url
+
+    async def go():
+        async with aiohttp.ClientSession() as http:
+            stored = []
+            for api, key in (("openai", "c"), ("elevenlabs", "c2")):       # the cap is the tenant's, both keys
+                status, body = await clone(http, url, api, key, f"Gamma {api}")
+                assert status == 200, body
+                stored.append(body["id"])
+            refused = {}
+            for api in ("openai", "elevenlabs", "cartesia"):
+                status, body = await clone(http, url, api, "c2", f"Gamma third {api}")
+                refused[api] = (status, body)
+            assert refused["openai"] == (400, {"error": {**refused["openai"][1]["error"], "code": "voice_limit_reached",
+                                                         "type": "invalid_request_error"}}), refused
+            assert refused["elevenlabs"][0] == 400 and \
+                refused["elevenlabs"][1]["detail"]["status"] == "voice_limit_reached", refused
+            assert refused["cartesia"][0] == 400 and refused["cartesia"][1]["error_code"] == "voice_limit_reached" \
+                and refused["cartesia"][1]["status_code"] == 400, refused
+            assert "2 voices" in refused["openai"][1]["error"]["message"]
+            # another tenant stores on (its keys have no cap: the store's own holds)
+            status, body = await clone(http, url, "cartesia", "b", "Beta after gamma")
+            assert status == 200, body
+            # one of gamma's deleted: room for one more, not two
+            assert (await voice_api(http, url, "c", "DELETE", "openai", stored[0]))[0] == 200
+            status, body = await clone(http, url, "cartesia", "c", "Gamma again")
+            assert status == 200, body
+            status, body = await clone(http, url, "openai", "c", "Gamma over again")
+            assert (status, body["error"]["code"]) == (400, "voice_limit_reached"), body
+    run(go())
+
+
 def test_admin_endpoints_need_an_admin_key(server):
     async def go():
         async with aiohttp.ClientSession() as http:
@@ -253,6 +289,6 @@ def test_reload_keeps_old_keys_on_a_bad_file_and_refuses_a_removed_key_without_d
     run(go())
     audit = [json.loads(x) for x in (server.root / "audit.jsonl").read_text().splitlines()]
     refused = [r for r in audit if r["event"] == "keys_reload_refused"]
-    assert refused and refused[0]["line"] == 3 and refused[0]["keys_in_force"] == 5
+    assert refused and refused[0]["line"] == 3 and refused[0]["keys_in_force"] == len(KEYS)
     assert any(r["event"] == "keys_reloaded" and r["keys"] == 4 for r in audit)
     assert not any(SECRET["leaving"] in json.dumps(r) for r in audit)
