@@ -1,6 +1,7 @@
 """Tenants against a real `talkgate serve --keys FILE` (tiny Base checkpoint, CPU, supervisor and a worker): two
 tenants on every clone API and every protocol that speaks a voice - another tenant's voice is answered exactly as
-an id never stored, lists hold only one's own, only the owner or an admin deletes; admin endpoints need an admin
+an id never stored (and in as long: the median times of both), lists hold only one's own, only the owner or an
+admin deletes; a tenant's voice cap; admin endpoints need an admin
 key; the keys file reloaded (poll and SIGHUP): a malformed file keeps the keys in force and logs its line, a key
 removed is refused while a session opened with it goes on; the audit log."""
 from __future__ import annotations
@@ -8,7 +9,9 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import random
 import signal
+import statistics
 import time
 
 import aiohttp
@@ -230,6 +233,61 @@ def test_a_tenants_voice_cap_holds_for_it_alone_in_each_clone_apis_shape(server)
             status, body = await clone(http, url, "openai", "c", "Gamma over again")
             assert (status, body["error"]["code"]) == (400, "voice_limit_reached"), body
     run(go())
+
+
+def test_a_foreign_voice_id_takes_as_long_as_an_unknown_one(server):
+    """An existence leak through timing: on the OpenAI and ElevenLabs clone (get, delete) and speak endpoints,
+    another tenant's voice id and an id never stored are asked in turn with a second set of the unknown id, in random
+    order; the foreign id's median answer time must be within the noise (the gap between the two unknown sets' medians,
+    at least 0.25 ms: a file read or a parse on the foreign path alone is more). Another load on the machine can shift
+    one set's median: an endpoint is measured again, up to ATTEMPTS times, before it fails; a leak fails every time."""
+    url, tries, attempts = server.url, 80, 3
+    rng = random.Random(5)
+    endpoints = {
+        "openai get": ("GET", "/v1/audio/voices/{}", None),
+        "openai delete": ("DELETE", "/v1/audio/voices/{}", None),
+        "openai speak": ("POST", "/v1/audio/speech", lambda v: {"model": "tts-1", "input": TEXT, "voice": {"id": v},
+                                                                "response_format": "pcm"}),
+        "elevenlabs get": ("GET", "/v1/voices/{}", None),
+        "elevenlabs delete": ("DELETE", "/v1/voices/{}", None),
+        "elevenlabs speak": ("POST", "/v1/text-to-speech/{}?output_format=pcm_24000", lambda v: {"text": TEXT})}
+
+    async def go():
+        async with aiohttp.ClientSession() as http:
+            status, body = await clone(http, url, "openai", "a", "Timing voice")
+            assert status == 200, body
+            ids = {"foreign": body["id"], "unknown": NEVER_STORED, "unknown again": NEVER_STORED}
+
+            async def once(endpoint: str, voice_id: str) -> float:
+                method, path, make_body = endpoints[endpoint]
+                t = time.perf_counter()
+                async with http.request(method, url + path.format(voice_id), headers=bearer("b"),
+                                        json=make_body(voice_id) if make_body else None) as r:
+                    await r.read()
+                    assert r.status in (400, 404), (endpoint, r.status)
+                return time.perf_counter() - t
+
+            out = {}
+            for endpoint in endpoints:
+                for name in ids:            # warm: the first answers of each (a voice file parsed, a route's first use)
+                    await once(endpoint, ids[name])
+                for _ in range(attempts):
+                    times = {name: [] for name in ids}
+                    for _ in range(tries):
+                        order = list(ids)
+                        rng.shuffle(order)
+                        for name in order:
+                            times[name].append(await once(endpoint, ids[name]))
+                    m = {name: round(1000 * statistics.median(t), 3) for name, t in times.items()}
+                    out.setdefault(endpoint, []).append(m)
+                    if abs(m["foreign"] - m["unknown"]) <= max(0.25, 3 * abs(m["unknown again"] - m["unknown"])):
+                        break
+            return out
+    medians = run(go())
+    for endpoint, rounds in medians.items():
+        m = rounds[-1]
+        assert abs(m["foreign"] - m["unknown"]) <= max(0.25, 3 * abs(m["unknown again"] - m["unknown"])), \
+            (endpoint, medians)
 
 
 def test_admin_endpoints_need_an_admin_key(server):
