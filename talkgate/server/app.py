@@ -123,3 +123,4 @@ async def _stop(app: web.Application) -> None:
         app["keys_watch"].cancel()
     asyncio.get_running_loop().remove_signal_handler(signal.SIGHUP)
     app["gateway"].client.close()
+    app["gateway"].usage.sync()     # the last records synced now, not by a timer of a loop that ends

@@ -45,6 +45,10 @@ class UsageLog:
         if self.file is not None:
             self.file.write(record)
 
+    def sync(self) -> None:
+        if self.file is not None:
+            self.file.sync()
+
     def close(self) -> None:
         if self.file is not None:
             self.file.close()
