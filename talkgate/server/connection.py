@@ -169,12 +169,18 @@ class Link:
         if self.account is not None:
             self.account.dropped(items)
 
-    def wrote_audio(self, stream: int, audio_ms: float) -> None:
-        """A frame of `stream`'s audio was written to the client: metered, and the protocol told."""
-        if self.trace is not None:
-            self.trace.written(stream)
+    def metered(self, stream: int, audio_ms: float) -> None:
+        """A frame of `stream`'s audio goes to the client's socket now, in this step: metered, and the usage record
+        of a context it completes written before its bytes go, so that a client that sees its context end has its
+        record in the log whatever kills the server then."""
         if self.account is not None:
             self.account.sent(stream, audio_ms)
+            self.account.settle()
+
+    def wrote_audio(self, stream: int, audio_ms: float) -> None:
+        """A frame of `stream`'s audio was written to the client (metered just before): the protocol told."""
+        if self.trace is not None:
+            self.trace.written(stream)
         self.call(self.protocol.note_sent, stream, audio_ms)
 
     def end(self) -> None:
@@ -300,13 +306,13 @@ class Connection(Link):
                 batch = [item, *self.outbox.take_ready(FRAMES_PER_WRITE - 1)]
                 if not self.ws.writable():
                     return              # closing: nothing more goes out (the reader sees it too)
-                # metered before the bytes go, in the same step: a context's usage record is in its log before the
-                # client can see the context's end, so a SIGKILL cannot lose the record of audio a client has
                 for i in batch:
                     if i.stream is not None:
-                        self.wrote_audio(i.stream, i.audio_ms)
+                        self.metered(i.stream, i.audio_ms)
                 sizes = self.ws.write_frames([i.data for i in batch])
                 for i, size in zip(batch, sizes):
                     self.delivery.wrote(size, i.stream, i.audio_ms)
+                    if i.stream is not None:
+                        self.wrote_audio(i.stream, i.audio_ms)
         except ConnectionError:         # the client went away: the reader sees it too
             pass

@@ -37,6 +37,9 @@ class HttpStream(Link):
         self.request = request
         self.response: web.StreamResponse | None = None
 
+    def writable(self) -> bool:
+        return self.request.transport is not None and not self.request.transport.is_closing()
+
     def other(self, action) -> None:
         if isinstance(action, (Begin, Respond)):
             self.outbox.put(action)
@@ -65,13 +68,13 @@ class HttpStream(Link):
             while (item := await self.next_frame()) is not None:
                 if isinstance(item, Respond):
                     self.response = respond(item)
-                    if item.stream is not None:     # audio sent whole: metered as it goes to the socket (a client
-                        transport = self.request.transport      # gone: nothing), its record before the body
-                        if transport is None or transport.is_closing():
+                    if item.stream is not None:     # audio sent whole: metered as it goes to the socket
+                        if not self.writable():
                             return
-                        self.wrote_audio(item.stream, item.audio_ms)
+                        self.metered(item.stream, item.audio_ms)
                         await self.response.prepare(self.request)
                         await self.response.write_eof()
+                        self.wrote_audio(item.stream, item.audio_ms)
                     return
                 if isinstance(item, Begin):
                     self.response = web.StreamResponse(headers={
@@ -79,6 +82,10 @@ class HttpStream(Link):
                         **dict(item.headers)})
                     await self.response.prepare(self.request)
                     continue
+                if item.stream is not None:
+                    if not self.writable():
+                        return              # the client went away (the watch sees it too)
+                    self.metered(item.stream, item.audio_ms)
                 await self.response.write(item.data)
                 n = len(item.data)
                 self.delivery.wrote(n + len(f"{n:x}") + 4, item.stream, item.audio_ms)    # a chunk's framing
