@@ -21,7 +21,7 @@ from tests.serverproc import TalkgateServer
 
 LIMITS = {"conn": {"connections": 2}, "ctx": {"contexts": 2}, "rpm": {"requests_per_minute": 3},
           "chars": {"characters_per_minute": 40}, "native": {}, "openai": {}, "openai_whole": {}, "cartesia": {},
-          "elevenlabs": {}, "elevenlabs_whole": {}, "deepgram": {}, "admin": {}}
+          "elevenlabs": {}, "elevenlabs_whole": {}, "deepgram": {}, "broken": {}, "admin": {}}
 KINDS = ("native", "native", "openai", "openai_whole", "cartesia", "elevenlabs", "elevenlabs_whole", "deepgram")
 SECRET = {name: f"secret-of-{name}" for name in LIMITS}
 PCM_BYTES_S = 48000         # s16le, 24 kHz, mono
@@ -326,6 +326,42 @@ def test_usage_totals_equal_the_audio_clients_received(server):
     records = usage_records(server.root / "usage.jsonl")
     assert len({r["id"] for r in records}) == len(records)
     assert took < 60, f"200 sessions took {took:.1f} s"
+
+
+def test_a_broken_off_http_response_counts_what_was_sent(server):
+    """A client that leaves a whole-body request while its audio is made: its record says the text and 0 audio
+    seconds; one that leaves a streamed response after its first audio: at least what it got, at most a socket's
+    worth more (what the server handed to the socket before it saw the client gone)."""
+    log_path = server.root / "usage.jsonl"
+
+    def broken() -> list[dict]:
+        return [r for r in usage_records(log_path) if r["key_id"] == "broken-key"]
+
+    async def go() -> float:
+        async with aiohttp.ClientSession() as http:
+            path, body = speech_request("openai_whole", LOAD_TEXT, 400)        # 32 s: it runs until the client goes
+            task = asyncio.ensure_future(http.post(server.url + path, json=body, headers=bearer("broken")))
+            await asyncio.sleep(1.0)
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            deadline = time.monotonic() + 15
+            while len(broken()) < 1:
+                assert time.monotonic() < deadline, "no record of the whole-body request the client left"
+                await asyncio.sleep(0.05)
+            path, body = speech_request("openai", LOAD_TEXT, 400)
+            async with http.post(server.url + path, json=body, headers=bearer("broken")) as r:
+                assert r.status == 200
+                got = len(await r.content.readany())
+                r.close()                   # gone, the rest unread
+            while len(broken()) < 2:
+                assert time.monotonic() < deadline + 15, "no record of the streamed request the client left"
+                await asyncio.sleep(0.05)
+            return got / PCM_BYTES_S
+    got_s = run(go())
+    whole, streamed = broken()
+    assert (whole["api"], whole["characters"], whole["audio_s"]) == ("openai", len(LOAD_TEXT), 0), whole
+    assert 0 < got_s <= streamed["audio_s"] <= got_s + 1.0 + FRAME_S, (got_s, streamed)
+    assert streamed["audio_s"] < 400 * FRAME_S / 4          # it ended when the client left, not at its length
 
 
 def test_sigkill_mid_load_loses_no_usage_record_and_counts_none_twice(tiny_base_checkpoint, tmp_path):
