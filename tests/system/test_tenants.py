@@ -236,11 +236,12 @@ def test_a_tenants_voice_cap_holds_for_it_alone_in_each_clone_apis_shape(server)
 
 
 def test_a_foreign_voice_id_takes_as_long_as_an_unknown_one(server):
-    """An existence leak through timing: on the OpenAI and ElevenLabs clone (get, delete) and speak endpoints,
-    another tenant's voice id and an id never stored are asked in turn with a second set of the unknown id, in random
-    order; the foreign id's median answer time must be within the noise (the gap between the two unknown sets' medians,
-    at least 0.25 ms: a file read or a parse on the foreign path alone is more). Another load on the machine can shift
-    one set's median: an endpoint is measured again, up to ATTEMPTS times, before it fails; a leak fails every time."""
+    """An existence leak through timing: on the OpenAI and ElevenLabs clone (get, delete) and speak endpoints and
+    Cartesia's get and speak, another tenant's voice id and an id never stored are asked in turn with a second set of
+    the unknown id, in random order; the foreign id's median answer time must be within the noise (the gap between
+    the two unknown sets' medians, at least 0.25 ms: a file read or a parse on the foreign path alone is more).
+    Another load on the machine can shift one set's median: an endpoint is measured again, up to `attempts` times,
+    before it fails; a leak fails every time."""
     url, tries, attempts = server.url, 80, 3
     rng = random.Random(5)
     endpoints = {
@@ -250,7 +251,13 @@ def test_a_foreign_voice_id_takes_as_long_as_an_unknown_one(server):
                                                                 "response_format": "pcm"}),
         "elevenlabs get": ("GET", "/v1/voices/{}", None),
         "elevenlabs delete": ("DELETE", "/v1/voices/{}", None),
-        "elevenlabs speak": ("POST", "/v1/text-to-speech/{}?output_format=pcm_24000", lambda v: {"text": TEXT})}
+        "elevenlabs speak": ("POST", "/v1/text-to-speech/{}?output_format=pcm_24000", lambda v: {"text": TEXT}),
+        "cartesia get": ("GET", "/voices/{}", None),
+        "cartesia speak": ("POST", "/tts/bytes", lambda v: {"model_id": "sonic", "transcript": TEXT,
+                                                            "voice": {"mode": "id", "id": v},
+                                                            "output_format": {"container": "raw",
+                                                                              "encoding": "pcm_s16le",
+                                                                              "sample_rate": 24000}})}
 
     async def go():
         async with aiohttp.ClientSession() as http:
