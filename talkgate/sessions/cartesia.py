@@ -14,7 +14,8 @@ import base64
 from talkgate.codecs import ENCODINGS as CODECS
 from talkgate.sessions.actions import BUSY, Close, Send, dumps, http_status, send_json
 from talkgate.sessions.alignment import Timeline
-from talkgate.sessions.fields import SessionError, field_of, show
+from talkgate.sessions.expression import emotion_phrase
+from talkgate.sessions.fields import SessionError, field_of, integer, number, show
 from talkgate.sessions.http import HttpSpeech, Respond, sse
 from talkgate.sessions.models import Models
 from talkgate.sessions.session import (
@@ -29,6 +30,8 @@ ENCODINGS = {"pcm_s16le": "pcm_s16le", "pcm_f32le": "pcm_f32le", "pcm_mulaw": "m
 PCM_RATES = (8000, 16000, 22050, 24000, 44100, 48000)
 MP3_BITRATES = (32000, 64000, 96000, 128000, 192000)
 STATUS = 206
+SPEEDS = {"slow": 0.8, "normal": 1.0, "fast": 1.2}  # the older top-level `speed` (Sonic-2) as a tempo
+MAX_BUFFER_DELAY_MS = 5000
 
 
 
@@ -77,10 +80,43 @@ def voice_id(voice: object, cid: str | None) -> str:
     return voice["id"]
 
 
+def controls(msg: dict, cid: str | None) -> dict:
+    """A generation request's delivery controls as ContextConfig fields: `generation_config` {speed (0.6 to 1.5: a
+    pitch-kept tempo), volume (0.5 to 2: a gain), emotion (an instruction phrase: expression.py)}, the older
+    top-level `speed` (slow, normal, fast); and the fields checked and met as they stand: `max_buffer_delay_ms`
+    (talkgate never holds text back to fill a buffer), `use_normalized_timestamps` (no text normalization here: the
+    normalized text is the transcript), `add_phoneme_timestamps` (refused: no phonemizer)."""
+    out: dict = {}
+    named = field_of(msg, "speed", str, None, cid)
+    if named is not None:
+        if named not in SPEEDS:
+            raise SessionError("invalid_request", f"speed {show(named)} must be slow, normal or fast", cid)
+        out["speed"] = SPEEDS[named]
+    config = field_of(msg, "generation_config", dict, {}, cid)
+    try:
+        speed = number(config, "speed", 0.6, 1.5, context_id=cid, code="invalid_generation_config")
+        volume = number(config, "volume", 0.5, 2.0, context_id=cid, code="invalid_generation_config")
+        emotion = field_of(config, "emotion", str, None, cid)
+    except SessionError as e:
+        raise SessionError("invalid_generation_config", f"generation_config: {e.message}", cid) from None
+    if speed is not None:
+        out["speed"] = speed
+    if volume is not None:
+        out["volume"] = volume
+    if emotion is not None and (phrase := emotion_phrase(emotion, cid)) is not None:
+        out["expression"] = (phrase,)
+    integer(msg, "max_buffer_delay_ms", 0, MAX_BUFFER_DELAY_MS, context_id=cid, code="invalid_request")
+    field_of(msg, "use_normalized_timestamps", bool, False, cid)
+    if field_of(msg, "add_phoneme_timestamps", bool, False, cid):
+        raise SessionError("phoneme_timestamps_unsupported", "add_phoneme_timestamps is not supported: this server "
+                           "has no phonemizer (word timestamps: add_timestamps)", cid)
+    return out
+
+
 def context_config(msg: dict, cid: str | None, models: Models, voices: VoiceMap,
                    containers: tuple[str, ...] = ("raw",)) -> dict:
-    """The context settings of a generation request (model, voice, format, language), as ContextConfig fields.
-    `model_id`: a served model's name, or Cartesia's (sonic-2, ...: the default's alias)."""
+    """The context settings of a generation request (model, voice, format, language, `controls`), as ContextConfig
+    fields. `model_id`: a served model's name, or Cartesia's (sonic-2, ...: the default's alias)."""
     model = field_of(msg, "model_id", str, None, cid)
     info = models.info_for(model, cid)
     try:
@@ -89,7 +125,7 @@ def context_config(msg: dict, cid: str | None, models: Models, voices: VoiceMap,
         raise SessionError("voice_not_found", str(e), cid) from None
     fmt = parse_output_format(msg.get("output_format"), cid, containers)
     language = resolve_language(field_of(msg, "language", str, None, cid), info.languages)
-    return {"voice": name, "format": fmt, "language": language, "model": model}
+    return {"voice": name, "format": fmt, "language": language, "model": model, **controls(msg, cid)}
 
 
 class CartesiaProtocol(UtteranceProtocol):
@@ -212,7 +248,6 @@ def parse_http_request(body: object, models: Models, voices: VoiceMap, max_chars
         raise SessionError("invalid_request", "transcript is empty")
     if len(text) > max_chars:
         raise SessionError("text_too_long", f"transcript is limited to {max_chars} characters")
-    field_of(body, "generation_config", dict)
     own = {"context_id": field_of(body, "context_id", str) if events else None,
            "add_timestamps": field_of(body, "add_timestamps", bool, False) if events else False}
     return text, context_config(body, None, models, voices, HTTP_CONTAINERS), own

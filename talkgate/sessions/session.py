@@ -23,8 +23,11 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Callable, Iterator
 
+import numpy as np
+
 from talkgate.codecs import FormatError, make_stream_encoder
 from talkgate.codecs.tempo import MAX_SPEED, MIN_SPEED, TempoStretcher
+from talkgate.sessions.expression import instructions, unsupported
 from talkgate.sessions.fields import SessionError, show
 from talkgate.sessions.limits import Limits
 from talkgate.sessions.models import Model, Models, model_name
@@ -36,6 +39,7 @@ from talkgate.synth.api import (
 )
 from talkgate.synth.request import text_seconds
 
+MAX_VOLUME = 4.0                # the largest gain a context takes (Cartesia's volume reaches 2, DashScope's 100 is 2)
 PLAYER_TOLERANCE_S = 0.001      # a player's stall shorter than this is not an underrun (loadgen/measure.py's too)
 
 
@@ -66,6 +70,8 @@ class ContextConfig:
     sampling: SamplingParams = field(default_factory=SamplingParams)
     fixed_frames: int | None = None
     speed: float = 1.0          # tempo of the delivered audio (pitch kept): 0.25 to 4
+    volume: float = 1.0         # gain of the delivered audio, 0 to MAX_VOLUME; clipped to full scale
+    expression: tuple[str, ...] = ()    # vendors' emotion / style controls as instruction phrases (expression.py)
     model: str | None = None    # a served model's name or a vendor's alias (sessions/models.py); None: by the voice
 
 
@@ -151,6 +157,7 @@ class _Context:
     encoder: object
     tokenizer: object               # synth.tokenizer.StreamingTokenizer
     tempo: object | None = None     # codecs.tempo.TempoStretcher when speed != 1
+    gain: float = 1.0               # the context's volume
     state: State = State.OPEN
     held: list | None = None        # its engine commands while the engine makes its voice (Reference)
     params: ContextParams | None = None     # its OpenContext's, until then
@@ -254,6 +261,10 @@ class Session:
                                f"{', '.join(info.languages)}", context_id)
         if not MIN_SPEED <= cfg.speed <= MAX_SPEED:
             raise SessionError("invalid_params", f"speed must be between {MIN_SPEED} and {MAX_SPEED}", context_id)
+        if not 0.0 <= cfg.volume <= MAX_VOLUME:
+            raise SessionError("invalid_params", f"volume must be between 0 and {MAX_VOLUME:g}", context_id)
+        if cfg.expression and not info.takes_instructions:
+            raise unsupported(cfg.expression, info.model_type, info.size, context_id)
         if cfg.fixed_frames is not None and not (1 <= cfg.fixed_frames <= 100_000):
             raise SessionError("invalid_params", "fixed_frames must be between 1 and 100000", context_id)
         if cfg.sampling.seed is not None and not seed_fits(cfg.sampling.seed):
@@ -286,7 +297,8 @@ class Session:
             raise SessionError(refused.code, refused.message, context_id)
         ctx = _Context(context_id, self._next_stream, next(self.contexts), _encoder(cfg.format), self.new_tokenizer(),
                        None if cfg.speed == 1.0 else TempoStretcher(cfg.speed),
-                       model=None if model is self.models.default else model.name)   # None: the default's engine
+                       model=None if model is self.models.default else model.name,   # None: the default's engine
+                       gain=cfg.volume)
         self._next_stream += 1
         self._by_id[context_id] = self._by_context[ctx.context] = self._by_stream[ctx.stream] = ctx
         self.observer.started()
@@ -294,7 +306,8 @@ class Session:
         voice, prompt = (self.voices.resolve(cfg.voice, context_id, model.info) if cfg.voice is not None
                          else (None, None))
         params = ContextParams(voice=None if prompt is not None else voice, voice_prompt=prompt,
-                               language=cfg.language, instructions=cfg.instructions, sampling=cfg.sampling,
+                               language=cfg.language, instructions=instructions(cfg.instructions, cfg.expression),
+                               sampling=cfg.sampling,
                                fixed_frames=cfg.fixed_frames)
         if cfg.reference is not None:       # the context opens once its voice is made (VoiceMade)
             ctx.held, ctx.params = [], replace(params, voice=None)
@@ -478,7 +491,7 @@ class Session:
         now = self.clock()
         ctx.frames = chunk.first_frame + chunk.n_frames
         pcm = chunk.pcm if ctx.tempo is None else ctx.tempo.process(chunk.pcm)
-        events: list[SessionEvent] = self._encoded(ctx, ctx.encoder.encode, pcm)
+        events: list[SessionEvent] = self._encoded(ctx, self._gained(ctx), pcm)
         self.observer.audio(chunk.n_frames)
         if ctx.ttfa_ms is None and events:
             ctx.t_first_audio = now
@@ -486,6 +499,14 @@ class Session:
             self.observer.first_audio(ctx.ttfa_ms)
             events.append(FirstAudio(ctx.context_id, ctx.ttfa_ms, ctx.frames, round(ctx.audio_ms_emitted, 1)))
         return events
+
+    @staticmethod
+    def _gained(ctx: _Context):
+        """The context's encode with its volume applied first: a gain, clipped to full scale."""
+        if ctx.gain == 1.0:
+            return ctx.encoder.encode
+        gain = np.float32(ctx.gain)
+        return lambda pcm: ctx.encoder.encode(np.clip(pcm * gain, -1.0, 1.0))
 
     def _encoded(self, ctx: _Context, encode, *pcm) -> list[SessionEvent]:
         """Run one encoder call (encode(pcm), drain() or flush()) and turn its packets into AudioOut events."""
@@ -502,12 +523,12 @@ class Session:
         once all of its audio is out), and the next segment starts a fresh stretcher at the same speed."""
         if ctx.tempo is None:
             return []
-        events = self._encoded(ctx, ctx.encoder.encode, ctx.tempo.flush())
+        events = self._encoded(ctx, self._gained(ctx), ctx.tempo.flush())
         ctx.tempo = TempoStretcher(ctx.tempo.speed)
         return events
 
     def _finish(self, ctx: _Context, reason: str, engine_done: bool = False) -> list[SessionEvent]:
-        events = [] if ctx.tempo is None else self._encoded(ctx, ctx.encoder.encode, ctx.tempo.flush())
+        events = [] if ctx.tempo is None else self._encoded(ctx, self._gained(ctx), ctx.tempo.flush())
         events += self._encoded(ctx, ctx.encoder.flush)
         self._end(ctx, reason, engine_done)
         events.append(ContextFinished(ctx.context_id, ctx.stream, reason, ctx.frames,

@@ -199,6 +199,12 @@ class ModelInfo:
         key = made_by.get("voice_key")
         return self.clones and (not key or key == self.voice_key)
 
+    @property
+    def takes_instructions(self) -> bool:
+        """VoiceDesign and CustomVoice above 0.6B read instructions; 0.6B CustomVoice ignores them, Base refuses them
+        (synth/prompt.py's rule)."""
+        return self.model_type == "voice_design" or (self.model_type == "custom_voice" and self.size not in "0b6")
+
     def as_dict(self) -> dict:
         d = {k: getattr(self, k) for k in self.__dataclass_fields__}
         d["voices"], d["languages"], d["clones"] = list(self.voices), list(self.languages), self.clones

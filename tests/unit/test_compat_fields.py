@@ -1,0 +1,140 @@
+"""The vendors' delivery fields (issue 48 item 3), Sans-I/O: speed -> the pitch-kept tempo, volume -> a clipped gain,
+emotion / style -> the instruction the engine is given (sessions/expression.py's table), and each vendor's refusals
+in its own shape. Engine events are built in the test (tests/compat_harness.py)."""
+from __future__ import annotations
+
+import base64
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from talkgate.sessions.cartesia import CartesiaProtocol
+from talkgate.sessions.expression import EMOTIONS, emotion_phrase, style_phrase
+from talkgate.sessions.models import Model, Models
+from talkgate.sessions.voices import VoiceMap
+from talkgate.synth.api import FRAME_SAMPLES, OpenContext
+from tests.compat_harness import INFO, Harness, jsons, pcm
+
+VOICE = "11111111-2222-3333-4444-555555555555"
+F32 = {"container": "raw", "encoding": "pcm_f32le", "sample_rate": 24000}
+BASE = Models([Model("base", replace(INFO, name="base", model_type="base", voices=()))])
+SMALL = Models([Model("small", replace(INFO, name="small", size="0b6"))])
+
+
+def params(h: Harness):
+    return [c.params for c in h.commands if isinstance(c, OpenContext)]
+
+
+# ----- Cartesia -----
+def cartesia(tokenizer, models: Models | None = None):
+    voices = VoiceMap({"cartesia": {VOICE: INFO.voices[0]}})
+    h = Harness(tokenizer, lambda s: CartesiaProtocol(s, "s1", voices), models=models)
+    assert h.ready() == []
+    return h
+
+
+def request(cid, transcript, cont=False, **extra):
+    return {"context_id": cid, "model_id": "sonic-3", "transcript": transcript, "continue": cont,
+            "voice": {"mode": "id", "id": VOICE}, "output_format": F32, **extra}
+
+
+def cartesia_pcm(h: Harness, cid: str) -> np.ndarray:
+    out = jsons(h.deliver())
+    assert out[-1]["type"] == "done" and out[-1]["context_id"] == cid
+    return np.frombuffer(b"".join(base64.b64decode(m["data"]) for m in out if m["type"] == "chunk"), np.float32)
+
+
+@pytest.mark.parametrize("speed", [0.6, 1.0, 1.5])
+def test_cartesia_generation_config_speed_is_the_tempo(tokenizer, speed):
+    h = cartesia(tokenizer)
+    h.send(request("c", "Hello there. ", generation_config={"speed": speed}))
+    h.finish(6)
+    assert len(cartesia_pcm(h, "c")) == round(6 * FRAME_SAMPLES / speed)
+
+
+def test_cartesia_named_speed_and_generation_config_wins(tokenizer):
+    h = cartesia(tokenizer)
+    h.send(request("a", "Hello there. ", speed="fast"))
+    h.send(request("b", "Hello there. ", speed="slow", generation_config={"speed": 1.5}))
+    h.finish(6)
+    out = jsons(h.deliver())
+    sizes = {cid: sum(len(base64.b64decode(m["data"])) // 4 for m in out if m["type"] == "chunk"
+                      and m["context_id"] == cid) for cid in "ab"}
+    assert sizes == {"a": round(6 * FRAME_SAMPLES / 1.2), "b": round(6 * FRAME_SAMPLES / 1.5)}
+
+
+def test_cartesia_volume_is_a_clipped_gain(tokenizer):
+    h = cartesia(tokenizer)
+    h.send(request("c", "Hello there. ", generation_config={"volume": 2.0}))
+    h.finish(3)
+    expected = np.clip(2 * np.concatenate([pcm(i) for i in range(3)]), -1, 1)
+    assert np.array_equal(cartesia_pcm(h, "c"), expected.astype(np.float32))
+    # a gain past full scale is clipped, never wrapped
+    h = cartesia(tokenizer)
+    h.send(request("c", "Hi. ", generation_config={"volume": 2.0}))
+    (ctx,) = h.opened()
+    from talkgate.synth.api import AudioChunk, ContextDone
+    h.event(AudioChunk(ctx, np.full(FRAME_SAMPLES, 0.75, np.float32), 0, 1, 0.0))
+    h.event(ContextDone(ctx, "eos", 1))
+    assert np.all(cartesia_pcm(h, "c") == 1.0)
+
+
+def test_cartesia_emotion_is_an_instruction(tokenizer):
+    h = cartesia(tokenizer)
+    h.send(request("a", "Hi. ", generation_config={"emotion": "angry"}))
+    h.send(request("b", "Hi. ", generation_config={"emotion": "anxious", "speed": 1.0}))
+    h.send(request("n", "Hi. ", generation_config={"emotion": "neutral"}))
+    assert [p.instructions for p in params(h)] == ["Speak in an angry tone.", "Speak in an anxious tone.", None]
+
+
+@pytest.mark.parametrize("models", [BASE, SMALL], ids=["base", "0.6B"])
+def test_cartesia_emotion_refused_where_the_model_takes_no_instructions(tokenizer, models):
+    h = Harness(tokenizer, lambda s: CartesiaProtocol(s, "s1", VoiceMap({"cartesia": {VOICE: None}})),
+                models=models)
+    h.send(request("c", "Hi. ", generation_config={"emotion": "sad"}))
+    (err,) = h.queued()
+    assert err["type"] == "error" and err["error_code"] == "expression_unsupported" and err["context_id"] == "c"
+    assert err["done"] is True and err["status_code"] == 400 and h.live() == []
+    h.send(request("d", "Hi. ", generation_config={"emotion": "neutral", "volume": 1.5}))    # neutral works
+    assert len(h.live()) == 1
+
+
+@pytest.mark.parametrize("extra, code", [
+    ({"generation_config": {"speed": 2.0}}, "invalid_generation_config"),
+    ({"generation_config": {"volume": 0.1}}, "invalid_generation_config"),
+    ({"generation_config": {"volume": "loud"}}, "invalid_generation_config"),
+    ({"generation_config": {"emotion": "grumpy"}}, "invalid_generation_config"),
+    ({"generation_config": [1]}, "invalid_message"),
+    ({"speed": "ludicrous"}, "invalid_request"),
+    ({"max_buffer_delay_ms": 6000}, "invalid_request"),
+    ({"max_buffer_delay_ms": 1.5}, "invalid_message"),
+    ({"use_normalized_timestamps": "yes"}, "invalid_message"),
+    ({"add_phoneme_timestamps": True}, "phoneme_timestamps_unsupported"),
+])
+def test_cartesia_bad_fields_are_cartesia_errors(tokenizer, extra, code):
+    h = cartesia(tokenizer)
+    h.send(request("c", "Hi. ", **extra))
+    (err,) = h.queued()
+    assert err["type"] == "error" and err["error_code"] == code and err["context_id"] == "c" and err["done"] is True
+    assert h.live() == []
+
+
+def test_cartesia_buffer_delay_and_normalized_timestamps_are_met(tokenizer):
+    """max_buffer_delay_ms bounds the wait for text: talkgate sends the text on at once (max_buffer_delay_ms 0 or
+    5000 alike); use_normalized_timestamps: the normalized text is the transcript."""
+    for delay in (0, 5000):
+        h = cartesia(tokenizer)
+        h.send(request("c", "Hello there ", cont=True, max_buffer_delay_ms=delay, add_timestamps=True,
+                       use_normalized_timestamps=True))
+        (ctx,) = h.opened()
+        assert h.text_ids(ctx)          # the first words went to the engine before the context's input ended
+        h.send(request("c", "", cont=False))
+        h.finish(8)
+        words = [w for m in jsons(h.deliver()) if m["type"] == "timestamps" for w in m["word_timestamps"]["words"]]
+        assert words == ["Hello", "there"]
+
+
+def test_expression_table():
+    assert emotion_phrase("Neutral") is None and all(emotion_phrase(e) for e in EMOTIONS if e != "neutral")
+    assert style_phrase(0.0) is None and style_phrase(0.2) != style_phrase(0.5) != style_phrase(1.0)
