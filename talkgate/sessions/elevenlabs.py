@@ -20,7 +20,8 @@ import numpy as np
 from talkgate.codecs import ENCODINGS, FormatError, make_stream_encoder
 from talkgate.sessions.actions import Close, Send, close_code, dumps, send_json
 from talkgate.sessions.alignment import Timeline
-from talkgate.sessions.fields import SessionError, field_of, integer, query_int, show
+from talkgate.sessions.expression import style_phrase
+from talkgate.sessions.fields import SessionError, field_of, integer, number, query_int, show
 from talkgate.sessions.http import HttpSpeech, Respond
 from talkgate.sessions.models import Models
 from talkgate.sessions.session import (
@@ -70,6 +71,51 @@ def parse_output_format(name: str) -> OutputFormat:
 
 
 
+SPEED_RANGE = (0.7, 1.2)        # voice_settings.speed, as ElevenLabs takes it
+QUERY_FLAGS = ("sync_alignment", "auto_mode", "enable_ssml_parsing", "enable_logging")
+NORMALIZATION = ("auto", "on", "off")
+CHUNK_LENGTHS = (50, 500)       # generation_config.chunk_length_schedule: each entry, ElevenLabs' range
+
+
+def voice_settings(msg: dict, cid: str | None = None) -> dict:
+    """`voice_settings` as ContextConfig fields: `speed` (0.7 to 1.2) is the pitch-kept tempo, `style` (0 to 1) an
+    instruction phrase (sessions/expression.py); `stability`, `similarity_boost` (0 to 1) and `use_speaker_boost`
+    are checked and have no counterpart in the model (docs/compat.md). Raises SessionError invalid_voice_settings."""
+    settings = field_of(msg, "voice_settings", dict, {}, cid)
+    try:
+        for name in ("stability", "similarity_boost"):
+            number(settings, name, 0.0, 1.0, context_id=cid)
+        field_of(settings, "use_speaker_boost", bool, None, cid)
+        speed = number(settings, "speed", *SPEED_RANGE, context_id=cid)
+        style = number(settings, "style", 0.0, 1.0, context_id=cid)
+    except SessionError as e:
+        raise SessionError("invalid_voice_settings", f"voice_settings: {e.message}", cid) from None
+    out: dict = {} if speed is None else {"speed": speed}
+    if style is not None and (phrase := style_phrase(style)) is not None:
+        out["expression"] = (phrase,)
+    return out
+
+
+def generation_config(msg: dict, cid: str | None = None) -> None:
+    """`generation_config.chunk_length_schedule` checked (a list of integers from 50 to 500). ElevenLabs waits for
+    that much text before it generates; talkgate generates from the first word the tokenizer commits, which is never
+    later, so the schedule is met as it stands (docs/compat.md)."""
+    config = field_of(msg, "generation_config", dict, {}, cid)
+    schedule = config.get("chunk_length_schedule")
+    if schedule is not None and (not isinstance(schedule, list) or not schedule or not all(
+            isinstance(n, int) and not isinstance(n, bool) and CHUNK_LENGTHS[0] <= n <= CHUNK_LENGTHS[1]
+            for n in schedule)):
+        raise SessionError("invalid_generation_config", "generation_config.chunk_length_schedule must be a list of "
+                           f"integers from {CHUNK_LENGTHS[0]} to {CHUNK_LENGTHS[1]}", cid)
+
+
+def normalization(value: str | None) -> None:
+    """`apply_text_normalization`: auto, on or off. The model reads numbers and symbols itself (its own
+    normalization, always on): checked, nothing to switch."""
+    if value is not None and value not in NORMALIZATION:
+        raise SessionError("invalid_request", f"apply_text_normalization {show(value)} must be auto, on or off")
+
+
 class ElevenLabsProtocol(UtteranceProtocol):
     def __init__(self, session: Session, session_id: str, voice_id: str, query: dict[str, str],
                  voices: VoiceMap, multi: bool, authenticate: Callable[[str], VoiceScope | None] | None = None):
@@ -113,6 +159,10 @@ class ElevenLabsProtocol(UtteranceProtocol):
             raise SessionError("invalid_inactivity_timeout",
                                f"inactivity_timeout must be an integer from 1 to {MAX_INACTIVITY_S} seconds")
         self.idle_timeout_s = float(timeout)
+        for flag in QUERY_FLAGS:
+            if query.get(flag, "false").lower() not in ("true", "false"):
+                raise SessionError("invalid_request", f"{flag} must be true or false")
+        normalization(query.get("apply_text_normalization"))
         seed = query.get("seed")
         if seed is not None and (seed := query_int(seed, 0, (1 << 64) - 1)) is None:
             raise SessionError("invalid_seed", "seed must be an integer from 0 to 2^64 - 1")
@@ -192,8 +242,9 @@ class ElevenLabsProtocol(UtteranceProtocol):
         return self._input(SINGLE, text, flush, msg)
 
     def _input(self, cid: str, text: str | None, flush: bool, msg: dict) -> list:
-        field_of(msg, "voice_settings", dict, context_id=cid)     # accepted, not applicable
-        field_of(msg, "generation_config", dict, context_id=cid)
+        settings = voice_settings(msg, cid)      # a context's own from its opening message on
+        generation_config(msg, cid)
+        field_of(msg, "try_trigger_generation", bool, context_id=cid)     # the model starts as early as it can anyway
         events: list[Event] = []
         if cid not in self.utterances:
             if text == "" and not flush:
@@ -202,7 +253,7 @@ class ElevenLabsProtocol(UtteranceProtocol):
             if sum(not u.ended for u in self.utterances.by_key.values()) >= MAX_CONTEXTS:
                 return self._fatal("max_active_conversations", f"Maximum simultaneous contexts ({MAX_CONTEXTS}) "
                                    "exceeded: close a context before opening another")
-            self.utterances.open(cid)
+            self.utterances.open(cid, **settings)
             if text is not None and not text.strip():
                 text = ""           # the opening " " only opens the context
         if text:
@@ -322,16 +373,17 @@ def parse_http_request(voice_id: str, query: dict[str, str], body: object, model
     latency = query.get("optimize_streaming_latency")
     if latency is not None and query_int(latency, 0, LATENCY_LEVELS[-1]) is None:
         raise SessionError("invalid_request", "optimize_streaming_latency must be an integer from 0 to 4")
-    for name in ("language_code", "previous_text", "next_text", "apply_text_normalization"):
+    for name in ("language_code", "previous_text", "next_text"):
         field_of(body, name, str)
-    for name in ("voice_settings", "audio_effects"):
-        field_of(body, name, dict)
+    normalization(field_of(body, "apply_text_normalization", str))
+    field_of(body, "audio_effects", dict)
+    settings = voice_settings(body)
     for name in ("pronunciation_dictionary_locators", "previous_request_ids", "next_request_ids"):
         field_of(body, name, list)
     seed = integer(body, "seed", 0, MAX_SEED, code="invalid_request")
     config = ContextConfig(voice=voice, language=resolve_language(field_of(body, "language_code", str),
                                                                   info.languages),
-                           format=http_format(output), sampling=SamplingParams(seed=seed), model=model)
+                           format=http_format(output), sampling=SamplingParams(seed=seed), model=model, **settings)
     return text, config, output
 
 

@@ -138,3 +138,96 @@ def test_cartesia_buffer_delay_and_normalized_timestamps_are_met(tokenizer):
 def test_expression_table():
     assert emotion_phrase("Neutral") is None and all(emotion_phrase(e) for e in EMOTIONS if e != "neutral")
     assert style_phrase(0.0) is None and style_phrase(0.2) != style_phrase(0.5) != style_phrase(1.0)
+
+
+# ----- ElevenLabs -----
+def elevenlabs(tokenizer, query=None, multi=True, models=None):
+    from talkgate.sessions.elevenlabs import ElevenLabsProtocol
+    voices = VoiceMap({"elevenlabs": {"v1": None}})
+    q = {"output_format": "pcm_24000", **(query or {})}
+    h = Harness(tokenizer, lambda s: ElevenLabsProtocol(s, "s1", "v1", q, voices, multi), models=models)
+    h.ready()
+    return h
+
+
+def elevenlabs_samples(items, cid="c1") -> int:
+    return sum(len(base64.b64decode(m["audio"])) // 2 for m in jsons(items) if m.get("audio")
+               and m.get("contextId", cid) == cid)
+
+
+def test_elevenlabs_voice_settings_speed_and_style_per_context(tokenizer):
+    h = elevenlabs(tokenizer)
+    h.send({"text": " ", "context_id": "c1", "voice_settings": {"speed": 1.2, "stability": 0.3,
+                                                                 "similarity_boost": 0.8, "use_speaker_boost": True}})
+    h.send({"text": " ", "context_id": "c2", "voice_settings": {"style": 0.9, "speed": 0.7}})
+    h.send({"text": " ", "context_id": "c3", "voice_settings": {"style": 0.0}})
+    for cid in ("c1", "c2", "c3"):
+        h.send({"text": "Hello there. ", "context_id": cid, "flush": True})
+        h.send({"context_id": cid, "close_context": True})
+    h.finish(6)
+    out = h.deliver()
+    assert [elevenlabs_samples(out, c) for c in ("c1", "c2", "c3")] == [
+        round(6 * FRAME_SAMPLES / 1.2), round(6 * FRAME_SAMPLES / 0.7), 6 * FRAME_SAMPLES]
+    assert [p.instructions for p in params(h)] == [None, "Speak very expressively, with exaggerated emotion.", None]
+    # the alignment estimate runs at the context's speed: its characters end within the faster audio
+    spans = [m["alignment"] for m in jsons(out) if m.get("alignment") and m.get("contextId") == "c1"]
+    assert sum(s["charStartTimesMs"][-1] + s["charDurationsMs"][-1] for s in spans) <= 6 * 80 / 1.2 + 1
+
+
+def test_elevenlabs_stream_input_first_message_settings(tokenizer):
+    h = elevenlabs(tokenizer, multi=False, query={"sync_alignment": "true", "auto_mode": "true",
+                                                  "apply_text_normalization": "off", "enable_ssml_parsing": "false"})
+    h.send({"text": " ", "voice_settings": {"speed": 0.8},
+            "generation_config": {"chunk_length_schedule": [120, 160, 250, 290]}})
+    h.send({"text": "Hello there. ", "try_trigger_generation": True})
+    (ctx,) = h.opened()
+    assert h.text_ids(ctx)          # streamed before the schedule's 120 characters
+    h.send({"text": ""})
+    h.finish(4)
+    out = h.deliver()
+    assert elevenlabs_samples(out) == round(4 * FRAME_SAMPLES / 0.8) and jsons(out)[-1] == {"isFinal": True}
+
+
+@pytest.mark.parametrize("msg, code", [
+    ({"voice_settings": {"speed": 1.5}}, "invalid_voice_settings"),
+    ({"voice_settings": {"stability": 2}}, "invalid_voice_settings"),
+    ({"voice_settings": {"style": "a lot"}}, "invalid_voice_settings"),
+    ({"voice_settings": {"use_speaker_boost": 1}}, "invalid_voice_settings"),
+    ({"generation_config": {"chunk_length_schedule": [10]}}, "invalid_generation_config"),
+    ({"generation_config": {"chunk_length_schedule": "120"}}, "invalid_generation_config"),
+])
+def test_elevenlabs_bad_settings_are_elevenlabs_errors(tokenizer, msg, code):
+    h = elevenlabs(tokenizer)
+    h.send({"text": " ", "context_id": "c1", **msg})
+    (err,) = h.queued()
+    assert err == {"message": err["message"], "error": code, "code": 1008, "contextId": "c1"} and h.live() == []
+
+
+@pytest.mark.parametrize("query", [{"sync_alignment": "yes"}, {"auto_mode": "1"}, {"enable_ssml_parsing": "maybe"},
+                                   {"apply_text_normalization": "sometimes"}])
+def test_elevenlabs_bad_query_closes(tokenizer, query):
+    h = elevenlabs(tokenizer, query)
+    (err,) = h.queued()
+    assert err["error"] == "invalid_request" and h.close.code == 1008
+
+
+def test_elevenlabs_style_refused_on_base(tokenizer):
+    h = elevenlabs(tokenizer, models=BASE)
+    h.send({"text": " ", "context_id": "c1", "voice_settings": {"style": 0.5}})
+    h.send({"text": "Hello. ", "context_id": "c1"})
+    err = jsons(h.queued())
+    assert err[0]["error"] == "expression_unsupported" and err[-1] == {"isFinal": True, "contextId": "c1"}
+
+
+def test_elevenlabs_http_voice_settings():
+    from talkgate.sessions.elevenlabs import parse_http_request
+    from talkgate.sessions.fields import SessionError
+    from tests.compat_harness import ONE_MODEL
+    voices = VoiceMap({"elevenlabs": {"v1": None}})
+    _, cfg, _ = parse_http_request("v1", {}, {"text": "Hi.", "voice_settings": {"speed": 1.1, "style": 0.5},
+                                              "previous_text": "Before.", "next_text": "After.",
+                                              "apply_text_normalization": "on"}, ONE_MODEL, voices, 100)
+    assert cfg.speed == 1.1 and cfg.expression == ("Speak expressively.",)
+    for body in ({"voice_settings": {"speed": 0.5}}, {"apply_text_normalization": "always"}, {"previous_text": 3}):
+        with pytest.raises(SessionError):
+            parse_http_request("v1", {}, {"text": "Hi.", **body}, ONE_MODEL, voices, 100)
