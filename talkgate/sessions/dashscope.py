@@ -359,11 +359,12 @@ def _session_config(body: dict, current: Settings, voices: VoiceMap, info) -> tu
     speed = checked(number, "speech_rate", 0.5, 2.0)
     if speed is not None:
         config["speed"] = extra["speech_rate"] = speed
-    # checked as DashScope checks them; not applied (docs/compat.md): talkgate has no gain or pitch shift
-    for name, read, lo, hi in (("volume", integer, 0, 100), ("pitch_rate", number, 0.5, 2.0)):
-        value = checked(read, name, lo, hi)
-        if value is not None:
-            extra[name] = value
+    volume = checked(integer, "volume", 0, 100)     # 50 is the voice's own loudness: a gain of volume / 50
+    if volume is not None:
+        config["volume"], extra["volume"] = volume / 50, volume
+    pitch = checked(number, "pitch_rate", 0.5, 2.0)  # checked as DashScope checks it; not applied: no pitch shift
+    if pitch is not None:
+        extra["pitch_rate"] = pitch
     language = text("language_type")
     if language is not None:
         config["language"] = resolve_language(language, info.languages)

@@ -10,6 +10,8 @@ samples. Client mistakes are answered the Deepgram way: a close frame whose reas
 """
 from __future__ import annotations
 
+import re
+
 from talkgate.codecs import ENCODINGS as CODECS
 from talkgate.sessions.actions import Close, close_code, dumps, send_json
 from talkgate.sessions.fields import SessionError, field_of, query_int, show
@@ -24,6 +26,31 @@ RATES = {"linear16": (8000, 16000, 24000, 32000, 48000), "mulaw": (8000,), "alaw
 DEFAULT_MODEL = "aura-2-thalia-en"
 STREAM = "speak"
 MAX_SPEAK_CHARS = 2000      # Deepgram's limit on the text of one Speak message
+SPEED = (0.7, 1.5)          # Aura-2's `speed` on /v1/speak (WebSocket and REST)
+DECIMAL = re.compile(r"-?[0-9]{1,4}(\.[0-9]{1,8})?\Z")
+
+
+def speed_fault(speed: float, lo: float, hi: float, step: float | None = None) -> tuple[str, str] | None:
+    """Deepgram's error code and description for a speed it refuses, else None."""
+    if not lo <= speed <= hi:
+        return "SPEED_OUT_OF_RANGE", f"speed {speed:g} is outside {lo:g} to {hi:g}"
+    if step is not None and abs(speed / step - round(speed / step)) > 1e-6:
+        return "SPEED_INCREMENT_INVALID", f"speed {speed:g} is not a multiple of {step:g}"
+    return None
+
+
+def query_speed(query: dict[str, str], lo: float, hi: float, step: float | None = None) -> float | None:
+    """The query's `speed` (None: not given): a decimal number in [lo, hi] (a multiple of `step`); raises
+    SessionError with Deepgram's code. Applied as the pitch-kept tempo."""
+    if "speed" not in query:
+        return None
+    if not DECIMAL.match(query["speed"]):
+        raise SessionError("SPEED_OUT_OF_RANGE", f"speed {show(query['speed'])} is not a number from {lo:g} to {hi:g}")
+    speed = float(query["speed"])
+    fault = speed_fault(speed, lo, hi, step)
+    if fault is not None:
+        raise SessionError(*fault)
+    return speed
 
 
 def stream_format(query: dict[str, str], rates: dict[str, tuple[int, ...]]) -> AudioFormat:
@@ -91,7 +118,8 @@ class DeepgramProtocol(UtteranceProtocol):
         self.startup_error: SessionError | None = None
         try:
             served, voice = served_model(self.model, session.models, voices)
-            self.session.configure(voice=voice, format=parse_query(query), model=served)
+            self.session.configure(voice=voice, format=parse_query(query), model=served,
+                                   speed=query_speed(query, *SPEED) or 1.0)
         except SessionError as e:
             self.startup_error = e
 
@@ -229,7 +257,8 @@ def parse_rest_request(query: dict[str, str], body: object, models: Models,
         raise SessionError("INVALID_REQUEST", f"text is limited to {MAX_REST_CHARS} characters")
     model = query.get("model", DEFAULT_MODEL)
     served, voice = served_model(model, models, voices)
-    return text, model, ContextConfig(voice=voice, format=parse_rest_query(query), model=served)
+    return text, model, ContextConfig(voice=voice, format=parse_rest_query(query), model=served,
+                                      speed=query_speed(query, *SPEED) or 1.0)
 
 
 def rest_error(status: int, code: str, message: str, request_id: str | None = None) -> Respond:

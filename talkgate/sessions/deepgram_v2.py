@@ -22,13 +22,13 @@ its speed), at once when none is. Client mistakes are Deepgram's `Error` message
 from __future__ import annotations
 
 import itertools
-import re
 from collections import deque
 from dataclasses import dataclass
 
 from talkgate.sessions.actions import Close, close_code, send_json
 from talkgate.sessions.alignment import CHARS_PER_SECOND
-from talkgate.sessions.deepgram import served_model, speak_text, stream_format
+from talkgate.sessions.deepgram import DECIMAL, query_speed, served_model, speak_text, speed_fault, stream_format
+from talkgate.sessions.expression import expressivity_phrase, unsupported
 from talkgate.sessions.fields import SessionError, field_of, show
 from talkgate.sessions.models import Models
 from talkgate.sessions.session import AudioFormat, ContextCancelled, ContextError, Session
@@ -46,7 +46,6 @@ CONTROLS_APPLIED = {"pronunciations_applied": 0, "breaks_applied": 0, "pronuncia
 ERROR_CODES = {"invalid_json": "MESSAGE-0000", "invalid_message": "MESSAGE-0000", "unknown_type": "MESSAGE-0000",
                "message_too_large": "BIG-0000", "text_too_long": "BIG-0000", "too_many_flushes": "BIG-0000",
                "binary_message": "DATA-0000"}
-_DECIMAL = re.compile(r"-?[0-9]{1,4}(\.[0-9]{1,8})?\Z")
 
 
 @dataclass(frozen=True)
@@ -56,16 +55,8 @@ class Settings:
     voice: str | None
     format: AudioFormat
     speed: float | None         # None: not set
+    expression: tuple[str, ...]   # `expressivity` as an instruction phrase (expression.py)
     served_model: str | None    # the served model `model` names (deepgram.py served_model); None: its voice's
-
-
-def speed_fault(speed: float) -> tuple[str, str] | None:
-    """Deepgram's ConfigureFailure code and description for a speed it refuses, else None."""
-    if not MIN_SPEED <= speed <= MAX_SPEED:
-        return "SPEED_OUT_OF_RANGE", f"speed {speed:g} is outside {MIN_SPEED:g} to {MAX_SPEED:g}"
-    if abs(speed / SPEED_STEP - round(speed / SPEED_STEP)) > 1e-6:
-        return "SPEED_INCREMENT_INVALID", f"speed {speed:g} is not a multiple of {SPEED_STEP:g}"
-    return None
 
 
 def parse_query(query: dict[str, str], models: Models, voices: VoiceMap) -> Settings:
@@ -75,23 +66,22 @@ def parse_query(query: dict[str, str], models: Models, voices: VoiceMap) -> Sett
         raise SessionError("INVALID_MODEL", "model is required (flux-{voice}-{language})")
     served, voice = served_model(model, models, voices)
     fmt = stream_format(query, RATES)
-    speed = None
-    if "speed" in query:
-        if not _DECIMAL.match(query["speed"]):
-            raise SessionError("SPEED_OUT_OF_RANGE", f"speed {show(query['speed'])} is not a number from "
-                               f"{MIN_SPEED:g} to {MAX_SPEED:g}")
-        speed = float(query["speed"])
-        fault = speed_fault(speed)
-        if fault is not None:
-            raise SessionError(*fault)
-    if "expressivity" in query:        # checked as Deepgram checks it; not applied (docs/compat.md)
+    speed = query_speed(query, MIN_SPEED, MAX_SPEED, SPEED_STEP)
+    expression: tuple[str, ...] = ()
+    if "expressivity" in query:        # checked as Deepgram checks it; an instruction (expression.py)
         text = query["expressivity"]
-        value = float(text) if _DECIMAL.match(text) else None
+        value = float(text) if DECIMAL.match(text) else None
         if value is None or not EXPRESSIVITY[0] <= value <= EXPRESSIVITY[-1]:
             raise SessionError("EXPRESSIVITY_OUT_OF_RANGE", f"expressivity {show(text)} is not from -2 to 2")
         if value not in EXPRESSIVITY:
             raise SessionError("EXPRESSIVITY_INCREMENT_INVALID", f"expressivity {show(text)} is not an integer")
-    return Settings(model, voice, fmt, speed, served)
+        phrase = expressivity_phrase(int(value))
+        info = models.route(served, voice).info
+        if phrase is not None and not info.takes_instructions:
+            raise SessionError("EXPRESSIVITY_UNSUPPORTED",
+                               unsupported((phrase,), info.model_type, info.size, None).message)
+        expression = () if phrase is None else (phrase,)
+    return Settings(model, voice, fmt, speed, expression, served)
 
 
 @dataclass(eq=False)
@@ -126,7 +116,7 @@ class DeepgramV2Protocol(UtteranceProtocol):
         self.model = settings.model
         self.speed = settings.speed         # as set on this session (ConfigureSuccess reports it)
         session.configure(voice=settings.voice, format=settings.format, speed=settings.speed or 1.0,
-                          model=settings.served_model)
+                          expression=settings.expression, model=settings.served_model)
         self.turns: deque[Turn] = deque()   # not finished: the one being spoken first; bounded by the utterance's
                                             # flushes (MAX_FLUSHES)
         self.history: deque[Turn] = deque(maxlen=TURN_HISTORY)
@@ -234,7 +224,7 @@ class DeepgramV2Protocol(UtteranceProtocol):
     def _configure(self, msg: dict) -> list:
         speed = field_of(msg, "speed", (int, float))
         if speed is not None:
-            fault = speed_fault(speed)
+            fault = speed_fault(speed, MIN_SPEED, MAX_SPEED, SPEED_STEP)
             if fault is not None:
                 return [send_json({"type": "ConfigureFailure", "code": fault[0], "field": "speed", "value": speed,
                                    "description": fault[1]}, error=fault[0])]

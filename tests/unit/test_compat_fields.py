@@ -231,3 +231,62 @@ def test_elevenlabs_http_voice_settings():
     for body in ({"voice_settings": {"speed": 0.5}}, {"apply_text_normalization": "always"}, {"previous_text": 3}):
         with pytest.raises(SessionError):
             parse_http_request("v1", {}, {"text": "Hi.", **body}, ONE_MODEL, voices, 100)
+
+
+# ----- Deepgram -----
+def test_deepgram_v1_socket_speed(tokenizer):
+    from talkgate.sessions.deepgram import DeepgramProtocol
+    voices = VoiceMap({"deepgram": {"aura-test": None}})
+    h = Harness(tokenizer, lambda s: DeepgramProtocol(s, "s1", {"model": "aura-test", "speed": "1.25"}, voices))
+    h.ready()
+    h.send({"type": "Speak", "text": "Hello there."})
+    h.send({"type": "Close"})
+    h.finish(5)
+    audio = b"".join(m for m in h.deliver() if isinstance(m, bytes))
+    assert len(audio) == 2 * round(5 * FRAME_SAMPLES / 1.25) and h.close.code == 1000
+
+
+@pytest.mark.parametrize("speed, code", [("2", "SPEED_OUT_OF_RANGE"), ("0.5", "SPEED_OUT_OF_RANGE"),
+                                         ("fast", "SPEED_OUT_OF_RANGE")])
+def test_deepgram_v1_bad_speed(tokenizer, speed, code):
+    from talkgate.sessions.deepgram import DeepgramProtocol, parse_rest_request
+    from talkgate.sessions.fields import SessionError
+    from tests.compat_harness import ONE_MODEL
+    voices = VoiceMap({"deepgram": {"aura-test": None}})
+    h = Harness(tokenizer, lambda s: DeepgramProtocol(s, "s1", {"model": "aura-test", "speed": speed}, voices))
+    h.ready()
+    assert h.close.code == 1008 and h.close.reason.startswith(code)
+    with pytest.raises(SessionError) as e:
+        parse_rest_request({"model": "aura-test", "speed": speed}, {"text": "Hi."}, ONE_MODEL, voices)
+    assert e.value.code == code
+    assert parse_rest_request({"model": "aura-test", "speed": "0.7"}, {"text": "Hi."}, ONE_MODEL,
+                              voices)[2].speed == 0.7
+
+
+def test_deepgram_flux_expressivity_is_an_instruction():
+    from talkgate.sessions.deepgram_v2 import parse_query
+    from talkgate.sessions.fields import SessionError
+    from tests.compat_harness import ONE_MODEL
+    voices = VoiceMap({"deepgram": {"flux-test-en": None}})
+    assert parse_query({"model": "flux-test-en", "expressivity": "2"}, ONE_MODEL, voices).expression == (
+        "Speak very expressively, animated.",)
+    assert parse_query({"model": "flux-test-en", "expressivity": "0"}, BASE, voices).expression == ()
+    with pytest.raises(SessionError) as e:
+        parse_query({"model": "flux-test-en", "expressivity": "-1"}, BASE, voices)
+    assert e.value.code == "EXPRESSIVITY_UNSUPPORTED"
+
+
+# ----- DashScope -----
+def test_dashscope_volume_is_a_gain(tokenizer):
+    from talkgate.sessions.dashscope import DashScopeProtocol
+    for volume, gain in ((50, 1.0), (100, 2.0), (0, 0.0), (25, 0.5)):
+        h = Harness(tokenizer, lambda s: DashScopeProtocol(s, "s1", "qwen-tts-realtime", VoiceMap()))
+        h.ready()
+        h.send({"type": "session.update", "session": {"volume": volume, "response_format": "pcm"}})
+        h.send({"type": "input_text_buffer.append", "text": "Hello."})
+        h.send({"type": "session.finish"})
+        h.finish(2)
+        out = [m for m in h.deliver() if m["type"] == "response.audio.delta"]
+        got = np.frombuffer(b"".join(base64.b64decode(m["delta"]) for m in out), np.int16)
+        want = np.clip(gain * np.concatenate([pcm(0), pcm(1)]), -1, 1)
+        assert np.abs(got / 32767 - want).max() < 1e-3, volume
