@@ -27,8 +27,10 @@ from talkgate.synth.api import (
 from talkgate.synth.checkpoint import LANGUAGES, SPEAKERS
 from talkgate.synth.tokenizer import StreamingTokenizer
 
-# what a custom_voice checkpoint made by talkgate's writer reports (the sessions check against it)
+# what a custom_voice checkpoint made by talkgate's writer reports (the sessions check against it), as a 1.7B one that
+# reads instructions (the vendors' emotion and style controls are instructions: sessions/expression.py)
 INFO = ModelInfo(name="tiny", model_type="custom_voice", size="tiny", untrained=True, end_of_speech="text_length_rule",
+                 takes_instructions=True,
                  voices=tuple(SPEAKERS),
                  languages=("auto",) + tuple(name for name in LANGUAGES if "dialect" not in name))
 

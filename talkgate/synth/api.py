@@ -183,6 +183,7 @@ class ModelInfo:
     # a Base checkpoint's voice prompts' maker: a digest of its speaker encoder's and speech tokenizer encoder's
     # weights as stored ("" for other variants); a VoicePrompt is valid on the models of the same voice_key (speaks)
     voice_key: str = ""
+    takes_instructions: bool = False    # the model reads instructions (synth/prompt.py takes_instructions)
 
     @property
     def clones(self) -> bool:
@@ -198,12 +199,6 @@ class ModelInfo:
         voice keys were recorded is taken on any Base model (the engine refuses an x-vector of another size)."""
         key = made_by.get("voice_key")
         return self.clones and (not key or key == self.voice_key)
-
-    @property
-    def takes_instructions(self) -> bool:
-        """VoiceDesign and CustomVoice above 0.6B read instructions; 0.6B CustomVoice ignores them, Base refuses them
-        (synth/prompt.py's rule)."""
-        return self.model_type == "voice_design" or (self.model_type == "custom_voice" and self.size not in "0b6")
 
     def as_dict(self) -> dict:
         d = {k: getattr(self, k) for k in self.__dataclass_fields__}

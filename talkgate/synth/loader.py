@@ -36,7 +36,7 @@ from talkgate.synth.codec_decoder import load_codec_decoder
 from talkgate.synth.codec_encoder import CodecEncoder, load_codec_encoder
 from talkgate.synth.config import ConfigError, GenerationConfig, TTSConfig
 from talkgate.synth.model import CodePredictor, Talker, fuse_projections
-from talkgate.synth.prompt import Prompts
+from talkgate.synth.prompt import Prompts, takes_instructions
 from talkgate.synth.speaker_encoder import SpeakerEncoder
 from talkgate.synth.speech_tokenizer import CodecCheckpointError, digest
 from talkgate.synth.tokenizer import QwenTokenizer
@@ -220,7 +220,8 @@ def load_tts(path_or_id: str | os.PathLike, device: str | torch.device = "cpu", 
                      voices=prompts.voices, languages=prompts.languages, device=str(device),
                      dtype=str(dtype).removeprefix("torch."),
                      end_of_speech=end_of_speech(config.untrained, untrained_length),
-                     voice_key=voice_key(speaker_digest, codec_encoder))
+                     voice_key=voice_key(speaker_digest, codec_encoder),
+                     takes_instructions=takes_instructions(config))
     return LoadedTTS(talker=talker, code_predictor=predictor, codec_decoder=decoder, config=config,
                      generation_config=generation, tokenizer=tokenizer, prompts=prompts, info=info, path=root,
                      speaker_encoder=speaker, codec_encoder=codec_encoder)

@@ -58,6 +58,12 @@ CLONE_MAX_PROMPT = 3 + 6 + MAX_REF_FRAMES + 1
 CODEBOOK_SIZE = 2048
 
 
+def takes_instructions(cfg) -> bool:
+    """The checkpoint (its config.py config) reads instructions: VoiceDesign, and CustomVoice but 0.6B's (the
+    reference gives 0.6B CustomVoice none); Base refuses them."""
+    return cfg.model_type == "voice_design" or (cfg.model_type == "custom_voice" and cfg.model_size not in "0b6")
+
+
 @dataclass(frozen=True)
 class Prompt:
     """A resolved context prompt: everything of the prefill but the text track."""
@@ -111,7 +117,7 @@ class Prompts:
         instructions = params.instructions or ""
         if instructions and cfg.model_type == "base":
             raise InvalidParams("the base (voice clone) model takes no instructions")
-        if cfg.model_type == "custom_voice" and cfg.model_size in "0b6":
+        if cfg.model_type == "custom_voice" and not takes_instructions(cfg):
             instructions = ""                      # as the reference: no instructions for 0.6B CustomVoice
         instruction_ids = self.instruction_ids(instructions) if instructions else ()
         ref_text_ids = self._check_clone(clone) if clone is not None else ()

@@ -555,3 +555,30 @@ def test_dashscope_wrong_key_and_no_model(server, tls):
         connect(url, ssl=tls, additional_headers={"Authorization": f"Bearer {KEY}"})
     assert refused.value.response.status_code == 400
     assert json.loads(refused.value.response.body)["code"] == "InvalidParameter"
+
+
+
+# ----- emotion and instructions on this 0.6B checkpoint (the fields themselves: test_compat_fields.py) -----
+def test_instructions_on_a_checkpoint_without_them(server, http):
+    """0.6B CustomVoice: OpenAI's instructions are ignored as the reference ignores them (the same seed makes the
+    same audio); a vendor's emotion or style is refused in the vendor's shape, never dropped."""
+    import cartesia
+    import openai
+    speech = openai.OpenAI(api_key=KEY, base_url=f"{server.url}/v1", http_client=http).audio.speech
+
+    def say(**kw) -> bytes:
+        return speech.create(model="gpt-4o-mini-tts", voice="alloy", input=TEXT, response_format="pcm",
+                             extra_body={"seed": 7}, **kw).read()
+
+    assert say() == say(instructions="Speak calmly.")
+    with pytest.raises(cartesia.BadRequestError) as e:
+        cartesia_client(server, http).tts.generate(
+            model_id="sonic-3", transcript=TEXT, voice="ryan", generation_config={"emotion": "sad"},
+            output_format={"container": "raw", "encoding": "pcm_s16le", "sample_rate": 24000})
+    assert e.value.body["error_code"] == "expression_unsupported"
+    from elevenlabs import VoiceSettings
+    from elevenlabs.core.api_error import ApiError
+    with pytest.raises(ApiError) as e:
+        b"".join(elevenlabs_client(server, http).text_to_speech.convert(
+            "21m00Tcm4TlvDq8ikWAM", text=TEXT, voice_settings=VoiceSettings(style=0.5)))
+    assert e.value.status_code == 400 and e.value.body["detail"]["status"] == "expression_unsupported"

@@ -18,8 +18,8 @@ from tests.compat_harness import INFO, Harness, jsons, pcm
 
 VOICE = "11111111-2222-3333-4444-555555555555"
 F32 = {"container": "raw", "encoding": "pcm_f32le", "sample_rate": 24000}
-BASE = Models([Model("base", replace(INFO, name="base", model_type="base", voices=()))])
-SMALL = Models([Model("small", replace(INFO, name="small", size="0b6"))])
+BASE = Models([Model("base", replace(INFO, name="base", model_type="base", voices=(), takes_instructions=False))])
+SMALL = Models([Model("small", replace(INFO, name="small", size="0b6", takes_instructions=False))])
 
 
 def params(h: Harness):
