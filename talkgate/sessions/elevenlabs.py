@@ -18,6 +18,7 @@ from typing import Callable
 import numpy as np
 
 from talkgate.codecs import ENCODINGS, FormatError, make_stream_encoder
+from talkgate.codecs.tempo import MAX_SPEED, MIN_SPEED
 from talkgate.sessions.actions import Close, Send, close_code, dumps, send_json
 from talkgate.sessions.alignment import Timeline
 from talkgate.sessions.expression import style_phrase
@@ -27,6 +28,7 @@ from talkgate.sessions.models import Models
 from talkgate.sessions.session import (
     AudioFormat, AudioOut, ContextCancelled, ContextConfig, ContextError, ContextFinished, Session,
 )
+from talkgate.sessions.ssml import Pause, SsmlError, SsmlReader
 from talkgate.sessions.utterances import (
     Audio, Event, SegmentDone, UtteranceDone, UtteranceProtocol,
 )
@@ -129,6 +131,8 @@ class ElevenLabsProtocol(UtteranceProtocol):
         self.output = OutputFormat(AudioFormat())
         self.encoders: dict[str, tuple] = {}    # context -> (mp3 / Ogg Opus encoder, its last stream)
         self.startup_error: SessionError | None = None
+        self.ssml: dict[str, tuple[SsmlReader, float]] | None = None    # enable_ssml_parsing: context -> its
+                                                                         # reader and its own speed
         self.voice_id, self.query = voice_id, query
         if authenticate is None:
             self._start(voices)
@@ -163,6 +167,7 @@ class ElevenLabsProtocol(UtteranceProtocol):
             if query.get(flag, "false").lower() not in ("true", "false"):
                 raise SessionError("invalid_request", f"{flag} must be true or false")
         normalization(query.get("apply_text_normalization"))
+        self.ssml = {} if query.get("enable_ssml_parsing", "false").lower() == "true" else None
         seed = query.get("seed")
         if seed is not None and (seed := query_int(seed, 0, (1 << 64) - 1)) is None:
             raise SessionError("invalid_seed", "seed must be an integer from 0 to 2^64 - 1")
@@ -238,7 +243,7 @@ class ElevenLabsProtocol(UtteranceProtocol):
             raise SessionError("invalid_message", "a message needs text (\"\" ends the input) or flush")
         if text == "" and not flush:
             self.closing = True
-            return self._wire(self.utterances.end(SINGLE))
+            return self._ssml_end(SINGLE) + self._wire(self.utterances.end(SINGLE))
         return self._input(SINGLE, text, flush, msg)
 
     def _input(self, cid: str, text: str | None, flush: bool, msg: dict) -> list:
@@ -254,9 +259,13 @@ class ElevenLabsProtocol(UtteranceProtocol):
                 return self._fatal("max_active_conversations", f"Maximum simultaneous contexts ({MAX_CONTEXTS}) "
                                    "exceeded: close a context before opening another")
             self.utterances.open(cid, **settings)
+            if self.ssml is not None:
+                self.ssml[cid] = (SsmlReader(), settings.get("speed", self.session.defaults.speed))
             if text is not None and not text.strip():
                 text = ""           # the opening " " only opens the context
-        if text:
+        if text and self.ssml is not None and cid in self.ssml:
+            events += self._ssml(cid, text)
+        elif text:
             events += self.utterances.append(cid, text)
         if flush and cid in self.utterances:
             events += self.utterances.flush(cid)
@@ -269,7 +278,40 @@ class ElevenLabsProtocol(UtteranceProtocol):
         if utt.open_chars:
             events = self.utterances.cancel(cid)     # barge-in: text not flushed
             return self._wire(events) + [self._final(cid)]
-        return self._wire(self.utterances.end(cid))
+        return self._ssml_end(cid) + self._wire(self.utterances.end(cid))
+
+    def _ssml(self, cid: str, text: str) -> list[Event]:
+        """Text with SSML (sessions/ssml.py): its text appended, its breaks and rates at the boundaries they mark."""
+        reader, speed = self.ssml[cid]
+        try:
+            items = reader.feed(text)
+        except SsmlError as e:
+            raise SessionError("invalid_ssml", f"{e}: the message's text from that tag on is not spoken", cid) from None
+        events: list[Event] = []
+        for item in items:
+            if cid not in self.utterances:      # it failed meanwhile
+                break
+            if isinstance(item, str):
+                events += self.utterances.append(cid, item)
+            elif isinstance(item, Pause):
+                events += self.utterances.boundary(cid, pause_ms=item.ms)
+            else:
+                rate = speed * item.factor
+                if not MIN_SPEED <= rate <= MAX_SPEED:
+                    raise SessionError("invalid_ssml", f"<prosody rate> makes the speed {rate:g}: talkgate's is "
+                                       f"{MIN_SPEED:g} to {MAX_SPEED:g}", cid)
+                events += self.utterances.boundary(cid, speed=rate)
+        return events
+
+    def _ssml_end(self, cid: str) -> list:
+        """The end of a context's SSML: a tag left open is the client's mistake, said (the context still ends)."""
+        entry = self.ssml.pop(cid, None) if self.ssml is not None else None
+        try:
+            if entry is not None:
+                entry[0].finish()
+        except SsmlError as e:
+            return [self._error("invalid_ssml", str(e), cid if self.multi else None)]
+        return []
 
     # ----- utterance events -> wire -----
     def _wire(self, events: list[Event]) -> list:
@@ -281,15 +323,19 @@ class ElevenLabsProtocol(UtteranceProtocol):
                 if ev.span is not None:     # characters the estimate had not placed yet
                     out.append(send_json(self._message(ev.key, None, ev.span)))
             elif isinstance(ev, UtteranceDone):
+                self._ssml_end(ev.key)
                 out += self._encoder_tail(ev.key)
                 out.append(self._final(ev.key))
                 if not self.multi:
                     out.append(Close(1000, "done"))
             elif isinstance(ev, ContextCancelled):
                 self.encoders.pop(ev.context_id, None)
+                self._ssml_end(ev.context_id)
                 out += self._purges(ev.context_id, ev.stream)
             elif isinstance(ev, ContextError):
                 self.encoders.pop(ev.context_id, None)
+                if ev.fatal:
+                    self._ssml_end(ev.context_id)
                 out += self._purges(ev.context_id, ev.stream)
                 out.append(self._error(ev.code, ev.message, ev.context_id if self.multi else None))
                 if ev.fatal and ev.context_id is not None:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import enum
 import itertools
 import time
+from collections import deque
 from dataclasses import dataclass, field, replace
 from typing import Callable, Iterator
 
@@ -175,6 +176,7 @@ class _Context:
                                                     # player waits for the next text there by design, not an underrun
     audio_ms_delivered: float = 0.0     # taken by the client (left the server's socket buffer)
     text_tokens: int = 0                # text token ids handed to the engine
+    boundaries: deque = field(default_factory=deque)    # [pause ms, speed or None] of each flush not yet spoken
 
 
 def _encoder(fmt: AudioFormat):
@@ -356,10 +358,11 @@ class Session:
         self._text(ctx, EndText(ctx.context, tuple(tail)))
         return []
 
-    def flush_text(self, context_id: str) -> list:
+    def flush_text(self, context_id: str, pause_ms: float = 0.0, speed: float | None = None) -> list:
         """Speak the text so far and keep the context open for more (the compatible APIs' flush): the
         tokenizer's held-back tail goes out with FlushText, and the engine's TextSpoken follows that audio. The text
-        limit counts from here anew."""
+        limit counts from here anew. At the flush's end `pause_ms` of silence follows its audio, and the text after
+        it is spoken at `speed` (None: as before): SSML's break and prosody rate."""
         ctx = self._get(context_id)
         if ctx.state is not State.OPEN:
             raise SessionError("context_closed", f"context {context_id!r} was flushed: start a new context "
@@ -370,8 +373,22 @@ class Session:
             self._end(ctx, "failed")
             raise
         ctx.text_chars = 0
+        ctx.boundaries.append([pause_ms, speed])
         self._text(ctx, FlushText(ctx.context, tuple(tail)))
         return []
+
+    def at_boundary(self, context_id: str, pause_ms: float = 0.0, speed: float | None = None) -> list:
+        """A pause and a speed where the context's text stands, every character of it flushed: at the end of the
+        last flush not yet spoken, else now (its audio is all out)."""
+        ctx = self._get(context_id)
+        if ctx.boundaries:
+            last = ctx.boundaries[-1]
+            last[0] += pause_ms
+            last[1] = speed if speed is not None else last[1]
+            return []
+        if speed is not None:
+            self.set_speed(context_id, speed)
+        return self._silence(ctx, pause_ms)
 
     def set_speed(self, context_id: str, speed: float) -> None:
         """The context's audio from here on is at `speed` (a pitch-kept tempo, 0.25 to 4). For a change between two
@@ -473,7 +490,9 @@ class Session:
             if isinstance(ev, AudioChunk):
                 return self._audio(ctx, ev)
             if isinstance(ev, TextSpoken):
-                events = self._tempo_tail(ctx) + self._encoded(ctx, ctx.encoder.drain)
+                pause_ms, speed = ctx.boundaries.popleft() if ctx.boundaries else (0.0, None)
+                events = (self._tempo_tail(ctx, speed) + self._silence(ctx, pause_ms)
+                          + self._encoded(ctx, ctx.encoder.drain))
                 ctx.spoken_ms.append(ctx.audio_ms_emitted)
                 return events + [FlushSpoken(ctx.context_id, ctx.stream, ev.reason, ev.frames,
                                              round(ctx.audio_ms_emitted, 1))]
@@ -518,14 +537,17 @@ class Session:
             ctx.audio_ms_emitted += packet.ms
         return events
 
-    def _tempo_tail(self, ctx: _Context) -> list[SessionEvent]:
+    def _tempo_tail(self, ctx: _Context, speed: float | None = None) -> list[SessionEvent]:
         """At a flush's end: the audio the tempo stretcher still holds goes out with its segment (a flush is answered
-        once all of its audio is out), and the next segment starts a fresh stretcher at the same speed."""
-        if ctx.tempo is None:
-            return []
-        events = self._encoded(ctx, self._gained(ctx), ctx.tempo.flush())
-        ctx.tempo = TempoStretcher(ctx.tempo.speed)
+        once all of its audio is out), and the next segment starts a fresh stretcher at `speed` (None: the same)."""
+        events = [] if ctx.tempo is None else self._encoded(ctx, self._gained(ctx), ctx.tempo.flush())
+        speed = speed if speed is not None else ctx.tempo.speed if ctx.tempo is not None else 1.0
+        ctx.tempo = None if speed == 1.0 else TempoStretcher(speed)
         return events
+
+    def _silence(self, ctx: _Context, ms: float) -> list[SessionEvent]:
+        samples = round(ms * self.info.sample_rate / 1000)
+        return self._encoded(ctx, ctx.encoder.encode, np.zeros(samples, np.float32)) if samples > 0 else []
 
     def _finish(self, ctx: _Context, reason: str, engine_done: bool = False) -> list[SessionEvent]:
         events = [] if ctx.tempo is None else self._encoded(ctx, self._gained(ctx), ctx.tempo.flush())

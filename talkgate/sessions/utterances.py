@@ -135,9 +135,10 @@ class Utterances:
             return self._rekey(events) + self._fail(utt, e.code, e.message)
         return self._rekey(events)
 
-    def flush(self, key: str, tag: object = None) -> list[Event]:
+    def flush(self, key: str, tag: object = None, pause_ms: float = 0.0, speed: float | None = None) -> list[Event]:
         """Speak what was sent so far. With a tag, a flush with nothing new still yields its SegmentDone
-        (in order, after the audio before it)."""
+        (in order, after the audio before it). `pause_ms` of silence after it and `speed` from there on (SSML: see
+        boundary)."""
         utt = self._get(key)
         if utt.ended:                   # the end of input speaks everything: nothing left to flush
             return []
@@ -149,7 +150,20 @@ class Utterances:
             raise SessionError("too_many_flushes", f"over {MAX_FLUSHES} flushes waiting in context {key!r}", key)
         utt.flushes.append([tag, utt.open_chars])
         utt.open_chars = 0
-        return self._rekey(self.session.flush_text(utt.sid))
+        return self._rekey(self.session.flush_text(utt.sid, pause_ms, speed))
+
+    def boundary(self, key: str, pause_ms: float = 0.0, speed: float | None = None) -> list[Event]:
+        """A pause and a speed where the utterance's text stands (SSML's break and prosody rate): a flush of its open
+        text carrying them, or on the last flush, or now; before any text, the speed is its context's. The
+        contexts it moves to later take `speed` too."""
+        utt = self._get(key)
+        if speed is not None:
+            utt.overrides["speed"] = speed
+        if utt.open_chars:
+            return self.flush(key, None, pause_ms, speed)
+        if utt.sid is None or utt.ended:
+            return []
+        return self._rekey(self.session.at_boundary(utt.sid, pause_ms, speed))
 
     def end(self, key: str) -> list[Event]:
         """No more input: speak the rest, then UtteranceDone."""

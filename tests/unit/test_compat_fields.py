@@ -290,3 +290,53 @@ def test_dashscope_volume_is_a_gain(tokenizer):
         got = np.frombuffer(b"".join(base64.b64decode(m["delta"]) for m in out), np.int16)
         want = np.clip(gain * np.concatenate([pcm(0), pcm(1)]), -1, 1)
         assert np.abs(got / 32767 - want).max() < 1e-3, volume
+
+
+# ----- SSML (ElevenLabs enable_ssml_parsing) -----
+def test_ssml_reader_subset_across_deltas():
+    from talkgate.sessions.ssml import Pause, Rate, SsmlError, SsmlReader
+    r = SsmlReader()
+    items = [i for part in ('<speak>Call &amp; <brea', 'k time="1.5s"/><break strength="weak"/>now, ',
+                            '<prosody rate="slow">code <say-as interpret-as="characters">AB1</say-as>',
+                            '<prosody rate="50%">x</prosody></prosody> done.</speak>') for i in r.feed(part)]
+    assert items == ["Call & ", Pause(1700.0), "now, ", Rate(0.8), "code  A B 1 ", Rate(0.4), "x", Rate(0.8),
+                     Rate(1.0), " done."]
+    assert r.finish() == []
+    for bad in ('<phoneme alphabet="ipa" ph="x">a</phoneme>', '<break time="9s"/>', '<prosody rate="5%">',
+                '<say-as interpret-as="date">1/2</say-as>', '</prosody>', '<prosody pitch="high">'):
+        with pytest.raises(SsmlError):
+            SsmlReader().feed(bad)
+    r = SsmlReader()
+    r.feed("open <say-as interpret-as=\"digits\">12")
+    with pytest.raises(SsmlError):
+        r.finish()
+
+
+def test_elevenlabs_ssml_break_is_silence_and_rate_is_tempo(tokenizer):
+    from talkgate.synth.api import AppendText, FlushText
+    h = elevenlabs(tokenizer, {"enable_ssml_parsing": "true"})
+    h.send({"text": " ", "context_id": "c1"})
+    h.send({"text": 'One <break time="500ms"/>two <prosody rate="50%">three</prosody>', "context_id": "c1",
+            "flush": True})
+    (ctx,) = h.opened()
+    text = tokenizer.decode(h.text_ids(ctx))
+    assert text.replace(" ", "") == "Onetwothree" and "<" not in text
+    assert [type(c) for c in h.commands if isinstance(c, (AppendText, FlushText))].count(FlushText) == 3
+    for _ in range(3):                      # each segment: 2 frames, then its flush's end
+        h.answer(ctx, 2)
+    out = h.deliver()
+    # "One ", 500 ms of silence, "two ", "three" at half speed (the client's flush adds nothing: the last
+    # </prosody> rides on the flush before it)
+    assert elevenlabs_samples(out) == 2 * FRAME_SAMPLES + 12000 + 2 * FRAME_SAMPLES + round(2 * FRAME_SAMPLES / 0.5)
+    h.send({"text": "four", "context_id": "c1", "flush": True})
+    h.answer(ctx, 2)
+    assert elevenlabs_samples(h.deliver()) == 2 * FRAME_SAMPLES      # at the context's own speed again
+    audio = np.frombuffer(b"".join(base64.b64decode(m["audio"]) for m in jsons(out) if m.get("audio")), np.int16)
+    assert not audio[2 * FRAME_SAMPLES:2 * FRAME_SAMPLES + 12000].any()
+    h.send({"text": "<phoneme ph='x'>a</phoneme>", "context_id": "c1"})
+    (err,) = h.queued()
+    assert err["error"] == "invalid_ssml" and err["contextId"] == "c1"
+    # without enable_ssml_parsing, tags are text
+    h = elevenlabs(tokenizer)
+    h.send({"text": 'One <break time="500ms"/>', "context_id": "c1", "flush": True})
+    assert tokenizer.decode(h.text_ids(h.opened()[0])) == 'One <break time="500ms"/>'
