@@ -46,8 +46,9 @@ class Word:
 
 
 class Timeline:
-    def __init__(self, chars_per_second: float = CHARS_PER_SECOND):
-        self.ms_per_char = 1000.0 / chars_per_second
+    def __init__(self, chars_per_second: float = CHARS_PER_SECOND, speed: float = 1.0):
+        """`speed`: the delivered audio's tempo (sessions/session.py): the characters go that much faster."""
+        self.ms_per_char = 1000.0 / (chars_per_second * speed)
         self.pending: deque[str] = deque()    # characters handed to the engine, not yet placed
         self.audio_ms = 0.0         # audio so far
         self.cursor_ms = 0.0        # estimated start of the next character

@@ -276,7 +276,7 @@ class CartesiaSpeech(HttpSpeech):
         super().__init__(session, text, streamed=True)
         self.events, self.context_id, self.add_timestamps = events, context_id, add_timestamps
         self.content_type = "text/event-stream" if events else CODECS[fmt.encoding][1]
-        self.timeline = Timeline()
+        self.timeline = Timeline(speed=session.defaults.speed)
         self.timeline.add_text(text)
 
     def body(self, ev: AudioOut) -> list[bytes]:

@@ -448,7 +448,7 @@ class ElevenLabsSpeech(HttpSpeech):
         self.timestamps = timestamps
         fmt = http_format(output)
         self.content_type = "application/json" if timestamps else ENCODINGS[fmt.encoding][1]
-        self.timeline = Timeline()
+        self.timeline = Timeline(speed=session.defaults.speed)
         self.timeline.add_text(text)
         self.spans: list = []               # the whole response's alignment
 

@@ -24,7 +24,7 @@ from collections import deque
 from dataclasses import dataclass, field, replace
 
 from talkgate.sessions.actions import Action, Purge, Send
-from talkgate.sessions.alignment import CHARS_PER_SECOND, CharSpan, Timeline, Word
+from talkgate.sessions.alignment import CharSpan, Timeline, Word
 from talkgate.sessions.fields import SessionError, load_message
 from talkgate.sessions.protocol import SocketProtocol
 from talkgate.sessions.session import (
@@ -106,7 +106,7 @@ class Utterances:
                                "finish or cancel one first", key)
         # the estimate speaks the characters at the context's speed (its delivered audio is that much shorter)
         speed = overrides.get("speed", self.session.defaults.speed)
-        utt = self.by_key[key] = Utterance(key, overrides, timeline=Timeline(CHARS_PER_SECOND * speed))
+        utt = self.by_key[key] = Utterance(key, overrides, timeline=Timeline(speed=speed))
         return utt
 
     def append(self, key: str, text: str) -> list[Event]:

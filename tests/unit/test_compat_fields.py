@@ -340,3 +340,31 @@ def test_elevenlabs_ssml_break_is_silence_and_rate_is_tempo(tokenizer):
     h = elevenlabs(tokenizer)
     h.send({"text": 'One <break time="500ms"/>', "context_id": "c1", "flush": True})
     assert tokenizer.decode(h.text_ids(h.opened()[0])) == 'One <break time="500ms"/>'
+
+
+def test_http_alignment_at_the_speed(tokenizer):
+    """ElevenLabs with-timestamps: the estimate speaks the characters at the request's speed, so all of them are
+    placed within the shorter audio (none left over at its end)."""
+    import json
+
+    from talkgate.sessions.elevenlabs import ElevenLabsSpeech, parse_http_request
+    from talkgate.sessions.http import Respond
+    from talkgate.sessions.limits import Limits
+    from talkgate.sessions.session import Session
+    from talkgate.synth.api import AudioChunk, ContextDone
+    from talkgate.synth.tokenizer import StreamingTokenizer
+    from tests.compat_harness import ONE_MODEL
+    text = "Hi there, you ok"          # 16 characters: 1.14 s at 14 a second, 0.95 s at speed 1.2
+    _, cfg, output = parse_http_request("v1", {"output_format": "pcm_24000"}, {
+        "text": text, "voice_settings": {"speed": 1.2}}, ONE_MODEL, VoiceMap({"elevenlabs": {"v1": None}}), 100)
+    s = Session(INFO, Limits(), lambda: StreamingTokenizer(tokenizer), defaults=cfg)
+    proto = ElevenLabsSpeech(s, text, output, timestamps=True, streamed=False)
+    proto.start()
+    (ctx,) = [c.context for c in proto.engine_commands() if isinstance(c, OpenContext)]
+    for i in range(15):                 # 1.2 s of audio made, 1 s delivered
+        proto.engine_event(AudioChunk(ctx, pcm(i), i, 1, 0.0))
+    (answer,) = [a for a in proto.engine_event(ContextDone(ctx, "eos", 15)) if isinstance(a, Respond)]
+    alignment = json.loads(answer.body)["alignment"]
+    ends = alignment["character_end_times_seconds"]
+    assert "".join(alignment["characters"]) == text and ends[-1] <= 1.0 + 1e-3
+    assert all(e > s for s, e in zip(alignment["character_start_times_seconds"], ends))   # each has a duration
