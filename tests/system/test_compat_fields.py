@@ -151,3 +151,21 @@ def test_dashscope_volume(dashscope_connect):
         audio[volume] = dashscope_audio(events.until("session.finished"))
         assert len(audio[volume]) == FRAMES * 1920 * 2
     assert rms(audio[100]) > 4 * rms(audio[10])
+
+
+def test_elevenlabs_ssml_over_a_real_socket(server, tls):
+    """enable_ssml_parsing, which the SDK's helper cannot set: a raw stream-input socket, the tags split across
+    messages; the break is silence between the two segments' audio."""
+    from websockets.sync.client import connect
+    url = (f"{server.ws_url}/v1/text-to-speech/21m00Tcm4TlvDq8ikWAM/stream-input?output_format=pcm_24000"
+           "&enable_ssml_parsing=true&sync_alignment=true&auto_mode=true&apply_text_normalization=auto")
+    with connect(url, ssl=tls, additional_headers={"xi-api-key": KEY}) as ws:
+        for text in (" ", "<speak>Hello <bre", 'ak time="400ms"/>there.</speak>', ""):
+            ws.send(json.dumps({"text": text}))
+        messages = [json.loads(m) for m in ws]
+    assert messages[-1] == {"isFinal": True}
+    audio = np.frombuffer(b"".join(base64.b64decode(m["audio"]) for m in messages if m.get("audio")), np.int16)
+    first = frames_for_text("Hello ") * 1920
+    assert len(audio) == frames_for_text("Hello there.") * 1920 + 9600
+    assert not audio[first:first + 9600].any() and audio[first - 1920:first].any()
+    assert "".join(c for m in messages if m.get("alignment") for c in m["alignment"]["chars"]) == "Hello there."
