@@ -5,14 +5,16 @@
         ...     # str: text to speak; Pause(ms): silence there; Rate(factor): the tempo from there on
     reader.finish()                 # the end of input: an unclosed tag is an error
 
-| SSML | talkgate |
-| --- | --- |
-| `<speak>` ... `</speak>` | dropped (the text inside is spoken) |
-| `<break time="500ms"/>`, `time="1.5s"`, `strength="none|x-weak|weak|medium|strong|x-strong"` | Pause: that much silence after the audio of the text before it (at most 5 s, ElevenLabs' limit; strength: 0, 100, 200, 400, 700, 1000 ms) |
-| `<prosody rate="x-slow|slow|medium|fast|x-fast|N%">` ... `</prosody>` | Rate: the pitch-kept tempo times 0.6, 0.8, 1, 1.25, 1.5 or N/100 (20% to 400%) from there to its end tag (nested rates multiply) |
-| `<say-as interpret-as="characters|spell-out|verbatim|digits">X</say-as>` | X spelled: its characters (or digits) one by one, separated by spaces |
-| `<say-as interpret-as="...">` other, any other tag (`<phoneme>`, `<emphasis>`, ...) | SsmlError: not spoken, the client is told |
-| `&amp; &lt; &gt; &quot; &apos;` | the character |
+- `<speak>` ... `</speak>`: dropped (the text inside is spoken).
+- `<break time="500ms"/>`, `time="1.5s"`, `strength="none|x-weak|weak|medium|strong|x-strong"`: Pause, that much
+  silence after the audio of the text before it (at most 5 s, ElevenLabs' limit; the strengths 0, 100, 200, 400,
+  700, 1000 ms).
+- `<prosody rate="x-slow|slow|medium|fast|x-fast|N%">` ... `</prosody>`: Rate, the pitch-kept tempo times 0.6,
+  0.8, 1, 1.25, 1.5 or N/100 (20% to 400%) from there to its end tag (nested rates multiply).
+- `<say-as interpret-as="characters|spell-out|verbatim|digits">X</say-as>`: X spelled, its characters (or digits)
+  one by one, separated by spaces.
+- any other `interpret-as`, any other tag (`<phoneme>`, `<emphasis>`, ...): SsmlError, not spoken; the client is told.
+- `&amp; &lt; &gt; &quot; &apos;`: the character.
 
 Pure: no I/O. A SsmlError says what was wrong; the reader has dropped the bad tag and goes on.
 """
