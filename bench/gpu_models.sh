@@ -59,11 +59,12 @@ EOF
   curl -s -F audio_sample=@/tmp/ref.wav -F name=speaker1 -F consent=bench http://127.0.0.1:8081/v1/audio/voices \
     > "$res/clone.json"; log "cloned: $(cut -c1-160 "$res/clone.json")"
   log "three models: 3 x 20 req/s for 30 s"
-  load 8081 three-cv --rps 20 --duration 30 --model cv &
-  load 8081 three-clone --rps 20 --duration 30 --model clone --voice speaker1 &
+  local loaders=()
+  load 8081 three-cv --rps 20 --duration 30 --model cv & loaders+=($!)
+  load 8081 three-clone --rps 20 --duration 30 --model clone --voice speaker1 & loaders+=($!)
   load 8081 three-design --rps 20 --duration 30 --model design \
-    --instructions "A warm, calm female voice, middle-aged, speaking slowly and clearly." &
-  wait
+    --instructions "A warm, calm female voice, middle-aged, speaking slowly and clearly." & loaders+=($!)
+  wait "${loaders[@]}"          # the loaders only: a bare wait would wait for the server too
   curl -s http://127.0.0.1:8081/metrics > "$res/three-metrics.txt"
   stop three
   start one 8081 CUDA_VISIBLE_DEVICES=0 TALKGATE_CACHE=/tmp/tgc -- --model /tmp/ck-1.7b --max-contexts 512 \

@@ -75,7 +75,8 @@ def same_audio(c, ref) -> bool:
 
 
 def test_killed_engine_fails_only_its_contexts_and_is_restarted(tiny_checkpoint):
-    with TalkgateServer(tiny_checkpoint, "--engines", "2", "--workers", "2", "--max-contexts", "4") as srv:
+    with TalkgateServer(tiny_checkpoint, "--engines", "2", "--workers", "2", "--max-contexts", "4",
+                        "--decoder-dtype", "float32") as srv:
         async def go():
             async with aiohttp.ClientSession() as s:
                 ref = await reference(s, srv)
@@ -113,6 +114,7 @@ def test_killed_engine_fails_only_its_contexts_and_is_restarted(tiny_checkpoint)
                 # captures then stalls a context); engine 1 was a first start
                 argv = {i: open(f"/proc/{p}/cmdline").read().split("\0") for i, p in pids(srv, "engine").items()}
                 assert "--every-graph" in argv[0] and "--every-graph" not in argv[1], argv
+                assert all(a[a.index("--decoder-dtype") + 1] == "float32" for a in argv.values()), argv  # serve's flag
                 again = [await connect(s, srv) for _ in range(4)]
                 for i, c in enumerate(again):
                     await start(c, f"d{i}")
