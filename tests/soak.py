@@ -38,7 +38,8 @@ import aiohttp
 
 from talkgate.synth.checkpoint import create_checkpoint
 from tests.fuzz.endpoints import CARTESIA, DEEPGRAM, EL_MULTI, EL_SINGLE, NATIVE, TWILIO, Conn, Reply
-from tests.fuzz.faults import start_messages
+from tests.fuzz.faults import audio_ms, is_error_frame, keepalive, start_messages
+from tests.fuzz.rawws import OP_TEXT, Ended, Frame, HandshakeRefused, RawWebSocket
 from tests.fuzz.rss_soak import open_fds, role, status_mb
 from tests.serverproc import TalkgateServer, descendants
 from tests.voicetools import AUTH, KEY, audio_file, voice_form
@@ -47,12 +48,16 @@ SESSION_TIMEOUT_S = 60.0
 MAX_IN_FLIGHT = 24              # the engine's 32 slots (--max-contexts) keep room for the storms' sockets
 # how long each fault may take until /ready answers 200 again (docs/operations.md: a process is restarted at once)
 RECOVERY_LIMIT_S = {"worker SIGKILL": 30, "engine SIGKILL": 60, "drain and restart": 120, "disk full": 5,
-                    "read-only store, restart": 120, "kill mid-upload": 30, "voice file truncated": 5}
+                    "read-only store and restart": 120, "kill mid-upload": 30, "voice file truncated": 5}
 STORM_SOCKETS = 40
 SLOW_QUIET_S, SLOW_MOST_S = 15, 240   # a slow reader hangs after 15 s without a message; bounded at 240 s
+CUT_UNREAD_S = 25               # a cut reader reads nothing this long: the engine makes far more than --max-backlog-ms
+CUT_RCVBUF = 4096               # ... and its socket takes little of it (no TCP window growing to megabytes)
+CUT_ENDPOINTS = (NATIVE, DEEPGRAM, CARTESIA, EL_MULTI)   # in turn
 FD_SLACK, THREAD_SLACK = 4, 2   # a storm's descriptors and threads are back within this of the level before it
 TEXT = "The soak keeps speaking while the faults come and go."
 ENDPOINTS = (NATIVE, TWILIO, EL_MULTI, EL_SINGLE, CARTESIA, DEEPGRAM)
+HEAP_PROBE = Path(__file__).parent / "heapprobe"
 
 
 @dataclass
@@ -64,6 +69,8 @@ class Outcome:
     detail: str = ""
     close_code: int | None = None      # the server's close code; None when it closed without one
     closed_by_server: bool = False
+    others: int = 0             # a cut reader: the sessions running while it ran, and how many of them failed
+    others_failed: int = 0
 
 
 @dataclass
@@ -77,6 +84,7 @@ class FaultRecord:
     voices_intact: bool = False
     detail: str = ""
     end: float = 0.0
+    clear_error: bool | None = None     # a disk fault: the upload answered 500 voice_store_unavailable
 
 
 @dataclass
@@ -92,6 +100,7 @@ class Soak:
     outcomes: list[Outcome] = field(default_factory=list)
     faults: list[FaultRecord] = field(default_factory=list)
     storms: list[dict] = field(default_factory=list)
+    levels: dict[str, dict] = field(default_factory=dict)        # "end": descriptors and threads at rest at the end
     acked_voices: dict[str, str] = field(default_factory=dict)   # name -> id, what the server acknowledged
     lost_voices: dict[str, str] = field(default_factory=dict)    # voices a fault owns (the truncated file)
     log_lines: list[str] = field(default_factory=list)           # every server's output, restarts included
@@ -111,9 +120,13 @@ class Soak:
         return ssl.create_default_context(cafile=str(self.cert))
 
     def start_server(self) -> None:
+        env = {}
+        if self.args.trace_heap:     # tests/heapprobe: every process of the server answers SIGUSR2 with a heap probe
+            env = {"TALKGATE_HEAP_PROBE": str(self.args.trace_heap),
+                   "PYTHONPATH": os.pathsep.join([str(HEAP_PROBE), os.environ.get("PYTHONPATH", "")])}
         self.server = TalkgateServer(
             self.ckpt, "--workers", "2", "--api-key", KEY, "--voice-store", str(self.store), "--max-contexts", "32",
-            "--ssl-certfile", str(self.cert), "--ssl-keyfile", str(self.key), "--seed", "1", timeout_s=300)
+            "--ssl-certfile", str(self.cert), "--ssl-keyfile", str(self.key), "--seed", "1", timeout_s=300, env=env)
         self.server.__enter__()
 
     def stop_server(self, sig: int = signal.SIGTERM) -> int | None:
@@ -258,19 +271,83 @@ async def _judge_barge_in(conn: Conn, out: Outcome) -> None:
                                     else r.brief()[:200])
 
 
-async def _slow_reader(soak: Soak, http) -> Outcome:
-    """Starts a long utterance (750 frames) and reads nothing for 8 s (aiohttp stops reading the socket once its
-    queue is full), then reads on, as the fuzz suite's slow-reader phase judges one (tests/fuzz/faults.py): the
+async def _slow_readers(soak: Soak, http, cut_ep) -> list[Outcome]:
+    """A slow reader (kept or cut, _slow_reader) and a cut reader (_cut_reader) at once; no fault overlaps them:
+    what ends them is the server's judgement of them."""
+    async with soak.quiet:
+        return list(await asyncio.gather(_slow_reader_run(soak, http), _cut_reader(soak, cut_ep)))
+
+
+def _cut_reader_run(port: int, tls: ssl.SSLContext, ep) -> tuple[list[Frame], Frame | Ended]:
+    """A client of `ep` that starts a long utterance and reads nothing for CUT_UNREAD_S (keepalives written, so it is
+    not idle: ElevenLabs ends a context without new text for 20 s), with a receive buffer of CUT_RCVBUF and no
+    buffer of its own in between (aiohttp's client, over TLS, takes megabytes off the socket unread), then reads
+    what the server sent: -> the frames and how the stream ended."""
+    ws = RawWebSocket.connect(port, ep.path(), AUTH, rcvbuf=CUT_RCVBUF, tls=tls)
+    try:
+        for m in start_messages(ep, "cut"):
+            ws.send_text(m)
+        deadline = time.monotonic() + CUT_UNREAD_S
+        while time.monotonic() < deadline:
+            time.sleep(0.5)
+            if keepalive(ep) is not None:
+                try:
+                    ws.send_text(keepalive(ep))
+                except OSError:         # the server closed it: what it sent is read below
+                    break
+        return ws.frames_until_close(SLOW_QUIET_S)
+    finally:
+        ws.close()
+
+
+async def _cut_reader(soak: Soak, ep) -> Outcome:
+    """A client far behind real time (_cut_reader_run): the server must cut it off as docs/protocol.md documents
+    (Limits: over --max-backlog-ms of its audio unread while it is behind real time, the protocol's `slow_consumer`
+    error and the context cancelled; over 4096 messages or 16 MiB queued, close 1008 `slow_consumer`), then either
+    keep the connection or close it with a code (Deepgram: 1008 `slow_consumer`). Kept to the end (the whole utterance), any other
+    error, or a close without a code fails it. The sessions running meanwhile are judged as always, and report()
+    counts those of them that failed outside any fault's window against it."""
+    out = Outcome("cut reader", soak.now())
+    loop = asyncio.get_running_loop()
+    try:
+        frames, end = await loop.run_in_executor(None, _cut_reader_run, soak.server.port, soak.ssl_context(), ep)
+    except (OSError, HandshakeRefused, ssl.SSLError) as e:
+        out.detail, out.end = f"{ep.name}: {type(e).__name__}: {e}"[:200], soak.now()
+        return out
+    out.end = soak.now()
+    audio = sum(audio_ms(ep, f) for f in frames) / 1000
+    first = next((n for n, f in enumerate(frames) if is_error_frame(ep, f)), None)
+    done = any(f.opcode == OP_TEXT and any(m in f.payload for m in (b'"context.done"', b'"isFinal":true',
+                                                                    b'"type":"done"', b'"Flushed"')) for f in frames)
+    if isinstance(end, Frame):          # a close frame
+        out.closed_by_server = True
+        out.close_code = end.close_code if end.close_code not in (None, 1005, 1006) else None
+        how = f"close {end.close_code} {end.close_reason!r}"
+    else:
+        out.closed_by_server = end.how != "timeout"      # a timeout: the connection left open, as it may be
+        how = "left open" if end.how == "timeout" else f"ended by {end.how}, no close frame"
+    cut = first is not None and b"slow_consumer" in frames[first].payload
+    cut_by_close = isinstance(end, Frame) and end.close_code == 1008 and "slow_consumer" in end.close_reason
+    if (cut or cut_by_close) and not (out.closed_by_server and out.close_code is None):
+        out.ok = True
+        out.detail = f"{ep.name}: cut: {'slow_consumer error' if cut else 'close 1008 slow_consumer'} after " \
+            f"{audio:.1f} s of audio read; then {how}"
+    else:
+        out.detail = f"{ep.name}: " + (f"other error {frames[first].payload[:150]!r}" if first is not None else
+                                       f"not cut: the whole utterance after {CUT_UNREAD_S} s unread" if done else
+                                       "no error") + f"; {audio:.1f} s of audio read; then {how}"
+    return out
+
+
+async def _slow_reader_run(soak: Soak, http) -> Outcome:
+    """Starts a long utterance (750 frames) and reads nothing for 8 s (aiohttp's client over TLS takes megabytes off
+    the socket meanwhile, so the server mostly sees a client that reads: the cut reader is the one far behind), then
+    reads on, as the fuzz suite's slow-reader phase judges one (tests/fuzz/faults.py): the
     server either kept it (the whole utterance, context.done) or cut it off as documented (docs/protocol.md,
     Limits: the `slow_consumer` error, the context cancelled; or close 1008 `slow_consumer` when its connection's
     write queue is full), never silently: a close without that, a close without a code, or SLOW_QUIET_S without any
     message (a hang; a long utterance on a loaded CPU engine may be slower than real time, so no single deadline)
-    fails it."""
-    async with soak.quiet:       # a fault never cuts a slow reader: what ends it is the server's judgement of it
-        return await _slow_reader_run(soak, http)
-
-
-async def _slow_reader_run(soak: Soak, http) -> Outcome:
+    fails it. Runs beside a cut reader (_slow_readers)."""
     out = Outcome("slow reader", soak.now())
     try:
         conn, greet = await Conn.open(NATIVE, http, soak.server.ws_url, headers=AUTH)
@@ -458,6 +535,11 @@ def fill(path: Path) -> None:
                 return
 
 
+def _store_unavailable(status: int, body) -> bool:
+    return status == 500 and isinstance(body, dict) and isinstance(body.get("error"), dict) and \
+        body["error"].get("code") == "voice_store_unavailable"
+
+
 async def run_fault(soak: Soak, http, name: str, rng: random.Random) -> FaultRecord:
     rec = FaultRecord(name, soak.now())
     loop = asyncio.get_running_loop()
@@ -476,14 +558,16 @@ async def run_fault(soak: Soak, http, name: str, rng: random.Random) -> FaultRec
         fill(filler)
         status, body = await upload_voice(soak, http, f"soak-full-{rec.start:.0f}")
         rec.detail = f"upload on a full disk: HTTP {status} {body.get('error', {}).get('code', body)}"
-        if status < 500 or body.get("error", {}).get("code") != "voice_store_unavailable":
+        rec.clear_error = _store_unavailable(status, body)
+        if not rec.clear_error:
             rec.detail += " (expected 500 voice_store_unavailable)"
         filler.unlink()
-    elif name == "read-only store, restart":
+    elif name == "read-only store and restart":
         subprocess.run(["mount", "-o", "remount,ro", str(soak.store)], check=True)
         try:
             status, body = await upload_voice(soak, http, f"soak-ro-{rec.start:.0f}")
             rec.detail = f"upload on a read-only store: HTTP {status} {body.get('error', {}).get('code', body)}"
+            rec.clear_error = _store_unavailable(status, body)
             await loop.run_in_executor(None, soak.stop_server)
             try:
                 await loop.run_in_executor(None, soak.start_server)     # start-up must not need a writable store
@@ -542,7 +626,9 @@ async def run_fault(soak: Soak, http, name: str, rng: random.Random) -> FaultRec
 
 
 FAULTS = ("worker SIGKILL", "engine SIGKILL", "disk full", "kill mid-upload", "voice file truncated",
-          "read-only store, restart", "drain and restart")
+          "read-only store and restart", "drain and restart")
+SESSIONLESS_FAULTS = ("disk full", "voice file truncated")     # no process goes: no session may fail in their window
+DISK_FAULTS = ("disk full", "read-only store and restart")      # an upload must be refused 500 voice_store_unavailable
 
 
 # ----- load -----
@@ -569,7 +655,8 @@ MIX = {"native": 3, "streamed": 2, "cancel": 1, "barge-in": 1, "twilio": 1, "el-
 async def drive(soak: Soak, rate: float) -> None:
     args, rng = soak.args, random.Random(soak.args.seed)
     end = time.monotonic() + args.minutes * 60
-    fault_every = args.minutes * 60 / (len(FAULTS) + 1)
+    faults = args.faults
+    fault_every = args.minutes * 60 / (len(faults) + 1)
     next_fault, fault_i = time.monotonic() + fault_every, 0
     next_turn = time.monotonic() + 45      # slow readers and storms take turns
     kinds, weights = list(MIX), list(MIX.values())
@@ -581,28 +668,32 @@ async def drive(soak: Soak, rate: float) -> None:
             soak.args.measured_rate = rate
             print(f"soak: driving {rate:.2f} sessions/s ({args.load:.0%} of measured capacity)", flush=True)
         start = time.monotonic()
-        while time.monotonic() < end or fault_i < len(FAULTS):     # every fault runs, late ones after the end
+        while time.monotonic() < end or fault_i < len(faults):     # every fault runs, late ones after the end
             await asyncio.sleep(rng.expovariate(rate))
             n += 1
             if len(in_flight) < MAX_IN_FLIGHT and not soak.paused:
                 job = voice_cycle(soak, http, rng, n) if n % 25 == 0 else _speak(soak, http, rng.choices(kinds, weights)[0], rng)
                 task = asyncio.ensure_future(job)
                 in_flight.add(task)
-                task.add_done_callback(lambda t: (in_flight.discard(t), soak.outcomes.append(t.result())))
-            if time.monotonic() >= next_turn and time.monotonic() < end and not soak.paused:
-                next_turn += 45
+                task.add_done_callback(lambda t: (in_flight.discard(t), t.cancelled() or soak.outcomes.append(t.result())))
+            # one turn at a time, and none starts while a fault is due: turns queued on soak.quiet would take it
+            # one after the other and a fault, which waits for it to be free, would never run
+            fault_due = time.monotonic() >= next_fault and fault_i < len(faults)
+            if time.monotonic() >= next_turn and time.monotonic() < end and not soak.paused and not soak.storm_tasks \
+                    and not fault_due:
+                next_turn = time.monotonic() + 45
                 turn += 1
                 if turn % 2:        # storms and slow readers alternate, a storm first: a short run has both
                     t = asyncio.ensure_future(storm(soak, http, rng))
                 else:
-                    t = asyncio.ensure_future(_slow_reader(soak, http))
-                    t.add_done_callback(lambda t: soak.outcomes.append(t.result()))
+                    t = asyncio.ensure_future(_slow_readers(soak, http, CUT_ENDPOINTS[(turn // 2 - 1) % len(CUT_ENDPOINTS)]))
+                    t.add_done_callback(lambda t: t.cancelled() or soak.outcomes.extend(t.result()))
                 soak.storm_tasks.add(t)      # a turn waiting for soak.quiet holds no socket yet: storms skip it
                 t.add_done_callback(soak.storm_tasks.discard)
                 in_flight.add(t)
                 t.add_done_callback(in_flight.discard)
-            if time.monotonic() >= next_fault and fault_i < len(FAULTS) and not soak.quiet.locked():
-                name = FAULTS[fault_i]
+            if fault_due and not soak.quiet.locked():
+                name = faults[fault_i]
                 fault_i += 1
                 print(f"soak: {soak.now():.0f} s: fault {name}", flush=True)
                 async with soak.quiet:
@@ -611,8 +702,11 @@ async def drive(soak: Soak, rate: float) -> None:
                 print(f"soak: {name}: ready in {rec.ready_s:.1f} s; {rec.detail}", flush=True)
                 next_fault = start + (fault_i + 1) * fault_every     # the schedule, not drifting by the waits
         if in_flight:
-            await asyncio.wait(in_flight, timeout=SESSION_TIMEOUT_S + 30)
+            # readers and storms take longest: a slow reader's hang is judged after up to SLOW_MOST_S
+            await asyncio.wait(in_flight, timeout=SLOW_MOST_S + 60)
         soak.final_voice_check = await check_voices(soak, http)
+        await asyncio.sleep(6)          # at rest, as a storm's levels (closed sockets linger up to 5 s)
+        soak.levels["end"] = process_levels(soak.server.proc.pid)
 
 
 # ----- sampling and the verdict -----
@@ -643,9 +737,11 @@ def slope_mb_per_10min(points: list[tuple[float, float]]) -> float:
     return 0.0 if var == 0 else sum((p[0] - mx) * (p[1] - my) for p in points) / var * 600
 
 
-def rss_slopes(samples: list[dict], warm_up_s: float) -> dict[str, tuple[float, float, int]]:
-    """process -> (slope MB/10 min, span s, samples) over its longest-lived pid after warm-up (a killed process's
-    successor has a warm-up of its own, so each pid's series is fitted from its own start + warm_up_s)."""
+def rss_slopes(samples: list[dict], warm_up_s: float) -> dict[str, dict]:
+    """process -> its RSS after warm-up, over its longest-lived pid (a killed process's successor has a warm-up of
+    its own, so each pid's series starts at its own first sample + warm_up_s): slope (MB / 10 min, least squares),
+    span (s), n (samples), first and last (MB), step (the largest rise between two samples, MB). A bounded
+    high-water mark shows as a step or two and flat between; a leak as a steady rise."""
     by_pid: dict[tuple[str, str], list[tuple[float, float]]] = {}
     for s in samples:
         by_pid.setdefault((s["process"], s["pid"]), []).append((float(s["s"]), float(s["rss_mb"])))
@@ -654,7 +750,9 @@ def rss_slopes(samples: list[dict], warm_up_s: float) -> dict[str, tuple[float, 
         pts = [p for p in pts if p[0] >= pts[0][0] + warm_up_s]
         if len(pts) >= 3 and (proc not in best or pts[-1][0] - pts[0][0] > best[proc][-1][0] - best[proc][0][0]):
             best[proc] = pts
-    return {proc: (slope_mb_per_10min(pts), pts[-1][0] - pts[0][0], len(pts)) for proc, pts in best.items()}
+    return {proc: {"slope": slope_mb_per_10min(pts), "span": pts[-1][0] - pts[0][0], "n": len(pts),
+                   "first": pts[0][1], "last": pts[-1][1],
+                   "step": max(0.0, *(b[1] - a[1] for a, b in zip(pts, pts[1:])))} for proc, pts in best.items()}
 
 
 def crashes(soak: Soak) -> list[str]:
@@ -694,28 +792,53 @@ def report(soak: Soak, out: Path) -> bool:
     for f in soak.faults:
         owned = [o for o in soak.outcomes if in_window(o, f)]
         f.sessions_in_window, f.failed_sessions = len(owned), sum(1 for o in owned if not o.ok)
+        if f.name in SESSIONLESS_FAULTS:    # failed sessions a process fault beside it owns too are that fault's
+            f.failed_sessions = sum(1 for o in owned if not o.ok and not any(
+                in_window(o, g) for g in soak.faults if g.name not in SESSIONLESS_FAULTS))
     outside = [o for o in soak.outcomes if not any(in_window(o, f) for f in soak.faults)]
-    failed_outside = [o for o in outside if not o.ok and o.kind != "slow reader"]
+    readers = ("slow reader", "cut reader")
+    failed_outside = [o for o in outside if not o.ok and o.kind not in readers]
+    cut = [o for o in soak.outcomes if o.kind == "cut reader"]
+    for o in cut:       # the others running while it was cut off (those in a fault's window are the fault's)
+        others = [x for x in outside if x.kind not in readers and x.start <= o.end and x.end >= o.start]
+        o.others, o.others_failed = len(others), sum(1 for x in others if not x.ok)
+    start_level = soak.storms[0]["before"] if soak.storms else {}
+    end_level = soak.levels.get("end", {})
     no_code = [o for o in outside if o.closed_by_server and o.close_code is None]
     slow = [o for o in soak.outcomes if o.kind == "slow reader"]
     slow_silent = [o for o in slow if not o.ok]
     crash_lines = crashes(soak)
-    checks = {
-        f"every process's RSS slope after warm-up < {soak.args.slope_limit_mb} MB / 10 min":
-            all(v[0] < soak.args.slope_limit_mb for v in slopes.values()) and bool(slopes),
-        "descriptors and threads back to their level after every storm (at least one)":
-            bool(soak.storms) and all(s["back"] for s in soak.storms),
-        "every fault of the schedule ran and was ready again within its limit":
-            [f.name for f in soak.faults] == list(FAULTS) and all(f.within_limit for f in soak.faults),
-        "stored voices intact after every fault and at the end":
-            all(f.voices_intact for f in soak.faults) and not soak.final_voice_check,
-        "no session failed outside a fault's window": not failed_outside,
-        "0 closes without a code outside process faults": not no_code,
-        "every slow reader (at least one) kept (context.done) or cut off with slow_consumer, never silent":
-            bool(slow) and not slow_silent,
-        "0 crashes": not crash_lines,
+    checks = {      # key -> (what it checks, whether it held); checks.json has them (tests/system/test_soak.py)
+        "rss_slope": (f"every process's RSS slope after warm-up < {soak.args.slope_limit_mb} MB / 10 min (each with "
+                      "a pid living past its warm-up)",
+                      bool(slopes) and all(v["slope"] < soak.args.slope_limit_mb for v in slopes.values()) and
+            all(p in slopes for p in {s["process"] for s in samples} if p.startswith(("supervisor", "engine", "worker")))),
+        "storms": ("descriptors and threads back to their level after every storm (at least one)",
+                   bool(soak.storms) and all(s["back"] for s in soak.storms)),
+        "faults_ready": ("every fault of the schedule ran and was ready again within its limit",
+                         [f.name for f in soak.faults] == list(soak.args.faults) and
+                         all(f.within_limit for f in soak.faults)),
+        "voices": ("stored voices intact after every fault and at the end",
+                   all(f.voices_intact for f in soak.faults) and not soak.final_voice_check),
+        "sessions": ("no session failed outside a fault's window", not failed_outside),
+        "close_codes": ("0 closes without a code outside process faults", not no_code),
+        "slow_readers": ("every slow reader (at least one) kept (context.done) or cut off with slow_consumer, never "
+                         "silent", bool(slow) and not slow_silent),
+        "cut_readers": ("every cut reader (at least one) cut off with slow_consumer and its protocol's close, no "
+                        "other session failing while it was", bool(cut) and all(o.ok and not o.others_failed
+                                                                                for o in cut)),
+        "sessionless_faults": ("no session failed in the window of a fault that stops no process (disk full, voice "
+                               "file truncated)", all(f.failed_sessions == 0 for f in soak.faults
+                                                      if f.name in SESSIONLESS_FAULTS)),
+        "disk_faults": ("every disk fault (full, read-only) answered an upload 500 voice_store_unavailable",
+                        all(f.clear_error for f in soak.faults if f.name in DISK_FAULTS)),
+        "levels_at_end": ("descriptors and threads at the end (at rest) back to their level at the first storm",
+                          bool(start_level) and bool(end_level) and _at_level(start_level, end_level)),
+        "crashes": ("0 crashes", not crash_lines),
     }
-    passed = all(checks.values())
+    passed = all(ok for _, ok in checks.values())
+    (out / "checks.json").write_text(json.dumps({k: {"check": text, "ok": bool(ok)} for k, (text, ok) in
+                                                checks.items()}, indent=1) + "\n")
     with open(out / "sessions.csv", "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["kind", "start", "end", "ok", "close_code", "detail"])
@@ -737,22 +860,32 @@ def report(soak: Soak, out: Path) -> bool:
              f"{getattr(a, 'measured_rate', a.capacity):.2f} sessions/s; {len(soak.outcomes)} sessions, "
              f"{soak.uploads} voice uploads, {soak.deletions} deletions, {len(soak.storms)} storms of {STORM_SOCKETS} "
              "sockets", "", "## Checks", ""]
-    lines += [f"- [{'x' if ok else ' '}] {name}" for name, ok in checks.items()]
+    lines += [f"- [{'x' if ok else ' '}] {name}" for name, ok in checks.values()]
     lines += ["", "## RSS slope per process (after its own first %d s)" % soak.args.warm_up_s, "",
-              "| process | MB / 10 min | over s | samples |", "| --- | --- | --- | --- |"]
-    lines += [f"| {p} | {v[0]:+.2f} | {v[1]:.0f} | {v[2]} |" for p, v in sorted(slopes.items())]
+              "| process | MB / 10 min | over s | samples | first MB | last MB | largest step MB |",
+              "| --- | --- | --- | --- | --- | --- | --- |"]
+    lines += [f"| {p} | {v['slope']:+.2f} | {v['span']:.0f} | {v['n']} | {v['first']:.2f} | {v['last']:.2f} | "
+              f"{v['step']:.2f} |" for p, v in sorted(slopes.items())]
     lines += ["", "## Faults", "", "| s | fault | ready after s (limit) | failed / sessions in its window | voices intact | "
               "detail |", "| --- | --- | --- | --- | --- | --- |"]
     lines += [f"| {r.start:.0f} | {r.name} | {r.ready_s:.1f} ({RECOVERY_LIMIT_S[r.name]}) | {r.failed_sessions} / "
               f"{r.sessions_in_window} | {r.voices_intact} | {r.detail} |" for r in soak.faults]
     lines += ["", "## Sessions", "", "| kind | ok | failed |", "| --- | --- | --- |"]
     lines += [f"| {k} | {v[0]} | {v[1]} |" for k, v in sorted(kinds.items())]
+    lines += ["", "## Slow and cut readers", ""] + [
+        f"- {o.start:.0f}-{o.end:.0f} s, {o.kind}: {'ok' if o.ok else 'FAILED'}: {o.detail}" +
+        (f"; {o.others_failed} of the {o.others} sessions running meanwhile failed" if o.kind == "cut reader" else "")
+        for o in soak.outcomes if o.kind in readers]
+    lines += ["", "## Descriptors and threads at rest", "",
+              f"- at the first storm: {start_level}", f"- at the end: {end_level}"]
     lines += ["", "## Storms", ""] + [f"- {s['t']} s: back to level: {s['back']}; before {s['before']}; after "
                                       f"{s['after']}" for s in soak.storms]
     lines += ["", "## Findings", ""]
     lines += [f"- failed outside a fault: {o.kind} at {o.start:.0f} s: {o.detail}" for o in failed_outside[:30]]
     lines += [f"- closed without a code: {o.kind} at {o.start:.0f} s" for o in no_code[:30]]
     lines += [f"- slow reader at {o.start:.0f} s: {o.detail}" for o in slow_silent[:10]]
+    lines += [f"- cut reader at {o.start:.0f} s: {o.detail}; {o.others_failed} of {o.others} others failed meanwhile"
+              for o in cut if not o.ok or o.others_failed]
     lines += [f"- crash: {c[:300]}" for c in crash_lines[:30]]
     if soak.final_voice_check:
         lines.append(f"- voices at the end: {soak.final_voice_check}")
@@ -761,6 +894,30 @@ def report(soak: Soak, out: Path) -> bool:
     (out / "report.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return passed
+
+
+def _fault_list(text: str) -> tuple[str, ...]:
+    names = () if text == "none" else tuple(n.strip() for n in text.split(","))
+    unknown = [n for n in names if n not in FAULTS]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown faults {unknown}; known: {', '.join(FAULTS)}")
+    return names
+
+
+def heap_prober(soak: Soak, stop: threading.Event) -> None:
+    """SIGUSR2 to every server process at --warm-up-s (tracemalloc starts), then every --probe-s (a snapshot)."""
+    if stop.wait(soak.args.warm_up_s):
+        return
+    while True:
+        root = soak.server.proc.pid if soak.server is not None and soak.server.proc is not None else None
+        for pid in ([root, *descendants(root)] if root else []):
+            try:
+                if b"talkgate" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                    os.kill(pid, signal.SIGUSR2)
+            except OSError:
+                pass
+        if stop.wait(soak.args.probe_s):
+            return
 
 
 def mount_store(path: Path, size_mb: int) -> None:
@@ -779,10 +936,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--capacity-concurrency", type=int, default=8)
     ap.add_argument("--sample-s", type=float, default=10.0)
     ap.add_argument("--store-mb", type=int, default=8)
-    ap.add_argument("--warm-up-s", type=float, default=120,
-                    help="each process's RSS slope is fitted from this long after its start (what it allocates once)")
+    ap.add_argument("--warm-up-s", type=float, default=300,
+                    help="each process's RSS slope is fitted from this long after its start: the engine's glibc heap "
+                         "takes its high-water steps in its first minutes of load (docs/reliability.md, the RSS slope)")
     ap.add_argument("--slope-limit-mb", type=float, default=1.0,
                     help="the largest RSS slope per 10 minutes that passes (issue 50: 1 MB over the hour)")
+    ap.add_argument("--faults", type=_fault_list, default=FAULTS,
+                    help="the faults to inject, comma-separated, in order (default: all of them; 'none': no fault)")
+    ap.add_argument("--trace-heap", type=Path, default=None, metavar="DIR",
+                    help="heap probes of every server process into DIR every --probe-s after --warm-up-s "
+                         "(tests/heapprobe; python -m tests.heapprobe DIR diffs them). tracemalloc slows the workers: "
+                         "under load some sessions fail worker_behind, so such a run is for the heap, not the verdict")
+    ap.add_argument("--probe-s", type=float, default=120)
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="talkgate-soak-") as tmp:
@@ -796,9 +961,14 @@ def main(argv: list[str] | None = None) -> int:
         mount_store(soak.store, args.store_mb)
         stop = threading.Event()
         sampling = threading.Thread(target=sampler, args=(soak, stop, args.out / "samples.csv"), daemon=True)
+        probing = threading.Thread(target=heap_prober, args=(soak, stop), daemon=True)
+        if args.trace_heap:
+            args.trace_heap.mkdir(parents=True, exist_ok=True)
         try:
             soak.start_server()
             sampling.start()
+            if args.trace_heap:
+                probing.start()
             asyncio.run(drive(soak, args.capacity * args.load if args.capacity else 0.0))
         finally:
             stop.set()

@@ -12,6 +12,7 @@ import base64
 import hashlib
 import os
 import socket
+import ssl
 import struct
 import time
 from dataclasses import dataclass, field
@@ -94,14 +95,17 @@ class RawWebSocket:
 
     @classmethod
     def connect(cls, port: int, path: str, headers: dict[str, str] | None = None, rcvbuf: int | None = None,
-                raw_headers: bytes = b"", host: str = "127.0.0.1", timeout: float = 30.0) -> "RawWebSocket":
-        """Open the TCP connection and upgrade; raises HandshakeRefused with the HTTP answer otherwise.
-        `raw_headers`: extra header lines sent as bytes (e.g. a non-ASCII API key), each ending in CRLF."""
+                raw_headers: bytes = b"", host: str = "127.0.0.1", timeout: float = 30.0,
+                tls: ssl.SSLContext | None = None) -> "RawWebSocket":
+        """Open the TCP connection (TLS with `tls`) and upgrade; raises HandshakeRefused with the HTTP answer
+        otherwise. `raw_headers`: extra header lines sent as bytes (e.g. a non-ASCII API key), each ending in CRLF."""
         sock = socket.socket()
         if rcvbuf is not None:     # before connect: the window is negotiated at the handshake
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
         sock.settimeout(timeout)
         sock.connect((host, port))
+        if tls is not None:
+            sock = tls.wrap_socket(sock, server_hostname=host)
         key = base64.b64encode(os.urandom(16)).decode()
         lines = [f"GET {path} HTTP/1.1", f"Host: {host}:{port}", "Upgrade: websocket", "Connection: Upgrade",
                  f"Sec-WebSocket-Key: {key}", "Sec-WebSocket-Version: 13"]
