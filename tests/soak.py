@@ -12,8 +12,8 @@ SIGKILL of a worker, SIGKILL of the engine process, the voice store's disk full,
 while it is), a kill of every worker mid-upload, a stored voice file truncated, SIGTERM drain and restart.
 
 Writes to --out: samples.csv (each process's VmRSS, descriptors and threads every --sample-s), sessions.csv (every
-session: kind, start, end, outcome, close code), faults.csv, report.md, rss.png when matplotlib is installed; prints
-the verdict and exits 0 when it passes, 1 when not.
+session: kind, start, end, outcome, close code), faults.csv, checks.json, report.md, rss.svg (each process's RSS over
+the run); prints the verdict and exits 0 when it passes, 1 when not.
 """
 from __future__ import annotations
 
@@ -764,22 +764,46 @@ def crashes(soak: Soak) -> list[str]:
     return found + [line.strip() for line in soak.log_lines if "Traceback" in line]
 
 
-def plot(samples: list[dict], path: Path) -> bool:
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return False
-    fig, ax = plt.subplots(figsize=(10, 5))
-    for proc in sorted({s["process"] for s in samples}):
-        pts = [(float(s["s"]) / 60, float(s["rss_mb"])) for s in samples if s["process"] == proc]
-        ax.plot(*zip(*pts), ".", label=proc, markersize=3)
-    ax.set_xlabel("minutes")
-    ax.set_ylabel("VmRSS (MB)")
-    ax.legend()
-    fig.savefig(path, dpi=100)
-    return True
+def plot(samples: list[dict], faults: list[FaultRecord], path: Path) -> None:
+    """rss.svg: each process's VmRSS over the run, a panel each on its own scale (an engine of 580 MB and a
+    supervisor of 55 share no useful axis), each pid a colour of its own, the faults as dashed lines. Plain SVG, so
+    the report needs no plotting library."""
+    procs = sorted({s["process"] for s in samples if s["process"].startswith(("supervisor", "engine", "worker"))})
+    if not procs:
+        return
+    end = max(float(s["s"]) for s in samples) or 1.0
+    w, h, left, top = 900, 150, 70, 20
+    colours = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf")
+    x = lambda t: left + (w - left - 10) * t / end       # noqa: E731
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{top + len(procs) * (h + 30) + 20}" '
+             'font-family="sans-serif" font-size="11"><rect width="100%" height="100%" fill="white"/>']
+    for i, proc in enumerate(procs):
+        y0 = top + i * (h + 30)
+        rows = [s for s in samples if s["process"] == proc]
+        born = {}
+        for s in rows:
+            born.setdefault(s["pid"], float(s["s"]))
+        # the scale leaves out each pid's first 30 s (a starting engine loads its model from 300 MB up): clipped
+        scaled = [float(s["rss_mb"]) for s in rows if float(s["s"]) >= born[s["pid"]] + 30] or \
+            [float(s["rss_mb"]) for s in rows]
+        lo, hi = min(scaled), max(scaled)
+        hi = max(hi, lo + 1.0)              # at least 1 MB of scale: a flat line stays flat
+        y = lambda mb: y0 + h - h * (min(max(mb, lo), hi) - lo) / (hi - lo)      # noqa: E731
+        parts.append(f'<rect x="{left}" y="{y0}" width="{w - left - 10}" height="{h}" fill="none" stroke="#999"/>'
+                     f'<text x="{left + 4}" y="{y0 + 12}">{proc}: VmRSS MB</text>'
+                     f'<text x="{left - 4}" y="{y0 + 10}" text-anchor="end">{hi:.1f}</text>'
+                     f'<text x="{left - 4}" y="{y0 + h}" text-anchor="end">{lo:.1f}</text>')
+        for f in faults:
+            parts.append(f'<line x1="{x(f.start):.1f}" x2="{x(f.start):.1f}" y1="{y0}" y2="{y0 + h}" '
+                         'stroke="#bbb" stroke-dasharray="4 3"/>')
+        for n, pid in enumerate(dict.fromkeys(s["pid"] for s in rows)):
+            pts = " ".join(f"{x(float(s['s'])):.1f},{y(float(s['rss_mb'])):.1f}" for s in rows if s["pid"] == pid)
+            parts.append(f'<polyline points="{pts}" fill="none" stroke="{colours[n % len(colours)]}"/>')
+    y_axis = top + len(procs) * (h + 30) - 12
+    for m in range(0, int(end // 60) + 1, max(1, int(end // 600))):
+        parts.append(f'<text x="{x(m * 60):.1f}" y="{y_axis}" text-anchor="middle">{m}</text>')
+    parts.append(f'<text x="{w - 10}" y="{y_axis + 14}" text-anchor="end">minutes; dashed: the faults</text></svg>')
+    path.write_text("\n".join(parts) + "\n")
 
 
 def in_window(o: Outcome, f: FaultRecord) -> bool:
@@ -853,7 +877,7 @@ def report(soak: Soak, out: Path) -> bool:
     kinds: dict[str, list[int]] = {}
     for o in soak.outcomes:
         kinds.setdefault(o.kind, [0, 0])[0 if o.ok else 1] += 1
-    plotted = plot(samples, out / "rss.png")
+    plot(samples, soak.faults, out / "rss.svg")
     a = soak.args
     lines = [f"# talkgate soak: {'PASSED' if passed else 'FAILED'}", "",
              f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; {a.minutes} min, seed {a.seed}, load "
@@ -889,8 +913,7 @@ def report(soak: Soak, out: Path) -> bool:
     lines += [f"- crash: {c[:300]}" for c in crash_lines[:30]]
     if soak.final_voice_check:
         lines.append(f"- voices at the end: {soak.final_voice_check}")
-    if plotted:
-        lines += ["", "![RSS over time](rss.png)"]
+    lines += ["", "![RSS over time](rss.svg)"]
     (out / "report.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return passed
