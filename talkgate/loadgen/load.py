@@ -371,6 +371,12 @@ async def scrape(http: aiohttp.ClientSession, cfg: Config) -> dict:
         return {}
 
 
+def _series_key(labels: dict, label: str) -> str:
+    """A series' name in a by-engine table: its `label` value, and its model's name before it where the server
+    serves several models (their engines are numbered per model: engine 0 of each)."""
+    return f"{labels['model']}/{labels[label]}" if "model" in labels else labels[label]
+
+
 def server_numbers(before: dict, after: dict, wall_s: float) -> dict:
     """What /metrics says about the run; series the server does not expose come out as None."""
     cpu = [m.get(("process_cpu_seconds_total", ())) for m in (before, after)]
@@ -397,8 +403,15 @@ def server_numbers(before: dict, after: dict, wall_s: float) -> dict:
     cpu_wait = per_process("talkgate_worker_cpu_wait_seconds", "talkgate_engine_cpu_wait_seconds_total")
     gc_longest = {f"{kind}{dict(labels)[kind]}": v for (n, labels), v in after.items() for kind in ("worker", "engine")
                   if n == f"talkgate_{kind}_gc_pause_max_seconds"}
-    by = lambda name, label: {dict(labels)[label]: histogram_delta(before, after, name, **{label: dict(labels)[label]})
-                              for (n, labels) in after if n == name + "_count" and label in dict(labels)}
+    def by(name: str, label: str) -> dict:
+        """A histogram's delta per value of `label` (per engine of each model where a server serves several)."""
+        out = {}
+        for n, labels in after:
+            d = dict(labels)
+            if n == name + "_count" and label in d:
+                only = {k: d[k] for k in (label, "model") if k in d}
+                out[_series_key(d, label)] = histogram_delta(before, after, name, **only)
+        return out
     # the engine processes' loop: each phase's share of the run's wall time, summed over the engines
     loop = {}
     for (n, labels), v in after.items():
@@ -420,8 +433,8 @@ def server_numbers(before: dict, after: dict, wall_s: float) -> dict:
             "engine_step_s": histogram_delta(before, after, "talkgate_engine_step_seconds"),
             "engine_step_s_by_engine": by("talkgate_engine_step_seconds", "engine") or None,
             "engine_audio_s_per_wall_s": sum(audio.values()) if audio else None,
-            "engine_audio_s_per_wall_s_by_engine": {dict(labels)["engine"]: rate for labels, rate in audio.items()
-                                                    if labels} or None,
+            "engine_audio_s_per_wall_s_by_engine": {_series_key(dict(labels), "engine"): rate
+                                                    for labels, rate in audio.items() if labels} or None,
             "engine_loop_share": loop or None,
             "step_delivery_s": histogram_delta(before, after, "talkgate_engine_step_delivery_seconds"),
             "gc_share_by_process": gc_share or None,

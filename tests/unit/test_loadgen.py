@@ -268,3 +268,28 @@ def test_bad_arguments_are_refused(argv):
     with pytest.raises(SystemExit) as e:
         bench.main(argv)
     assert e.value.code == 2
+
+
+def test_a_server_of_several_models_is_shown_by_engine_of_each_model():
+    """Several models: each model's engines are numbered from 0 and labelled by model too; each series keeps its
+    own line (a three-model server showed one "engine 0" with a third of the audio)."""
+    text = """# TYPE talkgate_engine_audio_seconds_total counter
+talkgate_engine_audio_seconds_total{{engine="0",model="cv"}} {a}
+talkgate_engine_audio_seconds_total{{engine="0",model="clone"}} {b}
+# TYPE talkgate_engine_step_seconds histogram
+talkgate_engine_step_seconds_bucket{{engine="0",model="cv",le="0.01"}} {a}
+talkgate_engine_step_seconds_bucket{{engine="0",model="cv",le="+Inf"}} {a}
+talkgate_engine_step_seconds_count{{engine="0",model="cv"}} {a}
+talkgate_engine_step_seconds_sum{{engine="0",model="cv"}} 0.0
+talkgate_engine_step_seconds_bucket{{engine="0",model="clone",le="0.01"}} 0.0
+talkgate_engine_step_seconds_bucket{{engine="0",model="clone",le="+Inf"}} {b}
+talkgate_engine_step_seconds_count{{engine="0",model="clone"}} {b}
+talkgate_engine_step_seconds_sum{{engine="0",model="clone"}} 0.0
+"""
+    before = measure.parse_prometheus(text.format(a=0.0, b=0.0))
+    after = measure.parse_prometheus(text.format(a=20.0, b=10.0))
+    server = load.server_numbers(before, after, wall_s=10.0)
+    assert server["engine_audio_s_per_wall_s_by_engine"] == {"cv/0": pytest.approx(2.0), "clone/0": pytest.approx(1.0)}
+    steps = server["engine_step_s_by_engine"]
+    assert steps["cv/0"]["count"] == 20 and steps["clone/0"]["count"] == 10
+    assert steps["cv/0"]["p95_le"] == 0.01 and steps["clone/0"]["p95_le"] == float("inf")
