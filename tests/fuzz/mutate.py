@@ -34,9 +34,9 @@ DEEP_MARK = "\u0001DEEP\u0001"
 # ----- contracts -----
 @dataclass(frozen=True)
 class F:
-    """What one field takes. kind: str text cid bool int num enum obj any; `required`; range lo..hi
+    """What one field takes. kind: str text cid bool int num enum obj list any; `required`; range lo..hi
     (lo_open: lo excluded) and `step` (a number must be a multiple of it); `values` for enum; `sub` and
-    `closed` (unknown keys refused) for obj."""
+    `closed` (unknown keys refused) for obj; `item` for list (a list that must not be empty, each item `item`)."""
     kind: str
     required: bool = False
     lo: float | None = None
@@ -47,6 +47,7 @@ class F:
     closed: bool = False
     max_len: int | None = None
     step: float | None = None
+    item: "F | None" = None
 
     def breaks(self, v) -> bool:
         """Is `v` outside this contract (None: the field is absent)?"""
@@ -74,6 +75,8 @@ class F:
             return self.step is not None and abs(v / self.step - round(v / self.step)) > 1e-6
         if k == "enum":
             return not any(type(v) is type(x) and v == x for x in self.values)
+        if k == "list":
+            return not isinstance(v, list) or not v or any(self.item.breaks(x) for x in v)
         if k == "obj":
             if not isinstance(v, dict):
                 return True
@@ -169,11 +172,21 @@ TWILIO_PROTOCOL = Protocol(
     needs=lambda m: "format" in m or "audio_transport" in m)      # the Twilio mode refuses both
 
 
-EL_COMMON = {"text": F("text"), "flush": F("bool"), "voice_settings": F("obj"), "generation_config": F("obj")}
+# voice_settings and generation_config are checked on every message (sessions/elevenlabs.py); a style above 0 is an
+# instruction, refused (expression_unsupported) when a context opens on a checkpoint without instructions, as the
+# fuzz servers' tiny checkpoint is: there 0 is the one valid style (below 1e-9: expression.py's STYLE_BANDS take a
+# style that small for 0); the seeds carry these in openers only
+EL_VOICE_SETTINGS = F("obj", sub={
+    "stability": F("num", lo=0, hi=1), "similarity_boost": F("num", lo=0, hi=1), "use_speaker_boost": F("bool"),
+    "speed": F("num", lo=0.7, hi=1.2), "style": F("num", lo=0, hi=0.999e-9)})
+EL_GENERATION_CONFIG = F("obj", sub={"chunk_length_schedule": F("list", item=F("int", lo=50, hi=500))})
+EL_COMMON = {"text": F("text"), "flush": F("bool"), "voice_settings": EL_VOICE_SETTINGS,
+             "generation_config": EL_GENERATION_CONFIG}
 EL_MULTI_CONTRACTS = {"message": {**EL_COMMON, "context_id": F("str"), "close_context": F("bool")}}
 EL_MULTI_SCRIPTS = [
-    [{"text": " ", "context_id": "{C}", "voice_settings": {"stability": 0.5, "similarity_boost": 0.8},
-      "generation_config": {"chunk_length_schedule": [50]}},
+    [{"text": " ", "context_id": "{C}", "voice_settings": {"stability": 0.5, "similarity_boost": 0.8, "speed": 1.1,
+                                                           "style": 0, "use_speaker_boost": True},
+      "generation_config": {"chunk_length_schedule": [50, 120, 500]}},
      {"text": "Hello from the fuzzer. ", "context_id": "{C}"}, {"context_id": "{C}", "flush": True},
      {"context_id": "{C}", "close_context": True}],
     [{"text": "Barge in soon ", "context_id": "{C}"}, {"context_id": "{C}", "close_context": True}],
@@ -195,7 +208,7 @@ EL_MULTI_PROTOCOL = Protocol("elevenlabs-multi", EL_MULTI_SCRIPTS, EL_MULTI_CONT
                              needs=_el_multi_needs)
 EL_SINGLE_CONTRACTS = {"message": dict(EL_COMMON)}
 EL_SINGLE_SCRIPTS = [
-    [{"text": " ", "voice_settings": {"stability": 0.5}, "generation_config": {"chunk_length_schedule": [120]}},
+    [{"text": " ", "voice_settings": {"stability": 0.5, "speed": 0.8}, "generation_config": {"chunk_length_schedule": [120]}},
      {"text": "Hello single stream. "}, {"text": "More text.", "flush": True}],
     [{"text": "One message only.", "flush": True}],
 ]
@@ -209,22 +222,31 @@ CARTESIA_CONTRACTS = {"message": {
     "context_id": F("str", True), "transcript": F("text"), "continue": F("bool"), "flush": F("bool"),
     "add_timestamps": F("bool"), "cancel": F("bool"), "language": F("str"),
     "voice": F("obj", True, sub={"mode": F("enum", values=("id",)), "id": F("str", True)}),
-    "output_format": CARTESIA_FORMAT}}
+    "output_format": CARTESIA_FORMAT,
+    # a context's delivery, read from its first request (sessions/cartesia.py controls); emotions other than neutral
+    # are instructions, refused (expression_unsupported) on the fuzz servers' checkpoint, which takes none
+    "generation_config": F("obj", sub={"speed": F("num", lo=0.6, hi=1.5), "volume": F("num", lo=0.5, hi=2),
+                                       "emotion": F("enum", values=("neutral",))}),
+    "speed": F("enum", values=("slow", "normal", "fast")), "max_buffer_delay_ms": F("int", lo=0, hi=5000),
+    "use_normalized_timestamps": F("bool"), "add_phoneme_timestamps": F("enum", values=(False,))}}
 _CV = {"mode": "id", "id": "ryan"}
 CARTESIA_SCRIPTS = [
     [{"context_id": "{C}", "model_id": "sonic-2", "transcript": "Hello ", "voice": _CV, "language": "en",
       "output_format": {"container": "raw", "encoding": "pcm_s16le", "sample_rate": 24000},
-      "continue": True, "add_timestamps": True},
+      "continue": True, "add_timestamps": True, "max_buffer_delay_ms": 3000, "use_normalized_timestamps": True,
+      "generation_config": {"speed": 1.2, "volume": 1.5, "emotion": "neutral"}},
      {"context_id": "{C}", "transcript": "world.", "continue": True, "flush": True},
      {"context_id": "{C}", "transcript": "", "continue": False}],
     [{"context_id": "{C}", "model_id": "sonic-2", "transcript": "Cancel me.", "voice": _CV, "continue": True,
       "output_format": {"container": "raw", "encoding": "pcm_f32le", "sample_rate": 16000}},
      {"context_id": "{C}", "cancel": True}],
-    [{"context_id": "{C}", "transcript": "One shot.", "voice": _CV, "continue": False,
-      "output_format": {"container": "raw", "encoding": "pcm_mulaw", "sample_rate": 8000}}],
+    [{"context_id": "{C}", "transcript": "One shot.", "voice": _CV, "continue": False, "speed": "fast",
+      "add_phoneme_timestamps": False, "output_format": {"container": "raw", "encoding": "pcm_mulaw", "sample_rate": 8000}}],
 ]
 CARTESIA_PROTOCOL = Protocol("cartesia", CARTESIA_SCRIPTS, CARTESIA_CONTRACTS, lambda m: "message",
-                             opener_only=("voice", "output_format", "language"))
+                             opener_only=("voice", "output_format", "language", "generation_config", "speed",
+                                          "max_buffer_delay_ms", "use_normalized_timestamps",
+                                          "add_phoneme_timestamps"))
 
 
 def _deepgram_kind(msg):
