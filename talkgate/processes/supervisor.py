@@ -113,7 +113,7 @@ class Supervisor:
         limits = plan.server["limits"]
         server = {**plan.server, "limits": {**limits, "max_connections": worker_cap(limits["max_connections"],
                                                                                    plan.workers)},
-                  "key_limit_share": plan.workers}
+                  "key_limit_share": plan.workers, "audio_dir": os.path.join(run_dir, "audio")}
         models = [{"name": name, "aliases": list(plan.aliases.get(name, ())),
                    "engines": [endpoints[i] for i, e in enumerate(plan.engines) if e["model"] == m]}
                   for m, (name, _) in enumerate(plan.models)]

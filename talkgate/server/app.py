@@ -124,3 +124,4 @@ async def _stop(app: web.Application) -> None:
     asyncio.get_running_loop().remove_signal_handler(signal.SIGHUP)
     app["gateway"].client.close()
     app["gateway"].usage.sync()     # the last records synced now, not by a timer of a loop that ends
+    app["gateway"].audio_files.close()      # a folder of its own only: a server's run folder is the supervisor's

@@ -1,16 +1,19 @@
 """Routes of the compatible HTTP speech APIs (docs/compat.md): ElevenLabs text-to-speech (convert, stream,
 with timestamps) and its model listing (`GET /v1/models`, which Deepgram's clients get in Deepgram's shape),
-Cartesia `/tts/bytes` and `/tts/sse`, Deepgram `POST /v1/speak`.
+Cartesia `/tts/bytes` and `/tts/sse`, Deepgram `POST /v1/speak`, DashScope's Qwen TTS (and the WAV files its
+non-streamed answers name, `GET /api/v1/audio/{id}.wav`).
 Each handler only parses the request into its translator (sessions/elevenlabs.py, cartesia.py,
-deepgram.py); keys, drain, body and the streamed response are server/http_speech.py's."""
+deepgram.py, dashscope_http.py); keys, drain, body and the streamed response are server/http_speech.py's."""
 from __future__ import annotations
+
+from dataclasses import replace
 
 from aiohttp import web
 
 from talkgate.server import voices_http
 from talkgate.server.compat_ws import scope
 from talkgate.server.http_speech import respond, serve_speech
-from talkgate.sessions import cartesia, deepgram, elevenlabs
+from talkgate.sessions import cartesia, dashscope_http, deepgram, elevenlabs
 from talkgate.sessions.voices import ISO_LANGUAGES
 
 # model ids the ElevenLabs clients send by default: listed, and served by the one loaded model
@@ -101,6 +104,35 @@ async def deepgram_rest(request: web.Request) -> web.StreamResponse:
     return await serve_speech(request, "deepgram", make, deepgram.rest_error)
 
 
+async def dashscope_speech(request: web.Request) -> web.StreamResponse:
+    """Qwen TTS: `X-DashScope-SSE: enable` streams server-sent events; else the answer names a WAV file kept in the
+    workers' shared folder (server/audio_files.py) for its TTL, at a URL of the host the request came to."""
+    gw = request.app["gateway"]
+    streamed = request.headers.get("X-DashScope-SSE", "").lower() == "enable"
+
+    def keep(wav: bytes) -> tuple[str, str, int]:
+        audio_id, expires_at = gw.audio_files.put(wav)
+        return audio_id, f"{request.scheme}://{request.host}/api/v1/audio/{audio_id}.wav", expires_at
+
+    async def make(body) -> dashscope_http.DashScopeSpeech:
+        own = scope(request)
+        text, model, config = dashscope_http.parse_request(body, gw.models, own.voice_map, gw.limits.max_text_chars)
+        fmt = dashscope_http.STREAM_FORMAT if streamed else dashscope_http.FILE_FORMAT
+        session = gw.new_session("dashscope", own.voices, replace(config, format=fmt))
+        return dashscope_http.DashScopeSpeech(session, text, streamed, None if streamed else keep)
+
+    return await serve_speech(request, "dashscope", make, dashscope_http.http_error)
+
+
+async def dashscope_audio(request: web.Request) -> web.StreamResponse:
+    """A non-streamed answer's WAV while its URL is valid; the id is the whole of the access rule (DashScope's URL
+    is a signed one, fetched without a key)."""
+    path = request.app["gateway"].audio_files.path(request.match_info["name"])
+    if path is None:
+        return respond(dashscope_http.http_error(404, "not_found", "no such audio, or its URL has expired"))
+    return web.FileResponse(path, headers={"Content-Type": "audio/wav"})
+
+
 def add_routes(app: web.Application) -> None:
     for path, timestamps, streamed in (("", False, True), ("/stream", False, True),
                                        ("/with-timestamps", True, False), ("/stream/with-timestamps", True, True)):
@@ -109,3 +141,5 @@ def add_routes(app: web.Application) -> None:
     app.router.add_post("/tts/bytes", _cartesia(events=False))
     app.router.add_post("/tts/sse", _cartesia(events=True))
     app.router.add_post("/v1/speak", deepgram_rest)
+    app.router.add_post(dashscope_http.PATH, dashscope_speech)
+    app.router.add_get("/api/v1/audio/{name}", dashscope_audio)

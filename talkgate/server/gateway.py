@@ -13,6 +13,7 @@ from functools import partial
 
 from aiohttp import web
 
+from talkgate.server.audio_files import AudioFiles
 from talkgate.server.audit import AuditLog
 from talkgate.server.connection import Connection
 from talkgate.server.engine_client import EngineClient
@@ -55,6 +56,7 @@ class ServerConfig:
     trace_latency: str | None = None          # JSON-lines file of each request's stage times (latency_trace.py)
     usage_log: str | None = None              # JSON-lines file of each finished context's usage (server/usage.py)
     key_limit_share: int = 1                  # worker processes each key's limits are split over (key_limits.py)
+    audio_dir: str | None = None              # the workers' shared folder of audio served at a URL (audio_files.py)
 
     def __post_init__(self):
         # as JSON brings them back: an object and lists
@@ -79,6 +81,7 @@ class Gateway:
         self.hurry: list[asyncio.Event] = []           # any of them set cuts the drain short
         self.client: EngineClient | None = None    # the engine's client, made with the app (on its loop)
         self.store = VoiceStore(config.voice_store or default_root())
+        self.audio_files = AudioFiles(config.audio_dir)     # DashScope's non-streamed answers (None: made when used)
         self.models: Models | None = None          # the served models (with the client)
         self.voice_map = VoiceMap()                 # the compatible APIs' voice ids (app.create_app loads --voice-map)
         self.keys_file = KeysFile(config.keys_file) if config.keys_file else None    # KeysError: start-up fails

@@ -167,3 +167,111 @@ def test_cartesia_sse_failure_after_audio_is_an_error_event(tokenizer):
     event = json.loads(send.data.decode().split("data: ")[1])
     assert event["type"] == "error" and event["error_code"] == "engine_error" and event["status_code"] == 500
     assert event["context_id"] == "c9" and close == Close(1000, "engine_error")
+
+
+# ----- DashScope's Qwen TTS over HTTP -----
+def dashscope(tokenizer, streamed: bool, kept: list | None = None, **given):
+    from dataclasses import replace
+
+    from talkgate.sessions import dashscope_http
+    body = {"model": "qwen3-tts-flash", "input": {"text": "Hello there.", **given}, "parameters": {"stream": streamed}}
+    text, _, config = dashscope_http.parse_request(body, ONE_MODEL, VOICES, 1000)
+    fmt = dashscope_http.STREAM_FORMAT if streamed else dashscope_http.FILE_FORMAT
+    s = Session(INFO, Limits(), lambda: StreamingTokenizer(tokenizer), replace(config, format=fmt))
+
+    def keep(wav: bytes):
+        kept.append(wav)
+        return "audio_kept", "http://host/api/v1/audio/audio_kept.wav", 1234
+
+    return dashscope_http.DashScopeSpeech(s, text, streamed, None if streamed else keep)
+
+
+def sse_events(actions) -> list[tuple[str, dict]]:
+    """(event, data) of each server-sent event in the actions' bodies."""
+    out = []
+    for a in actions:
+        if isinstance(a, Send):
+            fields = dict(line.split(":", 1) for line in a.data.decode().strip().split("\n") if not line.startswith(":"))
+            out.append((fields["event"], json.loads(fields["data"])))
+    return out
+
+
+def test_dashscope_http_streamed_events_and_whole_answer(tokenizer):
+    proto = dashscope(tokenizer, streamed=True, voice="Ethan", language_type="English")
+    assert proto.session.defaults.voice == "ryan" and proto.session.defaults.language == "english"
+    ctx, _ = started(proto)
+    out = proto.engine_event(AudioChunk(ctx, pcm(0), 0, 1, 0.0))
+    assert isinstance(out[0], Begin) and out[0].content_type == "text/event-stream"
+    out += proto.engine_event(ContextDone(ctx, "length_rule", 1))
+    events = sse_events(out)
+    assert [e for e, _ in events] == ["result", "result"] and isinstance(out[-1], Close) and out[-1].code == 1000
+    first, last = events[0][1], events[1][1]
+    assert first["output"]["finish_reason"] == "null" and len(base64.b64decode(first["output"]["audio"]["data"])) \
+        == 1920 * 2
+    assert last["output"] == {"finish_reason": "stop", "audio": {"data": "", "id": first["output"]["audio"]["id"],
+                                                                 "expires_at": 0, "url": ""}}
+    assert last["usage"] == {"characters": len("Hello there.")} and last["request_id"] == proto.request_id
+    assert out[1].data.startswith(b"id:1\nevent:result\n:HTTP_STATUS/200\ndata:")
+
+    kept: list = []
+    proto = dashscope(tokenizer, streamed=False, kept=kept)
+    ctx, _ = started(proto)
+    assert proto.engine_event(AudioChunk(ctx, pcm(0), 0, 1, 0.0)) == []
+    (answer,) = [a for a in proto.engine_event(ContextDone(ctx, "length_rule", 1)) if isinstance(a, Respond)]
+    assert answer.status == 200 and answer.content_type == "application/json"
+    assert kept[0][:4] == b"RIFF" and len(kept[0]) == 44 + 1920 * 2
+    assert json.loads(answer.body)["output"] == {"finish_reason": "stop", "audio": {
+        "data": "", "id": "audio_kept", "expires_at": 1234, "url": "http://host/api/v1/audio/audio_kept.wav"}}
+
+
+def test_dashscope_http_errors_in_dashscope_shape(tokenizer):
+    from talkgate.sessions import dashscope_http
+    for body, code in (([], "invalid_request"), ({"input": {"text": "Hi."}}, "invalid_request"),
+                       ({"model": "qwen3-tts-flash", "input": {"text": "  "}}, "invalid_request"),
+                       ({"model": "qwen3-tts-flash"}, "invalid_message"),
+                       ({"model": "qwen3-tts-flash", "input": {"text": "Hi.", "voice": "Nobody"}}, "unknown_voice"),
+                       ({"model": "qwen3-tts-flash", "input": {"text": "Hi.", "voice": 3}}, "invalid_message"),
+                       ({"model": "nope", "input": {"text": "Hi."}}, "unknown_model"),
+                       ({"model": "qwen3-tts-flash", "input": {"text": "x" * 1001}}, "text_too_long")):
+        with pytest.raises(SessionError) as e:
+            dashscope_http.parse_request(body, ONE_MODEL, VOICES, 1000)
+        assert e.value.code == code, body
+    text, model, config = dashscope_http.parse_request(
+        {"model": "tiny", "input": {"text": "Hi.", "voice": "Dylan", "instructions": "Calm."}, "parameters": {}},
+        ONE_MODEL, VOICES, 1000)
+    assert (text, model, config.voice, config.instructions, config.language) == ("Hi.", "tiny", "dylan", "Calm.", "auto")
+    for status, code, expected in ((400, "unknown_voice", (400, "InvalidParameter")),
+                                   (400, "unknown_model", (404, "ModelNotFound")),
+                                   (401, "unauthorized", (401, "InvalidApiKey")),
+                                   (503, "engine_full", (429, "Throttling.AllocationQuota")),
+                                   (500, "engine_error", (500, "InternalError"))):
+        answer = dashscope_http.http_error(status, code, "why", "r1")
+        assert (answer.status, json.loads(answer.body)) == (expected[0], {"code": expected[1], "message": "why",
+                                                                          "request_id": "r1"})
+        assert answer.error == code
+    # a failure after the stream began: an `event:error` whose status the SDK reads from `status:`
+    proto = dashscope(tokenizer, streamed=True)
+    ctx, _ = started(proto)
+    proto.engine_event(AudioChunk(ctx, pcm(0), 0, 1, 0.0))
+    send, close = proto.engine_event(ContextFailed(ctx, "engine_error", "boom"))
+    assert b"\nevent:error\n:HTTP_STATUS/500\nstatus:500\n" in send.data and close == Close(1000, "engine_error")
+    assert sse_events([send])[0][1] == {"code": "InternalError", "message": "boom", "request_id": proto.request_id}
+
+
+def test_audio_files_expire_and_stay_within_their_bound(tmp_path):
+    from talkgate.server.audio_files import AudioFiles
+    files = AudioFiles(str(tmp_path), ttl_s=100, max_bytes=10)
+    a, expires = files.put(b"12345", now=1000.0)
+    assert expires == 1100 and files.path(f"{a}.wav", now=1050.0) == str(tmp_path / f"{a}.wav")
+    assert files.path(f"{a}.wav", now=1e12) is None         # expired
+    for bad in (f"{a}.mp3", "../x.wav", "audio_1234.wav", f"{a}"):
+        assert files.path(bad) is None
+    b, _ = files.put(b"123456", now=1001.0)                # over the bound: the oldest goes
+    assert not (tmp_path / f"{a}.wav").exists() and (tmp_path / f"{b}.wav").exists()
+    own = AudioFiles()
+    c, _ = own.put(b"x")
+    folder = own.root
+    assert own.path(f"{c}.wav") is not None
+    own.close()
+    files.close()
+    assert not __import__("os").path.exists(folder) and (tmp_path / f"{b}.wav").exists()
