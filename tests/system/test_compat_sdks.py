@@ -558,6 +558,64 @@ def test_dashscope_wrong_key_and_no_model(server, tls):
 
 
 
+
+# ----- DashScope: Qwen TTS over HTTP (MultiModalConversation.call, qwen_tts.SpeechSynthesizer.call) -----
+@pytest.fixture
+def dashscope_http(server, cert, monkeypatch):
+    """The SDK pointed at talkgate (dashscope.base_http_api_url, its documented setting, read at every call; or
+    DASHSCOPE_HTTP_BASE_URL before it is imported); requests trusts the certificate through REQUESTS_CA_BUNDLE. The
+    SDK's shared requests session is closed after the test with the connections it keeps."""
+    import dashscope
+    monkeypatch.setattr(dashscope, "base_http_api_url", f"{server.url}/api/v1")
+    monkeypatch.setattr(dashscope, "api_key", KEY)
+    monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(cert[0]))
+    yield dashscope
+    dashscope.close_shared_sync_session()
+
+
+def test_dashscope_http_streamed(dashscope_http):
+    from dashscope.audio.qwen_tts import SpeechSynthesizer
+    responses = list(dashscope_http.MultiModalConversation.call(model="qwen3-tts-flash", text=TEXT, voice="Cherry",
+                                                                language_type="English", stream=True))
+    assert {r.status_code for r in responses} == {200}
+    audio = b"".join(base64.b64decode(r.output.audio.data) for r in responses if r.output.audio.data)
+    assert pcm_frames(audio, 24000) == FRAMES                   # PCM s16le 24 kHz, as DashScope streams it
+    assert [r.output.finish_reason for r in responses][-2:] == ["null", "stop"]
+    assert responses[-1].usage.characters == len(TEXT) and responses[-1].request_id == responses[0].request_id
+    # the older client of the same endpoint (qwen-tts): the same events in its own response class
+    responses = list(SpeechSynthesizer.call(model="qwen-tts", text=TEXT, voice="Ethan", stream=True))
+    audio = b"".join(base64.b64decode(r.output.audio["data"]) for r in responses)   # a dict in this class
+    assert pcm_frames(audio, 24000) == FRAMES and responses[-1].output.finish_reason == "stop"
+
+
+def test_dashscope_http_url_of_a_wav(dashscope_http, tls):
+    response = dashscope_http.MultiModalConversation.call(model="qwen3-tts-flash", text=TEXT, voice="Serena")
+    assert response.status_code == 200 and response.output.finish_reason == "stop"
+    audio = response.output.audio
+    assert audio.data == "" and audio.id.startswith("audio_") and audio.expires_at > time.time() + 600
+    wav = httpx.get(audio.url, verify=tls)                      # no key: the id is the access rule
+    assert wav.status_code == 200 and wav.headers["content-type"] == "audio/wav"
+    assert wav.content[:4] == b"RIFF" and decoded_samples(wav.content, "wav") == FRAMES * 1920
+    assert response.usage.characters == len(TEXT)
+    gone = httpx.get(audio.url.replace(audio.id, "audio_" + "0" * 32), verify=tls)
+    assert gone.status_code == 404 and gone.json()["code"] == "NotFound"
+
+
+def test_dashscope_http_errors(dashscope_http):
+    call = dashscope_http.MultiModalConversation.call
+    for kwargs, status, code in (({"voice": "Nobody"}, 400, "InvalidParameter"),
+                                 ({"model": "qwen-nope"}, 404, "ModelNotFound"),
+                                 ({"text": "", "voice": "Cherry"}, 400, "InvalidParameter"),
+                                 ({"api_key": "wrong"}, 401, "InvalidApiKey")):
+        for stream in (False, True):
+            args = {"model": "qwen3-tts-flash", "text": TEXT, **kwargs, "stream": stream}
+            response = call(**args)
+            if stream:
+                (response,) = list(response)
+            assert (response.status_code, response.code) == (status, code), args
+            assert response.message and response.request_id
+
+
 # ----- emotion and instructions on this 0.6B checkpoint (the fields themselves: test_compat_fields.py) -----
 def test_instructions_on_a_checkpoint_without_them(server, http):
     """0.6B CustomVoice: OpenAI's instructions are ignored as the reference ignores them (the same seed makes the
