@@ -183,8 +183,9 @@ class QwenTokenizer:
 
     def may_cross(self, word: str, b: int, known: int) -> bool:
         """Whether a token of the piece's final tokenization may cover byte `b` (0 < b <= known) of `word`,
-        the byte-level string of a run of letters (\\p{L}+, the pre-tokenizer piece CJK text makes) that starts
-        at a final token boundary, of which the first `known` bytes are final and any letters may follow.
+        the byte-level string of a letter piece (an optional non-letter, then \\p{L}+: the pre-tokenizer piece
+        CJK text makes) that starts at a final token boundary, of which the first `known` bytes are final and
+        any letters may follow.
         False proves the tokens of `word[:b]` final: those of BPE(word[:b]), whatever follows.
 
         BPE merges the adjacent pair of lowest rank (leftmost first) until none has a merge. Isolation: where

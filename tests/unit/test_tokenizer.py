@@ -416,3 +416,16 @@ def test_committed_ids_hold_under_every_continuation(tokenizers):
             ids += s.feed(ch)
             for tail in tails:
                 assert ours.encode(text[:i] + tail)[:len(ids)] == ids, (text[:i], tail)
+
+
+def test_byte_level_map_is_the_pre_tokenizers():
+    """BYTE_OF (may_cross reads the bytes of a token's tail through it) inverts the byte-level pre-tokenizer."""
+    from tokenizers import pre_tokenizers
+
+    from talkgate.synth.tokenizer import BYTE_OF
+    assert sorted(BYTE_OF) == sorted(pre_tokenizers.ByteLevel.alphabet()) and sorted(BYTE_OF.values()) == list(
+        range(256))
+    level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    text = "".join(map(chr, range(128))) + "éß天カ🙂\u0301\U0010fffd" + "".join(chr(c) for c in range(0x80, 0x800, 7))
+    mapped = "".join(piece for piece, _ in level.pre_tokenize_str(text))
+    assert bytes(BYTE_OF[c] for c in mapped) == text.encode("utf-8")
