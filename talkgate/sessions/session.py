@@ -525,7 +525,11 @@ class Session:
         if ctx.gain == 1.0:
             return ctx.encoder.encode
         gain = np.float32(ctx.gain)
-        return lambda pcm: ctx.encoder.encode(np.clip(pcm * gain, -1.0, 1.0))
+
+        def encode(pcm):
+            out = pcm * gain                    # one new array a frame, clipped in place
+            return ctx.encoder.encode(np.clip(out, -1.0, 1.0, out=out))
+        return encode
 
     def _encoded(self, ctx: _Context, encode, *pcm) -> list[SessionEvent]:
         """Run one encoder call (encode(pcm), drain() or flush()) and turn its packets into AudioOut events."""
