@@ -18,7 +18,6 @@ import subprocess
 import time
 
 import httpx
-import numpy as np
 import pytest
 
 from talkgate.synth.request import frames_for_text

@@ -7,7 +7,6 @@ from __future__ import annotations
 import pytest
 
 from talkgate.sessions import cartesia, deepgram, deepgram_v2, elevenlabs
-from talkgate.sessions.actions import Close
 from talkgate.sessions.cartesia import CartesiaProtocol
 from talkgate.sessions.dashscope import DashScopeProtocol
 from talkgate.sessions.deepgram import DeepgramProtocol
