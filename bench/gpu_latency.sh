@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# Issues 45 and 46 on one H200, one call series (run detached, as gpu_multi.sh):
+#   one 1.7B CustomVoice server, default flags, --trace-latency (issue 45's budget per stage, bench.latency_trace):
+#     OpenAI HTTP PCM at 1, 20 and 100 req/s; native WebSocket Opus 48 kHz (whole text) at 1 and 20 req/s; native
+#     PCM streamed text (25 Qwen tokens/s, as an LLM) in English and in Chinese (no punctuation in the deltas' way)
+#     at 20 req/s: first audio from the committing delta is the trace's read -> written;
+#   then 1.7B CustomVoice + Base + VoiceDesign in one serve (issue 46), 192 slots each: a cloned voice alone at 1 and
+#     20 req/s (the other engines idle: the clone's own budget), then the mixed load, 3 x 20 req/s, to compare
+#     with the one-model server's 20 req/s above, same call.
+# Results: $OUT/latency.tgz; progress: $RES/progress.
+#   setsid bash bench/gpu_latency.sh > /tmp/latency.out 2>&1 < /dev/null &
+set -uo pipefail
+out=${OUT:-/tmp/out}; res=${RES:-/tmp/res-latency}; rm -rf "$res"; mkdir -p "$out" "$res"
+tree=$(cd "$(dirname "$0")/.." && pwd)
+log() { echo "[$(date +%T)] $*" | tee -a "$res/progress"; }
+if [ "${SETUP:-1}" = 1 ]; then
+  (cd "$tree" && . bench/gpu_env.sh) || exit 1
+fi
+cd "$tree"
+export PYTHONPATH=$tree:/tmp/site PYTHONUNBUFFERED=1 TALKGATE_CACHE=/tmp/tgc
+tg() { python3 -m talkgate "$@"; }
+{ git -C "$tree" rev-parse --short HEAD; nvidia-smi -L; nvidia-smi --query-gpu=driver_version --format=csv,noheader
+  python3 -c 'import torch, aiohttp, zmq; print(torch.__version__, aiohttp.__version__, zmq.__version__)'; nproc; } \
+  > "$res/versions.txt" 2>&1
+for v in custom_voice base voice_design; do
+  [ -f /tmp/ck-1.7b-$v/config.json ] || tg checkpoint create /tmp/ck-1.7b-$v --preset 1.7b --variant $v | tail -1
+done
+log "checkpoints made"
+
+start() {   # start NAME ARGS...: serve on 8081, wait for ready and every engine's graphs
+  local name=$1; shift
+  local t0=$SECONDS
+  python3 -m talkgate serve --port 8081 "$@" > "$res/$name.log" 2>&1 &
+  echo $! > "$res/$name.pid"
+  for _ in $(seq 1200); do grep -q "talkgate: ready" "$res/$name.log" && break; sleep 0.5; done
+  log "$name: ready $((SECONDS - t0)) s after start"
+  local n; n=$(grep -c 'engine [0-9]*.*: .*pid' "$res/$name.log")
+  for _ in $(seq 400); do [ "$(grep -c 'all [0-9]* graphs captured' "$res/$name.log")" -ge "$n" ] && break; sleep 0.5; done
+  log "$name: all graphs of $n engine(s) captured $((SECONDS - t0)) s after start"
+}
+stop() { kill -TERM "$(cat "$res/$1.pid")"; wait "$(cat "$res/$1.pid")"; }
+load() {    # load OUTDIR ARGS...: talkgate bench, its own CPU time beside it
+  local dir=$1; shift
+  local TIMEFORMAT="%R %U %S"
+  { time timeout 200 python3 -m talkgate bench --url http://127.0.0.1:8081 --warmup 4 --out "$res/$dir" \
+      --bucket medium "$@" > "$res/$dir.txt" 2>&1; } 2> "$res/$dir-client-time.txt"
+  grep -E "^(concurrency|rps|highest|warm-up)" "$res/$dir.txt" | tee -a "$res/progress"
+}
+traced() {  # traced NAME ARGS...: a load whose requests' traces go to trace-NAME.jsonl, then its budget
+  local name=$1; shift
+  : > "$res/trace.jsonl"
+  load "$name" "$@"
+  cp "$res/trace.jsonl" "$res/trace-$name.jsonl"
+  python3 -m bench.latency_trace "$res/trace-$name.jsonl" > "$res/budget-$name.txt" 2>&1
+  grep -E "total|text wait" "$res/budget-$name.txt" | sed "s/^/$name /" | tee -a "$res/progress"
+}
+
+start one --model /tmp/ck-1.7b-custom_voice --trace-latency "$res/trace.jsonl"
+traced http-rps1 --protocol openai --lang en --rps 1 --duration 40 --processes 1
+traced http-rps20 --protocol openai --lang en --rps 20 --duration 30 --processes 2
+traced http-rps100 --protocol openai --lang en --rps 100 --duration 20 --processes 4
+traced opus-rps1 --protocol native --encoding opus --tokens-per-second 0 --lang en --rps 1 --duration 40 --processes 1
+traced opus-rps20 --protocol native --encoding opus --tokens-per-second 0 --lang en --rps 20 --duration 30 --processes 2
+traced stream-en-rps20 --protocol native --tokens-per-second 25 --lang en --rps 20 --duration 30 --processes 2
+traced stream-zh-rps20 --protocol native --tokens-per-second 25 --lang zh --rps 20 --duration 30 --processes 2
+curl -s http://127.0.0.1:8081/metrics > "$res/one-metrics.txt"
+stop one
+
+start three --model cv=/tmp/ck-1.7b-custom_voice --model clone=/tmp/ck-1.7b-base \
+  --model design=/tmp/ck-1.7b-voice_design --max-contexts 192 --trace-latency "$res/trace.jsonl"
+python3 - <<'PY'
+import numpy as np, soundfile
+t = np.arange(24000 * 6) / 24000
+soundfile.write("/tmp/ref.wav", 0.3 * np.sin(2 * np.pi * 180 * t * (1 + 0.1 * np.sin(3 * t))), 24000)
+PY
+curl -s -F audio_sample=@/tmp/ref.wav -F name=speaker1 -F consent=bench http://127.0.0.1:8081/v1/audio/voices \
+  > "$res/clone.json"; log "cloned: $(cut -c1-160 "$res/clone.json")"
+traced clone-rps1 --protocol openai --lang en --model clone --voice speaker1 --rps 1 --duration 30 --processes 1
+traced clone-rps20 --protocol openai --lang en --model clone --voice speaker1 --rps 20 --duration 30 --processes 2
+log "three models: 3 x 20 req/s for 30 s"
+: > "$res/trace.jsonl"
+loaders=()
+load three-cv --protocol openai --lang en --rps 20 --duration 30 --processes 2 --model cv & loaders+=($!)
+load three-clone --protocol openai --lang en --rps 20 --duration 30 --processes 2 --model clone --voice speaker1 \
+  & loaders+=($!)
+load three-design --protocol openai --lang en --rps 20 --duration 30 --processes 2 --model design \
+  --instructions "A warm, calm female voice, middle-aged, speaking slowly and clearly." & loaders+=($!)
+wait "${loaders[@]}"            # the loaders only: a bare wait would wait for the server too
+cp "$res/trace.jsonl" "$res/trace-three.jsonl"
+python3 -m bench.latency_trace "$res/trace-three.jsonl" > "$res/budget-three.txt" 2>&1
+curl -s http://127.0.0.1:8081/metrics > "$res/three-metrics.txt"
+stop three
+tar czf "$out/latency.tgz" -C "$(dirname "$res")" "$(basename "$res")"
+log "done"
