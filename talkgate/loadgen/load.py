@@ -170,13 +170,14 @@ async def native_request(http: aiohttp.ClientSession, cfg: Config, job: Job, r: 
             r.text_lag_ms = 0.0
             deltas = token_deltas(text) if cfg.tokens_per_second > 0 else [text]
             for i, delta in enumerate(deltas):
+                due = t0 + i / cfg.tokens_per_second if i else t0       # one delta when tokens_per_second is 0
                 if i:
-                    await asyncio.sleep(max(0.0, t0 + i / cfg.tokens_per_second - now()))
+                    await asyncio.sleep(max(0.0, due - now()))
                 async with lock:
                     if state["cancel_sent"] is not None:
                         return
                     await ws.send_str(json.dumps({"type": "text", "context_id": cid, "text": delta}))
-                r.text_lag_ms = max(r.text_lag_ms, (now() - t0 - i / cfg.tokens_per_second) * 1000)
+                r.text_lag_ms = max(r.text_lag_ms, (now() - due) * 1000)
             async with lock:
                 if state["cancel_sent"] is None:
                     await ws.send_str(json.dumps({"type": "flush", "context_id": cid}))

@@ -25,12 +25,19 @@ def seconds_as_ms(h: dict | None) -> str:
     return " / ".join(fmt(None if h[k] is None else h[k] * 1000, 2) for k in ("mean", "p99_le"))
 
 
+def engine_order(key: str) -> tuple[str, int]:
+    """An engine's key in /metrics' series, "0" or, where a server serves several models, "MODEL/0": by model, then
+    by index as a number (engine 10 after engine 9)."""
+    model, _, index = key.rpartition("/")
+    return model, int(index)
+
+
 def audio_rate(s: dict) -> str:
     """The headline figure, audio seconds per wall second: what the clients received, what the engines made (the
     server's /metrics) and what each made (none with `--workers 0`: its one engine has no label). The step's roofline
     fraction (bench/roofline.py) goes beside each engine's."""
     engines = s["server"].get("engine_audio_s_per_wall_s_by_engine") or {}
-    made = ", ".join(f"engine {e} {v:.2f}" for e, v in sorted(engines.items(), key=lambda ev: int(ev[0])))
+    made = ", ".join(f"engine {e} {v:.2f}" for e, v in sorted(engines.items(), key=lambda ev: engine_order(ev[0])))
     return (f"{fmt(s['audio_s_per_wall_s'], 2)} received, {fmt(s['server'].get('engine_audio_s_per_wall_s'), 2)} made"
             + (f" ({made})" if made else ""))
 

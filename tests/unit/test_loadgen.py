@@ -253,6 +253,17 @@ def test_audio_per_wall_second_received_and_made_by_each_engine():
     assert "audio s per wall s 0.07 received, - made, " in report.one_line(s)
 
 
+def test_audio_per_wall_second_by_engine_of_each_model():
+    """A server of several models labels its engines by model: the figure per engine shows each, by model and then by
+    index as a number (engine 10 after engine 2)."""
+    def text(v: float) -> str:
+        return "".join(f'talkgate_engine_audio_seconds_total{{model="{m}",engine="{e}"}} {v}\n'
+                       for m, e in (("cv", 0), ("cv", 10), ("cv", 2), ("clone", 0)))
+    server = load.server_numbers(measure.parse_prometheus(text(0.0)), measure.parse_prometheus(text(5.0)), wall_s=10.0)
+    s = load.summarize(load.Config(rps=2.0), [_result(0)], 10.0, 10.0, 3, server, None, [0.1])
+    assert "(engine clone/0 0.50, engine cv/0 0.50, engine cv/2 0.50, engine cv/10 0.50)" in report.one_line(s)
+
+
 # ----- CLI
 def test_dump_prompts(capsys):
     assert bench.main(["--dump-prompts", "--lang", "zh", "--bucket", "long"]) == 0
