@@ -201,9 +201,7 @@ def run(args: argparse.Namespace) -> int:
                 pass
         except OSError as e:
             raise CommandError(f"--trace-latency {args.trace_latency}: cannot append to it ({e.strerror})") from None
-    if args.models and args.model:
-        raise CommandError("--model and --models: give the models in one place (the models file)")
-    specs = models_file.read(args.models) if args.models else [ModelSpec(*m) for m in served_models(args.model)]
+    specs = served_specs(args.model, args.models)
     if args.workers != 0:
         return run_supervised(args, specs)
     # one process runs one engine thread: several models (each an engine of its own) need engine processes
@@ -289,6 +287,14 @@ def served_models(specs: list[str] | None) -> list[tuple[str, str]]:
             raise CommandError(f"--model {spec}: two models named {name!r}; name them apart with NAME=DIR")
         models.append((name, path))
     return models
+
+
+def served_specs(model: list[str] | None, models: str | None) -> list[ModelSpec]:
+    """The served models of --model (any number of times) or --models FILE, not both; neither: the built-in
+    default (serve's and warmup's)."""
+    if models and model:
+        raise CommandError("--model and --models: give the models in one place (the models file)")
+    return models_file.read(models) if models else [ModelSpec(*m) for m in served_models(model)]
 
 
 def slots_args(spec: ModelSpec) -> list[str]:

@@ -1,6 +1,7 @@
 """`talkgate warmup`: compile the model's GPU step into the talkgate cache ahead of time, so that a later
 `talkgate serve` of the same model on the same kind of GPU starts in seconds (e.g. run it when an image is
-built); several --model (serve's [NAME=]DIR) warm each in turn. Everything serve compiles, with the same model, device, dtype and slot flags (synth/compile_cache.py)."""
+built); several --model (serve's [NAME=]DIR), or serve's --models FILE, warm each in turn, each with its own
+slots. Everything serve compiles, with the same model, device, dtype and slot flags (synth/compile_cache.py)."""
 from __future__ import annotations
 
 import argparse
@@ -22,6 +23,8 @@ def add_parser(subparsers) -> None:
     p.add_argument("--model", metavar="[NAME=]DIR|ID", action="append", help="checkpoint directory or Hugging Face "
                    "id, as serve takes it; repeat it to warm every model of a server of several, one after the other "
                    f"(default: serve's built-in random-weight '{serve.DEFAULT_PRESET}' checkpoint)")
+    p.add_argument("--models", metavar="FILE", help="serve's models file instead of --model: every model in it, "
+                   "each with its max_contexts (docs/operations.md)")
     p.add_argument("--device", metavar="DEVICE", type=cli_args.device,
                    help="cpu, cuda or cuda:N (default: cuda when a GPU is visible, else cpu)")
     p.add_argument("--dtype", choices=["bfloat16", "float16", "float32"],
@@ -29,7 +32,8 @@ def add_parser(subparsers) -> None:
     p.add_argument("--decoder-dtype", choices=["float32", "float16", "bfloat16"],
                    help="codec decoder dtype (default: float32, as the reference; float16 takes ~22%% off a 256-row 1.7B step at 41 dB SNR against float32 on random weights: docs/engine.md)")
     p.add_argument("--max-contexts", metavar="N", type=cli_args.integer(1), help="engine slots, as serve will be "
-                   "given (default: sized from free GPU memory); the largest batch's kernels are tuned at this size")
+                   "given (default: sized from free GPU memory); the largest batch's kernels are tuned at this size; a models "
+                   "file's max_contexts wins")
     p.set_defaults(func=run)
 
 
@@ -41,16 +45,22 @@ def run(args: argparse.Namespace) -> int:
     from talkgate.synth import compile_cache
     from talkgate.synth.engine import Engine
 
+    specs = serve.served_specs(args.model, args.models)
     device = cli_args.check_device(args.device)
-    for name, checkpoint in serve.served_models(args.model):
+    if args.model or args.models:       # a wrong path is found before the first model's minutes of compiles
+        from talkgate.synth.checkpoint_dir import resolve_path
+        for spec in specs:
+            resolve_path(spec.path)
+    for spec in specs:
         t0 = time.perf_counter()
-        engine = Engine.from_pretrained(checkpoint or str(serve.default_checkpoint()), device=device,
+        engine = Engine.from_pretrained(spec.path or str(serve.default_checkpoint()), device=device,
                                         dtype=args.dtype, decoder_dtype=args.decoder_dtype,
-                                        max_contexts=args.max_contexts)
-        runner = engine.runner
+                                        max_contexts=spec.max_contexts or args.max_contexts)
+        runner, name = engine.runner, spec.name
         if runner.device.type != "cuda":
-            print(f"talkgate: {runner.device.type}: nothing is compiled or captured on this device; nothing to do")
-            return 0
+            print(f"talkgate: {name} ({runner.num_slots} slots) on {runner.device.type}: nothing is compiled or "
+                  "captured on this device; nothing to do")
+            continue
         loaded = time.perf_counter()
         runner.warmup()
         runner.finish_compiles()        # a fresh cache's last helper (two rows' persistent kernels): in the cache too

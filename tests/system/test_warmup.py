@@ -173,7 +173,27 @@ def test_warmup_command_on_cpu_has_nothing_to_do(tiny_checkpoint, capsys):
     assert "nothing is compiled or captured" in capsys.readouterr().out
 
 
-def test_warmup_command_warms_every_model_given(capsys, monkeypatch):
+def test_warmup_command_warms_every_model_of_a_models_file(tiny_checkpoint, tmp_path, capsys):
+    """`warmup --models FILE` reads serve's models file: each model loaded in turn with its own max_contexts (else
+    --max-contexts); the file's mistakes, a path that is not there, and --model beside it stop it before any load."""
+    path = tmp_path / "models.jsonl"
+    path.write_text(f'# two of one checkpoint\n{{"name": "cv", "path": "{tiny_checkpoint}", "max_contexts": 3}}\n'
+                    f'{{"name": "other", "path": "{tiny_checkpoint}"}}\n')
+    assert main(["warmup", "--models", str(path), "--device", "cpu", "--max-contexts", "2"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) == 2 and out[0].startswith("talkgate: cv (3 slots) on cpu: nothing is compiled"), out
+    assert out[1].startswith("talkgate: other (2 slots) on cpu: nothing is compiled"), out
+    for text, expected in ((f'{{"path": "{tiny_checkpoint}", "memory": 1}}', "line 1: unknown key 'memory'"),
+                           (f'{{"path": "{tiny_checkpoint}"}}\n{{"path": "{tmp_path}/none"}}', f"{tmp_path}/none")):
+        path.write_text(text)
+        assert main(["warmup", "--models", str(path), "--device", "cpu"]) == 2
+        captured = capsys.readouterr()
+        assert expected in captured.err and captured.out == "", captured
+    assert main(["warmup", "--models", str(path), "--model", str(tiny_checkpoint), "--device", "cpu"]) == 2
+    assert "--model and --models: give the models in one place" in capsys.readouterr().err
+
+
+def test_warmup_command_warms_every_model_given(tiny_checkpoint, capsys, monkeypatch):
     """Several --model as serve takes them ([NAME=]DIR): each is loaded and warmed in turn (stand-in GPU engines:
     what warmup calls of one)."""
     from talkgate.synth.engine import Engine
@@ -195,17 +215,18 @@ def test_warmup_command_warms_every_model_given(capsys, monkeypatch):
         return SimpleNamespace(runner=StandInRunner(checkpoint), info=SimpleNamespace(name=checkpoint, size="tiny"))
     monkeypatch.setattr(Engine, "from_pretrained", from_pretrained)
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
-    assert main(["warmup", "--model", "cv=/ckpt/a", "--model", "/ckpt/b", "--max-contexts", "2"]) == 0
-    assert warmed == ["/ckpt/a", "/ckpt/b"]
+    assert main(["warmup", "--model", f"cv={tiny_checkpoint}", "--model", str(tiny_checkpoint), "--max-contexts",
+                 "2"]) == 0
+    assert warmed == [str(tiny_checkpoint)] * 2
     out = capsys.readouterr().out
-    assert "warm-up of cv (/ckpt/a" in out and "warm-up of b (/ckpt/b" in out
+    assert f"warm-up of cv ({tiny_checkpoint}" in out and f"warm-up of tiny-custom_voice ({tiny_checkpoint}" in out
 
 
 def test_warmup_command_takes_serves_model_flags(capsys):
     with pytest.raises(SystemExit):
         main(["warmup", "--help"])
     out = capsys.readouterr().out
-    assert all(flag in out for flag in ("--model", "--device", "--dtype", "--max-contexts"))
+    assert all(flag in out for flag in ("--model", "--models", "--device", "--dtype", "--max-contexts"))
 
 
 def test_artifacts_are_kept_per_version_of_the_model_code_and_only_the_last_few(tmp_path):
