@@ -6,9 +6,11 @@
 Keys: `path` (required: a checkpoint directory or a Hugging Face id, as --model takes), `name` (default: the
 path's last part), `aliases` (other names requests may give it, a vendor's model name too: `tts-1` then names this
 model instead of the default), `gpus` (indices of the visible GPUs, or "all"; default --gpus), `engines` (engine
-processes per GPU; default --engines), `max_contexts` (slots of each of its engine processes: its share of the GPU;
-default --max-contexts). Blank lines and lines starting with # are skipped; the first model is the default. Every
-mistake is a CommandError naming the file and line.
+processes per GPU; default --engines), `max_contexts` (slots of each of its engine processes; default
+--max-contexts), `memory_share` (the fraction of a GPU's memory each of its engine processes sizes its slots from,
+0 < x <= 1; default an even share of the GPU among its engine processes: cli/serve.py's engine_plan). Blank lines
+and lines starting with # are skipped; the first model is the default. Every mistake is a CommandError naming the
+file and line.
 """
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ from dataclasses import dataclass
 
 from talkgate.cli.args import CommandError
 
-KEYS = ("name", "path", "aliases", "gpus", "engines", "max_contexts")
+KEYS = ("name", "path", "aliases", "gpus", "engines", "max_contexts", "memory_share")
 
 
 @dataclass(frozen=True)
@@ -28,6 +30,7 @@ class ModelSpec:
     gpus: str | None = None                # as --gpus takes it: "all" or "0,1"; None: --gpus
     engines: int | None = None             # None: --engines
     max_contexts: int | None = None        # None: --max-contexts
+    memory_share: float | None = None      # None: an even share of each GPU it is on
 
 
 def read(path: str) -> list[ModelSpec]:
@@ -86,7 +89,12 @@ def read(path: str) -> list[ModelSpec]:
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
                 raise bad(f"'{key}' is a whole number, at least 1")
             counts[key] = value
-        specs.append(ModelSpec(name, checkpoint, tuple(aliases), gpus, **counts))
+        share = d.get("memory_share")
+        if share is not None and (not isinstance(share, (int, float)) or isinstance(share, bool)
+                                  or not 0 < share <= 1):
+            raise bad("'memory_share' is a fraction of a GPU's memory, above 0 and at most 1")
+        specs.append(ModelSpec(name, checkpoint, tuple(aliases), gpus, **counts,
+                               memory_share=None if share is None else float(share)))
     if not specs:
         raise CommandError(f"--models {path}: no model in it (one JSON object a line)")
     return specs

@@ -66,8 +66,8 @@ def add_parser(subparsers) -> None:
                    "processes of its own, the first one for requests that name no model and no voice of another; "
                    "NAME, else the directory's or id's last part, is what requests name it by (docs/operations.md)")
     p.add_argument("--models", metavar="FILE", help="the served models from a file instead of --model: one JSON "
-                   "object a line with path (directory or Hugging Face id), name, aliases, gpus, engines and "
-                   "max_contexts (docs/operations.md)")
+                   "object a line with path (directory or Hugging Face id), name, aliases, gpus, engines, "
+                   "max_contexts and memory_share (docs/operations.md)")
     p.add_argument("--host", metavar="ADDRESS", default="127.0.0.1",
                    help="address to listen on (0.0.0.0: every IPv4 interface)")
     p.add_argument("--port", metavar="N", type=cli_args.port, default=8080,
@@ -81,13 +81,15 @@ def add_parser(subparsers) -> None:
     p.add_argument("--gpus", metavar="all|I,J", help="GPUs to serve on, one engine process each (default: all; "
                    "indices as CUDA_VISIBLE_DEVICES shows them)")
     p.add_argument("--engines", metavar="N", type=cli_args.integer(1), default=1, help="engine processes per GPU, "
-                   "or on the CPU; more than one on a GPU needs --max-contexts (each would size its slots from the "
-                   "whole GPU)")
+                   "or on the CPU; several on one GPU (of one model or of several) split its memory: each without "
+                   "--max-contexts sizes its slots from 1/N of the GPU for N engine processes on it, or from its "
+                   "model's memory_share (--models FILE; docs/operations.md)")
     p.add_argument("--workers", metavar="N", type=cli_args.integer(0), help="gateway worker processes sharing the "
                    "port (default: the cores less one per engine process and one more, 1 to "
                    f"{MAX_DEFAULT_WORKERS}); 0: one process, the engine a thread of it")
     p.add_argument("--max-contexts", metavar="N", type=cli_args.integer(1), help="engine slots of each engine process: "
-                   "contexts in flight on it (default: sized from free GPU memory, at most 512; 16 on CPU)")
+                   "contexts in flight on it (default: sized from free GPU memory, or from its share of the GPU's "
+                   "memory where engine processes share one (--engines), at most 512; 16 on CPU)")
     p.add_argument("--seed", metavar="N", type=cli_args.seed, help="sampling seed of contexts whose request sets "
                    "none, so that the same text and settings give the same audio (default: a fresh random seed each)")
     add_untrained_length(p)
@@ -298,8 +300,43 @@ def served_specs(model: list[str] | None, models: str | None) -> list[ModelSpec]
 
 
 def slots_args(spec: ModelSpec) -> list[str]:
-    """A model's own engine flags (after the server's: the last --max-contexts wins)."""
+    """A model's own slot flags (after the server's: the last --max-contexts wins)."""
     return ["--max-contexts", str(spec.max_contexts)] if spec.max_contexts else []
+
+
+def engine_plan(specs: list[ModelSpec], device: str, gpus: str | None, engines: int, max_contexts: int | None,
+                ids: list[str] = ()) -> list[dict]:
+    """The engine processes to start (processes/supervisor.py's Plan.engines): each model's on its GPUs (its own or
+    `gpus`, as --gpus; the visible GPUs' CUDA_VISIBLE_DEVICES ids are `ids`), `engines` (or its own) per GPU, on the
+    CPU with device "cpu". Every engine process on a GPU has a share of its memory, its model's memory_share, else
+    1 / (the engine processes on that GPU); the shares on one GPU add up to at most 1. An engine process of a model
+    without max_contexts (its own or `max_contexts`) sizes its slots from its share ("memory_share") where the GPU
+    has several engine processes or the model states one; else from the free memory (docs/operations.md "Several
+    models")."""
+    if device == "cpu":
+        if gpus is not None or any(spec.gpus for spec in specs):
+            raise CommandError("--gpus (or a model's gpus) needs a GPU (--device cuda)")
+        return [{"device": "cpu", "cuda_visible": None, "model": m, "args": slots_args(spec)}
+                for m, spec in enumerate(specs) for _ in range(spec.engines or engines)]
+    plan = []
+    for m, spec in enumerate(specs):
+        which = spec.gpus or gpus
+        indices = gpu_indices(which, len(ids)) if which or device == "cuda" else [int(device.split(":")[1])]
+        plan += [{"device": "cuda", "cuda_visible": ids[g], "model": m, "args": slots_args(spec)}
+                 for g in indices for _ in range(spec.engines or engines)]
+    for gpu in dict.fromkeys(e["cuda_visible"] for e in plan):
+        on_it = [e for e in plan if e["cuda_visible"] == gpu]
+        share = {e["model"]: specs[e["model"]].memory_share or 1 / len(on_it) for e in on_it}
+        if sum(share[e["model"]] for e in on_it) > 1 + 1e-9:      # 3 x 0.3333333 fits, rounded or not
+            shares = ", ".join(f"{specs[m].name} {sum(e['model'] == m for e in on_it)} x {s:.3g}"
+                               for m, s in share.items())
+            raise CommandError(f"GPU {gpu}: the memory shares of its engine processes ({shares}) add up to more "
+                               "than the GPU: lower the models' memory_share (docs/operations.md)")
+        for e in on_it:
+            spec = specs[e["model"]]
+            if (len(on_it) > 1 or spec.memory_share) and not (spec.max_contexts or max_contexts):
+                e["memory_share"] = share[e["model"]]
+    return plan
 
 
 def run_supervised(args: argparse.Namespace, specs: list[ModelSpec]) -> int:
@@ -325,27 +362,12 @@ def run_supervised(args: argparse.Namespace, specs: list[ModelSpec]) -> int:
             path = str(default_checkpoint())
             specs = [ModelSpec(model_name(path), path)]
         models = [(spec.name, spec.path) for spec in specs]
-        engines = []
-        if device == "cpu":
-            if args.gpus is not None or any(spec.gpus for spec in specs):
-                raise CommandError("--gpus (or a model's gpus) needs a GPU (--device cuda)")
-            for m, spec in enumerate(specs):
-                engines += [{"device": "cpu", "cuda_visible": None, "model": m, "args": slots_args(spec)}
-                            for _ in range(spec.engines or args.engines)]
-        else:
+        ids = []
+        if device != "cpu":
             count = cli_args.cuda_device_count()
             visible = os.environ.get("CUDA_VISIBLE_DEVICES")      # indices are of the visible GPUs
-            ids = visible.split(",") if visible else [str(g) for g in range(count)]
-            for m, spec in enumerate(specs):
-                shared = (spec.engines or args.engines) > 1 or len(specs) > 1
-                if shared and (spec.max_contexts or args.max_contexts) is None:
-                    raise CommandError(f"model {spec.name}: --engines above 1 or several models on a GPU need "
-                                       "--max-contexts or the model's max_contexts (each engine process would size its "
-                                       "slots from the whole GPU's free memory)")
-                which = spec.gpus or args.gpus
-                gpus = gpu_indices(which, count) if which or device == "cuda" else [int(device.split(":")[1])]
-                engines += [{"device": "cuda", "cuda_visible": ids[g], "model": m, "args": slots_args(spec)}
-                            for g in gpus for _ in range(spec.engines or args.engines)]
+            ids = (visible.split(",") if visible else [str(g) for g in range(count)])[:count]
+        engines = engine_plan(specs, device, args.gpus, args.engines, args.max_contexts, ids)
         engine_args = ["--untrained-length", args.untrained_length, "--warmup-stall", str(args.warmup_stall)]
         for flag, value in (("--dtype", args.dtype), ("--decoder-dtype", args.decoder_dtype),
                             ("--max-contexts", args.max_contexts), ("--seed", args.seed)):

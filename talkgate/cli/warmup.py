@@ -24,7 +24,8 @@ def add_parser(subparsers) -> None:
                    "id, as serve takes it; repeat it to warm every model of a server of several, one after the other "
                    f"(default: serve's built-in random-weight '{serve.DEFAULT_PRESET}' checkpoint)")
     p.add_argument("--models", metavar="FILE", help="serve's models file instead of --model: every model in it, "
-                   "each with its max_contexts (docs/operations.md)")
+                   "each with the slots serve gives it without --gpus and --engines (its max_contexts, else its share "
+                   "of its first GPU; docs/operations.md)")
     p.add_argument("--device", metavar="DEVICE", type=cli_args.device,
                    help="cpu, cuda or cuda:N (default: cuda when a GPU is visible, else cpu)")
     p.add_argument("--dtype", choices=["bfloat16", "float16", "float32"],
@@ -51,11 +52,17 @@ def run(args: argparse.Namespace) -> int:
         from talkgate.synth.checkpoint_dir import resolve_path
         for spec in specs:
             resolve_path(spec.path)
-    for spec in specs:
+    shares = {}                         # the slots serve sizes from a share of a GPU, warmed at that size
+    if device != "cpu":
+        gpus = [str(g) for g in range(cli_args.cuda_device_count())]
+        for e in serve.engine_plan(specs, device, None, 1, args.max_contexts, gpus):
+            shares.setdefault(e["model"], e.get("memory_share"))
+    for m, spec in enumerate(specs):
         t0 = time.perf_counter()
         engine = Engine.from_pretrained(spec.path or str(serve.default_checkpoint()), device=device,
                                         dtype=args.dtype, decoder_dtype=args.decoder_dtype,
-                                        max_contexts=spec.max_contexts or args.max_contexts)
+                                        max_contexts=spec.max_contexts or args.max_contexts,
+                                        memory_share=shares.get(m))
         runner, name = engine.runner, spec.name
         if runner.device.type != "cuda":
             print(f"talkgate: {name} ({runner.num_slots} slots) on {runner.device.type}: nothing is compiled or "

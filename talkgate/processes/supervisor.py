@@ -74,11 +74,22 @@ class Plan:
     port: int                                  # reserved by serve.py
     models: list[tuple[str, str]]              # (name, checkpoint) of each served model, the default first
     engines: list[dict]                        # per engine: {"device", "cuda_visible", "model": its index in models,
-                                               # "args": its model's own engine flags (a models file's max_contexts)}
+                                               # "args": its model's own engine flags (a models file's max_contexts),
+                                               # "memory_share": its share of the GPU's memory, where it has one}
     workers: int
     engine_args: list[str] = field(default_factory=list)     # --dtype, --max-contexts, --seed ...
     aliases: dict = field(default_factory=dict)              # model name -> its other names (a models file's)
     server: dict = field(default_factory=dict)              # dataclasses.asdict(ServerConfig) (limits: the server's)
+
+
+def engine_argv(plan: Plan, i: int, endpoint: str) -> list[str]:
+    """The command line of engine process `i` of `plan`: the server's engine flags, then its model's own, then its
+    share of the GPU's memory."""
+    e = plan.engines[i]
+    share = ["--memory-share", str(e["memory_share"])] if e.get("memory_share") else []
+    return [sys.executable, "-m", "talkgate.processes.engine_process", "--index", str(i), "--endpoint", endpoint,
+            "--model", plan.models[e["model"]][1], "--device", e["device"], *plan.engine_args, *e.get("args", ()),
+            *share]
 
 
 class Supervisor:
@@ -104,9 +115,7 @@ class Supervisor:
             env = dict(base_env)
             if e.get("cuda_visible") is not None:
                 env["CUDA_VISIBLE_DEVICES"] = e["cuda_visible"]
-            argv = [sys.executable, "-m", "talkgate.processes.engine_process", "--index", str(i), "--endpoint",
-                    endpoints[i], "--model", plan.models[e["model"]][1], "--device", e["device"], *plan.engine_args,
-                    *e.get("args", ())]
+            argv = engine_argv(plan, i, endpoints[i])
             # the model named only where there are several: a one-model server's log reads as it always has
             name = f"engine {i} ({plan.models[e['model']][0]})" if len(plan.models) > 1 else f"engine {i}"
             self.children.append(Child(name, argv, env, model=e["model"]))

@@ -162,11 +162,13 @@ class Engine:
                         max_contexts: int | None = None, max_frames_per_context: int = DEFAULT_MAX_FRAMES,
                         max_batch: int | None = None, cuda_graphs: bool = True, max_prompt: int | None = None,
                         decoder_dtype: str | None = None, torch_compile: bool = True,
-                        untrained_length: str = "text-rule", **engine_kw) -> "Engine":
+                        untrained_length: str = "text-rule", memory_share: float | None = None,
+                        **engine_kw) -> "Engine":
         """Load a checkpoint (directory or Hugging Face id). device None: cuda if available, else cpu;
-        dtype None: bfloat16 on cuda, float32 on cpu; max_contexts None: sized from free memory
-        (docs/engine.md); max_batch None: max_contexts when given, else at most 256; max_prompt None: 128
-        positions, 385 for a Base checkpoint (an ICL voice of 30 s); decoder_dtype None: float32 (as the reference);
+        dtype None: bfloat16 on cuda, float32 on cpu; max_contexts None: sized from free memory, or from
+        `memory_share` of the GPU's memory where engine processes share it (docs/engine.md); max_batch None:
+        max_contexts when given, else at most 256; max_prompt None: 128 positions, 385 for a Base checkpoint (an
+        ICL voice of 30 s); decoder_dtype None: float32 (as the reference);
         torch_compile: fuse the step's kernels with torch.compile on cuda (minutes of warm-up, cached);
         untrained_length: how an untrained checkpoint's contexts end, "text-rule" or "runaway"
         (synth.api.end_of_speech)."""
@@ -175,7 +177,7 @@ class Engine:
             path_or_id, device=device, dtype=dtype, max_contexts=max_contexts,
             max_frames_per_context=max_frames_per_context, max_batch=max_batch, cuda_graphs=cuda_graphs,
             max_prompt=max_prompt, decoder_dtype=decoder_dtype, torch_compile=torch_compile,
-            untrained_length=untrained_length)
+            untrained_length=untrained_length, memory_share=memory_share)
         return cls(runner, tokenizer_factory, prompts, info, **engine_kw)
 
     # ----- lifecycle -----

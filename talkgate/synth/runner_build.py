@@ -49,12 +49,27 @@ WARMUP_BYTES_PER_ROW = 50 << 20
 
 
 def slots_from_memory(tts, max_len: int, dtype: torch.dtype, device: torch.device, cap: int = DEFAULT_MAX_SLOTS,
-                      max_batch: int = DEFAULT_MAX_BATCH) -> int:
-    """As many slots as free GPU memory allows after a reserve for activations, graphs and warm-up (4 GiB + 10%
-    of what is free + WARMUP_BYTES_PER_ROW per row of the largest step, min(slots, max_batch)), at most
-    `cap`; at least 1."""
-    free, _ = torch.cuda.mem_get_info(device)
-    usable, per_slot = free - (4 << 30) - free // 10, slot_bytes(tts, max_len, dtype)
+                      max_batch: int = DEFAULT_MAX_BATCH, memory_share: float | None = None) -> int:
+    """As many slots as slots_within gives of this process's budget of GPU memory: what is free, or with
+    `memory_share` (several engine processes on one GPU) that fraction of the GPU's total less what this process
+    holds already (share_budget)."""
+    free, total = torch.cuda.mem_get_info(device)
+    budget = free if memory_share is None else share_budget(total, torch.cuda.memory_reserved(device), memory_share)
+    return slots_within(budget, slot_bytes(tts, max_len, dtype), cap, max_batch)
+
+
+def share_budget(total: int, held: int, share: float) -> int:
+    """The GPU bytes an engine process with `share` of a GPU of `total` bytes may still take, `held` (its weights,
+    its allocator's pool) taken already. Not from free memory: the engine processes of one GPU load at the same
+    time, so what is free when one sizes its slots depends on how far the others have got."""
+    return int(total * share) - held
+
+
+def slots_within(budget: int, per_slot: int, cap: int = DEFAULT_MAX_SLOTS, max_batch: int = DEFAULT_MAX_BATCH) -> int:
+    """Slots of `per_slot` bytes in `budget` bytes after a reserve for activations, graphs, the CUDA context and
+    warm-up (4 GiB + 10% of the budget + WARMUP_BYTES_PER_ROW per row of the largest step, min(slots, max_batch)),
+    at most `cap`; at least 1."""
+    usable = budget - (4 << 30) - budget // 10
     slots = usable // (per_slot + WARMUP_BYTES_PER_ROW)          # every slot a row of the largest step
     if slots > max_batch:
         slots = (usable - max_batch * WARMUP_BYTES_PER_ROW) // per_slot
@@ -62,7 +77,8 @@ def slots_from_memory(tts, max_len: int, dtype: torch.dtype, device: torch.devic
 
 
 def load_runner(path_or_id, device=None, dtype=None, max_contexts=None, max_frames_per_context=750, max_batch=None,
-                cuda_graphs=True, max_prompt=None, decoder_dtype=None, torch_compile=True, untrained_length="text-rule"):
+                cuda_graphs=True, max_prompt=None, decoder_dtype=None, torch_compile=True, untrained_length="text-rule",
+                memory_share=None):
     """-> (Runner, tokenizer factory, Prompts, ModelInfo) for synth.engine.Engine."""
     t0 = time.perf_counter()
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -92,8 +108,8 @@ def load_runner(path_or_id, device=None, dtype=None, max_contexts=None, max_fram
         helpers.wait()                         # their memory back before the slots are sized from what is free
     max_len = max_prompt + max_frames_per_context
     if max_contexts is None:
-        max_contexts = slots_from_memory(tts, max_len, dtype, device, max_batch=max_batch) \
-            if device.type == "cuda" else 16
+        max_contexts = slots_from_memory(tts, max_len, dtype, device, max_batch=max_batch,
+                                         memory_share=memory_share) if device.type == "cuda" else 16
     max_batch = min(max_batch, max_contexts)
     runner = Runner(tts, num_slots=max_contexts, max_frames=max_frames_per_context, max_prompt=max_prompt,
                     max_batch=max_batch, device=device, dtype=dtype, cuda_graphs=cuda_graphs,

@@ -1,0 +1,86 @@
+"""Several engine processes on one GPU: each sizes its slots from its share of the GPU's memory (docs/operations.md
+"Several models"). The arithmetic, the shares the supervisor gives each engine process, the models file's key; the
+sizing on a GPU itself runs on the GPU machine."""
+from __future__ import annotations
+
+import pytest
+
+from talkgate.cli import models_file
+from talkgate.cli.args import CommandError
+from talkgate.cli.models_file import ModelSpec
+from talkgate.cli.serve import engine_plan
+from talkgate.processes.supervisor import Plan, engine_argv
+from talkgate.synth.runner_build import share_budget, slots_within
+
+GiB, MiB = 1 << 30, 1 << 20
+SLOT = int(98.5 * MiB)                  # a 1.7B bf16 slot of 60 s (docs/engine.md "Memory budget")
+
+
+def test_slots_from_a_share_of_the_gpu():
+    # half of 100 GiB less 5 GiB held: 45 GiB; less 4 GiB + 10%: 36.5 GiB of slots and their warm-up rows, 148.5 MiB each
+    assert share_budget(100 * GiB, 5 * GiB, 0.5) == 45 * GiB
+    assert slots_within(45 * GiB, SLOT) == 251
+    # a third of an H200's 141 GiB less 4 GiB held: 43 GiB, 34.7 GiB usable
+    assert slots_within(share_budget(141 * GiB, 4 * GiB, 1 / 3), SLOT) == 239
+    # past 256 rows the largest step's warm-up is budgeted once: 122.9 GiB less 256 rows of 50 MiB, 98.5 MiB a slot
+    assert slots_within(141 * GiB, SLOT, cap=2000) == 1147 and slots_within(141 * GiB, SLOT) == 512
+    # a share smaller than what the process holds still gets a slot
+    assert share_budget(80 * GiB, 4 * GiB, 0.05) == 0 and slots_within(0, SLOT) == 1
+
+
+def argv_shares(specs, gpus=None, engines=1, max_contexts=None, ids=("0", "1")):
+    """The --memory-share of each engine process's command line, by (GPU, model name); None: no share given."""
+    plan = Plan(host="127.0.0.1", port=0, models=[(s.name, s.path) for s in specs], workers=1,
+                engines=engine_plan(specs, "cuda", gpus, engines, max_contexts, list(ids)))
+    shares = []
+    for i, e in enumerate(plan.engines):
+        argv = engine_argv(plan, i, f"ipc:///tmp/engine-{i}.ipc")
+        share = float(argv[argv.index("--memory-share") + 1]) if "--memory-share" in argv else None
+        shares.append((e["cuda_visible"], specs[e["model"]].name, share))
+    return shares
+
+
+def test_engine_processes_sharing_a_gpu_get_an_even_share_unless_a_model_states_its_own():
+    a, b, c = ModelSpec("a", "/a"), ModelSpec("b", "/b", gpus="0"), ModelSpec("c", "/c", gpus="1", engines=2)
+    # one engine process alone on each GPU: sized from free memory, as a server of one model always was
+    assert argv_shares([a]) == [("0", "a", None), ("1", "a", None)]
+    # a on both GPUs, b beside it on GPU 0, c's two beside it on GPU 1
+    assert argv_shares([a, b, c]) == [("0", "a", 0.5), ("1", "a", 1 / 3), ("0", "b", 0.5), ("1", "c", 1 / 3),
+                                      ("1", "c", 1 / 3)]
+    assert argv_shares([a], engines=3, ids=("7",)) == [("7", "a", 1 / 3)] * 3
+    # a stated share is each engine process's, alone on a GPU too; the others keep 1 / (engine processes there)
+    big = ModelSpec("big", "/big", gpus="0", memory_share=0.6)
+    assert argv_shares([big, ModelSpec("small", "/s", gpus="0", memory_share=0.25)]) == [("0", "big", 0.6),
+                                                                                        ("0", "small", 0.25)]
+    assert argv_shares([big]) == [("0", "big", 0.6)]
+    # max_contexts wins: its engine processes get no share, but theirs still counts on the GPU
+    fixed = ModelSpec("fixed", "/f", gpus="0", max_contexts=64)
+    assert argv_shares([fixed, b]) == [("0", "fixed", None), ("0", "b", 0.5)]
+    assert argv_shares([a, b], max_contexts=32) == [("0", "a", None), ("1", "a", None), ("0", "b", None)]
+    # the CPU sizes no slots from memory
+    assert [e.get("memory_share") for e in engine_plan([a, ModelSpec("d", "/d")], "cpu", None, 2, None)] == [None] * 4
+
+
+def test_shares_of_one_gpu_above_the_whole_are_refused_naming_the_gpu_and_the_models():
+    big = ModelSpec("big", "/big", gpus="1", memory_share=0.6)
+    with pytest.raises(CommandError) as e:
+        engine_plan([big, ModelSpec("rest", "/r", gpus="0,1")], "cuda", None, 1, None, ["0", "1"])
+    assert str(e.value).startswith("GPU 1: the memory shares of its engine processes (big 1 x 0.6, rest 1 x 0.5) add "
+                                   "up to more than the GPU"), e.value
+    with pytest.raises(CommandError, match=r"GPU 0: .*\(big 2 x 0.6\)"):
+        engine_plan([ModelSpec("big", "/big", engines=2, memory_share=0.6)], "cuda", None, 1, None, ["0"])
+    thirds = ModelSpec("t", "/t", engines=3, memory_share=0.3333333)     # rounded down by whoever wrote it
+    assert [e["memory_share"] for e in engine_plan([thirds], "cuda", None, 1, None, ["0"])] == [0.3333333] * 3
+
+
+def test_models_file_memory_share(tmp_path):
+    path = tmp_path / "models.jsonl"
+    path.write_text('{"name": "a", "path": "/a", "memory_share": 0.25}\n{"name": "b", "path": "/b", "memory_share": 1}'
+                    '\n{"name": "c", "path": "/c"}\n')
+    assert [s.memory_share for s in models_file.read(str(path))] == [0.25, 1.0, None]
+    for value in ("0", "1.5", "-0.5", "true", '"0.5"', "NaN"):
+        path.write_text(f'{{"path": "/a"}}\n{{"name": "b", "path": "/b", "memory_share": {value}}}\n')
+        with pytest.raises(CommandError) as e:
+            models_file.read(str(path))
+        assert str(e.value) == (f"--models {path} line 2: 'memory_share' is a fraction of a GPU's memory, above 0 "
+                                "and at most 1"), value
