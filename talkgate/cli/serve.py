@@ -211,9 +211,9 @@ def run(args: argparse.Namespace) -> int:
         names = ", ".join(spec.name for spec in specs)
         raise CommandError(f"--workers 0 serves one model; {len(specs)} are given ({names}): several models need "
                            "engine processes, leave out --workers 0")
-    if specs[0].aliases or specs[0].gpus or specs[0].engines:
-        raise CommandError(f"--models {args.models}: aliases, gpus and engines need engine processes: leave out "
-                           "--workers 0")
+    if specs[0].aliases or specs[0].gpus or specs[0].engines or specs[0].memory_share:
+        raise CommandError(f"--models {args.models}: aliases, gpus, engines and memory_share need engine processes: "
+                           "leave out --workers 0")
     models = [(specs[0].name, specs[0].path)]
     max_contexts = specs[0].max_contexts or args.max_contexts
     descriptors.reserve(args.max_connections + descriptors.SPARE)     # before the engine starts its threads

@@ -104,6 +104,9 @@ def test_serve_models_file_mistakes_name_the_line_and_workers_0_serves_one_model
     assert main(["serve", "--model", f"a={tiny_checkpoint}", "--model", f"b={tiny_checkpoint}", "--workers", "0",
                  "--port", "0"]) == 2
     assert "--workers 0 serves one model; 2 are given (a, b)" in capsys.readouterr().err
+    path.write_text(f'{{"path": "{tiny_checkpoint}", "memory_share": 0.5}}')
+    assert main(["serve", "--models", str(path), "--workers", "0", "--port", "0"]) == 2
+    assert "memory_share need engine processes: leave out --workers 0" in capsys.readouterr().err
 
 
 def all_parsers():
