@@ -54,8 +54,13 @@ def slots_from_memory(tts, max_len: int, dtype: torch.dtype, device: torch.devic
     `memory_share` (several engine processes on one GPU) that fraction of the GPU's total less what this process
     holds already (share_budget)."""
     free, total = torch.cuda.mem_get_info(device)
-    budget = free if memory_share is None else share_budget(total, torch.cuda.memory_reserved(device), memory_share)
-    return slots_within(budget, slot_bytes(tts, max_len, dtype), cap, max_batch)
+    if memory_share is None:
+        return slots_within(free, slot_bytes(tts, max_len, dtype), cap, max_batch)
+    held = torch.cuda.memory_reserved(device)
+    slots = slots_within(share_budget(total, held, memory_share), slot_bytes(tts, max_len, dtype), cap, max_batch)
+    log.info("slots: %d from a %.3g share of %.1f GiB, %.1f GiB held (%.1f GiB free now)", slots, memory_share,
+             total / (1 << 30), held / (1 << 30), free / (1 << 30))
+    return slots
 
 
 def share_budget(total: int, held: int, share: float) -> int:
