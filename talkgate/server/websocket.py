@@ -10,7 +10,9 @@ nothing holds it after its handler ends. Frames queued together are written with
 was as much of a worker's time as libopus (docs/benchmarks.md). When aiohttp's reader fails the connection
 (a message over the frame limit: 1009; a protocol error: 1002; invalid UTF-8: 1007), what the client still sends
 is read and dropped after the close frame (`LingeringClose`), so that the client reads the close frame instead
-of a reset.
+of a reset. A client that does not answer the heartbeat's ping in time (one that stopped reading: the ping waits
+behind its audio) gets close 1008 `keepalive ping timeout` after what was already written, not just the end of
+the stream (`_handle_ping_pong_exception`); the transport has CLOSE_LINGER_S to hand it over.
 """
 from __future__ import annotations
 
@@ -22,6 +24,8 @@ from aiohttp import WSCloseCode, WSMsgType, WebSocketError, web
 LINGER_S = 5.0                   # a failed connection reads what its client still sends for at most this long
 LINGER_BYTES = 64 * 1024 * 1024  # and this much (4 times the largest message tried: 16 MiB, read in ~10 ms)
 QUIET_S = 0.5                    # the server's FIN follows once the client has sent nothing for this long
+PING_TIMEOUT_CLOSE = (1008, b"keepalive ping timeout")   # the client broke RFC 6455: no pong
+CLOSE_LINGER_S = 30.0            # a transport closed after the heartbeat's timeout flushes for at most this long
 
 
 def close_code_valid(code: int) -> bool:
@@ -105,6 +109,19 @@ class GatewayWebSocket(web.WebSocketResponse):
         # full garbage collections of 300 ms on its event loop (docs/reliability.md, the release check)
         if not (self._closed or self._closing):
             super()._reset_heartbeat()
+
+    def _handle_ping_pong_exception(self, exc: BaseException) -> None:
+        # aiohttp 3.14 closes the transport without a close frame when the pong is late: a client that had
+        # stopped reading (the ping waits in its socket behind audio) and reads again finds the end of the stream,
+        # no code, no reason. The close frame goes after what is written; the transport's close flushes them
+        # (CLOSE_LINGER_S at most: a client that never reads again is aborted then, its buffers freed).
+        transport = self._writer.transport if self._writer is not None else None
+        if not self._closed and transport is not None and not transport.is_closing():
+            code, reason = PING_TIMEOUT_CLOSE
+            payload = struct.pack("!H", code) + reason
+            transport.write(struct.pack("!BB", 0x88, len(payload)) + payload)
+            self._loop.call_later(CLOSE_LINGER_S, transport.abort)
+        super()._handle_ping_pong_exception(exc)
 
     def writable(self) -> bool:
         """Whether write_frames writes now (else it raises ConnectionResetError)."""

@@ -11,6 +11,9 @@ import time
 import aiohttp
 import pytest
 
+from tests.fuzz.endpoints import DEEPGRAM
+from tests.fuzz.faults import start_messages
+from tests.fuzz.rawws import OP_BINARY, OP_PING, Frame, RawWebSocket
 from tests.serverproc import TalkgateServer
 from tests.system.test_gateway import StalledClient
 
@@ -302,3 +305,21 @@ def test_message_rate_and_contexts_per_connection_hold_for_every_protocol(server
     assert too_many["error_code"] == "too_many_contexts" and too_many["context_id"] == "d"
     assert too_many["status_code"] == 400
     assert empty_voice["error_code"] == "invalid_voice"
+
+
+def test_a_client_that_stops_reading_past_the_heartbeat_gets_a_close_frame(tiny_checkpoint):
+    """The heartbeat pings a client 20 s after its last message and drops it when no pong follows within 10 s. A
+    client that stopped reading has the ping unread in its socket behind its audio; dropped with the end of the
+    stream alone, it read its audio and then EOF, no code, no reason (the soak's Deepgram cut reader, which sends
+    nothing while it waits). A Deepgram client (no keepalive) that reads nothing for 34 s, with --max-backlog-ms too
+    large for a slow_consumer cut, then reads without answering the ping: its audio, then close 1008."""
+    with TalkgateServer(tiny_checkpoint, "--api-key", KEY, "--max-backlog-ms", "600000") as srv:
+        ws = RawWebSocket.connect(srv.port, DEEPGRAM.path(), AUTH, rcvbuf=4096)
+        for m in start_messages(DEEPGRAM, "unread"):
+            ws.send_text(m)
+        time.sleep(34)
+        frames, end = ws.frames_until_close(10)
+        ws.close()
+    assert any(f.opcode == OP_BINARY for f in frames) and any(f.opcode == OP_PING for f in frames)
+    assert isinstance(end, Frame), f"{end} after {sum(len(f.payload) for f in frames)} bytes"
+    assert (end.close_code, end.close_reason) == (1008, "keepalive ping timeout")
