@@ -54,6 +54,18 @@ SLOW_QUIET_S, SLOW_MOST_S = 15, 240   # a slow reader hangs after 15 s without a
 CUT_UNREAD_S = 25               # a cut reader reads nothing this long: the engine makes far more than --max-backlog-ms
 CUT_RCVBUF = 4096               # ... and its socket takes little of it (no TCP window growing to megabytes)
 CUT_ENDPOINTS = (NATIVE, DEEPGRAM, CARTESIA, EL_MULTI)   # in turn
+MAX_BACKLOG_MS, GRACE_MS = 10_000, 1000     # the server's --max-backlog-ms (its default) and min(1 s, that)
+CUT_SLACK_MS = 500              # a cut reader's measure of the audio made: the marker's way in and the rule's tick
+# a cut reader's marker: a message answered at once, in the order of the server's queue (its reply follows every
+# frame queued before the server read it), and how to know the reply; none changes the utterance
+CUT_MARKERS = {
+    NATIVE: (json.dumps({"type": "ping", "id": "marker"}),
+             lambda m: m.get("type") == "pong" and m.get("id") == "marker"),
+    DEEPGRAM: (json.dumps({"type": "KeepAlive"}), lambda m: m.get("type") == "Warning"),    # no KeepAlive: a Warning
+    CARTESIA: (json.dumps({"context_id": "marker", "cancel": "now"}), lambda m: m.get("context_id") == "marker"),
+    EL_MULTI: (json.dumps({"context_id": "marker", "close_context": True}),
+               lambda m: m.get("contextId") == "marker" and m.get("isFinal") is True),
+}
 FD_SLACK, THREAD_SLACK = 4, 2   # a storm's descriptors and threads are back within this of the level before it
 TEXT = "The soak keeps speaking while the faults come and go."
 ENDPOINTS = (NATIVE, TWILIO, EL_MULTI, EL_SINGLE, CARTESIA, DEEPGRAM)
@@ -278,11 +290,23 @@ async def _slow_readers(soak: Soak, http, cut_ep) -> list[Outcome]:
         return list(await asyncio.gather(_slow_reader_run(soak, http), _cut_reader(soak, cut_ep)))
 
 
+def is_marker(ep, frame: Frame) -> bool:
+    """Is `frame` the reply to a cut reader's marker (CUT_MARKERS)?"""
+    if frame.opcode != OP_TEXT:
+        return False
+    try:
+        msg = json.loads(frame.payload)
+    except ValueError:
+        return False
+    return isinstance(msg, dict) and CUT_MARKERS[ep][1](msg)
+
+
 def _cut_reader_run(port: int, tls: ssl.SSLContext, ep) -> tuple[list[Frame], Frame | Ended]:
     """A client of `ep` that starts a long utterance and reads nothing for CUT_UNREAD_S (keepalives written, so it is
     not idle: ElevenLabs ends a context without new text for 20 s), with a receive buffer of CUT_RCVBUF and no
-    buffer of its own in between (aiohttp's client, over TLS, takes megabytes off the socket unread), then reads
-    what the server sent: -> the frames and how the stream ended."""
+    buffer of its own in between (aiohttp's client, over TLS, takes megabytes off the socket unread), then writes its
+    marker (CUT_MARKERS) and reads what the server sent, answering pings as RFC 6455 asks (the heartbeat's ping
+    waits unread behind the audio): -> the frames (pings left out) and how the stream ended."""
     ws = RawWebSocket.connect(port, ep.path(), AUTH, rcvbuf=CUT_RCVBUF, tls=tls)
     try:
         for m in start_messages(ep, "cut"):
@@ -295,18 +319,32 @@ def _cut_reader_run(port: int, tls: ssl.SSLContext, ep) -> tuple[list[Frame], Fr
                     ws.send_text(keepalive(ep))
                 except OSError:         # the server closed it: what it sent is read below
                     break
-        return ws.frames_until_close(SLOW_QUIET_S)
+        try:
+            ws.send_text(CUT_MARKERS[ep][0])
+        except OSError:                 # closed: no reply then, what it sent is read below
+            pass
+        return ws.frames_until_close(SLOW_QUIET_S, pong=True)
     finally:
         ws.close()
 
 
 async def _cut_reader(soak: Soak, ep) -> Outcome:
-    """A client far behind real time (_cut_reader_run): the server must cut it off as docs/protocol.md documents
-    (Limits: over --max-backlog-ms of its audio unread while it is behind real time, the protocol's `slow_consumer`
-    error and the context cancelled; over 4096 messages or 16 MiB queued, close 1008 `slow_consumer`), then either
-    keep the connection or close it with a code (Deepgram: 1008 `slow_consumer`). Kept to the end (the whole utterance), any other
-    error, or a close without a code fails it. The sessions running meanwhile are judged as always, and report()
-    counts those of them that failed outside any fault's window against it."""
+    """A client far behind real time (_cut_reader_run), judged by the server's rule (docs/protocol.md, Limits): a
+    context is cancelled with the protocol's `slow_consumer` error when over --max-backlog-ms of its audio waits
+    unread on the server while its client is behind real time by over min(1 s, that) (over 4096 messages or 16 MiB
+    queued: close 1008 `slow_consumer`); the connection then kept or closed with a code (Deepgram: 1008
+    `slow_consumer`). Cut that way, it passes.
+
+    Not cut, it passes only when the rule did not call for a cut: the server had made at most MAX_BACKLOG_MS +
+    GRACE_MS + CUT_SLACK_MS of its audio by the time the client read again (engine slower than real time: a client
+    that reads nothing is then not behind by the rule). Measured: the audio read before the reply to the marker the
+    client writes as it starts reading. The server's outbox is one queue in order, so every frame of the utterance
+    made before the server read the marker is ahead of the reply and every frame made after it behind; not cut,
+    nothing of it was dropped. So that audio is what the server had made by the time it read the marker (a little
+    after the client resumed: the measure can only be larger than what it had made then, never smaller), and since
+    the unread audio only grows while the client reads nothing, its largest. Not cut with more than that, not cut
+    without the marker's reply, any other error, or a close without a code fails it. The sessions running meanwhile
+    are judged as always, and report() counts those of them that failed outside any fault's window against it."""
     out = Outcome("cut reader", soak.now())
     loop = asyncio.get_running_loop()
     try:
@@ -315,7 +353,10 @@ async def _cut_reader(soak: Soak, ep) -> Outcome:
         out.detail, out.end = f"{ep.name}: {type(e).__name__}: {e}"[:200], soak.now()
         return out
     out.end = soak.now()
+    marker = next((n for n, f in enumerate(frames) if is_marker(ep, f)), None)
     audio = sum(audio_ms(ep, f) for f in frames) / 1000
+    made = sum(audio_ms(ep, f) for f in frames[:marker]) / 1000 if marker is not None else None
+    frames = [f for n, f in enumerate(frames) if n != marker]
     first = next((n for n, f in enumerate(frames) if is_error_frame(ep, f)), None)
     done = any(f.opcode == OP_TEXT and any(m in f.payload for m in (b'"context.done"', b'"isFinal":true',
                                                                     b'"type":"done"', b'"Flushed"')) for f in frames)
@@ -328,14 +369,22 @@ async def _cut_reader(soak: Soak, ep) -> Outcome:
         how = "left open" if end.how == "timeout" else f"ended by {end.how}, no close frame"
     cut = first is not None and b"slow_consumer" in frames[first].payload
     cut_by_close = isinstance(end, Frame) and end.close_code == 1008 and "slow_consumer" in end.close_reason
-    if (cut or cut_by_close) and not (out.closed_by_server and out.close_code is None):
+    limit = (MAX_BACKLOG_MS + GRACE_MS + CUT_SLACK_MS) / 1000
+    coded = not (out.closed_by_server and out.close_code is None)
+    if (cut or cut_by_close) and coded:
         out.ok = True
         out.detail = f"{ep.name}: cut: {'slow_consumer error' if cut else 'close 1008 slow_consumer'} after " \
             f"{audio:.1f} s of audio read; then {how}"
+    elif first is None and made is not None and made <= limit and coded:
+        out.ok = True
+        out.detail = f"{ep.name}: kept by the rule: {made:.1f} s of audio made by the resume (<= {limit:.1f} s); " \
+            f"{audio:.1f} s read; then {how}"
     else:
         out.detail = f"{ep.name}: " + (f"other error {frames[first].payload[:150]!r}" if first is not None else
-                                       f"not cut: the whole utterance after {CUT_UNREAD_S} s unread" if done else
-                                       "no error") + f"; {audio:.1f} s of audio read; then {how}"
+                                       "not cut, no reply to the marker" if made is None else
+                                       f"not cut with {made:.1f} s of audio made by the resume (> {limit:.1f} s)"
+                                       + (": the whole utterance" if done else "")) + \
+            f"; {audio:.1f} s of audio read; then {how}"
     return out
 
 
@@ -848,8 +897,10 @@ def report(soak: Soak, out: Path) -> bool:
         "close_codes": ("0 closes without a code outside process faults", not no_code),
         "slow_readers": ("every slow reader (at least one) kept (context.done) or cut off with slow_consumer, never "
                          "silent", bool(slow) and not slow_silent),
-        "cut_readers": ("every cut reader (at least one) cut off with slow_consumer and its protocol's close, no "
-                        "other session failing while it was", bool(cut) and all(o.ok and not o.others_failed
+        "cut_readers": ("every cut reader (at least one) cut off with slow_consumer and its protocol's close, or "
+                        "kept by the rule (at most --max-backlog-ms + 1 s + 0.5 s of its audio made by the time it "
+                        "read again, measured before its marker's reply), never another error or a close without a "
+                        "code, no other session failing while it was", bool(cut) and all(o.ok and not o.others_failed
                                                                                 for o in cut)),
         "sessionless_faults": ("no session failed in the window of a fault that stops no process (disk full, voice "
                                "file truncated)", all(f.failed_sessions == 0 for f in soak.faults

@@ -216,15 +216,22 @@ class RawWebSocket:
         self.buf = b[off + n:]
         return Frame(bool(b[0] & 0x80), b[0] & 0x0F, _xor(payload, key) if masked else payload, (b[0] >> 4) & 7, masked)
 
-    def frames_until_close(self, timeout: float = 10.0) -> tuple[list[Frame], Frame | Ended]:
-        """Every frame up to and including the server's close frame (or how the stream ended)."""
+    def frames_until_close(self, timeout: float = 10.0, pong: bool = False) -> tuple[list[Frame], Frame | Ended]:
+        """Every frame up to and including the server's close frame (or how the stream ended). `pong`: each ping
+        is answered with its pong (RFC 6455 5.5.2) and left out."""
         frames: list[Frame] = []
         deadline = time.monotonic() + timeout
         while True:
             f = self.recv_frame(max(0.01, deadline - time.monotonic()))
             if isinstance(f, Ended) or f.opcode == OP_CLOSE:
                 return frames, f
-            frames.append(f)
+            if pong and f.opcode == OP_PING:
+                try:
+                    self.send_frame(OP_PONG, f.payload)
+                except OSError:         # the server closed it: the rest is read on
+                    pass
+            else:
+                frames.append(f)
 
     def close(self) -> None:
         try:
