@@ -32,6 +32,7 @@ from talkgate.server.engine_client import EngineClient
 from talkgate.server.latency_trace import LinkTrace
 from talkgate.server.outbox import Outbox, OutboxFull
 from talkgate.server.usage import KeyAccount
+from talkgate.server.websocket import close_flushed
 from talkgate.sessions.actions import Close, Purge, Send
 from talkgate.sessions.limits import Limits
 from talkgate.sessions.protocol import ClientProtocol, SocketProtocol
@@ -281,8 +282,10 @@ class Connection(Link):
         try:
             await asyncio.wait_for(self.ws.close(code=code, message=close_reason(reason)), DRAIN_S)
         except (asyncio.TimeoutError, *DISCONNECTED):
+            # no answer to the close in DRAIN_S: a client that does not read (a slow consumer's close, written
+            # behind its unread audio) may still read it within close_flushed's linger
             if self.delivery.transport is not None:
-                self.delivery.transport.abort()
+                close_flushed(self.delivery.transport)
 
     async def _read(self) -> None:
         while self._closing is None:

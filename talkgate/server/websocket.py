@@ -25,7 +25,7 @@ LINGER_S = 5.0                   # a failed connection reads what its client sti
 LINGER_BYTES = 64 * 1024 * 1024  # and this much (4 times the largest message tried: 16 MiB, read in ~10 ms)
 QUIET_S = 0.5                    # the server's FIN follows once the client has sent nothing for this long
 PING_TIMEOUT_CLOSE = (1008, b"keepalive ping timeout")   # the client broke RFC 6455: no pong
-CLOSE_LINGER_S = 30.0            # a transport closed after the heartbeat's timeout flushes for at most this long
+CLOSE_LINGER_S = 30.0            # a transport closed on a client that does not read flushes for at most this long
 
 
 def close_code_valid(code: int) -> bool:
@@ -95,6 +95,15 @@ class LingeringClose(asyncio.Protocol):
         self.replaced.connection_lost(exc)
         if not self.ended.done():
             self.ended.set_result(None)
+
+
+def close_flushed(transport: asyncio.BaseTransport) -> None:
+    """Close `transport` once what it holds is written (a close frame last), aborted after CLOSE_LINGER_S: a client
+    that stopped reading and reads again within it gets every byte and the close frame with its code, where an abort
+    would drop what asyncio still buffers (the close frame too) and leave it the end of the stream alone; one that
+    never reads again is dropped then, its buffers freed."""
+    transport.close()
+    asyncio.get_running_loop().call_later(CLOSE_LINGER_S, transport.abort)
 
 
 class GatewayWebSocket(web.WebSocketResponse):
