@@ -34,10 +34,11 @@ def close_code_valid(code: int) -> bool:
     return code == 0 or 1000 <= code <= 1003 or 1007 <= code <= 1014 or 3000 <= code <= 4999
 
 
-def server_frame(data: str | bytes) -> tuple[bytes, bytes]:
-    """(header, payload) of one unmasked, unfragmented RFC 6455 frame: text for str, binary for bytes (no
-    extension: talkgate never negotiates permessage-deflate). Apart, so that a write copies a payload once."""
-    payload, opcode = (data.encode(), 0x1) if isinstance(data, str) else (data, 0x2)
+def server_frame(data: str | bytes, opcode: int | None = None) -> tuple[bytes, bytes]:
+    """(header, payload) of one unmasked, unfragmented RFC 6455 frame: text for str, binary for bytes, or `opcode`'s
+    (no extension: talkgate never negotiates permessage-deflate). Apart, so that a write copies a payload once."""
+    payload, kind = (data.encode(), 0x1) if isinstance(data, str) else (data, 0x2)
+    opcode = kind if opcode is None else opcode
     n = len(payload)
     if n < 126:
         return struct.pack("!BB", 0x80 | opcode, n), payload
@@ -127,9 +128,8 @@ class GatewayWebSocket(web.WebSocketResponse):
         transport = self._writer.transport if self._writer is not None else None
         if not self._closed and transport is not None and not transport.is_closing():
             code, reason = PING_TIMEOUT_CLOSE
-            payload = struct.pack("!H", code) + reason
-            transport.write(struct.pack("!BB", 0x88, len(payload)) + payload)
-            self._loop.call_later(CLOSE_LINGER_S, transport.abort)
+            transport.write(b"".join(server_frame(struct.pack("!H", code) + reason, opcode=0x8)))
+            close_flushed(transport)
         super()._handle_ping_pong_exception(exc)
 
     def writable(self) -> bool:
