@@ -302,6 +302,9 @@ class Connection(Link):
                 self.call(self.protocol.receive_text, msg.data)
             else:
                 self.call(self.protocol.receive_binary, msg.data)
+            # aiohttp returns buffered messages without yielding: a client's burst (one TCP read holds
+            # hundreds of small messages) is read in turns with the worker's other sockets
+            await asyncio.sleep(0)
 
     async def _write(self) -> None:
         try:

@@ -25,12 +25,13 @@ from tests.fuzz.endpoints import (
     EL_SINGLE, WS_ENDPOINTS, cartesia_session, dashscope_session, deepgram_session, deepgram_v2_session,
     elevenlabs_session, http_speech, native_session, twilio_session,
 )
-from tests.fuzz.harness import ENGINE_SLOTS, Campaign, Scale
+from tests.fuzz.harness import ENGINE_SLOTS, MAX_GAP_MS, Campaign, Scale
 
 SCALE = Scale.from_env()
 MAX_BACKLOG_MS = 3000
 IDLE_S = 10        # longer than any wait of the suite's well-behaved clients
 LIMIT_CONTEXTS = 4
+UNSPACED_MAX_GAP_MS = 200.0
 COMMON = ["--max-message-bytes", "16384", "--max-contexts-per-connection", str(LIMIT_CONTEXTS),
           "--max-backlog-ms", str(MAX_BACKLOG_MS), "--shutdown-deadline", "5"]
 OPEN_ARGS = COMMON + ["--idle-timeout", str(IDLE_S)]
@@ -51,9 +52,9 @@ def guarded_server(tiny_checkpoint):
         yield camp
 
 
-def run_phase(camp: Campaign, name: str, body, slot_probe: bool = True):
+def run_phase(camp: Campaign, name: str, body, slot_probe: bool = True, max_gap_ms: float = MAX_GAP_MS):
     """Run `body(phase)` (a coroutine function) as one phase, then the checks every phase must pass."""
-    phase = camp.begin(name)
+    phase = camp.begin(name, max_gap_ms)
     t0 = time.monotonic()
     try:
         asyncio.run(asyncio.wait_for(body(phase), PHASE_LIMIT_S))
@@ -113,8 +114,11 @@ def test_mutation_fuzz_every_endpoint(open_server):
 
 def test_unspaced_text_deltas_do_not_stall_others(open_server):
     """2,000 ten-character deltas without whitespace (a URL; Chinese without punctuation) on two sockets:
-    the canary never waits (the cost of a delta is bounded by the delta)."""
-    phase = run_phase(open_server, "unspaced text", lambda phase: faults.unspaced_text(open_server, phase))
+    the canary never waits (the cost of a delta is bounded by the delta, and a worker reads a socket's
+    burst in turns with its other sockets: read at once, 2,000 buffered deltas held the worker's loop
+    250-515 ms on 2 cores, so this phase's limit is 200 ms; in turns the gap is 45-75 ms)."""
+    phase = run_phase(open_server, "unspaced text", lambda phase: faults.unspaced_text(open_server, phase),
+                      max_gap_ms=UNSPACED_MAX_GAP_MS)
     assert not phase.failures, phase.summary()
 
 
