@@ -8,7 +8,7 @@ path's last part), `aliases` (other names requests may give it, a vendor's model
 model instead of the default), `gpus` (indices of the visible GPUs, or "all"; default --gpus), `engines` (engine
 processes per GPU; default --engines), `max_contexts` (slots of each of its engine processes; default
 --max-contexts), `memory_share` (the fraction of a GPU's memory each of its engine processes sizes its slots from,
-0 < x <= 1; default an even share of the GPU among its engine processes: cli/serve.py's engine_plan). Blank lines
+0 < x <= 1; default an even split of what the stated shares leave: cli/serve.py's engine_plan). Blank lines
 and lines starting with # are skipped; the first model is the default. Every mistake is a CommandError naming the
 file and line.
 """
@@ -30,7 +30,7 @@ class ModelSpec:
     gpus: str | None = None                # as --gpus takes it: "all" or "0,1"; None: --gpus
     engines: int | None = None             # None: --engines
     max_contexts: int | None = None        # None: --max-contexts
-    memory_share: float | None = None      # None: an even share of each GPU it is on
+    memory_share: float | None = None      # None: an even split of what the stated shares leave
 
 
 def read(path: str) -> list[ModelSpec]:

@@ -308,11 +308,11 @@ def engine_plan(specs: list[ModelSpec], device: str, gpus: str | None, engines: 
                 ids: list[str] = ()) -> list[dict]:
     """The engine processes to start (processes/supervisor.py's Plan.engines): each model's on its GPUs (its own or
     `gpus`, as --gpus; the visible GPUs' CUDA_VISIBLE_DEVICES ids are `ids`), `engines` (or its own) per GPU, on the
-    CPU with device "cpu". Every engine process on a GPU has a share of its memory, its model's memory_share, else
-    1 / (the engine processes on that GPU); the shares on one GPU add up to at most 1. An engine process of a model
-    without max_contexts (its own or `max_contexts`) sizes its slots from its share ("memory_share") where the GPU
-    has several engine processes or the model states one; else from the free memory (docs/operations.md "Several
-    models")."""
+    CPU with device "cpu". Every engine process on a GPU has a share of its memory, its model's memory_share, else an
+    even split of what the stated shares there leave (1 / N where none states one); the stated ones add up to at most
+    1, and below 1 where some state none. An engine process of a model without max_contexts (its own or
+    `max_contexts`) sizes its slots from its share ("memory_share") where the GPU has several engine processes or the
+    model states one; else from the free memory (docs/operations.md "Several models")."""
     if device == "cpu":
         if gpus is not None or any(spec.gpus for spec in specs):
             raise CommandError("--gpus (or a model's gpus) needs a GPU (--device cuda)")
@@ -326,12 +326,17 @@ def engine_plan(specs: list[ModelSpec], device: str, gpus: str | None, engines: 
                  for g in indices for _ in range(spec.engines or engines)]
     for gpu in dict.fromkeys(e["cuda_visible"] for e in plan):
         on_it = [e for e in plan if e["cuda_visible"] == gpu]
-        share = {e["model"]: specs[e["model"]].memory_share or 1 / len(on_it) for e in on_it}
-        if sum(share[e["model"]] for e in on_it) > 1 + 1e-9:      # 3 x 0.3333333 fits, rounded or not
-            shares = ", ".join(f"{specs[m].name} {sum(e['model'] == m for e in on_it)} x {s:.3g}"
-                               for m, s in share.items())
-            raise CommandError(f"GPU {gpu}: the memory shares of its engine processes ({shares}) add up to more "
-                               "than the GPU: lower the models' memory_share (docs/operations.md)")
+        stated = sum(specs[e["model"]].memory_share or 0.0 for e in on_it)
+        unstated = sum(not specs[e["model"]].memory_share for e in on_it)
+        counts = {m: sum(e["model"] == m for e in on_it) for m in dict.fromkeys(e["model"] for e in on_it)}
+        if stated > 1 + 1e-9 or (unstated and stated >= 1 - 1e-9):      # 3 x 0.3333333 fits, rounded or not
+            shares = ", ".join(f"{specs[m].name} {n} x {specs[m].memory_share:.3g}" if specs[m].memory_share
+                               else f"{specs[m].name} {n} x unstated" for m, n in counts.items())
+            whole = "add up to more than the GPU" if stated > 1 + 1e-9 else "leave nothing for those without one"
+            raise CommandError(f"GPU {gpu}: the memory shares of its engine processes ({shares}) {whole}: lower "
+                               "the models' memory_share (docs/operations.md)")
+        # what the stated shares leave, split evenly among the engine processes that state none
+        share = {m: specs[m].memory_share or (1 - stated) / unstated for m in counts}
         for e in on_it:
             spec = specs[e["model"]]
             if (len(on_it) > 1 or spec.memory_share) and not (spec.max_contexts or max_contexts):

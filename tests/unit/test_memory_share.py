@@ -61,14 +61,30 @@ def test_engine_processes_sharing_a_gpu_get_an_even_share_unless_a_model_states_
     assert [e.get("memory_share") for e in engine_plan([a, ModelSpec("d", "/d")], "cpu", None, 2, None)] == [None] * 4
 
 
-def test_shares_of_one_gpu_above_the_whole_are_refused_naming_the_gpu_and_the_models():
+def test_engine_processes_without_a_share_split_what_the_stated_ones_leave():
     big = ModelSpec("big", "/big", gpus="1", memory_share=0.6)
+    rest = ModelSpec("rest", "/r", gpus="0,1")
+    assert argv_shares([big, rest], ids=("0", "1")) == [("1", "big", 0.6), ("0", "rest", None),
+                                                         ("1", "rest", pytest.approx(0.4))]
+    two = ModelSpec("two", "/t", gpus="1", engines=2)
+    assert argv_shares([big, two], ids=("0", "1")) == [("1", "big", 0.6), ("1", "two", pytest.approx(0.2)),
+                                                        ("1", "two", pytest.approx(0.2))]
+
+
+def test_shares_of_one_gpu_above_the_whole_are_refused_naming_the_gpu_and_the_models():
     with pytest.raises(CommandError) as e:
-        engine_plan([big, ModelSpec("rest", "/r", gpus="0,1")], "cuda", None, 1, None, ["0", "1"])
-    assert str(e.value).startswith("GPU 1: the memory shares of its engine processes (big 1 x 0.6, rest 1 x 0.5) add "
+        engine_plan([ModelSpec("big", "/big", gpus="1", memory_share=0.7),
+                     ModelSpec("more", "/m", gpus="1", memory_share=0.4)], "cuda", None, 1, None, ["0", "1"])
+    assert str(e.value).startswith("GPU 1: the memory shares of its engine processes (big 1 x 0.7, more 1 x 0.4) add "
                                    "up to more than the GPU"), e.value
     with pytest.raises(CommandError, match=r"GPU 0: .*\(big 2 x 0.6\)"):
         engine_plan([ModelSpec("big", "/big", engines=2, memory_share=0.6)], "cuda", None, 1, None, ["0"])
+    # a whole GPU stated leaves nothing for an engine process that states no share
+    with pytest.raises(CommandError) as e:
+        engine_plan([ModelSpec("all", "/a", gpus="0", memory_share=1), ModelSpec("rest", "/r", gpus="0")],
+                    "cuda", None, 1, None, ["0"])
+    assert str(e.value).startswith("GPU 0: the memory shares of its engine processes (all 1 x 1, rest 1 x unstated) "
+                                   "leave nothing for those without one"), e.value
     thirds = ModelSpec("t", "/t", engines=3, memory_share=0.3333333)     # rounded down by whoever wrote it
     assert [e["memory_share"] for e in engine_plan([thirds], "cuda", None, 1, None, ["0"])] == [0.3333333] * 3
 
