@@ -18,7 +18,6 @@ from talkgate.server.gateway import IDENTITY
 from talkgate.sessions.actions import http_status
 from talkgate.sessions.fields import SessionError, load_json
 from talkgate.sessions.http import Begin, HttpSpeech, Respond, error_response
-from talkgate.sessions.reference_audio import AudioError
 
 
 def respond(item: Respond) -> web.Response:
@@ -99,10 +98,22 @@ class HttpStream(Link):
             pass
 
 
+class BodyTooLarge(SessionError):
+    """A body over the server's limit (aiohttp's client_max_size): 413, in the API's own shape."""
+
+    status = 413
+
+    def __init__(self, max_bytes: int):
+        super().__init__("payload_too_large", f"the body is over {max_bytes} bytes (4 x --max-message-bytes)")
+
+
 async def read_json(request: web.Request, max_bytes: int) -> object:
-    """The request's JSON body; raises SessionError (invalid_body, invalid_json, message_too_large)."""
+    """The request's JSON body; raises SessionError (invalid_body, invalid_json, message_too_large,
+    payload_too_large: BodyTooLarge)."""
     try:
-        raw = await request.read()          # over the body limit: 413 (the errors middleware answers it)
+        raw = await request.read()
+    except web.HTTPRequestEntityTooLarge:       # its body, or what it inflates to, over client_max_size
+        raise BodyTooLarge(request.client_max_size) from None
     except (RequestPayloadError, HttpProcessingError):
         # the rest of the body cannot be decoded either: it is over (aiohttp would read on after the
         # response and log the same error again), and so is the connection
@@ -119,8 +130,9 @@ async def read_json(request: web.Request, max_bytes: int) -> object:
 async def serve_speech(request: web.Request, label: str, make: Callable[[object], Awaitable[HttpSpeech]],
                        error: Callable[[int, str, str], Respond] = error_response) -> web.StreamResponse:
     """Check the key and the drain, read the JSON body, `await make(body)` the protocol (SessionError: the
-    request's mistake; AudioError with its own status) and stream its response. Errors before the context
-    starts are `error(status, code, message)`: the API's own error shape."""
+    request's mistake; one with a `status` of its own, AudioError's or BodyTooLarge's, answered with it) and
+    stream its response. Errors before the context starts are `error(status, code, message)`: the API's own
+    error shape."""
     gw = request.app["gateway"]
     trace = gw.link_trace(f"http:{label}")  # None unless serve --trace-latency; first: the request's read time
     if not gw.authorized(request):
@@ -130,8 +142,8 @@ async def serve_speech(request: web.Request, label: str, make: Callable[[object]
     try:
         protocol = await make(await read_json(request, 4 * gw.limits.max_message_bytes))
     except SessionError as e:
-        response = respond(error(e.status if isinstance(e, AudioError) else http_status(e.code), e.code, e.message))
-        if e.code == "invalid_body":
+        response = respond(error(getattr(e, "status", None) or http_status(e.code), e.code, e.message))
+        if e.code in ("invalid_body", "payload_too_large"):     # the rest of the body is not read
             response.force_close()
         return response
     who = request[IDENTITY]

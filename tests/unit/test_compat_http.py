@@ -275,3 +275,39 @@ def test_audio_files_expire_and_stay_within_their_bound(tmp_path):
     own.close()
     files.close()
     assert not __import__("os").path.exists(folder) and (tmp_path / f"{b}.wav").exists()
+
+
+@pytest.mark.parametrize("route, shape, code", [
+    ("elevenlabs", lambda d: d["detail"]["status"], "payload_too_large"),
+    ("cartesia", lambda d: d["error_code"], "payload_too_large"), ("deepgram", lambda d: d["err_code"], "payload_too_large"),
+    ("dashscope", lambda d: d["code"], "InvalidParameter")])
+def test_a_body_over_the_limit_is_refused_in_each_apis_shape(route, shape, code):
+    """A body over client_max_size (or a gzip body inflating past it) was aiohttp's 413 in talkgate's (OpenAI's)
+    shape on every vendor route, the errors middleware's: now read_json's BodyTooLarge, answered by the route."""
+    import asyncio
+    from unittest import mock
+
+    from aiohttp import streams
+    from aiohttp.test_utils import make_mocked_request
+
+    from talkgate.server.http_speech import read_json
+    from talkgate.sessions import cartesia, dashscope_http, deepgram, elevenlabs
+
+    errors = {"elevenlabs": elevenlabs.http_error, "cartesia": cartesia.http_error, "deepgram": deepgram.rest_error,
+              "dashscope": dashscope_http.http_error}
+
+    async def refused():
+        body = b'{"text": "' + b"x" * 200 + b'"}'
+        payload = streams.StreamReader(protocol=mock.Mock(_reading_paused=False), limit=2 ** 16, loop=asyncio.get_running_loop())
+        payload.feed_data(body)
+        payload.feed_eof()
+        request = make_mocked_request("POST", "/", payload=payload, client_max_size=100,
+                                      headers={"Content-Length": str(len(body))})
+        with pytest.raises(SessionError) as e:
+            await read_json(request, 1000)
+        return e.value
+
+    e = asyncio.run(refused())
+    answer = errors[route](e.status, e.code, e.message)
+    assert (answer.status, shape(json.loads(answer.body))) == (413, code)
+    assert "100 bytes" in e.message
