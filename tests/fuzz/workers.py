@@ -20,6 +20,7 @@ from tests.fuzz.endpoints import (
     Endpoint, Reply, judge, strict_json,
 )
 
+SERVER_FAULTS = SERVER_FAULT_CODES | {"ServiceUnavailable"}     # DashScope's name for shutting_down
 PROTOCOLS = {NATIVE: M.NATIVE_PROTOCOL, TWILIO: M.TWILIO_PROTOCOL, EL_MULTI: M.EL_MULTI_PROTOCOL,
              EL_SINGLE: M.EL_SINGLE_PROTOCOL, CARTESIA: M.CARTESIA_PROTOCOL, DEEPGRAM: M.DEEPGRAM_PROTOCOL,
              DEEPGRAM_V2: M.DEEPGRAM_V2_PROTOCOL, DASHSCOPE: M.DASHSCOPE_PROTOCOL}
@@ -207,32 +208,44 @@ async def send_http(session, base: str, req: HttpRequest, auth: dict, timeout: f
         return -1, "", repr(e).encode()
 
 
-def judge_http(req: HttpRequest, status: int, ctype: str, body: bytes, phase, shapes: dict) -> None:
+def openai_error(doc, status: int) -> str | None:
+    """The code of an error in OpenAI's shape (talkgate's own): {"error": {"code", "message", ...}}, else None."""
+    error = doc.get("error") if isinstance(doc, dict) and set(doc) == {"error"} else None
+    if isinstance(error, dict) and isinstance(error.get("code"), str) and isinstance(error.get("message"), str):
+        return error["code"]
+    return None
+
+
+def _outline(doc) -> tuple:
+    """An error body's keys, a nested object's with them: what must be the same for every error of an API."""
+    return tuple((k, _outline(v)) if isinstance(v, dict) else k for k, v in sorted(doc.items()))
+
+
+def judge_http(req: HttpRequest, status: int, ctype: str, body: bytes, phase, shapes: dict,
+               shape=openai_error) -> None:
     """The rules for an HTTP answer: an answer always; never 5xx for a client's mistake; every error
-    JSON of one shape {"error": {"code", "message", ...}}; a known-bad request never accepted."""
-    where = f"{req.method} {req.path} {req.what[:200]}"
+    JSON in the API's shape (`shape(doc, status)` -> its code, None when the body is not in that shape;
+    OpenAI's by default), with the same keys (`shapes`); a known-bad request never accepted."""
+    where = f"{req.method} {req.path[:100]} {req.what[:200]}"
     if status < 0:
         phase.fail("HTTP no answer", f"{where} -> {body[:120]!r}")
         return
     if status >= 400:
         phase.errors_answered += 1
-        error = None
+        code = None
         if not ctype.startswith("application/json"):
             phase.fail("HTTP error not JSON", f"{where} -> {status} {ctype} {body[:100]!r}")
         else:
             try:
                 doc = strict_json(body.decode())
-                error = doc.get("error") if isinstance(doc, dict) and set(doc) == {"error"} else None
             except (ValueError, UnicodeDecodeError):
                 doc = None
-            if not (isinstance(error, dict) and isinstance(error.get("code"), str)
-                    and isinstance(error.get("message"), str)):
+            code = shape(doc, status)
+            if code is None:
                 phase.fail("HTTP error shape", f"{where} -> {status} {body[:160]!r}")
-                error = None
             else:
-                shapes.setdefault(tuple(sorted(error)), f"{status} {where[:80]}")
-        code = error.get("code") if error else None
-        if status >= 500 and not (status == 503 and code in SERVER_FAULT_CODES):
+                shapes.setdefault(_outline(doc), f"{status} {where[:80]}")
+        if status >= 500 and not (status == 503 and code in SERVER_FAULTS):
             phase.fail("HTTP 5xx for a client's request", f"{where} -> {status} {body[:160]!r}")
     elif req.known_bad:
         phase.fail("HTTP bad request accepted", f"{where} -> {status} {ctype} ({len(body)} bytes)")

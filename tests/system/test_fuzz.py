@@ -20,7 +20,7 @@ import time
 import aiohttp
 import pytest
 
-from tests.fuzz import access, cases, faults, workers
+from tests.fuzz import access, cases, faults, vendor_http, workers
 from tests.fuzz.endpoints import (
     EL_SINGLE, WS_ENDPOINTS, cartesia_session, dashscope_session, deepgram_session, deepgram_v2_session,
     elevenlabs_session, http_speech, native_session, twilio_session,
@@ -173,6 +173,17 @@ def test_mixed_load(open_server):
     release): mutation fuzz on every endpoint, disconnect storms, cancel races, and well-behaved clients
     of every protocol, each of which must be served normally throughout."""
     phase = run_phase(open_server, "mixed load", lambda phase: mixed_load(open_server, phase, SCALE.mixed_load_s))
+    assert not phase.failures, phase.summary()
+
+
+def test_vendor_http_bodies(open_server):
+    """Each vendor HTTP speech endpoint (ElevenLabs' four text-to-speech routes, Cartesia /tts/bytes and /tts/sse,
+    Deepgram POST /v1/speak, DashScope's Qwen TTS streamed and not): a valid request served with audio, then
+    hostile bodies (invalid JSON and UTF-8, empty, a list or a scalar, nested 1000 and 100000 deep, NaN,
+    Infinity, 1e400 and 401-digit numbers, wrong types in every documented field, absurd formats and rates, lone
+    surrogates, text over the limit, Content-Encoding lies, a body over the client's maximum): each refused 4xx
+    in the vendor's own error shape, never 5xx; unknown fields, gzip and control tokens in the text served."""
+    phase = run_phase(open_server, "vendor HTTP bodies", lambda phase: vendor_http.fuzz_vendor_http(open_server, phase))
     assert not phase.failures, phase.summary()
 
 
