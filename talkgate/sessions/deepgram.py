@@ -11,6 +11,7 @@ samples. Client mistakes are answered the Deepgram way: a close frame whose reas
 from __future__ import annotations
 
 import re
+import uuid
 
 from talkgate.codecs import ENCODINGS as CODECS
 from talkgate.sessions.actions import Close, close_code, dumps, send_json
@@ -262,9 +263,11 @@ def parse_rest_request(query: dict[str, str], body: object, models: Models,
 
 
 def rest_error(status: int, code: str, message: str, request_id: str | None = None) -> Respond:
-    """Deepgram's REST error: {"err_code", "err_msg", "request_id"}."""
+    """Deepgram's REST error: {"err_code", "err_msg", "request_id"} (a request refused before its translator is made
+    gets a request id of its own: Deepgram's errors always name one)."""
     return Respond(status, "application/json", dumps({"err_code": code, "err_msg": message,
-                                                      "request_id": request_id}).encode(), error=code)
+                                                      "request_id": request_id or str(uuid.uuid4())}).encode(),
+                   error=code)
 
 
 class DeepgramSpeech(HttpSpeech):

@@ -153,6 +153,18 @@ def test_cartesia_and_deepgram_requests_refused_in_their_terms(tokenizer):
     assert parse_rest_query({"encoding": "linear16"}).encoding == "wav"
 
 
+def test_deepgram_errors_before_the_request_is_parsed_have_a_request_id():
+    """Deepgram's error always names its request; one refused before its translator was made (a bad body or query,
+    a key) said "request_id": null, which no Deepgram answer holds: now an id of its own, as DashScope's."""
+    from talkgate.sessions.deepgram import rest_error
+
+    first, second = (json.loads(rest_error(400, "INVALID_REQUEST", "no text").body) for _ in range(2))
+    assert set(first) == {"err_code", "err_msg", "request_id"}
+    assert isinstance(first["request_id"], str) and len(first["request_id"]) == 36
+    assert first["request_id"] != second["request_id"]
+    assert json.loads(rest_error(400, "INVALID_REQUEST", "no text", "r1").body)["request_id"] == "r1"
+
+
 def test_cartesia_sse_failure_after_audio_is_an_error_event(tokenizer):
     text, config, own = cartesia_request({"transcript": "Hi.", "voice": "ryan", "context_id": "c9",
                                           "output_format": {"container": "raw", "encoding": "pcm_s16le",
