@@ -22,6 +22,7 @@ SERVED, REFUSED, EITHER = "served", "refused", "either"
 # Brotli package): answered in talkgate's own shape (server/errors.py JsonErrorHandler), as every such request
 BEFORE_ROUTING = "refused before routing"
 DASHSCOPE_PATH = "/api/v1/services/aigc/multimodal-generation/generation"
+NO_STORED_VOICE = "voice_0123456789abcdef"      # a stored voice's id, never stored: refused by the session
 
 
 def _keys(doc, want: set[str], strings: tuple[str, ...]) -> bool:
@@ -46,13 +47,15 @@ def cartesia_error(doc, status: int) -> str | None:
 
 
 def deepgram_error(doc, status: int) -> str | None:
-    """{"err_code", "err_msg", "request_id"}."""
-    return doc["err_code"] if _keys(doc, {"err_code", "err_msg", "request_id"}, ("err_code", "err_msg")) else None
+    """{"err_code", "err_msg", "request_id"}, every one a string."""
+    want = ("err_code", "err_msg", "request_id")
+    return doc["err_code"] if _keys(doc, set(want), want) else None
 
 
 def dashscope_error(doc, status: int) -> str | None:
     """{"code", "message", "request_id"}; 500 only as InternalError."""
-    return doc["code"] if _keys(doc, {"code", "message", "request_id"}, ("code", "message", "request_id")) else None
+    want = ("code", "message", "request_id")
+    return doc["code"] if _keys(doc, set(want), want) else None
 
 
 @dataclass
@@ -68,7 +71,7 @@ class Endpoint:
     numbers: list = field(default_factory=list)     # its numeric fields' paths
     wrong: list = field(default_factory=list)       # (field path, bad value)
     maybe: list = field(default_factory=list)       # (field path, value) the server may take or refuse
-    queries: list = field(default_factory=list)     # (what, a bad query string replacing the path's)
+    queries: list = field(default_factory=list)     # (what, a bad path or query replacing the endpoint's)
     headers: dict = field(default_factory=dict)
     first: bool = True                 # the vendor's first route: the cases that make audio run here only
 
@@ -97,6 +100,7 @@ EL_WRONG += [(("audio_effects",), v) for v in ("x", 5, [])]
 EL_FORMATS = ("pcm_1", "pcm_0", "pcm_99999999999999999999", "pcm_%C2%B2%C2%B4", "mp3_44100_1", "wav_24000x", "",
               "x" * 300)
 EL_QUERIES = [(f"output_format={v}", f"?output_format={v}") for v in EL_FORMATS]
+EL_VOICES = (NO_STORED_VOICE, "%00", "x" * 2000, "..%2Fvoices", "%C2%B2")
 EL_QUERIES += [(f"optimize_streaming_latency={v}", f"{EL_QUERY}&optimize_streaming_latency={v}")
                for v in ("5", "-1", "1e400", "NaN", "%EF%BC%91")]
 
@@ -106,6 +110,7 @@ CARTESIA_NUMBERS = [("output_format", "sample_rate"), ("generation_config", "spe
                     ("max_buffer_delay_ms",)]
 CARTESIA_WRONG = [(("voice",), v) for v in (5, [], {}, {"mode": "embedding", "embedding": [0.1] * 8}, {"mode": "id"},
                                             {"mode": "id", "id": 5}, {"mode": "id", "id": []}, "")]
+CARTESIA_WRONG += [(("voice", "id"), v) for v in (NO_STORED_VOICE, "x" * 2000, "\u0000")]
 CARTESIA_WRONG += [(("output_format",), v) for v in ("raw", [], 5, {})]
 CARTESIA_WRONG += [(("output_format", "sample_rate"), v) for v in NUMBERS + [24000.5, "24000", None, [], 7]]
 CARTESIA_WRONG += [(("output_format", "encoding"), v) for v in ("pcm_s8", 5, [], None, "")]
@@ -131,20 +136,24 @@ DEEPGRAM_QUERIES += [(f"container={v}", f"{DEEPGRAM_Q}&container={v}") for v in 
 DEEPGRAM_QUERIES += [(f"bit_rate={v}", f"/v1/speak?encoding=mp3&bit_rate={v}") for v in ("1", "NaN", "1e400", "")]
 DEEPGRAM_QUERIES += [(f"speed={v}", f"{DEEPGRAM_Q}&speed={v}")
                      for v in ("NaN", "Infinity", "1e400", "0", "99", "fast", "")]
-DEEPGRAM_QUERIES += [(f"model={v}", f"{DEEPGRAM_Q}&model={v}") for v in ("nope", "%00")]
+DEEPGRAM_QUERIES += [(f"model={v}", f"{DEEPGRAM_Q}&model={v}") for v in ("nope", "%00", NO_STORED_VOICE,
+                                                                         f"x:{NO_STORED_VOICE}", "::", "x" * 2000)]
 
 DASHSCOPE_VALID = {"model": "qwen3-tts-flash", "input": {"text": "Hello there.", "voice": "Cherry"}}
 DASHSCOPE_WRONG = [(("model",), v) for v in (5, [], {}, None, "", "no-such-model")]
 DASHSCOPE_WRONG += [(("input",), v) for v in ("x", [], 5, None)]
 DASHSCOPE_WRONG += [(("input", k), v) for k in ("voice", "language_type", "instructions") for v in (5, [], {})]
-DASHSCOPE_WRONG += [(("input", "voice"), "no such voice"), (("parameters",), "x"), (("parameters",), [])]
+DASHSCOPE_WRONG += [(("input", "voice"), v) for v in ("no such voice", NO_STORED_VOICE, "x" * 2000)]
+DASHSCOPE_WRONG += [(("parameters",), "x"), (("parameters",), [])]
 DASHSCOPE_MAYBE = [(("parameters",), {"sample_rate": v, "stream": "yes", "seed": v}) for v in (BIG, -1, 1e308)]
 
 
 def endpoints() -> list[Endpoint]:
     el = [Endpoint(f"elevenlabs {route or '(convert)'}", f"/v1/text-to-speech/ryan{route}{EL_QUERY}", EL_VALID,
                    ("text",), elevenlabs_error, numbers=EL_NUMBERS, wrong=EL_WRONG,
-                   queries=[(w, f"/v1/text-to-speech/ryan{route}{q}") for w, q in EL_QUERIES], first=not route)
+                   queries=[(w, f"/v1/text-to-speech/ryan{route}{q}") for w, q in EL_QUERIES]
+                   + [(f"voice_id {v[:20]}", f"/v1/text-to-speech/{v}{route}{EL_QUERY}") for v in EL_VOICES],
+                   first=not route)
           for route in ("", "/stream", "/with-timestamps", "/stream/with-timestamps")]
     cartesia = [Endpoint(f"cartesia {path}", path, {**CARTESIA_VALID, **({"context_id": "c1"} if sse else {})},
                          ("transcript",), cartesia_error, numbers=CARTESIA_NUMBERS,
