@@ -1,7 +1,8 @@
 """The vendor-compatible HTTP speech endpoints' request bodies (docs/compat.md): ElevenLabs text-to-speech (its four
 routes), Cartesia `/tts/bytes` and `/tts/sse`, Deepgram `POST /v1/speak` and DashScope's Qwen TTS (streamed and
 not). Each gets a valid request (served: 200 with audio), then hostile bodies; every answer is judged by
-workers.judge_http with the endpoint's OWN error shape (SHAPES: what its translator's http_error makes)."""
+workers.judge_http with the endpoint's OWN error shape (one predicate per vendor below: what its translator's
+http_error makes and docs/compat.md documents), one set of keys per vendor."""
 from __future__ import annotations
 
 import asyncio
@@ -53,7 +54,7 @@ def deepgram_error(doc, status: int) -> str | None:
 
 
 def dashscope_error(doc, status: int) -> str | None:
-    """{"code", "message", "request_id"}; 500 only as InternalError."""
+    """{"code", "message", "request_id"}, every one a string."""
     want = ("code", "message", "request_id")
     return doc["code"] if _keys(doc, set(want), want) else None
 
