@@ -11,54 +11,23 @@
 # process sized from its third of the GPU's memory, serve's rule for engine processes that share a GPU).
 # Results: $OUT/latency.tgz; progress: $RES/progress.
 #   setsid bash bench/gpu_latency.sh > /tmp/latency.out 2>&1 < /dev/null &
-set -uo pipefail
-out=${OUT:-/tmp/out}; res=${RES:-/tmp/res-latency}; rm -rf "$res"; mkdir -p "$out" "$res"
-tree=$(cd "$(dirname "$0")/.." && pwd)
-log() { echo "[$(date +%T)] $*" | tee -a "$res/progress"; }
-if [ "${SETUP:-1}" = 1 ]; then
-  (cd "$tree" && . bench/gpu_env.sh) || exit 1
-fi
-cd "$tree"
-export PYTHONPATH=$tree:/tmp/site PYTHONUNBUFFERED=1 TALKGATE_CACHE=/tmp/tgc
-tg() { python3 -m talkgate "$@"; }
-{ git -C "$tree" rev-parse --short HEAD; nvidia-smi -L; nvidia-smi --query-gpu=driver_version --format=csv,noheader
-  python3 -c 'import torch, aiohttp, zmq; print(torch.__version__, aiohttp.__version__, zmq.__version__)'; nproc; } \
-  > "$res/versions.txt" 2>&1
-for v in custom_voice base voice_design; do
-  [ -f /tmp/ck-1.7b-$v/config.json ] || tg checkpoint create /tmp/ck-1.7b-$v --preset 1.7b --variant $v | tail -1
-done
-log "checkpoints made"
+BENCH=latency
+. "$(dirname "$0")/gpu_serve.sh"
+export TALKGATE_CACHE=/tmp/tgc
+LOAD_TIMEOUT_S=200
+checkpoints custom_voice base voice_design
 
-start() {   # start NAME ARGS...: serve on 8081, wait for ready and every engine's graphs
-  local name=$1; shift
-  local t0=$SECONDS
-  python3 -m talkgate serve --port 8081 "$@" > "$res/$name.log" 2>&1 &
-  echo $! > "$res/$name.pid"
-  for _ in $(seq 1200); do grep -q "talkgate: ready" "$res/$name.log" && break; sleep 0.5; done
-  log "$name: ready $((SECONDS - t0)) s after start"
-  local n; n=$(grep -c 'engine [0-9]*.*: .*pid' "$res/$name.log")
-  for _ in $(seq 400); do [ "$(grep -c 'all [0-9]* graphs captured' "$res/$name.log")" -ge "$n" ] && break; sleep 0.5; done
-  log "$name: all graphs of $n engine(s) captured $((SECONDS - t0)) s after start"
-}
-stop() { kill -TERM "$(cat "$res/$1.pid")"; wait "$(cat "$res/$1.pid")"; }
-load() {    # load OUTDIR ARGS...: talkgate bench, its own CPU time beside it
-  local dir=$1; shift
-  local TIMEFORMAT="%R %U %S"
-  { time timeout 200 python3 -m talkgate bench --url http://127.0.0.1:8081 --warmup 4 --out "$res/$dir" \
-      --bucket medium "$@" > "$res/$dir.txt" 2>&1; } 2> "$res/$dir-client-time.txt"
-  grep -E "^(concurrency|rps|highest|warm-up)" "$res/$dir.txt" | tee -a "$res/progress"
-}
 traced() {  # traced NAME ARGS...: a load whose requests' traces go to trace-NAME.jsonl, then its budget
   local name=$1; shift
   : > "$res/trace.jsonl"
-  load "$name" "$@"
+  load 8081 "$name" "$@"
   cp "$res/trace.jsonl" "$res/trace-$name.jsonl"
   python3 -m bench.latency_trace "$res/trace-$name.jsonl" > "$res/budget-$name.txt" 2>&1
   grep -E "total|text wait" "$res/budget-$name.txt" | sed "s/^/$name /" | tee -a "$res/progress"
 }
 
 part=${PART:-all}      # opus-share: the native Opus and Chinese loads, then three models sized by the memory share
-start one --model /tmp/ck-1.7b-custom_voice --trace-latency "$res/trace.jsonl"
+start one 8081 -- --model /tmp/ck-1.7b-custom_voice --trace-latency "$res/trace.jsonl"
 if [ "$part" = all ]; then
 traced http-rps1 --protocol openai --lang en --rps 1 --duration 40 --processes 1
 traced http-rps20 --protocol openai --lang en --rps 20 --duration 30 --processes 2
@@ -72,36 +41,30 @@ curl -s http://127.0.0.1:8081/metrics > "$res/one-metrics.txt"
 stop one
 
 if [ "$part" = opus-share ]; then     # three engine processes on one GPU, no --max-contexts: a third of it each
-  start three --model cv=/tmp/ck-1.7b-custom_voice --model clone=/tmp/ck-1.7b-base \
+  start three 8081 -- --model cv=/tmp/ck-1.7b-custom_voice --model clone=/tmp/ck-1.7b-base \
     --model design=/tmp/ck-1.7b-voice_design
   for p in $(pgrep -f talkgate.processes.engine_process); do tr '\0' ' ' < /proc/$p/cmdline | grep -o -- "--model [^ ]*\|--memory-share [^ ]*" | tr '\n' ' '; echo; done | tee -a "$res/progress"
   grep -h "slots: \|slots\b.*share" "$res/three.log" | cut -c1-220 | tee -a "$res/progress"
   nvidia-smi --query-compute-apps=pid,used_memory --format=csv | tee -a "$res/progress"
-  load three-share-cv --protocol openai --lang en --rps 20 --duration 20 --processes 2 --model cv
+  load 8081 three-share-cv --protocol openai --lang en --rps 20 --duration 20 --processes 2 --model cv
   curl -s http://127.0.0.1:8081/metrics | grep -E "^talkgate_engine_slots(_free)?\b" | tee -a "$res/progress"
   stop three
   tar czf "$out/latency.tgz" -C "$(dirname "$res")" "$(basename "$res")"
   log "done"; exit 0
 fi
 
-start three --model cv=/tmp/ck-1.7b-custom_voice --model clone=/tmp/ck-1.7b-base \
+start three 8081 -- --model cv=/tmp/ck-1.7b-custom_voice --model clone=/tmp/ck-1.7b-base \
   --model design=/tmp/ck-1.7b-voice_design --max-contexts 192 --trace-latency "$res/trace.jsonl"
-python3 - <<'PY'
-import numpy as np, soundfile
-t = np.arange(24000 * 6) / 24000
-soundfile.write("/tmp/ref.wav", 0.3 * np.sin(2 * np.pi * 180 * t * (1 + 0.1 * np.sin(3 * t))), 24000)
-PY
-curl -s -F audio_sample=@/tmp/ref.wav -F name=speaker1 -F consent=bench http://127.0.0.1:8081/v1/audio/voices \
-  > "$res/clone.json"; log "cloned: $(cut -c1-160 "$res/clone.json")"
+clone_voice 8081 speaker1
 traced clone-rps1 --protocol openai --lang en --model clone --voice speaker1 --rps 1 --duration 30 --processes 1
 traced clone-rps20 --protocol openai --lang en --model clone --voice speaker1 --rps 20 --duration 30 --processes 2
 log "three models: 3 x 20 req/s for 30 s"
 : > "$res/trace.jsonl"
 loaders=()
-load three-cv --protocol openai --lang en --rps 20 --duration 30 --processes 2 --model cv & loaders+=($!)
-load three-clone --protocol openai --lang en --rps 20 --duration 30 --processes 2 --model clone --voice speaker1 \
+load 8081 three-cv --protocol openai --lang en --rps 20 --duration 30 --processes 2 --model cv & loaders+=($!)
+load 8081 three-clone --protocol openai --lang en --rps 20 --duration 30 --processes 2 --model clone --voice speaker1 \
   & loaders+=($!)
-load three-design --protocol openai --lang en --rps 20 --duration 30 --processes 2 --model design \
+load 8081 three-design --protocol openai --lang en --rps 20 --duration 30 --processes 2 --model design \
   --instructions "A warm, calm female voice, middle-aged, speaking slowly and clearly." & loaders+=($!)
 wait "${loaders[@]}"            # the loaders only: a bare wait would wait for the server too
 cp "$res/trace.jsonl" "$res/trace-three.jsonl"

@@ -10,59 +10,24 @@
 #         sweep of English medium texts, one engine, 512 slots each (FP16_WARMUP=1 gpu_multi.sh warms the fp16 decoder).
 # Results: $OUT/models.tgz; progress: $RES/progress. Detached as gpu_multi.sh:
 #   setsid bash bench/gpu_models.sh > /tmp/models.out 2>&1 < /dev/null &
-set -uo pipefail
-out=${OUT:-/tmp/out}; res=${RES:-/tmp/res-models}; rm -rf "$res"; mkdir -p "$out" "$res"
-tree=$(cd "$(dirname "$0")/.." && pwd)
-log() { echo "[$(date +%T)] $*" | tee -a "$res/progress"; }
-if [ "${SETUP:-1}" = 1 ]; then
-  (cd "$tree" && . bench/gpu_env.sh) || exit 1
-fi
-cd "$tree"
-export PYTHONPATH=$tree:/tmp/site PYTHONUNBUFFERED=1
-tg() { python3 -m talkgate "$@"; }
-git -C "$tree" rev-parse --short HEAD > "$res/versions.txt" 2>&1; nvidia-smi -L >> "$res/versions.txt" 2>&1
-
-for v in custom_voice base voice_design; do
-  [ -f /tmp/ck-1.7b-$v/config.json ] || tg checkpoint create /tmp/ck-1.7b-$v --preset 1.7b --variant $v | tail -1
-done
+BENCH=models
+. "$(dirname "$0")/gpu_serve.sh"
+checkpoints custom_voice base voice_design
 [ -f /tmp/ck-1.7b/config.json ] || tg checkpoint create /tmp/ck-1.7b --preset 1.7b --variant custom_voice | tail -1
-
-start() {   # start NAME PORT ENV... -- ARGS...: serve, wait for ready and every engine's graphs
-  local name=$1 port=$2; shift 2
-  local envs=(); while [ "$1" != -- ]; do envs+=("$1"); shift; done; shift
-  local t0=$SECONDS
-  env "${envs[@]}" python3 -m talkgate serve --port "$port" "$@" > "$res/$name.log" 2>&1 &
-  echo $! > "$res/$name.pid"
-  for _ in $(seq 1200); do grep -q "talkgate: ready" "$res/$name.log" && break; sleep 0.5; done
-  log "$name: ready $((SECONDS - t0)) s after start"
-  local n; n=$(grep -c 'engine [0-9]*.*: .*pid' "$res/$name.log")
-  for _ in $(seq 400); do [ "$(grep -c 'all [0-9]* graphs captured' "$res/$name.log")" -ge "$n" ] && break; sleep 0.5; done
-  log "$name: all graphs of $n engine(s) captured $((SECONDS - t0)) s after start"
-}
-stop() { kill -TERM "$(cat "$res/$1.pid")"; wait "$(cat "$res/$1.pid")"; }
-load() {    # load PORT OUTDIR ARGS...
+http() {    # http PORT DIR ARGS...: an OpenAI HTTP PCM load
   local port=$1 dir=$2; shift 2
-  local TIMEFORMAT="%R %U %S"
-  { time timeout 300 python3 -m talkgate bench --url "http://127.0.0.1:$port" --warmup 4 --out "$res/$dir" \
-      --protocol openai --lang en --bucket medium --processes 2 "$@" > "$res/$dir.txt" 2>&1; } 2> "$res/$dir-client-time.txt"
-  grep -E "^(concurrency|rps|highest|warm-up)" "$res/$dir.txt" | tee -a "$res/progress"
+  load "$port" "$dir" --protocol openai --lang en --processes 2 "$@"
 }
 
 gpu0() {
   start three 8081 CUDA_VISIBLE_DEVICES=0 TALKGATE_CACHE=/tmp/tgc-three -- --model cv=/tmp/ck-1.7b-custom_voice \
     --model clone=/tmp/ck-1.7b-base --model design=/tmp/ck-1.7b-voice_design --max-contexts 192
-  python3 - <<'EOF'
-import numpy as np, soundfile
-t = np.arange(24000 * 6) / 24000
-soundfile.write("/tmp/ref.wav", 0.3 * np.sin(2 * np.pi * 180 * t * (1 + 0.1 * np.sin(3 * t))), 24000)
-EOF
-  curl -s -F audio_sample=@/tmp/ref.wav -F name=speaker1 -F consent=bench http://127.0.0.1:8081/v1/audio/voices \
-    > "$res/clone.json"; log "cloned: $(cut -c1-160 "$res/clone.json")"
+  clone_voice 8081 speaker1
   log "three models: 3 x 20 req/s for 30 s"
   local loaders=()
-  load 8081 three-cv --rps 20 --duration 30 --model cv & loaders+=($!)
-  load 8081 three-clone --rps 20 --duration 30 --model clone --voice speaker1 & loaders+=($!)
-  load 8081 three-design --rps 20 --duration 30 --model design \
+  http 8081 three-cv --rps 20 --duration 30 --model cv & loaders+=($!)
+  http 8081 three-clone --rps 20 --duration 30 --model clone --voice speaker1 & loaders+=($!)
+  http 8081 three-design --rps 20 --duration 30 --model design \
     --instructions "A warm, calm female voice, middle-aged, speaking slowly and clearly." & loaders+=($!)
   wait "${loaders[@]}"          # the loaders only: a bare wait would wait for the server too
   curl -s http://127.0.0.1:8081/metrics > "$res/three-metrics.txt"
@@ -70,9 +35,9 @@ EOF
   start one 8081 CUDA_VISIBLE_DEVICES=0 TALKGATE_CACHE=/tmp/tgc -- --model /tmp/ck-1.7b --max-contexts 512 \
     --trace-latency "$res/trace-one.jsonl"
   log "one model: 20 req/s for 30 s, then 1 req/s for 40 s"
-  load 8081 one-rps20 --rps 20 --duration 30
+  http 8081 one-rps20 --rps 20 --duration 30
   cp "$res/trace-one.jsonl" "$res/trace-one-rps20.jsonl"; : > "$res/trace-one.jsonl"
-  load 8081 one-rps1 --rps 1 --duration 40 --processes 1
+  http 8081 one-rps1 --rps 1 --duration 40 --processes 1
   stop one
   cp "$res/trace-one.jsonl" "$res/trace-one-rps1.jsonl"
   for r in rps20 rps1; do python3 -m bench.latency_trace "$res/trace-one-$r.jsonl" > "$res/budget-$r.txt" 2>&1; done
@@ -88,7 +53,7 @@ gpu1() {
     start dec-$dd 8082 TALKGATE_CACHE=/tmp/tgc -- --model /tmp/ck-1.7b --max-contexts 512 \
       --decoder-dtype $dd
     log "decoder $dd: openai sweep"
-    load 8082 sweep-$dd --sweep "${LEVELS:-140,155,170,185,200}" --duration 10 --ttfa-limit-ms 100 --processes 4 \
+    http 8082 sweep-$dd --sweep "${LEVELS:-140,155,170,185,200}" --duration 10 --ttfa-limit-ms 100 --processes 4 \
       --max-in-flight 4096
     curl -s http://127.0.0.1:8082/metrics > "$res/sweep-$dd-metrics.txt"
     stop dec-$dd

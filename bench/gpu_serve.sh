@@ -1,0 +1,64 @@
+# Sourced by bench/gpu_latency.sh and bench/gpu_models.sh: their preamble (results in $RES, the archive in $OUT,
+# the device's packages set up unless SETUP=0, versions written down) and the helpers that start, load and stop a
+# `talkgate serve`. Set BENCH (the script's short name: /tmp/res-$BENCH by default) before sourcing.
+#   start NAME PORT [VAR=VALUE ...] -- ARGS...   serve; wait for ready and for every engine's graphs
+#   stop NAME                                    SIGTERM, and wait for it to end
+#   load PORT DIR ARGS...                        talkgate bench (English medium texts), its own CPU time beside it
+#   checkpoints VARIANT...                       random-weight 1.7B checkpoints in /tmp/ck-1.7b-VARIANT
+#   clone_voice PORT NAME                        a voice cloned from a made-up 6 s sample
+set -uo pipefail
+out=${OUT:-/tmp/out}; res=${RES:-/tmp/res-$BENCH}; rm -rf "$res"; mkdir -p "$out" "$res"
+tree=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+log() { echo "[$(date +%T)] $*" | tee -a "$res/progress"; }
+if [ "${SETUP:-1}" = 1 ]; then
+  (cd "$tree" && . bench/gpu_env.sh) || exit 1
+fi
+cd "$tree"
+export PYTHONPATH=$tree:/tmp/site PYTHONUNBUFFERED=1
+tg() { python3 -m talkgate "$@"; }
+{ git -C "$tree" rev-parse --short HEAD; nvidia-smi -L; nvidia-smi --query-gpu=driver_version --format=csv,noheader
+  python3 -c 'import torch, aiohttp, zmq; print(torch.__version__, aiohttp.__version__, zmq.__version__)'; nproc; } \
+  > "$res/versions.txt" 2>&1
+
+checkpoints() {
+  local v
+  for v in "$@"; do
+    [ -f /tmp/ck-1.7b-$v/config.json ] || tg checkpoint create /tmp/ck-1.7b-$v --preset 1.7b --variant $v | tail -1
+  done
+  log "checkpoints made: $*"
+}
+
+start() {
+  local name=$1 port=$2; shift 2
+  local envs=(); while [ "$1" != -- ]; do envs+=("$1"); shift; done; shift
+  local t0=$SECONDS n
+  env "${envs[@]}" python3 -m talkgate serve --port "$port" "$@" > "$res/$name.log" 2>&1 &
+  echo $! > "$res/$name.pid"
+  for _ in $(seq 1200); do grep -q "talkgate: ready" "$res/$name.log" && break; sleep 0.5; done
+  log "$name: ready $((SECONDS - t0)) s after start"
+  n=$(grep -c 'engine [0-9]*.*: .*pid' "$res/$name.log")
+  for _ in $(seq 400); do [ "$(grep -c 'all [0-9]* graphs captured' "$res/$name.log")" -ge "$n" ] && break; sleep 0.5; done
+  log "$name: all graphs of $n engine(s) captured $((SECONDS - t0)) s after start"
+}
+
+stop() { kill -TERM "$(cat "$res/$1.pid")"; wait "$(cat "$res/$1.pid")"; }
+
+load() {
+  local port=$1 dir=$2; shift 2
+  local TIMEFORMAT="%R %U %S"
+  { time timeout "${LOAD_TIMEOUT_S:-300}" python3 -m talkgate bench --url "http://127.0.0.1:$port" --warmup 4 \
+      --out "$res/$dir" --bucket medium "$@" > "$res/$dir.txt" 2>&1; } 2> "$res/$dir-client-time.txt"
+  grep -E "^(concurrency|rps|highest|warm-up)" "$res/$dir.txt" | tee -a "$res/progress"
+}
+
+clone_voice() {
+  local port=$1 name=$2
+  python3 - <<'PY'
+import numpy as np, soundfile
+t = np.arange(24000 * 6) / 24000
+soundfile.write("/tmp/ref.wav", 0.3 * np.sin(2 * np.pi * 180 * t * (1 + 0.1 * np.sin(3 * t))), 24000)
+PY
+  curl -s -F audio_sample=@/tmp/ref.wav -F name="$name" -F consent=bench "http://127.0.0.1:$port/v1/audio/voices" \
+    > "$res/clone.json"
+  log "cloned: $(cut -c1-160 "$res/clone.json")"
+}
