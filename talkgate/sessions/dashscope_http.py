@@ -34,7 +34,7 @@ FILE_FORMAT = AudioFormat("wav", 24000, streaming=False)
 # 400 InvalidParameter, a server failure 500 InternalError
 CODES = {"unauthorized": (401, "InvalidApiKey"), "unknown_model": (404, "ModelNotFound"),
          "shutting_down": (503, "ServiceUnavailable"), "engine_full": (429, "Throttling.AllocationQuota")}
-OTHER_CODES = {404: "NotFound", 413: "InvalidParameter", 429: "Throttling"}    # by status: a key's limits are 429
+OTHER_CODES = {404: "NotFound", 413: "BadRequest.TooLarge", 429: "Throttling"}   # by status: a key's limits are 429
 
 # keep(wav) -> (the audio's id, its URL, when the URL expires: Unix seconds): the I/O layer's, for a response
 # that is not streamed

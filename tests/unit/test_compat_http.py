@@ -292,7 +292,7 @@ def test_audio_files_expire_and_stay_within_their_bound(tmp_path):
 @pytest.mark.parametrize("route, shape, code", [
     ("elevenlabs", lambda d: d["detail"]["status"], "payload_too_large"),
     ("cartesia", lambda d: d["error_code"], "payload_too_large"), ("deepgram", lambda d: d["err_code"], "payload_too_large"),
-    ("dashscope", lambda d: d["code"], "InvalidParameter")])
+    ("dashscope", lambda d: d["code"], "BadRequest.TooLarge")])
 def test_a_body_over_the_limit_is_refused_in_each_apis_shape(route, shape, code):
     """A body over client_max_size (or a gzip body inflating past it) was aiohttp's 413 in talkgate's (OpenAI's)
     shape on every vendor route, the errors middleware's: now read_json's BodyTooLarge, answered by the route."""
