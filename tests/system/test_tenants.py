@@ -66,8 +66,13 @@ async def clone(http, url: str, api: str, key: str, name: str, **fields) -> tupl
 
 
 def same_shape(answer, voice_id: str):
-    """An answer with the voice id asked for written as <id>: a foreign and an unknown id compare equal."""
-    return json.loads(json.dumps(answer).replace(voice_id, "<id>"))
+    """An answer with the voice id asked for written as <id>, and a request id of its own (Deepgram's and DashScope's
+    errors name one) as <request_id>: a foreign and an unknown id compare equal."""
+    def masked(v):
+        if isinstance(v, dict):
+            return {k: "<request_id>" if k == "request_id" and isinstance(x, str) else masked(x) for k, x in v.items()}
+        return [masked(x) for x in v] if isinstance(v, list) else v
+    return masked(json.loads(json.dumps(answer).replace(voice_id, "<id>")))
 
 
 async def speak_everywhere(http, url: str, key: str, voice_id: str) -> dict:
