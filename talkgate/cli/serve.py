@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import dataclasses
 import logging
 import os
@@ -326,9 +327,9 @@ def engine_plan(specs: list[ModelSpec], device: str, gpus: str | None, engines: 
                  for g in indices for _ in range(spec.engines or engines)]
     for gpu in dict.fromkeys(e["cuda_visible"] for e in plan):
         on_it = [e for e in plan if e["cuda_visible"] == gpu]
-        stated = sum(specs[e["model"]].memory_share or 0.0 for e in on_it)
-        unstated = sum(not specs[e["model"]].memory_share for e in on_it)
-        counts = {m: sum(e["model"] == m for e in on_it) for m in dict.fromkeys(e["model"] for e in on_it)}
+        counts = collections.Counter(e["model"] for e in on_it)       # engine processes of each model on it
+        stated = sum(n * (specs[m].memory_share or 0.0) for m, n in counts.items())
+        unstated = sum(n for m, n in counts.items() if not specs[m].memory_share)
         if stated > 1 + 1e-9 or (unstated and stated >= 1 - 1e-9):      # 3 x 0.3333333 fits, rounded or not
             shares = ", ".join(f"{specs[m].name} {n} x {specs[m].memory_share:.3g}" if specs[m].memory_share
                                else f"{specs[m].name} {n} x unstated" for m, n in counts.items())

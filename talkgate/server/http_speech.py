@@ -142,7 +142,7 @@ async def serve_speech(request: web.Request, label: str, make: Callable[[object]
     try:
         protocol = await make(await read_json(request, 4 * gw.limits.max_message_bytes))
     except SessionError as e:
-        response = respond(error(getattr(e, "status", None) or http_status(e.code), e.code, e.message))
+        response = respond(error(e.status or http_status(e.code), e.code, e.message))
         if e.code in ("invalid_body", "payload_too_large"):     # the rest of the body is not read
             response.force_close()
         return response

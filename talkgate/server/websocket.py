@@ -37,8 +37,9 @@ def close_code_valid(code: int) -> bool:
 def server_frame(data: str | bytes, opcode: int | None = None) -> tuple[bytes, bytes]:
     """(header, payload) of one unmasked, unfragmented RFC 6455 frame: text for str, binary for bytes, or `opcode`'s
     (no extension: talkgate never negotiates permessage-deflate). Apart, so that a write copies a payload once."""
-    payload, kind = (data.encode(), 0x1) if isinstance(data, str) else (data, 0x2)
-    opcode = kind if opcode is None else opcode
+    payload = data.encode() if isinstance(data, str) else data
+    if opcode is None:
+        opcode = 0x1 if isinstance(data, str) else 0x2
     n = len(payload)
     if n < 126:
         return struct.pack("!BB", 0x80 | opcode, n), payload

@@ -16,12 +16,11 @@ Errors are DashScope's `{"code", "message", "request_id"}` with its HTTP statuse
 from __future__ import annotations
 
 import base64
-import uuid
 from typing import Callable
 
 from talkgate.sessions.actions import dumps, http_status
 from talkgate.sessions.fields import SessionError, field_of, show
-from talkgate.sessions.http import HttpSpeech, Respond
+from talkgate.sessions.http import HttpSpeech, Respond, new_request_id
 from talkgate.sessions.models import Models
 from talkgate.sessions.session import AudioFormat, AudioOut, ContextConfig, ContextFinished, Session
 from talkgate.sessions.voices import UnknownVoice, VoiceMap, resolve_language
@@ -78,7 +77,7 @@ def error_body(status: int, code: str, message: str, request_id: str) -> tuple[i
 
 def http_error(status: int, code: str, message: str, request_id: str | None = None) -> Respond:
     """An error before any audio (a request refused before its translator is made gets a request id of its own)."""
-    status, body = error_body(status, code, message, request_id or str(uuid.uuid4()))
+    status, body = error_body(status, code, message, request_id or new_request_id())
     return Respond(status, "application/json", dumps(body).encode(), error=code)
 
 

@@ -11,12 +11,11 @@ samples. Client mistakes are answered the Deepgram way: a close frame whose reas
 from __future__ import annotations
 
 import re
-import uuid
 
 from talkgate.codecs import ENCODINGS as CODECS
 from talkgate.sessions.actions import Close, close_code, dumps, send_json
 from talkgate.sessions.fields import SessionError, field_of, query_int, show
-from talkgate.sessions.http import HttpSpeech, Respond
+from talkgate.sessions.http import HttpSpeech, Respond, new_request_id
 from talkgate.sessions.models import Models
 from talkgate.sessions.session import AudioFormat, ContextCancelled, ContextConfig, ContextError, Session
 from talkgate.sessions.utterances import Audio, Event, SegmentDone, UtteranceDone, UtteranceProtocol
@@ -266,7 +265,7 @@ def rest_error(status: int, code: str, message: str, request_id: str | None = No
     """Deepgram's REST error: {"err_code", "err_msg", "request_id"} (a request refused before its translator is made
     gets a request id of its own: Deepgram's errors always name one)."""
     return Respond(status, "application/json", dumps({"err_code": code, "err_msg": message,
-                                                      "request_id": request_id or str(uuid.uuid4())}).encode(),
+                                                      "request_id": request_id or new_request_id()}).encode(),
                    error=code)
 
 

@@ -19,7 +19,10 @@ _ASCII_INT = re.compile(r"-?[0-9]{1,20}\Z")
 
 
 class SessionError(Exception):
-    """A client mistake answered with an error event; the session lives on."""
+    """A client mistake answered with an error event; the session lives on. `status`: the HTTP status that answers
+    it where its code's (sessions/actions.py http_status) is not the one."""
+
+    status: int | None = None
 
     def __init__(self, code: str, message: str, context_id: str | None = None):
         super().__init__(message)

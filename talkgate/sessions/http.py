@@ -44,6 +44,11 @@ class Respond:
     audio_ms: float = 0.0
 
 
+def new_request_id() -> str:
+    """An id for one HTTP request, as the APIs whose answers name one (DashScope, Deepgram) make them."""
+    return str(uuid.uuid4())
+
+
 def error_body(status: int, code: str, message: str) -> bytes:
     """talkgate's own HTTP error shape (OpenAI's): every route that has no shape of its own uses it."""
     kind = "server_error" if status >= 500 else "invalid_request_error"
@@ -70,7 +75,7 @@ class HttpSpeech(ClientProtocol):
         self.pieces: list[bytes] = []       # the body so far, when it is sent whole ...
         self.whole_stream: int | None = None    # ... and its audio's stream and duration
         self.whole_ms = 0.0
-        self.request_id = str(uuid.uuid4())
+        self.request_id = new_request_id()
         self.begun = False
 
     # ----- what a translator says -----

@@ -373,11 +373,13 @@ def _get(obj, path):
     return obj
 
 
-def _set(obj, path, value, delete=False):
+def set_path(obj, path, value, delete=False):
+    """A copy of JSON `obj` with the field at `path` set to `value` (objects on the way made where missing) or
+    deleted."""
     obj = json.loads(json.dumps(obj))
     cur = obj
     for k in path[:-1]:
-        cur = cur[k]
+        cur = cur.setdefault(k, {})
     if delete:
         cur.pop(path[-1], None)
     else:
@@ -469,19 +471,19 @@ class Mutator:
                 ODD_NUMBERS if isinstance(old, (int, float)) and not isinstance(old, bool) else ODD_VALUES)
         pool = pool + ODD_VALUES if self.rng.random() < 0.3 else pool
         value = self.rng.choice(pool)
-        return self._field_input(msg, _set(msg, path, value), opener, f"{'.'.join(path)}={_show(value)}")
+        return self._field_input(msg, set_path(msg, path, value), opener, f"{'.'.join(path)}={_show(value)}")
 
     def delete_field(self, msg, opener) -> Input:
         paths = _paths(msg)
         if not paths:
             return self.add_field(msg, opener)
         path = self.rng.choice(paths)
-        return self._field_input(msg, _set(msg, path, None, delete=True), opener, f"without {'.'.join(path)}")
+        return self._field_input(msg, set_path(msg, path, None, delete=True), opener, f"without {'.'.join(path)}")
 
     def add_field(self, msg, opener) -> Input:
         where = self.rng.choice([()] + [p for p in _paths(msg) if isinstance(_get(msg, p), dict)])
         key, value = self.rng.choice(KEYS), self.rng.choice(ODD_VALUES)
-        new = _set(msg, where + (key,), value)
+        new = set_path(msg, where + (key,), value)
         bad = self._bad(new, opener)
         if where:       # a closed object (format, sampling) refuses unknown keys
             top = self._contract(msg) or {}
@@ -494,7 +496,7 @@ class Mutator:
         if self.p.type_field is None:
             return self.set_field(msg, opener)
         value = self.rng.choice(list(self.p.contracts) + ["dance", "", "TEXT", "Speak ", 5, None, ["text"]])
-        new = _set(msg, (self.p.type_field,), value)
+        new = set_path(msg, (self.p.type_field,), value)
         return self._field_input(msg, new, opener, f"type={_show(value)}")
 
     def truncate(self, msg, opener) -> Input:
@@ -530,7 +532,7 @@ class Mutator:
     def nan(self, msg, opener) -> Input:
         path = self.rng.choice(_paths(msg) or [("n",)])
         lit = self.rng.choice(NAN)
-        text = _dumps(_set(msg, path, DEEP_MARK), self.rng).replace("[" * DEEP + "]" * DEEP, lit)
+        text = _dumps(set_path(msg, path, DEEP_MARK), self.rng).replace("[" * DEEP + "]" * DEEP, lit)
         return Input(text, True, f"{'.'.join(path)}={lit} in " + json.dumps(msg)[:100])
 
     def deep(self, msg, opener) -> Input:
@@ -538,7 +540,7 @@ class Mutator:
             text = "[" * DEEP + _dumps(msg, self.rng) + "]" * DEEP
             return Input(text, True, f"message wrapped {DEEP} lists deep")
         path = self.rng.choice(_paths(msg) or [("deep",)])
-        return Input(_dumps(_set(msg, path, DEEP_MARK), self.rng), True, f"{'.'.join(path)} nested {DEEP} deep")
+        return Input(_dumps(set_path(msg, path, DEEP_MARK), self.rng), True, f"{'.'.join(path)} nested {DEEP} deep")
 
     def not_object(self, msg, opener) -> Input:
         text = self.rng.choice([json.dumps([msg]), "5", '"text"', "null", "true", "[]", "{}" if False else "[{}]"])

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import copy
 import gzip
 import json
 from dataclasses import dataclass, field
@@ -15,7 +14,7 @@ from dataclasses import dataclass, field
 import aiohttp
 
 from tests.fuzz.endpoints import strict_json
-from tests.fuzz.mutate import BIG, CONTROL_TOKENS
+from tests.fuzz.mutate import BIG, CONTROL_TOKENS, set_path
 from tests.fuzz.workers import HttpRequest, judge_http, judge_shapes, openai_error, send_http
 
 SERVED, REFUSED, EITHER = "served", "refused", "either"
@@ -170,24 +169,6 @@ def endpoints() -> list[Endpoint]:
     return el + cartesia + [deepgram] + dashscope
 
 
-def _with(body: dict, where: tuple[str, ...], value) -> dict:
-    out = copy.deepcopy(body)
-    d = out
-    for k in where[:-1]:
-        d = d.setdefault(k, {})
-    d[where[-1]] = value
-    return out
-
-
-def _without(body: dict, where: tuple[str, ...]) -> dict:
-    out = copy.deepcopy(body)
-    d = out
-    for k in where[:-1]:
-        d = d[k]
-    del d[where[-1]]
-    return out
-
-
 def _raw(body: dict) -> bytes:
     return json.dumps(body).encode()
 
@@ -195,7 +176,7 @@ def _raw(body: dict) -> bytes:
 def _field_raw(ep: Endpoint, where: tuple[str, ...], json_value: bytes) -> bytes:
     """The valid body with a field's JSON replaced by raw bytes (what json.dumps cannot write)."""
     mark = "\u0001MARK\u0001"
-    return _raw(_with(ep.valid, where, mark)).replace(json.dumps(mark).encode(), json_value)
+    return _raw(set_path(ep.valid, where, mark)).replace(json.dumps(mark).encode(), json_value)
 
 
 def _text_raw(ep: Endpoint, json_value: bytes) -> bytes:
@@ -219,11 +200,11 @@ def cases(ep: Endpoint, max_chars: int, client_max: int) -> list[tuple[HttpReque
            ("lone low surrogate in the text", _text_raw(ep, b'"hello \\udfff"')),
            ("a lone surrogate as a key", raw[:-1] + b', "\\udc00": 1}'),
            ("NUL after the body", raw + b"\x00"), ("two bodies", raw + raw),
-           (f"text of {limit + 1} characters", _raw(_with(ep.valid, ep.text, "x" * (limit + 1)))),
-           ("text empty", _raw(_with(ep.valid, ep.text, ""))), ("text blank", _raw(_with(ep.valid, ep.text, " \n\t "))),
-           ("no text", _raw(_without(ep.valid, ep.text)))]
-    bad += [(f"text {json.dumps(v)[:20]}", _raw(_with(ep.valid, ep.text, v))) for v in TYPES + [None] if v != "x"]
-    bad += [(f"{'.'.join(w)} = {json.dumps(v)[:40]}", _raw(_with(ep.valid, w, v))) for w, v in ep.wrong]
+           (f"text of {limit + 1} characters", _raw(set_path(ep.valid, ep.text, "x" * (limit + 1)))),
+           ("text empty", _raw(set_path(ep.valid, ep.text, ""))), ("text blank", _raw(set_path(ep.valid, ep.text, " \n\t "))),
+           ("no text", _raw(set_path(ep.valid, ep.text, None, delete=True)))]
+    bad += [(f"text {json.dumps(v)[:20]}", _raw(set_path(ep.valid, ep.text, v))) for v in TYPES + [None] if v != "x"]
+    bad += [(f"{'.'.join(w)} = {json.dumps(v)[:40]}", _raw(set_path(ep.valid, w, v))) for w, v in ep.wrong]
     bad += [(f"{'.'.join(w)} = {n.decode()[:20]}", _field_raw(ep, w, n))
             for w in [ep.text] + ep.numbers for n in NOT_JSON_NUMBERS]
     out += [(req(w, b), REFUSED) for w, b in bad]
@@ -233,15 +214,15 @@ def cases(ep: Endpoint, max_chars: int, client_max: int) -> list[tuple[HttpReque
             (req("Content-Encoding deflate, body not deflate", raw, {"Content-Encoding": "deflate"}), REFUSED),
             (req("Content-Encoding br, body not brotli", raw, {"Content-Encoding": "br"}), BEFORE_ROUTING),
             (req("gzip twice, declared once", gzip.compress(gzip.compress(raw)), gz), REFUSED),
-            (req(f"gzip body inflating past {client_max} bytes", gzip.compress(_raw(_with(
+            (req(f"gzip body inflating past {client_max} bytes", gzip.compress(_raw(set_path(
                 ep.valid, ep.text, "x" * (client_max + 10)))), gz), REFUSED),
             (req(f"a body of {client_max + 1} bytes", raw[:-1] + b" " * client_max + b"}"), REFUSED),
             (req("charset=bogus", raw, {"Content-Type": "application/json; charset=bogus"}), REFUSED)]
     if ep.first:        # what makes audio: once per vendor
-        out += [(req(f"{'.'.join(w)} = {json.dumps(v)[:40]}", _raw(_with(ep.valid, w, v))), EITHER)
+        out += [(req(f"{'.'.join(w)} = {json.dumps(v)[:40]}", _raw(set_path(ep.valid, w, v))), EITHER)
                 for w, v in ep.maybe]
         spoken = "Say " + " ".join(CONTROL_TOKENS) + " aloud."
-        out += [(req("control tokens in the text", _raw(_with(ep.valid, ep.text, spoken))), SERVED),
+        out += [(req("control tokens in the text", _raw(set_path(ep.valid, ep.text, spoken))), SERVED),
                 (req("unknown fields", _raw({**ep.valid, "extra": [1, {"x": None}], "ключ": "v"})), SERVED),
                 (req("gzip body", gzip.compress(raw), gz), SERVED)]
     return out
