@@ -21,7 +21,7 @@ from talkgate.cli import args as cli_args
 from talkgate.cli import models_file
 from talkgate.cli.args import CommandError
 from talkgate.cli.models_file import ModelSpec
-from talkgate.processes import bytecode, single
+from talkgate.processes import bytecode, mps, single
 from talkgate.server.listen import listen, tls_context
 from talkgate.sessions.limits import Limits
 from talkgate.system import descriptors
@@ -85,6 +85,11 @@ def add_parser(subparsers) -> None:
                    "or on the CPU; several on one GPU (of one model or of several) split its memory: each without "
                    "--max-contexts sizes its slots from 1/N of the GPU for N engine processes on it, or from its "
                    "model's memory_share (--models FILE; docs/operations.md)")
+    p.add_argument("--mps", choices=["auto", "on", "off"], default="auto", help="CUDA MPS for a GPU that several "
+                   "engine processes share (several models, or --engines above 1), so that their kernels run side "
+                   "by side instead of taking turns: auto starts a daemon of talkgate's own for each such GPU where "
+                   "nvidia-cuda-mps-control can, else says why and serves without; on refuses to start without; off "
+                   "never (docs/operations.md)")
     p.add_argument("--workers", metavar="N", type=cli_args.integer(0), help="gateway worker processes sharing the "
                    "port (default: the cores less one per engine process and one more, 1 to "
                    f"{MAX_DEFAULT_WORKERS}); 0: one process, the engine a thread of it")
@@ -382,9 +387,12 @@ def run_supervised(args: argparse.Namespace, specs: list[ModelSpec]) -> int:
         workers = args.workers if args.workers is not None else default_workers(len(engines))
         config = server_config(args)
         plan = Plan(host=args.host, port=reserved[0].getsockname()[1], models=models, engines=engines,
-                    workers=workers, engine_args=engine_args, server=dataclasses.asdict(config),
+                    workers=workers, mps=args.mps, engine_args=engine_args, server=dataclasses.asdict(config),
                     aliases={spec.name: list(spec.aliases) for spec in specs if spec.aliases})
-        return Supervisor(plan).run()
+        try:
+            return Supervisor(plan).run()
+        except mps.MpsError as e:
+            raise CommandError(f"--mps on: {e}") from None
     finally:
         for s in reserved:
             s.close()

@@ -32,6 +32,8 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 
+from talkgate.processes import mps
+
 log = logging.getLogger("talkgate.supervisor")
 RESTART_WINDOW_S = 10.0       # a child that dies sooner after its start is restarted after a back-off
 BACKOFF_S = (1.0, 30.0)       # first and longest back-off
@@ -65,6 +67,7 @@ class Child:
     state: str = "starting"                    # the last status line
     exits: int = 0
     model: int | None = None                   # an engine's: the index of its model in Plan.models
+    gpu: str | None = None                     # an engine's: its GPU's CUDA_VISIBLE_DEVICES id
 
 
 @dataclass
@@ -77,6 +80,7 @@ class Plan:
                                                # "args": its model's own engine flags (a models file's max_contexts),
                                                # "memory_share": its share of the GPU's memory, where it has one}
     workers: int
+    mps: str = "auto"                          # CUDA MPS for GPUs that several engine processes share: auto|on|off
     engine_args: list[str] = field(default_factory=list)     # --dtype, --max-contexts, --seed ...
     aliases: dict = field(default_factory=dict)              # model name -> its other names (a models file's)
     server: dict = field(default_factory=dict)              # dataclasses.asdict(ServerConfig) (limits: the server's)
@@ -99,6 +103,7 @@ class Supervisor:
         self.children: list[Child] = []
         self.sel = selectors.DefaultSelector()
         self.announced = {"listening": False, "ready": False}
+        self.mps: dict[str, mps.Daemon] = {}       # GPU id -> the MPS daemon its engine processes are clients of
 
     def run(self) -> int:
         """Start everything, supervise until SIGTERM/SIGINT, drain the workers, stop the engines. -> exit status."""
@@ -118,7 +123,7 @@ class Supervisor:
             argv = engine_argv(plan, i, endpoints[i])
             # the model named only where there are several: a one-model server's log reads as it always has
             name = f"engine {i} ({plan.models[e['model']][0]})" if len(plan.models) > 1 else f"engine {i}"
-            self.children.append(Child(name, argv, env, model=e["model"]))
+            self.children.append(Child(name, argv, env, model=e["model"], gpu=e.get("cuda_visible")))
         limits = plan.server["limits"]
         server = {**plan.server, "limits": {**limits, "max_connections": worker_cap(limits["max_connections"],
                                                                                    plan.workers)},
@@ -141,6 +146,7 @@ class Supervisor:
         log.info("supervisor (pid %d): %d engine process(es), %d worker(s), port %d, run folder %s", os.getpid(),
                  len(plan.engines), plan.workers, plan.port, run_dir)
         try:
+            self._start_mps(run_dir)
             for child in self.children:
                 self._start(child)
             while not self.stopping:
@@ -153,6 +159,8 @@ class Supervisor:
                 if child.proc is not None and child.proc.poll() is None:
                     child.proc.kill()
                     child.proc.wait()
+            for daemon in self.mps.values():
+                mps.stop(daemon)
             shutil.rmtree(run_dir, ignore_errors=True)
         say("talkgate: stopped")
         return 0
@@ -176,6 +184,46 @@ class Supervisor:
                     c.proc.send_signal(signal.SIGTERM)
         self.stopping = True
 
+    def _start_mps(self, run_dir: str) -> None:
+        """A CUDA MPS daemon for each GPU that several engine processes share (processes/mps.py), as --mps says:
+        auto starts one where it can and says where it cannot; on stops the start (MpsError) where it cannot."""
+        gpus = mps.shared_gpus(self.plan.engines)
+        if not gpus or self.plan.mps == "off":
+            if gpus:
+                log.warning("GPU(s) %s: several engine processes each, without CUDA MPS (--mps off): their GPU work "
+                            "takes turns", ", ".join(gpus))
+            return
+        outside = mps.system_daemon()
+        if outside is not None:
+            log.info("GPU(s) %s: several engine processes each, clients of the MPS daemon at %s",
+                     ", ".join(gpus), outside)
+            return
+        for gpu in gpus:
+            try:
+                self.mps[gpu] = mps.start(gpu, os.path.join(run_dir, f"mps-{gpu}"))
+            except mps.MpsError as e:
+                if self.plan.mps == "on":
+                    raise
+                log.warning("GPU %s: its engine processes run without CUDA MPS, their GPU work taking turns: %s",
+                            gpu, e)
+                continue
+            n = sum(1 for c in self.children if c.gpu == gpu)
+            log.info("GPU %s: its %d engine processes are clients of a CUDA MPS daemon (pid %d)", gpu, n,
+                     self.mps[gpu].proc.pid)
+
+    def _engine_env(self, child: Child) -> dict:
+        """An engine's environment: an MPS client's where its GPU has a live daemon."""
+        daemon = self.mps.get(child.gpu)
+        if daemon is None:
+            return child.env
+        if daemon.proc.poll() is None:
+            return daemon.client_env(child.env)
+        if not daemon.exit_said:
+            daemon.exit_said = True
+            log.warning("GPU %s: its MPS daemon exited with status %s: engine processes started from now on run "
+                        "without MPS", daemon.gpu, daemon.proc.returncode)
+        return child.env
+
     # ----- children -----
     def _start(self, child: Child) -> None:
         pass_fds = ()
@@ -189,7 +237,8 @@ class Supervisor:
             # every graph first instead of between steps under load (each capture holds its thread up to ~1 s)
             argv = [*argv, "--every-graph"]
         # a session of its own: a terminal's Ctrl-C reaches the supervisor alone, which stops workers first
-        child.proc = subprocess.Popen(argv, env=child.env, pass_fds=pass_fds, start_new_session=True)
+        env = child.env if child.status else self._engine_env(child)
+        child.proc = subprocess.Popen(argv, env=env, pass_fds=pass_fds, start_new_session=True)
         child.started, child.restart_at, child.state = time.monotonic(), None, "starting"
         if child.status:
             os.close(w)
