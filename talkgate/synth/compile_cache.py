@@ -56,9 +56,22 @@ def describe(config, root: Path, device, dtype, decoder_dtype) -> tuple[dict, di
         versions["triton"] = triton.__version__
     except ImportError:
         versions["triton"] = None
-    shape = {"talker": config.raw.get("talker_config"), "speech_tokenizer": _decoder_config(root),
-             "dtype": str(dtype), "decoder_dtype": str(decoder_dtype)}
-    return gpu, versions, shape
+    return gpu, versions, shape_of(config, root, dtype, decoder_dtype)
+
+
+# a CustomVoice checkpoint's speaker names and ids: prompt tokens, nothing compiled depends on them
+PROMPT_ONLY = ("spk_id", "spk_is_dialect")
+
+
+def shape_of(config, root: Path, dtype, decoder_dtype) -> dict:
+    """What of a checkpoint decides the compiled binaries: its Talker's and speech tokenizer's configs but the
+    speaker tables, and the dtypes. The CustomVoice, Base and VoiceDesign checkpoints of one size share it, so that
+    their engine processes on one GPU share one cache and one set of compile helpers (parallel_compile.py)."""
+    talker = config.raw.get("talker_config")
+    if isinstance(talker, dict):
+        talker = {k: v for k, v in talker.items() if k not in PROMPT_ONLY}
+    return {"talker": talker, "speech_tokenizer": _decoder_config(root), "dtype": str(dtype),
+            "decoder_dtype": str(decoder_dtype)}
 
 
 def _decoder_config(root: Path):

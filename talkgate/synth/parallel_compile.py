@@ -17,9 +17,12 @@ on an empty cache, the longest helper (the decoder's step at 256 rows, one task 
     ... warm-up; the engine serves; between steps, Runner.adopt_compiles: helpers.late_done() ...
 
 Skipped where a warm-up of this code has run to its end with this cache (the runner's warmed marker), and
-where fewer than two helpers fit (cores, GPU memory). One process per cache and device starts helpers (a lock
-file beside the marker): another engine process on the same GPU (`--engines N`) waits for them instead of
-compiling the same kinds again, then loads what they wrote. Engines on other GPUs start their own (the compiled
+where fewer than two helpers fit (cores, GPU memory). One process per cache and device starts helpers (two lock
+files beside the marker, one held until all but the LATE tasks' helper have ended, one until that one has): another
+engine process on the same GPU (`--engines N`, or a model of the same shapes) waits for the first only, instead of
+compiling the same kinds again, loads what they wrote, and takes the LATE tasks' kernels once the second is let go,
+as the process that started them does (a fresh start of three 1.7B models waited 25 s longer for the LATE
+tasks' helper, docs/benchmarks.md "Several models"). Engines on other GPUs start their own (the compiled
 functions' guards name the device, so a kind compiled on one GPU is compiled again for another).
 """
 from __future__ import annotations
@@ -93,11 +96,14 @@ def _import_compiler() -> None:
 
 
 class Helpers:
-    """The helper processes of one fresh start, holding the cache's lock: wait() returns once all but the LATE
-    tasks' helper (the last group) have ended; late_done() says when it has, and lets the lock go then."""
+    """The helper processes of one fresh start, holding the cache's locks: wait() returns once all but the LATE
+    tasks' helper (the last group) have ended, and lets the first lock go; late_done() says when that helper has
+    ended, and lets the LATE lock go then (beside it, the LATE_OK file where the helper compiled its tasks)."""
 
-    def __init__(self, procs: list[subprocess.Popen], groups: list[list[str]], lock: int | None):
-        self.procs, self.groups, self.lock, self.t0 = procs, groups, lock, time.perf_counter()
+    def __init__(self, procs: list[subprocess.Popen], groups: list[list[str]], lock: int, late_lock: int,
+                 late_ok_path: Path):
+        self.procs, self.groups, self.t0 = procs, groups, time.perf_counter()
+        self.lock, self.late_lock, self.late_ok_path = lock, late_lock, late_ok_path
         self.late = len(procs) - 1                     # plan() puts the LATE tasks last
         self.ended: dict[int, float] = {}
         self.late_ok: bool | None = None
@@ -107,6 +113,7 @@ class Helpers:
         while any(i not in self.ended for i in range(self.late)):
             self._poll()
             time.sleep(0.05)
+        os.close(self.lock)                     # another engine process of this cache may load their kinds now
         last = max(range(self.late), key=self.ended.get)
         log.info("compile helpers done in %.1f s (the last: %s); %s %s", self.ended[last], ",".join(self.groups[last]),
                  ",".join(self.groups[self.late]), "too" if self.late in self.ended else "in the background")
@@ -118,10 +125,12 @@ class Helpers:
         self._poll()
         if self.late not in self.ended:
             return None
-        if self.lock is not None:
-            os.close(self.lock)
-            self.lock = None
         self.late_ok = self.procs[self.late].returncode == 0
+        if self.late_lock is not None:
+            if self.late_ok:
+                self.late_ok_path.touch()
+            os.close(self.late_lock)
+            self.late_lock = None
         log.info("compile helper for %s %s after %.1f s", ",".join(self.groups[self.late]),
                  "done" if self.late_ok else "failed", self.ended[self.late])
         return self.late_ok
@@ -147,28 +156,35 @@ class Helpers:
 
 
 class OtherProcessHelpers:
-    """Another process's helpers filling the same cache: wait() returns once that process releases the lock
-    (its helpers ended, or it died), at most HELPER_LIMIT_S later."""
+    """Another process's helpers filling the same cache: wait() returns once that process releases the first lock
+    (all but its LATE tasks' helper ended, or it died), at most HELPER_LIMIT_S later; late_done() is None while it
+    holds the LATE lock, then whether its LATE tasks' helper compiled them (the LATE_OK file)."""
 
-    def __init__(self, lock: Path):
-        self.lock, self.t0 = lock, time.perf_counter()
+    def __init__(self, locks: tuple[Path, Path], late_ok_path: Path):
+        self.locks, self.late_ok_path, self.t0 = locks, late_ok_path, time.perf_counter()
 
     def wait(self) -> None:
         _import_compiler()
-        while (fd := hold(self.lock)) is None:
+        while (fd := hold(self.locks[0])) is None:
             if time.perf_counter() - self.t0 > HELPER_LIMIT_S:
                 log.warning("the compile helpers of another process still hold %s after %.0f s: warm-up compiles "
-                            "what they left", self.lock, HELPER_LIMIT_S)
+                            "what they left", self.locks[0], HELPER_LIMIT_S)
                 return
             time.sleep(0.1)
         os.close(fd)
         log.info("another process's compile helpers done %.1f s later", time.perf_counter() - self.t0)
 
-    def late_done(self) -> bool:
-        return True                     # wait() waited for all of them
+    def late_done(self) -> bool | None:
+        fd = hold(self.locks[1])
+        if fd is None:
+            return None
+        os.close(fd)
+        return self.late_ok_path.exists()
 
     def wait_late(self) -> bool:
-        return True
+        while (ok := self.late_done()) is None:
+            time.sleep(0.1)
+        return ok
 
 
 def start(root: Path, device, dtype, decoder_dtype, max_prompt: int, max_frames: int, batch: int,
@@ -180,16 +196,24 @@ def start(root: Path, device, dtype, decoder_dtype, max_prompt: int, max_frames:
 
     if marker.exists():
         return None
-    lock_path = marker.parent / f"compile-helpers-{str(device).replace(':', '')}.lock"
+    name = f"compile-helpers-{str(device).replace(':', '')}"
+    locks = (marker.parent / f"{name}.lock", marker.parent / f"{name}.late.lock")
+    late_ok_path = marker.parent / f"{name}.late-ok"
     try:
         marker.parent.mkdir(parents=True, exist_ok=True)
-        lock = hold(lock_path)
+        # the LATE lock first: a process that finds it held while the first is free comes after another's
+        # helpers have done all but the LATE tasks, and waits for those only
+        late_lock = hold(locks[1])
+        lock = hold(locks[0]) if late_lock is not None else None
     except OSError as e:                # a read-only cache: nothing a helper compiled could be kept either
         log.warning("fresh compile cache: no compile helpers, their lock cannot be written (%s)", e)
         return None
     if lock is None:
+        if late_lock is not None:
+            os.close(late_lock)
         log.info("fresh compile cache: another process's compile helpers fill it; waiting for them")
-        return OtherProcessHelpers(lock_path)
+        return OtherProcessHelpers(locks, late_ok_path)
+    late_ok_path.unlink(missing_ok=True)       # an earlier start's, whose warm-up did not end
     free, _ = torch.cuda.mem_get_info(device)
     weights = sum(p.stat().st_size for p in Path(root).rglob("*.safetensors"))
     cores = usable_cores()
@@ -198,6 +222,7 @@ def start(root: Path, device, dtype, decoder_dtype, max_prompt: int, max_frames:
         log.info("fresh compile cache: compiling in warm-up (%d cores, %.1f GiB free: room for %d helpers)",
                  cores, free / 2**30, n)
         os.close(lock)
+        os.close(late_lock)
         return None
     groups = plan(batch, n)
     total = sum(TASKS.values())
@@ -213,7 +238,7 @@ def start(root: Path, device, dtype, decoder_dtype, max_prompt: int, max_frames:
              "--tasks", ",".join(tasks)], env=env))
     log.info("fresh compile cache: %d helper processes compile %s", len(procs),
              "; ".join(",".join(tasks) for tasks in groups))
-    return Helpers(procs, groups, lock)
+    return Helpers(procs, groups, lock, late_lock, late_ok_path)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -94,6 +94,26 @@ def test_a_process_on_a_cache_being_filled_waits_for_the_other_s_helpers(tmp_pat
 
 
 
+def test_a_process_after_another_s_helpers_but_its_late_one_waits_for_that_one_only(tmp_path):
+    """The other process's helpers have all ended but the LATE tasks' one (its first lock let go, its LATE lock
+    held): wait() returns at once, late_done() is None until the LATE lock goes, then says whether the LATE_OK
+    file was left (the helper compiled them), so that two rows take its kernels or keep the general kinds."""
+    marker = tmp_path / "code" / "warmed-prompt128"
+    marker.parent.mkdir()
+    late = parallel_compile.hold(marker.parent / "compile-helpers-cuda0.late.lock")
+    waiter = parallel_compile.start(tmp_path, "cuda:0", torch.bfloat16, torch.float32, 128, 750, 256, marker)
+    assert isinstance(waiter, parallel_compile.OtherProcessHelpers)
+    t0 = time.perf_counter()
+    waiter.wait()
+    assert time.perf_counter() - t0 < 30 and waiter.late_done() is None and waiter.late_done() is None
+    (marker.parent / "compile-helpers-cuda0.late-ok").touch()
+    os.close(late)
+    assert waiter.late_done() is True and waiter.wait_late() is True
+    # a holder that died (or whose helper failed) leaves no LATE_OK file: two rows keep the general kinds
+    (marker.parent / "compile-helpers-cuda0.late-ok").unlink()
+    assert waiter.late_done() is False
+
+
 def test_a_cache_where_the_lock_cannot_be_written_starts_no_helpers_and_fails_nothing(tmp_path):
     """An OSError on the lock (a read-only cache; here its folder is a file, which fails for root too): warm-up
     compiles alone, as without helpers, and the start goes on."""
@@ -103,26 +123,37 @@ def test_a_cache_where_the_lock_cannot_be_written_starts_no_helpers_and_fails_no
                                   code / "warmed-prompt128") is None
 
 
-def test_wait_returns_before_the_late_helper_ends_which_keeps_the_lock_until_it_does(tmp_path):
-    """Helpers.wait() waits for all but the last (LATE) helper; late_done() is None while it runs, then whether it
-    ended well, and the cache's lock is let go only then (another engine on this cache waits for all of them)."""
-    lock_path = tmp_path / "compile-helpers.lock"
-    fd = parallel_compile.hold(lock_path)
+def test_wait_returns_before_the_late_helper_ends_and_each_lock_goes_when_its_helpers_have(tmp_path):
+    """Helpers.wait() waits for all but the last (LATE) helper and lets the first lock go (another engine on this
+    cache may load their kinds); late_done() is None while the LATE one runs, then whether it ended well, and the
+    LATE lock is let go only then, the LATE_OK file left where it compiled its tasks."""
+    def locked(name):
+        paths = (tmp_path / f"{name}.lock", tmp_path / f"{name}.late.lock")
+        return paths, [parallel_compile.hold(p) for p in paths], tmp_path / f"{name}.late-ok"
+
     sleeper = lambda s, code=0: subprocess.Popen([sys.executable, "-c", f"import time; time.sleep({s}); exit({code})"])
-    helpers = parallel_compile.Helpers([sleeper(0.2), sleeper(0.3), sleeper(3)], [["a"], ["b"], list(LATE)], fd)
+    paths, fds, ok_path = locked("h")
+    helpers = parallel_compile.Helpers([sleeper(0.2), sleeper(0.3), sleeper(3)], [["a"], ["b"], list(LATE)], *fds,
+                                       ok_path)
     t0 = time.perf_counter()
     helpers.wait()
     assert time.perf_counter() - t0 < 2.5
-    assert helpers.late_done() is None and parallel_compile.hold(lock_path) is None
+    assert helpers.late_done() is None and parallel_compile.hold(paths[1]) is None and not ok_path.exists()
+    first = parallel_compile.hold(paths[0])
+    assert first is not None
+    os.close(first)
     # the late helper ending first: wait() still waits for every other
-    early_late = parallel_compile.Helpers([sleeper(1.5), sleeper(0.1)], [["a"], list(LATE)], None)
+    _, early_fds, early_ok = locked("e")
+    early_late = parallel_compile.Helpers([sleeper(1.5), sleeper(0.1)], [["a"], list(LATE)], *early_fds, early_ok)
     early_late.wait()
     assert early_late.procs[0].poll() is not None
-    assert helpers.wait_late() is True and helpers.late_done() is True
-    again = parallel_compile.hold(lock_path)
+    assert helpers.wait_late() is True and helpers.late_done() is True and ok_path.exists()
+    again = parallel_compile.hold(paths[1])
     assert again is not None
     os.close(again)
-    failed = parallel_compile.Helpers([sleeper(0.1), sleeper(0.2, code=1)], [["a"], list(LATE)],
-                                      parallel_compile.hold(lock_path))
+    _, failed_fds, failed_ok = locked("f")
+    failed = parallel_compile.Helpers([sleeper(0.1), sleeper(0.2, code=1)], [["a"], list(LATE)], *failed_fds,
+                                      failed_ok)
     failed.wait()
-    assert failed.wait_late() is False
+    assert failed.wait_late() is False and not failed_ok.exists()
+    early_late.wait_late()

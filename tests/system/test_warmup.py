@@ -38,6 +38,24 @@ def test_cache_key_names_gpu_versions_and_shape():
     assert len({key, *others}) == 7
 
 
+def test_the_three_variants_of_one_size_share_a_compile_cache(tiny_checkpoint, tiny_base_checkpoint, tmp_path):
+    """CustomVoice differs from Base and VoiceDesign only by its speaker tables (prompt tokens): one compile folder,
+    so that their engine processes on one GPU share one set of compile helpers; another size does not."""
+    from talkgate.synth.checkpoint import create_checkpoint
+    from talkgate.synth.config import TTSConfig
+
+    design = create_checkpoint(tmp_path / "vd", preset="tiny", variant="voice_design", seed=0)
+    mini = create_checkpoint(tmp_path / "mini", preset="mini", variant="base", seed=0)
+    def shape(root):
+        config = TTSConfig.parse(json.loads((root / "config.json").read_text()))
+        return compile_cache.shape_of(config, root, torch.bfloat16, torch.float32)
+    cv, base, vd = shape(tiny_checkpoint), shape(tiny_base_checkpoint), shape(design)
+    assert cv == base == vd and "spk_id" not in cv["talker"]
+    assert shape(mini) != cv
+    assert compile_cache.shape_of(TTSConfig.parse(json.loads((tiny_checkpoint / "config.json").read_text())),
+                                  tiny_checkpoint, torch.bfloat16, torch.float16) != cv
+
+
 def test_cache_folder_under_the_talkgate_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("TALKGATE_CACHE", str(tmp_path))
     for var in compile_cache.ENV:
