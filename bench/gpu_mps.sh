@@ -13,6 +13,7 @@
 # PART=fresh: the GPU test, the three models with MPS from an empty cache and the mixed load, a normal stop (what is
 # left of the daemon), then the one-model server at 20 and at 60 req/s (the same work as the mixed load in one
 # engine: the floor that sharing one GPU's steps could reach); then tests/gpu/test_engine_gpu.py's fresh start.
+# PART=start: the three models' fresh start alone (the time until ready), then 3 x 20 req/s for 15 s.
 # Results: /tmp/res-mps.tgz, copied to $OUT by the last poll call; progress: $RES/progress.
 #   setsid bash bench/gpu_mps.sh > /tmp/mps.out 2>&1 < /dev/null &
 BENCH=mps
@@ -25,11 +26,11 @@ http() {    # http PORT DIR ARGS...: an OpenAI HTTP PCM load
   load "$port" "$dir" --protocol openai --lang en --processes 2 "$@"
 }
 DESIGN="A warm, calm female voice, middle-aged, speaking slowly and clearly."
-mixed() {   # mixed PREFIX VOICE: 3 x 20 req/s for 30 s, a third on each model
-  local loaders=()
-  http 8081 "$1-cv" --rps 20 --duration 30 --model cv & loaders+=($!)
-  http 8081 "$1-clone" --rps 20 --duration 30 --model clone --voice "$2" & loaders+=($!)
-  http 8081 "$1-design" --rps 20 --duration 30 --model design --instructions "$DESIGN" & loaders+=($!)
+mixed() {   # mixed PREFIX VOICE: 3 x 20 req/s for 30 s (LOAD_DURATION), a third on each model
+  local loaders=() d=${LOAD_DURATION:-30}
+  http 8081 "$1-cv" --rps 20 --duration "$d" --model cv & loaders+=($!)
+  http 8081 "$1-clone" --rps 20 --duration "$d" --model clone --voice "$2" & loaders+=($!)
+  http 8081 "$1-design" --rps 20 --duration "$d" --model design --instructions "$DESIGN" & loaders+=($!)
   wait "${loaders[@]}"
 }
 mps_left() { pgrep -u "$(id -u)" -l nvidia-cuda-mps | tee -a "$res/progress"; }   # by name: not our shells
@@ -39,6 +40,17 @@ timeout 200 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_mps.py 2>&1 
 mps_left
 
 three="--model cv=/tmp/ck-1.7b-custom_voice --model clone=/tmp/ck-1.7b-base --model design=/tmp/ck-1.7b-voice_design"
+if [ "${PART:-all}" = start ]; then       # the fresh start only, then a short mixed load
+  start three-mps 8081 -- $three
+  grep -E "MPS|compile helpers|helper processes compile|ready \(|loaded:|slots: |warm-up captures" \
+    "$res/three-mps.log" | cut -c12-260 | tee -a "$res/progress"
+  clone_voice 8081 speaker1
+  LOAD_DURATION=15 mixed mps speaker1
+  stop three-mps
+  tar czf "$res.tgz" -C "$(dirname "$res")" "$(basename "$res")"
+  log "done"
+  exit 0
+fi
 if [ "${PART:-all}" = fresh ]; then
   start three-mps 8081 -- $three
   grep -E "MPS|compile helpers|ready \(|loaded:" "$res/three-mps.log" | cut -c12-200 | tee -a "$res/progress"

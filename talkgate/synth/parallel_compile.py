@@ -7,7 +7,8 @@ while the engine process loads the model, helper processes (`python -m talkgate.
 each with a model of the checkpoint's shapes (zeros: no weights read) and a runner of 2 slots, run some of
 warm-up's parts once (Runner.compile_kinds), which compiles their kinds into the shared caches
 (compile_cache.py: Inductor's and Triton's; precompiled.py: the traced functions, written whole or not at
-all); the engine's own warm-up then loads them as a restart does. A helper that fails or overruns costs
+all); the engine's own warm-up then loads them as a restart does. An engine process whose slots come from a share of
+the GPU (runner_build.py) starts them once its weights are loaded and its slots sized, at its own largest batch. A helper that fails or overruns costs
 only time: warm-up compiles whatever it finds missing. Measured (H200, 1.7B): ready 67 s after the start
 on an empty cache, the longest helper (the decoder's step at 256 rows, one task then) 40 s after its 11-s load.
 

@@ -3,7 +3,8 @@
     runner, tokenizer_factory, prompts, info = load_runner(path_or_id, device, dtype, ...)   # synth.engine.Engine's
 
 On CUDA the compile helpers of a fresh compile cache (synth/parallel_compile.py) run beside the checkpoint's load,
-and the slots are sized once they have ended (their GPU memory back).
+and the slots are sized once they have ended (their GPU memory back); where the slots come from a share of the GPU
+(engine processes sharing one), the helpers start once the slots are sized, at the step's own largest batch.
 """
 from __future__ import annotations
 
@@ -100,12 +101,19 @@ def load_runner(path_or_id, device=None, dtype=None, max_contexts=None, max_fram
         # sized from memory, a step takes at most DEFAULT_MAX_BATCH rows (engine.md); given, every context
         max_batch = max_contexts or DEFAULT_MAX_BATCH
     functions = helpers = None
+    # slots sized from a share of the GPU are known once the weights are loaded (the share decides them, not what
+    # is free): the compile helpers of a fresh cache start then, at the step's own largest batch, which warm-up
+    # would otherwise compile again (23-34 s of three 1.7B models' fresh start, docs/benchmarks.md); else they
+    # start beside the load, at the largest batch there may be
+    share_sized = device.type == "cuda" and max_contexts is None and memory_share is not None
+    def start_helpers(batch: int):
+        return parallel_compile.start(root, device, dtype, decoder_dtype, max_prompt, max_frames_per_context,
+                                      max(batch, 2), warmed_marker(functions, max_prompt))
+
     if device.type == "cuda":                  # before anything compiles: the caches' folder for this model here
         functions = compile_folder(config, root, device, dtype, decoder_dtype)
-        if torch_compile:                      # a fresh cache: compile helpers, beside this process's load
-            helpers = parallel_compile.start(root, device, dtype, decoder_dtype, max_prompt, max_frames_per_context,
-                                             max(min(max_batch, max_contexts or max_batch), 2),
-                                             warmed_marker(functions, max_prompt))
+        if torch_compile and not share_sized:
+            helpers = start_helpers(min(max_batch, max_contexts or max_batch))
     tts = load_tts(path_or_id, device=device, dtype=dtype, decoder_dtype=decoder_dtype,
                    untrained_length=untrained_length)
     t_loaded = time.perf_counter()
@@ -116,6 +124,10 @@ def load_runner(path_or_id, device=None, dtype=None, max_contexts=None, max_fram
         max_contexts = slots_from_memory(tts, max_len, dtype, device, max_batch=max_batch,
                                          memory_share=memory_share) if device.type == "cuda" else 16
     max_batch = min(max_batch, max_contexts)
+    if share_sized and torch_compile:
+        helpers = start_helpers(max_batch)
+        if helpers is not None:
+            helpers.wait()
     runner = Runner(tts, num_slots=max_contexts, max_frames=max_frames_per_context, max_prompt=max_prompt,
                     max_batch=max_batch, device=device, dtype=dtype, cuda_graphs=cuda_graphs,
                     torch_compile=torch_compile, compile_folder=functions)
