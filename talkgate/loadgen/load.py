@@ -378,6 +378,12 @@ def _series_key(labels: dict, label: str) -> str:
     return f"{labels['model']}/{labels[label]}" if "model" in labels else labels[label]
 
 
+def _process_key(labels: dict, kind: str) -> str:
+    """A process's name in a by-process table: worker3, engine0; an engine of a server of several models by its model
+    too (engine cv/0: each model's engines are numbered from 0, so engine0 would name three processes)."""
+    return f"engine {_series_key(labels, kind)}" if kind == "engine" and "model" in labels else f"{kind}{labels[kind]}"
+
+
 def server_numbers(before: dict, after: dict, wall_s: float) -> dict:
     """What /metrics says about the run; series the server does not expose come out as None."""
     cpu = [m.get(("process_cpu_seconds_total", ())) for m in (before, after)]
@@ -397,12 +403,12 @@ def server_numbers(before: dict, after: dict, wall_s: float) -> dict:
         for name, kind in ((worker_series, "worker"), (engine_series, "engine")):
             for (n, labels), v in after.items():
                 if n == name and (share := increase((n, labels), v)) is not None:
-                    shares[f"{kind}{dict(labels)[kind]}"] = share
+                    shares[_process_key(dict(labels), kind)] = share
         return shares
     cores = per_process("talkgate_worker_cpu_seconds", "talkgate_engine_cpu_seconds")
     gc_share = per_process("talkgate_worker_gc_seconds", "talkgate_engine_gc_seconds_total")
     cpu_wait = per_process("talkgate_worker_cpu_wait_seconds", "talkgate_engine_cpu_wait_seconds_total")
-    gc_longest = {f"{kind}{dict(labels)[kind]}": v for (n, labels), v in after.items() for kind in ("worker", "engine")
+    gc_longest = {_process_key(dict(labels), kind): v for (n, labels), v in after.items() for kind in ("worker", "engine")
                   if n == f"talkgate_{kind}_gc_pause_max_seconds"}
     def by(name: str, label: str) -> dict:
         """A histogram's delta per value of `label` (per engine of each model where a server serves several)."""

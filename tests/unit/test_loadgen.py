@@ -264,6 +264,23 @@ def test_audio_per_wall_second_by_engine_of_each_model():
     assert "(engine clone/0 0.50, engine cv/0 0.50, engine cv/2 0.50, engine cv/10 0.50)" in report.one_line(s)
 
 
+def test_cpu_and_gc_by_process_name_each_model_s_engines_apart():
+    """Each model's engines are numbered from 0: the by-process tables name them by model (three engine processes
+    of three models were one `engine0` before, two of them lost); workers and a one-model server's engines as ever."""
+    def text(v: float) -> str:
+        lines = [f'talkgate_engine_cpu_seconds{{model="{m}",engine="0"}} {v * k}\n'
+                 f'talkgate_engine_gc_pause_max_seconds{{model="{m}",engine="0"}} {0.001 * k}\n'
+                 for k, m in enumerate(("cv", "clone", "design"), 1)]
+        return "".join(lines) + f'talkgate_worker_cpu_seconds{{worker="3"}} {v}\n'
+    server = load.server_numbers(measure.parse_prometheus(text(0.0)), measure.parse_prometheus(text(10.0)), 10.0)
+    assert server["cpu_cores_by_process"] == {"engine cv/0": 1.0, "engine clone/0": 2.0, "engine design/0": 3.0,
+                                              "worker3": 1.0}
+    assert server["gc_longest_s_by_process"] == {"engine cv/0": 0.001, "engine clone/0": 0.002,
+                                                 "engine design/0": 0.003}
+    one = "talkgate_engine_cpu_seconds{engine=\"1\"} %s\n"
+    assert load.server_numbers(measure.parse_prometheus(one % 0), measure.parse_prometheus(one % 5),
+                               10.0)["cpu_cores_by_process"] == {"engine1": 0.5}
+
 # ----- CLI
 def test_dump_prompts(capsys):
     assert bench.main(["--dump-prompts", "--lang", "zh", "--bucket", "long"]) == 0
