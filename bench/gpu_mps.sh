@@ -34,6 +34,7 @@ mixed() {   # mixed PREFIX VOICE: 3 x 20 req/s for 30 s (LOAD_DURATION), a third
   wait "${loaders[@]}"
 }
 mps_left() { pgrep -u "$(id -u)" -l nvidia-cuda-mps | tee -a "$res/progress"; }   # by name: not our shells
+pack() { tar czf "$res.tgz" -C "$(dirname "$res")" "$(basename "$res")"; log "done"; }
 
 log "GPU test"
 timeout 200 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_mps.py 2>&1 | tail -8 | tee -a "$res/progress"
@@ -47,8 +48,7 @@ if [ "${PART:-all}" = start ]; then       # the fresh start only, then a short m
   clone_voice 8081 speaker1
   LOAD_DURATION=15 mixed mps speaker1
   stop three-mps
-  tar czf "$res.tgz" -C "$(dirname "$res")" "$(basename "$res")"
-  log "done"
+  pack
   exit 0
 fi
 if [ "${PART:-all}" = fresh ]; then
@@ -69,8 +69,7 @@ if [ "${PART:-all}" = fresh ]; then
   log "GPU test: a fresh start's helpers"
   timeout 300 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_engine_gpu.py -k fresh_start 2>&1 | tail -5 \
     | tee -a "$res/progress"
-  tar czf "$res.tgz" -C "$(dirname "$res")" "$(basename "$res")"
-  log "done"
+  pack
   exit 0
 fi
 start three-mps 8081 -- $three
@@ -108,5 +107,4 @@ log "one model: 20 req/s"
 http 8081 one-rps20 --rps 20 --duration 30
 stop one
 mps_left
-tar czf "$res.tgz" -C "$(dirname "$res")" "$(basename "$res")"
-log "done"
+pack

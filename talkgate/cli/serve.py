@@ -85,7 +85,7 @@ def add_parser(subparsers) -> None:
                    "or on the CPU; several on one GPU (of one model or of several) split its memory: each without "
                    "--max-contexts sizes its slots from 1/N of the GPU for N engine processes on it, or from its "
                    "model's memory_share (--models FILE; docs/operations.md)")
-    p.add_argument("--mps", choices=["auto", "on", "off"], default="auto", help="CUDA MPS for a GPU that several "
+    p.add_argument("--mps", choices=mps.MODES, default="auto", help="CUDA MPS for a GPU that several "
                    "engine processes share (several models, or --engines above 1), so that their kernels run side "
                    "by side instead of taking turns: auto starts a daemon of talkgate's own for each such GPU where "
                    "nvidia-cuda-mps-control can, else says why and serves without; on refuses to start without; off "

@@ -16,14 +16,14 @@ reach a daemon runs without one, and would then see every GPU).
 from __future__ import annotations
 
 import collections
-import ctypes
 import logging
 import os
 import shutil
-import signal
 import subprocess
 import time
 from dataclasses import dataclass
+
+from talkgate.system.childproc import die_with_parent
 
 log = logging.getLogger("talkgate.mps")
 CONTROL = "nvidia-cuda-mps-control"
@@ -43,6 +43,12 @@ def shared_gpus(engines: list[dict]) -> list[str]:
     return [gpu for gpu, n in counts.items() if n > 1]
 
 
+def _mps_env(folder: str) -> dict:
+    """The pipe and log folders of the daemon whose folder is `folder`, as its clients and itself name them."""
+    return {"CUDA_MPS_PIPE_DIRECTORY": os.path.join(folder, "pipe"),
+            "CUDA_MPS_LOG_DIRECTORY": os.path.join(folder, "log")}
+
+
 def system_daemon() -> str | None:
     """Where an MPS daemon already serves this process's CUDA clients (CUDA_MPS_PIPE_DIRECTORY, or the default
     /tmp/nvidia-mps), else None: then the engines are its clients already and no daemon of ours is started."""
@@ -57,63 +63,53 @@ class Daemon:
     proc: subprocess.Popen
     exit_said: bool = False
 
-    @property
-    def env(self) -> dict:
-        """What an MPS client of this daemon has in its environment."""
-        return {"CUDA_MPS_PIPE_DIRECTORY": os.path.join(self.folder, "pipe"),
-                "CUDA_MPS_LOG_DIRECTORY": os.path.join(self.folder, "log")}
-
     def client_env(self, env: dict) -> dict:
         """`env` of an engine process of this GPU made an MPS client of this daemon."""
-        return {**{k: v for k, v in env.items() if k != "CUDA_VISIBLE_DEVICES"}, **self.env}
+        return {**{k: v for k, v in env.items() if k != "CUDA_VISIBLE_DEVICES"}, **_mps_env(self.folder)}
 
     def ask(self, command: str) -> str:
         """One control command (`get_server_list`, `quit` ...): its answer."""
-        done = subprocess.run([CONTROL], input=command + "\n", env={**os.environ, **self.env}, capture_output=True,
-                              text=True, timeout=QUIT_S)
+        done = subprocess.run([CONTROL], input=command + "\n", env={**os.environ, **_mps_env(self.folder)},
+                              capture_output=True, text=True, timeout=QUIT_S)
         return done.stdout.strip()
-
-
-def _die_with_parent() -> None:            # in the daemon, before exec: it must not outlive a killed supervisor
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)        # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
 
 
 def start(gpu: str, folder: str) -> Daemon:
     """A control daemon for GPU `gpu` with its server running, or MpsError saying why not."""
     if shutil.which(CONTROL) is None:
         raise MpsError(f"{CONTROL} is not on PATH (it comes with the NVIDIA driver's utilities)")
-    for sub in ("pipe", "log"):
-        os.makedirs(os.path.join(folder, sub), exist_ok=True)
-    env = {**os.environ, "CUDA_VISIBLE_DEVICES": gpu,
-           "CUDA_MPS_PIPE_DIRECTORY": os.path.join(folder, "pipe"),
-           "CUDA_MPS_LOG_DIRECTORY": os.path.join(folder, "log")}
-    with open(os.path.join(folder, "log", "control.log"), "ab") as logfile:     # -f logs to stdout, not there
+    own = _mps_env(folder)
+    for sub in own.values():
+        os.makedirs(sub, exist_ok=True)
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": gpu, **own}
+    # -f logs to stdout, not to its log folder; it dies with the supervisor (set before exec), even a killed one
+    with open(os.path.join(own["CUDA_MPS_LOG_DIRECTORY"], "control.log"), "ab") as logfile:
         proc = subprocess.Popen([CONTROL, "-f"], env=env, stdin=subprocess.DEVNULL, stdout=logfile,
-                                stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=_die_with_parent)
+                                stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=die_with_parent)
     daemon = Daemon(gpu, folder, proc)
     end = time.monotonic() + READY_S
     try:
-        while not os.path.exists(os.path.join(folder, "pipe", "control")):
+        while not os.path.exists(os.path.join(own["CUDA_MPS_PIPE_DIRECTORY"], "control")):
             if proc.poll() is not None:
-                raise MpsError(f"{CONTROL} exited with status {proc.returncode} at start ({why(folder)})")
+                raise MpsError(f"{CONTROL} exited with status {proc.returncode} at start ({_why(folder)})")
             if time.monotonic() > end:
                 raise MpsError(f"{CONTROL} made no control pipe in {READY_S:g} s")
             time.sleep(0.05)
         daemon.ask(f"start_server -uid {os.getuid()}")
         while not daemon.ask("get_server_list"):
             if time.monotonic() > end:
-                raise MpsError(f"the MPS server did not start in {READY_S:g} s ({why(folder)})")
+                raise MpsError(f"the MPS server did not start in {READY_S:g} s ({_why(folder)})")
             time.sleep(0.1)
-    except (MpsError, OSError, subprocess.SubprocessError) as e:
+    except MpsError:
         stop(daemon)
-        raise e if isinstance(e, MpsError) else MpsError(f"{CONTROL}: {e}") from None
+        raise
+    except (OSError, subprocess.SubprocessError) as e:
+        stop(daemon)
+        raise MpsError(f"{CONTROL}: {e}") from None
     return daemon
 
 
-def why(folder: str) -> str:
+def _why(folder: str) -> str:
     """The daemon's last log line, which says why it failed."""
     try:
         with open(os.path.join(folder, "log", "control.log")) as f:

@@ -188,10 +188,11 @@ class Supervisor:
         """A CUDA MPS daemon for each GPU that several engine processes share (processes/mps.py), as --mps says:
         auto starts one where it can and says where it cannot; on stops the start (MpsError) where it cannot."""
         gpus = mps.shared_gpus(self.plan.engines)
-        if not gpus or self.plan.mps == "off":
-            if gpus:
-                log.warning("GPU(s) %s: several engine processes each, without CUDA MPS (--mps off): their GPU work "
-                            "takes turns", ", ".join(gpus))
+        if not gpus:
+            return
+        if self.plan.mps == "off":
+            log.warning("GPU(s) %s: several engine processes each, without CUDA MPS (--mps off): their GPU work "
+                        "takes turns", ", ".join(gpus))
             return
         outside = mps.system_daemon()
         if outside is not None:
@@ -212,7 +213,7 @@ class Supervisor:
                      self.mps[gpu].proc.pid)
 
     def _engine_env(self, child: Child) -> dict:
-        """An engine's environment: an MPS client's where its GPU has a live daemon."""
+        """A child's environment: an MPS client's for an engine whose GPU has a live daemon."""
         daemon = self.mps.get(child.gpu)
         if daemon is None:
             return child.env
@@ -237,8 +238,7 @@ class Supervisor:
             # every graph first instead of between steps under load (each capture holds its thread up to ~1 s)
             argv = [*argv, "--every-graph"]
         # a session of its own: a terminal's Ctrl-C reaches the supervisor alone, which stops workers first
-        env = child.env if child.status else self._engine_env(child)
-        child.proc = subprocess.Popen(argv, env=env, pass_fds=pass_fds, start_new_session=True)
+        child.proc = subprocess.Popen(argv, env=self._engine_env(child), pass_fds=pass_fds, start_new_session=True)
         child.started, child.restart_at, child.state = time.monotonic(), None, "starting"
         if child.status:
             os.close(w)

@@ -7,10 +7,11 @@ while the engine process loads the model, helper processes (`python -m talkgate.
 each with a model of the checkpoint's shapes (zeros: no weights read) and a runner of 2 slots, run some of
 warm-up's parts once (Runner.compile_kinds), which compiles their kinds into the shared caches
 (compile_cache.py: Inductor's and Triton's; precompiled.py: the traced functions, written whole or not at
-all); the engine's own warm-up then loads them as a restart does. An engine process whose slots come from a share of
-the GPU (runner_build.py) starts them once its weights are loaded and its slots sized, at its own largest batch. A helper that fails or overruns costs
-only time: warm-up compiles whatever it finds missing. Measured (H200, 1.7B): ready 67 s after the start
-on an empty cache, the longest helper (the decoder's step at 256 rows, one task then) 40 s after its 11-s load.
+all); the engine's own warm-up then loads them as a restart does. An engine process whose slots come from a
+share of the GPU (runner_build.py) starts them once its weights are loaded and its slots sized, at its own
+largest batch. A helper that fails or overruns costs only time: warm-up compiles whatever it finds missing.
+Measured (H200, 1.7B): ready 67 s after the start on an empty cache, the longest helper (the decoder's step at
+256 rows, one task then) 40 s after its 11-s load.
 
     helpers = start(root, device, dtype, decoder_dtype, max_prompt, max_frames, batch, marker)   # load_runner
     ... the engine process loads the model meanwhile ...
@@ -101,8 +102,8 @@ class Helpers:
     tasks' helper (the last group) have ended, and lets the first lock go; late_done() says when that helper has
     ended, and lets the LATE lock go then (beside it, the LATE_OK file where the helper compiled its tasks)."""
 
-    def __init__(self, procs: list[subprocess.Popen], groups: list[list[str]], lock: int, late_lock: int,
-                 late_ok_path: Path):
+    def __init__(self, procs: list[subprocess.Popen], groups: list[list[str]], lock: int | None,
+                 late_lock: int | None, late_ok_path: Path):
         self.procs, self.groups, self.t0 = procs, groups, time.perf_counter()
         self.lock, self.late_lock, self.late_ok_path = lock, late_lock, late_ok_path
         self.late = len(procs) - 1                     # plan() puts the LATE tasks last
@@ -114,7 +115,9 @@ class Helpers:
         while any(i not in self.ended for i in range(self.late)):
             self._poll()
             time.sleep(0.05)
-        os.close(self.lock)                     # another engine process of this cache may load their kinds now
+        if self.lock is not None:               # another engine process of this cache may load their kinds now
+            os.close(self.lock)
+            self.lock = None
         last = max(range(self.late), key=self.ended.get)
         log.info("compile helpers done in %.1f s (the last: %s); %s %s", self.ended[last], ",".join(self.groups[last]),
                  ",".join(self.groups[self.late]), "too" if self.late in self.ended else "in the background")

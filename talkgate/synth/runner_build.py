@@ -106,6 +106,7 @@ def load_runner(path_or_id, device=None, dtype=None, max_contexts=None, max_fram
     # would otherwise compile again (23-34 s of three 1.7B models' fresh start, docs/benchmarks.md); else they
     # start beside the load, at the largest batch there may be
     share_sized = device.type == "cuda" and max_contexts is None and memory_share is not None
+
     def start_helpers(batch: int):
         return parallel_compile.start(root, device, dtype, decoder_dtype, max_prompt, max_frames_per_context,
                                       max(batch, 2), warmed_marker(functions, max_prompt))
