@@ -48,6 +48,12 @@ WARPS = 8
 TILE = 8192                      # columns x inputs of one row's multiply-add tile (registers)
 PREFETCH = 24576                 # weights a program keeps in flight: the tiles loaded ahead (48 KB of bf16)
 SPLIT = 64                       # Talker attention: positions a program reads (a 878-position slot: 14 parts)
+# Launched as cooperative grids: the driver guarantees that all of a kernel's programs are resident at once, which
+# the grid barrier needs. Alone on a GPU one program per SM always is; beside another process's kernels (engine
+# processes sharing a GPU under CUDA MPS) two barrier kernels could in principle each hold part of the SMs and wait
+# for the rest for ever. Three MPS clients running them at one row never stalled in 20 s, plain or cooperative, and
+# a cooperative launch cost nothing measurable (bench/persistent_mps.py, docs/benchmarks.md): kept as the guarantee
+COOPERATIVE = True
 
 
 @triton.jit
@@ -647,7 +653,7 @@ def talker_step(talker, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, s
         cos.contiguous(), sin.contiguous(), part, ml, B, d.rms_norm_eps, d.head_dim ** -0.5,
         L=d.num_layers, HP=HP, I=d.intermediate_size, HQ=d.num_heads, HKV=d.num_kv_heads, D=d.head_dim, ROWS=ROWS,
         NPROG=nprog, BLOCK=min(32, split), SPLIT=split, MAXSPLIT=parts, num_warps=WARPS,
-        **_meta(_layer_tiles(d, nprog, ROWS)))
+        launch_cooperative_grid=COOPERATIVE, **_meta(_layer_tiles(d, nprog, ROWS)))
     return out
 
 
@@ -688,5 +694,5 @@ def predict(predictor, hidden: torch.Tensor, code0_embed: torch.Tensor, rows, co
         counter, B, d.rms_norm_eps, d.head_dim ** -0.5,
         L=d.num_layers, G=G, HP=HP, HT=HT, I=d.intermediate_size, VOC=V, HQ=d.num_heads, HKV=d.num_kv_heads,
         D=d.head_dim, ROWS=ROWS, NPROG=nprog, PROJ=proj is not None, VBLOCK=triton.next_power_of_2(V),
-        num_warps=WARPS, **_meta(sizes))
+        num_warps=WARPS, launch_cooperative_grid=COOPERATIVE, **_meta(sizes))
     return codes, esum.to(dt)
