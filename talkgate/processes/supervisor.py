@@ -88,12 +88,13 @@ class Plan:
 
 def engine_argv(plan: Plan, i: int, endpoint: str) -> list[str]:
     """The command line of engine process `i` of `plan`: the server's engine flags, then its model's own, then its
-    share of the GPU's memory."""
+    share of the GPU's memory and whether other engine processes share its GPU."""
     e = plan.engines[i]
     share = ["--memory-share", str(e["memory_share"])] if e.get("memory_share") else []
+    shared = ["--shared-gpu"] if e.get("cuda_visible") in mps.shared_gpus(plan.engines) else []
     return [sys.executable, "-m", "talkgate.processes.engine_process", "--index", str(i), "--endpoint", endpoint,
             "--model", plan.models[e["model"]][1], "--device", e["device"], *plan.engine_args, *e.get("args", ()),
-            *share]
+            *share, *shared]
 
 
 class Supervisor:

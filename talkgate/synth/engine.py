@@ -24,7 +24,10 @@ commands at the step boundary, then runs one step:
 A frame's audio is emitted once its decode is done, during the next step (or at once when no next step
 runs), and each client gets that step's audio in one `deliver` call before the engine waits for the next
 step's codes; what the codes decide (eos, failures) is delivered at the end of run_once. A context that
-reached its frame limit gets its ContextDone right after its last AudioChunk.
+reached its frame limit gets its ContextDone right after its last AudioChunk. Where new contexts join running
+ones and every running client has audio to spare (first_frames_apart), the step may be two launches: the new rows'
+prefill and first frame, then the running rows' frame; the first frames' audio is delivered as soon as it is
+decoded, while the running rows' launch runs.
 
 A cancelled context makes no event from its CancelContext on (the flag is checked as events are made); those it
 made before, still waiting for their deliver, go to the client, which drops them (server/engine_client.py: the
@@ -94,6 +97,26 @@ def unnoticed(scheduler: Scheduler, now: float, slack: float = CAPTURE_SLACK_S) 
         r.deadline - now >= slack for r in scheduler.running if r.ready)
 
 
+# A step that takes new contexts while others run may launch the new ones' prefill and first frame as a step of
+# their own just ahead of the running rows' (issue 45): their first audio then costs a pass of the new rows, not a
+# step of the whole batch; the running rows' frame comes that pass later, and the pass costs the GPU what the
+# new rows would have cost in the batch again (about 3 ms at 1.7B on an H200: its code predictor and decoder at
+# one row). So only where nobody notices: every running context's client has audio for FIRST_APART_STEPS of the
+# last step's length still to play, and the running rows are at most FIRST_APART_MAX_ROWS (beyond, the passes'
+# cost is the engine's capacity: at 135 req/s of 1.7B on an H200 every step took new contexts, and 4 times more
+# requests found the slots full, docs/benchmarks.md). Not where engine processes share a GPU (Engine
+# first_frames_apart=False): there the pass waits for the other processes' kernels, and first audio's p95 rose
+# from 57 to 64 ms (three 1.7B models under CUDA MPS, 3 x 20 req/s)
+FIRST_APART_STEPS = 2.0
+FIRST_APART_MAX_ROWS = 64
+
+
+def first_frames_apart(running: list[Request], now: float, step_s: float) -> bool:
+    """Whether new contexts' first frames may run as a step of their own ahead of `running`'s."""
+    return len(running) <= FIRST_APART_MAX_ROWS and all(
+        r.deadline - now >= FIRST_APART_STEPS * step_s for r in running)
+
+
 SCHEDULED, LAUNCHED, CODES = (ENGINE_STAGES.index(s) for s in ("scheduled", "launched", "codes"))
 
 
@@ -118,14 +141,15 @@ class Engine:
 
     def __init__(self, runner, tokenizer_factory, prompts, info: ModelInfo, *, max_prefills: int = MAX_PREFILLS,
                  budget_factor: float = DEFAULT_BUDGET_FACTOR, budget_min: int = DEFAULT_BUDGET_MIN,
-                 default_seed: int | None = None):
+                 default_seed: int | None = None, first_apart: bool = True):
         """runner: synth.runner.Runner (owns the tensors); tokenizer_factory() -> a StreamingTokenizer
         (for clients: the engine takes token ids); prompts: resolves ContextParams into a prompt (raises
         InvalidParams) and knows the TTS ids; default_seed: the sampling seed of contexts that set none
         (None: a fresh random seed each), so that the same text and settings give the same audio (seeded
-        noise does not depend on the batch)."""
+        noise does not depend on the batch); first_apart: new contexts' first frames may be launched apart
+        (first_frames_apart; False where engine processes share the GPU)."""
         self.runner, self.new_tokenizer, self.prompts, self.info = runner, tokenizer_factory, prompts, info
-        self.default_seed = default_seed
+        self.default_seed, self.first_apart = default_seed, first_apart
         self.budget_factor, self.budget_min = budget_factor, budget_min
         # an untrained checkpoint's contexts end by the text-length rule (ModelInfo.end_of_speech, chosen at load)
         self.length_rule = info.end_of_speech == "text_length_rule"
@@ -538,29 +562,40 @@ class Engine:
         return voice
 
     def _step(self) -> bool:
-        """One step over every ready context, and the last step's audio; False when there was neither."""
-        prefill, decode = self.scheduler.schedule(time.perf_counter())
+        """One step over every ready context, and the last step's audio; False when there was neither. New
+        contexts' first frames are launched apart, ahead of the running rows, where first_frames_apart allows:
+        their audio goes out while the running rows' frame is made."""
+        t0 = time.perf_counter()
+        prefill, decode = self.scheduler.schedule(t0)
         if not prefill and not decode:
             return self._emit_audio()
-        t0 = time.perf_counter()
         if prefill:
             stamp(prefill, SCHEDULED)
+        apart = (self.first_apart and bool(prefill and decode)
+                 and first_frames_apart(decode, t0, self._step_ms_last / 1000))
+        parts = [prefill, decode] if apart else [prefill + decode]
         try:
-            step = self.runner.launch(prefill, decode)
+            steps = [self.runner.launch(prefill, decode if not apart else [])] + (
+                [self.runner.launch([], decode)] if apart else [])
             if prefill:
                 stamp(prefill, LAUNCHED)
             self._emit_audio()
             self._deliver()                                     # the last step's audio, while this one runs
-            codes = self.runner.codes_of(step)
-            if prefill:
-                stamp(prefill, CODES)
+            for i, (step, reqs) in enumerate(zip(steps, parts)):
+                codes = self.runner.codes_of(step)
+                if prefill and i == 0:
+                    stamp(prefill, CODES)
+                self._postprocess(step, reqs, codes)
+                if i < len(steps) - 1:                          # the first frames, while the running rows' runs
+                    self._emit_audio()
+                    self._deliver()
         except Exception as e:                                  # fail this step's contexts, keep serving
             log.exception("engine step failed")
             self._audio = None
             for req in prefill + decode:
-                self._fail(req, e)
+                if not req.freed:
+                    self._fail(req, e)
             return True
-        self._postprocess(step, prefill + decode, codes)
         dt = (time.perf_counter() - t0) * 1000
         self._steps += 1
         self._step_ms_last, self._step_ms_total = dt, self._step_ms_total + dt

@@ -28,7 +28,9 @@ them on the same SMs, their registers capped to make room (docs/experiments/), t
 overlap saved (3.72-3.83 against 3.71 ms).
 New contexts are prefilled eagerly (batched, right-padded: the padding's KV sits beyond the row's
 position and is overwritten before it is ever attended) and their last hidden state joins the
-running rows' in the codes part, so a new context's first frame and PCM come out of the same step.
+running rows' in the codes part, so a new context's first frame and PCM come out of the same step; or
+the engine launches them as a step of their own (launch(new, [])) just ahead of the running rows'
+(launch([], running)), so that their first PCM is ready after a pass of the new rows alone.
 A context with an in-context (ICL) cloned voice starts its decoder state where decoding its voice's
 reference frames left it: the reference decodes reference + generated frames in one sequence and cuts the
 reference's samples off, which this continues exactly (docs/engine.md "Voice cloning"). That state is a
@@ -74,6 +76,9 @@ FIRST_AUDIO_BATCH = 16
 # and captured again after its search once the engine is ready, first of the pending ones: the search took
 # about 1.2 s a batch size for the decoder's convolutions on an H100, 4.7 s of a 1.7B restart's 26 s
 # (docs/benchmarks.md, issue 22)
+# Launches whose host buffers may be in use at once: the last step's, whose PCM is taken while the next runs, and
+# the next step's two launches where it is split (a new context's first frame launched apart: Engine)
+HOST_SETS = 3
 NO_EOS = 1 << 40                       # eos allowed from this frame on, for fixed_frames contexts: never
 EOS_FROM = 2                           # the reference's min_new_tokens
 PRIMED_VOICES = 32                     # ICL voices whose primed decoder state is kept (5.3 MB each, 0.6B/1.7B fp32)
@@ -150,13 +155,15 @@ class Runner:
             self.pre_idx = torch.zeros(2, R, dtype=torch.long)          # slot, last prompt position
             self.pre_h = torch.zeros(R, H, dtype=dtype)
         pin = self.use_graphs
-        self.inputs_host = torch.zeros(4, B, dtype=torch.long, pin_memory=pin)
-        self.codes_host = torch.zeros(B, CODES, dtype=torch.long, pin_memory=pin)
-        self.pcm_host = [torch.zeros(B, FRAME_SAMPLES, pin_memory=pin) for _ in range(2)]   # steps t, t + 1
+        # one set of host buffers per launch in flight (HOST_SETS): a launch's inputs may still wait to be copied,
+        # its codes and PCM to be read, while the next ones are launched
+        self.inputs_host = [torch.zeros(4, B, dtype=torch.long, pin_memory=pin) for _ in range(HOST_SETS)]
+        self.codes_host = [torch.zeros(B, CODES, dtype=torch.long, pin_memory=pin) for _ in range(HOST_SETS)]
+        self.pcm_host = [torch.zeros(B, FRAME_SAMPLES, pin_memory=pin) for _ in range(HOST_SETS)]
         self.launches = 0
         cuda = device.type == "cuda"
-        self.codes_done = torch.cuda.Event() if cuda else None
-        self.pcm_done = [torch.cuda.Event() if cuda else None for _ in range(2)]
+        self.codes_done = [torch.cuda.Event() if cuda else None for _ in range(HOST_SETS)]
+        self.pcm_done = [torch.cuda.Event() if cuda else None for _ in range(HOST_SETS)]
         # one block per prefill chunk of a step: a chunk's copy may still be pending when the next is written
         self.pre_host = torch.zeros(self.max_batch // PREFILL_ROWS[-1] + 1, 2, PREFILL_ROWS[-1], dtype=torch.long,
                                     pin_memory=pin)
@@ -251,22 +258,23 @@ class Runner:
         # talker graph's padding rows, and the prefill that runs after it overwrites it
         rows = decode + prefill
         b = self._bucket(n)
-        launched = Launched(n, nd, bool(prefill), self.launches % 2)
+        launched = Launched(n, nd, bool(prefill), self.launches % HOST_SETS)
         self.launches += 1
-        host = self.inputs_host.numpy()
+        inputs_host = self.inputs_host[launched.buf]
+        host = inputs_host.numpy()
         host[:, :n] = np.array([(r.slot, max(r.prompt_len + r.frames - 1, 0),
                                  r.next_text_id(self.text_eos, self.text_pad), r.frames) for r in rows],
                                dtype=np.int64).T
         host[:, n:b] = np.array([[self.dummy], [0], [self.text_pad], [0]])
-        self.inputs[:, :b].copy_(self.inputs_host[:, :b], non_blocking=True)
+        self.inputs[:, :b].copy_(inputs_host[:, :b], non_blocking=True)
         if nd:
             self._run("talker", self._bucket(nd))
         if prefill:
             self._prefill(prefill, nd)
         self._run("codes", b)
-        self.codes_host[:n].copy_(self.codes[:n], non_blocking=True)
-        if self.codes_done is not None:
-            self.codes_done.record()
+        self.codes_host[launched.buf][:n].copy_(self.codes[:n], non_blocking=True)
+        if self.codes_done[launched.buf] is not None:
+            self.codes_done[launched.buf].record()
         self._run("decode", b)
         self.pcm_host[launched.buf][:n].copy_(self.pcm[:n], non_blocking=True)
         if self.pcm_done[launched.buf] is not None:
@@ -274,14 +282,15 @@ class Runner:
         return launched
 
     def codes_of(self, step: Launched) -> np.ndarray:
-        """[rows, 16] int64 codes of a launched step (waits for them), prefill rows first."""
-        if self.codes_done is not None:
-            self._wait(self.codes_done)
-        return self._prefill_first(step, self.codes_host[:step.n].numpy())
+        """[rows, 16] int64 codes of a launched step (waits for them), prefill rows first. Valid until
+        HOST_SETS more steps are launched."""
+        if self.codes_done[step.buf] is not None:
+            self._wait(self.codes_done[step.buf])
+        return self._prefill_first(step, self.codes_host[step.buf][:step.n].numpy())
 
     def audio_of(self, step: Launched) -> np.ndarray:
-        """[rows, 1920] float32 PCM of a launched step (waits for it), prefill rows first. Valid until two
-        more steps are launched."""
+        """[rows, 1920] float32 PCM of a launched step (waits for it), prefill rows first. Valid until
+        HOST_SETS more steps are launched."""
         if self.pcm_done[step.buf] is not None:
             self._wait(self.pcm_done[step.buf])
         return self._prefill_first(step, self.pcm_host[step.buf][:step.n].numpy())

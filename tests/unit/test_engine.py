@@ -499,3 +499,70 @@ def test_a_traced_context_reports_its_first_frame_stages_once_and_others_none(en
         assert not any(isinstance(ev, StageTimes) for ev in c.events(2))
     finally:
         engine.disconnect(c.id)
+
+
+def test_first_frames_apart_only_while_every_running_client_has_audio_to_spare():
+    """first_frames_apart: a new context's first frame goes ahead of the running rows' only while each
+    running context's audio lasts FIRST_APART_STEPS of the last step's length beyond now."""
+    from types import SimpleNamespace
+
+    from talkgate.synth.engine import FIRST_APART_MAX_ROWS, FIRST_APART_STEPS, first_frames_apart
+
+    step = 0.02
+    ahead, near = SimpleNamespace(deadline=10.001 + FIRST_APART_STEPS * step), SimpleNamespace(deadline=10.03)
+    assert first_frames_apart([ahead], 10.0, step)
+    assert not first_frames_apart([ahead, near], 10.0, step)
+    assert first_frames_apart([ahead, near], 10.0, 0.01)
+    # and only while the running rows are few enough that the pass of the new rows costs little of the capacity
+    assert first_frames_apart([ahead] * FIRST_APART_MAX_ROWS, 10.0, step)
+    assert not first_frames_apart([ahead] * (FIRST_APART_MAX_ROWS + 1), 10.0, step)
+
+
+def first_frame_calls(engine) -> tuple[list[list[int]], dict]:
+    """A context (2) opened while another (1) runs far ahead of its client: the contexts of each delivered call's
+    AudioChunks, and both contexts' audio."""
+    c = Client(engine)
+    try:
+        c.say(1, TEXT, ContextParams(sampling=GREEDY, fixed_frames=60))
+        until = time.monotonic() + 30
+        while sum(isinstance(ev, AudioChunk) for ev in c.events(1)) < 8 and time.monotonic() < until:
+            time.sleep(0.002)
+        c.say(2, "A second voice starts here.", ContextParams(sampling=GREEDY, fixed_frames=6))
+        c.wait(1), c.wait(2)
+        with c.lock:
+            chunks = [[ev.context for ev in batch if isinstance(ev, AudioChunk)] for batch in c.batches]
+        return chunks, {ctx: c.pcm(ctx) for ctx in (1, 2)}
+    finally:
+        engine.disconnect(c.id)
+
+
+def test_a_new_contexts_first_frame_goes_out_before_the_running_contexts_next_frame(engine, checkpoint):
+    """A context opened while another runs far ahead of its client: its prefill and frame 0 are launched apart,
+    ahead of the running context's frame, and delivered in a call of their own before that frame's audio; its
+    audio is the same as alone (and the running context's is the same as alone too). An engine told not to
+    (first_apart=False: engine processes sharing a GPU) makes both frames in one step, as before."""
+    alone = Client(engine)
+    try:
+        alone.say(1, TEXT, ContextParams(sampling=GREEDY, fixed_frames=60))
+        alone.say(2, "A second voice starts here.", ContextParams(sampling=GREEDY, fixed_frames=6))
+        alone.wait(1), alone.wait(2)
+        pcm_alone = {1: alone.pcm(1), 2: alone.pcm(2)}
+    finally:
+        engine.disconnect(alone.id)
+    chunks, pcm = first_frame_calls(engine)
+    first = next(i for i, batch in enumerate(chunks) if 2 in batch)
+    assert chunks[first] == [2]                                 # frame 0 alone in its call
+    assert 1 in chunks[first + 1]                               # then the running context's frame
+    assert sum(1 in batch for batch in chunks[first:]) > 1      # which was still running
+    for ctx in (1, 2):
+        np.testing.assert_allclose(pcm[ctx], pcm_alone[ctx], atol=1e-5)
+    together = Engine.from_pretrained(str(checkpoint), device="cpu", max_contexts=4, max_frames_per_context=120,
+                                      first_apart=False)
+    together.start()
+    try:
+        chunks, pcm = first_frame_calls(together)
+    finally:
+        together.stop()
+    assert sorted(next(batch for batch in chunks if 2 in batch)) == [1, 2]
+    for ctx in (1, 2):
+        np.testing.assert_allclose(pcm[ctx], pcm_alone[ctx], atol=1e-5)
