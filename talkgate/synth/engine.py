@@ -99,14 +99,14 @@ def unnoticed(scheduler: Scheduler, now: float, slack: float = CAPTURE_SLACK_S) 
 
 # A step that takes new contexts while others run may launch the new ones' prefill and first frame as a step of
 # their own just ahead of the running rows' (issue 45): their first audio then costs a pass of the new rows, not a
-# step of the whole batch; the running rows' frame comes that pass later, and the pass costs the GPU what the
-# new rows would have cost in the batch again (about 3 ms at 1.7B on an H200: its code predictor and decoder at
-# one row). So only where nobody notices: every running context's client has audio for FIRST_APART_STEPS of the
-# last step's length still to play, and the running rows are at most FIRST_APART_MAX_ROWS (beyond, the passes'
-# cost is the engine's capacity: at 135 req/s of 1.7B on an H200 every step took new contexts, and 4 times more
-# requests found the slots full, docs/benchmarks.md). Not where engine processes share a GPU (Engine
-# first_frames_apart=False): there the pass waits for the other processes' kernels, and first audio's p95 rose
-# from 57 to 64 ms (three 1.7B models under CUDA MPS, 3 x 20 req/s)
+# step of the whole batch; the running rows' frame comes that pass later, and the pass runs the code predictor and
+# decoder again at a few rows (1.7B on an H200: the pass about 5 ms; the mean step at 20 req/s 7.3 -> 7.7 ms). So
+# only where nobody notices: every running context's client has audio for FIRST_APART_STEPS of the last step's
+# length still to play, and the running rows are at most FIRST_APART_MAX_ROWS (beyond, the passes' cost is the
+# engine's capacity: at 135 req/s of 1.7B on an H200 every step took new contexts, and 4 times more requests found
+# the slots full, docs/benchmarks.md). Not where engine processes share a GPU (Engine(first_apart=False)): there
+# the pass waits for the other processes' kernels, and first audio's p95 rose from 57 to 64 ms (three 1.7B models
+# under CUDA MPS, 3 x 20 req/s)
 FIRST_APART_STEPS = 2.0
 FIRST_APART_MAX_ROWS = 64
 
