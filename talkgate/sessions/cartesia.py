@@ -16,7 +16,7 @@ from talkgate.sessions.actions import BUSY, Close, Send, dumps, http_status, sen
 from talkgate.sessions.alignment import Timeline
 from talkgate.sessions.expression import emotion_phrase
 from talkgate.sessions.fields import SessionError, field_of, integer, number, show
-from talkgate.sessions.http import HttpSpeech, Respond, sse
+from talkgate.sessions.http import HttpSpeech, Respond, new_request_id, sse
 from talkgate.sessions.models import Models
 from talkgate.sessions.session import (
     AudioFormat, AudioOut, ContextCancelled, ContextError, ContextFinished, Session,
@@ -263,7 +263,8 @@ def error_fields(code: str, message: str, request_id: str | None, context_id: st
 
 def http_error(status: int, code: str, message: str, request_id: str | None = None,
                context_id: str | None = None) -> Respond:
-    body = {**error_fields(code, message, request_id, context_id), "status_code": status}
+    """An HTTP error (a request refused before its translator is made gets a request id of its own)."""
+    body = {**error_fields(code, message, request_id or new_request_id(), context_id), "status_code": status}
     return Respond(status, "application/json", dumps(body).encode(), error=code)
 
 
