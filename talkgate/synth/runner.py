@@ -89,7 +89,7 @@ PRIME_CHUNK = 64                       # reference frames decoded per call when 
 @dataclass
 class Launched:
     """One launched step: its rows (decode rows first on the GPU, reported prefill rows first) and
-    which of the two host buffers its PCM goes to."""
+    which of the HOST_SETS sets of host buffers (inputs, codes, PCM) it uses."""
     n: int
     nd: int
     prefill: bool
