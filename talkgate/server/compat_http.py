@@ -133,20 +133,6 @@ async def dashscope_audio(request: web.Request) -> web.StreamResponse:
     return web.FileResponse(path, headers={"Content-Type": "audio/wav"})
 
 
-def error_for_path(path: str):
-    """The error function of the vendor API whose path this is (None: talkgate's own shape): for the errors answered
-    before a route's handler runs (aiohttp's: a body it cannot decode, a method not allowed; server/errors.py)."""
-    if path.startswith("/v1/text-to-speech/"):
-        return elevenlabs.http_error
-    if path in ("/tts/bytes", "/tts/sse"):
-        return cartesia.http_error
-    if path == "/v1/speak":
-        return deepgram.rest_error
-    if path == dashscope_http.PATH:
-        return dashscope_http.http_error
-    return None
-
-
 def add_routes(app: web.Application) -> None:
     for path, timestamps, streamed in (("", False, True), ("/stream", False, True),
                                        ("/with-timestamps", True, False), ("/stream/with-timestamps", True, True)):
@@ -157,4 +143,3 @@ def add_routes(app: web.Application) -> None:
     app.router.add_post("/v1/speak", deepgram_rest)
     app.router.add_post(dashscope_http.PATH, dashscope_speech)
     app.router.add_get("/api/v1/audio/{name}", dashscope_audio)
-    app["error_for_path"] = error_for_path
