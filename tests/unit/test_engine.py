@@ -538,31 +538,31 @@ def first_frame_calls(engine) -> tuple[list[list[int]], dict]:
 
 def test_a_new_contexts_first_frame_goes_out_before_the_running_contexts_next_frame(engine, checkpoint):
     """A context opened while another runs far ahead of its client: its prefill and frame 0 are launched apart,
-    ahead of the running context's frame, and delivered in a call of their own before that frame's audio; its
-    audio is the same as alone (and the running context's is the same as alone too). An engine told not to
-    (first_apart=False: engine processes sharing a GPU) makes both frames in one step, as before."""
-    alone = Client(engine)
+    ahead of the running context's frame, and delivered in a call of their own before that frame's audio; the
+    audio of both is what they make started together in one step. An engine told not to (first_apart=False:
+    engine processes sharing a GPU) makes both frames in one step, as before."""
+    together = Client(engine)
     try:
-        alone.say(1, TEXT, ContextParams(sampling=GREEDY, fixed_frames=60))
-        alone.say(2, "A second voice starts here.", ContextParams(sampling=GREEDY, fixed_frames=6))
-        alone.wait(1), alone.wait(2)
-        pcm_alone = {1: alone.pcm(1), 2: alone.pcm(2)}
+        together.say(1, TEXT, ContextParams(sampling=GREEDY, fixed_frames=60))
+        together.say(2, "A second voice starts here.", ContextParams(sampling=GREEDY, fixed_frames=6))
+        together.wait(1), together.wait(2)
+        reference = {1: together.pcm(1), 2: together.pcm(2)}
     finally:
-        engine.disconnect(alone.id)
+        engine.disconnect(together.id)
     chunks, pcm = first_frame_calls(engine)
     first = next(i for i, batch in enumerate(chunks) if 2 in batch)
     assert chunks[first] == [2]                                 # frame 0 alone in its call
     assert 1 in chunks[first + 1]                               # then the running context's frame
     assert sum(1 in batch for batch in chunks[first:]) > 1      # which was still running
     for ctx in (1, 2):
-        np.testing.assert_allclose(pcm[ctx], pcm_alone[ctx], atol=1e-5)
-    together = Engine.from_pretrained(str(checkpoint), device="cpu", max_contexts=4, max_frames_per_context=120,
-                                      first_apart=False)
-    together.start()
+        np.testing.assert_allclose(pcm[ctx], reference[ctx], atol=1e-5)
+    in_one_step = Engine.from_pretrained(str(checkpoint), device="cpu", max_contexts=4, max_frames_per_context=120,
+                                         first_apart=False)
+    in_one_step.start()
     try:
-        chunks, pcm = first_frame_calls(together)
+        chunks, pcm = first_frame_calls(in_one_step)
     finally:
-        together.stop()
+        in_one_step.stop()
     assert sorted(next(batch for batch in chunks if 2 in batch)) == [1, 2]
     for ctx in (1, 2):
-        np.testing.assert_allclose(pcm[ctx], pcm_alone[ctx], atol=1e-5)
+        np.testing.assert_allclose(pcm[ctx], reference[ctx], atol=1e-5)
