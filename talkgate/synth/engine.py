@@ -573,15 +573,14 @@ class Engine:
             stamp(prefill, SCHEDULED)
         apart = (self.first_apart and bool(prefill and decode)
                  and first_frames_apart(decode, t0, self._step_ms_last / 1000))
-        parts = [prefill, decode] if apart else [prefill + decode]
+        launches = [(prefill, []), ([], decode)] if apart else [(prefill, decode)]
         try:
-            steps = [self.runner.launch(prefill, decode if not apart else [])] + (
-                [self.runner.launch([], decode)] if apart else [])
+            steps = [(self.runner.launch(new, old), new + old) for new, old in launches]
             if prefill:
                 stamp(prefill, LAUNCHED)
             self._emit_audio()
             self._deliver()                                     # the last step's audio, while this one runs
-            for i, (step, reqs) in enumerate(zip(steps, parts)):
+            for i, (step, reqs) in enumerate(steps):
                 codes = self.runner.codes_of(step)
                 if prefill and i == 0:
                     stamp(prefill, CODES)
