@@ -5,7 +5,6 @@ Usage (from the repository root, on a GPU machine):
 Options: --batches 1,8,32,128,256  --precisions bf16,fp16,fp32-tf32,fp32,fp32-engine  --iters 30  --compile
          --matmul-macs 0,1073741824  (synth.codec_decoder.MATMUL_MACS values to time, default: as shipped)
          --engine-compile  (compile what the engine compiles, as it runs the decoder)
-         --unit-kernels on,off  (the residual units' Triton kernels, synth/conv_kernel.py, or the PyTorch path; each timed)
 
 Random weights in the released layout (speech tokenizer weights cannot be downloaded here). Rows use
 scattered slots of a 256+1-slot pool whose windows are full (positions > 72). Also checks that a
@@ -60,18 +59,10 @@ def restore(state, snap):
     state.tails.copy_(snap[0]), state.kv.copy_(snap[1]), state.pos.copy_(snap[2])
 
 
-def unit_kernels(model, on: bool):
-    """The residual units' Triton kernels (several rows a step) on or off: ResidualUnit.has_kernels."""
-    for m in model.modules():
-        if isinstance(m, codec_decoder.ResidualUnit):
-            m.has_kernels = on and m.taps is not None
-    return model
-
-
-def bench_precision(name, path, batches, iters, gen, engine_compile=False, units=True):
+def bench_precision(name, path, batches, iters, gen, engine_compile=False):
     dtype, tf32 = PRECISIONS[name]
     set_tf32(tf32)
-    model = unit_kernels(load_codec_decoder(path, "cuda", dtype), units)
+    model = load_codec_decoder(path, "cuda", dtype)
     if engine_compile:
         import tempfile
 
@@ -162,8 +153,7 @@ def profile(path, batches, gen):
 
 def accuracy(path, gen):
     """Max / RMS error of bf16 and TF32 against exact fp32 on the same random codes, and frame-by-frame
-    decoding against a full decode (fp32, exact); fp16 also through the residual units' kernels, which
-    run where a step has several rows (two rows decoded frame by frame)."""
+    decoding against a full decode (fp32, exact)."""
     codes = torch.randint(0, 2048, (2, 16, 90), generator=gen).cuda()
     set_tf32(False)
     exact_model = load_codec_decoder(path, "cuda", torch.float32)
@@ -180,17 +170,6 @@ def accuracy(path, gen):
         snr = 10 * torch.log10(exact.pow(2).mean() / err.pow(2).mean()).item()
         print(f"{name} vs exact fp32: max abs err {err.abs().max().item():.3e}, rms err {err.pow(2).mean().sqrt().item():.3e}, "
               f"signal rms {exact.pow(2).mean().sqrt().item():.3e}, SNR {snr:.1f} dB")
-    for name in ("fp16",):
-        dtype, tf32 = PRECISIONS[name]
-        set_tf32(tf32)
-        for on in (False, True):
-            model = unit_kernels(load_codec_decoder(path, "cuda", dtype), on)
-            state = model.alloc_state(2)
-            got = torch.cat([model.decode_step(codes[..., i:i + 1], slots, state) for i in range(90)], dim=1)
-            err = got - exact
-            snr = 10 * torch.log10(exact.pow(2).mean() / err.pow(2).mean()).item()
-            print(f"{name}, frame by frame, unit kernels {'on' if on else 'off'}, vs exact fp32: "
-                  f"max abs err {err.abs().max().item():.3e}, SNR {snr:.1f} dB")
 
 
 def main():
@@ -201,7 +180,6 @@ def main():
     ap.add_argument("--compile", action="store_true", help="also time torch.compile'd eager steps (bf16; B=1, max B)")
     ap.add_argument("--engine-compile", action="store_true",
                     help="torch.compile the parts the engine compiles (synth.runner.compile_hot_functions) first")
-    ap.add_argument("--unit-kernels", default="on", help="on, off or both (on,off): each timed")
     ap.add_argument("--no-accuracy", action="store_true", help="skip the accuracy checks (four more models)")
     ap.add_argument("--matmul-macs", default=str(codec_decoder.MATMUL_MACS),
                     help="convolutions of at most this many multiply-adds run as one multiply; several: each timed")
@@ -218,16 +196,14 @@ def main():
         print("| precision | B | eager ms/step | CUDA graph ms/step | graph us/row | graph-vs-eager max diff (pcm, state) |")
         print("| --- | --- | --- | --- | --- | --- |")
         for name in args.precisions.split(","):
-            for macs, units in [(int(c), u == "on") for c in args.matmul_macs.split(",")
-                                for u in args.unit_kernels.split(",")]:
+            for macs in [int(c) for c in args.matmul_macs.split(",")]:
                 codec_decoder.MATMUL_MACS = macs
                 try:
-                    rows, peak = bench_precision(name, path, batches, args.iters, gen, args.engine_compile, units)
+                    rows, peak = bench_precision(name, path, batches, args.iters, gen, args.engine_compile)
                 except Exception:
                     traceback.print_exc()
                     continue
-                label = (f"{name}, multiply <= 2^{macs.bit_length() - 1 if macs else '-inf'} MACs, "
-                         f"unit kernels {'on' if units else 'off'}")
+                label = f"{name}, multiply <= 2^{macs.bit_length() - 1 if macs else '-inf'} MACs"
                 for _, B, eager, graph, diff, sdiff in sorted(rows, key=lambda r: r[1]):
                     print(f"| {label} | {B} | {eager:.3f} | {graph:.3f} | {graph / B * 1e3:.1f} | {diff:.1e}, {sdiff:.1e} |")
                 print(f"| {label} peak GPU memory {peak:.2f} GiB (state pool of {max(batches) + 1} slots included) |")

@@ -269,31 +269,6 @@ class ConvNeXtBlock(nn.Module):
         return torch.addcmul(x, self.gamma[:, None], h.transpose(1, 2))
 
 
-@torch.library.custom_op("talkgate::causal_conv", mutates_args=())
-def causal_conv(x: torch.Tensor, tail: torch.Tensor | None, weight: torch.Tensor, bias: torch.Tensor, dilation: int,
-                freq: torch.Tensor | None, inv_beta: torch.Tensor | None,
-                residual: torch.Tensor | None) -> torch.Tensor:
-    """synth/conv_kernel.py's causal convolution (SnakeBeta or a residual add fused after it) as an opaque op, so
-    that the compiled decoder halves call the Triton kernel as it is."""
-    return kernel_module("conv_kernel").causal_conv(x, tail, weight, bias, dilation, freq, inv_beta, residual)
-
-
-@causal_conv.register_fake
-def _(x, tail, weight, bias, dilation, freq, inv_beta, residual):
-    return x.new_empty(x.shape[0], weight.shape[1], x.shape[2])
-
-
-# A step of 2 to UNIT_KERNEL_MAX_ROWS rows in half precision runs its residual units as synth/conv_kernel.py's two
-# kernels each on CUDA; tests set UNIT_KERNELS_ON_CPU to run them on CPU tensors too, in Triton's interpreter. One row
-# keeps CausalConv's multiply of its input windows. The 1.7B float16 decoder's step on an H200 (CUDA graphs, compiled
-# as the engine compiles it; docs/benchmarks.md), cuDNN -> kernels: 64 rows 6.78 -> 4.31 ms, 96 rows 6.43 -> 6.16,
-# but 128 rows 6.84 -> 7.60 and 256 rows 12.88 -> 14.29 (cuDNN's convolutions reach 100-240 TFLOP/s there, the
-# kernels 84-148); in float32 their TF32 multiplies were 2-20x slower than cuDNN's.
-UNIT_KERNELS_ON_CPU = False
-UNIT_KERNEL_MAX_ROWS = 96
-HALF = (torch.float16, torch.bfloat16)
-
-
 class ResidualUnit(nn.Module):
     def __init__(self, dim: int, dilation: int):
         super().__init__()
@@ -301,29 +276,9 @@ class ResidualUnit(nn.Module):
         self.conv1 = CausalConv(dim, dim, 7, dilation=dilation)
         self.act2 = SnakeBeta(dim)
         self.conv2 = CausalConv(dim, dim, 1)
-        # conv1's weight as the kernels read it, [K, C_out, C_in] (prepare); none without Triton
-        self.has_kernels = kernel_module("conv_kernel") is not None
-        self.register_buffer("taps", torch.zeros(7, dim, dim) if self.has_kernels else None, persistent=False)
-
-    def prepare(self):
-        if self.has_kernels:
-            self.taps = self.conv1.conv.weight.detach().permute(2, 0, 1).contiguous()
 
     def forward(self, x: torch.Tensor, tails: torch.Tensor) -> torch.Tensor:
-        if (self.has_kernels and 1 < x.shape[0] <= UNIT_KERNEL_MAX_ROWS
-                and ((x.is_cuda and x.dtype in HALF) or UNIT_KERNELS_ON_CPU)):
-            return self.fused(x, tails)
         return x + self.conv2(self.act2(self.conv1(self.act1(x), tails)), tails)
-
-    def fused(self, x: torch.Tensor, tails: torch.Tensor) -> torch.Tensor:
-        """forward as conv_kernel's two kernels: snake2(conv1(...)) and x + conv2(...); the carried frames of
-        conv1's input (snake1(x)) updated beside them."""
-        a1 = self.act1(x)
-        tail, ctx = self.conv1.tail(tails), self.conv1.context
-        a2 = causal_conv(a1, tail, self.taps, self.conv1.conv.bias, self.conv1.conv.dilation[0], self.act2.freq,
-                         self.act2.inv_beta, None)
-        tail.copy_(torch.cat([tail, a1[..., max(a1.shape[-1] - ctx, 0):]], -1)[..., -ctx:])
-        return causal_conv(a2, None, self.conv2.conv.weight.permute(2, 0, 1), self.conv2.conv.bias, 1, None, None, x)
 
 
 class DecoderBlock(nn.Module):
