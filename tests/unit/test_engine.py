@@ -566,3 +566,89 @@ def test_a_new_contexts_first_frame_goes_out_before_the_running_contexts_next_fr
     assert sorted(next(batch for batch in chunks if 2 in batch)) == [1, 2]
     for ctx in (1, 2):
         np.testing.assert_allclose(pcm[ctx], reference[ctx], atol=1e-5)
+
+
+class Driven:
+    """An engine driven by the test (warmed up, never started: run_once on this thread), one client of it."""
+
+    def __init__(self, checkpoint):
+        self.engine = Engine.from_pretrained(str(checkpoint), device="cpu", max_contexts=4, max_frames_per_context=120)
+        self.engine.warm_up()
+        self.batches = []
+        self.id = self.engine.connect(self.batches.append)
+        self.tokenizer = self.engine.new_tokenizer
+
+    def say(self, context, text, frames):
+        tok = self.tokenizer()
+        self.engine.submit(self.id, [OpenContext(context, ContextParams(sampling=GREEDY, fixed_frames=frames)),
+                                     AppendText(context, tuple(tok.feed(text)), text_seconds(text)),
+                                     EndText(context, tuple(tok.finish()))])
+
+    def frames(self, context) -> int:
+        return sum(isinstance(ev, AudioChunk) and ev.context == context for batch in self.batches for ev in batch)
+
+    def pcm(self, context):
+        return np.concatenate([ev.pcm for batch in self.batches for ev in batch
+                               if isinstance(ev, AudioChunk) and ev.context == context])
+
+    def run(self, until):
+        for _ in range(400):
+            if until():
+                return
+            self.engine.run_once()
+        raise AssertionError("the engine did not get there")
+
+
+@pytest.mark.parametrize("reads_while_running", [True, False])
+def test_a_context_whose_text_arrives_while_the_running_rows_launch_runs_is_launched_behind_it(checkpoint,
+                                                                                                  reads_while_running):
+    """An engine process reads its socket while a step's launch runs (Engine.receive): a context whose text arrives
+    then gets its prefill and frame 0 in a launch of its own behind the running rows', within that step (on a GPU
+    its pass runs as soon as the running rows' kernels end), and its audio goes out with the next step's events. An
+    engine that reads commands only between steps makes that frame in the next step (launched ahead of the running
+    rows'). Both contexts' audio is what each makes alone."""
+    alone = Driven(checkpoint)
+    alone.say(1, TEXT, 30)
+    alone.say(2, "A second voice starts here.", 6)
+    alone.run(lambda: alone.frames(1) == 30 and alone.frames(2) == 6)
+    d = Driven(checkpoint)
+    d.say(1, TEXT, 30)
+    d.run(lambda: d.frames(1) >= 8)                         # far ahead of its client: first_frames_apart holds
+    arrived = []
+
+    def receive():                                          # the worker's commands, read from the socket
+        if not arrived:
+            arrived.append(True)
+            d.say(2, "A second voice starts here.", 6)
+
+    if reads_while_running:
+        d.engine.receive = receive
+    else:
+        d.engine.on_step = lambda ms, rows: receive()          # arrives during the step, read at the boundary
+    d.engine.run_once()
+    contexts = d.engine._clients[d.id].contexts
+    assert arrived and not d.frames(2)
+    assert (contexts[2].frames if 2 in contexts else 0) == (1 if reads_while_running else 0)
+    d.engine.run_once()
+    assert d.frames(2) == 1
+    d.run(lambda: d.frames(1) == 30 and d.frames(2) == 6)
+    for ctx in (1, 2):
+        np.testing.assert_allclose(d.pcm(ctx), alone.pcm(ctx), atol=1e-5)
+
+
+def test_commands_of_contexts_in_a_running_launch_wait_for_the_step_boundary(checkpoint):
+    """_apply_commands(busy): the commands of contexts in a launch still running stay queued, in order, ahead of
+    those that arrive later; the others' apply at once (a context's end must not overtake its frame in flight)."""
+    d = Driven(checkpoint)
+    tok = d.tokenizer()
+    d.engine.submit(d.id, [OpenContext(1, ContextParams(sampling=GREEDY)), OpenContext(2, ContextParams(sampling=GREEDY))])
+    d.engine._apply_commands()
+    one, two = (d.engine._clients[d.id].contexts[c] for c in (1, 2))
+    ids = tuple(tok.feed("Hello there, "))
+    d.engine.submit(d.id, [AppendText(1, ids, 0.5), AppendText(2, ids, 0.5), EndText(1, (), 0.0)])
+    d.engine._apply_commands(busy=[one])
+    assert list(two.text_ids) == list(ids) and not one.text_ids
+    d.engine.submit(d.id, [AppendText(1, (7,), 0.1)])
+    assert [(op, req.context) for op, req, _ in d.engine._commands] == [("text", 1), ("end", 1), ("text", 1)]
+    d.engine._apply_commands()
+    assert list(one.text_ids) == [*ids, 7] and one.text_ended and not d.engine._commands
