@@ -4,8 +4,7 @@ nothing else; gateway workers reach it over ZMQ with the messages of ipc/wire.py
 EngineServer is that loop around one started Engine; processes/engine_process.py is the process's main.
 One thread, the main one, runs the loop (vLLM's EngineCore shape): take the workers' messages (commands go to
 Engine.submit), one turn of the engine (Engine.turn: a step, whose deliver sends each worker its step's events
-as one STEP message, or a pending graph capture no context would notice; while the step's GPU work runs, the engine
-takes the workers' messages too: Engine.receive), check the workers' backlogs,
+as one STEP message, or a pending graph capture no context would notice), check the workers' backlogs,
 publish stats every STATS_INTERVAL_S; while nothing is ready it waits on the socket. Warm-up (compiles and the
 first-audio graphs: minutes on a GPU without the compile cache) runs on the main thread first while a second
 thread answers HELLOs and publishes stats (state "warming"), so workers learn the model at once, and a third
@@ -139,7 +138,6 @@ class EngineServer:
         self.schedstat = SchedStat()                  # of this thread, the one that runs the loop (main())
         self.slow_turns = SlowTurns(index)
         engine.on_step = self._on_step
-        engine.receive = self._receive              # while the engine waits for a step's codes (this thread, after warm-up)
         self._next_stats = 0.0
         self.gc = heap.GcPauses()
         self._graphs_pending = True

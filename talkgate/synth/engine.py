@@ -27,9 +27,7 @@ step's codes; what the codes decide (eos, failures) is delivered at the end of r
 reached its frame limit gets its ContextDone right after its last AudioChunk. Where new contexts join running
 ones and every running client has audio to spare (first_frames_apart), the step may be two launches: the new rows'
 prefill and first frame, then the running rows' frame; the first frames' audio is delivered as soon as it is
-decoded, while the running rows' launch runs. In an engine process the engine also reads its socket while it waits
-for a launch's codes (`receive`): contexts whose text arrives then are launched behind the running rows' launch
-under the same rule, and the commands of contexts in the launch wait for the step boundary.
+decoded, while the running rows' launch runs.
 
 A cancelled context makes no event from its CancelContext on (the flag is checked as events are made); those it
 made before, still waiting for their deliver, go to the client, which drops them (server/engine_client.py: the
@@ -182,10 +180,6 @@ class Engine:
         # called on the engine thread before every step: while it returns True the engine waits (the
         # gateway's event loop is behind on the batches delivered to it); must not block
         self.hold = None
-        # called on the engine thread, again and again, while it waits for a step's codes (an engine process: its
-        # socket read, whose commands go to submit); must not block. Set, new contexts whose text arrives while the
-        # running rows' launch runs may be launched behind it (_launch_behind)
-        self.receive = None
 
     @classmethod
     def from_pretrained(cls, path_or_id: str, device: str | None = None, dtype: str | None = None,
@@ -452,17 +446,11 @@ class Engine:
         voiced = self._make_voice()
         return self._deliver() or stepped or voiced
 
-    def _apply_commands(self, busy: list[Request] = ()) -> None:
+    def _apply_commands(self) -> None:
         """The queued commands in order; the opens' slots are initialized together at the end (only the
-        runner's tensors wait for that: text, an end or a cancel of a context opened here is host state).
-        busy: contexts of a launch still running, whose commands stay queued, in order, for the step boundary (the
-        events of the frame in flight come first)."""
+        runner's tensors wait for that: text, an end or a cancel of a context opened here is host state)."""
         with self._lock:
             commands, self._commands = self._commands, collections.deque()
-            if busy:
-                ids = {id(req) for req in busy}
-                self._commands = collections.deque(c for c in commands if id(c[1]) in ids)
-                commands = [c for c in commands if id(c[1]) not in ids]
         opens = []
         for op, req, arg in commands:
             if op == "cancel":
@@ -574,10 +562,9 @@ class Engine:
         return voice
 
     def _step(self) -> bool:
-        """One step over every ready context, and the last step's audio; False when there was neither. New contexts'
-        first frames are launched apart where first_frames_apart allows: ahead of the running rows when they are
-        ready as the step begins (their audio goes out while the running rows' frame is made), or, in an engine
-        process (self.receive), behind the running rows' launch when their text arrives while it runs."""
+        """One step over every ready context, and the last step's audio; False when there was neither. New
+        contexts' first frames are launched apart, ahead of the running rows, where first_frames_apart allows:
+        their audio goes out while the running rows' frame is made."""
         t0 = time.perf_counter()
         prefill, decode = self.scheduler.schedule(t0)
         if not prefill and not decode:
@@ -587,30 +574,24 @@ class Engine:
         apart = (self.first_apart and bool(prefill and decode)
                  and first_frames_apart(decode, t0, self._step_ms_last / 1000))
         launches = [(prefill, []), ([], decode)] if apart else [(prefill, decode)]
-        behind = self.first_apart and self.receive is not None and not apart and bool(decode)
-        taken = prefill + decode                                # every context the step launches
         try:
-            steps = [(self.runner.launch(new, old), new, old) for new, old in launches]
+            steps = [(self.runner.launch(new, old), new + old) for new, old in launches]
             if prefill:
                 stamp(prefill, LAUNCHED)
             self._emit_audio()
             self._deliver()                                     # the last step's audio, while this one runs
-            i = 0
-            while i < len(steps):                               # a launch may join behind the first (_launch_behind)
-                step, new, old = steps[i]
-                if behind and i == 0:
-                    self.runner.await_codes(step, lambda: self._launch_behind(steps, taken))
+            for i, (step, reqs) in enumerate(steps):
                 codes = self.runner.codes_of(step)
-                stamp(new, CODES)
-                self._postprocess(step, new + old, codes)
-                if i < len(steps) - 1:                          # this launch's audio, while the next one runs
+                if prefill and i == 0:
+                    stamp(prefill, CODES)
+                self._postprocess(step, reqs, codes)
+                if i < len(steps) - 1:                          # the first frames, while the running rows' runs
                     self._emit_audio()
                     self._deliver()
-                i += 1
         except Exception as e:                                  # fail this step's contexts, keep serving
             log.exception("engine step failed")
             self._audio = None
-            for req in taken:
+            for req in prefill + decode:
                 if not req.freed:
                     self._fail(req, e)
             return True
@@ -618,31 +599,8 @@ class Engine:
         self._steps += 1
         self._step_ms_last, self._step_ms_total = dt, self._step_ms_total + dt
         if self.on_step is not None:
-            self.on_step(dt, len(taken))
+            self.on_step(dt, len(prefill) + len(decode))
         return True
-
-    def _launch_behind(self, steps: list, taken: list[Request]) -> None:
-        """While the step's one launch runs (runner.await_codes): read the commands (self.receive), apply those of
-        contexts outside the launch, and launch the contexts they made ready as a pass of their own behind it, where
-        first_frames_apart allows; once a step. Their first frame then waits for the running launch's kernels, not
-        for the engine thread to take its codes, hand out its audio and come round to the next step."""
-        if len(steps) > 1:
-            return
-        self.receive()
-        if not self._commands:
-            return
-        self._apply_commands(busy=taken)
-        now = time.perf_counter()
-        if not (any(r.ready for r in self.scheduler.waiting)
-                and first_frames_apart(steps[0][2], now, self._step_ms_last / 1000)):
-            return
-        new, _ = self.scheduler.schedule(now)                   # the running rows are in the launch already
-        if not new:
-            return
-        stamp(new, SCHEDULED)
-        taken += new
-        steps.append((self.runner.launch(new, []), new, []))
-        stamp(new, LAUNCHED)
 
     def _postprocess(self, step, reqs: list[Request], codes: np.ndarray) -> None:
         """codes[i] = the 16 codes of reqs[i]'s new frame: on eos the context finishes (a flushing one has

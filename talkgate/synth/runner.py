@@ -288,19 +288,6 @@ class Runner:
             self._wait(self.codes_done[step.buf])
         return self._prefill_first(step, self.codes_host[step.buf][:step.n].numpy())
 
-    def await_codes(self, step: Launched, meanwhile) -> None:
-        """Wait for a launched step's codes, calling meanwhile() until they are on the host (the engine process reads
-        its socket so, and may launch another step behind this one); on the CPU, where a launch has run when it
-        returns, once."""
-        event = self.codes_done[step.buf]
-        if event is None:
-            meanwhile()
-            return
-        t0 = time.perf_counter()
-        while not event.query():
-            meanwhile()
-        self.gpu_wait_s += time.perf_counter() - t0
-
     def audio_of(self, step: Launched) -> np.ndarray:
         """[rows, 1920] float32 PCM of a launched step (waits for it), prefill rows first. Valid until
         HOST_SETS more steps are launched."""
