@@ -10,7 +10,7 @@ from dataclasses import replace
 
 from aiohttp import web
 
-from talkgate.server import voices_http
+from talkgate.server import compat_ws, voices_http
 from talkgate.server.compat_ws import scope
 from talkgate.server.http_speech import respond, serve_speech
 from talkgate.sessions import cartesia, dashscope_http, deepgram, elevenlabs
@@ -112,7 +112,7 @@ async def dashscope_speech(request: web.Request) -> web.StreamResponse:
 
     def keep(wav: bytes) -> tuple[str, str, int]:
         audio_id, expires_at = gw.audio_files.put(wav)
-        return audio_id, f"{request.scheme}://{request.host}/api/v1/audio/{audio_id}.wav", expires_at
+        return audio_id, f"{request.scheme}://{request.host}{DASHSCOPE_AUDIO}{audio_id}.wav", expires_at
 
     async def make(body) -> dashscope_http.DashScopeSpeech:
         own = scope(request)
@@ -124,6 +124,9 @@ async def dashscope_speech(request: web.Request) -> web.StreamResponse:
     return await serve_speech(request, "dashscope", make, dashscope_http.http_error)
 
 
+DASHSCOPE_AUDIO = "/api/v1/audio/"          # a non-streamed DashScope answer's audio URL: DASHSCOPE_AUDIO + its id .wav
+
+
 async def dashscope_audio(request: web.Request) -> web.StreamResponse:
     """A non-streamed answer's WAV while its URL is valid; the id is the whole of the access rule (DashScope's URL
     is a signed one, fetched without a key)."""
@@ -131,6 +134,21 @@ async def dashscope_audio(request: web.Request) -> web.StreamResponse:
     if path is None:
         return respond(dashscope_http.http_error(404, "not_found", "no such audio, or its URL has expired"))
     return web.FileResponse(path, headers={"Content-Type": "audio/wav"})
+
+
+def error_for_path(path: str):
+    """The error function of the vendor API whose path this is (None: talkgate's own shape, OpenAI's): for the errors
+    answered before a route's handler runs (aiohttp's: a body it cannot decode, a method the route does not take)
+    and for a WebSocket route asked without an upgrade (its handler's HTTPBadRequest): server/errors.py."""
+    if path.startswith("/v1/text-to-speech/"):                  # ElevenLabs' HTTP and WebSocket routes
+        return elevenlabs.http_error
+    if path in ("/tts/bytes", "/tts/sse", compat_ws.CARTESIA):
+        return cartesia.http_error
+    if path in ("/v1/speak", compat_ws.DEEPGRAM_FLUX):            # /v1/speak: Deepgram's REST and WebSocket route
+        return deepgram.rest_error
+    if path in (dashscope_http.PATH, compat_ws.DASHSCOPE) or path.startswith(DASHSCOPE_AUDIO):
+        return dashscope_http.http_error
+    return None
 
 
 def add_routes(app: web.Application) -> None:
@@ -142,4 +160,5 @@ def add_routes(app: web.Application) -> None:
     app.router.add_post("/tts/sse", _cartesia(events=True))
     app.router.add_post("/v1/speak", deepgram_rest)
     app.router.add_post(dashscope_http.PATH, dashscope_speech)
-    app.router.add_get("/api/v1/audio/{name}", dashscope_audio)
+    app.router.add_get(DASHSCOPE_AUDIO + "{name}", dashscope_audio)
+    app["error_for_path"] = error_for_path

@@ -10,14 +10,12 @@ from aiohttp import web
 from talkgate.server.errors import ErrorResponse
 from talkgate.server.gateway import IDENTITY
 from talkgate.server.http_speech import respond
-from talkgate.sessions import deepgram_v2
-from talkgate.sessions.actions import dumps
+from talkgate.sessions import dashscope_http, deepgram_v2
 from talkgate.sessions.cartesia import CartesiaProtocol
 from talkgate.sessions.dashscope import DashScopeProtocol
 from talkgate.sessions.deepgram import DeepgramProtocol, rest_error
 from talkgate.sessions.elevenlabs import ElevenLabsProtocol
 from talkgate.sessions.fields import SessionError
-from talkgate.sessions.http import Respond
 from talkgate.sessions.native import NativeProtocol
 from talkgate.sessions.twilio import TwilioProtocol
 from talkgate.sessions.voices import VoiceScope
@@ -90,9 +88,7 @@ async def dashscope_ws(request: web.Request) -> web.StreamResponse:
     gw = request.app["gateway"]
     model = request.query.get("model", "")
     if not model:
-        return respond(Respond(400, "application/json", dumps({
-            "code": "InvalidParameter", "message": "model is required (?model=qwen-tts-realtime)",
-            "request_id": ""}).encode(), error="invalid_request"))
+        return respond(dashscope_http.http_error(400, "invalid_request", "model is required (?model=qwen-tts-realtime)"))
 
     def make(session_id, authenticate):
         own = scope(request)
@@ -114,11 +110,14 @@ async def twilio_ws(request: web.Request) -> web.StreamResponse:
     return await gw.serve_websocket(request, "twilio", make, first_message_auth=True)
 
 
+CARTESIA, DEEPGRAM_FLUX, DASHSCOPE = "/tts/websocket", "/v2/speak", "/api-ws/v1/realtime"     # the vendors' socket paths
+
+
 def add_routes(app: web.Application) -> None:
     app.router.add_get("/v1/text-to-speech/{voice_id}/stream-input", _elevenlabs(multi=False))
     app.router.add_get("/v1/text-to-speech/{voice_id}/multi-stream-input", _elevenlabs(multi=True))
-    app.router.add_get("/tts/websocket", cartesia_ws)
+    app.router.add_get(CARTESIA, cartesia_ws)
     app.router.add_get("/v1/speak", deepgram_ws)
-    app.router.add_get("/v2/speak", deepgram_v2_ws)
-    app.router.add_get("/api-ws/v1/realtime", dashscope_ws)
+    app.router.add_get(DEEPGRAM_FLUX, deepgram_v2_ws)
+    app.router.add_get(DASHSCOPE, dashscope_ws)
     app.router.add_get("/v1/twilio", twilio_ws)

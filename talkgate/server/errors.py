@@ -1,6 +1,7 @@
-"""Every HTTP error talkgate answers, in one shape (OpenAI's: sessions.http.error_body), counted in /metrics: the
-handlers' own (ErrorResponse), aiohttp's (404, 405, 413, ... through the errors_as_json middleware) and those
-aiohttp answers before any handler runs (AppRunner's request handler)."""
+"""Every HTTP error talkgate answers, counted in /metrics: the handlers' own (ErrorResponse), aiohttp's (404, 405,
+413, ... through the errors_as_json middleware) and those aiohttp answers before any handler runs (AppRunner's
+request handler). In talkgate's shape (OpenAI's: sessions.http.error_body), or on a vendor API's path in that API's
+own: the application's "error_for_path" (server/compat_http.py) names its error function."""
 from __future__ import annotations
 
 import logging
@@ -10,7 +11,7 @@ from typing import Callable
 from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 
-from talkgate.sessions.http import error_body
+from talkgate.sessions.http import Respond, error_body
 
 log = logging.getLogger("talkgate.server")
 
@@ -34,6 +35,23 @@ def _http_code(status: int) -> str:
     return HTTP_CODES.get(status, "client_error" if status < 500 else "server_error")
 
 
+ErrorFor = Callable[[str], "Callable[[int, str, str], Respond] | None"]
+
+
+def shaped_error(error_for_path: ErrorFor | None, path: str, status: int, message: str,
+                 headers=None) -> web.Response:
+    """An error of aiohttp's (status, message) in the shape of the API whose path it is, else ErrorResponse."""
+    code = _http_code(status)
+    shape = error_for_path(path) if error_for_path is not None else None
+    if shape is None:
+        return ErrorResponse(status, code, message, headers)
+    item = shape(status, code, message)
+    response = web.Response(status=item.status, body=item.body, content_type=item.content_type,
+                            headers={**dict(item.headers), **(headers or {})})
+    response.code = item.error or code
+    return response
+
+
 @web.middleware
 async def errors_as_json(request: web.Request, handler):
     """Every HTTP error as ErrorResponse, aiohttp's own (404, 405, 413, ...) included, counted in
@@ -47,7 +65,7 @@ async def errors_as_json(request: web.Request, handler):
             raise
         headers = {k: v for k, v in e.headers.items() if k in ("Allow", "Retry-After", "WWW-Authenticate")}
         message = e.text if e.text and not e.text.startswith(f"{e.status}:") else e.reason
-        response = ErrorResponse(e.status, _http_code(e.status), message, headers)
+        response = shaped_error(request.app.get("error_for_path"), request.path, e.status, message, headers)
     except ConnectionError:
         return web.Response(status=499, reason="Client Closed Request")
     except Exception:
@@ -70,16 +88,21 @@ class JsonErrorHandler(RequestHandler):
             self.log_debug("Bad request from %s: %s", request.remote, message or exc)
         if request.writer.output_size > 0:
             raise ConnectionError("the response had begun: no error response can follow")
-        response = ErrorResponse(status, _http_code(status), message or HTTPStatus(status).phrase)
+        try:
+            path = request.path
+        except Exception:                   # a request line aiohttp could not parse
+            path = ""
+        response = shaped_error(self._manager.error_for_path, path, status,
+                                message or HTTPStatus(status).phrase)
         response.force_close()
-        self._manager.count_error(_http_code(status))        # the JsonErrorServer that made this handler
+        self._manager.count_error(response.code)        # the JsonErrorServer that made this handler
         return response
 
 
 class JsonErrorServer(web.Server):
-    def __init__(self, *args, count_error: Callable[[str], None], **kwargs):
+    def __init__(self, *args, count_error: Callable[[str], None], error_for_path: ErrorFor | None = None, **kwargs):
         super().__init__(*args, **kwargs)
-        self.count_error = count_error
+        self.count_error, self.error_for_path = count_error, error_for_path
 
     def __call__(self) -> RequestHandler:
         return JsonErrorHandler(self, loop=self._loop, **self._kwargs)
@@ -91,4 +114,5 @@ class AppRunner(web.AppRunner):
     async def _make_server(self) -> web.Server:
         server = await super()._make_server()
         return JsonErrorServer(server.request_handler, request_factory=server.request_factory,
-                               loop=server._loop, count_error=self._app["gateway"].count_error, **server._kwargs)
+                               loop=server._loop, count_error=self._app["gateway"].count_error,
+                               error_for_path=self._app.get("error_for_path"), **server._kwargs)

@@ -232,9 +232,8 @@ def http_cases(slots: int, client_max: int) -> list[HttpRequest]:
     routes = [("GET", "/nope"), ("GET", "/v1/audio/speech"), ("PUT", "/v1/audio/speech"), ("POST", "/health"),
               ("PUT", "/metrics"), ("DELETE", "/v1/audio/voices"), ("POST", "/"), ("GET", "/web/nope.js"),
               ("GET", "/web/../server/app.py"), ("GET", "/v1/ws"), ("GET", "/v1/twilio"),
-              ("GET", "/v1/twilio?stream_sid=MZ1"), ("GET", "/v1/speak"), ("GET", "/tts/websocket"),
-              ("GET", "/v1/text-to-speech/ryan/stream-input"), ("GET", "/v1/text-to-speech/ryan/multi-stream-input"),
-              ("POST", "/v1/audio/speech/"), ("GET", "/%ff"), ("GET", "/v1/audio/voices/x")]
+              ("GET", "/v1/twilio?stream_sid=MZ1"), ("POST", "/v1/audio/speech/"), ("GET", "/%ff"),
+              ("GET", "/v1/audio/voices/x")]      # the vendors' routes: vendor_http.route_cases (their own shapes)
     out += [HttpRequest(f"{m} {p} (no such route, method or upgrade)", True, b"" if m == "GET" else raw, method=m, path=p)
             for m, p in routes]
     out += [HttpRequest(f"{m} {p}", False, b"", method=m, path=p)

@@ -18,8 +18,8 @@ from tests.fuzz.mutate import BIG, CONTROL_TOKENS, set_path
 from tests.fuzz.workers import HttpRequest, judge_http, judge_shapes, openai_error, send_http
 
 SERVED, REFUSED, EITHER = "served", "refused", "either"
-# refused by aiohttp's parser from the headers alone, before any route is known (Content-Encoding br without the
-# Brotli package): answered in talkgate's own shape (server/errors.py JsonErrorHandler), as every such request
+# refused by aiohttp's parser from the headers alone, before the request has a path (Content-Encoding br without
+# the Brotli package): answered in talkgate's own shape (server/errors.py JsonErrorHandler), as every such request
 BEFORE_ROUTING = "refused before routing"
 DASHSCOPE_PATH = "/api/v1/services/aigc/multimodal-generation/generation"
 NO_STORED_VOICE = "voice_0123456789abcdef"      # a stored voice's id, never stored: refused by the session
@@ -169,6 +169,27 @@ def endpoints() -> list[Endpoint]:
     return el + cartesia + [deepgram] + dashscope
 
 
+def route_cases() -> list[tuple[HttpRequest, object]]:
+    """(request, the vendor's error shape): each vendor route asked with a method it does not take, and each vendor
+    WebSocket route without an upgrade. aiohttp refuses them before the route's handler answers (server/errors.py):
+    still in the vendor's shape."""
+    body = json.dumps({"text": "Hello."}).encode()
+    routes = [(elevenlabs_error, "GET", "/v1/text-to-speech/ryan/stream"),
+              (elevenlabs_error, "PUT", "/v1/text-to-speech/ryan"),
+              (elevenlabs_error, "GET", "/v1/text-to-speech/ryan/stream-input"),
+              (elevenlabs_error, "GET", "/v1/text-to-speech/ryan/multi-stream-input"),
+              (elevenlabs_error, "POST", "/v1/text-to-speech/ryan/stream-input"),
+              (cartesia_error, "GET", "/tts/bytes"), (cartesia_error, "GET", "/tts/websocket"),
+              (cartesia_error, "DELETE", "/tts/sse"),
+              (deepgram_error, "GET", "/v1/speak"), (deepgram_error, "PUT", "/v1/speak"),
+              (deepgram_error, "GET", "/v2/speak"), (deepgram_error, "GET", "/v2/speak?model=flux-general-en"),
+              (dashscope_error, "GET", DASHSCOPE_PATH), (dashscope_error, "GET", "/api-ws/v1/realtime"),
+              (dashscope_error, "GET", "/api-ws/v1/realtime?model=qwen-tts-realtime"),
+              (dashscope_error, "POST", "/api/v1/audio/x.wav"), (dashscope_error, "GET", "/api/v1/audio/x.wav")]
+    return [(HttpRequest(f"{m} {p} (no such method, or no upgrade)", True, b"" if m == "GET" else body, method=m,
+                         path=p), shape) for shape, m, p in routes]
+
+
 def _raw(body: dict) -> bytes:
     return json.dumps(body).encode()
 
@@ -217,7 +238,9 @@ def cases(ep: Endpoint, max_chars: int, client_max: int) -> list[tuple[HttpReque
             (req(f"gzip body inflating past {client_max} bytes", gzip.compress(_raw(set_path(
                 ep.valid, ep.text, "x" * (client_max + 10)))), gz), REFUSED),
             (req(f"a body of {client_max + 1} bytes", raw[:-1] + b" " * client_max + b"}"), REFUSED),
-            (req("charset=bogus", raw, {"Content-Type": "application/json; charset=bogus"}), REFUSED)]
+            (req("charset=bogus", raw, {"Content-Type": "application/json; charset=bogus"}), REFUSED),
+            # aiohttp's 405, before the route's handler: in the route's shape too (server/errors.py)
+            (HttpRequest("PUT on the route", False, raw, method="PUT", path=ep.path, headers=ep.headers), REFUSED)]
     if ep.first:        # what makes audio: once per vendor
         out += [(req(f"{'.'.join(w)} = {json.dumps(v)[:40]}", _raw(set_path(ep.valid, w, v))), EITHER)
                 for w, v in ep.maybe]

@@ -231,7 +231,8 @@ def test_http_mutation_fuzz(guarded_server):
 def test_http_adversarial_requests_and_routes(guarded_server):
     """The HTTP inputs issue 21 lists (a lone surrogate in `input` more times than there are engine
     slots, then a valid request; deep JSON, bad charset, bad gzip, oversized bodies; every route with the
-    wrong method, and the WebSocket routes without an upgrade): 4xx JSON of one shape, no slot held."""
+    wrong method, and the WebSocket routes without an upgrade): 4xx JSON of one shape, no slot held; on the
+    vendors' routes, of that vendor's shape."""
     camp = guarded_server
 
     async def body(phase):
@@ -243,7 +244,13 @@ def test_http_adversarial_requests_and_routes(guarded_server):
                 phase.counts["http cases"] += 1
                 if req.what == "a valid request after them" and status != 200:
                     phase.fail("slots held", f"a valid request after the surrogate requests: {status} {data[:120]!r}")
-        workers.judge_shapes(phase, shapes)
+            vendors: dict = {}                              # each vendor's error keys, apart
+            for req, shape in vendor_http.route_cases():
+                status, ctype, data = await workers.send_http(s, camp.server.url, req, camp.auth_headers)
+                workers.judge_http(req, status, ctype, data, phase, vendors.setdefault(shape, {}), shape)
+                phase.counts["http cases"] += 1
+        for each in (shapes, *vendors.values()):
+            workers.judge_shapes(phase, each)
         await cases.malformed_http(camp, phase)
 
     phase = run_phase(camp, "HTTP adversarial", body)

@@ -332,3 +332,30 @@ def test_a_body_over_the_limit_is_refused_in_each_apis_shape(route, shape, code)
     answer = errors[route](e.status, e.code, e.message)
     assert (answer.status, shape(json.loads(answer.body))) == (413, code)
     assert "100 bytes" in e.message
+
+
+@pytest.mark.parametrize("path, shape, code", [
+    ("/v1/text-to-speech/ryan/stream", lambda d: d["detail"]["status"], "bad_request"),
+    ("/tts/sse", lambda d: d["error_code"], "bad_request"), ("/v1/speak", lambda d: d["err_code"], "bad_request"),
+    ("/api/v1/services/aigc/multimodal-generation/generation", lambda d: d["code"], "InvalidParameter"),
+    ("/v1/audio/speech", lambda d: d["error"]["code"], "bad_request"), ("/nowhere", lambda d: d["error"]["code"],
+                                                                        "bad_request"),
+    # the vendors' WebSocket routes (asked without an upgrade) and DashScope's audio files; Twilio's and the native
+    # socket are talkgate's own
+    ("/v1/text-to-speech/ryan/multi-stream-input", lambda d: d["detail"]["status"], "bad_request"),
+    ("/tts/websocket", lambda d: d["error_code"], "bad_request"), ("/v2/speak", lambda d: d["err_code"], "bad_request"),
+    ("/api-ws/v1/realtime", lambda d: d["code"], "InvalidParameter"),
+    ("/api/v1/audio/x.wav", lambda d: d["code"], "InvalidParameter"),
+    ("/v1/twilio", lambda d: d["error"]["code"], "bad_request"), ("/v1/ws", lambda d: d["error"]["code"], "bad_request")])
+def test_errors_before_a_handler_runs_are_in_the_shape_of_the_api_whose_path_it_is(path, shape, code):
+    """aiohttp's own refusals (a body it cannot decode, say Content-Encoding br without Brotli; a method the route
+    does not take; a WebSocket route asked without an upgrade) come before the handler's own answers: on a vendor
+    API's path they are in that API's shape, elsewhere in talkgate's (OpenAI's); the headers aiohttp gives (Allow) are
+    kept."""
+    from talkgate.server.compat_http import error_for_path
+    from talkgate.server.errors import shaped_error
+
+    answer = shaped_error(error_for_path, path, 400, "Can not decode content-encoding: br", {"Allow": "POST"})
+    assert answer.status == 400 and answer.headers["Allow"] == "POST"
+    assert shape(json.loads(answer.body)) == code
+    assert answer.code in (code, "bad_request")
