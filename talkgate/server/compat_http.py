@@ -139,7 +139,8 @@ async def dashscope_audio(request: web.Request) -> web.StreamResponse:
 def error_for_path(path: str):
     """The error function of the vendor API whose path this is (None: talkgate's own shape, OpenAI's): for the errors
     answered before a route's handler runs (aiohttp's: a body it cannot decode, a method the route does not take)
-    and for a WebSocket route asked without an upgrade (its handler's HTTPBadRequest): server/errors.py."""
+    and for a WebSocket route asked without an upgrade (its handler's HTTPBadRequest); the voice APIs' paths too
+    (voices_http.error_for_path): server/errors.py."""
     if path.startswith("/v1/text-to-speech/"):                  # ElevenLabs' HTTP and WebSocket routes
         return elevenlabs.http_error
     if path in ("/tts/bytes", "/tts/sse", compat_ws.CARTESIA):
@@ -148,7 +149,7 @@ def error_for_path(path: str):
         return deepgram.rest_error
     if path in (dashscope_http.PATH, compat_ws.DASHSCOPE) or path.startswith(DASHSCOPE_AUDIO):
         return dashscope_http.http_error
-    return None
+    return voices_http.error_for_path(path)
 
 
 def add_routes(app: web.Application) -> None:

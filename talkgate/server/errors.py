@@ -35,7 +35,7 @@ def _http_code(status: int) -> str:
     return HTTP_CODES.get(status, "client_error" if status < 500 else "server_error")
 
 
-ErrorFor = Callable[[str], "Callable[[int, str, str], Respond] | None"]
+ErrorFor = Callable[[str], "Callable[[int, str, str], Respond | web.Response] | None"]
 
 
 def shaped_error(error_for_path: ErrorFor | None, path: str, status: int, message: str,
@@ -46,6 +46,9 @@ def shaped_error(error_for_path: ErrorFor | None, path: str, status: int, messag
     if shape is None:
         return ErrorResponse(status, code, message, headers)
     item = shape(status, code, message)
+    if isinstance(item, web.Response):                  # the voice APIs' error functions answer so (voices_http.py)
+        item.headers.update(headers or {})
+        return item
     response = web.Response(status=item.status, body=item.body, content_type=item.content_type,
                             headers={**dict(item.headers), **(headers or {})})
     response.code = item.error or code

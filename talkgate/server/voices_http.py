@@ -502,6 +502,16 @@ def _route(handler, error):
     return route
 
 
+def error_for_path(path: str):
+    """The error function of the vendor voice API whose path this is (None: not a vendor's voice route), for the
+    errors aiohttp answers before a route's handler (server/errors.py)."""
+    if any(path == p or path.startswith(p + "/") for p in ("/v1/voices", "/v2/voices")):
+        return _elevenlabs_error
+    if path == "/voices" or path.startswith("/voices/"):
+        return _cartesia_error
+    return None
+
+
 def add_routes(app: web.Application) -> None:
     r = app.router
     for method, path, handler, error in (

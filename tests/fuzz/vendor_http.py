@@ -46,6 +46,14 @@ def cartesia_error(doc, status: int) -> str | None:
     return None
 
 
+def cartesia_voice_error(doc, status: int) -> str | None:
+    """Cartesia's voice API error: {"title", "message", "error_code", "status_code"}, its HTTP status as status_code."""
+    if _keys(doc, {"title", "message", "error_code", "status_code"}, ("title", "message", "error_code")) \
+            and doc["status_code"] == status:
+        return doc["error_code"]
+    return None
+
+
 def deepgram_error(doc, status: int) -> str | None:
     """{"err_code", "err_msg", "request_id"}, every one a string."""
     want = ("err_code", "err_msg", "request_id")
@@ -170,9 +178,9 @@ def endpoints() -> list[Endpoint]:
 
 
 def route_cases() -> list[tuple[HttpRequest, object]]:
-    """(request, the vendor's error shape): each vendor route asked with a method it does not take, and each vendor
-    WebSocket route without an upgrade. aiohttp refuses them before the route's handler answers (server/errors.py):
-    still in the vendor's shape."""
+    """(request, the vendor's error shape): each vendor route (speech and voices) asked with a method it does not
+    take, and each vendor WebSocket route without an upgrade. aiohttp refuses them before the route's handler
+    answers (server/errors.py): still in the vendor's shape."""
     body = json.dumps({"text": "Hello."}).encode()
     routes = [(elevenlabs_error, "GET", "/v1/text-to-speech/ryan/stream"),
               (elevenlabs_error, "PUT", "/v1/text-to-speech/ryan"),
@@ -185,7 +193,11 @@ def route_cases() -> list[tuple[HttpRequest, object]]:
               (deepgram_error, "GET", "/v2/speak"), (deepgram_error, "GET", "/v2/speak?model=flux-general-en"),
               (dashscope_error, "GET", DASHSCOPE_PATH), (dashscope_error, "GET", "/api-ws/v1/realtime"),
               (dashscope_error, "GET", "/api-ws/v1/realtime?model=qwen-tts-realtime"),
-              (dashscope_error, "POST", "/api/v1/audio/x.wav"), (dashscope_error, "GET", "/api/v1/audio/x.wav")]
+              (dashscope_error, "POST", "/api/v1/audio/x.wav"), (dashscope_error, "GET", "/api/v1/audio/x.wav"),
+              # the voice APIs
+              (elevenlabs_error, "PUT", "/v1/voices"), (elevenlabs_error, "GET", "/v1/voices/add"),
+              (elevenlabs_error, "POST", "/v2/voices"), (cartesia_voice_error, "PUT", "/voices"),
+              (cartesia_voice_error, "POST", "/voices/x")]
     return [(HttpRequest(f"{m} {p} (no such method, or no upgrade)", True, b"" if m == "GET" else body, method=m,
                          path=p), shape) for shape, m, p in routes]
 

@@ -346,7 +346,13 @@ def test_a_body_over_the_limit_is_refused_in_each_apis_shape(route, shape, code)
     ("/tts/websocket", lambda d: d["error_code"], "bad_request"), ("/v2/speak", lambda d: d["err_code"], "bad_request"),
     ("/api-ws/v1/realtime", lambda d: d["code"], "InvalidParameter"),
     ("/api/v1/audio/x.wav", lambda d: d["code"], "InvalidParameter"),
-    ("/v1/twilio", lambda d: d["error"]["code"], "bad_request"), ("/v1/ws", lambda d: d["error"]["code"], "bad_request")])
+    ("/v1/twilio", lambda d: d["error"]["code"], "bad_request"), ("/v1/ws", lambda d: d["error"]["code"], "bad_request"),
+    # the voice APIs: ElevenLabs' and Cartesia's voice routes in their shapes, OpenAI's in talkgate's
+    ("/v1/voices/add", lambda d: d["detail"]["status"], "bad_request"),
+    ("/v2/voices", lambda d: d["detail"]["status"], "bad_request"),
+    ("/voices/clone", lambda d: (d["error_code"], d["title"]), ("bad_request", "Bad request")),
+    ("/v1/audio/voices", lambda d: d["error"]["code"], "bad_request"),
+    ("/v1/voicesx", lambda d: d["error"]["code"], "bad_request")])
 def test_errors_before_a_handler_runs_are_in_the_shape_of_the_api_whose_path_it_is(path, shape, code):
     """aiohttp's own refusals (a body it cannot decode, say Content-Encoding br without Brotli; a method the route
     does not take; a WebSocket route asked without an upgrade) come before the handler's own answers: on a vendor
