@@ -10,8 +10,9 @@ from dataclasses import replace
 
 from aiohttp import web
 
-from talkgate.server import compat_ws, voices_http
+from talkgate.server import voices_http
 from talkgate.server.compat_ws import scope
+from talkgate.server.errors import add_route
 from talkgate.server.http_speech import respond, serve_speech
 from talkgate.sessions import cartesia, dashscope_http, deepgram, elevenlabs
 from talkgate.sessions.voices import ISO_LANGUAGES
@@ -136,30 +137,14 @@ async def dashscope_audio(request: web.Request) -> web.StreamResponse:
     return web.FileResponse(path, headers={"Content-Type": "audio/wav"})
 
 
-def error_for_path(path: str):
-    """The error function of the vendor API whose path this is (None: talkgate's own shape, OpenAI's): for the errors
-    answered before a route's handler runs (aiohttp's: a body it cannot decode, a method the route does not take)
-    and for a WebSocket route asked without an upgrade (its handler's HTTPBadRequest); the voice APIs' paths too
-    (voices_http.error_for_path): server/errors.py."""
-    if path.startswith("/v1/text-to-speech/"):                  # ElevenLabs' HTTP and WebSocket routes
-        return elevenlabs.http_error
-    if path in ("/tts/bytes", "/tts/sse", compat_ws.CARTESIA):
-        return cartesia.http_error
-    if path in ("/v1/speak", compat_ws.DEEPGRAM_FLUX):            # /v1/speak: Deepgram's REST and WebSocket route
-        return deepgram.rest_error
-    if path in (dashscope_http.PATH, compat_ws.DASHSCOPE) or path.startswith(DASHSCOPE_AUDIO):
-        return dashscope_http.http_error
-    return voices_http.error_for_path(path)
-
-
 def add_routes(app: web.Application) -> None:
     for path, timestamps, streamed in (("", False, True), ("/stream", False, True),
                                        ("/with-timestamps", True, False), ("/stream/with-timestamps", True, True)):
-        app.router.add_post(f"/v1/text-to-speech/{{voice_id}}{path}", _elevenlabs(timestamps, streamed))
+        add_route(app, "POST", f"/v1/text-to-speech/{{voice_id}}{path}", _elevenlabs(timestamps, streamed),
+                  elevenlabs.http_error)
     app.router.add_get("/v1/models", models)
-    app.router.add_post("/tts/bytes", _cartesia(events=False))
-    app.router.add_post("/tts/sse", _cartesia(events=True))
-    app.router.add_post("/v1/speak", deepgram_rest)
-    app.router.add_post(dashscope_http.PATH, dashscope_speech)
-    app.router.add_get(DASHSCOPE_AUDIO + "{name}", dashscope_audio)
-    app["error_for_path"] = error_for_path
+    add_route(app, "POST", "/tts/bytes", _cartesia(events=False), cartesia.http_error)
+    add_route(app, "POST", "/tts/sse", _cartesia(events=True), cartesia.http_error)
+    add_route(app, "POST", "/v1/speak", deepgram_rest, deepgram.rest_error)
+    add_route(app, "POST", dashscope_http.PATH, dashscope_speech, dashscope_http.http_error)
+    add_route(app, "GET", DASHSCOPE_AUDIO + "{name}", dashscope_audio, dashscope_http.http_error)

@@ -7,14 +7,14 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from talkgate.server.errors import ErrorResponse
+from talkgate.server.errors import ErrorResponse, add_route
 from talkgate.server.gateway import IDENTITY
 from talkgate.server.http_speech import respond
 from talkgate.sessions import dashscope_http, deepgram_v2
-from talkgate.sessions.cartesia import CartesiaProtocol
+from talkgate.sessions.cartesia import CartesiaProtocol, http_error as cartesia_error
 from talkgate.sessions.dashscope import DashScopeProtocol
 from talkgate.sessions.deepgram import DeepgramProtocol, rest_error
-from talkgate.sessions.elevenlabs import ElevenLabsProtocol
+from talkgate.sessions.elevenlabs import ElevenLabsProtocol, http_error as elevenlabs_error
 from talkgate.sessions.fields import SessionError
 from talkgate.sessions.native import NativeProtocol
 from talkgate.sessions.twilio import TwilioProtocol
@@ -110,14 +110,12 @@ async def twilio_ws(request: web.Request) -> web.StreamResponse:
     return await gw.serve_websocket(request, "twilio", make, first_message_auth=True)
 
 
-CARTESIA, DEEPGRAM_FLUX, DASHSCOPE = "/tts/websocket", "/v2/speak", "/api-ws/v1/realtime"     # the vendors' socket paths
-
-
 def add_routes(app: web.Application) -> None:
-    app.router.add_get("/v1/text-to-speech/{voice_id}/stream-input", _elevenlabs(multi=False))
-    app.router.add_get("/v1/text-to-speech/{voice_id}/multi-stream-input", _elevenlabs(multi=True))
-    app.router.add_get(CARTESIA, cartesia_ws)
-    app.router.add_get("/v1/speak", deepgram_ws)
-    app.router.add_get(DEEPGRAM_FLUX, deepgram_v2_ws)
-    app.router.add_get(DASHSCOPE, dashscope_ws)
+    add_route(app, "GET", "/v1/text-to-speech/{voice_id}/stream-input", _elevenlabs(multi=False), elevenlabs_error)
+    add_route(app, "GET", "/v1/text-to-speech/{voice_id}/multi-stream-input", _elevenlabs(multi=True),
+              elevenlabs_error)
+    add_route(app, "GET", "/tts/websocket", cartesia_ws, cartesia_error)
+    add_route(app, "GET", "/v1/speak", deepgram_ws, rest_error)
+    add_route(app, "GET", "/v2/speak", deepgram_v2_ws, rest_error)
+    add_route(app, "GET", "/api-ws/v1/realtime", dashscope_ws, dashscope_http.http_error)
     app.router.add_get("/v1/twilio", twilio_ws)

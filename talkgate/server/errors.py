@@ -1,7 +1,7 @@
 """Every HTTP error talkgate answers, counted in /metrics: the handlers' own (ErrorResponse), aiohttp's (404, 405,
 413, ... through the errors_as_json middleware) and those aiohttp answers before any handler runs (AppRunner's
-request handler). In talkgate's shape (OpenAI's: sessions.http.error_body), or on a vendor API's path in that API's
-own: the application's "error_for_path" (server/compat_http.py) names its error function."""
+request handler). In talkgate's shape (OpenAI's: sessions.http.error_body), or on a vendor API's route in that API's
+own: its error function, given where the route is added (add_route)."""
 from __future__ import annotations
 
 import logging
@@ -36,6 +36,25 @@ def _http_code(status: int) -> str:
 
 
 ErrorFor = Callable[[str], "Callable[[int, str, str], Respond | web.Response] | None"]
+ROUTE_ERRORS = web.AppKey("route_errors", list)     # the app's [(path, its part before any {variable}, error function)]
+
+
+def add_route(app: web.Application, method: str, path: str, handler, error) -> None:
+    """A route whose refusals aiohttp answers before the handler does (a method it does not take; for a path with a
+    {variable}, also any path under the part before it) are in the shape of `error(status, code, message)`, the
+    error function of the API it belongs to, as the handler's own."""
+    app.router.add_route(method, path, handler)
+    app.setdefault(ROUTE_ERRORS, []).append((path, path.split("{")[0] if "{" in path else None, error))
+
+
+def error_for(app: web.Application) -> ErrorFor:
+    """path -> the error function of the route (add_route) it falls under, None: talkgate's own shape."""
+    routes = app.get(ROUTE_ERRORS, ())
+
+    def error_for_path(path: str):
+        return next((error for exact, under, error in routes
+                     if path == exact or (under is not None and path.startswith(under))), None)
+    return error_for_path
 
 
 def shaped_error(error_for_path: ErrorFor | None, path: str, status: int, message: str,
@@ -68,7 +87,7 @@ async def errors_as_json(request: web.Request, handler):
             raise
         headers = {k: v for k, v in e.headers.items() if k in ("Allow", "Retry-After", "WWW-Authenticate")}
         message = e.text if e.text and not e.text.startswith(f"{e.status}:") else e.reason
-        response = shaped_error(request.app.get("error_for_path"), request.path, e.status, message, headers)
+        response = shaped_error(error_for(request.app), request.path, e.status, message, headers)
     except ConnectionError:
         return web.Response(status=499, reason="Client Closed Request")
     except Exception:
@@ -118,4 +137,4 @@ class AppRunner(web.AppRunner):
         server = await super()._make_server()
         return JsonErrorServer(server.request_handler, request_factory=server.request_factory,
                                loop=server._loop, count_error=self._app["gateway"].count_error,
-                               error_for_path=self._app.get("error_for_path"), **server._kwargs)
+                               error_for_path=error_for(self._app), **server._kwargs)

@@ -36,7 +36,7 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.web_protocol import RequestPayloadError
 
-from talkgate.server.errors import ErrorResponse
+from talkgate.server.errors import ErrorResponse, add_route
 from talkgate.server.gateway import IDENTITY
 from talkgate.server.keys import Identity
 from talkgate.server.voice_store import StoredVoice, StoreError
@@ -502,18 +502,7 @@ def _route(handler, error):
     return route
 
 
-def error_for_path(path: str):
-    """The error function of the vendor voice API whose path this is (None: not a vendor's voice route), for the
-    errors aiohttp answers before a route's handler (server/errors.py)."""
-    if any(path == p or path.startswith(p + "/") for p in ("/v1/voices", "/v2/voices")):
-        return _elevenlabs_error
-    if path == "/voices" or path.startswith("/voices/"):
-        return _cartesia_error
-    return None
-
-
 def add_routes(app: web.Application) -> None:
-    r = app.router
     for method, path, handler, error in (
             ("POST", "/v1/audio/voices", _openai_create, _openai_error),
             ("GET", "/v1/audio/voices", _openai_list, _openai_error),
@@ -528,7 +517,7 @@ def add_routes(app: web.Application) -> None:
             ("GET", "/voices", _cartesia_list, _cartesia_error),
             ("GET", "/voices/{voice_id}", _cartesia_get, _cartesia_error),
             ("DELETE", "/voices/{voice_id}", _cartesia_delete, _cartesia_error)):
-        r.add_route(method, path, _route(handler, error))
+        add_route(app, method, path, _route(handler, error), error)
 
 
 # Deepgram's `GET /v1/models` (the path is ElevenLabs' model list too: server/compat_http.py's `models` chooses)

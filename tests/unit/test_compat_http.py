@@ -358,10 +358,15 @@ def test_errors_before_a_handler_runs_are_in_the_shape_of_the_api_whose_path_it_
     does not take; a WebSocket route asked without an upgrade) come before the handler's own answers: on a vendor
     API's path they are in that API's shape, elsewhere in talkgate's (OpenAI's); the headers aiohttp gives (Allow) are
     kept."""
-    from talkgate.server.compat_http import error_for_path
-    from talkgate.server.errors import shaped_error
+    from aiohttp import web
 
-    answer = shaped_error(error_for_path, path, 400, "Can not decode content-encoding: br", {"Allow": "POST"})
+    from talkgate.server import compat_http, compat_ws, voices_http
+    from talkgate.server.errors import error_for, shaped_error
+
+    app = web.Application()
+    for module in (compat_http, compat_ws, voices_http):
+        module.add_routes(app)
+    answer = shaped_error(error_for(app), path, 400, "Can not decode content-encoding: br", {"Allow": "POST"})
     assert answer.status == 400 and answer.headers["Allow"] == "POST"
     assert shape(json.loads(answer.body)) == code
     assert answer.code in (code, "bad_request")
