@@ -17,7 +17,6 @@ before=$tree/.e2e/before
 export TALKGATE_CACHE=/tmp/tgc-first
 LOAD_TIMEOUT_S=200
 part=${PART:-all}
-pack() { tar czf "$res.tgz" -C "$(dirname "$res")" "$(basename "$res")"; }
 
 probe() {   # probe NAME ARGS...: bench.persistent_mps, its JSON line into progress
   timeout 900 python3 -m bench.persistent_mps --json "$res/probe-$1.json" "${@:2}" > "$res/probe-$1.txt" 2>&1
@@ -33,7 +32,6 @@ mps_daemon() {  # mps_daemon start|stop: a daemon of this script's own for the p
   fi
   [ "$1" = stop ] && unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
 }
-gone() { for _ in $(seq 120); do kill -0 "$1" 2>/dev/null || return 0; sleep 0.5; done; }
 
 if [ "$part" != ab ]; then
   log "probe: one process alone, then three MPS clients (cooperative grids)"
@@ -49,14 +47,6 @@ if [ "$part" != probe ]; then
   checkpoints custom_voice base voice_design
   three="--model cv=/tmp/ck-1.7b-custom_voice --model clone=/tmp/ck-1.7b-base --model design=/tmp/ck-1.7b-voice_design"
   DESIGN="A warm, calm female voice, middle-aged, speaking slowly and clearly."
-  traced() {  # traced NAME ARGS...: an OpenAI HTTP PCM load traced into trace-NAME.jsonl, then its budget
-    local name=$1; shift
-    : > "$res/trace.jsonl"
-    load 8081 "$name" --protocol openai --lang en "$@"
-    cp "$res/trace.jsonl" "$res/trace-$name.jsonl"
-    python3 -m bench.latency_trace "$res/trace-$name.jsonl" > "$res/budget-$name.txt" 2>&1
-    grep -E "total" "$res/budget-$name.txt" | sed "s/^/$name /" | tee -a "$res/progress"
-  }
   for which in before after; do
     dir=$tree; [ $which = before ] && dir=$before
     # the server from its tree (python -m puts the working folder first on the path); the client is this tree's
@@ -64,9 +54,9 @@ if [ "$part" != probe ]; then
       --trace-latency "$res/trace.jsonl")
     for rate in ${RATES:-1 20 100 135}; do
       case $rate in
-        1) traced "$which-rps1" --rps 1 --duration 40 --processes 1 ;;
-        20) traced "$which-rps20" --rps 20 --duration 30 --processes 2 ;;
-        *) traced "$which-rps$rate" --rps "$rate" --duration 20 --processes 4 ;;
+        1) traced "$which-rps1" --protocol openai --lang en --rps 1 --duration 40 --processes 1 ;;
+        20) traced "$which-rps20" --protocol openai --lang en --rps 20 --duration 30 --processes 2 ;;
+        *) traced "$which-rps$rate" --protocol openai --lang en --rps "$rate" --duration 20 --processes 4 ;;
       esac
     done
     kill -TERM "$(cat "$res/$which-one.pid")"; gone "$(cat "$res/$which-one.pid")"

@@ -17,15 +17,6 @@ export TALKGATE_CACHE=/tmp/tgc
 LOAD_TIMEOUT_S=200
 checkpoints custom_voice base voice_design
 
-traced() {  # traced NAME ARGS...: a load whose requests' traces go to trace-NAME.jsonl, then its budget
-  local name=$1; shift
-  : > "$res/trace.jsonl"
-  load 8081 "$name" "$@"
-  cp "$res/trace.jsonl" "$res/trace-$name.jsonl"
-  python3 -m bench.latency_trace "$res/trace-$name.jsonl" > "$res/budget-$name.txt" 2>&1
-  grep -E "total|text wait" "$res/budget-$name.txt" | sed "s/^/$name /" | tee -a "$res/progress"
-}
-
 part=${PART:-all}      # opus-share: the native Opus and Chinese loads, then three models sized by the memory share
 start one 8081 -- --model /tmp/ck-1.7b-custom_voice --trace-latency "$res/trace.jsonl"
 if [ "$part" = all ]; then

@@ -6,6 +6,10 @@
 #   load PORT DIR ARGS...                        talkgate bench (English medium texts), its own CPU time beside it
 #   checkpoints VARIANT...                       random-weight 1.7B checkpoints in /tmp/ck-1.7b-VARIANT
 #   clone_voice PORT NAME                        a voice cloned from a made-up 6 s sample
+#   traced NAME ARGS...                          load on port 8081 of a server started with --trace-latency
+#                                                $res/trace.jsonl; its requests' traces and stage budget kept
+#   gone PID                                     wait (up to 60 s) for a process to end
+#   pack                                         $res as $res.tgz (a poll call copies it to $OUT)
 set -uo pipefail
 out=${OUT:-/tmp/out}; res=${RES:-/tmp/res-$BENCH}; rm -rf "$res"; mkdir -p "$out" "$res"
 tree=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -62,3 +66,16 @@ PY
     > "$res/clone.json"
   log "cloned: $(cut -c1-160 "$res/clone.json")"
 }
+
+traced() {
+  local name=$1; shift
+  : > "$res/trace.jsonl"
+  load 8081 "$name" "$@"
+  cp "$res/trace.jsonl" "$res/trace-$name.jsonl"
+  python3 -m bench.latency_trace "$res/trace-$name.jsonl" > "$res/budget-$name.txt" 2>&1
+  grep -E "total|text wait" "$res/budget-$name.txt" | sed "s/^/$name /" | tee -a "$res/progress"
+}
+
+gone() { for _ in $(seq 120); do kill -0 "$1" 2>/dev/null || return 0; sleep 0.5; done; }
+
+pack() { tar czf "$res.tgz" -C "$(dirname "$res")" "$(basename "$res")"; }

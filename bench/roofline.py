@@ -142,10 +142,14 @@ def talker_work(cfg, B: int, position: int, prec: str, nbytes: int) -> Work:
 
 
 def prefill_work(cfg, rows: int, T: int, prec: str, nbytes: int) -> Work:
-    """The prefill graph: `rows` new contexts of T positions (padded) through the Talker, attention within
-    the T positions (the full square), every position's K/V written."""
-    d = cfg.talker.dims
-    return qwen3_layers(d, rows * T, rows * T * T, 0, rows * T, prec, nbytes) + Work({}, d.hidden_size * nbytes)
+    """The prefill graph: the text ids of `rows` new contexts of T positions (padded) embedded (the text
+    projection at every position), then through the Talker, attention within the T positions (the full square),
+    every position's K/V written."""
+    t = cfg.talker
+    d, th = t.dims, t.text_hidden_size
+    text = (Work({}, 0, 0, rows * T * th * nbytes) + matmul(rows * T, th, th, prec, nbytes, nbytes)
+            + matmul(rows * T, th, d.hidden_size, prec, nbytes, nbytes))
+    return text + qwen3_layers(d, rows * T, rows * T * T, 0, rows * T, prec, nbytes) + Work({}, d.hidden_size * nbytes)
 
 
 def predictor_pairs(groups: int) -> int:
@@ -372,7 +376,7 @@ def time_parts(engine, B: int, prompt_len: int, prefill_len: int, reps: int) -> 
         r.inputs[3, :B] = FRAMES
         r.dec_state.pos[:B] = FRAMES
         r.min_frames[:B] = 1 << 40               # no eos: every row makes a frame, as mid-utterance
-        r.pre_idx[0, 0], r.pre_idx[1, 0] = B, prompt_len - 1     # the prefill's new context in slot B
+        r.pre_in[0, 0], r.pre_in[0, 1] = B, prompt_len - 1       # the prefill's new context in slot B
         fns = {}
         if cuda and ("codes", B) not in r.graphs:
             print(f"batch {B} is not a captured bucket ({r.buckets[:6]}..., multiples of 16): its parts run eagerly",

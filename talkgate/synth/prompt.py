@@ -94,7 +94,7 @@ class Prompts:
         self.voices = tuple(t.speakers)
         self.languages = ("auto",) + tuple(name for name in t.languages if "dialect" not in name)
         self.role_ids = (config.im_start, tokenizer.token_id("assistant"), tokenizer.encode("\n")[0])
-        self._cache: OrderedDict[tuple, tuple[torch.Tensor, torch.Tensor]] = OrderedDict()
+        self._cache: OrderedDict[tuple, torch.Tensor] = OrderedDict()
         self._cached_positions = 0
 
     def resolve(self, params: ContextParams) -> Prompt:
@@ -203,21 +203,29 @@ class Prompts:
     def prefills(self, items: list[tuple[Prompt, Sequence[int]]],
                  role_ids: tuple[int, ...] | None = None) -> list[torch.Tensor]:
         """prefill of several (prompt, track): their text ids embedded in one call (the engine thread's
-        cost is per call, not per id)."""
-        parts, ids = [], []
+        cost is per call, not per id). The engine's runner does the same inside its prefill graph: base(), with
+        text_part()'s ids embedded and added at their positions."""
+        bases, parts, ids = [], [], []
         for prompt, track in items:
-            if len(track) != prompt.text_positions:
-                raise ValueError(f"the prefill takes {prompt.text_positions} text track ids, got {len(track)}")
-            prefix, tail = self._embeddings(prompt, role_ids or self.role_ids)
-            n = min(len(prompt.ref_text_ids), len(track))     # reference text: already in the cached tail
-            parts.append((prefix, tail, n, len(track) - n))
-            ids += track[n:]
-        text = self.talker.embed_text(self._ids(ids))[0]            # [sum of m, H]
+            base = self.base(prompt, role_ids)
+            at, text = self.text_part(prompt, track)
+            bases.append(base)
+            parts.append((at, len(text)))
+            ids += text
+        text = self.talker.embed_text(self._ids(ids))[0]              # [sum of m, H]
         out, k = [], 0
-        for prefix, tail, n, m in parts:                              # tail[n:] has m rows
-            out.append(torch.cat([prefix, tail[:n], tail[n:] + text[k:k + m]]))
+        for base, (at, m) in zip(bases, parts):
+            out.append(torch.cat([base[:at], base[at:] + text[k:k + m]]))
             k += m
         return out
+
+    def text_part(self, prompt: Prompt, track: Sequence[int]) -> tuple[int, Sequence[int]]:
+        """(position, ids): the track's ids after its reference text's, which the prefill adds, embedded, to
+        base(prompt) from that position to its end (the reference text's are in base already)."""
+        if len(track) != prompt.text_positions:
+            raise ValueError(f"the prefill takes {prompt.text_positions} text track ids, got {len(track)}")
+        text = track[min(len(prompt.ref_text_ids), len(track)):]
+        return prompt.length - len(text), text
 
     def _ids(self, values) -> torch.Tensor:
         # queued, not waited for: a prefill runs on the engine thread while the GPU works on the step before
@@ -231,9 +239,11 @@ class Prompts:
         parts += [self.predictor.codec_embedding[g](codes[:, g + 1]) for g in range(codes.shape[1] - 1)]
         return torch.stack(parts, dim=1).sum(1)
 
-    def _embeddings(self, prompt: Prompt, role_ids: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
-        """([positions before the text positions, H], [text_positions, H] codec parts, plus the reference
-        text's embeddings at its positions), kept for the last prompts."""
+    def base(self, prompt: Prompt, role_ids: tuple[int, ...] | None = None) -> torch.Tensor:
+        """[prompt.length, H] the prompt's Talker input embeddings but for its text ids (text_part): instructions,
+        role, the codec prefix, then the text positions' codec parts with the reference text's embeddings added at
+        theirs; kept for the last prompts."""
+        role_ids = role_ids or self.role_ids
         key = (prompt, role_ids)
         hit = self._cache.get(key)
         if hit is not None:
@@ -259,7 +269,7 @@ class Prompts:
         n = min(len(prompt.ref_text_ids), tail.shape[0])
         if n:
             tail = torch.cat([tail[:n] + talker.embed_text(self._ids(prompt.ref_text_ids[:n]))[0], tail[n:]])
-        hit = self._cache[key] = (torch.cat(parts), tail)
+        hit = self._cache[key] = torch.cat([*parts, tail])
         self._cached_positions += prompt.length
         while len(self._cache) > PREFIX_CACHE or self._cached_positions > PREFIX_CACHE_POSITIONS:
             (old, _), _ = self._cache.popitem(last=False)

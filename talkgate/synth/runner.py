@@ -5,7 +5,10 @@ that padded batch rows write to): the Talker's static KV, the codec-embedding su
 (the next Talker input minus its text token), sampling parameters, seed, repetition-penalty history
 (codebook-0 ids seen) and the codec decoder's carried state. Per step the host sends one small int64
 block (slot, position, text id, frame index per row) and gets back the 16 codes per row, then the
-1920 samples per row: one host-to-device and two device-to-host copies a step.
+1920 samples per row: one host-to-device and two device-to-host copies a step. A new context's slot is set by an
+open graph from two pinned blocks (its slot, eos frame and sampling values), its prompt by a prefill graph from
+its cached prompt embeddings and one pinned block (slot, length, text ids): a launch from Python is what the
+engine thread pays on the way to first audio, not the work (bench/host_path.py).
 
 A step is three parts, each one CUDA graph per batch bucket ([1, 2, 4, 8] + multiples of 16 up to
 max_batch; a batch runs in the smallest captured bucket that holds it, padded with dummy rows):
@@ -57,7 +60,7 @@ from talkgate.synth import compile_cache, precompiled
 from talkgate.synth.api import FRAME_SAMPLES, SAMPLE_RATE, SamplingParams, VoicePrompt
 from talkgate.synth.model import sample_codes
 from talkgate.synth.request import Request
-from talkgate.synth.sampling import FrameSampler, RowSampling
+from talkgate.synth.sampling import FLOAT_FIELDS, INT_FIELDS, FrameSampler, RowSampling
 from talkgate.synth.voice import cudnn_heuristics, finish, make_voice_prompt
 
 log = logging.getLogger("talkgate.runner")
@@ -68,6 +71,10 @@ LATER_POLL_S = 0.5                      # adopt_compiles: how often it asks the 
 # compile_kinds' prefill tasks: prefill@16, prefill@32, prefill@max -> the prefill lengths T with low < T <= high
 PREFILL_TASKS = {"16": (0, 16), "32": (16, 32), "max": (32, float("inf"))}
 PREFILL_ROWS = (1, 2, 4)               # prefill graph buckets: new contexts per graph (more: in chunks)
+# open graph buckets: contexts whose slots one replay initializes (more: in chunks). Each launch from Python costs
+# the engine thread 7 us in a loop and about three times that after the thread idled (a 1-req/s server: H200,
+# bench/host_path.py); a new context's slot was 19 launches, 0.7-0.9 ms on the way to its first audio
+OPEN_ROWS = (1, 2, 4, 16)
 # Captured before the engine reports ready: every prefill graph, the batch buckets up to this size and the
 # largest (a batch pads up to the nearest captured bucket); the others one at a time afterwards, when no
 # context would notice (Engine, docs/engine.md)
@@ -152,7 +159,8 @@ class Runner:
             R = PREFILL_ROWS[-1]
             self.pre_x = torch.zeros(R, max_prompt, H, dtype=dtype)
             self.pre_pos = torch.arange(max_prompt).expand(R, max_prompt)
-            self.pre_idx = torch.zeros(2, R, dtype=torch.long)          # slot, last prompt position
+            # per prefill row: slot, last prompt position, then the text id to embed at each position (-1: none)
+            self.pre_in = torch.zeros(R, 2 + max_prompt, dtype=torch.long)
             self.pre_h = torch.zeros(R, H, dtype=dtype)
         pin = self.use_graphs
         # one set of host buffers per launch in flight (HOST_SETS): a launch's inputs may still wait to be copied,
@@ -164,9 +172,18 @@ class Runner:
         cuda = device.type == "cuda"
         self.codes_done = [torch.cuda.Event() if cuda else None for _ in range(HOST_SETS)]
         self.pcm_done = [torch.cuda.Event() if cuda else None for _ in range(HOST_SETS)]
-        # one block per prefill chunk of a step: a chunk's copy may still be pending when the next is written
-        self.pre_host = torch.zeros(self.max_batch // PREFILL_ROWS[-1] + 1, 2, PREFILL_ROWS[-1], dtype=torch.long,
-                                    pin_memory=pin)
+        # pre_in's host blocks, one per prefill chunk of a step: a chunk's copy may still be pending when the next is
+        # written (the step before's were read: the engine waited for its codes)
+        self.pre_host = torch.zeros(self.max_batch // PREFILL_ROWS[-1] + 1, PREFILL_ROWS[-1], 2 + max_prompt,
+                                    dtype=torch.long, pin_memory=pin)
+        # a step boundary's new contexts, OPEN_ROWS[-1] a chunk: slot, eos frame, then the sampling values of
+        # RowSampling.host_values (open_slots); host blocks per chunk, read by the GPU in stream order (`opened`)
+        O, chunks = OPEN_ROWS[-1], -(-S // OPEN_ROWS[-1])
+        self.open_ints_host = torch.zeros(chunks, 2 + len(INT_FIELDS), O, dtype=torch.long, pin_memory=cuda)
+        self.open_floats_host = torch.zeros(chunks, len(FLOAT_FIELDS), O, pin_memory=cuda)
+        self.open_ints = torch.zeros(2 + len(INT_FIELDS), O, dtype=torch.long, device=device)
+        self.open_floats = torch.zeros(len(FLOAT_FIELDS), O, device=device)
+        self.opened = torch.cuda.Event() if cuda else None
         # batch 1 has its own graphs although compiled functions specialize size 1 apart (more compiles at
         # warm-up): a padding row costs the code predictor's persistent kernel 0.4 ms a step
         self.buckets = batch_buckets(max(self.max_batch, 2))
@@ -189,21 +206,55 @@ class Runner:
 
     # ----- per-slot state -----
     def open_slots(self, reqs: list[Request]) -> None:
-        """Initialize every per-slot tensor of new contexts (engine thread, step boundary), one set of operations
-        for all that a step boundary opens (one by one they cost the engine thread ~1 ms each). Nothing here waits
-        for the GPU: the host's copies are queued (non_blocking from pageable memory stages them at once), so the
-        step in flight keeps running while the engine applies the next commands."""
-        slots, eos_from = torch.tensor([[r.slot for r in reqs], [EOS_FROM if r.samples_eos else NO_EOS for r in reqs]]
-                                       ).to(self.device, non_blocking=True)
-        self.sampling.copy_rows_(slots, RowSampling.build([r.params.sampling for r in reqs],
-                                                          self.tts.generation_config))
-        self.min_frames[slots] = eos_from
-        self.seen.index_fill_(0, slots, False)       # seen[slots] = False would copy a scalar over, waiting
-        self.dec_state.reset_slots(slots)
+        """Initialize every per-slot tensor of new contexts (engine thread, step boundary): their values go to the
+        GPU in one pinned block of each type per chunk of OPEN_ROWS[-1] contexts, and one open graph a chunk sets
+        the slots from them. Nothing here waits for the GPU: the copies are queued behind the step in flight, which
+        keeps running while the engine applies the next commands (the blocks of the boundary before were read
+        already: `opened`)."""
+        if self.opened is not None:
+            self.opened.synchronize()
+        O = OPEN_ROWS[-1]
+        for c in range(0, len(reqs), O):
+            chunk = reqs[c:c + O]
+            n = len(chunk)
+            rows = next(b for b in OPEN_ROWS if b >= n) if self.use_graphs else n
+            i, f = self.open_ints_host[c // O, :, :rows].numpy(), self.open_floats_host[c // O, :, :rows].numpy()
+            i[0, :n] = [r.slot for r in chunk]
+            i[1, :n] = [EOS_FROM if r.samples_eos else NO_EOS for r in chunk]
+            RowSampling.host_values([r.params.sampling for r in chunk], self.tts.generation_config, i[2:, :n], f[:, :n])
+            i[0, n:] = self.dummy                   # padding rows: the dummy slot takes the first row's values
+            i[1:, n:], f[:, n:] = i[1:, :1], f[:, :1]
+            self.open_ints.copy_(self.open_ints_host[c // O], non_blocking=True)      # whole blocks: contiguous
+            self.open_floats.copy_(self.open_floats_host[c // O], non_blocking=True)
+            g = self.graphs.get(("open", rows))
+            if g is not None:
+                g.replay()
+            else:
+                self._open_step(rows)
+        if self.opened is not None:
+            self.opened.record()
         for req in reqs:                    # an ICL voice's slot starts from its reference frames' decoder state
             clone = req.prompt.clone if req.prompt is not None else None
             if clone is not None and clone.icl:
                 self._prime_slot(req.slot, clone)
+
+    def _dummy_opens(self) -> None:
+        """open_ints and open_floats as opens of the dummy slot with the default sampling (warm-up and capture run
+        the open graphs on them)."""
+        i, f = self.open_ints_host[0].numpy(), self.open_floats_host[0].numpy()
+        i[0], i[1] = self.dummy, EOS_FROM
+        RowSampling.host_values([SamplingParams(seed=0)] * OPEN_ROWS[-1], self.tts.generation_config, i[2:], f)
+        self.open_ints.copy_(self.open_ints_host[0])
+        self.open_floats.copy_(self.open_floats_host[0])
+
+    def _open_step(self, rows: int) -> None:
+        """The slots of open_ints' first `rows` columns set from open_ints and open_floats (the open graph)."""
+        ints, floats = self.open_ints[:, :rows], self.open_floats[:, :rows]
+        slots = ints[0]
+        self.sampling.copy_rows_(slots, ints[2:], floats)
+        self.min_frames.index_copy_(0, slots, ints[1])
+        self.seen.index_fill_(0, slots, False)
+        self.dec_state.reset_slots(slots)
 
     def _prime_slot(self, slot: int, clone: VoicePrompt) -> None:
         """The slot's decoder state after decoding the voice's reference frames (kept per voice)."""
@@ -320,22 +371,29 @@ class Runner:
     def _prefill(self, reqs: list[Request], row0: int) -> None:
         """Prompt + text token 0 of each new context into its KV; last hidden -> hidden[row0 + i].
         Right-padded rows and lengths (a padding position's K/V lies beyond the row's position and is
-        overwritten before it is ever attended); one CUDA graph per (rows, length) bucket."""
-        every = self.tts.prompts.prefills([(r.prompt, r.prefill_track(self.text_eos, self.text_pad)) for r in reqs])
-        for i in range(0, len(reqs), PREFILL_ROWS[-1]):
-            chunk = reqs[i:i + PREFILL_ROWS[-1]]
-            embeds = every[i:i + PREFILL_ROWS[-1]]                                  # [P_i, H] each
-            n, lengths = len(chunk), [e.shape[0] for e in embeds]
+        overwritten before it is ever attended); one CUDA graph per (rows, length) bucket, which embeds the
+        rows' text ids (pre_in) and adds them to their prompts' cached embeddings (pre_x): a chunk costs the
+        engine thread a copy per row, one host block's copy and the replay."""
+        prompts, R = self.tts.prompts, PREFILL_ROWS[-1]
+        for i in range(0, len(reqs), R):
+            chunk = reqs[i:i + R]
+            n = len(chunk)
+            block = self.pre_host[i // R]
+            host = block.numpy()
+            lengths = []
+            for j, r in enumerate(chunk):
+                base = prompts.base(r.prompt)
+                at, text = prompts.text_part(r.prompt, r.prefill_track(self.text_eos, self.text_pad))
+                self.pre_x[j, :base.shape[0]] = base
+                lengths.append(base.shape[0])
+                host[j, :2] = r.slot, base.shape[0] - 1
+                host[j, 2:] = -1
+                host[j, 2 + at:2 + base.shape[0]] = text
             rows = next(b for b in self.prefill_rows if b >= n) if self.use_graphs else n
             T = next(t for t in self.prefill_lens if t >= max(lengths)) if self.use_graphs else max(lengths)
-            self.pre_x[:rows, :T].zero_()
-            for j, e in enumerate(embeds):
-                self.pre_x[j, :e.shape[0]] = e
-            block = self.pre_host[i // PREFILL_ROWS[-1]]
-            host = block.numpy()
-            host[0, :rows] = [r.slot for r in chunk] + [self.dummy] * (rows - n)
-            host[1, :rows] = [l - 1 for l in lengths] + [0] * (rows - n)
-            self.pre_idx[:, :rows].copy_(block[:, :rows], non_blocking=True)
+            host[n:rows, 0], host[n:rows, 1:] = self.dummy, -1
+            host[n:rows, 1] = 0
+            self.pre_in.copy_(block, non_blocking=True)                    # the whole block: contiguous
             g = self.graphs.get(("prefill", rows, T))
             if g is not None:
                 g.replay()
@@ -346,8 +404,9 @@ class Runner:
                 r.prompt_len = l
 
     def _prefill_step(self, rows: int, T: int) -> None:
-        slots, last = self.pre_idx[0, :rows], self.pre_idx[1, :rows]
-        h = self.talker(self.pre_x[:rows, :T], self.pre_pos[:rows, :T], slots, fresh=True)
+        slots, last, ids = self.pre_in[:rows, 0], self.pre_in[:rows, 1], self.pre_in[:rows, 2:2 + T]
+        text = torch.where((ids >= 0)[..., None], self.talker.embed_text(ids.clamp_min(0)), 0)
+        h = self.talker(self.pre_x[:rows, :T] + text, self.pre_pos[:rows, :T], slots, fresh=True)
         self.pre_h[:rows] = h[torch.arange(rows, device=h.device), last]
 
     # ----- the two captured parts -----
@@ -398,7 +457,7 @@ class Runner:
                     self._timed(f"{part}@{B} eager", self._parts[part], B)
                     torch.backends.cudnn.benchmark = True
                 self._timed(f"{part}@{B} " + ("cuDNN search" if search else "eager"), self._parts[part], B)
-            self.pre_idx[0] = self.dummy
+            self.pre_in[:, 0] = self.dummy
             self._timed("prefill eager", self._prefill_step, self.prefill_rows[-1], self.prefill_lens[0])
             if self.tts.config.model_type == "base":
                 # a cloned voice's first-call costs now, not in the first upload: the speaker and codec
@@ -480,6 +539,9 @@ class Runner:
         for rows in reversed(self.prefill_rows):
             for T in reversed(self.prefill_lens):
                 self._timed(f"prefill {rows}x{T}", self._capture, ("prefill", rows, T), self._prefill_step, rows, T)
+        self._dummy_opens()
+        for rows in OPEN_ROWS:
+            self._timed(f"open {rows}", self._capture, ("open", rows), self._open_step, rows)
         self.pending.extend(searched_later)
         self.pending.extend((part, b) for b in self.buckets if b not in first for part in PARTS)
         t0 = time.perf_counter()
@@ -506,7 +568,7 @@ class Runner:
             for task in tasks:
                 part, b = task.split("@")
                 if part == "prefill":
-                    self.pre_idx[0] = self.dummy
+                    self.pre_in[:, 0] = self.dummy
                     low, high = PREFILL_TASKS[b]
                     for T in [t for t in self.prefill_lens if low < t <= high]:
                         for rows in reversed(self.prefill_rows):

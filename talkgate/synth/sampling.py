@@ -23,6 +23,7 @@ import importlib
 import os
 from dataclasses import dataclass, fields
 
+import numpy as np
 import torch
 
 from talkgate.synth.api import SamplingParams
@@ -128,15 +129,18 @@ class RowSampling:
     def index(self, rows: torch.Tensor) -> "RowSampling":
         return RowSampling(**{f.name: getattr(self, f.name)[rows] for f in fields(self)})
 
-    def copy_rows_(self, rows: torch.Tensor, src: "RowSampling") -> None:
-        """self[rows] = src (src has len(rows) rows): how the engine fills a slot's parameters."""
-        for f in fields(self):
-            getattr(self, f.name)[rows] = getattr(src, f.name).to(getattr(self, f.name).device, non_blocking=True)
+    def copy_rows_(self, rows: torch.Tensor, ints: torch.Tensor, floats: torch.Tensor) -> None:
+        """self[rows] = the rows that host_values made (ints [len(INT_FIELDS), n], floats [len(FLOAT_FIELDS), n],
+        on this device): how the engine fills a new context's slot, from one copy of each block."""
+        for block, names in ((ints, INT_FIELDS), (floats, FLOAT_FIELDS)):
+            for values, name in zip(block, names):
+                pool = getattr(self, name)
+                pool.index_copy_(0, rows, values if values.dtype == pool.dtype else values.to(pool.dtype))
 
-    @classmethod
-    def build(cls, params: list[SamplingParams], gen: GenerationConfig,
-              device: torch.device | str = "cpu") -> "RowSampling":
-        """Host-side: resolve SamplingParams against generation_config.json (None -> its value).
+    @staticmethod
+    def host_values(params: list[SamplingParams], gen: GenerationConfig, ints: np.ndarray, floats: np.ndarray) -> None:
+        """Resolve SamplingParams against generation_config.json (None -> its value) into ints[:, i] (INT_FIELDS)
+        and floats[:, i] (FLOAT_FIELDS) for params[i].
 
         The request's temperature / top_k / top_p / repetition_penalty apply to codebook 0; the code
         predictor keeps generation_config's subtalker_* values. greedy (or do_sample false) makes
@@ -145,18 +149,31 @@ class RowSampling:
         def pick(v, default):
             return default if v is None else v
 
-        rows = [dict(temperature=float(pick(p.temperature, gen.temperature)), top_k=int(pick(p.top_k, gen.top_k)),
-                     top_p=float(pick(p.top_p, gen.top_p)),
-                     repetition_penalty=float(pick(p.repetition_penalty, gen.repetition_penalty)),
-                     greedy=bool(p.greedy or not gen.do_sample), sub_temperature=float(gen.subtalker_temperature),
-                     sub_top_k=int(gen.subtalker_top_k), sub_top_p=float(gen.subtalker_top_p),
-                     sub_greedy=bool(p.greedy or not gen.subtalker_dosample),
-                     seed=_int64(p.seed) if p.seed is not None else int.from_bytes(os.urandom(7), "little"))
-                for p in params]
-        dtypes = dict(top_k=torch.int64, sub_top_k=torch.int64, seed=torch.int64, greedy=torch.bool,
-                      sub_greedy=torch.bool)
-        return cls(**{f.name: torch.tensor([r[f.name] for r in rows], dtype=dtypes.get(f.name, torch.float32),
-                                           device=device) for f in fields(cls)})
+        for i, p in enumerate(params):
+            ints[:, i] = (int(pick(p.top_k, gen.top_k)), bool(p.greedy or not gen.do_sample), int(gen.subtalker_top_k),
+                          bool(p.greedy or not gen.subtalker_dosample),
+                          _int64(p.seed) if p.seed is not None else int.from_bytes(os.urandom(7), "little"))
+            floats[:, i] = (float(pick(p.temperature, gen.temperature)), float(pick(p.top_p, gen.top_p)),
+                            float(pick(p.repetition_penalty, gen.repetition_penalty)),
+                            float(gen.subtalker_temperature), float(gen.subtalker_top_p))
+
+    @classmethod
+    def build(cls, params: list[SamplingParams], gen: GenerationConfig,
+              device: torch.device | str = "cpu") -> "RowSampling":
+        """The rows of `params` (host_values' rules) as tensors on `device`."""
+        ints, floats = np.zeros((len(INT_FIELDS), len(params)), np.int64), np.zeros((len(FLOAT_FIELDS), len(params)),
+                                                                                   np.float32)
+        cls.host_values(params, gen, ints, floats)
+        rows = {name: torch.from_numpy(values) for block, names in ((ints, INT_FIELDS), (floats, FLOAT_FIELDS))
+                for values, name in zip(block, names)}
+        for name in ("greedy", "sub_greedy"):
+            rows[name] = rows[name].bool()
+        return cls(**{name: t.to(device) for name, t in rows.items()})
+
+
+# the fields of RowSampling in host_values' two blocks (greedy flags as 0 / 1)
+INT_FIELDS = ("top_k", "greedy", "sub_top_k", "sub_greedy", "seed")
+FLOAT_FIELDS = ("temperature", "top_p", "repetition_penalty", "sub_temperature", "sub_top_p")
 
 
 class FrameSampler:

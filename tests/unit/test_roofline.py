@@ -41,7 +41,7 @@ def test_flops_match_flop_counter(cpu_runner, B):
         r.inputs[2, :B] = r.text_pad
         r.inputs[3, :B] = 5
         r.dec_state.pos[:B] = roofline.FRAMES          # the decoder's window full
-        r.pre_idx[0, 0], r.pre_idx[1, 0] = 0, 8
+        r.pre_in[0, 0], r.pre_in[0, 1] = 0, 8
         got = {part: counted(lambda p=part: r._parts[p](B)) for part in ("talker", "codes", "decode")}
         got["prefill"] = counted(lambda: r._prefill_step(1, 16))
     f32 = ("fp32", 4)

@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Issue 45 on one H200, one call: the engine thread's host work on a new context's path (bench/host_path.py) and
+# first audio end to end, the earlier tree (a `git archive REV talkgate` in .e2e/before, carried) against this one:
+#   1. bench.host_path on 1.7B CustomVoice (compiled, as serve runs), each tree;
+#   2. each tree in turn (the earlier first): `talkgate serve` default flags and --trace-latency, OpenAI HTTP PCM,
+#      English medium texts, open loop at the rates in RATES (default "1 20 100"), each load's stage budget;
+#   first, GPU_TESTS=1: tests/gpu/test_engine_gpu.py on this tree (but its fresh start).
+#   git archive REV talkgate | tar -x -C .e2e/before
+#   setsid bash bench/gpu_host_path.sh > /tmp/host.out 2>&1 < /dev/null &
+# Results: /tmp/res-host.tgz (copy it to $OUT from a poll call); progress: $RES/progress.
+BENCH=host
+. "$(dirname "$0")/gpu_serve.sh"
+before=$tree/.e2e/before
+export TALKGATE_CACHE=/tmp/tgc-host
+LOAD_TIMEOUT_S=200
+
+if [ "${GPU_TESTS:-0}" = 1 ]; then
+  log "GPU tests"
+  timeout 300 python3 -m pytest -q -p no:cacheprovider -p no:hypothesispytest tests/gpu/test_engine_gpu.py -k "not fresh_start" \
+    > "$res/gpu-tests.txt" 2>&1
+  tail -3 "$res/gpu-tests.txt" | tee -a "$res/progress"
+  pack
+fi
+checkpoints custom_voice
+for which in before after; do
+  dir=$tree; [ $which = before ] && dir=$before
+  (cd "$dir" && PYTHONPATH=$dir:$tree:/tmp/site timeout 400 python3 -m bench.host_path /tmp/ck-1.7b-custom_voice \
+    --compile --runs 40 --json "$res/host-$which.json" > "$res/host-$which.txt" 2>&1)
+  log "host path $which: $(grep -E '^median' "$res/host-$which.txt" | cut -c1-400)"
+  log "host path $which: $(grep -E '^(graph|one op)' "$res/host-$which.txt" | tr '\n' ' ')"
+done
+pack
+for which in before after; do
+  dir=$tree; [ $which = before ] && dir=$before
+  # the server from its tree (python -m puts the working folder first on the path); the client is this tree's
+  (cd "$dir" && export PYTHONPATH=$dir:/tmp/site && start "$which" 8081 -- --model /tmp/ck-1.7b-custom_voice \
+    --trace-latency "$res/trace.jsonl")
+  for rate in ${RATES:-1 20 100}; do
+    case $rate in
+      1) traced "$which-rps1" --protocol openai --lang en --rps 1 --duration 40 --processes 1 ;;
+      20) traced "$which-rps20" --protocol openai --lang en --rps 20 --duration 30 --processes 2 ;;
+      *) traced "$which-rps$rate" --protocol openai --lang en --rps "$rate" --duration 20 --processes 4 ;;
+    esac
+  done
+  curl -s "http://127.0.0.1:8081/metrics" | grep -E "^talkgate_engine_step" > "$res/$which-metrics.txt"
+  kill -TERM "$(cat "$res/$which.pid")"; gone "$(cat "$res/$which.pid")"
+  pack
+done
+log "done"
