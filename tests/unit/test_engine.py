@@ -566,3 +566,33 @@ def test_a_new_contexts_first_frame_goes_out_before_the_running_contexts_next_fr
     assert sorted(next(batch for batch in chunks if 2 in batch)) == [1, 2]
     for ctx in (1, 2):
         np.testing.assert_allclose(pcm[ctx], reference[ctx], atol=1e-5)
+
+
+def test_opens_of_one_step_boundary_set_each_slot_from_its_own_params(checkpoint):
+    """A step boundary's opens go to the slots in chunks of runner.OPEN_ROWS[-1] contexts (20: a chunk of 16 and one
+    of 4), each slot's sampling values, eos frame and history from its own params, none from a neighbour's."""
+    from talkgate.synth.runner import EOS_FROM, NO_EOS, OPEN_ROWS
+    eng = Engine.from_pretrained(str(checkpoint), device="cpu", max_contexts=20, max_frames_per_context=32,
+                                 untrained_length="runaway")      # the model's eos may end a context: fixed_frames decides
+    n = 20
+    assert n > OPEN_ROWS[-1]
+    r = eng.runner
+    r.seen.fill_(True)                                      # what a slot's last context left
+    params = [ContextParams(sampling=SamplingParams(seed=1000 + i, temperature=0.5 + i / 100, top_k=10 + i,
+                                                    top_p=0.9 - i / 100, repetition_penalty=1.0 + i / 50,
+                                                    greedy=i % 3 == 0),
+                            fixed_frames=5 if i % 2 else None) for i in range(n)]
+    client = eng.connect(lambda events: None)
+    eng.submit(client, [OpenContext(i, p) for i, p in enumerate(params)])
+    eng._apply_commands()
+    reqs = eng._clients[client].contexts
+    for i, p in enumerate(params):
+        slot, s = reqs[i].slot, p.sampling
+        assert r.sampling.seed[slot] == 1000 + i and r.sampling.top_k[slot] == 10 + i
+        assert r.sampling.temperature[slot].item() == pytest.approx(0.5 + i / 100)
+        assert r.sampling.top_p[slot].item() == pytest.approx(0.9 - i / 100)
+        assert r.sampling.repetition_penalty[slot].item() == pytest.approx(1.0 + i / 50)
+        assert bool(r.sampling.greedy[slot]) == s.greedy and bool(r.sampling.sub_greedy[slot]) == s.greedy
+        assert r.min_frames[slot] == (NO_EOS if i % 2 else EOS_FROM)
+        assert not r.seen[slot].any()
+    eng.disconnect(client)
