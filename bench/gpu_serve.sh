@@ -20,7 +20,7 @@ fi
 cd "$tree"
 export PYTHONPATH=$tree:/tmp/site PYTHONUNBUFFERED=1
 tg() { python3 -m talkgate "$@"; }
-{ git -C "$tree" rev-parse --short HEAD; nvidia-smi -L; nvidia-smi --query-gpu=driver_version --format=csv,noheader
+{ git -C "$tree" rev-parse --short HEAD; git -C "$tree" status --short -- talkgate bench | head -20; nvidia-smi -L; nvidia-smi --query-gpu=driver_version --format=csv,noheader
   python3 -c 'import torch, aiohttp, zmq; print(torch.__version__, aiohttp.__version__, zmq.__version__)'; nproc; } \
   > "$res/versions.txt" 2>&1
 

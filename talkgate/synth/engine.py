@@ -575,9 +575,11 @@ class Engine:
                  and first_frames_apart(decode, t0, self._step_ms_last / 1000))
         launches = [(prefill, []), ([], decode)] if apart else [(prefill, decode)]
         try:
-            steps = [(self.runner.launch(new, old), new + old) for new, old in launches]
-            if prefill:
-                stamp(prefill, LAUNCHED)
+            steps = []
+            for new, old in launches:
+                steps.append((self.runner.launch(new, old), new + old))
+                if new:                                         # the first frames' launch, apart or not
+                    stamp(new, LAUNCHED)
             self._emit_audio()
             self._deliver()                                     # the last step's audio, while this one runs
             for i, (step, reqs) in enumerate(steps):
