@@ -431,6 +431,15 @@ def server_numbers(before: dict, after: dict, wall_s: float) -> dict:
     # and in all
     audio = {labels: rate for (n, labels), v in after.items()
              if n == "talkgate_engine_audio_seconds_total" and (rate := increase((n, labels), v)) is not None}
+    # beside it, the share of the GPU's peak the engines' steps achieved: their roofline seconds over their step time
+    # (engines on a GPU whose peaks the server knows: synth/roofline.py)
+    roof, stepped = {}, {}
+    for (n, labels), v in after.items():
+        step_key = ("talkgate_engine_step_seconds_sum", labels)
+        if n == "talkgate_engine_step_roof_seconds_total" and step_key in after:
+            r, t = increase((n, labels), v), increase(step_key, after[step_key])
+            if r is not None and t:
+                roof[labels], stepped[labels] = r, t
     total = sum(cores.values()) if cores else None
     return {"cpu_cores": total if total is not None else
             (cpu[1] - cpu[0]) / wall_s if None not in cpu and wall_s > 0 else None,
@@ -442,6 +451,9 @@ def server_numbers(before: dict, after: dict, wall_s: float) -> dict:
             "engine_audio_s_per_wall_s": sum(audio.values()) if audio else None,
             "engine_audio_s_per_wall_s_by_engine": {_series_key(dict(labels), "engine"): rate
                                                     for labels, rate in audio.items() if labels} or None,
+            "engine_roofline_fraction": sum(roof.values()) / sum(stepped.values()) if roof else None,
+            "engine_roofline_fraction_by_engine": {_series_key(dict(labels), "engine"): roof[labels] / stepped[labels]
+                                                   for labels in roof if labels} or None,
             "engine_loop_share": loop or None,
             "step_delivery_s": histogram_delta(before, after, "talkgate_engine_step_delivery_seconds"),
             "gc_share_by_process": gc_share or None,

@@ -34,12 +34,17 @@ def engine_order(key: str) -> tuple[str, int]:
 
 def audio_rate(s: dict) -> str:
     """The headline figure, audio seconds per wall second: what the clients received, what the engines made (the
-    server's /metrics) and what each made (none with `--workers 0`: its one engine has no label). The step's roofline
-    fraction (bench/roofline.py) goes beside each engine's."""
-    engines = s["server"].get("engine_audio_s_per_wall_s_by_engine") or {}
-    made = ", ".join(f"engine {e} {v:.2f}" for e, v in sorted(engines.items(), key=lambda ev: engine_order(ev[0])))
-    return (f"{fmt(s['audio_s_per_wall_s'], 2)} received, {fmt(s['server'].get('engine_audio_s_per_wall_s'), 2)} made"
-            + (f" ({made})" if made else ""))
+    server's /metrics) and what each made (none with `--workers 0`: its one engine has no label); beside them, where
+    the server knows its GPU's peaks, the share of the roofline its steps achieved (synth/roofline.py: the steps'
+    roofline time over their time)."""
+    srv = s["server"]
+    engines = srv.get("engine_audio_s_per_wall_s_by_engine") or {}
+    roofs = srv.get("engine_roofline_fraction_by_engine") or {}
+    made = ", ".join(f"engine {e} {v:.2f}" + (f" at {100 * roofs[e]:.1f}% of its roofline" if e in roofs else "")
+                     for e, v in sorted(engines.items(), key=lambda ev: engine_order(ev[0])))
+    roof = srv.get("engine_roofline_fraction")
+    return (f"{fmt(s['audio_s_per_wall_s'], 2)} received, {fmt(srv.get('engine_audio_s_per_wall_s'), 2)} made"
+            + (f" ({made})" if made else "") + (f"; the steps at {100 * roof:.1f}% of their roofline" if roof else ""))
 
 
 def one_line(s: dict) -> str:

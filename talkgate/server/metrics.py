@@ -25,6 +25,9 @@ from talkgate.synth.request import FRAME_S
 _MS_BUCKETS = (2, 5, 10, 15, 20, 30, 50, 75, 100, 150, 250, 500, 1000, 2500, 5000)
 _WORKER_S_BUCKETS = (.0005, .001, .002, .005, .01, .02, .05, .1, .25, 1)    # a worker's loop lag and step delivery
 ENGINE_AUDIO_HELP = "Audio the engine made, seconds (80 ms a codec frame): rate() gives audio seconds per wall second"
+ENGINE_ROOF_HELP = ("The engine's steps at their roofline: the seconds their work (FLOPs and bytes counted from the model's "
+                    "shapes, synth/roofline.py) takes at the GPU's datasheet peaks; over talkgate_engine_step_seconds_sum, "
+                    "the share of the peak its steps achieve. Only for a GPU whose peaks are known (H100 SXM, H200)")
 
 
 class Metrics:
@@ -61,6 +64,8 @@ class Metrics:
                                            registry=r)
             self.engine_audio = Counter("talkgate_engine_audio_seconds", ENGINE_AUDIO_HELP, registry=r)
             self._engine_frames = 0             # the engine's frame count at the last scrape
+            self.engine_roof = None             # a Counter once the engine reports its steps' roofline
+            self._engine_roof_s = 0.0
         # for proxies and autoscalers (docs/deploy.md), set at each scrape (observe); over worker processes the
         # sessions add up and the load and drain flags are the largest any worker says
         self.engine_slots_used = Gauge("talkgate_engine_slots_used", "Engine slots held by a context", registry=r,
@@ -104,6 +109,12 @@ class Metrics:
             if "frames" in stats:               # the engine counts frames; a counter only takes what is new
                 self.engine_audio.inc((stats["frames"] - self._engine_frames) * FRAME_S)
                 self._engine_frames = stats["frames"]
+            if "step_roof_s" in stats:
+                if self.engine_roof is None:
+                    self.engine_roof = Counter("talkgate_engine_step_roof_seconds", ENGINE_ROOF_HELP,
+                                               registry=self.registry)
+                self.engine_roof.inc(stats["step_roof_s"] - self._engine_roof_s)
+                self._engine_roof_s = stats["step_roof_s"]
         load = sessions / max_sessions
         if stats.get("slots"):
             used = max(0, stats["slots"] - stats["free_slots"])
@@ -173,6 +184,7 @@ class EngineCollector:
         gc_frozen = family("talkgate_engine_gc_frozen_objects", "Objects frozen out of the engine process's garbage "
                            "collections (gc.freeze after warm-up)")
         audio = CounterMetricFamily("talkgate_engine_audio_seconds", ENGINE_AUDIO_HELP, labels=names)
+        roof = CounterMetricFamily("talkgate_engine_step_roof_seconds", ENGINE_ROOF_HELP, labels=names)
         index: dict[str | None, int] = {}              # model -> its engines so far
         for e in engines:
             model = e.get("model")
@@ -202,8 +214,12 @@ class EngineCollector:
             gc_max.add_metric(label, e.get("gc_max_s", 0.0))
             gc_frozen.add_metric(label, e.get("gc_frozen", 0))
             audio.add_metric(label, e["frames"] * FRAME_S)
+            if "step_roof_s" in e:
+                roof.add_metric(label, e["step_roof_s"])
         yield from (ready, slots, free, running, waiting, cpu, behind, step, loop, gpu_wait, cpu_wait, slow, gc, gc_max,
                     gc_frozen, audio)
+        if roof.samples:
+            yield roof
 
 
 class ContextObserver:

@@ -171,6 +171,7 @@ class Engine:
         # the last launched step's frames whose PCM is not emitted yet: (step, [(row, req, frame, finish)])
         self._audio: tuple | None = None
         self._step_ms_last = self._step_ms_total = 0.0
+        self._roof_s_total = 0.0                # the steps' roofline seconds (runner.roof, where the GPU is known)
         self._voices: collections.deque = collections.deque()     # (client, MakeVoice) not begun yet
         self._voice: list | None = None         # the one being made: [client, MakeVoice, its steps, ms so far]
         self._voices_made = 0
@@ -379,7 +380,8 @@ class Engine:
                 "gpu_wait_s": self.runner.gpu_wait_s,
                 "step_ms_avg": round(self._step_ms_total / steps, 3) if steps else 0.0,
                 "graphs_captured": len(self.runner.graphs), "graphs_pending": len(self.runner.pending),
-                "capture_ms_max": round(max(captures), 1) if captures else 0.0}
+                "capture_ms_max": round(max(captures), 1) if captures else 0.0,
+                **({"step_roof_s": self._roof_s_total} if self.runner.roof is not None else {})}
 
     # ----- engine thread -----
     def _run(self) -> None:
@@ -600,6 +602,10 @@ class Engine:
         dt = (time.perf_counter() - t0) * 1000
         self._steps += 1
         self._step_ms_last, self._step_ms_total = dt, self._step_ms_total + dt
+        if self.runner.roof is not None:
+            rows = prefill + decode
+            position = sum(r.prompt_len + r.frames for r in rows) / len(rows)
+            self._roof_s_total += self.runner.roof.step_s(len(rows), position, [r.prompt_len for r in prefill])
         if self.on_step is not None:
             self.on_step(dt, len(prefill) + len(decode))
         return True

@@ -199,6 +199,7 @@ class Runner:
         self.capture_split: dict[tuple, tuple[float, float]] = {}  # graph -> (its warm run, its capture) s
         self.longest_capture_s = 0.0                   # the longest a graph held the engine thread (warm run + capture)
         self.gpu_wait_s = 0.0                          # the engine thread's time blocked on a step's codes or PCM
+        self.roof = None                               # its steps' roofline (synth.roofline.StepRoof): load_runner
         self._pool = self._stream = None
         self.warm = self._warming = False
         self.later = None                              # a compile helper still at kernels (compiling_later)

@@ -18,6 +18,7 @@ from talkgate.synth import parallel_compile
 from talkgate.synth.checkpoint_dir import resolve_path
 from talkgate.synth.loader import load_tts, read_config
 from talkgate.synth.prompt import CLONE_MAX_PROMPT
+from talkgate.synth.roofline import StepRoof, gpu_peaks
 from talkgate.synth.runner import Runner, compile_folder, warmed_marker
 from talkgate.synth.tokenizer import StreamingTokenizer
 
@@ -134,6 +135,9 @@ def load_runner(path_or_id, device=None, dtype=None, max_contexts=None, max_fram
                     torch_compile=torch_compile, compile_folder=functions)
     if helpers is not None and helpers.late_done() is None:
         runner.compiling_later(helpers)
+    peaks = gpu_peaks(torch.cuda.get_device_name(device)) if device.type == "cuda" else None
+    if peaks is not None:
+        runner.roof = StepRoof(config, tts.codec_decoder.config, dtype, decoder_dtype, peaks)
     # the cold start's first part (docs/benchmarks.md): what came before the load is the interpreter and imports
     age = process_age_s()
     log.info("loaded: checkpoint %.2f s, runner (slots, compiled functions bound) %.2f s; process start -> here %s",

@@ -596,3 +596,30 @@ def test_opens_of_one_step_boundary_set_each_slot_from_its_own_params(checkpoint
         assert r.min_frames[slot] == (NO_EOS if i % 2 else EOS_FROM)
         assert not r.seen[slot].any()
     eng.disconnect(client)
+
+
+def test_steps_add_their_roofline_seconds_where_the_gpus_peaks_are_known(checkpoint):
+    """runner.roof (load_runner sets it on a GPU in synth.roofline.GPU_PEAKS; none on a CPU): each step adds the
+    roofline seconds of its rows and new contexts' prefills to stats()["step_roof_s"], which is absent without it."""
+    import torch
+
+    from talkgate.synth.roofline import H200, StepRoof
+    eng = Engine.from_pretrained(str(checkpoint), device="cpu", max_contexts=4, max_frames_per_context=32)
+    assert eng.runner.roof is None and "step_roof_s" not in eng.stats()
+    tts = eng.runner.tts
+    eng.runner.roof = roof = StepRoof(tts.config, tts.codec_decoder.config, torch.float32, torch.float32, H200,
+                                      cuda=False)
+    assert 0 < roof.step_s(1, 20) < roof.step_s(4, 20) < roof.step_s(4, 20, [16]) and roof.step_s(0, 0) == 0.0
+    client = eng.connect(lambda events: None)
+    ids = tuple(eng.new_tokenizer().tokenizer.encode("Two contexts."))
+    eng.submit(client, [cmd for i in range(2) for cmd in (OpenContext(i, ContextParams(fixed_frames=3)),
+                                                          EndText(i, ids, 1.0))])
+    eng.run_once()                                      # both prefilled, frame 0
+    first = eng.stats()["step_roof_s"]
+    assert first == pytest.approx(roof.step_s(2, sum(r.prompt_len for r in eng.scheduler.running) / 2,
+                                              [r.prompt_len for r in eng.scheduler.running]))
+    while eng.scheduler.running:
+        eng.run_once()
+    stats = eng.stats()
+    assert first < stats["step_roof_s"] < stats["step_ms_avg"] * stats["steps"] / 1000    # a CPU is far below it
+    eng.disconnect(client)

@@ -321,3 +321,25 @@ talkgate_engine_step_seconds_sum{{engine="0",model="clone"}} 0.0
     steps = server["engine_step_s_by_engine"]
     assert steps["cv/0"]["count"] == 20 and steps["clone/0"]["count"] == 10
     assert steps["cv/0"]["p95_le"] == 0.01 and steps["clone/0"]["p95_le"] == float("inf")
+
+
+ROOF_TEXT = """# TYPE talkgate_engine_step_roof_seconds_total counter
+talkgate_engine_step_roof_seconds_total{{engine="0"}} {r0}
+talkgate_engine_step_seconds_sum{{engine="0"}} {s0}
+talkgate_engine_step_seconds_sum{{engine="1"}} {s1}
+"""
+
+
+def test_the_engines_roofline_fraction_is_their_roofline_seconds_over_their_step_seconds():
+    """Beside the audio they made: each engine's steps' roofline seconds over the run against their step time; an
+    engine that reports none (its GPU's peaks unknown) has no fraction, and none at all reads as unknown."""
+    before = measure.parse_prometheus(ROOF_TEXT.format(r0=1.0, s0=10.0, s1=10.0))
+    after = measure.parse_prometheus(ROOF_TEXT.format(r0=2.5, s0=20.0, s1=30.0))
+    server = load.server_numbers(before, after, wall_s=10.0)
+    assert server["engine_roofline_fraction_by_engine"] == {"0": pytest.approx(0.15)}
+    assert server["engine_roofline_fraction"] == pytest.approx(0.15)
+    summary = {"audio_s_per_wall_s": 3.0, "server": {**server, "engine_audio_s_per_wall_s": 2.0,
+                                                      "engine_audio_s_per_wall_s_by_engine": {"0": 2.0}}}
+    assert report.audio_rate(summary) == ("3.00 received, 2.00 made (engine 0 2.00 at 15.0% of its roofline); "
+                                          "the steps at 15.0% of their roofline")
+    assert load.server_numbers({}, {}, 10.0)["engine_roofline_fraction"] is None

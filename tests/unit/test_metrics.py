@@ -59,3 +59,23 @@ def test_several_models_label_each_engine_by_model_and_its_index_among_the_model
                      (("engine", "0"), ("model", "base")): 0.0}
     loop = [dict(labels) for (name, labels), _ in series.items() if name == "talkgate_engine_slots"]
     assert {(d["engine"], d["model"]) for d in loop} == {("0", "cv"), ("1", "cv"), ("0", "base")}
+
+
+ROOF = "talkgate_engine_step_roof_seconds_total"
+
+
+def test_the_steps_roofline_seconds_only_where_an_engine_reports_them():
+    """An engine on a GPU whose peaks it knows reports its steps' roofline seconds (synth/roofline.py); one that does
+    not (a CPU, an unknown GPU) has no such series rather than a zero that would read as 0% of the roofline."""
+    registry = CollectorRegistry()
+    registry.register(EngineCollector(PublishedStats([{**engine_stats(25), "step_roof_s": 1.5}, engine_stats(5)])))
+    series = parse_prometheus(generate_latest(registry).decode())
+    assert {dict(labels)["engine"]: v for (name, labels), v in series.items() if name == ROOF} == {"0": 1.5}
+    registry = CollectorRegistry()
+    registry.register(EngineCollector(PublishedStats([engine_stats(5)])))
+    assert ROOF not in {name for name, _ in parse_prometheus(generate_latest(registry).decode())}
+    metrics = Metrics()                                           # an in-process engine: from its stats at each scrape
+    assert ROOF not in {name for name, _ in parse_prometheus(metrics.render().decode())}
+    for roof_s in (0.25, 0.75):
+        metrics.observe({"frames": 1, "step_roof_s": roof_s, "slots": 4, "free_slots": 4}, 0, 16, False)
+        assert parse_prometheus(metrics.render().decode())[(ROOF, ())] == pytest.approx(roof_s)

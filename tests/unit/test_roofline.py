@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from bench import roofline
+from talkgate.synth import roofline as counting
 from talkgate.synth.runner_build import load_runner
 
 MAX_PROMPT, MAX_FRAMES = 16, 20       # a slot of 36 positions: the CPU's Talker attends over all of them
@@ -45,10 +46,10 @@ def test_flops_match_flop_counter(cpu_runner, B):
         got = {part: counted(lambda p=part: r._parts[p](B)) for part in ("talker", "codes", "decode")}
         got["prefill"] = counted(lambda: r._prefill_step(1, 16))
     f32 = ("fp32", 4)
-    assert got == {"talker": roofline.talker_work(cfg, B, position, *f32).total_flops,
-                   "codes": roofline.code_predictor_work(cfg, B, *f32).total_flops,
-                   "decode": roofline.codec_decoder_work(codec, B, roofline.FRAMES, 4, "fp32", "fp32").total_flops,
-                   "prefill": roofline.prefill_work(cfg, 1, 16, *f32).total_flops}
+    assert got == {"talker": counting.talker_work(cfg, B, position, *f32).total_flops,
+                   "codes": counting.code_predictor_work(cfg, B, *f32).total_flops,
+                   "decode": counting.codec_decoder_work(codec, B, roofline.FRAMES, 4, "fp32", "fp32").total_flops,
+                   "prefill": counting.prefill_work(cfg, 1, 16, *f32).total_flops}
     assert cfg.talker.dims.hidden_size != cfg.talker.predictor.dims.hidden_size    # the projection is counted too
 
 
