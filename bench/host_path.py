@@ -9,7 +9,7 @@ the slot's tensors), schedule, the launch (the prefill's host work and, in trees
 the text, Prompts.prefills; the step's graphs), and the waits for the codes and the PCM (those are the GPU's); and
 the whole from submit to the first chunk. Also the host time of one replay of each graph a first frame launches and
 of one small CUDA operation in a loop (what each launch costs the thread). --profile adds the profiler's tables of
-20 opens and of one context's life. Results: docs/benchmarks.md "First audio: the engine thread's launches".
+20 opens, of the one-row prefill graph's kernels (GPU) and of one context's life. Results: docs/benchmarks.md "First audio: the engine thread's launches".
 """
 from __future__ import annotations
 
@@ -112,6 +112,22 @@ def profile_opens(engine: Engine, client: int, runs: int = 20) -> str:
     return prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25)
 
 
+def profile_prefill(r, reps: int = 5) -> str | None:
+    """The profiler's table (GPU time by kernel) of the one-row prefill graph of the shortest length, the first
+    frame's largest GPU part at batch 1; None without it (CPU, no graphs)."""
+    from torch.profiler import ProfilerActivity, profile
+    g = r.graphs.get(("prefill", 1, r.prefill_lens[0]))
+    if g is None:
+        return None
+    g.replay()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            g.replay()
+        torch.cuda.synchronize()
+    return prof.key_averages().table(sort_by="cuda_time_total", row_limit=30)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("checkpoint")
@@ -154,6 +170,8 @@ def main(argv=None) -> int:
     if args.profile:
         out["profile_opens"] = profile_opens(engine, client)
         print(out["profile_opens"])
+        out["profile_prefill"] = profile_prefill(r)
+        print(out["profile_prefill"])
         from torch.profiler import ProfilerActivity, profile
         with profile(activities=[ProfilerActivity.CPU]) as prof:
             one_context(engine, client, got, 999, ids, parts)
