@@ -12,8 +12,8 @@ from aiohttp import web
 
 from talkgate.server import voices_http
 from talkgate.server.compat_ws import scope
-from talkgate.server.errors import add_route
-from talkgate.server.http_speech import respond, serve_speech
+from talkgate.server.errors import add_route, respond
+from talkgate.server.http_speech import serve_speech
 from talkgate.sessions import cartesia, dashscope_http, deepgram, elevenlabs
 from talkgate.sessions.voices import ISO_LANGUAGES
 

@@ -7,9 +7,8 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from talkgate.server.errors import ErrorResponse, add_route
+from talkgate.server.errors import ErrorResponse, add_route, respond
 from talkgate.server.gateway import IDENTITY
-from talkgate.server.http_speech import respond
 from talkgate.sessions import dashscope_http, deepgram_v2
 from talkgate.sessions.cartesia import CartesiaProtocol, http_error as cartesia_error
 from talkgate.sessions.dashscope import DashScopeProtocol

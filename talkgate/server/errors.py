@@ -35,6 +35,13 @@ def _http_code(status: int) -> str:
     return HTTP_CODES.get(status, "client_error" if status < 500 else "server_error")
 
 
+def respond(item: Respond) -> web.Response:
+    response = web.Response(status=item.status, body=item.body, content_type=item.content_type,
+                            headers=dict(item.headers))
+    response.code = item.error          # counted by the errors middleware
+    return response
+
+
 ErrorFor = Callable[[str], "Callable[[int, str, str], Respond | web.Response] | None"]
 ROUTE_ERRORS = web.AppKey("route_errors", list)     # the app's [(path, its part before any {variable}, error function)]
 
@@ -65,12 +72,10 @@ def shaped_error(error_for_path: ErrorFor | None, path: str, status: int, messag
     if shape is None:
         return ErrorResponse(status, code, message, headers)
     item = shape(status, code, message)
-    if isinstance(item, web.Response):                  # the voice APIs' error functions answer so (voices_http.py)
-        item.headers.update(headers or {})
-        return item
-    response = web.Response(status=item.status, body=item.body, content_type=item.content_type,
-                            headers={**dict(item.headers), **(headers or {})})
-    response.code = item.error or code
+    # the voice APIs' error functions answer web.Responses (voices_http.py), the speech APIs' Respond
+    response = item if isinstance(item, web.Response) else respond(item)
+    response.headers.update(headers or {})
+    response.code = getattr(response, "code", None) or code
     return response
 
 

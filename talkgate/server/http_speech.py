@@ -14,17 +14,11 @@ from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.web_protocol import RequestPayloadError
 
 from talkgate.server.connection import Link
+from talkgate.server.errors import respond
 from talkgate.server.gateway import IDENTITY
 from talkgate.sessions.actions import http_status
 from talkgate.sessions.fields import SessionError, load_json
 from talkgate.sessions.http import Begin, HttpSpeech, Respond, error_response
-
-
-def respond(item: Respond) -> web.Response:
-    response = web.Response(status=item.status, body=item.body, content_type=item.content_type,
-                            headers=dict(item.headers))
-    response.code = item.error          # counted by the errors middleware
-    return response
 
 
 class HttpStream(Link):

@@ -603,9 +603,9 @@ class Engine:
         self._steps += 1
         self._step_ms_last, self._step_ms_total = dt, self._step_ms_total + dt
         if self.runner.roof is not None:
-            rows = prefill + decode
-            position = sum(r.prompt_len + r.frames for r in rows) / len(rows)
-            self._roof_s_total += self.runner.roof.step_s(len(rows), position, [r.prompt_len for r in prefill])
+            n = len(prefill) + len(decode)
+            position = sum(step.positions for step, _ in steps) / n
+            self._roof_s_total += self.runner.roof.step_s(n, position, [r.prompt_len for r in prefill])
         if self.on_step is not None:
             self.on_step(dt, len(prefill) + len(decode))
         return True

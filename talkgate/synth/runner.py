@@ -101,6 +101,7 @@ class Launched:
     nd: int
     prefill: bool
     buf: int
+    positions: int = 0      # the rows' Talker positions summed (a prefill row's: its last prompt position)
 
 
 def fit_bucket(captured: list[int], n: int) -> int:
@@ -217,16 +218,9 @@ class Runner:
         O = OPEN_ROWS[-1]
         for c in range(0, len(reqs), O):
             chunk = reqs[c:c + O]
-            n = len(chunk)
-            rows = next(b for b in OPEN_ROWS if b >= n) if self.use_graphs else n
-            i, f = self.open_ints_host[c // O, :, :rows].numpy(), self.open_floats_host[c // O, :, :rows].numpy()
-            i[0, :n] = [r.slot for r in chunk]
-            i[1, :n] = [EOS_FROM if r.samples_eos else NO_EOS for r in chunk]
-            RowSampling.host_values([r.params.sampling for r in chunk], self.tts.generation_config, i[2:, :n], f[:, :n])
-            i[0, n:] = self.dummy                   # padding rows: the dummy slot takes the first row's values
-            i[1:, n:], f[:, n:] = i[1:, :1], f[:, :1]
-            self.open_ints.copy_(self.open_ints_host[c // O], non_blocking=True)      # whole blocks: contiguous
-            self.open_floats.copy_(self.open_floats_host[c // O], non_blocking=True)
+            rows = next(b for b in OPEN_ROWS if b >= len(chunk)) if self.use_graphs else len(chunk)
+            eos_from = [EOS_FROM if r.samples_eos else NO_EOS for r in chunk]
+            self._stage_opens(c // O, [r.slot for r in chunk], eos_from, [r.params.sampling for r in chunk], rows)
             g = self.graphs.get(("open", rows))
             if g is not None:
                 g.replay()
@@ -239,14 +233,18 @@ class Runner:
             if clone is not None and clone.icl:
                 self._prime_slot(req.slot, clone)
 
-    def _dummy_opens(self) -> None:
-        """open_ints and open_floats as opens of the dummy slot with the default sampling (warm-up and capture run
-        the open graphs on them)."""
-        i, f = self.open_ints_host[0].numpy(), self.open_floats_host[0].numpy()
-        i[0], i[1] = self.dummy, EOS_FROM
-        RowSampling.host_values([SamplingParams(seed=0)] * OPEN_ROWS[-1], self.tts.generation_config, i[2:], f)
-        self.open_ints.copy_(self.open_ints_host[0])
-        self.open_floats.copy_(self.open_floats_host[0])
+    def _stage_opens(self, block: int, slots: list[int], eos_from: list[int], sampling: list[SamplingParams],
+                     rows: int) -> None:
+        """Host block `block` for opens of `slots` (their eos frames and sampling) padded to `rows` (the padding rows
+        open the dummy slot with the first one's values), sent to open_ints and open_floats."""
+        n = len(slots)
+        i, f = self.open_ints_host[block, :, :rows].numpy(), self.open_floats_host[block, :, :rows].numpy()
+        i[0, :n], i[1, :n] = slots, eos_from
+        RowSampling.host_values(sampling, self.tts.generation_config, i[2:, :n], f[:, :n])
+        i[0, n:] = self.dummy
+        i[1:, n:], f[:, n:] = i[1:, :1], f[:, :1]
+        self.open_ints.copy_(self.open_ints_host[block], non_blocking=True)      # whole blocks: contiguous
+        self.open_floats.copy_(self.open_floats_host[block], non_blocking=True)
 
     def _open_step(self, rows: int) -> None:
         """The slots of open_ints' first `rows` columns set from open_ints and open_floats (the open graph)."""
@@ -323,6 +321,7 @@ class Runner:
             self._run("talker", self._bucket(nd))
         if prefill:
             self._prefill(prefill, nd)
+        launched.positions = int(host[1, :nd].sum()) + sum(r.prompt_len - 1 for r in prefill)
         self._run("codes", b)
         self.codes_host[launched.buf][:n].copy_(self.codes[:n], non_blocking=True)
         if self.codes_done[launched.buf] is not None:
@@ -392,8 +391,8 @@ class Runner:
                 host[j, 2 + at:2 + base.shape[0]] = text
             rows = next(b for b in self.prefill_rows if b >= n) if self.use_graphs else n
             T = next(t for t in self.prefill_lens if t >= max(lengths)) if self.use_graphs else max(lengths)
-            host[n:rows, 0], host[n:rows, 1:] = self.dummy, -1
-            host[n:rows, 1] = 0
+            host[n:rows] = -1                                              # padding rows: the dummy slot
+            host[n:rows, :2] = self.dummy, 0
             self.pre_in.copy_(block, non_blocking=True)                    # the whole block: contiguous
             g = self.graphs.get(("prefill", rows, T))
             if g is not None:
@@ -540,7 +539,8 @@ class Runner:
         for rows in reversed(self.prefill_rows):
             for T in reversed(self.prefill_lens):
                 self._timed(f"prefill {rows}x{T}", self._capture, ("prefill", rows, T), self._prefill_step, rows, T)
-        self._dummy_opens()
+        # the open graphs warm up and are captured on opens of the dummy slot
+        self._stage_opens(0, [self.dummy], [EOS_FROM], [SamplingParams(seed=0)], OPEN_ROWS[-1])
         for rows in OPEN_ROWS:
             self._timed(f"open {rows}", self._capture, ("open", rows), self._open_step, rows)
         self.pending.extend(searched_later)
