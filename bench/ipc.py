@@ -1,10 +1,10 @@
-"""What the engine-process boundary costs per step (ipc/wire.py over ZMQ ipc://), with synthetic steps:
+"""What the engine-process boundary costs per step (ipc/wire.py over ipc/channel.py), with synthetic steps:
 
     python -m bench.ipc --batches 1,256 --workers 1,8 --steps 2000
 
 A stand-in engine process speaks the engine's side of the protocol (HELLO -> WELCOME and STATS, COMMANDS
 read for the contexts' wire ids) and, for each step, hands every worker its rows as the engine process does
-(wire.step_message + send_multipart, the code of ipc/engine_server.py EngineServer._deliver; timed) at a fixed
+(wire.step_message + Outgoing.send, the code of ipc/engine_server.py EngineServer._deliver; timed) at a fixed
 step period. Each worker is a real RemoteEngines on its own event loop and process, whose client only counts the
 events it gets (no sessions, no encoding). Measured: the engine thread's time per step for all workers
 (pack + send), each worker's time per STEP message (receive, decode, one AudioChunk per row, deliver), and
@@ -33,25 +33,25 @@ def pct(values, q):
 
 
 def engine_side(endpoint: str, workers: int, batch: int, steps: int, period_s: float, out) -> None:
-    import zmq
-
-    from talkgate.ipc import wire
-    zctx = zmq.Context(io_threads=1)
-    sock = zctx.socket(zmq.ROUTER)
-    for opt, v in ((zmq.ROUTER_MANDATORY, 1), (zmq.SNDHWM, 0), (zmq.RCVHWM, 0)):
-        sock.setsockopt(opt, v)
-    sock.bind(endpoint)
-    peers: dict[bytes, list[int]] = {}                  # identity -> wire ids of its contexts
+    from talkgate.ipc import channel, wire
+    from talkgate.ipc.engine_server import DIRECT_BYTES, SEND_BUFFER
+    listener = channel.listen(endpoint)
+    flusher = channel.Flusher()
+    conns: list[tuple] = []                             # (socket, Reader, Outgoing, wire ids of its contexts)
     per_worker = batch // workers
-    while sum(len(v) for v in peers.values()) < per_worker * workers:
-        frames = sock.recv_multipart()
-        identity, kind = frames[0], frames[1]
-        if kind == wire.HELLO:
-            peers[identity] = []
-            sock.send_multipart([identity, *wire.welcome_message(0, os.getpid(), INFO, "", {"free_slots": 4096,
-                                                                                            "state": "ready"})])
-        elif kind == wire.COMMANDS:
-            peers[identity] += [c[1] for c in wire.decode(frames[2])[1] if c[0] == wire.OPEN]
+    while sum(len(c[3]) for c in conns) < per_worker * workers:
+        if (sock := channel.accept(listener, SEND_BUFFER)) is not None:
+            conns.append((sock, channel.Reader(), channel.Outgoing(sock, flusher.watch, DIRECT_BYTES), []))
+        for sock, reader, outgoing, ids in conns:
+            channel.receive(sock, reader)
+            for parts in reader.messages():
+                kind = bytes(parts[0])
+                if kind == wire.HELLO:
+                    outgoing.send(wire.welcome_message(0, os.getpid(), INFO, "", {"free_slots": 4096,
+                                                                                  "state": "ready"}))
+                elif kind == wire.COMMANDS:
+                    ids += [c[1] for c in wire.decode(parts[1])[1] if c[0] == wire.OPEN]
+        time.sleep(0.001)
     block = np.random.default_rng(0).standard_normal((batch, FRAME_SAMPLES)).astype(np.float32)
     times, seq = [], 0
     next_t = time.perf_counter()
@@ -61,27 +61,30 @@ def engine_side(endpoint: str, workers: int, batch: int, steps: int, period_s: f
         seq += 1
         now = time.perf_counter()
         # what Engine._emit_audio hands deliver: rows of the step's one copied block (not timed: in-process too)
-        batches = [(identity, [AudioChunk(c, block[p * per_worker + i], step, 1, now) for i, c in enumerate(ids)])
-                   for p, (identity, ids) in enumerate(peers.items())]
+        batches = [(outgoing, [AudioChunk(c, block[p * per_worker + i], step, 1, now) for i, c in enumerate(ids)])
+                   for p, (_, _, outgoing, ids) in enumerate(conns)]
         t0 = time.perf_counter()
-        for identity, events in batches:
-            sock.send_multipart([identity, *wire.step_message(seq, 4096, events)], flags=zmq.NOBLOCK, copy=False)
+        for outgoing, events in batches:        # the engine process's EngineServer._deliver
+            outgoing.send(wire.step_message(seq, 4096, events))
         times.append(time.perf_counter() - t0)
-        while sock.poll(0):
-            sock.recv_multipart()                       # acknowledgements
+        for sock, reader, _, _ in conns:
+            channel.receive(sock, reader)
+            reader.messages()                           # acknowledgements
     time.sleep(0.5)
     out.put({"engine_ms": [1000 * t for t in times[steps // 10:]]})
-    sock.close(linger=1000)
-    zctx.term()
+    flusher.close()
+    for sock, *_ in conns:
+        sock.close()
+    listener.close()
 
 
 def worker_side(endpoint: str, index: int, contexts: int, steps: int, out) -> None:
     from talkgate.ipc.remote_engines import RemoteEngines
 
     class Timed(RemoteEngines):
-        def _handle(self, link, frames):
+        def _handle(self, engine, frames, events):
             t0 = time.perf_counter()
-            super()._handle(link, frames)
+            super()._handle(engine, frames, events)
             handle_ms.append(1000 * (time.perf_counter() - t0))
 
     handle_ms, latency_ms = [], []

@@ -14,7 +14,7 @@ if not torch.cuda.is_available():
 
 from talkgate.synth.checkpoint import create_checkpoint
 
-# The session's leak check: the run fails when a test leaves a thread, a child process, a socket or a ZMQ context
+# The session's leak check: the run fails when a test leaves a thread, a child process or a socket
 # behind (tests/leakcheck.py says what it counts and what it leaves out).
 pytest_plugins = ("tests.leakcheck",)
 

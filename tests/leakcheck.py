@@ -1,6 +1,6 @@
 """The session's leak check (a pytest plugin; tests/conftest.py takes its hooks): no test may leave a thread, a child
-process, a socket or a ZMQ context behind. After the last fixture's teardown the run fails, and its terminal summary
-says what was left, when anything is:
+process or a socket behind. After the last fixture's teardown the run fails, and its terminal summary says what was
+left, when anything is:
 
 - threads: every live Python thread but the main thread and those alive before the first test (a baseline taken once
   collection has imported every test module: the interpreter's, pytest's and the libraries' own, started at import).
@@ -10,12 +10,10 @@ says what was left, when anything is:
 - child processes of this process (/proc/self/task/*/children), running or exited and never waited for (a zombie).
   No baseline: nothing may be a child before the first test either.
 - sockets: descriptors of this process that are sockets (/proc/self/fd), beyond those open before the first test.
-- ZMQ contexts: zmq.Context objects alive and not closed (gc.get_objects(), garbage not yet collected included).
-- and what was left to the garbage collector during the run: a socket, a context or a running child process whose
-  object was dropped unclosed (Python and pyzmq warn then: ResourceWarning "unclosed <socket", "Unclosed context",
-  "subprocess N is still running"). It is a leak whether or not a collection happened to come before the end, so
-  the check does not depend on the collector's timing; the warning names the test during which it was collected,
-  the one that left it or a later one.
+- and what was left to the garbage collector during the run: a socket or a running child process whose object was
+  dropped unclosed (Python warns then: ResourceWarning "unclosed <socket", "subprocess N is still running"). It is a
+  leak whether or not a collection happened to come before the end, so the check does not depend on the collector's
+  timing; the warning names the test during which it was collected, the one that left it or a later one.
 
 Left out, each for its reason (nothing that runs talkgate's or the tests' own code):
 - tqdm's monitor thread (tqdm._monitor.TMonitor): a progress-bar class starts it at its first bar, and a disabled bar
@@ -30,16 +28,14 @@ Left out, each for its reason (nothing that runs talkgate's or the tests' own co
   clients of talkgate bench's load generator) and meant to outlive them all, to reclaim what a crashed one left;
   it exits with this process.
 
-The check never runs the garbage collector itself: a finalizer it would run can block (pyzmq's Context.__del__ on a
-context whose sockets are garbage with it waits for them for good: tests/system/test_engine_process.py,
-remote_engines).
+The check never runs the garbage collector itself: it does not depend on the collector's timing (see above), and a
+finalizer the collector would run can do anything, at whatever point the collection happens to come.
 
 What was left may still be ending (a reader thread that sees its server's EOF a moment after the server exited):
 the check waits up to GRACE_S for threads to end and children to exit before it counts them.
 """
 from __future__ import annotations
 
-import gc
 import os
 import re
 import sys
@@ -59,7 +55,6 @@ ROOT = Path(__file__).resolve().parent.parent
 OWN = tuple(str(ROOT / d) + os.sep for d in ("talkgate", "tests"))     # code whose threads are never baseline
 # the ResourceWarnings of objects closed by their finalizers: what each is counted as, the messages' beginnings
 LEFT_TO_COLLECTOR = {"sockets": ("unclosed <socket.socket", "unclosed <ssl.SSLSocket"),
-                     "zmq contexts": ("Unclosed context",),                           # pyzmq's Context.__del__
                      "child processes": ("subprocess ",)}                             # "... N is still running"
 TCP_STATES = {"01": "established", "06": "time-wait", "07": "closed", "08": "close-wait", "0A": "listening"}
 
@@ -163,8 +158,7 @@ def find_leaks(grace_s: float = GRACE_S) -> dict[str, list[str]]:
     return {"threads": [_describe_thread(t) for t in threads],
             "child processes": [_describe_process(pid) for pid in children] + _check.collected["child processes"],
             "sockets": [f"fd {fd}: {_describe_socket(inode)}" for fd, inode in sorted(sockets.items())]
-                       + _check.collected["sockets"],
-            "zmq contexts": [f"{c!r} not closed" for c in _zmq_contexts()] + _check.collected["zmq contexts"]}
+                       + _check.collected["sockets"]}
 
 
 def _other_threads() -> list[threading.Thread]:
@@ -256,11 +250,3 @@ def _addr(hexaddr: str) -> str:
     if len(host) == 8:
         host = ".".join(str(int(host[i:i + 2], 16)) for i in (6, 4, 2, 0))
     return f"{host}:{int(port, 16)}"
-
-
-def _zmq_contexts() -> list:
-    zmq = sys.modules.get("zmq")
-    if zmq is None:              # nothing in this process used ZMQ
-        return []
-    return [o for o in gc.get_objects()
-            if issubclass(type(o), zmq.Context) and not o.closed and not getattr(o, "_shadow", False)]

@@ -1,38 +1,42 @@
 """An engine process: one per GPU (or one on the CPU). It owns the model, scheduler, runner and step loop and
-nothing else; gateway workers reach it over ZMQ with the messages of ipc/wire.py.
+nothing else; gateway workers reach it with the messages of ipc/wire.py, each over a local socket of its own
+(ipc/channel.py).
 
 EngineServer is that loop around one started Engine; processes/engine_process.py is the process's main.
 One thread, the main one, runs the loop (vLLM's EngineCore shape): take the workers' messages (commands go to
 Engine.submit), one turn of the engine (Engine.turn: a step, whose deliver sends each worker its step's events
 as one STEP message, or a pending graph capture no context would notice), check the workers' backlogs,
-publish stats every STATS_INTERVAL_S; while nothing is ready it waits on the socket. Warm-up (compiles and the
+publish stats every STATS_INTERVAL_S; while nothing is ready it waits in poll() on the listening socket and the
+workers' sockets, so a command that arrives wakes this thread and no other. Warm-up (compiles and the
 first-audio graphs: minutes on a GPU without the compile cache) runs on the main thread first while a second
 thread answers HELLOs and publishes stats (state "warming"), so workers learn the model at once, and a third
 ends the process if the warm-up stalls (system/warmup_watchdog.py). Nothing is collected while the
 model loads; what is alive once it is loaded, after warm-up, and again once every graph is captured, is frozen
 out of the garbage collector (system/heap.py).
 
-The engine never waits for a worker. ZMQ's I/O thread writes the messages out; the engine counts what each
-worker has not acknowledged yet. A worker that falls behind (its oldest unacknowledged STEP over
+The engine never waits for a worker. A message goes straight into the worker's socket; what the socket cannot take
+at once waits in the connection's queue, which a Flusher thread writes out as the worker reads (channel.py). The
+engine counts what each worker has not acknowledged yet. A worker that falls behind (its oldest unacknowledged STEP over
 WORKER_LAG_LIMIT_S old, or MAX_UNACKED_BYTES of PCM unacknowledged) gets every open context of its own failed
 with code `worker_behind` (those events still reach it, after its backlog), so the queue held for it stays
-bounded and the other workers' contexts are not touched; a worker that goes away (its connection closed: the
-ROUTER answers EHOSTUNREACH) is disconnected from the engine, which frees its contexts' slots before the next
+bounded and the other workers' contexts are not touched; a worker that goes away (its connection closed: a read
+finds its end, or a write fails) is disconnected from the engine, which frees its contexts' slots before the next
 step. A HELLO from a worker index already known (a restarted worker) replaces the old connection the same way.
 """
 from __future__ import annotations
 
 import collections
+import contextlib
 import logging
 import os
+import select
+import socket
 import threading
 import time
 from bisect import bisect_left
 from dataclasses import dataclass, field
 
-import zmq
-
-from talkgate.ipc import wire
+from talkgate.ipc import channel, wire
 from talkgate.synth.api import EngineError
 from talkgate.system import heap
 from talkgate.system.schedstat import SchedStat
@@ -41,7 +45,13 @@ from talkgate.system.warmup_watchdog import DEFAULT_STALL_S, WarmupWatchdog
 log = logging.getLogger("talkgate.engine_process")
 WORKER_LAG_LIMIT_S = 2.0        # a worker this far behind the engine has its contexts failed (worker_behind)
 MAX_UNACKED_BYTES = 256 << 20   # ... or with this much of its PCM unacknowledged (about 5 s of 512 streams)
-MAX_MESSAGES_PER_TURN = 1000    # messages taken from the socket between two steps
+MAX_MESSAGES_PER_TURN = 1000    # messages taken from the sockets between two steps (about: whole reads)
+LINGER_S = 1.0                  # at close, how long the last messages may take to leave
+# A STEP up to this size is written to its worker's socket by the engine thread itself (a first frame leaves at
+# once); a larger one by the Flusher thread beside it (at 256 rows 2 MB a step: the copy would be the engine
+# thread's, bench/ipc.py)
+DIRECT_BYTES = 64 << 10
+SEND_BUFFER = 4 << 20           # a worker socket's send buffer asked for (capped by net.core.wmem_max)
 # A turn this long can make a new context's second frame late: at 25 text tokens a second its text id comes 40 ms
 # after the first frame's while its audio is due 80 ms after the first frame's, so frame 1 has about 40 ms to
 # spare (docs/benchmarks.md, 2026-11-28). Such turns are counted and logged, with where their time went.
@@ -50,9 +60,18 @@ SLOW_TURN_LOG_S = 5.0           # slow turns are summed up in one log line at mo
 
 
 @dataclass(eq=False)
+class Conn:
+    """One accepted connection; its worker's Peer once it said HELLO."""
+    sock: socket.socket
+    out: channel.Outgoing
+    reader: channel.Reader = field(default_factory=channel.Reader)
+    peer: "Peer | None" = None
+
+
+@dataclass(eq=False)
 class Peer:
     """One connected gateway worker."""
-    identity: bytes
+    conn: Conn
     worker: int
     pid: int
     client: int = 0                                   # its Engine client
@@ -116,20 +135,12 @@ class EngineServer:
         self.engine, self.endpoint, self.index, self.checkpoint = engine, endpoint, index, checkpoint
         self.warmup_stall_s = warmup_stall_s
         self.incarnation = os.getpid()
-        self.zctx = zmq.Context(io_threads=1)
-        sock = self.sock = self.zctx.socket(zmq.ROUTER)
-        sock.setsockopt(zmq.ROUTER_MANDATORY, 1)      # a gone worker raises EHOSTUNREACH instead of a silent drop
-        sock.setsockopt(zmq.ROUTER_HANDOVER, 1)       # a restarted worker takes its identity over
-        sock.setsockopt(zmq.SNDHWM, 0)                # bounded by the backlog rule above, never by dropping
-        sock.setsockopt(zmq.RCVHWM, 0)
-        sock.setsockopt(zmq.LINGER, 1000)
-        if endpoint.startswith("ipc://"):
-            try:
-                os.unlink(endpoint[len("ipc://"):])       # a dead predecessor's socket file
-            except FileNotFoundError:
-                pass
-        sock.bind(endpoint)
-        self.peers: dict[bytes, Peer] = {}
+        self.listener = channel.listen(endpoint)      # a dead predecessor's socket file is replaced
+        self.flusher = channel.Flusher(f"talkgate-flusher-{index}")
+        self.poller = select.poll()
+        self.poller.register(self.listener, select.POLLIN)
+        self.conns: dict[int, Conn] = {}              # by file descriptor
+        self.peers: dict[Conn, Peer] = {}
         self.state = "warming"
         self.step_buckets = [0] * (len(wire.STEP_BUCKETS) + 1)
         self.step_sum = 0.0
@@ -169,12 +180,21 @@ class EngineServer:
             self._turn(step=True)
 
     def close(self) -> None:
-        """Stop: open contexts fail with engine_stopped (sent to their workers), then the socket closes."""
+        """Stop: open contexts fail with engine_stopped (sent to their workers, LINGER_S at most to leave), then the
+        sockets close."""
         self.state = "stopping"
         self.engine.stop()
         self._publish()
-        self.sock.close(linger=1000)
-        self.zctx.term()
+        deadline = time.monotonic() + LINGER_S
+        while not self.flusher.idle() and time.monotonic() < deadline:
+            time.sleep(0.005)
+        self.flusher.close()
+        for conn in list(self.conns.values()):
+            self._drop(conn)
+        self.poller.unregister(self.listener)
+        self.listener.close()
+        with contextlib.suppress(OSError):
+            os.unlink(channel.path_of(self.endpoint))
 
     def _turn(self, step: bool) -> None:
         t0 = time.perf_counter()
@@ -201,7 +221,7 @@ class EngineServer:
             in_turn = None if thread is None or after is None else (after[0] - thread[0], after[1] - thread[1])
             self.slow_turns.add(t1 - t0, t2 - t1, t3 - t2, runner.gpu_wait_s - gpu_wait, in_turn)
         if not busy:
-            self.sock.poll(max(1, int(1000 * (self._next_stats - now))), zmq.POLLIN)
+            self.poller.poll(max(1, int(1000 * (self._next_stats - now))))
         loop = self.loop_s
         loop["receive"] += t1 - t0
         loop["turn"] += t2 - t1
@@ -210,42 +230,71 @@ class EngineServer:
 
     # ----- worker -> engine -----
     def _receive(self) -> None:
-        for _ in range(MAX_MESSAGES_PER_TURN):
-            try:
-                frames = self.sock.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
-                return
-            try:
-                self._handle(frames)
-            except Exception:                               # a malformed message never stops the engine
-                log.exception("bad message from %r", frames[0])
+        while (sock := channel.accept(self.listener, SEND_BUFFER)) is not None:
+            self.conns[sock.fileno()] = Conn(sock, channel.Outgoing(sock, self.flusher.watch, DIRECT_BYTES))
+            self.poller.register(sock, select.POLLIN)
+        taken = 0
+        for conn in list(self.conns.values()):
+            while taken < MAX_MESSAGES_PER_TURN:
+                try:
+                    if not channel.receive(conn.sock, conn.reader):
+                        break
+                    messages = conn.reader.messages()
+                except (channel.Closed, channel.ProtocolError) as e:
+                    self._drop(conn, str(e))
+                    break
+                taken += len(messages)
+                for parts in messages:
+                    try:
+                        self._handle(conn, parts)
+                    except Exception:                       # a malformed message never stops the engine
+                        log.exception("bad message from %s", self._who(conn))
 
-    def _handle(self, frames: list[bytes]) -> None:
-        identity, kind = frames[0], frames[1]
+    def _handle(self, conn: Conn, parts: list) -> None:
+        kind = bytes(parts[0])
         if kind == wire.HELLO:
-            worker, pid = wire.decode(frames[2])
-            self._hello(identity, worker, pid)
+            worker, pid = wire.decode(parts[1])
+            self._hello(conn, worker, pid)
             return
-        peer = self.peers.get(identity)
+        peer = conn.peer
         if peer is None:
-            return                                          # a worker that has not said HELLO (to this incarnation)
+            return                                          # a connection that has not said HELLO
         if kind == wire.COMMANDS:
-            ack, commands = wire.decode(frames[2])
+            ack, commands = wire.decode(parts[1])
             self._ack(peer, ack)
             self.engine.submit(peer.client, [wire.command_from_wire(c) for c in commands])
         elif kind == wire.ACK:
-            self._ack(peer, wire.decode(frames[2]))
+            self._ack(peer, wire.decode(parts[1]))
 
-    def _hello(self, identity: bytes, worker: int, pid: int) -> None:
-        old = self.peers.pop(identity, None)
-        if old is not None:
+    def _hello(self, conn: Conn, worker: int, pid: int) -> None:
+        for old in [p for p in self.peers.values() if p.worker == worker or p.conn is conn]:
             self.engine.disconnect(old.client)
+            del self.peers[old.conn]
+            if old.conn is not conn:
+                self._drop(old.conn)
             log.info("worker %d reconnected (pid %d, was %d): its contexts here are cancelled", worker, pid, old.pid)
-        peer = Peer(identity, worker, pid)
+        peer = conn.peer = Peer(conn, worker, pid)
         peer.client = self.engine.connect(lambda events, peer=peer: self._deliver(peer, events))
-        self.peers[identity] = peer
+        self.peers[conn] = peer
         self._send(peer, wire.welcome_message(self.index, self.incarnation, self.engine.info, self.checkpoint,
                                               self._stats()))
+
+    def _drop(self, conn: Conn, why: str = "") -> None:
+        """Close a connection; its worker's Peer (if any) is gone, disconnected at the next _check_peers."""
+        if self.conns.pop(conn.sock.fileno(), None) is None:
+            return
+        self.poller.unregister(conn.sock)
+        if conn.peer is not None and not conn.peer.gone:
+            if why:
+                log.warning("%s is gone (%s): cancelling its contexts", self._who(conn), why)
+            conn.peer.gone = True
+        conn.out.close()
+        conn.sock.close()
+
+    @staticmethod
+    def _who(conn: Conn) -> str:
+        p = conn.peer
+        return "a connection that has not said HELLO" if p is None else f"worker {p.worker} (pid {p.pid})"
 
     def _ack(self, peer: Peer, ack: int) -> None:
         while peer.unacked and peer.unacked[0][0] <= ack:
@@ -264,21 +313,21 @@ class EngineServer:
             peer.unacked_bytes += nbytes
 
     def _send(self, peer: Peer, frames: list) -> bool:
-        try:
-            self.sock.send_multipart([peer.identity, *frames], flags=zmq.NOBLOCK, copy=False)
+        if peer.conn.out.send(frames):
             return True
-        except zmq.ZMQError as e:                           # EHOSTUNREACH: its connection is closed
-            if not peer.gone:
-                log.warning("worker %d (pid %d) is gone (%s): cancelling its contexts", peer.worker, peer.pid, e)
-            peer.gone = True
-            return False
+        if not peer.gone:
+            log.warning("worker %d (pid %d) is gone (%s): cancelling its contexts", peer.worker, peer.pid,
+                        peer.conn.out.broken)
+        peer.gone = True
+        return False
 
     def _check_peers(self) -> None:
         now = time.monotonic()
-        for identity, peer in list(self.peers.items()):
-            if peer.gone:
+        for conn, peer in list(self.peers.items()):
+            if peer.gone or conn.out.broken is not None:
                 self.engine.disconnect(peer.client)
-                del self.peers[identity]
+                del self.peers[conn]
+                self._drop(conn)
                 continue
             late = peer.unacked and (now - peer.unacked[0][1] > WORKER_LAG_LIMIT_S
                                      or peer.unacked_bytes > MAX_UNACKED_BYTES)

@@ -13,9 +13,10 @@ and the client's ids (contexts, voice requests: unique in the worker) are the id
 as they went, their audio rows as views of the received buffer. Nothing is filtered here: events of a context
 cancelled meanwhile go on to the client, which drops them.
 
-Everything runs on the worker's event loop: each engine's DEALER socket is read by a loop reader, and the
-commands submitted during one loop iteration go out as one COMMANDS message per engine. submit may also be
-called from another thread: it only queues under a lock and wakes the loop.
+Everything runs on the worker's event loop: each engine's socket (ipc/channel.py: a local socket, written and read
+by this loop itself, no I/O thread between) is read by a loop reader, and the commands submitted during one loop
+iteration go out as one COMMANDS message per engine, written at once (what the socket cannot take is written when
+it can). submit may also be called from another thread: it only queues under a lock and wakes the loop.
 
 Placement: a new context goes to the ready engine with the most free slots as last heard (each STEP and
 STATS message carries the engine's free slots; opens sent since are counted off). That view may be stale
@@ -24,9 +25,10 @@ either way, so an engine that seems full is still asked: one that is full answer
 engine not tried yet; when none is left the client gets that engine_full, the capacity error of a single
 engine.
 
-Faults: an engine process that dies closes its connection (a ZMQ monitor event): its contexts fail with
-`engine_failed`, except those that have had no event yet, which move to another ready engine. Its
-restarted successor is greeted again (HELLO -> WELCOME) and takes new contexts once it says "ready".
+Faults: an engine process that dies closes its connection (the read finds its end): its contexts fail with
+`engine_failed`, except those that have had no event yet, which move to another ready engine. The worker connects
+again every RECONNECT_S (up to RECONNECT_MAX_S while nothing listens); the restarted successor is greeted (HELLO ->
+WELCOME) and takes new contexts once it says "ready".
 Backpressure: STEPs are read when the loop is free, while the EngineClient holds fewer than `max_behind` steps'
 events not yet routed to every Link (`hold`): it hands a new context's first frames out before the older audio
 it still holds, so the next STEPs are read while that waits. Those that queued meanwhile (up to
@@ -37,17 +39,15 @@ waits, fails this worker's contexts once it is WORKER_LAG_LIMIT_S behind (ipc/en
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import os
+import socket
 import threading
 import time
-import weakref
 from dataclasses import dataclass, field
 
-import zmq
-from zmq.utils.monitor import parse_monitor_message
-
-from talkgate.ipc import wire
+from talkgate.ipc import channel, wire
 from talkgate.synth.api import (
     AudioChunk, CancelContext, ContextFailed, Deliver, EngineCommand, MakeVoice, ModelInfo, OpenContext, VoiceFailed,
 )
@@ -60,6 +60,8 @@ MAX_MESSAGES_PER_READ = 8   # then other loop callbacks (client messages) run be
 # steps' events the EngineClient may hold not yet routed to every Link: no STEP is read then (at 256 rows, 20-ms
 # steps: 160 ms of audio of the contexts past their first frames)
 STEPS_HELD_BEFORE_READING = 8
+RECONNECT_S = 0.1           # a connection lost or refused is tried again after this, ...
+RECONNECT_MAX_S = 1.0       # ... doubling up to this while it is refused
 
 
 @dataclass(eq=False)
@@ -75,8 +77,11 @@ class _Engine:
     """One engine process as this worker knows it."""
     index: int
     endpoint: str
-    sock: zmq.Socket | None = None
-    monitor: zmq.Socket | None = None
+    sock: socket.socket | None = None          # connected; None while it is not
+    out: channel.Outgoing | None = None
+    reader: channel.Reader | None = None
+    retry: asyncio.TimerHandle | None = None   # the next connection attempt
+    retry_s: float = RECONNECT_S
     state: str = "down"            # down | warming | ready | stopping
     incarnation: int | None = None
     stats: dict = field(default_factory=dict)
@@ -87,16 +92,11 @@ class _Engine:
     acked: int = 0                 # last STEP seq handled
     ack_sent: int = 0
     ack_timer: asyncio.TimerHandle | None = None
+    inbox: collections.deque = field(default_factory=collections.deque)     # whole messages read, not handled
 
     @property
     def room(self) -> int:
         return self.free - self.opened if self.state == "ready" else 0
-
-
-def _close_zmq(zctx: zmq.Context, sockets: list[zmq.Socket]) -> None:
-    for s in sockets:
-        s.close(linger=0)
-    zctx.term()
 
 
 class RemoteEngines:
@@ -118,11 +118,11 @@ class RemoteEngines:
         self._flush_pending = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread = None
-        self._zctx: zmq.Context | None = None
+        self._closed = False
         self._info_ready: asyncio.Event | None = None
         # called on the loop whenever `ready` may have changed
         self.on_state = None
-        # called on the loop with each STEP's age when its audio is handled (the engine's emit to here: ZMQ and
+        # called on the loop with each STEP's age when its audio is handled (the engine's emit to here: the socket and
         # this loop's backlog); perf_counter is the host's monotonic clock, shared by the processes
         self.on_delivery = None
         # while it returns true no message is read: the loop still hands the last STEPs out (EngineClient.behind)
@@ -133,41 +133,20 @@ class RemoteEngines:
         self._loop = asyncio.get_running_loop()
         self._loop_thread = threading.get_ident()
         self._info_ready = asyncio.Event()
-        self._zctx = zmq.Context(io_threads=1)
         for engine in self.engines:
-            s = engine.sock = self._zctx.socket(zmq.DEALER)
-            s.setsockopt(zmq.IDENTITY, f"w{self.worker}".encode())
-            s.setsockopt(zmq.IMMEDIATE, 1)          # no queue for an engine that is not connected
-            s.setsockopt(zmq.SNDHWM, 0)
-            s.setsockopt(zmq.RCVHWM, 0)
-            s.setsockopt(zmq.LINGER, 0)
-            s.setsockopt(zmq.RECONNECT_IVL, 100)
-            s.setsockopt(zmq.RECONNECT_IVL_MAX, 1000)
-            engine.monitor = s.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED)
-            s.connect(engine.endpoint)
-            self._loop.add_reader(s.FD, self._readable, engine)
-            self._loop.add_reader(engine.monitor.FD, self._monitor_readable, engine)
-            self._loop.call_soon(self._monitor_readable, engine)
-        # The context and its sockets are closed by close(), or when this object is collected unclosed (a worker or
-        # a test that failed before its close): never by pyzmq's Context.__del__, which, with the sockets garbage
-        # in the same cycle, finds its weak references to them cleared, closes none and waits in term() for good.
-        self._closer = weakref.finalize(self, _close_zmq, self._zctx,
-                                        [s for e in self.engines for s in (e.monitor, e.sock)])
+            self._connect(engine)
 
     async def wait_info(self) -> ModelInfo:
         await self._info_ready.wait()
         return self.info
 
     def close(self) -> None:
+        self._closed = True
         for engine in self.engines:
-            if engine.sock is not None:
-                self._loop.remove_reader(engine.sock.FD)
-                self._loop.remove_reader(engine.monitor.FD)
-                engine.sock.disable_monitor()
-                engine.sock = engine.monitor = None     # a flush or monitor read still scheduled finds them gone
-        if self._zctx is not None:
-            self._closer()                              # the sockets closed (linger 0), then the context
-            self._zctx = None
+            if engine.retry is not None:
+                engine.retry.cancel()
+                engine.retry = None
+            self._hang_up(engine)
 
     @property
     def ready(self) -> bool:
@@ -306,19 +285,64 @@ class RemoteEngines:
         self._hand_over(local)
 
     def _send(self, engine: _Engine, frames: list) -> None:
-        if engine.sock is None:             # closed since this send was scheduled
+        if engine.out is None:              # not connected: the engine is down, its contexts moved or failed
             return
-        try:
-            engine.sock.send_multipart(frames, zmq.NOBLOCK)
-        except zmq.Again:                   # not connected (IMMEDIATE): the engine is gone
-            self._engine_down(engine, "its connection is closed")
-        self._loop.call_soon(self._readable, engine)    # a send can consume the socket's read edge
+        if not engine.out.send(frames):
+            self._lost(engine, engine.out.broken)
+        elif engine.out.pending:            # the rest when the socket takes it
+            self._loop.add_writer(engine.sock, self._writable, engine)
+
+    def _writable(self, engine: _Engine) -> None:
+        if engine.out is None:
+            return
+        if engine.out.flush():
+            self._loop.remove_writer(engine.sock)
+            if engine.out.broken is not None:
+                self._lost(engine, engine.out.broken)
 
     def _ack(self, engine: _Engine) -> None:
         engine.ack_timer = None
         if engine.acked > engine.ack_sent and engine.sock is not None:
             engine.ack_sent = engine.acked
             self._send(engine, wire.ack_message(engine.acked))
+
+    # ----- the connection (on the loop) -----
+    def _connect(self, engine: _Engine) -> None:
+        engine.retry = None
+        if self._closed:
+            return
+        try:
+            sock = channel.connect(engine.endpoint)
+        except OSError as e:
+            log.warning("engine %d: cannot connect to %s (%s)", engine.index, engine.endpoint, e)
+            sock = None
+        if sock is None:                    # nothing listens there yet (starting, restarting)
+            engine.retry = self._loop.call_later(engine.retry_s, self._connect, engine)
+            engine.retry_s = min(2 * engine.retry_s, RECONNECT_MAX_S)
+            return
+        engine.retry_s = RECONNECT_S
+        engine.sock, engine.out, engine.reader = sock, channel.Outgoing(sock), channel.Reader()
+        self._loop.add_reader(sock, self._readable, engine)
+        self._send(engine, wire.hello_message(self.worker, os.getpid()))
+
+    def _hang_up(self, engine: _Engine) -> None:
+        if engine.sock is None:
+            return
+        self._loop.remove_reader(engine.sock)
+        self._loop.remove_writer(engine.sock)
+        engine.out.close()
+        engine.sock.close()
+        engine.sock = engine.out = engine.reader = None
+        engine.inbox.clear()
+
+    def _lost(self, engine: _Engine, why: str | None) -> None:
+        """The connection to the engine ended: the engine is down, and it is connected to again shortly."""
+        if engine.sock is None:
+            return
+        self._hang_up(engine)
+        self._engine_down(engine, f"its connection closed: {why}" if why else "its connection closed")
+        if not self._closed:
+            engine.retry = self._loop.call_later(RECONNECT_S, self._connect, engine)
 
     # ----- receiving (on the loop) -----
     def _readable(self, engine: _Engine) -> None:
@@ -329,30 +353,44 @@ class RemoteEngines:
             for _ in range(MAX_MESSAGES_PER_READ):
                 if self.hold is not None and self.hold():
                     break
-                try:
-                    frames = engine.sock.recv_multipart(zmq.NOBLOCK, copy=False)
-                except zmq.Again:
+                message = self._next_message(engine)
+                if message is None:
                     return
                 try:
-                    self._handle(engine, frames, events)
+                    self._handle(engine, message, events)
                 except Exception:
                     log.exception("bad message from engine %d", engine.index)
+                if engine.sock is None:         # a message that closed the connection
+                    return
+        except (channel.Closed, channel.ProtocolError) as e:
+            self._hand_over(events)
+            events = []
+            self._lost(engine, str(e))
+            return
         finally:
             self._hand_over(events)
         self._loop.call_soon(self._readable, engine)
 
+    def _next_message(self, engine: _Engine) -> list | None:
+        """The engine's next whole message: read from the socket when none is waiting; None when none has come."""
+        while not engine.inbox:
+            engine.inbox.extend(engine.reader.messages())
+            if engine.inbox or not channel.receive(engine.sock, engine.reader):
+                break
+        return engine.inbox.popleft() if engine.inbox else None
+
     def _handle(self, engine: _Engine, frames: list, events: list) -> None:
         """One message; a STEP's events are added to `events`, handed over by the caller."""
-        kind = frames[0].bytes
+        kind = bytes(frames[0])
         if kind == wire.STEP:
-            self._step(engine, frames[1].buffer, frames[2].buffer, events)
+            self._step(engine, frames[1], frames[2], events)
             return
         self._hand_over(events[:])      # the steps before it first: a WELCOME may fail their contexts
         events.clear()
         if kind == wire.STATS:
-            self._stats(engine, wire.decode(frames[1].buffer))
+            self._stats(engine, wire.decode(frames[1]))
         elif kind == wire.WELCOME:
-            self._welcome(engine, wire.decode(frames[1].buffer))
+            self._welcome(engine, wire.decode(frames[1]))
 
     def _step(self, engine: _Engine, header, pcm, events: list) -> None:
         """One STEP's events onto `events`, in order."""
@@ -410,17 +448,6 @@ class RemoteEngines:
             engine.state = state
             if self.on_state is not None:
                 self.on_state()
-
-    def _monitor_readable(self, engine: _Engine) -> None:
-        while engine.monitor is not None:
-            try:
-                event = parse_monitor_message(engine.monitor.recv_multipart(zmq.NOBLOCK))
-            except zmq.Again:
-                return
-            if event["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED:      # connected and able to send
-                self._send(engine, wire.hello_message(self.worker, os.getpid()))
-            elif event["event"] == zmq.EVENT_DISCONNECTED:
-                self._engine_down(engine, "its connection closed")
 
     def _engine_down(self, engine: _Engine, why: str) -> None:
         """The engine process is gone: its contexts move (no event yet) or fail with engine_failed."""

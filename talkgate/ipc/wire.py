@@ -1,7 +1,7 @@
-"""What crosses between a gateway worker and an engine process: ZMQ multipart messages whose first part
-names the kind, msgpack headers, and audio as raw float32 bytes. Pure functions, no sockets.
+"""What crosses between a gateway worker and an engine process: messages of a few parts (ipc/channel.py carries
+them) whose first part names the kind, msgpack headers, and audio as raw float32 bytes. Pure functions, no sockets.
 
-Worker -> engine (the worker's DEALER, the engine's ROUTER):
+Worker -> engine (each worker's own connection to the engine process):
     HELLO     [b"H", msgpack([worker index, pid])]          first message of a worker (re)connected to it
     COMMANDS  [b"C", msgpack([ack, [command, ...]])]        command: [OPEN, context, params]
                                                             | [TEXT, context, ids, seconds]
@@ -138,7 +138,7 @@ def ack_message(ack: int) -> list[bytes]:
 
 
 def decode(frame) -> object:
-    """A msgpack part (bytes or a zmq Frame)."""
+    """A msgpack part (bytes or a view of a received buffer)."""
     return _unpack(frame)
 
 

@@ -31,7 +31,7 @@ log = logging.getLogger("talkgate.bytecode")
 FOLDER = "bytecode"
 # the packages of talkgate's processes with the most modules (an engine process on CUDA imports about 1,300 of
 # torch's, 420 of sympy's, 290 of networkx's); their tests are left out
-PRECOMPILED = ("torch", "triton", "sympy", "networkx", "mpmath", "numpy", "jinja2", "aiohttp", "zmq")
+PRECOMPILED = ("torch", "triton", "sympy", "networkx", "mpmath", "numpy", "jinja2", "aiohttp")
 SKIPPED = r"[/\\](tests?|benchmarks)[/\\]"
 
 

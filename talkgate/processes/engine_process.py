@@ -28,7 +28,7 @@ def main(argv: list[str] | None = None) -> int:
 
     p = argparse.ArgumentParser(prog="talkgate-engine", description="one engine process (started by talkgate serve)")
     p.add_argument("--index", type=int, default=0)
-    p.add_argument("--endpoint", required=True, help="ZMQ endpoint to bind, e.g. ipc:///tmp/tg/engine-0.ipc")
+    p.add_argument("--endpoint", required=True, help="the socket to listen on for the workers, e.g. ipc:///tmp/tg/engine-0.ipc")
     p.add_argument("--model", required=True)
     p.add_argument("--device")
     p.add_argument("--dtype")

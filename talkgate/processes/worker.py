@@ -1,5 +1,5 @@
 """A gateway worker process: the aiohttp server (sessions, tokenization, tempo, resampling, Opus, framing) on
-the shared port, its engines reached over ZMQ (ipc/remote_engines.py). Started by the supervisor
+the shared port, its engines reached over local sockets (ipc/remote_engines.py). Started by the supervisor
 (`talkgate serve`, processes/supervisor.py) with its settings as JSON in TALKGATE_WORKER:
 
     {"index", "host", "port", "models": [{"name", "aliases", "engines": [endpoint, ...]}, ...], "status_fd",
@@ -174,7 +174,8 @@ def main() -> int:
     die_with_parent()
     logging.basicConfig(level=logging.INFO,
                         format=f"%(asctime)s worker{cfg['index']} %(name)s %(levelname)s %(message)s")
-    descriptors.reserve(cfg["server"]["limits"]["max_connections"] + descriptors.SPARE)   # before ZMQ starts its threads
+    # before the engines' sockets open
+    descriptors.reserve(cfg["server"]["limits"]["max_connections"] + descriptors.SPARE)
     return asyncio.run(serve_worker(cfg))
 
 

@@ -81,7 +81,7 @@ class Metrics:
                                   ["worker"], buckets=_WORKER_S_BUCKETS, registry=r)
         self._lag = self.loop_lag.labels(self.worker)
         self.step_delivery = Histogram("talkgate_engine_step_delivery_seconds", "From an engine process emitting a "
-                                       "step's audio to a worker handling it (ZMQ and the worker's backlog), per worker",
+                                       "step's audio to a worker handling it (the socket and the worker's backlog), per worker",
                                        ["worker"], buckets=_WORKER_S_BUCKETS, registry=r)
         self.worker_connections = Gauge("talkgate_worker_connections", "Open WebSocket connections of a worker",
                                         ["worker"], registry=r, multiprocess_mode="livesum")

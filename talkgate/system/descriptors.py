@@ -16,7 +16,7 @@ import os
 
 log = logging.getLogger("talkgate.descriptors")
 
-SPARE = 256     # descriptors beside the connections: files, pipes, ZMQ's sockets and signalers, the log
+SPARE = 256     # descriptors beside the connections: files, pipes, the engines' sockets, the log
 
 
 def reserve(count: int) -> int:

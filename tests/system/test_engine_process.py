@@ -1,5 +1,5 @@
 """Engine processes and the workers' view of them (ipc/engine_server.py, remote_engines.py, wire.py):
-real engine processes on the tiny checkpoint (CPU), real ZMQ sockets, RemoteEngines on a real event loop."""
+real engine processes on the tiny checkpoint (CPU), real local sockets, RemoteEngines on a real event loop."""
 from __future__ import annotations
 
 import asyncio
@@ -96,10 +96,8 @@ class Client:
 
 @contextlib.asynccontextmanager
 async def remote_engines(engines, worker, n=2, timeout=90):
-    """A worker's RemoteEngines, started, once n engines have greeted it; closed however the test ends. One left open
-    in a failed test's frames becomes garbage in a reference cycle with its ZMQ context and sockets, and a later full
-    collection (test_heap's gc.collect()) then blocks for good in pyzmq's Context.__del__: the collector has already
-    cleared the context's weak references to its sockets, so destroy() closes none and term() waits for them."""
+    """A worker's RemoteEngines, started, once n engines have greeted it; closed however the test ends, so that its
+    sockets are not left to the garbage collector (which the leak check counts as leaked: tests/leakcheck.py)."""
     remote = RemoteEngines(endpoints(engines), worker=worker)
     try:
         remote.start()
