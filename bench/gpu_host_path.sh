@@ -4,7 +4,8 @@
 #   1. bench.host_path on 1.7B CustomVoice (compiled, as serve runs), each tree;
 #   2. each tree in turn (the earlier first): `talkgate serve` default flags and --trace-latency, OpenAI HTTP PCM,
 #      English medium texts, open loop at the rates in RATES (default "1 20 100"), each load's stage budget;
-#   first, GPU_TESTS=1: tests/gpu/test_engine_gpu.py on this tree (but its fresh start).
+#   first, GPU_TESTS=1: tests/gpu/test_engine_gpu.py on this tree (but its fresh start) and the cloned voice's CUDA
+#   test of tests/unit/test_clone_engine.py; HOST_PATH=0 leaves step 1 out.
 #   git archive REV talkgate | tar -x -C .e2e/before
 #   setsid bash bench/gpu_host_path.sh > /tmp/host.out 2>&1 < /dev/null &
 # Results: /tmp/res-host.tgz (copy it to $OUT from a poll call); progress: $RES/progress.
@@ -16,13 +17,14 @@ LOAD_TIMEOUT_S=200
 
 if [ "${GPU_TESTS:-0}" = 1 ]; then
   log "GPU tests"
-  timeout 300 python3 -m pytest -q -p no:cacheprovider -p no:hypothesispytest tests/gpu/test_engine_gpu.py -k "not fresh_start" \
-    > "$res/gpu-tests.txt" 2>&1
+  timeout 400 python3 -m pytest -q -p no:cacheprovider -p no:hypothesispytest tests/gpu/test_engine_gpu.py \
+    tests/unit/test_clone_engine.py -k "not fresh_start and (gpu or cuda or CUDA)" > "$res/gpu-tests.txt" 2>&1
   tail -3 "$res/gpu-tests.txt" | tee -a "$res/progress"
   pack
 fi
 checkpoints custom_voice
 for which in before after; do
+  [ "${HOST_PATH:-1}" = 1 ] || break
   dir=$tree; [ $which = before ] && dir=$before
   (cd "$dir" && PYTHONPATH=$dir:$tree:/tmp/site timeout 400 python3 -m bench.host_path /tmp/ck-1.7b-custom_voice \
     --compile --runs 40 --json "$res/host-$which.json" > "$res/host-$which.txt" 2>&1)

@@ -573,6 +573,7 @@ class Engine:
             return self._emit_audio()
         if prefill:
             stamp(prefill, SCHEDULED)
+            prefill.sort(key=lambda r: not r.prefixed)         # the runner's order: frame 0 by a Talker step first
         apart = (self.first_apart and bool(prefill and decode)
                  and first_frames_apart(decode, t0, self._step_ms_last / 1000))
         launches = [(prefill, []), ([], decode)] if apart else [(prefill, decode)]
@@ -605,7 +606,8 @@ class Engine:
         if self.runner.roof is not None:
             n = len(prefill) + len(decode)
             position = sum(step.positions for step, _ in steps) / n
-            self._roof_s_total += self.runner.roof.step_s(n, position, [r.prompt_len for r in prefill])
+            self._roof_s_total += self.runner.roof.step_s(n, position,
+                                                          [r.prompt_len for r in prefill if not r.prefixed])
         if self.on_step is not None:
             self.on_step(dt, len(prefill) + len(decode))
         return True

@@ -6,9 +6,21 @@ that padded batch rows write to): the Talker's static KV, the codec-embedding su
 (codebook-0 ids seen) and the codec decoder's carried state. Per step the host sends one small int64
 block (slot, position, text id, frame index per row) and gets back the 16 codes per row, then the
 1920 samples per row: one host-to-device and two device-to-host copies a step. A new context's slot is set by an
-open graph from two pinned blocks (its slot, eos frame and sampling values), its prompt by a prefill graph from
-its cached prompt embeddings and one pinned block (slot, length, text ids): a launch from Python is what the
-engine thread pays on the way to first audio, not the work (bench/host_path.py).
+open graph from two pinned blocks (its slot, eos frame, prefix entry and sampling values), its prompt by a prefill
+graph from its cached prompt embeddings and one pinned block (slot, length, text ids): a launch from Python is what
+the engine thread pays on the way to first audio, not the work (bench/host_path.py).
+
+Prompt prefixes. A prompt's positions but its last hold no text (instructions, role, the codec prefix; the last is
+the first text id + codec bos), so their keys and values are the same for every context of that prompt (a voice,
+language and instructions): they are kept, for the last PREFIX_ENTRIES prompts of at most PREFIX_POSITIONS + 1
+positions, in a store beside the slots. The open graph copies a context's prefix from the store into its slot and
+sets its next Talker input to the prompt's last position's embedding, so its first frame is a Talker step like any
+running row's, at that position with its first text id (no prefill on the way to its first audio: the one-row
+prefill graph took 2.0 ms of an H200 against 1.5 for the one-row Talker step). A prompt not in the store yet is
+copied into it from the slot of its first context: prefilled whole at its first step as without a store, where its
+text came with its open (an HTTP request), or, where the text is still on the way (streamed), prefilled at the open
+without its last position, so that its frame 0 is a Talker step too. A prompt with an in-context cloned voice (its
+text starts within the reference frames) or a longer one is prefilled whole at its first step, as before.
 
 A step is three parts, each one CUDA graph per batch bucket ([1, 2, 4, 8] + multiples of 16 up to
 max_batch; a batch runs in the smallest captured bucket that holds it, padded with dummy rows):
@@ -91,6 +103,8 @@ EOS_FROM = 2                           # the reference's min_new_tokens
 PRIMED_VOICES = 32                     # ICL voices whose primed decoder state is kept (5.3 MB each, 0.6B/1.7B fp32)
 WARMUP_VOICE_S = 10                    # the reference clip of the voice made at warm-up (Base checkpoints)
 PRIME_CHUNK = 64                       # reference frames decoded per call when priming
+PREFIX_ENTRIES = 32                    # prompts whose prefix keys and values are kept (the last used)
+PREFIX_POSITIONS = 64                  # ... for prompts of at most this many positions + 1 (1.7B: 7.3 MB a prompt)
 
 
 @dataclass
@@ -163,6 +177,14 @@ class Runner:
             # per prefill row: slot, last prompt position, then the text id to embed at each position (-1: none)
             self.pre_in = torch.zeros(R, 2 + max_prompt, dtype=torch.long)
             self.pre_h = torch.zeros(R, H, dtype=dtype)
+            # prompt prefixes (the module's docstring): entry PREFIX_ENTRIES is none (zeros), what an open without
+            # a prefix copies (its prefill writes over it)
+            kv = self.talker.kv
+            self.prefix_len = min(PREFIX_POSITIONS, kv.shape[4])
+            self.prefix_kv = torch.zeros(*kv.shape[:2], PREFIX_ENTRIES + 1, kv.shape[3], self.prefix_len,
+                                         kv.shape[5], dtype=kv.dtype)
+            self.prefix_embed = torch.zeros(PREFIX_ENTRIES + 1, H, dtype=dtype)
+        self._prefixes: OrderedDict[object, int] = OrderedDict()     # Prompt -> its entry, the last used last
         pin = self.use_graphs
         # one set of host buffers per launch in flight (HOST_SETS): a launch's inputs may still wait to be copied,
         # its codes and PCM to be read, while the next ones are launched
@@ -174,15 +196,18 @@ class Runner:
         self.codes_done = [torch.cuda.Event() if cuda else None for _ in range(HOST_SETS)]
         self.pcm_done = [torch.cuda.Event() if cuda else None for _ in range(HOST_SETS)]
         # pre_in's host blocks, one per prefill chunk of a step: a chunk's copy may still be pending when the next is
-        # written (the step before's were read: the engine waited for its codes)
+        # written (the step before's were read: the engine waited for its codes); then those of the prefixes
+        # prefilled at a boundary's opens (read once `opened` is)
         self.pre_host = torch.zeros(self.max_batch // PREFILL_ROWS[-1] + 1, PREFILL_ROWS[-1], 2 + max_prompt,
                                     dtype=torch.long, pin_memory=pin)
-        # a step boundary's new contexts, OPEN_ROWS[-1] a chunk: slot, eos frame, then the sampling values of
+        self.prefix_host = torch.zeros(S // PREFILL_ROWS[-1] + 1, PREFILL_ROWS[-1], 2 + max_prompt, dtype=torch.long,
+                                       pin_memory=pin)
+        # a step boundary's new contexts, OPEN_ROWS[-1] a chunk: slot, eos frame, prefix entry, then the sampling values of
         # RowSampling.host_values (open_slots); host blocks per chunk, read by the GPU in stream order (`opened`)
         O, chunks = OPEN_ROWS[-1], -(-S // OPEN_ROWS[-1])
-        self.open_ints_host = torch.zeros(chunks, 2 + len(INT_FIELDS), O, dtype=torch.long, pin_memory=cuda)
+        self.open_ints_host = torch.zeros(chunks, 3 + len(INT_FIELDS), O, dtype=torch.long, pin_memory=cuda)
         self.open_floats_host = torch.zeros(chunks, len(FLOAT_FIELDS), O, pin_memory=cuda)
-        self.open_ints = torch.zeros(2 + len(INT_FIELDS), O, dtype=torch.long, device=device)
+        self.open_ints = torch.zeros(3 + len(INT_FIELDS), O, dtype=torch.long, device=device)
         self.open_floats = torch.zeros(len(FLOAT_FIELDS), O, device=device)
         self.opened = torch.cuda.Event() if cuda else None
         # batch 1 has its own graphs although compiled functions specialize size 1 apart (more compiles at
@@ -210,22 +235,27 @@ class Runner:
     def open_slots(self, reqs: list[Request]) -> None:
         """Initialize every per-slot tensor of new contexts (engine thread, step boundary): their values go to the
         GPU in one pinned block of each type per chunk of OPEN_ROWS[-1] contexts, and one open graph a chunk sets
-        the slots from them. Nothing here waits for the GPU: the copies are queued behind the step in flight, which
-        keeps running while the engine applies the next commands (the blocks of the boundary before were read
-        already: `opened`)."""
+        the slots from them, a kept prompt prefix included; the prefixes not kept yet are prefilled into their
+        slots then (and kept). Nothing here waits for the GPU: the copies are queued behind the step in flight,
+        which keeps running while the engine applies the next commands (the blocks of the boundary before were
+        read already: `opened`)."""
         if self.opened is not None:
             self.opened.synchronize()
+        entries, missed = self._prefix_entries(reqs)
         O = OPEN_ROWS[-1]
         for c in range(0, len(reqs), O):
             chunk = reqs[c:c + O]
             rows = next(b for b in OPEN_ROWS if b >= len(chunk)) if self.use_graphs else len(chunk)
             eos_from = [EOS_FROM if r.samples_eos else NO_EOS for r in chunk]
-            self._stage_opens(c // O, [r.slot for r in chunk], eos_from, [r.params.sampling for r in chunk], rows)
+            self._stage_opens(c // O, [r.slot for r in chunk], eos_from, entries[c:c + O],
+                              [r.params.sampling for r in chunk], rows)
             g = self.graphs.get(("open", rows))
             if g is not None:
                 g.replay()
             else:
                 self._open_step(rows)
+        if missed:
+            self._keep_prefixes(missed)
         if self.opened is not None:
             self.opened.record()
         for req in reqs:                    # an ICL voice's slot starts from its reference frames' decoder state
@@ -233,14 +263,65 @@ class Runner:
             if clone is not None and clone.icl:
                 self._prime_slot(req.slot, clone)
 
-    def _stage_opens(self, block: int, slots: list[int], eos_from: list[int], sampling: list[SamplingParams],
-                     rows: int) -> None:
-        """Host block `block` for opens of `slots` (their eos frames and sampling) padded to `rows` (the padding rows
-        open the dummy slot with the first one's values), sent to open_ints and open_floats."""
+    def _prefix_entries(self, reqs: list[Request]) -> tuple[list[int], list[Request]]:
+        """Each new context's prefix entry (PREFIX_ENTRIES: none), and those whose prefix is prefilled now. A
+        context whose prompt is kept is `prefixed`: its prompt length is set, and its first step is a Talker step
+        at the prompt's last position. One whose prompt is not kept yet (nor by a context before it in this
+        boundary, whose entry is written after its open) either has its first text here, and its first step
+        prefills the whole prompt, as without a store, then keeps the prefix (`keep_prefix`), or waits for its
+        text, and has its prefix prefilled now (then it is `prefixed`)."""
+        entries, missed, new = [], [], set()
+        for r in reqs:
+            prompt, e = r.prompt, None
+            if prompt is not None and self._prefixable(prompt):
+                e = None if prompt in new else self._prefixes.get(prompt)
+                if e is not None:
+                    self._prefixes.move_to_end(prompt)
+                    r.prefixed, r.prompt_len = True, prompt.length
+                elif r.ready:
+                    r.keep_prefix = True
+                    new.add(prompt)
+                else:
+                    r.prefixed, r.prompt_len = True, prompt.length
+                    missed.append(r)
+                    new.add(prompt)
+            entries.append(PREFIX_ENTRIES if e is None else e)
+        return entries, missed
+
+    def _prefixable(self, prompt) -> bool:
+        return prompt.text_positions == 1 and prompt.length - 1 <= self.prefix_len
+
+    def _keep_prefixes(self, reqs: list[Request]) -> None:
+        """Prefill each context's prompt but its last position into its slot, set its next Talker input to that
+        position's embedding, and keep the prefix."""
+        prompts = self.tts.prompts
+        bases = [prompts.base(r.prompt) for r in reqs]
+        self._run_prefills([(r.slot, base[:-1], 0, ()) for r, base in zip(reqs, bases)], self.prefix_host)
+        for r, base in zip(reqs, bases):
+            self.next_embed[r.slot] = base[-1]
+            self._keep_prefix(r.prompt, r.slot, base)
+
+    def _keep_prefix(self, prompt, slot: int, base: torch.Tensor) -> None:
+        """The prompt's prefix, prefilled into `slot` (queued before this), into the store with its last position's
+        embedding (base[-1]), unless kept already; the least recently used entry makes room."""
+        if prompt in self._prefixes:
+            return
+        if len(self._prefixes) < PREFIX_ENTRIES:
+            e = len(self._prefixes)
+        else:
+            _, e = self._prefixes.popitem(last=False)
+        self._prefixes[prompt] = e
+        self.prefix_kv[:, :, e] = self.talker.kv[:, :, slot, :, :self.prefix_len]
+        self.prefix_embed[e] = base[-1]
+
+    def _stage_opens(self, block: int, slots: list[int], eos_from: list[int], entries: list[int],
+                     sampling: list[SamplingParams], rows: int) -> None:
+        """Host block `block` for opens of `slots` (their eos frames, prefix entries and sampling) padded to `rows`
+        (the padding rows open the dummy slot with the first one's values), sent to open_ints and open_floats."""
         n = len(slots)
         i, f = self.open_ints_host[block, :, :rows].numpy(), self.open_floats_host[block, :, :rows].numpy()
-        i[0, :n], i[1, :n] = slots, eos_from
-        RowSampling.host_values(sampling, self.tts.generation_config, i[2:, :n], f[:, :n])
+        i[0, :n], i[1, :n], i[2, :n] = slots, eos_from, entries
+        RowSampling.host_values(sampling, self.tts.generation_config, i[3:, :n], f[:, :n])
         i[0, n:] = self.dummy
         i[1:, n:], f[:, n:] = i[1:, :1], f[:, :1]
         self.open_ints.copy_(self.open_ints_host[block], non_blocking=True)      # whole blocks: contiguous
@@ -249,11 +330,13 @@ class Runner:
     def _open_step(self, rows: int) -> None:
         """The slots of open_ints' first `rows` columns set from open_ints and open_floats (the open graph)."""
         ints, floats = self.open_ints[:, :rows], self.open_floats[:, :rows]
-        slots = ints[0]
-        self.sampling.copy_rows_(slots, ints[2:], floats)
+        slots, entries = ints[0], ints[2]
+        self.sampling.copy_rows_(slots, ints[3:], floats)
         self.min_frames.index_copy_(0, slots, ints[1])
         self.seen.index_fill_(0, slots, False)
         self.dec_state.reset_slots(slots)
+        self.talker.kv[:, :, slots, :, :self.prefix_len] = self.prefix_kv[:, :, entries]
+        self.next_embed[slots] = self.prefix_embed[entries]
 
     def _prime_slot(self, slot: int, clone: VoicePrompt) -> None:
         """The slot's decoder state after decoding the voice's reference frames (kept per voice)."""
@@ -302,8 +385,11 @@ class Runner:
     # ----- one step -----
     @torch.inference_mode()
     def launch(self, prefill: list[Request], decode: list[Request]) -> Launched:
-        """Queue frame `frames` of every row: Talker, codes (then copied back), decoder (then copied back)."""
+        """Queue frame `frames` of every row: Talker, codes (then copied back), decoder (then copied back). The new
+        contexts with a kept prefix (`prefixed`) come first in `prefill` (Engine): their frame 0 is a Talker step
+        beside the running rows'; the others' is their prompt's prefill."""
         nd, n = len(decode), len(prefill) + len(decode)
+        nt = nd + sum(r.prefixed for r in prefill)          # rows of the Talker step
         # decode rows first in the static buffers; a prefill row's position 0 is only written by the
         # talker graph's padding rows, and the prefill that runs after it overwrites it
         rows = decode + prefill
@@ -317,11 +403,11 @@ class Runner:
                                dtype=np.int64).T
         host[:, n:b] = np.array([[self.dummy], [0], [self.text_pad], [0]])
         self.inputs[:, :b].copy_(inputs_host[:, :b], non_blocking=True)
-        if nd:
-            self._run("talker", self._bucket(nd))
-        if prefill:
-            self._prefill(prefill, nd)
-        launched.positions = int(host[1, :nd].sum()) + sum(r.prompt_len - 1 for r in prefill)
+        if nt:
+            self._run("talker", self._bucket(nt))
+        if nt < n:
+            self._prefill(prefill[nt - nd:], nt)
+        launched.positions = int(host[1, :nt].sum()) + sum(r.prompt_len - 1 for r in prefill[nt - nd:])
         self._run("codes", b)
         self.codes_host[launched.buf][:n].copy_(self.codes[:n], non_blocking=True)
         if self.codes_done[launched.buf] is not None:
@@ -369,26 +455,39 @@ class Runner:
             {"talker": self._talker_step, "codes": self._codes_step, "decode": self._decode_step}[part](b)
 
     def _prefill(self, reqs: list[Request], row0: int) -> None:
-        """Prompt + text token 0 of each new context into its KV; last hidden -> hidden[row0 + i].
+        """Prompt + text token 0 of each new context into its KV; last hidden -> hidden[row0 + i]."""
+        prompts = self.tts.prompts
+        items = []
+        for r in reqs:
+            base = prompts.base(r.prompt)
+            at, text = prompts.text_part(r.prompt, r.prefill_track(self.text_eos, self.text_pad))
+            items.append((r.slot, base, at, text))
+            r.prompt_len = base.shape[0]
+        self._run_prefills(items, self.pre_host, row0)
+        for r, (slot, base, _, _) in zip(reqs, items):
+            if r.keep_prefix:
+                self._keep_prefix(r.prompt, slot, base)
+
+    def _run_prefills(self, items: list[tuple], blocks: torch.Tensor, row0: int | None = None) -> None:
+        """Prefill (slot, embeddings [T, H], at, text ids) items into their slots' KV, the text ids embedded and
+        added from position `at` on; with row0, the last position's hidden state -> hidden[row0 + i].
         Right-padded rows and lengths (a padding position's K/V lies beyond the row's position and is
         overwritten before it is ever attended); one CUDA graph per (rows, length) bucket, which embeds the
         rows' text ids (pre_in) and adds them to their prompts' cached embeddings (pre_x): a chunk costs the
-        engine thread a copy per row, one host block's copy and the replay."""
-        prompts, R = self.tts.prompts, PREFILL_ROWS[-1]
-        for i in range(0, len(reqs), R):
-            chunk = reqs[i:i + R]
+        engine thread a copy per row, one host block's copy (blocks[chunk]) and the replay."""
+        R = PREFILL_ROWS[-1]
+        for i in range(0, len(items), R):
+            chunk = items[i:i + R]
             n = len(chunk)
-            block = self.pre_host[i // R]
+            block = blocks[i // R]
             host = block.numpy()
             lengths = []
-            for j, r in enumerate(chunk):
-                base = prompts.base(r.prompt)
-                at, text = prompts.text_part(r.prompt, r.prefill_track(self.text_eos, self.text_pad))
+            for j, (slot, base, at, text) in enumerate(chunk):
                 self.pre_x[j, :base.shape[0]] = base
                 lengths.append(base.shape[0])
-                host[j, :2] = r.slot, base.shape[0] - 1
+                host[j, :2] = slot, base.shape[0] - 1
                 host[j, 2:] = -1
-                host[j, 2 + at:2 + base.shape[0]] = text
+                host[j, 2 + at:2 + at + len(text)] = text
             rows = next(b for b in self.prefill_rows if b >= n) if self.use_graphs else n
             T = next(t for t in self.prefill_lens if t >= max(lengths)) if self.use_graphs else max(lengths)
             host[n:rows] = -1                                              # padding rows: the dummy slot
@@ -399,9 +498,8 @@ class Runner:
                 g.replay()
             else:
                 self._prefill_step(rows, T)
-            self.hidden[row0 + i:row0 + i + n] = self.pre_h[:n]
-            for r, l in zip(chunk, lengths):
-                r.prompt_len = l
+            if row0 is not None:
+                self.hidden[row0 + i:row0 + i + n] = self.pre_h[:n]
 
     def _prefill_step(self, rows: int, T: int) -> None:
         slots, last, ids = self.pre_in[:rows, 0], self.pre_in[:rows, 1], self.pre_in[:rows, 2:2 + T]
@@ -540,7 +638,7 @@ class Runner:
             for T in reversed(self.prefill_lens):
                 self._timed(f"prefill {rows}x{T}", self._capture, ("prefill", rows, T), self._prefill_step, rows, T)
         # the open graphs warm up and are captured on opens of the dummy slot
-        self._stage_opens(0, [self.dummy], [EOS_FROM], [SamplingParams(seed=0)], OPEN_ROWS[-1])
+        self._stage_opens(0, [self.dummy], [EOS_FROM], [PREFIX_ENTRIES], [SamplingParams(seed=0)], OPEN_ROWS[-1])
         for rows in OPEN_ROWS:
             self._timed(f"open {rows}", self._capture, ("open", rows), self._open_step, rows)
         self.pending.extend(searched_later)

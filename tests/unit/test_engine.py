@@ -623,3 +623,76 @@ def test_steps_add_their_roofline_seconds_where_the_gpus_peaks_are_known(checkpo
     stats = eng.stats()
     assert first < stats["step_roof_s"] < stats["step_ms_avg"] * stats["steps"] / 1000    # a CPU is far below it
     eng.disconnect(client)
+
+
+def test_prompt_prefixes_are_kept_and_their_contexts_speak_as_with_the_whole_prefill(checkpoint, monkeypatch):
+    """A prompt's positions but its last are kept from its first context on (synth/runner.py, prompt prefixes): a
+    later context of the prompt copies them at its open and makes frame 0 with a Talker step, and speaks as the
+    first, which prefilled the whole prompt with its text (as offline synthesis and the reference do). A first
+    context whose text comes after its open has its prefix prefilled at the open. Here two prompts are kept (the
+    least recently used makes room) of at most 8 + 1 positions: a prompt with a language is 10 and is prefilled
+    whole. Two new contexts of one new prompt in one step boundary are each prefilled whole."""
+    from talkgate.synth import runner as runner_module
+    from talkgate.synth.loader import load_tts
+    from talkgate.synth.offline import synthesize
+    monkeypatch.setattr(runner_module, "PREFIX_ENTRIES", 2)
+    monkeypatch.setattr(runner_module, "PREFIX_POSITIONS", 8)
+    eng = Engine.from_pretrained(str(checkpoint), device="cpu", max_contexts=2, max_frames_per_context=32)
+    events, firsts = [], []                     # firsts: per step with new contexts, whether each was prefixed
+    launch = eng.runner.launch
+
+    def seen_launch(new, old):
+        if new:
+            firsts.append([r.prefixed for r in new])
+        return launch(new, old)
+    monkeypatch.setattr(eng.runner, "launch", seen_launch)
+    client = eng.connect(events.extend)
+    ids = tuple(eng.new_tokenizer().tokenizer.encode(TEXT))
+    contexts = itertools.count()
+
+    def say(*params: ContextParams, text_later=False) -> list[np.ndarray]:
+        ctxs = [next(contexts) for _ in params]
+        eng.submit(client, [OpenContext(ctx, p) for ctx, p in zip(ctxs, params)])
+        if text_later:
+            eng.run_once()                      # opened, waiting for its text
+        eng.submit(client, [EndText(ctx, ids, 1.0) for ctx in ctxs])
+        while not all(any(e.context == ctx and not isinstance(e, AudioChunk) for e in events) for ctx in ctxs):
+            eng.run_once()
+        assert [e for e in events if e.context in ctxs and not isinstance(e, AudioChunk)] == [
+            ContextDone(ctx, "length", 8) for ctx in ctxs]
+        return [np.concatenate([e.pcm for e in events if isinstance(e, AudioChunk) and e.context == ctx])
+                for ctx in ctxs]
+
+    def voice(name, language=None):
+        return ContextParams(voice=name, language=language, sampling=GREEDY, fixed_frames=8)
+
+    def kept():
+        return [(p.voice, p.language) for p in eng.runner._prefixes]
+
+    (a1,) = say(voice("ryan"))                  # its text with its open: the whole prompt prefilled, then kept
+    assert kept() == [("ryan", "auto")]
+    (a2,) = say(voice("ryan"))                  # its prefix copied from the store, frame 0 a Talker step
+    np.testing.assert_allclose(a2, a1, atol=1e-5)
+    (a3,) = say(voice("ryan"))
+    np.testing.assert_array_equal(a3, a2)
+    (s1,) = say(voice("serena"), text_later=True)   # its prefix prefilled at its open, kept
+    (s2,) = say(voice("serena"))
+    np.testing.assert_array_equal(s2, s1)
+    assert firsts == [[False], [True], [True], [True], [True]]
+    say(voice("vivian"))                        # ryan's goes: the least recently used
+    assert kept() == [("serena", "auto"), ("vivian", "auto")]
+    (a4,) = say(voice("ryan"))
+    np.testing.assert_array_equal(a4, a1)
+    assert kept() == [("vivian", "auto"), ("ryan", "auto")]
+    (english,) = say(voice("ryan", "english"))  # 10 positions: prefilled whole, not kept
+    assert kept() == [("vivian", "auto"), ("ryan", "auto")]
+    tts = load_tts(checkpoint)                  # a model of its own: offline synthesis sets its cache
+    for got, language in ((a1, "auto"), (english, "english")):
+        wav, _ = synthesize(tts, TEXT, voice="ryan", language=language, sampling=GREEDY, max_frames=8)
+        np.testing.assert_allclose(got, wav, atol=1e-5)
+    one, two = say(voice("aiden"), voice("aiden"))
+    np.testing.assert_array_equal(one, two)
+    (three,) = say(voice("aiden"))
+    np.testing.assert_allclose(three, one, atol=1e-5)
+    assert firsts[-2:] == [[False, False], [True]]
+    eng.disconnect(client)
