@@ -25,6 +25,9 @@ from talkgate.synth.request import FRAME_S
 _MS_BUCKETS = (2, 5, 10, 15, 20, 30, 50, 75, 100, 150, 250, 500, 1000, 2500, 5000)
 _WORKER_S_BUCKETS = (.0005, .001, .002, .005, .01, .02, .05, .1, .25, 1)    # a worker's loop lag and step delivery
 ENGINE_AUDIO_HELP = "Audio the engine made, seconds (80 ms a codec frame): rate() gives audio seconds per wall second"
+ENGINE_PREFIX_HELP = ("New contexts whose prompt's prefix (its positions but the last: instructions, role, voice) could be "
+                      "kept, by whether it was: kept (copied at the open, no prefill on the way to the first audio) or "
+                      "prefilled (a prompt not seen lately, then kept); synth/runner.py")
 ENGINE_ROOF_HELP = ("The engine's steps at their roofline: the seconds their work (FLOPs and bytes counted from the model's "
                     "shapes, synth/roofline.py) takes at the GPU's datasheet peaks; over talkgate_engine_step_seconds_sum, "
                     "the share of the peak its steps achieve. Only for a GPU whose peaks are known (H100 SXM, H200)")
@@ -66,6 +69,9 @@ class Metrics:
             self._engine_frames = 0             # the engine's frame count at the last scrape
             self.engine_roof = None             # a Counter once the engine reports its steps' roofline
             self._engine_roof_s = 0.0
+            self.engine_prefixes = Counter("talkgate_engine_prompt_prefixes", ENGINE_PREFIX_HELP, ["found"],
+                                           registry=r)
+            self._engine_prefixes: dict[str, int] = {}
         # for proxies and autoscalers (docs/deploy.md), set at each scrape (observe); over worker processes the
         # sessions add up and the load and drain flags are the largest any worker says
         self.engine_slots_used = Gauge("talkgate_engine_slots_used", "Engine slots held by a context", registry=r,
@@ -115,6 +121,9 @@ class Metrics:
                                                registry=self.registry)
                 self.engine_roof.inc(stats["step_roof_s"] - self._engine_roof_s)
                 self._engine_roof_s = stats["step_roof_s"]
+            for found, n in stats.get("prompt_prefixes", {}).items():
+                self.engine_prefixes.labels(found).inc(n - self._engine_prefixes.get(found, 0))
+                self._engine_prefixes[found] = n
         load = sessions / max_sessions
         if stats.get("slots"):
             used = max(0, stats["slots"] - stats["free_slots"])
@@ -185,6 +194,7 @@ class EngineCollector:
                            "collections (gc.freeze after warm-up)")
         audio = CounterMetricFamily("talkgate_engine_audio_seconds", ENGINE_AUDIO_HELP, labels=names)
         roof = CounterMetricFamily("talkgate_engine_step_roof_seconds", ENGINE_ROOF_HELP, labels=names)
+        prefixes = CounterMetricFamily("talkgate_engine_prompt_prefixes", ENGINE_PREFIX_HELP, labels=[*names, "found"])
         index: dict[str | None, int] = {}              # model -> its engines so far
         for e in engines:
             model = e.get("model")
@@ -216,8 +226,10 @@ class EngineCollector:
             audio.add_metric(label, e["frames"] * FRAME_S)
             if "step_roof_s" in e:
                 roof.add_metric(label, e["step_roof_s"])
+            for found, n in e.get("prompt_prefixes", {}).items():
+                prefixes.add_metric([*label, found], n)
         yield from (ready, slots, free, running, waiting, cpu, behind, step, loop, gpu_wait, cpu_wait, slow, gc, gc_max,
-                    gc_frozen, audio)
+                    gc_frozen, audio, prefixes)
         if roof.samples:
             yield roof
 

@@ -381,6 +381,7 @@ class Engine:
                 "step_ms_avg": round(self._step_ms_total / steps, 3) if steps else 0.0,
                 "graphs_captured": len(self.runner.graphs), "graphs_pending": len(self.runner.pending),
                 "capture_ms_max": round(max(captures), 1) if captures else 0.0,
+                "prompt_prefixes": dict(self.runner.prefix_counts),
                 **({"step_roof_s": self._roof_s_total} if self.runner.roof is not None else {})}
 
     # ----- engine thread -----

@@ -185,6 +185,8 @@ class Runner:
                                          kv.shape[5], dtype=kv.dtype)
             self.prefix_embed = torch.zeros(PREFIX_ENTRIES + 1, H, dtype=dtype)
         self._prefixes: OrderedDict[object, int] = OrderedDict()     # Prompt -> its entry, the last used last
+        # new contexts whose prompt could be kept: found kept (no prefill), or not (prefilled, then kept)
+        self.prefix_counts = {"kept": 0, "prefilled": 0}
         pin = self.use_graphs
         # one set of host buffers per launch in flight (HOST_SETS): a launch's inputs may still wait to be copied,
         # its codes and PCM to be read, while the next ones are launched
@@ -275,6 +277,7 @@ class Runner:
             prompt, e = r.prompt, None
             if prompt is not None and self._prefixable(prompt):
                 e = None if prompt in new else self._prefixes.get(prompt)
+                self.prefix_counts["kept" if e is not None else "prefilled"] += 1
                 if e is not None:
                     self._prefixes.move_to_end(prompt)
                     r.prefixed, r.prompt_len = True, prompt.length

@@ -670,7 +670,7 @@ def test_prompt_prefixes_are_kept_and_their_contexts_speak_as_with_the_whole_pre
         return [(p.voice, p.language) for p in eng.runner._prefixes]
 
     (a1,) = say(voice("ryan"))                  # its text with its open: the whole prompt prefilled, then kept
-    assert kept() == [("ryan", "auto")]
+    assert kept() == [("ryan", "auto")] and eng.stats()["prompt_prefixes"] == {"kept": 0, "prefilled": 1}
     (a2,) = say(voice("ryan"))                  # its prefix copied from the store, frame 0 a Talker step
     np.testing.assert_allclose(a2, a1, atol=1e-5)
     (a3,) = say(voice("ryan"))
@@ -679,6 +679,7 @@ def test_prompt_prefixes_are_kept_and_their_contexts_speak_as_with_the_whole_pre
     (s2,) = say(voice("serena"))
     np.testing.assert_array_equal(s2, s1)
     assert firsts == [[False], [True], [True], [True], [True]]
+    assert eng.stats()["prompt_prefixes"] == {"kept": 3, "prefilled": 2}
     say(voice("vivian"))                        # ryan's goes: the least recently used
     assert kept() == [("serena", "auto"), ("vivian", "auto")]
     (a4,) = say(voice("ryan"))

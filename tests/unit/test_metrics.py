@@ -79,3 +79,25 @@ def test_the_steps_roofline_seconds_only_where_an_engine_reports_them():
     for roof_s in (0.25, 0.75):
         metrics.observe({"frames": 1, "step_roof_s": roof_s, "slots": 4, "free_slots": 4}, 0, 16, False)
         assert parse_prometheus(metrics.render().decode())[(ROOF, ())] == pytest.approx(roof_s)
+
+
+PREFIXES = "talkgate_engine_prompt_prefixes_total"
+
+
+def test_new_contexts_by_whether_their_prompt_prefix_was_kept():
+    """Each engine's counts of new contexts whose prompt's prefix was found kept or was prefilled (synth/runner.py),
+    from the engine processes' published stats, and from an in-process engine's at each scrape."""
+    registry = CollectorRegistry()
+    registry.register(EngineCollector(PublishedStats([{**engine_stats(5), "prompt_prefixes": {"kept": 7,
+                                                                                               "prefilled": 2}},
+                                                      engine_stats(5)])))
+    series = parse_prometheus(generate_latest(registry).decode())
+    assert {(dict(labels)["engine"], dict(labels)["found"]): v for (name, labels), v in series.items()
+            if name == PREFIXES} == {("0", "kept"): 7, ("0", "prefilled"): 2}
+    metrics = Metrics()
+    for kept, prefilled in ((0, 1), (3, 1), (10, 2)):
+        metrics.observe({"prompt_prefixes": {"kept": kept, "prefilled": prefilled}, "slots": 4, "free_slots": 4},
+                        0, 16, False)
+        series = parse_prometheus(metrics.render().decode())
+        assert (series[(PREFIXES, (("found", "kept"),))], series[(PREFIXES, (("found", "prefilled"),))]) == (
+            kept, prefilled)
