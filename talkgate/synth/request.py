@@ -53,7 +53,6 @@ class Request:
     prompt_len: int = 0            # Talker positions used by the prefill
     prefixed: bool = False         # its prompt but the last position is in its slot from its open (runner): frame 0
                                    # is a Talker step at the prompt's last position
-    keep_prefix: bool = False      # its prefill's prompt prefix goes to the runner's store (its prompt's first)
     frames: int = 0                # frames generated (emitted or not) so far
     t_ready: float | None = None   # when frame 0 could first be computed: its audio deadline starts here
     cancelled: bool = False        # set under the engine lock: no event is emitted once it is True

@@ -17,10 +17,11 @@ positions, in a store beside the slots. The open graph copies a context's prefix
 sets its next Talker input to the prompt's last position's embedding, so its first frame is a Talker step like any
 running row's, at that position with its first text id (no prefill on the way to its first audio: the one-row
 prefill graph took 2.0 ms of an H200 against 1.5 for the one-row Talker step). A prompt not in the store yet is
-copied into it from the slot of its first context: prefilled whole at its first step as without a store, where its
-text came with its open (an HTTP request), or, where the text is still on the way (streamed), prefilled at the open
-without its last position, so that its frame 0 is a Talker step too. A prompt with an in-context cloned voice (its
-text starts within the reference frames) or a longer one is prefilled whole at its first step, as before.
+prefilled without its last position into the slot of its first context at its open, and copied into the store from
+there; that context's frame 0 is a Talker step too, so that every context of a prompt computes its first frame alike
+(a prefill's last position and a Talker step differ by rounding: the same request twice gives the same audio). A
+prompt with an in-context cloned voice (its text starts within the reference frames) or a longer one is prefilled
+whole at its first step, as before.
 
 A step is three parts, each one CUDA graph per batch bucket ([1, 2, 4, 8] + multiples of 16 up to
 max_batch; a batch runs in the smallest captured bucket that holds it, padded with dummy rows):
@@ -266,26 +267,21 @@ class Runner:
                 self._prime_slot(req.slot, clone)
 
     def _prefix_entries(self, reqs: list[Request]) -> tuple[list[int], list[Request]]:
-        """Each new context's prefix entry (PREFIX_ENTRIES: none), and those whose prefix is prefilled now. A
-        context whose prompt is kept is `prefixed`: its prompt length is set, and its first step is a Talker step
-        at the prompt's last position. One whose prompt is not kept yet (nor by a context before it in this
-        boundary, whose entry is written after its open) either has its first text here, and its first step
-        prefills the whole prompt, as without a store, then keeps the prefix (`keep_prefix`), or waits for its
-        text, and has its prefix prefilled now (then it is `prefixed`)."""
+        """Each new context's prefix entry (PREFIX_ENTRIES: none), and those whose prefix is prefilled now: their
+        prompt is not kept yet, nor by a context before them in this boundary (whose entry is written after their
+        open). Either way a context whose prompt can be kept is `prefixed`: its prompt length is set, and its first
+        step is a Talker step at the prompt's last position, so that every context of a prompt computes its first
+        frame alike (the same request twice gives the same audio)."""
         entries, missed, new = [], [], set()
         for r in reqs:
             prompt, e = r.prompt, None
             if prompt is not None and self._prefixable(prompt):
                 e = None if prompt in new else self._prefixes.get(prompt)
                 self.prefix_counts["kept" if e is not None else "prefilled"] += 1
+                r.prefixed, r.prompt_len = True, prompt.length
                 if e is not None:
                     self._prefixes.move_to_end(prompt)
-                    r.prefixed, r.prompt_len = True, prompt.length
-                elif r.ready:
-                    r.keep_prefix = True
-                    new.add(prompt)
                 else:
-                    r.prefixed, r.prompt_len = True, prompt.length
                     missed.append(r)
                     new.add(prompt)
             entries.append(PREFIX_ENTRIES if e is None else e)
@@ -296,26 +292,22 @@ class Runner:
 
     def _keep_prefixes(self, reqs: list[Request]) -> None:
         """Prefill each context's prompt but its last position into its slot, set its next Talker input to that
-        position's embedding, and keep the prefix."""
+        position's embedding, and keep the first of each prompt's in the store (the least recently used entry makes
+        room)."""
         prompts = self.tts.prompts
         bases = [prompts.base(r.prompt) for r in reqs]
         self._run_prefills([(r.slot, base[:-1], 0, ()) for r, base in zip(reqs, bases)], self.prefix_host)
         for r, base in zip(reqs, bases):
             self.next_embed[r.slot] = base[-1]
-            self._keep_prefix(r.prompt, r.slot, base)
-
-    def _keep_prefix(self, prompt, slot: int, base: torch.Tensor) -> None:
-        """The prompt's prefix, prefilled into `slot` (queued before this), into the store with its last position's
-        embedding (base[-1]), unless kept already; the least recently used entry makes room."""
-        if prompt in self._prefixes:
-            return
-        if len(self._prefixes) < PREFIX_ENTRIES:
-            e = len(self._prefixes)
-        else:
-            _, e = self._prefixes.popitem(last=False)
-        self._prefixes[prompt] = e
-        self.prefix_kv[:, :, e] = self.talker.kv[:, :, slot, :, :self.prefix_len]
-        self.prefix_embed[e] = base[-1]
+            if r.prompt in self._prefixes:
+                continue
+            if len(self._prefixes) < PREFIX_ENTRIES:
+                e = len(self._prefixes)
+            else:
+                _, e = self._prefixes.popitem(last=False)
+            self._prefixes[r.prompt] = e
+            self.prefix_kv[:, :, e] = self.talker.kv[:, :, r.slot, :, :self.prefix_len]
+            self.prefix_embed[e] = base[-1]
 
     def _stage_opens(self, block: int, slots: list[int], eos_from: list[int], entries: list[int],
                      sampling: list[SamplingParams], rows: int) -> None:
@@ -467,9 +459,6 @@ class Runner:
             items.append((r.slot, base, at, text))
             r.prompt_len = base.shape[0]
         self._run_prefills(items, self.pre_host, row0)
-        for r, (slot, base, _, _) in zip(reqs, items):
-            if r.keep_prefix:
-                self._keep_prefix(r.prompt, slot, base)
 
     def _run_prefills(self, items: list[tuple], blocks: torch.Tensor, row0: int | None = None) -> None:
         """Prefill (slot, embeddings [T, H], at, text ids) items into their slots' KV, the text ids embedded and

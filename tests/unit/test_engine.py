@@ -614,10 +614,10 @@ def test_steps_add_their_roofline_seconds_where_the_gpus_peaks_are_known(checkpo
     ids = tuple(eng.new_tokenizer().tokenizer.encode("Two contexts."))
     eng.submit(client, [cmd for i in range(2) for cmd in (OpenContext(i, ContextParams(fixed_frames=3)),
                                                           EndText(i, ids, 1.0))])
-    eng.run_once()                                      # both prefilled, frame 0
+    eng.run_once()          # frame 0: a Talker step at the prompt's last position (its prefix was set at the open)
     first = eng.stats()["step_roof_s"]
-    assert first == pytest.approx(roof.step_s(2, sum(r.prompt_len for r in eng.scheduler.running) / 2,
-                                              [r.prompt_len for r in eng.scheduler.running]))
+    assert all(r.prefixed for r in eng.scheduler.running)
+    assert first == pytest.approx(roof.step_s(2, sum(r.prompt_len - 1 for r in eng.scheduler.running) / 2, []))
     while eng.scheduler.running:
         eng.run_once()
     stats = eng.stats()
@@ -626,12 +626,12 @@ def test_steps_add_their_roofline_seconds_where_the_gpus_peaks_are_known(checkpo
 
 
 def test_prompt_prefixes_are_kept_and_their_contexts_speak_as_with_the_whole_prefill(checkpoint, monkeypatch):
-    """A prompt's positions but its last are kept from its first context on (synth/runner.py, prompt prefixes): a
-    later context of the prompt copies them at its open and makes frame 0 with a Talker step, and speaks as the
-    first, which prefilled the whole prompt with its text (as offline synthesis and the reference do). A first
-    context whose text comes after its open has its prefix prefilled at the open. Here two prompts are kept (the
-    least recently used makes room) of at most 8 + 1 positions: a prompt with a language is 10 and is prefilled
-    whole. Two new contexts of one new prompt in one step boundary are each prefilled whole."""
+    """A prompt's positions but its last are kept from its first context on (synth/runner.py, prompt prefixes): its
+    first context has them prefilled at its open, a later one copies them there, and both make frame 0 with a Talker
+    step: the same audio, and within rounding offline synthesis' (the whole prompt prefilled with its text, as the
+    reference does it). Here two prompts are kept (the least recently used makes room) of at most 8 + 1 positions:
+    a prompt with a language is 10 and is prefilled whole at its first step. Two new contexts of one new prompt in
+    one step boundary each have it prefilled."""
     from talkgate.synth import runner as runner_module
     from talkgate.synth.loader import load_tts
     from talkgate.synth.offline import synthesize
@@ -669,23 +669,21 @@ def test_prompt_prefixes_are_kept_and_their_contexts_speak_as_with_the_whole_pre
     def kept():
         return [(p.voice, p.language) for p in eng.runner._prefixes]
 
-    (a1,) = say(voice("ryan"))                  # its text with its open: the whole prompt prefilled, then kept
+    (a1,) = say(voice("ryan"))                  # its prefix prefilled at its open, then kept
     assert kept() == [("ryan", "auto")] and eng.stats()["prompt_prefixes"] == {"kept": 0, "prefilled": 1}
-    (a2,) = say(voice("ryan"))                  # its prefix copied from the store, frame 0 a Talker step
-    np.testing.assert_allclose(a2, a1, atol=1e-5)
-    (a3,) = say(voice("ryan"))
-    np.testing.assert_array_equal(a3, a2)
-    (s1,) = say(voice("serena"), text_later=True)   # its prefix prefilled at its open, kept
+    (a2,) = say(voice("ryan"))                  # its prefix copied from the store
+    np.testing.assert_array_equal(a2, a1)
+    (s1,) = say(voice("serena"), text_later=True)   # the text after the open: the same
     (s2,) = say(voice("serena"))
     np.testing.assert_array_equal(s2, s1)
-    assert firsts == [[False], [True], [True], [True], [True]]
-    assert eng.stats()["prompt_prefixes"] == {"kept": 3, "prefilled": 2}
+    assert firsts == [[True], [True], [True], [True]]
+    assert eng.stats()["prompt_prefixes"] == {"kept": 2, "prefilled": 2}
     say(voice("vivian"))                        # ryan's goes: the least recently used
     assert kept() == [("serena", "auto"), ("vivian", "auto")]
     (a4,) = say(voice("ryan"))
     np.testing.assert_array_equal(a4, a1)
     assert kept() == [("vivian", "auto"), ("ryan", "auto")]
-    (english,) = say(voice("ryan", "english"))  # 10 positions: prefilled whole, not kept
+    (english,) = say(voice("ryan", "english"))  # 10 positions: prefilled whole at its first step, not kept
     assert kept() == [("vivian", "auto"), ("ryan", "auto")]
     tts = load_tts(checkpoint)                  # a model of its own: offline synthesis sets its cache
     for got, language in ((a1, "auto"), (english, "english")):
@@ -694,6 +692,6 @@ def test_prompt_prefixes_are_kept_and_their_contexts_speak_as_with_the_whole_pre
     one, two = say(voice("aiden"), voice("aiden"))
     np.testing.assert_array_equal(one, two)
     (three,) = say(voice("aiden"))
-    np.testing.assert_allclose(three, one, atol=1e-5)
-    assert firsts[-2:] == [[False, False], [True]]
+    np.testing.assert_allclose(three, one, atol=1e-5)          # alone against side by side: batch 1 vs 2
+    assert firsts[-4:] == [[True], [False], [True, True], [True]]
     eng.disconnect(client)
