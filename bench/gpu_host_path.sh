@@ -32,11 +32,8 @@ for which in before after; do
   log "host path $which: $(grep -E '^(graph|one op)' "$res/host-$which.txt" | tr '\n' ' ')"
 done
 pack
-for which in before after; do
-  dir=$tree; [ $which = before ] && dir=$before
-  # the server from its tree (python -m puts the working folder first on the path); the client is this tree's
-  (cd "$dir" && export PYTHONPATH=$dir:/tmp/site && start "$which" 8081 -- --model /tmp/ck-1.7b-custom_voice \
-    --trace-latency "$res/trace.jsonl")
+loads() {
+  local which=$1 rate
   for rate in ${RATES:-1 20 100}; do
     case $rate in
       1) traced "$which-rps1" --protocol openai --lang en --rps 1 --duration 40 --processes 1 ;;
@@ -44,8 +41,6 @@ for which in before after; do
       *) traced "$which-rps$rate" --protocol openai --lang en --rps "$rate" --duration 20 --processes 4 ;;
     esac
   done
-  curl -s "http://127.0.0.1:8081/metrics" | grep -E "^talkgate_engine_step" > "$res/$which-metrics.txt"
-  kill -TERM "$(cat "$res/$which.pid")"; gone "$(cat "$res/$which.pid")"
-  pack
-done
+}
+each_tree loads
 log "done"

@@ -11,7 +11,6 @@
 # Results: /tmp/res-ipc.tgz (copy it to $OUT from a poll call); progress: $RES/progress.
 BENCH=ipc
 . "$(dirname "$0")/gpu_serve.sh"
-before=$tree/.e2e/before
 export TALKGATE_CACHE=/tmp/tgc-ipc
 LOAD_TIMEOUT_S=200
 
@@ -21,11 +20,8 @@ python3 -m bench.ipc --batches 1,256 --workers 1,8 --steps 600 --period-ms 20 --
 log "ipc: $(grep -E '^batch' "$res/ipc.txt" | tr '\n' ' ')"
 pack
 checkpoints custom_voice
-for which in before after; do
-  dir=$tree; [ $which = before ] && dir=$before
-  # the server from its tree (python -m puts the working folder first on the path); the client is this tree's
-  (cd "$dir" && export PYTHONPATH=$dir:/tmp/site && start "$which" 8081 -- --model /tmp/ck-1.7b-custom_voice \
-    --trace-latency "$res/trace.jsonl")
+loads() {
+  local which=$1 rate
   for rate in ${RATES:-1 20 100 150}; do
     case $rate in
       1) traced "$which-rps1" --protocol openai --lang en --rps 1 --duration 40 --processes 1
@@ -38,8 +34,6 @@ for which in before after; do
     esac
     pack
   done
-  curl -s "http://127.0.0.1:8081/metrics" | grep -E "^talkgate_engine_(step|loop)" > "$res/$which-metrics.txt"
-  kill -TERM "$(cat "$res/$which.pid")"; gone "$(cat "$res/$which.pid")"
-  pack
-done
+}
+each_tree loads
 log "done"

@@ -8,6 +8,7 @@
 #   clone_voice PORT NAME                        a voice cloned from a made-up 6 s sample
 #   traced NAME ARGS...                          load on port 8081 of a server started with --trace-latency
 #                                                $res/trace.jsonl; its requests' traces and stage budget kept
+#   each_tree LOADS                              the earlier tree, then this one, served in turn while LOADS runs
 #   gone PID                                     wait (up to 60 s) for a process to end
 #   pack                                         $res as $res.tgz (a poll call copies it to $OUT)
 set -uo pipefail
@@ -79,3 +80,20 @@ traced() {
 gone() { for _ in $(seq 120); do kill -0 "$1" 2>/dev/null || return 0; sleep 0.5; done; }
 
 pack() { tar czf "$res.tgz" -C "$(dirname "$res")" "$(basename "$res")"; }
+
+# The earlier tree (a `git archive REV talkgate` in .e2e/before) and then this one, each served on port 8081
+# (`talkgate serve` default flags and --trace-latency, /tmp/ck-1.7b-custom_voice) while the function LOADS runs its
+# loads with the tree's name (before, after); the engine's step and loop metrics kept, then the server stopped.
+each_tree() {
+  local loads=$1 which dir
+  for which in before after; do
+    dir=$tree; [ $which = before ] && dir=$tree/.e2e/before
+    # the server from its tree (python -m puts the working folder first on the path); the client is this tree's
+    (cd "$dir" && export PYTHONPATH=$dir:/tmp/site && start "$which" 8081 -- --model /tmp/ck-1.7b-custom_voice \
+      --trace-latency "$res/trace.jsonl")
+    "$loads" "$which"
+    curl -s "http://127.0.0.1:8081/metrics" | grep -E "^talkgate_engine_(step|loop)" > "$res/$which-metrics.txt"
+    kill -TERM "$(cat "$res/$which.pid")"; gone "$(cat "$res/$which.pid")"
+    pack
+  done
+}
