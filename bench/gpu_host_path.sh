@@ -15,13 +15,7 @@ before=$tree/.e2e/before
 export TALKGATE_CACHE=/tmp/tgc-host
 LOAD_TIMEOUT_S=200
 
-if [ "${GPU_TESTS:-0}" = 1 ]; then
-  log "GPU tests"
-  timeout 400 python3 -m pytest -q -p no:cacheprovider -p no:hypothesispytest tests/gpu/test_engine_gpu.py \
-    tests/unit/test_clone_engine.py -k "not fresh_start and (gpu or cuda or CUDA)" > "$res/gpu-tests.txt" 2>&1
-  tail -3 "$res/gpu-tests.txt" | tee -a "$res/progress"
-  pack
-fi
+gpu_tests tests/gpu/test_engine_gpu.py tests/unit/test_clone_engine.py -k "not fresh_start and (gpu or cuda or CUDA)"
 checkpoints custom_voice
 for which in before after; do
   [ "${HOST_PATH:-1}" = 1 ] || break

@@ -9,6 +9,7 @@
 #   traced NAME ARGS...                          load on port 8081 of a server started with --trace-latency
 #                                                $res/trace.jsonl; its requests' traces and stage budget kept
 #   each_tree LOADS                              the earlier tree, then this one, served in turn while LOADS runs
+#   gpu_tests PYTEST_ARGS...                     with GPU_TESTS=1: pytest (400 s at most), its tail in progress
 #   gone PID                                     wait (up to 60 s) for a process to end
 #   pack                                         $res as $res.tgz (a poll call copies it to $OUT)
 set -uo pipefail
@@ -75,6 +76,14 @@ traced() {
   cp "$res/trace.jsonl" "$res/trace-$name.jsonl"
   python3 -m bench.latency_trace "$res/trace-$name.jsonl" > "$res/budget-$name.txt" 2>&1
   grep -E "total|text wait" "$res/budget-$name.txt" | sed "s/^/$name /" | tee -a "$res/progress"
+}
+
+gpu_tests() {
+  [ "${GPU_TESTS:-0}" = 1 ] || return 0
+  log "GPU tests"
+  timeout 400 python3 -m pytest -q -p no:cacheprovider -p no:hypothesispytest "$@" > "$res/gpu-tests.txt" 2>&1
+  tail -3 "$res/gpu-tests.txt" | tee -a "$res/progress"
+  pack
 }
 
 gone() { for _ in $(seq 120); do kill -0 "$1" 2>/dev/null || return 0; sleep 0.5; done; }

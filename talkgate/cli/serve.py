@@ -78,7 +78,9 @@ def add_parser(subparsers) -> None:
     p.add_argument("--dtype", choices=["bfloat16", "float16", "float32"],
                    help="Talker and code predictor dtype (default: bfloat16 on GPU, float32 on CPU)")
     p.add_argument("--decoder-dtype", choices=["float32", "float16", "bfloat16"],
-                   help="codec decoder dtype (default: float32, as the reference; float16 takes ~22%% off a 256-row 1.7B step at 41 dB SNR against float32 on random weights: docs/engine.md)")
+                   help="codec decoder dtype (default: float16 on a GPU where a probe of the checkpoint's decoder at load "
+                   "gives >= 30 dB SNR against float32, else float32; float32 for a float32 model and on CPU: "
+                   "docs/engine.md)")
     p.add_argument("--gpus", metavar="all|I,J", help="GPUs to serve on, one engine process each (default: all; "
                    "indices as CUDA_VISIBLE_DEVICES shows them)")
     p.add_argument("--engines", metavar="N", type=cli_args.integer(1), default=1, help="engine processes per GPU, "

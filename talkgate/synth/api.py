@@ -178,7 +178,8 @@ class ModelInfo:
     languages: tuple[str, ...]  # includes "auto"
     sample_rate: int = SAMPLE_RATE
     device: str = "cpu"
-    dtype: str = "float32"
+    dtype: str = "float32"         # the Talker's and code predictor's
+    decoder_dtype: str = "float32"  # the codec decoder's (synth/decoder_precision.py)
     end_of_speech: str = "model"   # what ends a context without fixed_frames: see end_of_speech()
     # a Base checkpoint's voice prompts' maker: a digest of its speaker encoder's and speech tokenizer encoder's
     # weights as stored ("" for other variants); a VoicePrompt is valid on the models of the same voice_key (speaks)

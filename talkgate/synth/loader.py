@@ -13,8 +13,7 @@ model.safetensors}. Tensors are matched by their official names; a missing, unex
 or non-float tensor is an error naming the file and the tensor, raised before any module is
 returned. A Base checkpoint's speaker encoder (`speaker_encoder.*`, synth/speaker_encoder.py) and the
 speech tokenizer's encoder (`encoder.*` in speech_tokenizer/model.safetensors, synth/codec_encoder.py) are
-loaded with it (in `dtype` and `decoder_dtype`, as the reference runs them with its model and its
-tokenizer); other variants cannot clone and skip both.
+loaded with it (in `dtype` and `codec_encoder_dtype`); other variants cannot clone and skip both.
 
 The modules are built on the meta device and the safetensors are memory-mapped and assigned
 (load_state_dict(assign=True)), so a 1.7B checkpoint does not need twice its size in RAM.
@@ -185,8 +184,11 @@ def read_config(root: Path) -> TTSConfig:
 
 def load_tts(path_or_id: str | os.PathLike, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
              decoder_dtype: torch.dtype = torch.float32, with_decoder: bool = True,
-             untrained_length: str = "text-rule", weights: bool = True) -> LoadedTTS:
-    """Load everything; the codec decoder runs in decoder_dtype (float32 by default, as the reference).
+             untrained_length: str = "text-rule", weights: bool = True,
+             codec_encoder_dtype: torch.dtype | None = None) -> LoadedTTS:
+    """Load everything; the codec decoder runs in decoder_dtype (float32 by default, as the reference; the engine's
+    load_runner chooses it: synth/decoder_precision.py), a Base checkpoint's codec encoder in codec_encoder_dtype
+    (None: decoder_dtype).
     untrained_length: how an untrained checkpoint's utterances end (synth.api.end_of_speech), in info.
     weights False: the Talker's and code predictor's tensors are zeros of their checked shapes, not read (what
     a compile helper needs: synth/parallel_compile.py)."""
@@ -211,14 +213,14 @@ def load_tts(path_or_id: str | os.PathLike, device: str | torch.device = "cpu", 
         if with_decoder:
             decoder = load_codec_decoder(st, device, decoder_dtype)
         if speaker is not None:
-            codec_encoder = load_codec_encoder(st, device, decoder_dtype)
+            codec_encoder = load_codec_encoder(st, device, codec_encoder_dtype or decoder_dtype)
     except CodecCheckpointError as e:
         raise CheckpointError(str(e)) from None
     prompts = Prompts(config, tokenizer, talker, predictor)
     info = ModelInfo(name=str(path_or_id), model_type=config.model_type,
                      size=str(config.talkgate.get("preset") or config.model_size), untrained=config.untrained,
                      voices=prompts.voices, languages=prompts.languages, device=str(device),
-                     dtype=str(dtype).removeprefix("torch."),
+                     dtype=str(dtype).removeprefix("torch."), decoder_dtype=str(decoder_dtype).removeprefix("torch."),
                      end_of_speech=end_of_speech(config.untrained, untrained_length),
                      voice_key=voice_key(speaker_digest, codec_encoder),
                      takes_instructions=takes_instructions(config))

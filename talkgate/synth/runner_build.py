@@ -14,7 +14,7 @@ import time
 
 import torch
 
-from talkgate.synth import parallel_compile
+from talkgate.synth import decoder_precision, parallel_compile
 from talkgate.synth.checkpoint_dir import resolve_path
 from talkgate.synth.loader import load_tts, read_config
 from talkgate.synth.prompt import CLONE_MAX_PROMPT
@@ -90,11 +90,12 @@ def load_runner(path_or_id, device=None, dtype=None, max_contexts=None, max_fram
     t0 = time.perf_counter()
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     dtype = _dtype(dtype) or (torch.bfloat16 if device.type == "cuda" else torch.float32)
-    # float32 by default, as the reference and as measured end to end; float16 decodes as fast as bfloat16
-    # with 41 dB SNR against float32 (bfloat16: 23 dB), saving ~12 ms a step at 256 contexts, but has not
-    # been run through the engine on a GPU yet (docs/benchmarks.md)
-    decoder_dtype = _dtype(decoder_dtype) or torch.float32
     root = resolve_path(path_or_id)
+    # the compile cache's folder and its helpers are the decoder dtype's: float16 is planned where a probe of the
+    # loaded decoder may allow it, the probe after the load (synth/decoder_precision.py)
+    given = _dtype(decoder_dtype)
+    decoder_dtype = decoder_precision.planned_dtype(device, dtype, given)
+    probe = decoder_precision.probes(device, dtype, given)
     config = read_config(root)
     if max_prompt is None:
         max_prompt = CLONE_MAX_PROMPT if config.model_type == "base" else DEFAULT_MAX_PROMPT
@@ -116,9 +117,14 @@ def load_runner(path_or_id, device=None, dtype=None, max_contexts=None, max_fram
         functions = compile_folder(config, root, device, dtype, decoder_dtype)
         if torch_compile and not share_sized:
             helpers = start_helpers(min(max_batch, max_contexts or max_batch))
-    tts = load_tts(path_or_id, device=device, dtype=dtype, decoder_dtype=decoder_dtype,
+    # the voice-cloning encoder (once a clone, not on the step) stays float32 unless the decoder's dtype was given
+    tts = load_tts(path_or_id, device=device, dtype=dtype, decoder_dtype=torch.float32 if probe else decoder_dtype,
+                   codec_encoder_dtype=given or torch.float32,
                    untrained_length=untrained_length)
     t_loaded = time.perf_counter()
+    if probe and decoder_precision.settle(tts)[0] != decoder_dtype:
+        decoder_dtype = torch.float32       # warm-up compiles its kernels; the helpers compiled float16's in vain
+        functions = compile_folder(config, root, device, dtype, decoder_dtype) if functions is not None else None
     if helpers is not None:
         helpers.wait()                         # their memory back before the slots are sized from what is free
     max_len = max_prompt + max_frames_per_context

@@ -162,7 +162,7 @@ function chooseModel(name) {
   banner.hidden = !m.untrained;
   $("untrained-notice").textContent = m.notice || "random untrained weights: the audio is noise, not speech";
   const rows = [["name", m.name], ["checkpoint", m.checkpoint], ["type", m.model_type], ["size", m.size],
-                ["device", `${m.device} / ${m.dtype}`], ["sample rate", `${m.sample_rate} Hz`],
+                ["device", `${m.device} / ${m.dtype}, decoder ${m.decoder_dtype}`], ["sample rate", `${m.sample_rate} Hz`],
                 ["voices", m.voices.length ? m.voices.join(", ") : m.clones ? "cloned (stored below)" : "none (instructions)"],
                 ["weights", m.untrained ? "UNTRAINED (random)" : "trained"], ["session", stats.sessionId]];
   const dl = $("model");

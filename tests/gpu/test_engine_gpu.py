@@ -53,6 +53,7 @@ def engine_events(checkpoint, graphs: bool, compiled: bool) -> list[list]:
                                     max_frames_per_context=64, cuda_graphs=graphs, torch_compile=compiled)
     engine.runner.warmup()
     assert bool(engine.runner.graphs) == graphs and engine.runner.compiled == compiled
+    assert engine.info.decoder_dtype == "float32"          # a float32 model: no probe, the decoder as the reference
     return run_contexts(engine, PARAMS, TEXTS * 2)
 
 
@@ -92,6 +93,10 @@ def test_convolution_multiplies_follow_the_convolution_precision(monkeypatch):
 def test_bf16_graphs_run_clean(checkpoint):
     engine = Engine.from_pretrained(str(checkpoint), device="cuda", dtype="bfloat16", max_contexts=20,
                                     max_frames_per_context=64, torch_compile=False)
+    # a bfloat16 model's decoder runs in float16 where the load's probe allows (synth/decoder_precision.py): the
+    # random weights' 44 dB on the tiny checkpoint (test_decoder_precision.py)
+    assert engine.info.decoder_dtype == "float16"
+    assert engine.runner.tts.codec_decoder.pre_conv.conv.weight.dtype == torch.float16
     engine.runner.warmup()
     params = [ContextParams(sampling=SamplingParams(seed=i), fixed_frames=12 + i) for i in range(17)]
     events = run_contexts(engine, params, [TEXTS[i % 3] for i in range(17)])
