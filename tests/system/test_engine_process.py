@@ -254,3 +254,41 @@ def test_a_killed_engine_fails_only_its_contexts_and_is_greeted_again(engines):
             assert await c.wait(3) == ContextDone(3, "length", 20) and await c.wait(4) == ContextDone(4, "length", 20)
 
     run(go())
+
+
+def cpu_seconds(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")       # utime + stime
+
+
+def test_an_engine_spins_after_its_last_step_then_sleeps(tiny_checkpoint, tmp_path):
+    """`serve --engine-spin`: for SPIN seconds after its last step the loop polls without sleeping (a command then
+    finds the thread awake), then it sleeps in poll() again."""
+    spin = 1.5
+    proc = EngineProc(tiny_checkpoint, f"ipc://{tmp_path}/engine-spin.ipc", slots=2)
+    proc.args += ["--spin", str(spin)]
+    proc.stop()
+    proc.start()
+
+    def busy_over(seconds: float) -> float:
+        before = cpu_seconds(proc.proc.pid)
+        time.sleep(seconds)
+        return (cpu_seconds(proc.proc.pid) - before) / seconds
+
+    async def go():
+        async with remote_engines([proc], worker=0, n=1) as remote:
+            assert busy_over(0.5) < 0.3                     # ready, no step yet: asleep
+            c = Client(remote)
+            c.say(1, params=ContextParams(sampling=GREEDY, fixed_frames=6))
+            assert await c.wait(1) == ContextDone(1, "length", 6)
+            done = time.monotonic()
+            spinning = busy_over(0.6)
+            await asyncio.sleep(max(0.0, done + spin + 0.3 - time.monotonic()))
+            return spinning, busy_over(0.6)
+
+    try:
+        spinning, after = run(go())
+    finally:
+        proc.stop()
+    assert spinning > 0.6 and after < 0.3, (spinning, after)
