@@ -6,7 +6,6 @@
 # --trace-latency, 1.7B CustomVoice random weights, OpenAI HTTP PCM, English medium texts, open loop):
 #   1 req/s for 40 s and 20 req/s for 30 s (traced: each load's stage budget), then a sweep of LEVELS req/s, 10 s a
 #   level, clean = 0 underruns and p95 first audio <= 100 ms.
-# Then issue 45's `--engine-spin` 0 against 2 s on this tree: 1 and 20 req/s traced (SPINS="0 2").
 #   git archive REV talkgate | tar -x -C .e2e/before
 #   setsid bash bench/gpu_decoder_default.sh > /tmp/dec.out 2>&1 < /dev/null &
 # Results: /tmp/res-decoder.tgz (copy it to $OUT from a poll call); progress: $RES/progress.
@@ -27,15 +26,4 @@ loads() {
     --ttfa-limit-ms 100 --processes 4 --max-in-flight 4096
 }
 each_tree loads
-# Issue 45: the engine loop spinning after its last step (`serve --engine-spin`) against sleeping in poll(), this
-# tree (warm cache), 1 and 20 req/s traced, each server in turn
-for spin in ${SPINS:-0 2}; do
-  start "spin$spin" 8081 -- --model /tmp/ck-1.7b-custom_voice --trace-latency "$res/trace.jsonl" --engine-spin "$spin"
-  traced "spin$spin-rps1" --protocol openai --lang en --rps 1 --duration 40 --processes 1
-  traced "spin$spin-rps20" --protocol openai --lang en --rps 20 --duration 20 --processes 2
-  curl -s "http://127.0.0.1:8081/metrics" | grep -E "^talkgate_(engine_(step|loop)|process_cpu)" > "$res/spin$spin-metrics.txt"
-  ps -eo pid,time,args | grep -E "talkgate.processes.engine_process" | grep -v grep | cut -c1-160 > "$res/spin$spin-ps.txt"
-  stop "spin$spin"
-  pack
-done
 log "done"

@@ -21,7 +21,6 @@ from talkgate.cli import args as cli_args
 from talkgate.cli import models_file
 from talkgate.cli.args import CommandError
 from talkgate.cli.models_file import ModelSpec
-from talkgate.ipc.engine_server import DEFAULT_SPIN_S
 from talkgate.processes import bytecode, mps, single
 from talkgate.server.listen import listen, tls_context
 from talkgate.sessions.limits import Limits
@@ -151,9 +150,6 @@ def add_parser(subparsers) -> None:
     p.add_argument("--warmup-stall", metavar="SECONDS", type=cli_args.positive_seconds, default=DEFAULT_STALL_S,
                    help="an engine whose warm-up makes no progress for this long (a hung compile) exits and is "
                    "started again (with --workers 0 the server exits, status 75)")
-    p.add_argument("--engine-spin", metavar="SECONDS", type=cli_args.seconds, default=DEFAULT_SPIN_S,
-                   help="after its last step an engine process polls its workers' sockets without sleeping this long, "
-                   "so that a command arriving then is read at once (one CPU core while it spins; default %(default)g)")
     p.set_defaults(func=run)
 
 
@@ -385,8 +381,7 @@ def run_supervised(args: argparse.Namespace, specs: list[ModelSpec]) -> int:
             visible = os.environ.get("CUDA_VISIBLE_DEVICES")      # indices are of the visible GPUs
             ids = (visible.split(",") if visible else [str(g) for g in range(count)])[:count]
         engines = engine_plan(specs, device, args.gpus, args.engines, args.max_contexts, ids)
-        engine_args = ["--untrained-length", args.untrained_length, "--warmup-stall", str(args.warmup_stall),
-                       "--spin", str(args.engine_spin)]
+        engine_args = ["--untrained-length", args.untrained_length, "--warmup-stall", str(args.warmup_stall)]
         for flag, value in (("--dtype", args.dtype), ("--decoder-dtype", args.decoder_dtype),
                             ("--max-contexts", args.max_contexts), ("--seed", args.seed)):
             if value is not None:

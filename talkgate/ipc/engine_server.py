@@ -52,11 +52,6 @@ LINGER_S = 1.0                  # at close, how long the last messages may take 
 # thread's, bench/ipc.py)
 DIRECT_BYTES = 64 << 10
 SEND_BUFFER = 4 << 20           # a worker socket's send buffer asked for (capped by net.core.wmem_max)
-# After its last step the loop keeps polling its sockets without sleeping for this long (`serve --engine-spin`):
-# a command that comes then is read without a thread's wake-up (0.24 -> 0.10 ms one way, bench/wakeup.py on an
-# H200) and finds the thread's caches warm (an open after 10 ms idle cost 2-3 times its looped cost,
-# bench/host_path.py); it costs one core while it spins.
-DEFAULT_SPIN_S = 0.0
 # A turn this long can make a new context's second frame late: at 25 text tokens a second its text id comes 40 ms
 # after the first frame's while its audio is due 80 ms after the first frame's, so frame 1 has about 40 ms to
 # spare (docs/benchmarks.md, 2026-11-28). Such turns are counted and logged, with where their time went.
@@ -136,12 +131,9 @@ class SlowTurns:
 
 
 class EngineServer:
-    def __init__(self, engine, endpoint: str, index: int, checkpoint: str, warmup_stall_s: float = DEFAULT_STALL_S,
-                 spin_s: float = DEFAULT_SPIN_S):
+    def __init__(self, engine, endpoint: str, index: int, checkpoint: str, warmup_stall_s: float = DEFAULT_STALL_S):
         self.engine, self.endpoint, self.index, self.checkpoint = engine, endpoint, index, checkpoint
         self.warmup_stall_s = warmup_stall_s
-        self.spin_s = spin_s                          # after its last step the loop polls without sleeping this long
-        self._stepped_at = -spin_s
         self.incarnation = os.getpid()
         self.listener = channel.listen(endpoint)      # a dead predecessor's socket file is replaced
         self.flusher = channel.Flusher(f"talkgate-flusher-{index}")
@@ -228,9 +220,7 @@ class EngineServer:
             after = self.schedstat.read()
             in_turn = None if thread is None or after is None else (after[0] - thread[0], after[1] - thread[1])
             self.slow_turns.add(t1 - t0, t2 - t1, t3 - t2, runner.gpu_wait_s - gpu_wait, in_turn)
-        if busy:
-            self._stepped_at = now
-        elif now - self._stepped_at >= self.spin_s:
+        if not busy:
             self.poller.poll(max(1, int(1000 * (self._next_stats - now))))
         loop = self.loop_s
         loop["receive"] += t1 - t0

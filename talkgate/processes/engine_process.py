@@ -14,7 +14,7 @@ import signal
 import sys
 import threading
 
-from talkgate.ipc.engine_server import DEFAULT_SPIN_S, EngineServer
+from talkgate.ipc.engine_server import EngineServer
 from talkgate.system import heap
 from talkgate.system.warmup_watchdog import DEFAULT_STALL_S
 
@@ -41,8 +41,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int)
     p.add_argument("--untrained-length", choices=["text-rule", "runaway"], default="text-rule")
     p.add_argument("--warmup-stall", type=float, default=DEFAULT_STALL_S)
-    p.add_argument("--spin", type=float, default=DEFAULT_SPIN_S,
-                   help="seconds it polls without sleeping after its last step (ipc/engine_server.py DEFAULT_SPIN_S)")
     p.add_argument("--every-graph", action="store_true",
                    help="capture every batch size's graph before ready (the supervisor's restart beside a sibling)")
     args = p.parse_args(argv)
@@ -59,8 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    server = EngineServer(engine, args.endpoint, args.index, str(engine.runner.tts.path), args.warmup_stall,
-                          args.spin)
+    server = EngineServer(engine, args.endpoint, args.index, str(engine.runner.tts.path), args.warmup_stall)
     log.info("engine %d: %s on %s/%s, %d slots, bound to %s (pid %d)", args.index, engine.info.name,
              engine.info.device, engine.info.dtype, engine.runner.num_slots, args.endpoint, os.getpid())
     try:
