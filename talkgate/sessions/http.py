@@ -109,9 +109,7 @@ class HttpSpeech(ClientProtocol):
         events: list = []
         try:
             events += self.session.start(CONTEXT)
-            events += self.session.append(CONTEXT, self.text)
-            if self.session.has(CONTEXT):
-                events += self.session.end_text(CONTEXT)
+            events += self.session.whole_text(CONTEXT, self.text)
         except SessionError as e:
             self.session.close()
             return self._wire(events) + [self.error(http_status(e.code), e.code, e.message)]

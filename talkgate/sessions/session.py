@@ -318,7 +318,9 @@ class Session:
             self._commands.append(OpenContext(ctx.context, params, ctx.model))
         return [ContextStarted(context_id, ctx.stream, cfg.format)]
 
-    def append(self, context_id: str, text: str) -> list:
+    def append(self, context_id: str, text: str, whole: bool = False) -> list:
+        """Text for a context (started here if it is not yet); `whole`: it is all of the context's text (see
+        whole_text), tokenized in one encoding."""
         out = [] if context_id in self._by_id else self.start(context_id)
         ctx = self._by_id[context_id]
         if ctx.state is not State.OPEN:
@@ -334,12 +336,18 @@ class Session:
             if ctx.t_first_text is None:
                 ctx.t_first_text = self.clock()
             try:
-                ids = ctx.tokenizer.feed(text)
+                ids = ctx.tokenizer.whole(text) if whole else ctx.tokenizer.feed(text)
             except Exception:
                 self._end(ctx, "failed")
                 raise
             self._text(ctx, AppendText(ctx.context, tuple(ids), text_seconds(text)))
         return out
+
+    def whole_text(self, context_id: str, text: str) -> list:
+        """A context's whole text at once (an HTTP request's): append and end_text, its ids one encoding of the
+        text as the reference makes them."""
+        out = self.append(context_id, text, whole=True)
+        return out + self.end_text(context_id) if self.has(context_id) else out
 
     def end_text(self, context_id: str) -> list:
         """The context's text is complete: the tokenizer's held-back tail goes out with EndText; the engine ends

@@ -14,6 +14,7 @@ the next frame on, in the same context. Commands that come while flushing are `h
 from __future__ import annotations
 
 import enum
+import re
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -133,15 +134,13 @@ class Request:
         return self.frame_limit, "budget"
 
 
-def is_cjk(ch: str) -> bool:
-    o = ord(ch)
-    return (0x3040 <= o <= 0x30FF or 0x3400 <= o <= 0x4DBF or 0x4E00 <= o <= 0x9FFF
-            or 0xF900 <= o <= 0xFAFF or 0xAC00 <= o <= 0xD7AF)
+# kana, CJK ideographs (extension A, unified, compatibility) and Hangul syllables: the rule's "CJK" characters
+CJK = re.compile("[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uac00-\ud7af]")
 
 
 def text_seconds(text: str) -> float:
     """Spoken seconds of text by the documented rule: 0.06 s per non-CJK character, 0.25 s per CJK one."""
-    cjk = sum(1 for ch in text if is_cjk(ch))
+    cjk = len(CJK.findall(text))         # on every request's text: 0.5 us for 110 characters, a loop 16
     return 0.25 * cjk + 0.06 * (len(text) - cjk)
 
 

