@@ -215,7 +215,7 @@ def main(argv=None) -> None:
     p.add_argument("--no-compile", action="store_true")
     p.add_argument("--profile", default="", help="batch sizes to profile (torch.profiler top kernels), e.g. 1,256")
     p.add_argument("--max-prefills", type=int, default=16)
-    p.add_argument("--decoder-dtype", help="codec decoder dtype (default float32)")
+    p.add_argument("--decoder-dtype", help="codec decoder dtype (default: as the engine chooses, synth/decoder_precision.py)")
     p.add_argument("--attention-probe", action="store_true", help="time the Talker's decode attention alone")
     p.add_argument("--no-persistent", action="store_true",
                    help="no persistent kernels (synth/persistent.py): the per-layer paths at every batch size")

@@ -266,7 +266,7 @@ def main(argv=None) -> int:
     p.add_argument("--device", help="cuda (default where there is one) or cpu (smoke test: eager, wall clock)")
     p.add_argument("--batches", default="1,8,64,256,512,1024")
     p.add_argument("--reps", type=int, default=20, help="timed repetitions of each part (the median is kept)")
-    p.add_argument("--decoder-dtype", help="codec decoder dtype (default float32, as the engine)")
+    p.add_argument("--decoder-dtype", help="codec decoder dtype (default: as the engine chooses, synth/decoder_precision.py)")
     p.add_argument("--no-compile", action="store_true")
     p.add_argument("--max-prefills", type=int, default=64, help="new contexts a step prefills (host timing's setup)")
     p.add_argument("--label", default="", help="a name for this model in the output (e.g. 1.7B)")
