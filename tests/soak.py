@@ -603,14 +603,17 @@ async def run_fault(soak: Soak, http, name: str, rng: random.Random) -> FaultRec
         rec.detail = f"exit status {code}"
         await loop.run_in_executor(None, soak.start_server)
     elif name == "disk full":
-        filler = soak.store / "filler"
-        fill(filler)
-        status, body = await upload_voice(soak, http, f"soak-full-{rec.start:.0f}")
-        rec.detail = f"upload on a full disk: HTTP {status} {body.get('error', {}).get('code', body)}"
-        rec.clear_error = _store_unavailable(status, body)
-        if not rec.clear_error:
-            rec.detail += " (expected 500 voice_store_unavailable)"
-        filler.unlink()
+        # the load's own voice uploads wait while the disk is full: one the fill overtook would be refused 500
+        # voice_store_unavailable as it should, and counted as a session failed beside a fault that stops no process
+        async with soak.voice_lock:
+            filler = soak.store / "filler"
+            fill(filler)
+            status, body = await upload_voice(soak, http, f"soak-full-{rec.start:.0f}")
+            rec.detail = f"upload on a full disk: HTTP {status} {body.get('error', {}).get('code', body)}"
+            rec.clear_error = _store_unavailable(status, body)
+            if not rec.clear_error:
+                rec.detail += " (expected 500 voice_store_unavailable)"
+            filler.unlink()
     elif name == "read-only store and restart":
         subprocess.run(["mount", "-o", "remount,ro", str(soak.store)], check=True)
         try:
