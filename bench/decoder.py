@@ -20,6 +20,7 @@ import torch
 
 from talkgate.synth import codec_decoder
 from talkgate.synth.codec_decoder import load_codec_decoder
+from talkgate.synth.decoder_precision import snr_db
 from talkgate.synth.random_speech_tokenizer import write_random_codec_decoder
 
 # fp32-engine: torch's defaults, which the engine keeps (TF32 convolutions, the convolutions computed as a
@@ -167,7 +168,7 @@ def accuracy(path, gen):
         set_tf32(tf32)
         got = load_codec_decoder(path, "cuda", dtype).decode(codes)
         err = got - exact
-        snr = 10 * torch.log10(exact.pow(2).mean() / err.pow(2).mean()).item()
+        snr = snr_db(exact, got)
         print(f"{name} vs exact fp32: max abs err {err.abs().max().item():.3e}, rms err {err.pow(2).mean().sqrt().item():.3e}, "
               f"signal rms {exact.pow(2).mean().sqrt().item():.3e}, SNR {snr:.1f} dB")
 

@@ -124,7 +124,7 @@ def load_runner(path_or_id, device=None, dtype=None, max_contexts=None, max_fram
     t_loaded = time.perf_counter()
     if probe and decoder_precision.settle(tts)[0] != decoder_dtype:
         decoder_dtype = torch.float32       # warm-up compiles its kernels; the helpers compiled float16's in vain
-        functions = compile_folder(config, root, device, dtype, decoder_dtype) if functions is not None else None
+        functions = compile_folder(config, root, device, dtype, decoder_dtype)     # a probe runs on CUDA only
     if helpers is not None:
         helpers.wait()                         # their memory back before the slots are sized from what is free
     max_len = max_prompt + max_frames_per_context
