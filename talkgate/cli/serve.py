@@ -98,6 +98,9 @@ def add_parser(subparsers) -> None:
     p.add_argument("--max-contexts", metavar="N", type=cli_args.integer(1), help="engine slots of each engine process: "
                    "contexts in flight on it (default: sized from free GPU memory, or from its share of the GPU's "
                    "memory where engine processes share one (--engines), at most 512; 16 on CPU)")
+    p.add_argument("--max-batch", metavar="N", type=cli_args.integer(1), help="rows one step of an engine process "
+                   "takes at most; more contexts with text take turns, earliest deadline first (default: "
+                   "--max-contexts when given, else 256; docs/engine.md)")
     p.add_argument("--seed", metavar="N", type=cli_args.seed, help="sampling seed of contexts whose request sets "
                    "none, so that the same text and settings give the same audio (default: a fresh random seed each)")
     add_untrained_length(p)
@@ -232,7 +235,8 @@ def run(args: argparse.Namespace) -> int:
             from talkgate.synth.checkpoint_dir import resolve_path
             resolve_path(models[0][1])                  # CheckpointError: no such directory, not reachable, ...
         engine = single.load_engine(models[0][1] if args.model or args.models else str(default_checkpoint()), device,
-                                    args.dtype, args.decoder_dtype, max_contexts, args.seed, args.untrained_length)
+                                    args.dtype, args.decoder_dtype, max_contexts, args.max_batch, args.seed,
+                                    args.untrained_length)
         config = server_config(args)
         host = f"[{args.host}]" if ":" in args.host else args.host
         url = f"{'https' if tls else 'http'}://{host}:{sockets[0].getsockname()[1]}"
@@ -383,7 +387,8 @@ def run_supervised(args: argparse.Namespace, specs: list[ModelSpec]) -> int:
         engines = engine_plan(specs, device, args.gpus, args.engines, args.max_contexts, ids)
         engine_args = ["--untrained-length", args.untrained_length, "--warmup-stall", str(args.warmup_stall)]
         for flag, value in (("--dtype", args.dtype), ("--decoder-dtype", args.decoder_dtype),
-                            ("--max-contexts", args.max_contexts), ("--seed", args.seed)):
+                            ("--max-contexts", args.max_contexts), ("--max-batch", args.max_batch),
+                            ("--seed", args.seed)):
             if value is not None:
                 engine_args += [flag, str(value)]
         workers = args.workers if args.workers is not None else default_workers(len(engines))

@@ -37,6 +37,8 @@ def add_parser(subparsers) -> None:
     p.add_argument("--max-contexts", metavar="N", type=cli_args.integer(1), help="engine slots, as serve will be "
                    "given (default: sized from free GPU memory); the largest batch's kernels are tuned at this size; a models "
                    "file's max_contexts wins")
+    p.add_argument("--max-batch", metavar="N", type=cli_args.integer(1), help="rows a step takes at most, as serve "
+                   "will be given (default: --max-contexts when given, else 256): its graphs are captured up to it")
     p.set_defaults(func=run)
 
 
@@ -63,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
         t0 = time.perf_counter()
         engine = Engine.from_pretrained(spec.path or str(serve.default_checkpoint()), device=device,
                                         dtype=args.dtype, decoder_dtype=args.decoder_dtype,
-                                        max_contexts=spec.max_contexts or args.max_contexts,
+                                        max_contexts=spec.max_contexts or args.max_contexts, max_batch=args.max_batch,
                                         memory_share=shares.get(m))
         runner, name = engine.runner, spec.name
         if runner.device.type != "cuda":

@@ -173,7 +173,8 @@ class EngineServer:
         self.gc.install()
         self.state = "ready"
         self._next_stats = 0.0
-        log.info("engine %d ready (%d slots)", self.index, self.engine.runner.num_slots)
+        log.info("engine %d ready (%d slots, steps of at most %d rows)", self.index, self.engine.runner.num_slots,
+                 self.engine.runner.max_batch)
 
     def serve(self, stop: threading.Event) -> None:
         while not stop.is_set():

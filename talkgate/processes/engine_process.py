@@ -34,6 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dtype")
     p.add_argument("--decoder-dtype")
     p.add_argument("--max-contexts", type=int)
+    p.add_argument("--max-batch", type=int)
     p.add_argument("--memory-share", type=float, help="fraction of the GPU's memory its slots are sized from, "
                    "where engine processes share the GPU (--max-contexts wins)")
     p.add_argument("--shared-gpu", action="store_true", help="other engine processes use this GPU too: no first "
@@ -50,7 +51,8 @@ def main(argv: list[str] | None = None) -> int:
         import torch
         torch.set_num_threads(1)     # as the single-process server: one intra-op thread on a CPU engine
     engine = Engine.from_pretrained(args.model, device=args.device, dtype=args.dtype, decoder_dtype=args.decoder_dtype,
-                                    max_contexts=args.max_contexts, memory_share=args.memory_share,
+                                    max_contexts=args.max_contexts, max_batch=args.max_batch,
+                                    memory_share=args.memory_share,
                                     default_seed=args.seed, untrained_length=args.untrained_length,
                                     first_apart=not args.shared_gpu)
     heap.freeze(f"engine {args.index} loaded")     # warm-up, which may compile for minutes, collects as usual

@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.serverproc import TalkgateServer
+
 
 # ----- the console command, as a user types it -----
 TALKGATE = str(Path(sys.executable).parent / "talkgate")
@@ -82,6 +84,8 @@ def test_every_mistake_is_one_line_and_exit_2_before_the_model_loads(tmp_path, t
         (["serve", "--port", "0", "--device", "cpu"], "cannot create the default checkpoint in ",
          {"TALKGATE_CACHE": str(tmp_path / "a-file" / "cache")}),
         (["serve", "--max-contexts", "0"], "argument --max-contexts: 0 is out of range: use 1 or more"),
+        (["serve", "--max-batch", "0"], "argument --max-batch: 0 is out of range: use 1 or more"),
+        (["warmup", "--max-batch", "-2"], "argument --max-batch: -2 is out of range: use 1 or more"),
         (["serve", "--shutdown-deadline", "-1"], "argument --shutdown-deadline: -1 is out of range"),
         (["serve", "--idle-timeout", "0"], "argument --idle-timeout: must be more than 0 seconds"),
         (["serve", "--tls"], "unrecognized arguments: --tls"),
@@ -118,3 +122,14 @@ def test_every_mistake_is_one_line_and_exit_2_before_the_model_loads(tmp_path, t
         assert done.stderr.startswith("talkgate") and done.stderr.count("\n") == 1, (args, done.stderr)
         assert expected in done.stderr, (args, done.stderr)
     assert not (tmp_path / "x.wav").exists() and not (tmp_path / "c").exists()
+
+
+def test_max_batch_reaches_the_engine_in_both_process_layouts(tiny_checkpoint):
+    """`serve --max-batch N`: the rows a step takes, apart from the slots, in an engine process (the supervisor's
+    command line) and in the single-process server; without it a step takes every slot (--max-contexts)."""
+    with TalkgateServer(tiny_checkpoint, "--workers", "1", "--max-contexts", "6", "--max-batch", "3") as procs, \
+            TalkgateServer(tiny_checkpoint, "--workers", "0", "--max-contexts", "6", "--max-batch", "3") as single, \
+            TalkgateServer(tiny_checkpoint, "--workers", "0", "--max-contexts", "5") as plain:
+        assert "ready (6 slots, steps of at most 3 rows)" in procs.wait_output("engine 0 ready")
+        assert single.wait_output("slots, steps of").rstrip().endswith("6 slots, steps of at most 3 rows")
+        assert plain.wait_output("slots, steps of").rstrip().endswith("5 slots, steps of at most 5 rows")
