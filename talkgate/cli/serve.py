@@ -97,7 +97,7 @@ def add_parser(subparsers) -> None:
                    f"{MAX_DEFAULT_WORKERS}); 0: one process, the engine a thread of it")
     p.add_argument("--max-contexts", metavar="N", type=cli_args.integer(1), help="engine slots of each engine process: "
                    "contexts in flight on it (default: sized from free GPU memory, or from its share of the GPU's "
-                   "memory where engine processes share one (--engines), at most 512; 16 on CPU)")
+                   "memory where engine processes share one (--engines), at most 1,024; 16 on CPU)")
     p.add_argument("--max-batch", metavar="N", type=cli_args.integer(1), help="rows one step of an engine process "
                    "takes at most; more contexts with text take turns, earliest deadline first (default: "
                    "--max-contexts when given, else 256; docs/engine.md)")

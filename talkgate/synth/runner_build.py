@@ -42,8 +42,16 @@ def slot_bytes(tts, max_len: int, dtype: torch.dtype) -> int:
     return kv + dec + tts.config.talker.vocab_size + 2 * d.hidden_size * dtype.itemsize + 128
 
 
-DEFAULT_MAX_SLOTS = 512      # slots sized from memory at most: 512 contexts of 60 s fit an 80-GB H100 (engine.md)
-DEFAULT_MAX_BATCH = 256      # rows a step takes at most by default; more contexts take turns (earliest deadline)
+# slots sized from memory at most: an H200 holds 1,024 contexts of 60 s at 1.7B or 0.6B (1,078 by slots_within),
+# an 80-GB H100 about 530 (engine.md)
+DEFAULT_MAX_SLOTS = 1024
+# rows a step takes at most by default; more contexts with text take turns (earliest deadline). 512 where the engine
+# has LARGE_BUDGET of GPU memory (an H200 alone: 925 slots of 1.7B beside 512 rows), 256 below (an 80-GB H100: about
+# 530 slots; several models on one H200): on an H200 a 1.7B server with 512 rows was clean to 210 req/s against
+# 170 with 256, its steps at 1,161 audio s/s against ~960 (docs/benchmarks.md "Room for the load")
+DEFAULT_MAX_BATCH = 256
+LARGE_MAX_BATCH = 512
+LARGE_BUDGET = 120 << 30
 # warm-up's peak above the slots, the weights and the 4 GiB + 10% reserve, per row of the largest step: the H100
 # peaked at 48.7 GiB with 256 slots and 256 rows at 0.6B (24.6 slots + 2.1 weights + 22 GiB, mostly cuDNN's
 # algorithm search) and 50.6 GiB at 1.7B, 11.7 GiB of which the old reserve covered: 12.5 GiB at 256 rows
@@ -70,6 +78,13 @@ def share_budget(total: int, held: int, share: float) -> int:
     its allocator's pool) taken already. Not from free memory: the engine processes of one GPU load at the same
     time, so what is free when one sizes its slots depends on how far the others have got."""
     return int(total * share) - held
+
+
+def default_max_batch(budget: int) -> int:
+    """The rows a step takes at most when neither they nor the slots are given, for an engine process with `budget`
+    bytes of GPU memory (the GPU's total, or its share of it): known before the weights load, so that the compile
+    helpers beside the load compile the step at its largest batch."""
+    return LARGE_MAX_BATCH if budget >= LARGE_BUDGET else DEFAULT_MAX_BATCH
 
 
 def slots_within(budget: int, per_slot: int, cap: int = DEFAULT_MAX_SLOTS, max_batch: int = DEFAULT_MAX_BATCH) -> int:
@@ -99,9 +114,11 @@ def load_runner(path_or_id, device=None, dtype=None, max_contexts=None, max_fram
     config = read_config(root)
     if max_prompt is None:
         max_prompt = CLONE_MAX_PROMPT if config.model_type == "base" else DEFAULT_MAX_PROMPT
-    if max_batch is None:
-        # sized from memory, a step takes at most DEFAULT_MAX_BATCH rows (engine.md); given, every context
-        max_batch = max_contexts or DEFAULT_MAX_BATCH
+    if max_batch is None and max_contexts is not None:
+        max_batch = max_contexts                            # slots given: every context a row
+    elif max_batch is None:                                 # both sized from memory (engine.md "Memory budget")
+        total = torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else 0
+        max_batch = default_max_batch(int(total * memory_share) if memory_share is not None else total)
     functions = helpers = None
     # slots sized from a share of the GPU are known once the weights are loaded (the share decides them, not what
     # is free): the compile helpers of a fresh cache start then, at the step's own largest batch, which warm-up

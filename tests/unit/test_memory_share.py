@@ -10,7 +10,7 @@ from talkgate.cli.args import CommandError
 from talkgate.cli.models_file import ModelSpec
 from talkgate.cli.serve import engine_plan
 from talkgate.processes.supervisor import Plan, engine_argv
-from talkgate.synth.runner_build import share_budget, slots_within
+from talkgate.synth.runner_build import default_max_batch, share_budget, slots_within
 
 GiB, MiB = 1 << 30, 1 << 20
 SLOT = int(98.5 * MiB)                  # a 1.7B bf16 slot of 60 s (docs/engine.md "Memory budget")
@@ -23,9 +23,19 @@ def test_slots_from_a_share_of_the_gpu():
     # a third of an H200's 141 GiB less 4 GiB held: 43 GiB, 34.7 GiB usable
     assert slots_within(share_budget(141 * GiB, 4 * GiB, 1 / 3), SLOT) == 239
     # past 256 rows the largest step's warm-up is budgeted once: 122.9 GiB less 256 rows of 50 MiB, 98.5 MiB a slot
-    assert slots_within(141 * GiB, SLOT, cap=2000) == 1147 and slots_within(141 * GiB, SLOT) == 512
+    assert slots_within(141 * GiB, SLOT, cap=2000) == 1147 and slots_within(141 * GiB, SLOT) == 1024
     # a share smaller than what the process holds still gets a slot
     assert share_budget(80 * GiB, 4 * GiB, 0.05) == 0 and slots_within(0, SLOT) == 1
+
+
+def test_default_rows_of_a_step_from_the_engines_memory():
+    # an H200 alone (139.8 GiB): 512 rows; with 131 GiB free after 1.7B's weights, 924 slots beside their warm-up
+    # (the H200 measured 2026-11-30: 925), where 256 rows would leave room for the cap's 1,024
+    assert default_max_batch(int(139.8 * GiB)) == 512
+    assert slots_within(131 * GiB, SLOT, max_batch=512) == 924 and slots_within(131 * GiB, SLOT) == 1024
+    # an 80-GB H100, a third of an H200 (three models), the CPU: 256 (a CPU engine's 16 slots are its rows)
+    assert default_max_batch(int(79.1 * GiB)) == default_max_batch(int(139.8 * GiB / 3)) == default_max_batch(0) == 256
+    assert slots_within(75 * GiB, SLOT) == 530
 
 
 def argv_shares(specs, gpus=None, engines=1, max_contexts=None, ids=("0", "1")):
