@@ -46,7 +46,7 @@ def slot_bytes(tts, max_len: int, dtype: torch.dtype) -> int:
 # an 80-GB H100 about 530 (engine.md)
 DEFAULT_MAX_SLOTS = 1024
 # rows a step takes at most by default; more contexts with text take turns (earliest deadline). 512 where the engine
-# has LARGE_BUDGET of GPU memory (an H200 alone: 925 slots of 1.7B beside 512 rows), 256 below (an 80-GB H100: about
+# has LARGE_BUDGET of GPU memory (an H200 alone: 981 slots of 1.7B beside 512 rows), 256 below (an 80-GB H100: about
 # 530 slots; several models on one H200): on an H200 a 1.7B server with 512 rows was clean to 210 req/s against
 # 170 with 256, its steps at 1,161 audio s/s against ~960 (docs/benchmarks.md "Room for the load")
 DEFAULT_MAX_BATCH = 256
@@ -56,18 +56,27 @@ LARGE_BUDGET = 120 << 30
 # peaked at 48.7 GiB with 256 slots and 256 rows at 0.6B (24.6 slots + 2.1 weights + 22 GiB, mostly cuDNN's
 # algorithm search) and 50.6 GiB at 1.7B, 11.7 GiB of which the old reserve covered: 12.5 GiB at 256 rows
 WARMUP_BYTES_PER_ROW = 50 << 20
+# ... with a half-precision codec decoder: 17.4 MiB a row measured at 256 rows (1.7B, float16 decoder, H200,
+# bench/first_lane.py, 2026-11-30), budgeted with a margin
+HALF_WARMUP_BYTES_PER_ROW = 25 << 20
+
+
+def warmup_bytes_per_row(decoder_dtype: torch.dtype) -> int:
+    return WARMUP_BYTES_PER_ROW if decoder_dtype == torch.float32 else HALF_WARMUP_BYTES_PER_ROW
 
 
 def slots_from_memory(tts, max_len: int, dtype: torch.dtype, device: torch.device, cap: int = DEFAULT_MAX_SLOTS,
-                      max_batch: int = DEFAULT_MAX_BATCH, memory_share: float | None = None) -> int:
+                      max_batch: int = DEFAULT_MAX_BATCH, memory_share: float | None = None,
+                      per_row: int = WARMUP_BYTES_PER_ROW) -> int:
     """As many slots as slots_within gives of this process's budget of GPU memory: what is free, or with
     `memory_share` (several engine processes on one GPU) that fraction of the GPU's total less what this process
     holds already (share_budget)."""
     free, total = torch.cuda.mem_get_info(device)
     if memory_share is None:
-        return slots_within(free, slot_bytes(tts, max_len, dtype), cap, max_batch)
+        return slots_within(free, slot_bytes(tts, max_len, dtype), cap, max_batch, per_row)
     held = torch.cuda.memory_reserved(device)
-    slots = slots_within(share_budget(total, held, memory_share), slot_bytes(tts, max_len, dtype), cap, max_batch)
+    slots = slots_within(share_budget(total, held, memory_share), slot_bytes(tts, max_len, dtype), cap, max_batch,
+                         per_row)
     log.info("slots: %d from a %.3g share of %.1f GiB, %.1f GiB held (%.1f GiB free now)", slots, memory_share,
              total / (1 << 30), held / (1 << 30), free / (1 << 30))
     return slots
@@ -87,14 +96,15 @@ def default_max_batch(budget: int) -> int:
     return LARGE_MAX_BATCH if budget >= LARGE_BUDGET else DEFAULT_MAX_BATCH
 
 
-def slots_within(budget: int, per_slot: int, cap: int = DEFAULT_MAX_SLOTS, max_batch: int = DEFAULT_MAX_BATCH) -> int:
+def slots_within(budget: int, per_slot: int, cap: int = DEFAULT_MAX_SLOTS, max_batch: int = DEFAULT_MAX_BATCH,
+                 per_row: int = WARMUP_BYTES_PER_ROW) -> int:
     """Slots of `per_slot` bytes in `budget` bytes after a reserve for activations, graphs, the CUDA context and
-    warm-up (4 GiB + 10% of the budget + WARMUP_BYTES_PER_ROW per row of the largest step, min(slots, max_batch)),
+    warm-up (4 GiB + 10% of the budget + `per_row` bytes per row of the largest step, min(slots, max_batch)),
     at most `cap`; at least 1."""
     usable = budget - (4 << 30) - budget // 10
-    slots = usable // (per_slot + WARMUP_BYTES_PER_ROW)          # every slot a row of the largest step
+    slots = usable // (per_slot + per_row)          # every slot a row of the largest step
     if slots > max_batch:
-        slots = (usable - max_batch * WARMUP_BYTES_PER_ROW) // per_slot
+        slots = (usable - max_batch * per_row) // per_slot
     return max(1, min(cap, slots))
 
 
@@ -146,8 +156,8 @@ def load_runner(path_or_id, device=None, dtype=None, max_contexts=None, max_fram
         helpers.wait()                         # their memory back before the slots are sized from what is free
     max_len = max_prompt + max_frames_per_context
     if max_contexts is None:
-        max_contexts = slots_from_memory(tts, max_len, dtype, device, max_batch=max_batch,
-                                         memory_share=memory_share) if device.type == "cuda" else 16
+        max_contexts = slots_from_memory(tts, max_len, dtype, device, max_batch=max_batch, memory_share=memory_share,
+                                         per_row=warmup_bytes_per_row(decoder_dtype)) if device.type == "cuda" else 16
     max_batch = min(max_batch, max_contexts)
     if share_sized and torch_compile:
         helpers = start_helpers(max_batch)

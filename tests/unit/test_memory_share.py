@@ -4,13 +4,14 @@ sizing on a GPU itself runs on the GPU machine."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 from talkgate.cli import models_file
 from talkgate.cli.args import CommandError
 from talkgate.cli.models_file import ModelSpec
 from talkgate.cli.serve import engine_plan
 from talkgate.processes.supervisor import Plan, engine_argv
-from talkgate.synth.runner_build import default_max_batch, share_budget, slots_within
+from talkgate.synth.runner_build import default_max_batch, share_budget, slots_within, warmup_bytes_per_row
 
 GiB, MiB = 1 << 30, 1 << 20
 SLOT = int(98.5 * MiB)                  # a 1.7B bf16 slot of 60 s (docs/engine.md "Memory budget")
@@ -36,6 +37,9 @@ def test_default_rows_of_a_step_from_the_engines_memory():
     # an 80-GB H100, a third of an H200 (three models), the CPU: 256 (a CPU engine's 16 slots are its rows)
     assert default_max_batch(int(79.1 * GiB)) == default_max_batch(int(139.8 * GiB / 3)) == default_max_batch(0) == 256
     assert slots_within(75 * GiB, SLOT) == 530
+    # a half-precision decoder's warm-up takes 17.4 MiB a row (budgeted 25): the H200's 512 rows leave the cap's 1,024
+    assert warmup_bytes_per_row(torch.float16) == 25 * MiB and warmup_bytes_per_row(torch.float32) == 50 * MiB
+    assert slots_within(131 * GiB, SLOT, max_batch=512, per_row=warmup_bytes_per_row(torch.float16)) == 1024
 
 
 def argv_shares(specs, gpus=None, engines=1, max_contexts=None, ids=("0", "1")):
