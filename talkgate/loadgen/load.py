@@ -706,8 +706,30 @@ def summarize(cfg: Config, results: list[Result], wall_s: float, issue_window: f
         "underrun_requests": underrun_requests(cfg, ok),
         "metrics": metrics, "server": server, "gpu": gpu,
         "client_loop_lag_ms": stats(lags),
+        "in_flight_trend": in_flight_trend(ok, issue_window) if cfg.rps else None,
         "clean": clean,
     }
+
+
+# where in an open-loop level the requests in flight are counted (fractions of the level's window): after its first
+# requests' e2e (a level starts from none in flight), and at its end
+TREND_EARLY, TREND_LATE = (0.3, 0.6), (0.7, 1.0)
+TREND_SAMPLES = 50
+
+
+def in_flight_trend(ok: list[Result], window: float | None) -> list[float] | None:
+    """[mean requests in flight over 30-60% of the level's window, over 70-100%]: a server that keeps up with the
+    offered rate holds it level; one that falls behind lets it grow (more contexts, each slower) until its slots
+    refuse or its audio underruns, which a level shorter than that never shows. None without completed requests."""
+    spans = [(r.start_s, r.start_s + r.e2e_ms / 1000) for r in ok if r.start_s is not None and r.e2e_ms is not None]
+    if not spans or not window:
+        return None
+
+    def mean_in_flight(part: tuple[float, float]) -> float:
+        times = [window * (part[0] + (part[1] - part[0]) * (i + 0.5) / TREND_SAMPLES) for i in range(TREND_SAMPLES)]
+        return round(sum(a <= t < b for t in times for a, b in spans) / TREND_SAMPLES, 1)
+
+    return [mean_in_flight(TREND_EARLY), mean_in_flight(TREND_LATE)]
 
 
 def underrun_requests(cfg: Config, ok: list[Result]) -> dict:

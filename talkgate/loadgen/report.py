@@ -52,8 +52,14 @@ def one_line(s: dict) -> str:
     return (f"{s['mode']} {s['load']:g}: {s['requests']} requests, {s['achieved_rps']:.2f} req/s, "
             f"audio s per wall s {audio_rate(s)}, "
             f"TTFA p50 {fmt(t.get('p50'))} p95 {fmt(t.get('p95'))} ms, underruns {s['underruns']}, "
-            f"errors {sum(s['errors'].values())}, peak in flight {s['peak_in_flight']}"
+            f"errors {sum(s['errors'].values())}, peak in flight {s['peak_in_flight']}{trend(s, ', in flight ')}"
             f" -> {'clean' if s['clean'] else 'NOT clean'}")
+
+
+def trend(s: dict, prefix: str = "") -> str:
+    """The level's mean in flight early -> late (load.in_flight_trend), '' where not measured."""
+    t = s.get("in_flight_trend")
+    return f"{prefix}{t[0]:g} -> {t[1]:g}" + (f" (x{t[1] / t[0]:.2f})" if t[0] else "") if t else ""
 
 
 def markdown(cfg: dict, s: dict) -> str:
@@ -74,6 +80,8 @@ def markdown(cfg: dict, s: dict) -> str:
     rows = [("requests / completed / cancelled", f"{s['requests']} / {s['completed']} / {s['cancelled']}"),
             ("errors", ", ".join(f"{k}: {v}" for k, v in s["errors"].items()) or "none"),
             ("achieved req/s", fmt(s["achieved_rps"], 2)), ("peak in flight", s["peak_in_flight"]),
+            ("mean in flight over 30-60% -> 70-100% of the run (growing: the server falls behind)",
+             trend(s) or "-"),
             ("audio s per wall s: received by the clients, made by the engines (by engine)", audio_rate(s)),
             ("underruns (requests with any) / total ms",
              f"{s['underruns']} ({s['requests_with_underruns']}) / {fmt(s['underrun_ms_total'])}"),
@@ -151,12 +159,12 @@ def write_sweep(out: Path, cfg: dict, runs: list[dict], best: float | None) -> N
     mode = steps[0]["mode"]
     (out / "sweep.json").write_text(json.dumps({"config": cfg, "highest_clean": best, "steps": steps}, indent=1))
     rows = ["| load | achieved req/s | audio s per wall s | p50 TTFA | p95 TTFA | p99 TTFA | underruns | errors | "
-            "clean |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+            "in flight 30-60% -> 70-100% | clean |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for s in steps:
         t = s["metrics"]["ttfa_ms"] or {}
         rows.append(f"| {s['load']:g} | {s['achieved_rps']:.2f} | {audio_rate(s)} | {fmt(t.get('p50'))} | "
                     f"{fmt(t.get('p95'))} | {fmt(t.get('p99'))} | {s['underruns']} | {sum(s['errors'].values())} | "
-                    f"{s['clean']} |")
+                    f"{trend(s) or '-'} | {s['clean']} |")
     (out / "sweep.md").write_text(f"# talkgate sweep ({cfg['protocol']}, {mode})\n\nHighest clean {mode}: "
                                   f"**{fmt(best)}** (clean: no errors, no underruns, p95 TTFA <= "
                                   f"{cfg['ttfa_limit_ms']:.0f} ms)\n\n" + "\n".join(rows) + "\n")

@@ -47,8 +47,9 @@ def slot_bytes(tts, max_len: int, dtype: torch.dtype) -> int:
 DEFAULT_MAX_SLOTS = 1024
 # rows a step takes at most by default; more contexts with text take turns (earliest deadline). 512 where the engine
 # has LARGE_BUDGET of GPU memory (an H200 alone: 981 slots of 1.7B beside 512 rows), 256 below (an 80-GB H100: about
-# 530 slots; several models on one H200): on an H200 a 1.7B server with 512 rows was clean to 210 req/s against
-# 170 with 256, its steps at 1,161 audio s/s against ~960 (docs/benchmarks.md "Room for the load")
+# 530 slots; several models on one H200): on an H200 a 1.7B server with 512 rows held 190 req/s (its requests in
+# flight level) and made 1,161 audio s/s at 210, where 256 rows made ~960 and held none of 170-210 req/s
+# (docs/benchmarks.md "Room for the load")
 DEFAULT_MAX_BATCH = 256
 LARGE_MAX_BATCH = 512
 LARGE_BUDGET = 120 << 30

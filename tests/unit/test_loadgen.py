@@ -2,6 +2,7 @@
 the player, the summary, the parsers, the command line (tests/system/test_bench_load.py runs it against a server)."""
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import random
@@ -343,3 +344,19 @@ def test_the_engines_roofline_fraction_is_their_roofline_seconds_over_their_step
     assert report.audio_rate(summary) == ("3.00 received, 2.00 made (engine 0 2.00 at 15.0% of its roofline); "
                                           "the steps at 15.0% of their roofline")
     assert load.server_numbers({}, {}, 10.0)["engine_roofline_fraction"] is None
+
+
+def test_in_flight_trend_tells_a_level_held_from_a_backlog():
+    """Requests in flight early and late in an open-loop level: level where each request takes as long as the
+    others, growing where later ones take longer (the server falling behind), none in a closed loop."""
+    def level(e2e_of):                  # 10 req/s for 10 s, request i starting at i / 10 s
+        return [dataclasses.replace(_result(i, start_s=i / 10), e2e_ms=e2e_of(i / 10)) for i in range(100)]
+
+    summarize = lambda cfg, rs: load.summarize(cfg, rs, 10.0, 10.0, 3, {}, None, [0.1])
+    held = summarize(load.Config(rps=10.0), level(lambda t: 500.0))["in_flight_trend"]
+    assert held == [5.0, 5.0]
+    behind = summarize(load.Config(rps=10.0), level(lambda t: 100.0 * t))["in_flight_trend"]
+    assert behind[1] > 1.5 * behind[0] > 0
+    assert summarize(load.Config(concurrency=4), level(lambda t: 500.0))["in_flight_trend"] is None
+    line = report.one_line(summarize(load.Config(rps=10.0), level(lambda t: 100.0 * t)))
+    assert f", in flight {behind[0]:g} -> {behind[1]:g} (x{behind[1] / behind[0]:.2f}) -> clean" in line
