@@ -100,7 +100,8 @@ def add_parser(subparsers) -> None:
                    "memory where engine processes share one (--engines), at most 1,024; 16 on CPU)")
     p.add_argument("--max-batch", metavar="N", type=cli_args.integer(1), help="rows one step of an engine process "
                    "takes at most; more contexts with text take turns, earliest deadline first (default: "
-                   "--max-contexts when given, else 256; docs/engine.md)")
+                   "--max-contexts when given, else 512 where the engine process has 120 GiB of GPU memory or more "
+                   "(the GPU's, or its share of it: an H200 alone), 256 below; docs/engine.md)")
     p.add_argument("--seed", metavar="N", type=cli_args.seed, help="sampling seed of contexts whose request sets "
                    "none, so that the same text and settings give the same audio (default: a fresh random seed each)")
     add_untrained_length(p)

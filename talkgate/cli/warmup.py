@@ -38,7 +38,8 @@ def add_parser(subparsers) -> None:
                    "given (default: sized from free GPU memory); the largest batch's kernels are tuned at this size; a models "
                    "file's max_contexts wins")
     p.add_argument("--max-batch", metavar="N", type=cli_args.integer(1), help="rows a step takes at most, as serve "
-                   "will be given (default: --max-contexts when given, else 256): its graphs are captured up to it")
+                   "will be given (default: --max-contexts when given, else 512 with 120 GiB of GPU memory or "
+                   "more, 256 below): its graphs are captured up to it")
     p.set_defaults(func=run)
 
 

@@ -28,7 +28,8 @@ def load_engine(model: str, device: str, dtype: str | None, decoder_dtype: str |
         torch.set_num_threads(1)
     log.info("loading %s on %s", model, device)
     engine = Engine.from_pretrained(model, device=device, dtype=dtype, decoder_dtype=decoder_dtype,
-                                    max_contexts=max_contexts, max_batch=max_batch, default_seed=seed, untrained_length=untrained_length)
+                                    max_contexts=max_contexts, max_batch=max_batch, default_seed=seed,
+                                    untrained_length=untrained_length)
     info = engine.info
     log.info("%d slots, steps of at most %d rows", engine.runner.num_slots, engine.runner.max_batch)
     log.info("model %s (%s, %s) on %s/%s%s", info.name, info.model_type, info.size, info.device, info.dtype,

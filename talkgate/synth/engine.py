@@ -192,9 +192,9 @@ class Engine:
         """Load a checkpoint (directory or Hugging Face id). device None: cuda if available, else cpu;
         dtype None: bfloat16 on cuda, float32 on cpu; max_contexts None: sized from free memory, or from
         `memory_share` of the GPU's memory where engine processes share it (docs/engine.md); max_batch None:
-        max_contexts when given, else at most 256; max_prompt None: 128 positions, 385 for a Base checkpoint (an
-        ICL voice of 30 s); decoder_dtype None: float16 on cuda where its probe at load allows, else float32
-        (synth/decoder_precision.py);
+        max_contexts when given, else 512 or 256 by the GPU's memory (runner_build.default_max_batch); max_prompt
+        None: 128 positions, 385 for a Base checkpoint (an ICL voice of 30 s); decoder_dtype None: float16 on cuda
+        where its probe at load allows, else float32 (synth/decoder_precision.py);
         torch_compile: fuse the step's kernels with torch.compile on cuda (minutes of warm-up, cached);
         untrained_length: how an untrained checkpoint's contexts end, "text-rule" or "runaway"
         (synth.api.end_of_speech)."""
