@@ -130,9 +130,10 @@ async def _main(cfg: Config, levels: list[float] | None, out: Path | None, wait_
         print(f"warm-up failed: {failed[0].error['code']}: {failed[0].error['message']}", file=sys.stderr)
         return 1
     if levels:
-        best, errors = await load.sweep(cfg, levels, out)
+        best, best_held, errors = await load.sweep(cfg, levels, out)
         mode = "concurrency" if cfg.concurrency else "rps"
-        print(f"highest clean {mode}: {report.fmt(best)}" + (f" (results in {out})" if out else ""))
+        print(f"highest clean {mode}: {report.fmt(best)}" + report.held_line(mode, best_held).replace("**", "")
+              + (f" (results in {out})" if out else ""))
         return 1 if errors else 0
     run = await load.run_load(cfg)
     s = run["summary"]

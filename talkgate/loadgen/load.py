@@ -742,8 +742,9 @@ def underrun_requests(cfg: Config, ok: list[Result]) -> dict:
             "first_dry_frame": {"4+" if f == 4 else str(f): n for f, n in sorted(frames.items())}}
 
 
-async def sweep(cfg: Config, levels: list[float], out: Path | None) -> tuple[float | None, bool]:
-    """Raise the load level by level until a level is not clean -> (highest clean level, any errors)."""
+async def sweep(cfg: Config, levels: list[float], out: Path | None) -> tuple[float | None, float | None, bool]:
+    """Raise the load level by level until a level is not clean -> (highest clean level, highest clean level that
+    also held (open loop), any errors)."""
     runs = []
     for level in levels:
         step = replace(cfg, concurrency=int(level)) if cfg.concurrency else replace(cfg, rps=level)
@@ -757,9 +758,11 @@ async def sweep(cfg: Config, levels: list[float], out: Path | None) -> tuple[flo
             break
     clean = [r["summary"]["load"] for r in runs if r["summary"]["clean"]]
     best = clean[-1] if clean else None     # levels rise and the sweep stops at the first unclean one
+    kept = [r["summary"]["load"] for r in runs if r["summary"]["clean"] and report.held(r["summary"])]
+    best_held = kept[-1] if kept else None
     if out:
-        report.write_sweep(out, asdict(cfg), runs, best)
-    return best, any(r["summary"]["errors"] for r in runs)
+        report.write_sweep(out, asdict(cfg), runs, best, best_held)
+    return best, best_held, any(r["summary"]["errors"] for r in runs)
 
 
 async def wait_ready(cfg: Config, timeout_s: float) -> None:

@@ -62,6 +62,25 @@ def trend(s: dict, prefix: str = "") -> str:
     return f"{prefix}{t[0]:g} -> {t[1]:g}" + (f" (x{t[1] / t[0]:.2f})" if t[0] else "") if t else ""
 
 
+# an open-loop level "held" where its requests in flight (load.in_flight_trend) grew at most this much: on an H200
+# (docs/benchmarks.md "Room for the load") levels the engine kept up with went x0.97-1.05, those it did not x1.12-1.8
+HELD_GROWTH = 1.1
+
+
+def held(s: dict) -> bool:
+    """Whether an open-loop level's requests in flight held level; False where not measured."""
+    t = s.get("in_flight_trend")
+    return bool(t) and t[0] > 0 and t[1] <= HELD_GROWTH * t[0]
+
+
+def held_line(mode: str, best_held: float | None) -> str:
+    """The sweep's highest clean level that also held (open loop only: a closed loop holds its clients)."""
+    if mode != "rps":
+        return ""
+    return (f"; of those, held (requests in flight grew at most x{HELD_GROWTH:g} over the level): "
+            f"**{fmt(best_held)}**")
+
+
 def markdown(cfg: dict, s: dict) -> str:
     """The summary of one run as a markdown page: run-level numbers, then p50/p95/p99 per metric."""
     load = f"{cfg['rps']} req/s offered (Poisson)" if s["mode"] == "rps" else f"{cfg['concurrency']} concurrent clients"
@@ -153,11 +172,12 @@ def write_run(out: Path, run: dict) -> None:
                                       out / "ttfa_cdf.png"))
 
 
-def write_sweep(out: Path, cfg: dict, runs: list[dict], best: float | None) -> None:
+def write_sweep(out: Path, cfg: dict, runs: list[dict], best: float | None, best_held: float | None) -> None:
     out.mkdir(parents=True, exist_ok=True)
     steps = [r["summary"] for r in runs]
     mode = steps[0]["mode"]
-    (out / "sweep.json").write_text(json.dumps({"config": cfg, "highest_clean": best, "steps": steps}, indent=1))
+    (out / "sweep.json").write_text(json.dumps({"config": cfg, "highest_clean": best, "highest_clean_held": best_held,
+                                                "steps": steps}, indent=1))
     rows = ["| load | achieved req/s | audio s per wall s | p50 TTFA | p95 TTFA | p99 TTFA | underruns | errors | "
             "in flight 30-60% -> 70-100% | clean |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for s in steps:
@@ -167,7 +187,8 @@ def write_sweep(out: Path, cfg: dict, runs: list[dict], best: float | None) -> N
                     f"{trend(s) or '-'} | {s['clean']} |")
     (out / "sweep.md").write_text(f"# talkgate sweep ({cfg['protocol']}, {mode})\n\nHighest clean {mode}: "
                                   f"**{fmt(best)}** (clean: no errors, no underruns, p95 TTFA <= "
-                                  f"{cfg['ttfa_limit_ms']:.0f} ms)\n\n" + "\n".join(rows) + "\n")
+                                  f"{cfg['ttfa_limit_ms']:.0f} ms)" + held_line(mode, best_held) + "\n\n"
+                                  + "\n".join(rows) + "\n")
     plot(lambda plots: (plots.sweep(steps, out / "sweep.png", mode),
                         plots.ttfa_cdf({f"{mode} {s['load']:g}": ttfas(r) for s, r in zip(steps, runs)},
                                        out / "ttfa_cdf.png")))

@@ -106,3 +106,20 @@ def test_audio_per_wall_second_made_and_received(server, tmp_path, capsys):
              f"(engine 0 {engines['0']:.2f})"
     assert figure in capsys.readouterr().out
     assert figure.removeprefix("audio s per wall s ") in (tmp_path / "results" / "summary.md").read_text()
+
+
+def test_an_open_loop_sweep_reports_what_held(server, tmp_path, capsys):
+    """`--sweep`: each open-loop level's requests in flight early and late in the level (its line, sweep.md and
+    sweep.json), and the highest clean level that held beside the highest clean one. Whether a level of the tiny
+    CPU model is clean depends on the machine: the test reads the figures, not a verdict."""
+    out = tmp_path / "sweep"
+    rc = bench.main(["--url", server.url, "--lang", "en", "--bucket", "short", "--protocol", "openai", "--sweep", "2",
+                     "--duration", "4", "--warmup", "1", "--seed", "1", "--out", str(out)])
+    printed = capsys.readouterr().out
+    sweep = json.loads((out / "sweep.json").read_text())
+    (step,) = sweep["steps"]
+    early, late = step["in_flight_trend"]
+    assert rc == 0 and 0 <= early <= step["peak_in_flight"] and 0 <= late <= step["peak_in_flight"], printed
+    assert f"in flight {early:g} -> {late:g}" in printed and f"| {early:g} -> {late:g}" in (out / "sweep.md").read_text()
+    assert "highest clean rps: " in printed and "; of those, held (requests in flight grew at most x1.1" in printed
+    assert sweep["highest_clean_held"] == (2 if step["clean"] and late <= 1.1 * early else None)

@@ -360,3 +360,18 @@ def test_in_flight_trend_tells_a_level_held_from_a_backlog():
     assert summarize(load.Config(concurrency=4), level(lambda t: 500.0))["in_flight_trend"] is None
     line = report.one_line(summarize(load.Config(rps=10.0), level(lambda t: 100.0 * t)))
     assert f", in flight {behind[0]:g} -> {behind[1]:g} (x{behind[1] / behind[0]:.2f}) -> clean" in line
+
+
+def test_a_sweep_names_its_highest_clean_level_that_held(tmp_path):
+    def step(load_, trend, clean=True):
+        return {"summary": {**load.summarize(load.Config(rps=load_), [_result(i) for i in range(20)], 10.0, 10.0, 3, {},
+                                             None, [0.1]), "in_flight_trend": trend, "clean": clean}}
+
+    runs = [step(100, [50.0, 51.0]), step(150, [80.0, 87.0]), step(200, [120.0, 150.0]), step(250, None, False)]
+    assert [report.held(r["summary"]) for r in runs] == [True, True, False, False]
+    report.write_sweep(tmp_path, {"protocol": "openai", "ttfa_limit_ms": 100.0}, runs, 200, 150)
+    text = (tmp_path / "sweep.md").read_text()
+    assert "Highest clean rps: **200** (clean: no errors, no underruns, p95 TTFA <= 100 ms); of those, held " \
+           "(requests in flight grew at most x1.1 over the level): **150**" in text
+    assert "| 80 -> 87 (x1.09) | True |" in text
+    assert json.loads((tmp_path / "sweep.json").read_text())["highest_clean_held"] == 150
