@@ -30,8 +30,8 @@ def test_slots_from_a_share_of_the_gpu():
 
 
 def test_default_rows_of_a_step_from_the_engines_memory():
-    # an H200 alone (139.8 GiB): 512 rows; with 131 GiB free after 1.7B's weights, 924 slots beside their warm-up
-    # (the H200 measured 2026-11-30: 925), where 256 rows would leave room for the cap's 1,024
+    # an H200 alone (139.8 GiB): 512 rows; with 131 GiB free after 1.7B's weights, 924 slots beside their warm-up at
+    # the float32 decoder's 50 MiB a row (the H200 measured 925 so, 2026-11-30), 1,024 (the cap) with 256 rows
     assert default_max_batch(int(139.8 * GiB)) == 512
     assert slots_within(131 * GiB, SLOT, max_batch=512) == 924 and slots_within(131 * GiB, SLOT) == 1024
     # an 80-GB H100, a third of an H200 (three models), the CPU: 256 (a CPU engine's 16 slots are its rows)
