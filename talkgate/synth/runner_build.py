@@ -42,12 +42,12 @@ def slot_bytes(tts, max_len: int, dtype: torch.dtype) -> int:
     return kv + dec + tts.config.talker.vocab_size + 2 * d.hidden_size * dtype.itemsize + 128
 
 
-# slots sized from memory at most: an H200 holds 1,024 contexts of 60 s at 1.7B or 0.6B (1,078 by slots_within),
-# an 80-GB H100 about 530 (engine.md)
+# slots sized from memory at most: an H200 holds 1,024 contexts of 60 s at 1.7B or 0.6B beside 256 rows, 981 beside
+# 512 (engine.md "Memory budget")
 DEFAULT_MAX_SLOTS = 1024
 # rows a step takes at most by default; more contexts with text take turns (earliest deadline). 512 where the engine
-# has LARGE_BUDGET of GPU memory (an H200 alone: 981 slots of 1.7B beside 512 rows), 256 below (an 80-GB H100: about
-# 530 slots; several models on one H200): on an H200 a 1.7B server with 512 rows held 190 req/s (its requests in
+# has LARGE_BUDGET of GPU memory (an H200 alone: 981 slots of 1.7B beside 512 rows), 256 below (an 80-GB H100: 530-595
+# slots; several models on one H200): on an H200 a 1.7B server with 512 rows held 190 req/s (its requests in
 # flight level) and made 1,161 audio s/s at 210, where 256 rows made ~960 and held none of 170-210 req/s
 # (docs/benchmarks.md "Room for the load")
 DEFAULT_MAX_BATCH = 256
