@@ -132,7 +132,7 @@ async def _main(cfg: Config, levels: list[float] | None, out: Path | None, wait_
     if levels:
         best, best_held, errors = await load.sweep(cfg, levels, out)
         mode = "concurrency" if cfg.concurrency else "rps"
-        print(f"highest clean {mode}: {report.fmt(best)}" + report.held_line(mode, best_held).replace("**", "")
+        print(f"highest clean {mode}: {report.fmt(best)}" + report.held_line(mode, best_held)
               + (f" (results in {out})" if out else ""))
         return 1 if errors else 0
     run = await load.run_load(cfg)

@@ -16,6 +16,7 @@ explains every number.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import collections
 import itertools
 import json
@@ -721,13 +722,17 @@ def in_flight_trend(ok: list[Result], window: float | None) -> list[float] | Non
     """[mean requests in flight over 30-60% of the level's window, over 70-100%]: a server that keeps up with the
     offered rate holds it level; one that falls behind lets it grow (more contexts, each slower) until its slots
     refuse or its audio underruns, which a level shorter than that never shows. None without completed requests."""
-    spans = [(r.start_s, r.start_s + r.e2e_ms / 1000) for r in ok if r.start_s is not None and r.e2e_ms is not None]
-    if not spans or not window:
+    done = [r for r in ok if r.start_s is not None and r.e2e_ms is not None]
+    if not done or not window:
         return None
+    starts = sorted(r.start_s for r in done)
+    ends = sorted(r.start_s + r.e2e_ms / 1000 for r in done)
 
     def mean_in_flight(part: tuple[float, float]) -> float:
         times = [window * (part[0] + (part[1] - part[0]) * (i + 0.5) / TREND_SAMPLES) for i in range(TREND_SAMPLES)]
-        return round(sum(a <= t < b for t in times for a, b in spans) / TREND_SAMPLES, 1)
+        # in flight at t: started at or before t, not ended at or before t
+        return round(sum(bisect.bisect_right(starts, t) - bisect.bisect_right(ends, t) for t in times)
+                     / TREND_SAMPLES, 1)
 
     return [mean_in_flight(TREND_EARLY), mean_in_flight(TREND_LATE)]
 

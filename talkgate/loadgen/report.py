@@ -73,12 +73,13 @@ def held(s: dict) -> bool:
     return bool(t) and t[0] > 0 and t[1] <= HELD_GROWTH * t[0]
 
 
-def held_line(mode: str, best_held: float | None) -> str:
-    """The sweep's highest clean level that also held (open loop only: a closed loop holds its clients)."""
+def held_line(mode: str, best_held: float | None, mark: str = "") -> str:
+    """The sweep's highest clean level that also held (open loop only: a closed loop holds its clients); `mark`
+    around the figure (markdown's "**")."""
     if mode != "rps":
         return ""
     return (f"; of those, held (requests in flight grew at most x{HELD_GROWTH:g} over the level): "
-            f"**{fmt(best_held)}**")
+            f"{mark}{fmt(best_held)}{mark}")
 
 
 def markdown(cfg: dict, s: dict) -> str:
@@ -187,7 +188,7 @@ def write_sweep(out: Path, cfg: dict, runs: list[dict], best: float | None, best
                     f"{trend(s) or '-'} | {s['clean']} |")
     (out / "sweep.md").write_text(f"# talkgate sweep ({cfg['protocol']}, {mode})\n\nHighest clean {mode}: "
                                   f"**{fmt(best)}** (clean: no errors, no underruns, p95 TTFA <= "
-                                  f"{cfg['ttfa_limit_ms']:.0f} ms)" + held_line(mode, best_held) + "\n\n"
+                                  f"{cfg['ttfa_limit_ms']:.0f} ms)" + held_line(mode, best_held, "**") + "\n\n"
                                   + "\n".join(rows) + "\n")
     plot(lambda plots: (plots.sweep(steps, out / "sweep.png", mode),
                         plots.ttfa_cdf({f"{mode} {s['load']:g}": ttfas(r) for s, r in zip(steps, runs)},
