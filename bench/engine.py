@@ -38,10 +38,10 @@ def batch1_runner(checkpoint: str):
     r.warmup()
     print(f"warm-up {time.time() - t0:.0f} s", flush=True)
     with torch.inference_mode():
-        r.inputs[0, :1] = 0
-        r.inputs[1, :1] = 40
-        r.inputs[2, :1] = r.text_pad
-        r.inputs[3, :1] = 20
+        r.main.inputs[0, :1] = 0
+        r.main.inputs[1, :1] = 40
+        r.main.inputs[2, :1] = r.text_pad
+        r.main.inputs[3, :1] = 20
     return r
 
 

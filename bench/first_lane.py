@@ -18,11 +18,14 @@ Not an engine feature: the engine would also have to notice a command while it w
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import time
 
 import torch
+
+from talkgate.synth.runner import StepBuffers
 
 FRAMES = 100                     # the running rows' position: this many frames into their utterance
 
@@ -46,17 +49,14 @@ def capture(fn, b: int, stream, pool) -> torch.cuda.CUDAGraph:
 def lane_graphs(r, rows: int, slot: int, stream) -> list[torch.cuda.CUDAGraph]:
     """The three step graphs of `rows` rows over a second set of the runner's static step buffers (row 0: the new
     context in `slot` at frame 1; the others the dummy slot), captured on `stream`; the runner keeps its own."""
-    main = r.inputs, r.hidden, r.codes, r.pcm
-    r.inputs, r.hidden, r.codes, r.pcm = (t.clone() for t in main)
-    try:
-        r.inputs.zero_()
-        r.inputs[0] = r.dummy
-        r.inputs[2] = r.text_pad
-        r.inputs[0, 0], r.inputs[1, 0], r.inputs[3, 0] = slot, 10, 1
-        pool = torch.cuda.graph_pool_handle()
-        return [capture(r._parts[part], rows, stream, pool) for part in ("talker", "codes", "decode")]
-    finally:
-        r.inputs, r.hidden, r.codes, r.pcm = main
+    bufs = StepBuffers(*(getattr(r.main, f.name).clone() for f in dataclasses.fields(StepBuffers)))
+    bufs.inputs.zero_()
+    bufs.inputs[0] = r.dummy
+    bufs.inputs[2] = r.text_pad
+    bufs.inputs[0, 0], bufs.inputs[1, 0], bufs.inputs[3, 0] = slot, 10, 1
+    pool = torch.cuda.graph_pool_handle()
+    parts = r._parts_of(bufs)
+    return [capture(parts[part], rows, stream, pool) for part in ("talker", "codes", "decode")]
 
 
 def spin_until(t: float) -> None:
@@ -133,10 +133,10 @@ def main(argv=None) -> int:
     print(json.dumps({k: v for k, v in result.items() if k != "runs"}), flush=True)
     with torch.inference_mode():
         plen = prompt_length(r)
-        r.inputs[0, :top] = torch.arange(top)
-        r.inputs[1, :top] = plen + FRAMES
-        r.inputs[2, :top] = r.text_pad
-        r.inputs[3, :top] = FRAMES
+        r.main.inputs[0, :top] = torch.arange(top)
+        r.main.inputs[1, :top] = plen + FRAMES
+        r.main.inputs[2, :top] = r.text_pad
+        r.main.inputs[3, :top] = FRAMES
         r.dec_state.pos[:top] = FRAMES
         r.min_frames[:] = 1 << 40                      # no eos: every row makes a frame
         hi = torch.cuda.Stream(priority=-100)          # mapped to the highest the device has

@@ -156,10 +156,10 @@ def time_parts(engine, B: int, prompt_len: int, prefill_len: int, reps: int) -> 
     r = engine.runner
     cuda = r.device.type == "cuda"
     with torch.inference_mode():
-        r.inputs[0, :B] = torch.arange(B)
-        r.inputs[1, :B] = prompt_len + FRAMES
-        r.inputs[2, :B] = r.text_pad
-        r.inputs[3, :B] = FRAMES
+        r.main.inputs[0, :B] = torch.arange(B)
+        r.main.inputs[1, :B] = prompt_len + FRAMES
+        r.main.inputs[2, :B] = r.text_pad
+        r.main.inputs[3, :B] = FRAMES
         r.dec_state.pos[:B] = FRAMES
         r.min_frames[:B] = 1 << 40               # no eos: every row makes a frame, as mid-utterance
         r.pre_in[0, 0], r.pre_in[0, 1] = B, prompt_len - 1       # the prefill's new context in slot B
@@ -174,7 +174,7 @@ def time_parts(engine, B: int, prompt_len: int, prefill_len: int, reps: int) -> 
         fns["prefill"] = g.replay if g is not None else (lambda: r._prefill_step(1, prefill_len))
         if cuda:
             r._run("talker", B)                  # the codes graph reads the Talker's hidden states
-        slots, frame = r.inputs[0, :B], r.inputs[3, :B]
+        slots, frame = r.main.inputs[0, :B], r.main.inputs[3, :B]
         sampler = FrameSampler(r.sampling.index(slots), frame)
         cfg = r.talker.cfg
         gen = torch.Generator(device=r.device).manual_seed(0)

@@ -149,6 +149,7 @@ class EngineServer:
         self.schedstat = SchedStat()                  # of this thread, the one that runs the loop (main())
         self.slow_turns = SlowTurns(index)
         engine.on_step = self._on_step
+        engine.poll = self._poll
         self._next_stats = 0.0
         self.gc = heap.GcPauses()
         self._graphs_pending = True
@@ -230,6 +231,12 @@ class EngineServer:
         loop["idle"] += time.perf_counter() - t3
 
     # ----- worker -> engine -----
+    def _poll(self) -> None:
+        """Engine.poll: the messages that arrived while the engine thread waits for a step beside the first-frame lane
+        (a new context's open takes the lane at once, synth/lane.py)."""
+        if self.poller.poll(0):
+            self._receive()
+
     def _receive(self) -> None:
         while (sock := channel.accept(self.listener, SEND_BUFFER)) is not None:
             self.conns[sock.fileno()] = Conn(sock, channel.Outgoing(sock, self.flusher.watch, DIRECT_BYTES))

@@ -28,6 +28,8 @@ ENGINE_AUDIO_HELP = "Audio the engine made, seconds (80 ms a codec frame): rate(
 ENGINE_PREFIX_HELP = ("New contexts whose prompt's prefix (its positions but the last: instructions, role, voice) could be "
                       "kept, by whether it was: kept (copied at the open, no prefill on the way to the first audio) or "
                       "prefilled (a prompt not seen lately, then kept); synth/runner.py")
+ENGINE_LANE_HELP = ("New contexts whose open and first frame were launched on the first-frame lane, beside the step in "
+                    "flight (synth/lane.py)")
 ENGINE_ROOF_HELP = ("The engine's steps at their roofline: the seconds their work (FLOPs and bytes counted from the model's "
                     "shapes, synth/roofline.py) takes at the GPU's datasheet peaks; over talkgate_engine_step_seconds_sum, "
                     "the share of the peak its steps achieve. Only for a GPU whose peaks are known (H100 SXM, H200)")
@@ -72,6 +74,8 @@ class Metrics:
             self.engine_prefixes = Counter("talkgate_engine_prompt_prefixes", ENGINE_PREFIX_HELP, ["found"],
                                            registry=r)
             self._engine_prefixes: dict[str, int] = {}
+            self.engine_lane = Counter("talkgate_engine_lane_launches", ENGINE_LANE_HELP, registry=r)
+            self._engine_lane = 0
         # for proxies and autoscalers (docs/deploy.md), set at each scrape (observe); over worker processes the
         # sessions add up and the load and drain flags are the largest any worker says
         self.engine_slots_used = Gauge("talkgate_engine_slots_used", "Engine slots held by a context", registry=r,
@@ -124,6 +128,9 @@ class Metrics:
             for found, n in stats.get("prompt_prefixes", {}).items():
                 self.engine_prefixes.labels(found).inc(n - self._engine_prefixes.get(found, 0))
                 self._engine_prefixes[found] = n
+            if "lane_launches" in stats:
+                self.engine_lane.inc(stats["lane_launches"] - self._engine_lane)
+                self._engine_lane = stats["lane_launches"]
         load = sessions / max_sessions
         if stats.get("slots"):
             used = max(0, stats["slots"] - stats["free_slots"])
@@ -195,6 +202,7 @@ class EngineCollector:
         audio = CounterMetricFamily("talkgate_engine_audio_seconds", ENGINE_AUDIO_HELP, labels=names)
         roof = CounterMetricFamily("talkgate_engine_step_roof_seconds", ENGINE_ROOF_HELP, labels=names)
         prefixes = CounterMetricFamily("talkgate_engine_prompt_prefixes", ENGINE_PREFIX_HELP, labels=[*names, "found"])
+        lane = CounterMetricFamily("talkgate_engine_lane_launches", ENGINE_LANE_HELP, labels=names)
         index: dict[str | None, int] = {}              # model -> its engines so far
         for e in engines:
             model = e.get("model")
@@ -228,8 +236,9 @@ class EngineCollector:
                 roof.add_metric(label, e["step_roof_s"])
             for found, n in e.get("prompt_prefixes", {}).items():
                 prefixes.add_metric([*label, found], n)
+            lane.add_metric(label, e.get("lane_launches", 0))
         yield from (ready, slots, free, running, waiting, cpu, behind, step, loop, gpu_wait, cpu_wait, slow, gc, gc_max,
-                    gc_frozen, audio, prefixes)
+                    gc_frozen, audio, prefixes, lane)
         if roof.samples:
             yield roof
 

@@ -29,6 +29,11 @@ ones and every running client has audio to spare (first_frames_apart), the step 
 prefill and first frame, then the running rows' frame; the first frames' audio is delivered as soon as it is
 decoded, while the running rows' launch runs.
 
+While the running rows' launch runs where first_frames_apart allows, the engine thread looks for new commands
+(Engine.poll) instead of blocking on the GPU, and a new context that can take it has its open and first frame
+launched on the first-frame lane beside the step (synth/lane.py); its audio goes out as soon as it is decoded, and
+it runs with the others from the next step on.
+
 A cancelled context makes no event from its CancelContext on (the flag is checked as events are made); those it
 made before, still waiting for their deliver, go to the client, which drops them (server/engine_client.py: the
 one place a gateway filters stale events). A cancelled context's slot is free at once; the engine drops it from
@@ -53,7 +58,7 @@ from talkgate.synth.api import (
     InvalidParams, MakeVoice, ModelInfo, OpenContext, StageTimes, TextSpoken, VoiceFailed, VoiceMade, VoicePrompt,
     seed_fits,
 )
-from talkgate.synth.request import Request
+from talkgate.synth.request import Request, Status
 from talkgate.synth.scheduler import Scheduler
 
 log = logging.getLogger("talkgate.engine")
@@ -111,8 +116,17 @@ FIRST_APART_STEPS = 2.0
 FIRST_APART_MAX_ROWS = 64
 
 
+# While the running rows' launch runs and a first-frame lane is open (synth/lane.py), the engine thread looks at the
+# GPU and for new commands this often instead of blocking on the codes (a sleep, so that the other threads of its
+# process run: the gateway's in a single-process server, the Flusher in an engine process)
+LANE_POLL_S = 50e-6
+
+
 def first_frames_apart(running: list[Request], now: float, step_s: float) -> bool:
-    """Whether new contexts' first frames may run as a step of their own ahead of `running`'s."""
+    """Whether new contexts' first frames may run apart from `running`'s frame: as a step of their own ahead of it,
+    or on the first-frame lane beside it (synth/lane.py; tried beside up to 1,024 running rows: at 100 req/s of 1.7B
+    on an H200 first audio's p95 rose 26.5 -> 36.2 ms and the sweep's highest clean level fell 210 -> 190 req/s,
+    docs/benchmarks.md)."""
     return len(running) <= FIRST_APART_MAX_ROWS and all(
         r.deadline - now >= FIRST_APART_STEPS * step_s for r in running)
 
@@ -168,8 +182,9 @@ class Engine:
         self._start_error: BaseException | None = None
         self._ready_at = self._open_at = 0.0            # when warm-up ended; when a context was last open
         self._steps = self._frames = 0
-        # the last launched step's frames whose PCM is not emitted yet: (step, [(row, req, frame, finish)])
-        self._audio: tuple | None = None
+        # the launched steps' frames whose PCM is not emitted yet: [(step, [(row, req, frame, finish)])]
+        self._audio: list[tuple] = []
+        self._lane: tuple | None = None         # the lane's launch in flight and its context (synth/lane.py)
         self._step_ms_last = self._step_ms_total = 0.0
         self._roof_s_total = 0.0                # the steps' roofline seconds (runner.roof, where the GPU is known)
         self._voices: collections.deque = collections.deque()     # (client, MakeVoice) not begun yet
@@ -181,6 +196,9 @@ class Engine:
         # called on the engine thread before every step: while it returns True the engine waits (the
         # gateway's event loop is behind on the batches delivered to it); must not block
         self.hold = None
+        # called on the engine thread while it waits for a step beside an open lane: takes the commands that arrived
+        # (an engine process reads its sockets; submit() needs no call); must not block
+        self.poll = None
 
     @classmethod
     def from_pretrained(cls, path_or_id: str, device: str | None = None, dtype: str | None = None,
@@ -188,7 +206,7 @@ class Engine:
                         max_batch: int | None = None, cuda_graphs: bool = True, max_prompt: int | None = None,
                         decoder_dtype: str | None = None, torch_compile: bool = True,
                         untrained_length: str = "text-rule", memory_share: float | None = None,
-                        **engine_kw) -> "Engine":
+                        lane: bool | None = None, **engine_kw) -> "Engine":
         """Load a checkpoint (directory or Hugging Face id). device None: cuda if available, else cpu;
         dtype None: bfloat16 on cuda, float32 on cpu; max_contexts None: sized from free memory, or from
         `memory_share` of the GPU's memory where engine processes share it (docs/engine.md); max_batch None:
@@ -197,13 +215,13 @@ class Engine:
         where its probe at load allows, else float32 (synth/decoder_precision.py);
         torch_compile: fuse the step's kernels with torch.compile on cuda (minutes of warm-up, cached);
         untrained_length: how an untrained checkpoint's contexts end, "text-rule" or "runaway"
-        (synth.api.end_of_speech)."""
+        (synth.api.end_of_speech); lane: a first-frame lane (synth/lane.py), None: where the step runs CUDA graphs."""
         from talkgate.synth.runner_build import load_runner
         runner, tokenizer_factory, prompts, info = load_runner(
             path_or_id, device=device, dtype=dtype, max_contexts=max_contexts,
             max_frames_per_context=max_frames_per_context, max_batch=max_batch, cuda_graphs=cuda_graphs,
             max_prompt=max_prompt, decoder_dtype=decoder_dtype, torch_compile=torch_compile,
-            untrained_length=untrained_length, memory_share=memory_share)
+            untrained_length=untrained_length, memory_share=memory_share, lane=lane)
         return cls(runner, tokenizer_factory, prompts, info, **engine_kw)
 
     # ----- lifecycle -----
@@ -384,6 +402,7 @@ class Engine:
                 "graphs_captured": len(self.runner.graphs), "graphs_pending": len(self.runner.pending),
                 "capture_ms_max": round(max(captures), 1) if captures else 0.0,
                 "prompt_prefixes": dict(self.runner.prefix_counts),
+                "lane_launches": self.runner.lane.launches if self.runner.lane is not None else 0,
                 **({"step_roof_s": self._roof_s_total} if self.runner.roof is not None else {})}
 
     # ----- engine thread -----
@@ -569,7 +588,8 @@ class Engine:
     def _step(self) -> bool:
         """One step over every ready context, and the last step's audio; False when there was neither. New
         contexts' first frames are launched apart, ahead of the running rows, where first_frames_apart allows:
-        their audio goes out while the running rows' frame is made."""
+        their audio goes out while the running rows' frame is made; where it allows, a new context that arrives
+        while the running rows' frame is made takes the lane beside it (synth/lane.py)."""
         t0 = time.perf_counter()
         prefill, decode = self.scheduler.schedule(t0)
         if not prefill and not decode:
@@ -577,9 +597,10 @@ class Engine:
         if prefill:
             stamp(prefill, SCHEDULED)
             prefill.sort(key=lambda r: not r.prefixed)         # the runner's order: frame 0 by a Talker step first
-        apart = (self.first_apart and bool(prefill and decode)
-                 and first_frames_apart(decode, t0, self._step_ms_last / 1000))
+        unnoticed = self.first_apart and bool(decode) and first_frames_apart(decode, t0, self._step_ms_last / 1000)
+        apart = unnoticed and bool(prefill)
         launches = [(prefill, []), ([], decode)] if apart else [(prefill, decode)]
+        lane = unnoticed and self.runner.lane_beside(sum(map(len, launches[-1])))
         try:
             steps = []
             for new, old in launches:
@@ -589,17 +610,25 @@ class Engine:
             self._emit_audio()
             self._deliver()                                     # the last step's audio, while this one runs
             for i, (step, reqs) in enumerate(steps):
-                codes = self.runner.codes_of(step)
+                last = i == len(steps) - 1
+                codes = (self._codes_beside_lane(step, {r.slot for r in prefill + decode}) if last and lane
+                         else self.runner.codes_of(step))
                 if prefill and i == 0:
                     stamp(prefill, CODES)
                 self._postprocess(step, reqs, codes)
-                if i < len(steps) - 1:                          # the first frames, while the running rows' runs
+                if not last:                                    # the first frames, while the running rows' runs
                     self._emit_audio()
                     self._deliver()
+            if self._lane is not None:                          # its context runs in the next step
+                self._land_lane()
         except Exception as e:                                  # fail this step's contexts, keep serving
             log.exception("engine step failed")
-            self._audio = None
-            for req in prefill + decode:
+            self._audio = []
+            lost = prefill + decode
+            if self._lane is not None:
+                lost.append(self._lane[1])
+                self._lane = None
+            for req in lost:
                 if not req.freed:
                     self._fail(req, e)
             return True
@@ -614,6 +643,69 @@ class Engine:
         if self.on_step is not None:
             self.on_step(dt, len(prefill) + len(decode))
         return True
+
+    def _codes_beside_lane(self, step, busy: set[int]) -> np.ndarray:
+        """The launched step's codes; while it runs, a new context that arrives takes the lane (one at a time), and its
+        first audio goes out as soon as it is decoded. `busy`: the step's slots (a slot freed during the step is
+        still being written by it)."""
+        while True:
+            if self._lane is None:
+                if self.poll is not None:
+                    self.poll()
+                self._launch_lane(busy)
+            elif self.runner.audio_ready(self._lane[0]):
+                self._land_lane()
+                self._emit_audio()
+                self._deliver()
+            if self.runner.codes_ready(step):
+                return self.runner.codes_of(step)
+            time.sleep(LANE_POLL_S)
+
+    def _launch_lane(self, busy: set[int]) -> None:
+        """The first queued new context that can take the lane, with its text applied, launched there; its commands
+        leave the queue (a new context's commands concern it alone), the others stay for the step boundary."""
+        with self._lock:
+            fits = [req for op, req, _ in self._commands if op == "open" and self._fits_lane(req, busy)]
+            if not fits:
+                return
+            req = fits[0]
+            mine = [cmd for cmd in self._commands if cmd[1] is req]
+            self._commands = collections.deque(cmd for cmd in self._commands if cmd[1] is not req)
+        for op, _, arg in mine:
+            if req.freed:
+                break
+            if op == "fail":
+                self._fail(req, arg)
+            elif op != "open":
+                self._apply_text(op, req, arg)
+        if req.freed:
+            return
+        req.t_ready, req.status = time.perf_counter(), Status.RUNNING
+        stamp([req], SCHEDULED)
+        try:
+            step = self.runner.launch_lane(req)
+        except Exception as e:                                  # this context fails; the engine goes on
+            log.exception("launching context %d of client %d on the lane failed", req.context, req.client)
+            self._fail(req, e)
+            return
+        stamp([req], LAUNCHED)
+        self._lane = (step, req)
+
+    def _fits_lane(self, req: Request, busy: set[int]) -> bool:
+        """(Under the lock, req's open queued.) Whether it can take the lane now: open, text queued for its first
+        frame, its slot not written by the step in flight, its prompt's prefix kept (runner.kept_prefix)."""
+        return (not req.freed and req.slot not in busy and self.runner.kept_prefix(req.prompt)
+                and any(op in ("text", "flush", "end") and arg[0] for op, r, arg in self._commands if r is req))
+
+    def _land_lane(self) -> None:
+        """The lane's context's first frame, as a step's (waits for its codes): from here on it runs with the others."""
+        step, req = self._lane
+        self._lane = None
+        codes = self.runner.codes_of(step)
+        stamp([req], CODES)
+        if not req.freed:
+            self.scheduler.join(req)
+        self._postprocess(step, [req], codes)
 
     def _postprocess(self, step, reqs: list[Request], codes: np.ndarray) -> None:
         """codes[i] = the 16 codes of reqs[i]'s new frame: on eos the context finishes (a flushing one has
@@ -633,7 +725,8 @@ class Engine:
             req.frames += 1
             self._frames += 1
             frames.append((i, req, req.frames - 1, []))
-        self._audio = (step, frames) if frames else None
+        if frames:
+            self._audio.append((step, frames))
         for _, req, _, _ in frames:
             self._check_limits(req)
 
@@ -663,7 +756,7 @@ class Engine:
         """("done", reason) or ("spoken", reason), after the context's audio made so far: after its pending
         frame's audio, else at once."""
         end = (*end, req.frames)
-        for _, r, _, after in (self._audio[1] if self._audio is not None else ()):
+        for _, r, _, after in (frame for _, frames in self._audio for frame in frames):
             if r is req:
                 after.append(end)
                 return
@@ -677,11 +770,15 @@ class Engine:
             self._emit(req, TextSpoken(req.context, reason, frames))
 
     def _emit_audio(self) -> bool:
-        """Queue the last step's PCM for its contexts (waits for its decode); False if none was pending."""
-        if self._audio is None:
+        """Queue the launched steps' PCM for their contexts (waits for their decode); False if none was pending."""
+        if not self._audio:
             return False
-        step, frames = self._audio
-        self._audio = None
+        pending, self._audio = self._audio, []
+        for step, frames in pending:
+            self._emit_frames(step, frames)
+        return True
+
+    def _emit_frames(self, step, frames: list[tuple]) -> None:
         pcm = self.runner.audio_of(step).copy()                 # one copy; each chunk is a row of it
         now = time.perf_counter()
         ends = []
@@ -699,7 +796,6 @@ class Engine:
                 ends += [(req, end) for end in after]
         for req, end in ends:
             self._end(req, end)
-        return True
 
     def _emit(self, req: Request, ev: EngineEvent) -> None:
         with self._lock:

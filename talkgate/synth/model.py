@@ -174,7 +174,7 @@ def run_layers(layers: nn.ModuleList, final_norm: RMSNorm, x: torch.Tensor, atte
     return h
 
 
-def _persistent(model: nn.Module, rows: int) -> bool:
+def uses_persistent(model: nn.Module, rows: int) -> bool:
     """Whether synth/persistent.py's kernels take this step (CUDA callers only)."""
     kernels = kernel_module("persistent")
     return kernels is not None and kernels.supports(model, rows)
@@ -308,7 +308,7 @@ class Talker(nn.Module):
                 self.v_cache[i][rows, :, pos_t] = v
                 return attn.attend(q, k.transpose(1, 2), v.transpose(1, 2), causal=True)
             return run_layers(self.layers, self.norm, x, attention_out)
-        if x.shape[1] == 1 and x.is_cuda and _persistent(self, x.shape[0]):
+        if x.shape[1] == 1 and x.is_cuda and uses_persistent(self, x.shape[0]):
             # one launch for the whole step (synth/persistent.py)
             return kernel_module("persistent").talker_step(self, x[:, 0], cos[:, 0], sin[:, 0], slots, pos_t[:, 0])[:, None]
         if x.shape[1] == 1 and one_token_kernel(x):
@@ -394,7 +394,7 @@ class CodePredictor(nn.Module):
                 return_logits: bool = False):
         """-> codes [B,15] int64, embed_sum [B,H] (and logits [B,15,V] float32 with return_logits).
         Small batches on CUDA run as one persistent kernel (synth/persistent.py)."""
-        if hidden.is_cuda and not return_logits and _persistent(self, hidden.shape[0]):
+        if hidden.is_cuda and not return_logits and uses_persistent(self, hidden.shape[0]):
             return kernel_module("persistent").predict(self, hidden, code0_embed, sampler.p, sampler.counter)
         B = hidden.shape[0]
         d = self.cfg.dims

@@ -47,6 +47,9 @@ position and is overwritten before it is ever attended) and their last hidden st
 running rows' in the codes part, so a new context's first frame and PCM come out of the same step; or
 the engine launches them as a step of their own (launch(new, [])) just ahead of the running rows'
 (launch([], running)), so that their first PCM is ready after a pass of the new rows alone.
+A new context that arrives while a step runs may have its open and frame 0 launched on the first-frame lane
+(launch_lane, synth/lane.py): a stream of the highest priority beside the step, with buffers, graphs and a memory
+pool of its own; the main stream waits for it before its next open or launch.
 A context with an in-context (ICL) cloned voice starts its decoder state where decoding its voice's
 reference frames left it: the reference decodes reference + generated frames in one sequence and cuts the
 reference's samples off, which this continues exactly (docs/engine.md "Voice cloning"). That state is a
@@ -57,6 +60,7 @@ from __future__ import annotations
 import bisect
 import collections
 import contextlib
+import functools
 import logging
 import os
 import sys
@@ -71,7 +75,8 @@ import torch
 
 from talkgate.synth import compile_cache, precompiled
 from talkgate.synth.api import FRAME_SAMPLES, SAMPLE_RATE, SamplingParams, VoicePrompt
-from talkgate.synth.model import sample_codes
+from talkgate.synth.lane import LANE_ROWS, Lane
+from talkgate.synth.model import sample_codes, uses_persistent
 from talkgate.synth.request import Request
 from talkgate.synth.sampling import FLOAT_FIELDS, INT_FIELDS, FrameSampler, RowSampling
 from talkgate.synth.voice import cudnn_heuristics, finish, make_voice_prompt
@@ -99,6 +104,7 @@ FIRST_AUDIO_BATCH = 16
 # Launches whose host buffers may be in use at once: the last step's, whose PCM is taken while the next runs, and
 # the next step's two launches where it is split (a new context's first frame launched apart: Engine)
 HOST_SETS = 3
+LANE_SET = HOST_SETS                   # the first-frame lane's host buffers (synth/lane.py), after the HOST_SETS
 NO_EOS = 1 << 40                       # eos allowed from this frame on, for fixed_frames contexts: never
 EOS_FROM = 2                           # the reference's min_new_tokens
 PRIMED_VOICES = 32                     # ICL voices whose primed decoder state is kept (5.3 MB each, 0.6B/1.7B fp32)
@@ -119,6 +125,26 @@ class Launched:
     positions: int = 0      # the rows' Talker positions summed (a prefill row's: its last prompt position)
 
 
+@dataclass
+class StepBuffers:
+    """A step's static device buffers (rows [:b] are the batch) and those of its open graphs (columns [:rows] are the
+    contexts opened). The runner's main set serves every step; the lane has one of its own (synth/lane.py)."""
+    inputs: torch.Tensor            # [4, rows]: slot, position, text id, frame
+    hidden: torch.Tensor            # [rows, hidden]: the Talker's last hidden state
+    codes: torch.Tensor             # [rows, 16]
+    pcm: torch.Tensor               # [rows, 1920]
+    open_ints: torch.Tensor         # [3 + sampling's int fields, open rows]: slot, eos frame, prefix entry, ...
+    open_floats: torch.Tensor       # [sampling's float fields, open rows]
+
+    @classmethod
+    def zeros(cls, rows: int, hidden: int, dtype: torch.dtype, open_rows: int) -> "StepBuffers":
+        """On the current default device."""
+        return cls(torch.zeros(4, rows, dtype=torch.long), torch.zeros(rows, hidden, dtype=dtype),
+                   torch.zeros(rows, CODES, dtype=torch.long), torch.zeros(rows, FRAME_SAMPLES),
+                   torch.zeros(3 + len(INT_FIELDS), open_rows, dtype=torch.long),
+                   torch.zeros(len(FLOAT_FIELDS), open_rows))
+
+
 def fit_bucket(captured: list[int], n: int) -> int:
     """The smallest of the captured buckets (ascending; the largest is always captured) that holds n rows."""
     return captured[bisect.bisect_left(captured, n)]
@@ -132,11 +158,12 @@ def batch_buckets(max_batch: int) -> list[int]:
 class Runner:
     def __init__(self, tts, num_slots: int, max_frames: int, max_prompt: int, max_batch: int,
                  device: torch.device, dtype: torch.dtype, cuda_graphs: bool = True, torch_compile: bool = True,
-                 compile_folder: Path | None = None):
+                 compile_folder: Path | None = None, lane: bool = False):
         """tts: synth.loader.LoadedTTS. A slot holds max_prompt + max_frames Talker positions; a step takes at
         most max_batch rows (load_runner keeps it within the slots; a compile helper's runner of 2 slots runs
         more, every row on the dummy slot). On CUDA with torch_compile, compile_folder keeps the compiled
-        functions (compile_hot_functions)."""
+        functions (compile_hot_functions). lane: a new context's first frame may be launched beside a step in
+        flight (synth/lane.py, launch_lane)."""
         self.tts, self.device, self.dtype = tts, device, dtype
         self.talker, self.predictor, self.decoder = tts.talker, tts.code_predictor, tts.codec_decoder
         self.num_slots, self.max_frames, self.max_prompt = num_slots, max_frames, max_prompt
@@ -167,11 +194,7 @@ class Runner:
             self.sampling = RowSampling.build([SamplingParams(seed=0)] * S, tts.generation_config, device)
             self.min_frames = torch.zeros(S, dtype=torch.long)            # eos allowed from this frame on
             self.seen = torch.zeros(S, self.talker.cfg.vocab_size, dtype=torch.bool)   # codebook-0 ids so far
-            # static step buffers: rows [:b] are the batch
-            self.inputs = torch.zeros(4, B, dtype=torch.long)     # slot, position, text id, frame
-            self.hidden = torch.zeros(B, H, dtype=dtype)
-            self.codes = torch.zeros(B, CODES, dtype=torch.long)
-            self.pcm = torch.zeros(B, FRAME_SAMPLES)
+            self.main = StepBuffers.zeros(B, H, dtype, OPEN_ROWS[-1])
             R = PREFILL_ROWS[-1]
             self.pre_x = torch.zeros(R, max_prompt, H, dtype=dtype)
             self.pre_pos = torch.arange(max_prompt).expand(R, max_prompt)
@@ -210,9 +233,23 @@ class Runner:
         O, chunks = OPEN_ROWS[-1], -(-S // OPEN_ROWS[-1])
         self.open_ints_host = torch.zeros(chunks, 3 + len(INT_FIELDS), O, dtype=torch.long, pin_memory=cuda)
         self.open_floats_host = torch.zeros(chunks, len(FLOAT_FIELDS), O, pin_memory=cuda)
-        self.open_ints = torch.zeros(3 + len(INT_FIELDS), O, dtype=torch.long, device=device)
-        self.open_floats = torch.zeros(len(FLOAT_FIELDS), O, device=device)
         self.opened = torch.cuda.Event() if cuda else None
+        # the first-frame lane (synth/lane.py): its step buffers, its host set (the last, LANE_SET) and its graphs
+        self.lane = None
+        if lane:
+            # two rows, as the main set has at least: a one-row input of width 1 starts its rows 8 bytes apart, which
+            # Triton compiles every persistent kernel again for (16-byte alignment: 24 s of a fresh warm-up, H200)
+            with torch.device(device):
+                bufs = StepBuffers.zeros(2, H, dtype, LANE_ROWS)
+            self.lane = Lane.on(device, bufs,
+                                torch.zeros(3 + len(INT_FIELDS), LANE_ROWS, dtype=torch.long, pin_memory=cuda),
+                                torch.zeros(len(FLOAT_FIELDS), LANE_ROWS, pin_memory=cuda))
+            self.inputs_host.append(torch.zeros(4, 2, dtype=torch.long, pin_memory=pin))
+            self.codes_host.append(torch.zeros(LANE_ROWS, CODES, dtype=torch.long, pin_memory=pin))
+            self.pcm_host.append(torch.zeros(LANE_ROWS, FRAME_SAMPLES, pin_memory=pin))
+            self.codes_done.append(torch.cuda.Event() if cuda else None)
+            self.pcm_done.append(torch.cuda.Event() if cuda else None)
+        self._joined = None         # the lane's last launch's end, not waited for by the main stream yet
         # batch 1 has its own graphs although compiled functions specialize size 1 apart (more compiles at
         # warm-up): a padding row costs the code predictor's persistent kernel 0.4 ms a step
         self.buckets = batch_buckets(max(self.max_batch, 2))
@@ -244,19 +281,21 @@ class Runner:
         read already: `opened`)."""
         if self.opened is not None:
             self.opened.synchronize()
+        self._join_lane()
         entries, missed = self._prefix_entries(reqs)
         O = OPEN_ROWS[-1]
         for c in range(0, len(reqs), O):
             chunk = reqs[c:c + O]
             rows = next(b for b in OPEN_ROWS if b >= len(chunk)) if self.use_graphs else len(chunk)
             eos_from = [EOS_FROM if r.samples_eos else NO_EOS for r in chunk]
-            self._stage_opens(c // O, [r.slot for r in chunk], eos_from, entries[c:c + O],
-                              [r.params.sampling for r in chunk], rows)
+            self._stage_opens(self.open_ints_host[c // O], self.open_floats_host[c // O], self.main,
+                              [r.slot for r in chunk], eos_from, entries[c:c + O], [r.params.sampling for r in chunk],
+                              rows)
             g = self.graphs.get(("open", rows))
             if g is not None:
                 g.replay()
             else:
-                self._open_step(rows)
+                self._open_step(rows, self.main)
         if missed:
             self._keep_prefixes(missed)
         if self.opened is not None:
@@ -309,22 +348,22 @@ class Runner:
             self.prefix_kv[:, :, e] = self.talker.kv[:, :, r.slot, :, :self.prefix_len]
             self.prefix_embed[e] = base[-1]
 
-    def _stage_opens(self, block: int, slots: list[int], eos_from: list[int], entries: list[int],
-                     sampling: list[SamplingParams], rows: int) -> None:
-        """Host block `block` for opens of `slots` (their eos frames, prefix entries and sampling) padded to `rows`
-        (the padding rows open the dummy slot with the first one's values), sent to open_ints and open_floats."""
+    def _stage_opens(self, ints_host: torch.Tensor, floats_host: torch.Tensor, buf: StepBuffers, slots: list[int],
+                     eos_from: list[int], entries: list[int], sampling: list[SamplingParams], rows: int) -> None:
+        """Host blocks for opens of `slots` (their eos frames, prefix entries and sampling) padded to `rows` (the
+        padding rows open the dummy slot with the first one's values), sent to buf's open_ints and open_floats."""
         n = len(slots)
-        i, f = self.open_ints_host[block, :, :rows].numpy(), self.open_floats_host[block, :, :rows].numpy()
+        i, f = ints_host[:, :rows].numpy(), floats_host[:, :rows].numpy()
         i[0, :n], i[1, :n], i[2, :n] = slots, eos_from, entries
         RowSampling.host_values(sampling, self.tts.generation_config, i[3:, :n], f[:, :n])
         i[0, n:] = self.dummy
         i[1:, n:], f[:, n:] = i[1:, :1], f[:, :1]
-        self.open_ints.copy_(self.open_ints_host[block], non_blocking=True)      # whole blocks: contiguous
-        self.open_floats.copy_(self.open_floats_host[block], non_blocking=True)
+        buf.open_ints.copy_(ints_host, non_blocking=True)      # whole blocks: contiguous
+        buf.open_floats.copy_(floats_host, non_blocking=True)
 
-    def _open_step(self, rows: int) -> None:
-        """The slots of open_ints' first `rows` columns set from open_ints and open_floats (the open graph)."""
-        ints, floats = self.open_ints[:, :rows], self.open_floats[:, :rows]
+    def _open_step(self, rows: int, buf: StepBuffers) -> None:
+        """The slots of buf.open_ints' first `rows` columns set from its open_ints and open_floats (the open graph)."""
+        ints, floats = buf.open_ints[:, :rows], buf.open_floats[:, :rows]
         slots, entries = ints[0], ints[2]
         self.sampling.copy_rows_(slots, ints[3:], floats)
         self.min_frames.index_copy_(0, slots, ints[1])
@@ -383,6 +422,7 @@ class Runner:
         """Queue frame `frames` of every row: Talker, codes (then copied back), decoder (then copied back). The new
         contexts with a kept prefix (`prefixed`) come first in `prefill` (Engine): their frame 0 is a Talker step
         beside the running rows'; the others' is their prompt's prefill."""
+        self._join_lane()
         nd, n = len(decode), len(prefill) + len(decode)
         nt = nd + sum(r.prefixed for r in prefill)          # rows of the Talker step
         # decode rows first in the static buffers; a prefill row's position 0 is only written by the
@@ -397,21 +437,91 @@ class Runner:
                                  r.next_text_id(self.text_eos, self.text_pad), r.frames) for r in rows],
                                dtype=np.int64).T
         host[:, n:b] = np.array([[self.dummy], [0], [self.text_pad], [0]])
-        self.inputs[:, :b].copy_(inputs_host[:, :b], non_blocking=True)
+        self.main.inputs[:, :b].copy_(inputs_host[:, :b], non_blocking=True)
         if nt:
             self._run("talker", self._bucket(nt))
         if nt < n:
             self._prefill(prefill[nt - nd:], nt)
         launched.positions = int(host[1, :nt].sum()) + sum(r.prompt_len - 1 for r in prefill[nt - nd:])
         self._run("codes", b)
-        self.codes_host[launched.buf][:n].copy_(self.codes[:n], non_blocking=True)
+        self.codes_host[launched.buf][:n].copy_(self.main.codes[:n], non_blocking=True)
         if self.codes_done[launched.buf] is not None:
             self.codes_done[launched.buf].record()
         self._run("decode", b)
-        self.pcm_host[launched.buf][:n].copy_(self.pcm[:n], non_blocking=True)
+        self.pcm_host[launched.buf][:n].copy_(self.main.pcm[:n], non_blocking=True)
         if self.pcm_done[launched.buf] is not None:
             self.pcm_done[launched.buf].record()
         return launched
+
+    def kept_prefix(self, prompt) -> bool:
+        """Whether a new context of `prompt` opens from a kept prefix (no prefill: what the lane can take)."""
+        return prompt is not None and self._prefixable(prompt) and prompt in self._prefixes
+
+    @torch.inference_mode()
+    def launch_lane(self, req: Request) -> Launched:
+        """Queue a new context's open and first frame on the lane (synth/lane.py), beside the step in flight: its
+        slot set from its kept prefix (kept_prefix) and its sampling values, then a one-row Talker step at its
+        prompt's last position, its codes and its decode, copied back as a step's are (codes_of, audio_of). One
+        lane launch at a time: its host buffers are read (audio_of) before the next. The main stream's next open
+        or launch waits for it."""
+        lane = self.lane
+        e = self._prefixes[req.prompt]
+        self._prefixes.move_to_end(req.prompt)
+        self.prefix_counts["kept"] += 1
+        req.prefixed, req.prompt_len = True, req.prompt.length
+        launched = Launched(1, 0, True, LANE_SET, positions=req.prompt_len - 1)
+        lane.launches += 1
+        with torch.cuda.stream(lane.stream) if lane.stream is not None else contextlib.nullcontext():
+            if self.opened is not None:
+                lane.stream.wait_event(self.opened)             # the prefix store as the boundary's opens left it
+            self._stage_opens(lane.open_ints_host, lane.open_floats_host, lane.bufs, [req.slot],
+                              [EOS_FROM if req.samples_eos else NO_EOS], [e], [req.params.sampling], LANE_ROWS)
+            inputs_host = self.inputs_host[LANE_SET]
+            inputs_host.numpy()[:, 0] = (req.slot, req.prompt_len - 1,
+                                         req.next_text_id(self.text_eos, self.text_pad), 0)
+            lane.bufs.inputs.copy_(inputs_host, non_blocking=True)
+            parts = self._parts_of(lane.bufs)
+            for part in ("open", *PARTS):
+                g = self.graphs.get(("lane", part))
+                if g is not None:
+                    g.replay()
+                elif part == "open":
+                    self._open_step(LANE_ROWS, lane.bufs)
+                else:
+                    parts[part](LANE_ROWS)
+                if part == "codes":
+                    self.codes_host[LANE_SET].copy_(lane.bufs.codes[:LANE_ROWS], non_blocking=True)
+                    if self.codes_done[LANE_SET] is not None:
+                        self.codes_done[LANE_SET].record()
+            self.pcm_host[LANE_SET].copy_(lane.bufs.pcm[:LANE_ROWS], non_blocking=True)
+            if self.pcm_done[LANE_SET] is not None:
+                self.pcm_done[LANE_SET].record()
+                self._joined = self.pcm_done[LANE_SET]
+        return launched
+
+    def lane_beside(self, n: int) -> bool:
+        """Whether a lane launch may run beside a launched step of n rows: not beside the persistent kernels (a
+        step of one or two rows on CUDA), whose grid holds every SM until its last barrier, as the lane's own
+        one-row kernels' does."""
+        if self.lane is None:
+            return False
+        b = self._bucket(n)
+        return self.device.type != "cuda" or not any(uses_persistent(m, b) for m in (self.talker, self.predictor))
+
+    def _join_lane(self) -> None:
+        """The main stream waits for the lane's last launch (its context's slot, or a slot freed meanwhile and
+        opened again, is the main stream's from here on)."""
+        if self._joined is not None:
+            torch.cuda.current_stream().wait_event(self._joined)
+            self._joined = None
+
+    def codes_ready(self, step: Launched) -> bool:
+        """Whether codes_of(step) would return without waiting."""
+        return self.codes_done[step.buf] is None or self.codes_done[step.buf].query()
+
+    def audio_ready(self, step: Launched) -> bool:
+        """Whether audio_of(step) would return without waiting."""
+        return self.pcm_done[step.buf] is None or self.pcm_done[step.buf].query()
 
     def codes_of(self, step: Launched) -> np.ndarray:
         """[rows, 16] int64 codes of a launched step (waits for them), prefill rows first. Valid until
@@ -447,7 +557,7 @@ class Runner:
         if g is not None:
             g.replay()
         else:
-            {"talker": self._talker_step, "codes": self._codes_step, "decode": self._decode_step}[part](b)
+            self._parts[part](b)
 
     def _prefill(self, reqs: list[Request], row0: int) -> None:
         """Prompt + text token 0 of each new context into its KV; last hidden -> hidden[row0 + i]."""
@@ -491,7 +601,7 @@ class Runner:
             else:
                 self._prefill_step(rows, T)
             if row0 is not None:
-                self.hidden[row0 + i:row0 + i + n] = self.pre_h[:n]
+                self.main.hidden[row0 + i:row0 + i + n] = self.pre_h[:n]
 
     def _prefill_step(self, rows: int, T: int) -> None:
         slots, last, ids = self.pre_in[:rows, 0], self.pre_in[:rows, 1], self.pre_in[:rows, 2:2 + T]
@@ -500,14 +610,14 @@ class Runner:
         self.pre_h[:rows] = h[torch.arange(rows, device=h.device), last]
 
     # ----- the two captured parts -----
-    def _talker_step(self, b: int) -> None:
-        slots, pos, text = self.inputs[0, :b], self.inputs[1, :b], self.inputs[2, :b]
+    def _talker_step(self, b: int, buf: StepBuffers) -> None:
+        slots, pos, text = buf.inputs[0, :b], buf.inputs[1, :b], buf.inputs[2, :b]
         x = self.next_embed[slots] + self.talker.embed_text(text)
-        self.hidden[:b] = self.talker(x[:, None], pos[:, None], slots)[:, 0]
+        buf.hidden[:b] = self.talker(x[:, None], pos[:, None], slots)[:, 0]
 
-    def _codes_step(self, b: int) -> None:
-        slots, frame = self.inputs[0, :b], self.inputs[3, :b]
-        h = self.hidden[:b]
+    def _codes_step(self, b: int, buf: StepBuffers) -> None:
+        slots, frame = buf.inputs[0, :b], buf.inputs[3, :b]
+        h = buf.hidden[:b]
         sampler = FrameSampler(self.sampling.index(slots), frame)
         seen = self.seen[slots]
         codes, embed_sum = sample_codes(self.talker, self.predictor, h, sampler, seen,
@@ -517,15 +627,15 @@ class Runner:
         kept = torch.where(codes[:, 0] == self.codec_eos, self.dummy, slots)
         self.seen[kept] = seen.scatter_(1, codes[:, :1], True)
         self.next_embed[kept] = embed_sum.to(self.dtype)
-        self.codes[:b] = codes
+        buf.codes[:b] = codes
 
-    def _decode_step(self, b: int) -> None:
-        codes = self.codes[:b, :, None]
+    def _decode_step(self, b: int, buf: StepBuffers) -> None:
+        codes = buf.codes[:b, :, None]
         # an eos frame is never emitted (its codebook-0 id is out of the decoder's range) and leaves its slot's
         # decoder state as it was
         eos = codes[:, 0, 0] == self.codec_eos
         codes = torch.cat([torch.where(eos[:, None, None], 0, codes[:, :1]), codes[:, 1:]], 1)
-        self.pcm[:b] = self.decoder.decode_step(codes, torch.where(eos, self.dummy, self.inputs[0, :b]), self.dec_state)
+        buf.pcm[:b] = self.decoder.decode_step(codes, torch.where(eos, self.dummy, buf.inputs[0, :b]), self.dec_state)
 
     # ----- warm-up and capture -----
     def warmup(self, first_audio_only: bool = False) -> None:
@@ -630,9 +740,12 @@ class Runner:
             for T in reversed(self.prefill_lens):
                 self._timed(f"prefill {rows}x{T}", self._capture, ("prefill", rows, T), self._prefill_step, rows, T)
         # the open graphs warm up and are captured on opens of the dummy slot
-        self._stage_opens(0, [self.dummy], [EOS_FROM], [PREFIX_ENTRIES], [SamplingParams(seed=0)], OPEN_ROWS[-1])
+        self._stage_opens(self.open_ints_host[0], self.open_floats_host[0], self.main, [self.dummy], [EOS_FROM],
+                          [PREFIX_ENTRIES], [SamplingParams(seed=0)], OPEN_ROWS[-1])
         for rows in OPEN_ROWS:
-            self._timed(f"open {rows}", self._capture, ("open", rows), self._open_step, rows)
+            self._timed(f"open {rows}", self._capture, ("open", rows), self._open_step, rows, self.main)
+        if self.lane is not None:
+            self._capture_lane()
         self.pending.extend(searched_later)
         self.pending.extend((part, b) for b in self.buckets if b not in first for part in PARTS)
         t0 = time.perf_counter()
@@ -704,27 +817,46 @@ class Runner:
                      sum(self.capture_ms) / 1000, max(self.capture_ms), warm)
         return ms
 
+    def _parts_of(self, buf: StepBuffers) -> dict:
+        """The step's parts over `buf`, each a function of the batch size."""
+        return {part: functools.partial(fn, buf=buf) for part, fn in
+                (("talker", self._talker_step), ("codes", self._codes_step), ("decode", self._decode_step))}
+
     @property
     def _parts(self) -> dict:
-        return {"talker": self._talker_step, "codes": self._codes_step, "decode": self._decode_step}
+        return self._parts_of(self.main)
 
-    def _dummy_inputs(self) -> None:
-        self.inputs.zero_()
-        self.inputs[0] = self.dummy
+    def _dummy_inputs(self, buf: StepBuffers | None = None) -> None:
+        buf = buf or self.main
+        buf.inputs.zero_()
+        buf.inputs[0] = self.dummy
 
-    def _timed(self, what: str, fn, *args) -> None:
+    def _timed(self, what: str, fn, *args, **kw) -> None:
         t0 = time.perf_counter()
-        fn(*args)
+        fn(*args, **kw)
         if self.device.type == "cuda":
             torch.cuda.synchronize()
         self.warmup_profile.append((what, time.perf_counter() - t0))
 
-    def _capture(self, key: tuple, fn, *args) -> None:
+    def _capture_lane(self) -> None:
+        """The lane's open and step graphs (synth/lane.py), over its buffers, on its stream, into its pool: opens
+        and a step of the dummy slot."""
+        lane = self.lane
+        self._stage_opens(lane.open_ints_host, lane.open_floats_host, lane.bufs, [self.dummy], [EOS_FROM],
+                          [PREFIX_ENTRIES], [SamplingParams(seed=0)], LANE_ROWS)
+        self._dummy_inputs(lane.bufs)
+        parts = {"open": functools.partial(self._open_step, buf=lane.bufs), **self._parts_of(lane.bufs)}
+        for part in ("open", *PARTS):
+            self._timed(f"lane {part}", self._capture, ("lane", part), parts[part], LANE_ROWS,
+                        stream=lane.stream, pool=lane.pool)
+
+    def _capture(self, key: tuple, fn, *args, stream=None, pool=None) -> None:
         """Warm this size outside the capture (cuDNN searches its algorithms there), then capture it into the
-        shared pool, on a stream of its own behind the work already queued. Not torch.cuda.graph: it
-        synchronizes the device and empties the allocator's cache at every capture, which a capture between
-        two steps must not do."""
-        s = self._stream
+        shared pool (or `pool`), on a stream of its own (or `stream`) behind the work already queued. Not
+        torch.cuda.graph: it synchronizes the device and empties the allocator's cache at every capture, which a
+        capture between two steps must not do."""
+        s = stream or self._stream
+        pool = pool or self._pool
         s.wait_stream(torch.cuda.current_stream())
         g = torch.cuda.CUDAGraph()
         t0 = time.perf_counter()
@@ -732,7 +864,7 @@ class Runner:
             fn(*args)
             s.synchronize()
             t1 = time.perf_counter()
-            g.capture_begin(pool=self._pool, capture_error_mode="thread_local")
+            g.capture_begin(pool=pool, capture_error_mode="thread_local")
             try:
                 fn(*args)
             finally:

@@ -111,8 +111,9 @@ def slots_within(budget: int, per_slot: int, cap: int = DEFAULT_MAX_SLOTS, max_b
 
 def load_runner(path_or_id, device=None, dtype=None, max_contexts=None, max_frames_per_context=750, max_batch=None,
                 cuda_graphs=True, max_prompt=None, decoder_dtype=None, torch_compile=True, untrained_length="text-rule",
-                memory_share=None):
-    """-> (Runner, tokenizer factory, Prompts, ModelInfo) for synth.engine.Engine."""
+                memory_share=None, lane=None):
+    """-> (Runner, tokenizer factory, Prompts, ModelInfo) for synth.engine.Engine. lane None: a first-frame lane
+    (synth/lane.py) where the step runs CUDA graphs."""
     t0 = time.perf_counter()
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     dtype = _dtype(dtype) or (torch.bfloat16 if device.type == "cuda" else torch.float32)
@@ -166,7 +167,8 @@ def load_runner(path_or_id, device=None, dtype=None, max_contexts=None, max_fram
             helpers.wait()
     runner = Runner(tts, num_slots=max_contexts, max_frames=max_frames_per_context, max_prompt=max_prompt,
                     max_batch=max_batch, device=device, dtype=dtype, cuda_graphs=cuda_graphs,
-                    torch_compile=torch_compile, compile_folder=functions)
+                    torch_compile=torch_compile, compile_folder=functions,
+                    lane=device.type == "cuda" and cuda_graphs if lane is None else lane)
     if helpers is not None and helpers.late_done() is None:
         runner.compiling_later(helpers)
     peaks = gpu_peaks(torch.cuda.get_device_name(device)) if device.type == "cuda" else None

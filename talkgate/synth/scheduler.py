@@ -22,6 +22,11 @@ class Scheduler:
     def add(self, req: Request) -> None:
         self.waiting.append(req)
 
+    def join(self, req: Request) -> None:
+        """A context whose first frame was made apart from the steps (the lane: synth/lane.py): running from here on."""
+        self.running.append(req)
+        req.status = Status.RUNNING
+
     def remove(self, req: Request) -> None:
         """Take a finished or cancelled context out (idempotent)."""
         for queue in (self.waiting, self.running):

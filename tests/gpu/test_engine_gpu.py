@@ -197,6 +197,68 @@ def test_opening_contexts_and_launching_a_step_never_wait_for_the_gpu(checkpoint
     assert len(prefill) == 3 and engine.runner.codes_of(step).shape == (3, 16)
 
 
+def lane_run(checkpoint, lane: bool) -> tuple[list[list], Engine]:
+    """Three contexts run; once the first has four frames out, a fourth arrives while a step runs (Engine.poll), or
+    with lane=False just after that step. Its voice's prompt prefix is kept already (a context of it ran before)."""
+    engine = Engine.from_pretrained(str(checkpoint), device="cuda", dtype="float32", max_contexts=8,
+                                    max_frames_per_context=64, torch_compile=False, lane=lane)
+    engine.runner.warmup()
+    run_contexts(engine, PARAMS[3:4], TEXTS[:1])
+    events = [[] for _ in range(4)]
+    client = engine.connect(lambda batch: [events[ev.context].append(ev) for ev in batch])
+    tokenizer = engine.new_tokenizer().tokenizer
+    said = lambda i, t: [OpenContext(i, PARAMS[i]), EndText(i, tuple(tokenizer.encode(t)), text_seconds(t))]
+    engine.submit(client, [cmd for i in range(3) for cmd in said(i, TEXTS[i])])
+    while sum(isinstance(ev, AudioChunk) for ev in events[0]) < 4:
+        engine.run_once()
+    late = said(3, TEXTS[0])
+    if lane:
+        def poll():
+            if late:
+                engine.submit(client, late[:])
+                late.clear()
+        engine.poll = poll
+    engine.run_once()
+    if late:
+        engine.submit(client, late)
+    for _ in range(10_000):
+        if all(ev and isinstance(ev[-1], ContextDone) for ev in events):
+            break
+        engine.run_once()
+    return events, engine
+
+
+def test_a_context_arriving_during_a_step_takes_the_lane_and_speaks_as_without_it(checkpoint):
+    """A new context that arrives while three contexts' step runs has its open and first frame launched on the lane
+    (a stream of the highest priority, graphs and buffers of its own) beside that step, without waiting for the
+    GPU; every context's audio is what it is where the new one starts at the next step boundary (to 3e-3: the batches
+    differ as the new context runs a step earlier, and TF32 convolutions take algorithms per batch size)."""
+    without, engine = lane_run(checkpoint, lane=False)
+    assert engine.runner.lane is None and engine.stats()["lane_launches"] == 0
+    with_lane, engine = lane_run(checkpoint, lane=True)
+    assert engine.stats()["lane_launches"] == 1
+    assert {k[1] for k in engine.runner.graphs if k[0] == "lane"} == {"open", "talker", "codes", "decode"}
+    for a, b in zip(without, with_lane):
+        assert a[-1].reason == b[-1].reason == "length"
+        np.testing.assert_allclose(pcm(b), pcm(a), atol=3e-3)
+    # launching on the lane queues work and never synchronizes with the GPU
+    client = engine.connect(lambda batch: None)
+    tokenizer = engine.new_tokenizer().tokenizer
+    engine.submit(client, [OpenContext(9, PARAMS[3]), EndText(9, tuple(tokenizer.encode(TEXTS[0])), 1.0)])
+    with engine._lock:
+        (_, req, _), *_ = engine._commands
+    engine._apply_commands()
+    engine.scheduler.remove(req)
+    req.frames, req.status = 0, None
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        step = engine.runner.launch_lane(req)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert engine.runner.codes_of(step).shape == (1, 16)
+
+
 def test_a_fresh_start_compiles_in_helpers_and_leaves_warm_up_nothing_to_compile(checkpoint, tmp_path, monkeypatch,
                                                                                   caplog):
     """On an empty compile cache, load_runner's helper processes (synth/parallel_compile.py) compile every kind of

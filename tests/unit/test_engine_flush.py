@@ -87,15 +87,15 @@ def test_an_eos_row_leaves_its_slot_as_it_was(speaker):
     slot = 0
     state = runner.dec_state
     with torch.inference_mode():
-        runner.inputs[0, :1] = slot
+        runner.main.inputs[0, :1] = slot
         before = [t.clone() for t in (state.tails[slot], state.kv[:, slot], state.pos[slot])]
-        runner.codes[:1] = 7
-        runner.codes[0, 0] = runner.codec_eos
-        runner._decode_step(1)
+        runner.main.codes[:1] = 7
+        runner.main.codes[0, 0] = runner.codec_eos
+        runner._decode_step(1, runner.main)
         after = [state.tails[slot], state.kv[:, slot], state.pos[slot]]
         assert all(torch.equal(a, b) for a, b in zip(before, after))
-        runner.codes[0, 0] = 7
-        runner._decode_step(1)
+        runner.main.codes[0, 0] = 7
+        runner._decode_step(1, runner.main)
         assert not torch.equal(before[2], state.pos[slot])
     runner.dec_state.reset_slots(torch.tensor([slot]))
-    assert np.isfinite(runner.pcm[:1].numpy()).all()
+    assert np.isfinite(runner.main.pcm[:1].numpy()).all()

@@ -101,3 +101,20 @@ def test_new_contexts_by_whether_their_prompt_prefix_was_kept():
         series = parse_prometheus(metrics.render().decode())
         assert (series[(PREFIXES, (("found", "kept"),))], series[(PREFIXES, (("found", "prefilled"),))]) == (
             kept, prefilled)
+
+
+LANE = "talkgate_engine_lane_launches_total"
+
+
+def test_first_frames_launched_on_the_lane():
+    """Each engine's count of new contexts whose first frame took the first-frame lane (synth/lane.py), from the
+    engine processes' published stats (0 where an engine says none), and from an in-process engine's at each
+    scrape."""
+    registry = CollectorRegistry()
+    registry.register(EngineCollector(PublishedStats([{**engine_stats(5), "lane_launches": 12}, engine_stats(5)])))
+    series = parse_prometheus(generate_latest(registry).decode())
+    assert {dict(labels)["engine"]: v for (name, labels), v in series.items() if name == LANE} == {"0": 12, "1": 0}
+    metrics = Metrics()
+    for n in (0, 4, 9):
+        metrics.observe({"lane_launches": n, "slots": 4, "free_slots": 4}, 0, 16, False)
+        assert parse_prometheus(metrics.render().decode())[(LANE, ())] == n

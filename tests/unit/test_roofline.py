@@ -37,10 +37,10 @@ def test_flops_match_flop_counter(cpu_runner, B):
     # positions it sees (0..position) are all of it, as the GPU's kernels read them
     position = MAX_PROMPT + MAX_FRAMES - 1
     with torch.inference_mode():
-        r.inputs[0, :B] = torch.arange(B)
-        r.inputs[1, :B] = position
-        r.inputs[2, :B] = r.text_pad
-        r.inputs[3, :B] = 5
+        r.main.inputs[0, :B] = torch.arange(B)
+        r.main.inputs[1, :B] = position
+        r.main.inputs[2, :B] = r.text_pad
+        r.main.inputs[3, :B] = 5
         r.dec_state.pos[:B] = roofline.FRAMES          # the decoder's window full
         r.pre_in[0, 0], r.pre_in[0, 1] = 0, 8
         got = {part: counted(lambda p=part: r._parts[p](B)) for part in ("talker", "codes", "decode")}

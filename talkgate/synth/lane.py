@@ -1,0 +1,43 @@
+"""The first-frame lane: a new context's open and first frame launched beside the step in flight (issue 45).
+
+Under load a new context used to wait for the running step to end before its first frame even started (the latency
+budget's `engine_received`: 3.7 / 7.0 ms p50 / p95 at 20 req/s of 1.7B on an H200, docs/design.md). The lane is a
+CUDA stream of the highest priority with a one-row set of static step buffers, its own open, Talker, code-predictor
+and decoder graphs, and a memory pool of its own (graphs of one pool must not run at once). While the engine thread
+waits for the running step's codes it takes the commands that arrived (Engine.poll) and launches a new context's
+first frame there at once; the GPU's block scheduler gives the lane's kernels the SMs as the running step's blocks
+finish. bench/first_lane.py measured it on an H200: the first frame done 4.3-5.7 ms after its launch beside 32-256
+running rows, against 7.5-24 ms waiting for the step and then running; the running step about the lane's own time
+longer (docs/benchmarks.md). So the engine uses it where first_frames_apart allows a first frame apart anyway.
+
+What the lane touches of the shared per-slot pools is its own slot's rows (and the dummy slot's, garbage by design),
+which no row of the step in flight writes: the engine gives it only contexts whose slot was not in that step, whose
+prompt prefix is kept (their open is a copy: no prefill, whose buffers the main stream owns) and which need no
+primed decoder state (an in-context cloned voice). It reads the prefix store after the step boundary's opens wrote
+it (it waits for `opened`), and the main stream waits for the lane (`joined`) before its next launch or open, which
+may take the lane's context or its slot.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+LANE_ROWS = 1                   # one new context a lane launch (one row runs the persistent kernels)
+
+
+@dataclass
+class Lane:
+    stream: object                  # torch.cuda.Stream of the highest priority (None on the CPU: eager, in order)
+    pool: object                    # the lane graphs' memory pool (None on the CPU)
+    bufs: object                    # runner.StepBuffers (its first LANE_ROWS rows used)
+    open_ints_host: torch.Tensor    # the open's host blocks, one set: one lane launch in flight at a time
+    open_floats_host: torch.Tensor
+    launches: int = 0
+
+    @classmethod
+    def on(cls, device: torch.device, bufs, open_ints_host: torch.Tensor, open_floats_host: torch.Tensor) -> "Lane":
+        cuda = device.type == "cuda"
+        stream = torch.cuda.Stream(device, priority=-100) if cuda else None    # clamped to the device's highest
+        pool = torch.cuda.graph_pool_handle() if cuda else None
+        return cls(stream, pool, bufs, open_ints_host, open_floats_host)

@@ -1,0 +1,151 @@
+"""The first-frame lane (synth/lane.py) on CPU: a new context that arrives while a step runs has its first frame
+launched beside it, and the contexts' audio is what they make without it. The engines here are driven by run_once
+on the test's thread; Engine.poll hands them the commands that "arrive" during a step. On the CPU the lane's work
+runs eagerly, in order: what is checked is the engine's side (which contexts take it, their commands, their
+place in the steps after), not the overlap, which is a GPU's (docs/benchmarks.md)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from talkgate.synth.api import (
+    AppendText, AudioChunk, CancelContext, ContextDone, ContextParams, EndText, OpenContext, SamplingParams,
+)
+from talkgate.synth.engine import Engine
+from talkgate.synth.request import text_seconds
+
+GREEDY = SamplingParams(greedy=True)
+LONG = "Hello there, this is a streaming test. It has two sentences!"
+SHORT = "A second voice starts here."
+
+
+@pytest.fixture(scope="module")
+def lane_engine(tiny_checkpoint):
+    return Engine.from_pretrained(str(tiny_checkpoint), device="cpu", max_contexts=4, max_frames_per_context=80,
+                                  lane=True)
+
+
+class Calls:
+    """A client driven on the test's thread: each deliver call's events."""
+
+    def __init__(self, engine):
+        self.engine, self.calls = engine, []
+        self.id = engine.connect(self.calls.append)
+
+    def commands(self, context, text, params):
+        tok = self.engine.new_tokenizer()
+        return [OpenContext(context, params), AppendText(context, tuple(tok.feed(text)), text_seconds(text)),
+                EndText(context, tuple(tok.finish()))]
+
+    def events(self, context):
+        return [ev for call in self.calls for ev in call if ev.context == context]
+
+    def pcm(self, context):
+        return np.concatenate([ev.pcm for ev in self.events(context) if isinstance(ev, AudioChunk)])
+
+    def done(self, context):
+        return any(isinstance(ev, ContextDone) for ev in self.events(context))
+
+
+def run(engine, c: Calls, contexts, steps=400):
+    for _ in range(steps):
+        engine.run_once()
+        if all(c.done(ctx) for ctx in contexts):
+            return
+    raise AssertionError(f"contexts {contexts} did not finish")
+
+
+def arriving_during_a_step(engine, messages: list[list], speaking: list[int], frames_first=4):
+    """Context 1 runs; after its `frames_first` frames, each of `messages` arrives while a step runs (Engine.poll),
+    one a step, and the engine runs until context 1 and those `speaking` are done. The client."""
+    c = Calls(engine)
+    p1 = ContextParams(voice="ryan", sampling=GREEDY, fixed_frames=30)
+    engine.submit(c.id, c.commands(1, LONG, p1))
+    while sum(isinstance(ev, AudioChunk) for ev in c.events(1)) < frames_first:
+        engine.run_once()
+    left, polled = list(messages), set()
+
+    def poll():
+        if left and engine._steps not in polled:
+            polled.add(engine._steps)
+            engine.submit(c.id, left.pop(0))
+    engine.poll = poll
+    try:
+        run(engine, c, [1, *speaking])
+    finally:
+        engine.poll = None
+    assert not left
+    return c
+
+
+def alone(engine, context, text, params):
+    c = Calls(engine)
+    engine.submit(c.id, c.commands(context, text, params))
+    run(engine, c, [context])
+    engine.disconnect(c.id)
+    return c.pcm(context)
+
+
+def test_a_context_arriving_during_a_step_takes_the_lane_and_speaks_as_it_would_alone(lane_engine):
+    """Its open and first frame are launched while the running context's step is in flight (a lane launch), it
+    runs with the running context from the next step on, and both contexts' audio is what each makes alone."""
+    eng = lane_engine
+    p1 = ContextParams(voice="ryan", sampling=GREEDY, fixed_frames=30)
+    p2 = ContextParams(voice="ryan", sampling=GREEDY, fixed_frames=8)
+    ref1, ref2 = alone(eng, 1, LONG, p1), alone(eng, 2, SHORT, p2)       # the prompt's prefix is kept from here on
+    before = eng.stats()["lane_launches"]
+    c = arriving_during_a_step(eng, [Calls(eng).commands(2, SHORT, p2)], [2])
+    assert eng.stats()["lane_launches"] == before + 1
+    np.testing.assert_allclose(c.pcm(1), ref1, atol=1e-5)
+    np.testing.assert_allclose(c.pcm(2), ref2, atol=1e-5)
+    frames = [ev.first_frame for ev in c.events(2) if isinstance(ev, AudioChunk)]
+    assert frames == list(range(8)) and isinstance(c.events(2)[-1], ContextDone)
+    # the step after the lane's carries context 2's frame 1 beside context 1's frame: one call holds both
+    assert any({1, 2} <= {ev.context for ev in call if isinstance(ev, AudioChunk)} for call in c.calls)
+    eng.disconnect(c.id)
+
+
+def test_what_cannot_take_the_lane_waits_for_the_step_boundary(lane_engine):
+    """A context opened without text (which comes during the next step), one of a prompt whose prefix is not kept,
+    and one cancelled in the same message: none takes the lane; the first two are served as before, the third never
+    is."""
+    eng = lane_engine
+    p = ContextParams(voice="ryan", sampling=GREEDY, fixed_frames=6)
+    other = ContextParams(voice="vivian", sampling=GREEDY, fixed_frames=6)
+    calls = Calls(eng)
+    no_text = [OpenContext(3, p)]
+    new_prompt = calls.commands(4, SHORT, other)
+    cancelled = [*calls.commands(5, SHORT, p), CancelContext(5)]
+    eng.disconnect(calls.id)
+    before = eng.stats()["lane_launches"]
+    c = arriving_during_a_step(eng, [no_text + new_prompt + cancelled, calls.commands(3, SHORT, p)[1:]], [3, 4])
+    assert eng.stats()["lane_launches"] == before
+    assert [ev.first_frame for ev in c.events(3) if isinstance(ev, AudioChunk)] == list(range(6))
+    assert [ev.first_frame for ev in c.events(4) if isinstance(ev, AudioChunk)] == list(range(6))
+    assert c.events(5) == []
+    eng.disconnect(c.id)
+
+
+def test_a_lane_context_cancelled_before_its_audio_goes_out_makes_no_event(lane_engine):
+    """Cancelled once its first frame was made on the lane, before the next step hands that frame out: no audio, no
+    done; its slot is free, and serves the next context."""
+    eng = lane_engine
+    p = ContextParams(voice="ryan", sampling=GREEDY, fixed_frames=6)
+    c = Calls(eng)
+    eng.submit(c.id, c.commands(1, LONG, ContextParams(voice="ryan", sampling=GREEDY, fixed_frames=30)))
+    while sum(isinstance(ev, AudioChunk) for ev in c.events(1)) < 4:
+        eng.run_once()
+    before = eng.stats()["lane_launches"]
+    eng.poll = lambda: eng.submit(c.id, c.commands(6, SHORT, p)) if eng._steps == steps else None
+    steps = eng._steps
+    try:
+        eng.run_once()
+    finally:
+        eng.poll = None
+    assert eng.stats()["lane_launches"] == before + 1
+    eng.submit(c.id, [CancelContext(6)])
+    run(eng, c, [1])
+    assert c.events(6) == []
+    assert eng.free_slots == eng.runner.num_slots
+    assert len(alone(eng, 7, SHORT, p)) == 6 * 1920
+    eng.disconnect(c.id)
