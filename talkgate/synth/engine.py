@@ -665,10 +665,9 @@ class Engine:
         """The first queued new context that can take the lane, with its text applied, launched there; its commands
         leave the queue (a new context's commands concern it alone), the others stay for the step boundary."""
         with self._lock:
-            fits = [req for op, req, _ in self._commands if op == "open" and self._fits_lane(req, busy)]
-            if not fits:
+            req = next((req for op, req, _ in self._commands if op == "open" and self._fits_lane(req, busy)), None)
+            if req is None:
                 return
-            req = fits[0]
             mine = [cmd for cmd in self._commands if cmd[1] is req]
             self._commands = collections.deque(cmd for cmd in self._commands if cmd[1] is not req)
         for op, _, arg in mine:

@@ -822,7 +822,7 @@ class Runner:
         return {part: functools.partial(fn, buf=buf) for part, fn in
                 (("talker", self._talker_step), ("codes", self._codes_step), ("decode", self._decode_step))}
 
-    @property
+    @functools.cached_property
     def _parts(self) -> dict:
         return self._parts_of(self.main)
 
