@@ -1,7 +1,7 @@
 """The first-frame lane (synth/lane.py) on CPU: a new context that arrives while a step runs has its first frame
 launched beside it, and the contexts' audio is what they make without it. The engines here are driven by run_once
-on the test's thread; Engine.poll hands them the commands that "arrive" during a step (the last test: an engine
-process's EngineServer reading a worker's real socket). On the CPU the lane's work
+on the test's thread; Engine.poll hands them the commands that "arrive" during a step (an engine process's
+EngineServer reading a worker's socket: tests/system/test_engine_server_lane.py). On the CPU the lane's work
 runs eagerly, in order: what is checked is the engine's side (which contexts take it, their commands, their
 place in the steps after), not the overlap, which is a GPU's (docs/benchmarks.md)."""
 from __future__ import annotations
@@ -158,61 +158,3 @@ def test_a_lane_context_cancelled_before_its_audio_goes_out_makes_no_event(lane_
     assert eng.free_slots == eng.runner.num_slots
     assert len(alone(eng, 7, SHORT, p)) == 6 * 1920
     eng.disconnect(c.id)
-
-
-def test_an_engine_process_reads_its_workers_socket_during_a_step(tiny_checkpoint, tmp_path):
-    """An engine process (EngineServer around the engine, a worker's real socket): COMMANDS that reach the socket
-    while a step runs are read during it (Engine.poll: EngineServer._poll), the new context takes the lane, and its
-    audio and its end reach the worker in STEP messages like any context's."""
-    from talkgate.ipc import channel, wire
-    from talkgate.ipc.engine_server import EngineServer
-
-    eng = Engine.from_pretrained(str(tiny_checkpoint), device="cpu", max_contexts=4, max_frames_per_context=80,
-                                 lane=True)
-    endpoint = f"ipc://{tmp_path}/engine-0.ipc"
-    server = EngineServer(eng, endpoint, 0, str(tiny_checkpoint))
-    sock = channel.connect(endpoint)
-    out, reader = channel.Outgoing(sock), channel.Reader()
-    frames: dict[int, list[int]] = {1: [], 2: []}
-    ends: dict[int, str] = {}
-
-    def read():
-        while channel.receive(sock, reader):
-            for parts in reader.messages():
-                if bytes(parts[0]) != wire.STEP:
-                    continue
-                seq, _, _, contexts, got, _, finished, _ = wire.read_step(parts[1], parts[2])
-                for context, frame in zip(contexts.tolist(), got.tolist()):
-                    frames[context].append(frame)
-                for end in finished:
-                    ends[end[0]] = wire.end_event(end).reason
-                assert out.send(wire.ack_message(seq))
-
-    def say(context, text, params):
-        tok = eng.new_tokenizer()
-        cmds = [OpenContext(context, params), AppendText(context, tuple(tok.feed(text)), text_seconds(text)),
-                EndText(context, tuple(tok.finish()))]
-        assert out.send(wire.commands_message(0, [wire.command_to_wire(c) for c in cmds]))
-
-    try:
-        assert out.send(wire.hello_message(0, 1))
-        server._turn(step=False)
-        (peer,) = server.peers.values()
-        say(1, LONG, ContextParams(voice="ryan", sampling=GREEDY, fixed_frames=30))
-        while len(frames[1]) < 4:
-            server._turn(step=True)
-            read()
-        eng._clients[peer.client].contexts[1].t_ready += 60.0           # far ahead, as far_ahead() does
-        before = eng.stats()["lane_launches"]
-        say(2, SHORT, ContextParams(voice="ryan", sampling=GREEDY, fixed_frames=8))
-        eng.run_once()              # the step whose wait reads the socket (a turn reads it first, before its step)
-        assert eng.stats()["lane_launches"] == before + 1
-        for _ in range(400):
-            if len(ends) == 2:
-                break
-            server._turn(step=True)
-            read()
-        assert frames == {1: list(range(30)), 2: list(range(8))} and ends == {1: "length", 2: "length"}
-    finally:
-        server.close()
-        sock.close()
