@@ -597,7 +597,8 @@ class Engine:
         if prefill:
             stamp(prefill, SCHEDULED)
             prefill.sort(key=lambda r: not r.prefixed)         # the runner's order: frame 0 by a Talker step first
-        unnoticed = self.first_apart and bool(decode) and first_frames_apart(decode, t0, self._step_ms_last / 1000)
+        unnoticed = (self.first_apart and bool(decode) and (bool(prefill) or self.runner.lane is not None)
+                     and first_frames_apart(decode, t0, self._step_ms_last / 1000))
         apart = unnoticed and bool(prefill)
         launches = [(prefill, []), ([], decode)] if apart else [(prefill, decode)]
         lane = unnoticed and self.runner.lane_beside(sum(map(len, launches[-1])))

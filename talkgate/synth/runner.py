@@ -444,13 +444,9 @@ class Runner:
             self._prefill(prefill[nt - nd:], nt)
         launched.positions = int(host[1, :nt].sum()) + sum(r.prompt_len - 1 for r in prefill[nt - nd:])
         self._run("codes", b)
-        self.codes_host[launched.buf][:n].copy_(self.main.codes[:n], non_blocking=True)
-        if self.codes_done[launched.buf] is not None:
-            self.codes_done[launched.buf].record()
+        self._copy_back(self.codes_host, self.codes_done, launched.buf, self.main.codes[:n])
         self._run("decode", b)
-        self.pcm_host[launched.buf][:n].copy_(self.main.pcm[:n], non_blocking=True)
-        if self.pcm_done[launched.buf] is not None:
-            self.pcm_done[launched.buf].record()
+        self._copy_back(self.pcm_host, self.pcm_done, launched.buf, self.main.pcm[:n])
         return launched
 
     def kept_prefix(self, prompt) -> bool:
@@ -490,14 +486,17 @@ class Runner:
                 else:
                     parts[part](LANE_ROWS)
                 if part == "codes":
-                    self.codes_host[LANE_SET].copy_(lane.bufs.codes[:LANE_ROWS], non_blocking=True)
-                    if self.codes_done[LANE_SET] is not None:
-                        self.codes_done[LANE_SET].record()
-            self.pcm_host[LANE_SET].copy_(lane.bufs.pcm[:LANE_ROWS], non_blocking=True)
-            if self.pcm_done[LANE_SET] is not None:
-                self.pcm_done[LANE_SET].record()
-                self._joined = self.pcm_done[LANE_SET]
+                    self._copy_back(self.codes_host, self.codes_done, LANE_SET, lane.bufs.codes[:LANE_ROWS])
+            self._copy_back(self.pcm_host, self.pcm_done, LANE_SET, lane.bufs.pcm[:LANE_ROWS])
+            self._joined = self.pcm_done[LANE_SET]
         return launched
+
+    @staticmethod
+    def _copy_back(host: list, done: list, s: int, rows: torch.Tensor) -> None:
+        """Queue the copy of a launch's `rows` (codes or PCM) into host set s, and record its event (CUDA)."""
+        host[s][:len(rows)].copy_(rows, non_blocking=True)
+        if done[s] is not None:
+            done[s].record()
 
     def lane_beside(self, n: int) -> bool:
         """Whether a lane launch may run beside a launched step of n rows: not beside the persistent kernels (a
