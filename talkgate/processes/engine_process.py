@@ -37,8 +37,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-batch", type=int)
     p.add_argument("--memory-share", type=float, help="fraction of the GPU's memory its slots are sized from, "
                    "where engine processes share the GPU (--max-contexts wins)")
-    p.add_argument("--shared-gpu", action="store_true", help="other engine processes use this GPU too: no first "
-                   "frames launched apart (synth/engine.py first_frames_apart)")
+    p.add_argument("--shared-gpu", action="store_true", help="other engine processes use this GPU too: no pass of "
+                   "first frames apart (synth/engine.py first_frames_apart); the first-frame lane stays")
     p.add_argument("--seed", type=int)
     p.add_argument("--untrained-length", choices=["text-rule", "runaway"], default="text-rule")
     p.add_argument("--warmup-stall", type=float, default=DEFAULT_STALL_S)

@@ -160,8 +160,9 @@ class Engine:
         (for clients: the engine takes token ids); prompts: resolves ContextParams into a prompt (raises
         InvalidParams) and knows the TTS ids; default_seed: the sampling seed of contexts that set none
         (None: a fresh random seed each), so that the same text and settings give the same audio (seeded
-        noise does not depend on the batch); first_apart: new contexts' first frames may be launched apart
-        (first_frames_apart; False where engine processes share the GPU)."""
+        noise does not depend on the batch); first_apart: new contexts' first frames may be launched as a pass of
+        their own ahead of the running rows (first_frames_apart; False where engine processes share the GPU: the
+        pass would wait for the others' kernels; the lane, of the highest priority, is the runner's)."""
         self.runner, self.new_tokenizer, self.prompts, self.info = runner, tokenizer_factory, prompts, info
         self.default_seed, self.first_apart = default_seed, first_apart
         self.budget_factor, self.budget_min = budget_factor, budget_min
@@ -597,9 +598,10 @@ class Engine:
         if prefill:
             stamp(prefill, SCHEDULED)
             prefill.sort(key=lambda r: not r.prefixed)         # the runner's order: frame 0 by a Talker step first
-        unnoticed = (self.first_apart and bool(decode) and (bool(prefill) or self.runner.lane is not None)
+        apart_now = self.first_apart and bool(prefill)
+        unnoticed = (bool(decode) and (apart_now or self.runner.lane is not None)
                      and first_frames_apart(decode, t0, self._step_ms_last / 1000))
-        apart = unnoticed and bool(prefill)
+        apart = unnoticed and apart_now
         launches = [(prefill, []), ([], decode)] if apart else [(prefill, decode)]
         lane = unnoticed and self.runner.lane_beside(sum(map(len, launches[-1])))
         try:

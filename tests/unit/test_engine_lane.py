@@ -62,6 +62,24 @@ def far_ahead(engine, c: Calls, context: int) -> None:
     engine._clients[c.id].contexts[context].t_ready += 60.0
 
 
+def running_far_ahead(engine, c: Calls, context: int = 1) -> None:
+    """`context` speaking LONG, four frames out, its client far ahead (far_ahead)."""
+    engine.submit(c.id, c.commands(context, LONG, ContextParams(voice="ryan", sampling=GREEDY, fixed_frames=30)))
+    while sum(isinstance(ev, AudioChunk) for ev in c.events(context)) < 4:
+        engine.run_once()
+    far_ahead(engine, c, context)
+
+
+def step_while_arriving(engine, client: int, commands: list) -> None:
+    """One run_once during whose step `commands` of `client` arrive (Engine.poll)."""
+    steps = engine._steps
+    engine.poll = lambda: engine.submit(client, commands) if engine._steps == steps else None
+    try:
+        engine.run_once()
+    finally:
+        engine.poll = None
+
+
 def arriving_during_a_step(engine, messages: list[list], speaking: list[int], frames_first=4):
     """Context 1 runs; after its `frames_first` frames, each of `messages` arrives while a step runs (Engine.poll),
     one a step, and the engine runs until context 1 and those `speaking` are done. The client."""
@@ -140,17 +158,9 @@ def test_a_lane_context_cancelled_before_its_audio_goes_out_makes_no_event(lane_
     eng = lane_engine
     p = ContextParams(voice="ryan", sampling=GREEDY, fixed_frames=6)
     c = Calls(eng)
-    eng.submit(c.id, c.commands(1, LONG, ContextParams(voice="ryan", sampling=GREEDY, fixed_frames=30)))
-    while sum(isinstance(ev, AudioChunk) for ev in c.events(1)) < 4:
-        eng.run_once()
-    far_ahead(eng, c, 1)
+    running_far_ahead(eng, c)
     before = eng.stats()["lane_launches"]
-    eng.poll = lambda: eng.submit(c.id, c.commands(6, SHORT, p)) if eng._steps == steps else None
-    steps = eng._steps
-    try:
-        eng.run_once()
-    finally:
-        eng.poll = None
+    step_while_arriving(eng, c.id, c.commands(6, SHORT, p))
     assert eng.stats()["lane_launches"] == before + 1
     eng.submit(c.id, [CancelContext(6)])
     run(eng, c, [1])
@@ -158,3 +168,30 @@ def test_a_lane_context_cancelled_before_its_audio_goes_out_makes_no_event(lane_
     assert eng.free_slots == eng.runner.num_slots
     assert len(alone(eng, 7, SHORT, p)) == 6 * 1920
     eng.disconnect(c.id)
+
+
+def test_engines_sharing_a_gpu_take_the_lane_but_launch_no_pass_apart(lane_engine):
+    """first_apart False (an engine process whose GPU other engine processes share: a pass of its own would wait for
+    their kernels): a context queued at a step boundary joins the running rows' launch instead of a pass ahead of
+    it, and a context arriving during a step still takes the lane, of the highest priority."""
+    eng = lane_engine
+    p = ContextParams(voice="ryan", sampling=GREEDY, fixed_frames=6)
+    alone(eng, 2, SHORT, p)                                               # the prompt's prefix kept
+    for first_apart, launches in ((True, 2), (False, 1)):
+        eng.first_apart = first_apart
+        try:
+            c = Calls(eng)
+            running_far_ahead(eng, c)
+            eng.submit(c.id, c.commands(3, SHORT, p))                    # queued at the boundary
+            before = eng.runner.launches
+            eng.run_once()
+            assert eng.runner.launches - before == launches
+            far_ahead(eng, c, 3)
+            lanes = eng.stats()["lane_launches"]
+            step_while_arriving(eng, c.id, c.commands(4, SHORT, p))
+            assert eng.stats()["lane_launches"] == lanes + 1
+            run(eng, c, [1, 3, 4])
+            assert [len(c.pcm(ctx)) for ctx in (3, 4)] == [6 * 1920] * 2
+            eng.disconnect(c.id)
+        finally:
+            eng.first_apart = True
