@@ -665,12 +665,14 @@ class Engine:
             time.sleep(LANE_POLL_S)
 
     def _launch_lane(self, busy: set[int]) -> None:
-        """The first queued new context that can take the lane, with its text applied, launched there; its commands
-        leave the queue (a new context's commands concern it alone), the others stay for the step boundary."""
+        """The first context that can take the lane (_fits_lane), with its queued text applied, launched there; its
+        commands leave the queue (a context's commands before its first frame concern it alone), the others stay for
+        the step boundary."""
         with self._lock:
-            req = next((req for op, req, _ in self._commands if op == "open" and self._fits_lane(req, busy)), None)
+            req = next((req for op, req, arg in self._commands if self._fits_lane(req, op, arg, busy)), None)
             if req is None:
                 return
+            opened = req.prefixed                           # its slot set at a boundary already (streamed text)
             mine = [cmd for cmd in self._commands if cmd[1] is req]
             self._commands = collections.deque(cmd for cmd in self._commands if cmd[1] is not req)
         for op, _, arg in mine:
@@ -685,7 +687,7 @@ class Engine:
         req.t_ready, req.status = time.perf_counter(), Status.RUNNING
         stamp([req], SCHEDULED)
         try:
-            step = self.runner.launch_lane(req)
+            step = self.runner.launch_lane(req, open_slot=not opened)
         except Exception as e:                                  # this context fails; the engine goes on
             log.exception("launching context %d of client %d on the lane failed", req.context, req.client)
             self._fail(req, e)
@@ -693,11 +695,18 @@ class Engine:
         stamp([req], LAUNCHED)
         self._lane = (step, req)
 
-    def _fits_lane(self, req: Request, busy: set[int]) -> bool:
-        """(Under the lock, req's open queued.) Whether it can take the lane now: open, text queued for its first
-        frame, its slot not written by the step in flight, its prompt's prefix kept (runner.kept_prefix)."""
-        return (not req.freed and req.slot not in busy and self.runner.kept_prefix(req.prompt)
-                and any(op in ("text", "flush", "end") and arg[0] for op, r, arg in self._commands if r is req))
+    def _fits_lane(self, req: Request, op: str, arg, busy: set[int]) -> bool:
+        """(Under the lock, `op` queued for req.) Whether req can take the lane now, its slot not written by the step
+        in flight: a new context (its open queued) whose prompt's prefix is kept (runner.kept_prefix) and whose text
+        for frame 0 is queued too; or one opened at a step boundary before its text came (streamed text: its slot
+        holds its prompt's prefix, `prefixed`), waiting, whose first text is this command."""
+        if req.freed or req.slot in busy:
+            return False
+        if op == "open":
+            return self.runner.kept_prefix(req.prompt) and any(
+                o in ("text", "flush", "end") and a[0] for o, r, a in self._commands if r is req)
+        return (op in ("text", "flush", "end") and bool(arg[0]) and req.prefixed and req.status is Status.WAITING
+                and req.frames == 0 and not req.ready and not req.flushing)
 
     def _land_lane(self) -> None:
         """The lane's context's first frame, as a step's (waits for its codes): from here on it runs with the others."""

@@ -454,30 +454,33 @@ class Runner:
         return prompt is not None and self._prefixable(prompt) and prompt in self._prefixes
 
     @torch.inference_mode()
-    def launch_lane(self, req: Request) -> Launched:
+    def launch_lane(self, req: Request, open_slot: bool = True) -> Launched:
         """Queue a new context's open and first frame on the lane (synth/lane.py), beside the step in flight: its
-        slot set from its kept prefix (kept_prefix) and its sampling values, then a one-row Talker step at its
-        prompt's last position, its codes and its decode, copied back as a step's are (codes_of, audio_of). One
-        lane launch at a time: its host buffers are read (audio_of) before the next. The main stream's next open
-        or launch waits for it."""
+        slot set from its kept prefix (kept_prefix) and its sampling values (open_slot False: a context opened at a
+        step boundary, `prefixed`, whose slot is set already), then a one-row Talker step at its prompt's last
+        position, its codes and its decode, copied back as a step's are (codes_of, audio_of). One lane launch at a
+        time: its host buffers are read (audio_of) before the next. The main stream's next open or launch waits for
+        it."""
         lane = self.lane
-        e = self._prefixes[req.prompt]
-        self._prefixes.move_to_end(req.prompt)
-        self.prefix_counts["kept"] += 1
-        req.prefixed, req.prompt_len = True, req.prompt.length
+        if open_slot:
+            e = self._prefixes[req.prompt]
+            self._prefixes.move_to_end(req.prompt)
+            self.prefix_counts["kept"] += 1
+            req.prefixed, req.prompt_len = True, req.prompt.length
         launched = Launched(1, 0, True, LANE_SET, positions=req.prompt_len - 1)
         lane.launches += 1
         with torch.cuda.stream(lane.stream) if lane.stream is not None else contextlib.nullcontext():
             if self.opened is not None:
-                lane.stream.wait_event(self.opened)             # the prefix store as the boundary's opens left it
-            self._stage_opens(lane.open_ints_host, lane.open_floats_host, lane.bufs, [req.slot],
-                              [EOS_FROM if req.samples_eos else NO_EOS], [e], [req.params.sampling], LANE_ROWS)
+                lane.stream.wait_event(self.opened)             # the prefix store and slots as the opens left them
+            if open_slot:
+                self._stage_opens(lane.open_ints_host, lane.open_floats_host, lane.bufs, [req.slot],
+                                  [EOS_FROM if req.samples_eos else NO_EOS], [e], [req.params.sampling], LANE_ROWS)
             inputs_host = self.inputs_host[LANE_SET]
             inputs_host.numpy()[:, 0] = (req.slot, req.prompt_len - 1,
                                          req.next_text_id(self.text_eos, self.text_pad), 0)
             lane.bufs.inputs.copy_(inputs_host, non_blocking=True)
             parts = self._parts_of(lane.bufs)
-            for part in ("open", *PARTS):
+            for part in ("open", *PARTS) if open_slot else PARTS:
                 g = self.graphs.get(("lane", part))
                 if g is not None:
                     g.replay()

@@ -23,7 +23,10 @@ class Scheduler:
         self.waiting.append(req)
 
     def join(self, req: Request) -> None:
-        """A context whose first frame was made apart from the steps (the lane: synth/lane.py): running from here on."""
+        """A context whose first frame was made apart from the steps (the lane: synth/lane.py): running from here on
+        (out of `waiting` where it was opened at a step boundary before its text came)."""
+        if req in self.waiting:
+            self.waiting.remove(req)
         self.running.append(req)
         req.status = Status.RUNNING
 

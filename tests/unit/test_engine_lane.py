@@ -132,23 +132,36 @@ def test_a_context_arriving_during_a_step_takes_the_lane_and_speaks_as_it_would_
 
 
 def test_what_cannot_take_the_lane_waits_for_the_step_boundary(lane_engine):
-    """A context opened without text (which comes during the next step), one of a prompt whose prefix is not kept,
-    and one cancelled in the same message: none takes the lane; the first two are served as before, the third never
-    is."""
+    """A context of a prompt whose prefix is not kept and one cancelled in the same message: neither takes the lane;
+    the first is served from the step boundary, the second never is."""
     eng = lane_engine
     p = ContextParams(voice="ryan", sampling=GREEDY, fixed_frames=6)
     other = ContextParams(voice="vivian", sampling=GREEDY, fixed_frames=6)
     calls = Calls(eng)
-    no_text = [OpenContext(3, p)]
     new_prompt = calls.commands(4, SHORT, other)
     cancelled = [*calls.commands(5, SHORT, p), CancelContext(5)]
     eng.disconnect(calls.id)
     before = eng.stats()["lane_launches"]
-    c = arriving_during_a_step(eng, [no_text + new_prompt + cancelled, calls.commands(3, SHORT, p)[1:]], [3, 4])
+    c = arriving_during_a_step(eng, [new_prompt + cancelled], [4])
     assert eng.stats()["lane_launches"] == before
-    assert [ev.first_frame for ev in c.events(3) if isinstance(ev, AudioChunk)] == list(range(6))
     assert [ev.first_frame for ev in c.events(4) if isinstance(ev, AudioChunk)] == list(range(6))
     assert c.events(5) == []
+    eng.disconnect(c.id)
+
+
+def test_a_context_opened_before_its_text_takes_the_lane_when_its_first_text_comes(lane_engine):
+    """Streamed text: the context's open comes during one step (opened at the boundary after it, no text yet), its
+    first text during the next: that text launches its first frame on the lane (no open there: its slot is set),
+    and its audio is what it makes alone."""
+    eng = lane_engine
+    p = ContextParams(voice="ryan", sampling=GREEDY, fixed_frames=6)
+    ref = alone(eng, 3, SHORT, p)
+    opening = Calls(eng).commands(3, SHORT, p)
+    before = eng.stats()["lane_launches"]
+    c = arriving_during_a_step(eng, [opening[:1], opening[1:]], [3])
+    assert eng.stats()["lane_launches"] == before + 1
+    np.testing.assert_allclose(c.pcm(3), ref, atol=1e-5)
+    assert [ev.first_frame for ev in c.events(3) if isinstance(ev, AudioChunk)] == list(range(6))
     eng.disconnect(c.id)
 
 
