@@ -16,9 +16,11 @@ engine").
 What the lane touches of the shared per-slot pools is its own slot's rows (and the dummy slot's, garbage by design),
 which no row of the step in flight writes: the engine gives it only contexts whose slot was not in that step, whose
 prompt prefix is kept (their open is a copy: no prefill, whose buffers the main stream owns) and which need no
-primed decoder state (an in-context cloned voice). It reads the prefix store after the step boundary's opens wrote
-it (it waits for `opened`), and the main stream waits for the lane (`_joined`) before its next launch or open,
-which may take the lane's context or its slot.
+primed decoder state (an in-context cloned voice); or a context opened at a step boundary before its text came
+(streamed text), whose first committed text arrives during the step: its slot holds its prompt's prefix already, so
+the lane runs its first frame without the open. It reads the prefix store and the slots after the step boundary's
+opens wrote them (it waits for `opened`), and the main stream waits for the lane (`_joined`) before its next launch
+or open, which may take the lane's context or its slot.
 """
 from __future__ import annotations
 
