@@ -197,9 +197,10 @@ def test_opening_contexts_and_launching_a_step_never_wait_for_the_gpu(checkpoint
     assert len(prefill) == 3 and engine.runner.codes_of(step).shape == (3, 16)
 
 
-def lane_run(checkpoint, lane: bool) -> tuple[list[list], Engine]:
+def lane_run(checkpoint, lane: bool, opened_first: bool = False) -> tuple[list[list], Engine]:
     """Three contexts run; once the first has four frames out, a fourth arrives while a step runs (Engine.poll), or
-    with lane=False just after that step. Its voice's prompt prefix is kept already (a context of it ran before)."""
+    with lane=False just after that step. Its voice's prompt prefix is kept already (a context of it ran before).
+    opened_first: streamed text, the fourth's open comes a step before its text (opened at that step's boundary)."""
     engine = Engine.from_pretrained(str(checkpoint), device="cuda", dtype="float32", max_contexts=8,
                                     max_frames_per_context=64, torch_compile=False, lane=lane)
     engine.runner.warmup()
@@ -212,6 +213,10 @@ def lane_run(checkpoint, lane: bool) -> tuple[list[list], Engine]:
     while sum(isinstance(ev, AudioChunk) for ev in events[0]) < 4:
         engine.run_once()
     late = said(3, TEXTS[0])
+    if opened_first:
+        engine.submit(client, late[:1])
+        del late[:1]
+        engine.run_once()
     if lane:
         def poll():
             if late:
@@ -257,6 +262,19 @@ def test_a_context_arriving_during_a_step_takes_the_lane_and_speaks_as_without_i
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert engine.runner.codes_of(step).shape == (1, 16)
+
+
+def test_a_context_opened_before_its_text_takes_the_lane_and_speaks_as_without_it(checkpoint):
+    """Streamed text: the fourth context is opened at a step boundary before its text comes, and its text comes while
+    a step runs: its first frame is launched on the lane without the open (its slot is set), and every context's
+    audio is what it is where that text waits for the next boundary (to 3e-3, as the test above)."""
+    without, engine = lane_run(checkpoint, lane=False, opened_first=True)
+    assert engine.stats()["lane_launches"] == 0
+    with_lane, engine = lane_run(checkpoint, lane=True, opened_first=True)
+    assert engine.stats()["lane_launches"] == 1
+    for a, b in zip(without, with_lane):
+        assert a[-1].reason == b[-1].reason == "length"
+        np.testing.assert_allclose(pcm(b), pcm(a), atol=3e-3)
 
 
 def test_a_fresh_start_compiles_in_helpers_and_leaves_warm_up_nothing_to_compile(checkpoint, tmp_path, monkeypatch,
