@@ -461,6 +461,7 @@ def server_numbers(before: dict, after: dict, wall_s: float) -> dict:
             "gc_longest_s_by_process": gc_longest or None,
             "cpu_wait_share_by_process": cpu_wait or None,
             "engine_slow_turns": counter("talkgate_engine_slow_turns_total"),
+            "engine_lane_launches": counter("talkgate_engine_lane_launches_total"),
             "server_ttfa_ms": histogram_delta(before, after, "talkgate_ttfa_ms"),
             "underrun_risk": counter("talkgate_underrun_risk_total"),
             "contexts_active_after": after.get(("talkgate_contexts_active", ())),   # a leak shows here

@@ -123,6 +123,8 @@ def markdown(cfg: dict, s: dict) -> str:
                 f"{k} {v:.3f}" for k, v in sorted((srv.get("cpu_wait_share_by_process") or {}).items())) or "-"),
             ("engine turns over 40 ms (the server log says where their time went)",
              fmt(srv.get("engine_slow_turns"), 0)),
+            ("first frames made on the lane beside a running step (synth/lane.py), of the run's requests",
+             f"{fmt(srv.get('engine_lane_launches'), 0)} of {s['requests']}"),
             ("a step's audio from the engine to a worker mean / p99 bucket (ms)",
              seconds_as_ms(srv.get("step_delivery_s"))),
             ("engine step mean / p99 bucket by engine (ms)",

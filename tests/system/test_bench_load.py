@@ -43,6 +43,7 @@ def test_short_run_against_a_real_server(server, tmp_path, argv):
     assert summary["completed"] >= 1 and summary["cancelled"] >= 1     # seed 3: both kinds
     assert summary["server"]["cpu_cores"] is not None                  # /metrics was read
     assert summary["server"]["engine_slow_turns"] is not None
+    assert summary["server"]["engine_lane_launches"] == 0              # a CPU engine has no lane
     if Path("/proc/thread-self/schedstat").exists():                  # each loop thread's wait for a CPU
         assert "engine0" in summary["server"]["cpu_wait_share_by_process"]
     for r in requests:
