@@ -125,6 +125,16 @@ class Launched:
     positions: int = 0      # the rows' Talker positions summed (a prefill row's: its last prompt position)
 
 
+def input_columns(rows: int) -> int:
+    """The columns of a [4, rows] inputs buffer: an even number, so that each of its rows starts 16 bytes after the
+    first. Triton specializes a kernel on its pointer arguments' 16-byte alignment, and the inputs' rows are such
+    arguments (slots, positions): with an odd row length (an engine sized from a share of its GPU: 255 rows) the
+    kernels that the compile helpers compiled at one row length were compiled again at warm-up by every engine or
+    lane whose rows were aligned otherwise (the one-row persistent kernels: 20-27 s of a three-model fresh start on
+    an H200, docs/benchmarks.md)."""
+    return rows + rows % 2
+
+
 @dataclass
 class StepBuffers:
     """A step's static device buffers (rows [:b] are the batch) and those of its open graphs (columns [:rows] are the
@@ -139,7 +149,7 @@ class StepBuffers:
     @classmethod
     def zeros(cls, rows: int, hidden: int, dtype: torch.dtype, open_rows: int) -> "StepBuffers":
         """On the current default device."""
-        return cls(torch.zeros(4, rows, dtype=torch.long), torch.zeros(rows, hidden, dtype=dtype),
+        return cls(torch.zeros(4, input_columns(rows), dtype=torch.long), torch.zeros(rows, hidden, dtype=dtype),
                    torch.zeros(rows, CODES, dtype=torch.long), torch.zeros(rows, FRAME_SAMPLES),
                    torch.zeros(3 + len(INT_FIELDS), open_rows, dtype=torch.long),
                    torch.zeros(len(FLOAT_FIELDS), open_rows))
@@ -214,7 +224,8 @@ class Runner:
         pin = self.use_graphs
         # one set of host buffers per launch in flight (HOST_SETS): a launch's inputs may still wait to be copied,
         # its codes and PCM to be read, while the next ones are launched
-        self.inputs_host = [torch.zeros(4, B, dtype=torch.long, pin_memory=pin) for _ in range(HOST_SETS)]
+        self.inputs_host = [torch.zeros(4, input_columns(B), dtype=torch.long, pin_memory=pin)
+                            for _ in range(HOST_SETS)]
         self.codes_host = [torch.zeros(B, CODES, dtype=torch.long, pin_memory=pin) for _ in range(HOST_SETS)]
         self.pcm_host = [torch.zeros(B, FRAME_SAMPLES, pin_memory=pin) for _ in range(HOST_SETS)]
         self.launches = 0
