@@ -171,12 +171,17 @@ class Claim:
         return voice
 
     def release(self) -> None:
-        """Give the name back unless the voice was saved."""
+        """Give the name back unless the voice was saved. Where the store cannot be written (a read-only or full
+        disk) the claim stays, and claim() takes it over once it is STALE_S old, as a crash's leftover: the error
+        that ended the upload (voice_store_unavailable) is what its caller gets, not this one."""
         if self.voice is None and self.owned():
             try:
                 os.unlink(self.path)
             except FileNotFoundError:
                 pass
+            except OSError as e:
+                log.warning("voice store: the claim on the name %r could not be given back (%s); it is taken over "
+                            "once stale", self.name, e.strerror or e)
 
     def __enter__(self) -> "Claim":
         return self

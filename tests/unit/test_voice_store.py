@@ -398,3 +398,20 @@ def test_tenants_own_their_voices_and_a_store_made_before_tenants_is_the_default
     legacy = store.get("legacy", default_user)
     assert legacy is not None and legacy.tenant == "default" and store.get("voice_00000000000000b1", OPEN) == legacy
     assert store.get("legacy", acme) is None and store.get(legacy.id, acme) is None
+
+
+def test_a_claim_that_cannot_be_given_back_leaves_the_upload_its_own_error(tmp_path, monkeypatch, caplog):
+    """A read-only disk during an upload (the soak's fault): the store's voice_store_unavailable is what the upload
+    ends with, not the OSError of giving its name back (which the soak found as a traceback); the claim stays, to be
+    taken over once stale as a crash's leftover."""
+    store = VoiceStore(tmp_path)
+
+    def refuse(path, *args, **kwargs):
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(path))
+
+    with monkeypatch.context() as m, pytest.raises(StoreError) as e:
+        with store.claim("x") as claim:
+            m.setattr(voice_store_module.os, "unlink", refuse)
+            raise StoreError("voice_store_unavailable", "the voice could not be stored: Read-only file system", 500)
+    assert e.value.code == "voice_store_unavailable"
+    assert os.path.lexists(claim.path) and "could not be given back" in caplog.text
