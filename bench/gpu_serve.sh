@@ -8,6 +8,7 @@
 #   clone_voice PORT NAME                        a voice cloned from a made-up 6 s sample
 #   traced NAME ARGS...                          load on port 8081 of a server started with --trace-latency
 #                                                $res/trace.jsonl; its requests' traces and stage budget kept
+#   kept_trace NAME                              that for a trace begun by hand (loads run at once)
 #   each_tree LOADS                              the earlier tree, then this one, served in turn while LOADS runs
 #   gpu_tests PYTEST_ARGS...                     with GPU_TESTS=1: pytest (400 s at most), its tail in progress
 #   gone PID                                     wait (up to 60 s) for a process to end
@@ -73,9 +74,13 @@ traced() {
   local name=$1; shift
   : > "$res/trace.jsonl"
   load 8081 "$name" "$@"
-  cp "$res/trace.jsonl" "$res/trace-$name.jsonl"
-  python3 -m bench.latency_trace "$res/trace-$name.jsonl" > "$res/budget-$name.txt" 2>&1
-  grep -E "total|text wait" "$res/budget-$name.txt" | sed "s/^/$name /" | tee -a "$res/progress"
+  kept_trace "$name"
+}
+
+kept_trace() {   # kept_trace NAME: the trace since the last `: > trace.jsonl`, kept, and its stage budget
+  cp "$res/trace.jsonl" "$res/trace-$1.jsonl"
+  python3 -m bench.latency_trace "$res/trace-$1.jsonl" > "$res/budget-$1.txt" 2>&1
+  grep -E "total|text wait" "$res/budget-$1.txt" | sed "s/^/$1 /" | tee -a "$res/progress"
 }
 
 gpu_tests() {

@@ -20,11 +20,6 @@ checkpoints custom_voice base voice_design
 DESIGN="A warm, calm female voice, middle-aged, speaking slowly and clearly."
 three="--model cv=/tmp/ck-1.7b-custom_voice --model clone=/tmp/ck-1.7b-base --model design=/tmp/ck-1.7b-voice_design"
 http() { local port=$1 dir=$2; shift 2; load "$port" "$dir" --protocol openai --lang en --processes 2 "$@"; }
-budget() {     # budget NAME: the trace since the last `: > trace.jsonl`, kept, and its stage budget
-  cp "$res/trace.jsonl" "$res/trace-$1.jsonl"
-  python3 -m bench.latency_trace "$res/trace-$1.jsonl" > "$res/budget-$1.txt" 2>&1
-  grep -E "total|requests" "$res/budget-$1.txt" | sed "s/^/$1 /" | tee -a "$res/progress"
-}
 lanes() { curl -s "http://127.0.0.1:8081/metrics" | grep -E "^talkgate_engine_(lane|step_seconds_(sum|count))" \
   | tee "$res/$1-metrics.txt" | grep lane | tee -a "$res/progress"; }
 
@@ -40,7 +35,7 @@ for which in before after; do
   http 8081 "$which-clone" --rps 20 --duration 30 --model clone --voice speaker1 & loaders+=($!)
   http 8081 "$which-design" --rps 20 --duration 30 --model design --instructions "$DESIGN" & loaders+=($!)
   wait "${loaders[@]}"
-  budget "$which-mixed"
+  kept_trace "$which-mixed"
   lanes "$which-mixed"
   if [ $which = after ]; then
     traced clone-rps1 --protocol openai --lang en --model clone --voice speaker1 --rps 1 --duration 30 --processes 1

@@ -705,8 +705,10 @@ class Engine:
         if op == "open":
             return self.runner.kept_prefix(req.prompt) and any(
                 o in ("text", "flush", "end") and a[0] for o, r, a in self._commands if r is req)
+        # WAITING: never scheduled (no frame yet); not ready: its first text is not applied yet (one that is waits
+        # for the boundary's prefill room)
         return (op in ("text", "flush", "end") and bool(arg[0]) and req.prefixed and req.status is Status.WAITING
-                and req.frames == 0 and not req.ready and not req.flushing)
+                and not req.ready)
 
     def _land_lane(self) -> None:
         """The lane's context's first frame, as a step's (waits for its codes): from here on it runs with the others."""

@@ -128,10 +128,10 @@ class Launched:
 def input_columns(rows: int) -> int:
     """The columns of a [4, rows] inputs buffer: an even number, so that each of its rows starts 16 bytes after the
     first. Triton specializes a kernel on its pointer arguments' 16-byte alignment, and the inputs' rows are such
-    arguments (slots, positions): with an odd row length (an engine sized from a share of its GPU: 255 rows) the
-    kernels that the compile helpers compiled at one row length were compiled again at warm-up by every engine or
-    lane whose rows were aligned otherwise (the one-row persistent kernels: 20-27 s of a three-model fresh start on
-    an H200, docs/benchmarks.md)."""
+    arguments (slots, positions): with an odd row length (an engine sized from a share of its GPU: 255 rows; the
+    lane's one row) the kernels that the compile helpers compiled at one row length were compiled again at warm-up by
+    every engine or lane whose rows were aligned otherwise (the one-row persistent kernels: 20-27 s of a three-model
+    fresh start on an H200, 24 s for a one-row lane; docs/benchmarks.md)."""
     return rows + rows % 2
 
 
@@ -248,14 +248,12 @@ class Runner:
         # the first-frame lane (synth/lane.py): its step buffers, its host set (the last, LANE_SET) and its graphs
         self.lane = None
         if lane:
-            # two rows, as the main set has at least: a one-row input of width 1 starts its rows 8 bytes apart, which
-            # Triton compiles every persistent kernel again for (16-byte alignment: 24 s of a fresh warm-up, H200)
             with torch.device(device):
-                bufs = StepBuffers.zeros(2, H, dtype, LANE_ROWS)
+                bufs = StepBuffers.zeros(LANE_ROWS, H, dtype, LANE_ROWS)
             self.lane = Lane.on(device, bufs,
                                 torch.zeros(3 + len(INT_FIELDS), LANE_ROWS, dtype=torch.long, pin_memory=cuda),
                                 torch.zeros(len(FLOAT_FIELDS), LANE_ROWS, pin_memory=cuda))
-            self.inputs_host.append(torch.zeros(4, 2, dtype=torch.long, pin_memory=pin))
+            self.inputs_host.append(torch.zeros(4, input_columns(LANE_ROWS), dtype=torch.long, pin_memory=pin))
             self.codes_host.append(torch.zeros(LANE_ROWS, CODES, dtype=torch.long, pin_memory=pin))
             self.pcm_host.append(torch.zeros(LANE_ROWS, FRAME_SAMPLES, pin_memory=pin))
             self.codes_done.append(torch.cuda.Event() if cuda else None)
