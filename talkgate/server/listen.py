@@ -79,4 +79,11 @@ def tls_context(certfile: str | None, keyfile: str | None) -> ssl.SSLContext | N
                            "they must be PEM files of a certificate and its private key") from None
     except OSError as e:
         raise ListenError(f"--ssl-certfile {certfile} / --ssl-keyfile {keyfile}: {e.strerror}") from None
+    # No TLS 1.3 session tickets. OpenSSL sends them after its handshake, before the client has said anything;
+    # a client that reads in one thread while it writes its request in another (websockets' sync client, under
+    # the Cartesia, Deepgram and ElevenLabs SDKs) then reads them in SSL_read while SSL_write sends the request,
+    # which OpenSSL does not allow on one connection: about one connection in a thousand never got its answer and
+    # hung in the client (docs/compat.md, TLS). Without tickets nothing arrives before the server's answer; a
+    # client that reconnects does a full handshake instead of resuming a session.
+    context.num_tickets = 0
     return context
