@@ -42,6 +42,7 @@ from tests.fuzz.faults import audio_ms, is_error_frame, keepalive, start_message
 from tests.fuzz.rawws import OP_TEXT, Ended, Frame, HandshakeRefused, RawWebSocket
 from tests.fuzz.rss_soak import open_fds, role, status_mb
 from tests.serverproc import TalkgateServer, descendants
+from tests.tlscert import self_signed
 from tests.voicetools import AUTH, KEY, audio_file, voice_form
 
 SESSION_TIMEOUT_S = 60.0
@@ -1029,10 +1030,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="talkgate-soak-") as tmp:
         tmp = Path(tmp)
-        cert, key = tmp / "cert.pem", tmp / "key.pem"
-        subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out",
-                        str(cert), "-days", "2", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"],
-                       check=True, capture_output=True)
+        cert, key = self_signed(tmp)
         ckpt = create_checkpoint(tmp / "tiny-base", preset="tiny", variant="base", seed=0)
         soak = Soak(args, tmp, tmp / "store", cert, key, ckpt)
         mount_store(soak.store, args.store_mb)

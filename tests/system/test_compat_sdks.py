@@ -14,7 +14,6 @@ import io
 import json
 import re
 import ssl
-import subprocess
 import time
 
 import httpx
@@ -22,6 +21,7 @@ import pytest
 
 from talkgate.synth.request import frames_for_text
 from tests.serverproc import TalkgateServer
+from tests.tlscert import self_signed
 
 KEY = "sdk-key"
 TEXT = "Hello there."
@@ -30,11 +30,7 @@ FRAMES = frames_for_text(TEXT)          # 9 frames of 80 ms: 1920 samples each a
 
 @pytest.fixture(scope="module")
 def cert(tmp_path_factory):
-    d = tmp_path_factory.mktemp("tls")
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(d / "key.pem"),
-                    "-out", str(d / "cert.pem"), "-days", "2", "-subj", "/CN=127.0.0.1",
-                    "-addext", "subjectAltName=IP:127.0.0.1"], check=True, capture_output=True)
-    return d / "cert.pem", d / "key.pem"
+    return self_signed(tmp_path_factory.mktemp("tls"))
 
 
 @pytest.fixture(scope="module")

@@ -4,21 +4,17 @@ from __future__ import annotations
 import select
 import socket
 import ssl
-import subprocess
 import threading
 
 import pytest
 
 from talkgate.server.listen import tls_context
+from tests.tlscert import self_signed
 
 
 @pytest.fixture(scope="module")
 def cert(tmp_path_factory):
-    d = tmp_path_factory.mktemp("tls")
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(d / "key.pem"),
-                    "-out", str(d / "cert.pem"), "-days", "2", "-subj", "/CN=127.0.0.1",
-                    "-addext", "subjectAltName=IP:127.0.0.1"], check=True, capture_output=True)
-    return str(d / "cert.pem"), str(d / "key.pem")
+    return tuple(str(p) for p in self_signed(tmp_path_factory.mktemp("tls")))
 
 
 def test_the_server_sends_nothing_after_its_handshake_until_the_client_speaks(cert):
