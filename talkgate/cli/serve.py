@@ -133,7 +133,8 @@ def add_parser(subparsers) -> None:
                    "an even share of them")
     p.add_argument("--idle-timeout", metavar="SECONDS", type=cli_args.positive_seconds, default=d.idle_timeout_s,
                    help="seconds without a client message or audio taken by the client before a connection is "
-                   "closed, contexts in flight or not")
+                   "closed, contexts in flight or not; an HTTP connection is closed after as long without a request, "
+                   "and a request body not sent within it is answered 408")
     p.add_argument("--max-backlog-ms", metavar="MS", type=cli_args.integer(1), default=d.max_backlog_ms,
                    help="audio of one context left unread, in ms, by a client that is behind real time before the "
                    "context is cancelled as a slow consumer")

@@ -136,10 +136,14 @@ class JsonErrorServer(web.Server):
 
 
 class AppRunner(web.AppRunner):
-    """web.AppRunner whose server answers aiohttp's own request errors as JSON (JsonErrorHandler)."""
+    """web.AppRunner whose server answers aiohttp's own request errors as JSON (JsonErrorHandler), and closes an
+    HTTP connection that has sent no request, or not all of its request's head, or nothing since its last response,
+    for the idle timeout (aiohttp's keep-alive timeout, an hour by default: a client that opened connections and
+    sent nothing held their descriptors that long; docs/protocol.md, Limits)."""
 
     async def _make_server(self) -> web.Server:
         server = await super()._make_server()
+        gw = self._app["gateway"]
         return JsonErrorServer(server.request_handler, request_factory=server.request_factory,
-                               loop=server._loop, count_error=self._app["gateway"].count_error,
-                               error_for_path=error_for(self._app), **server._kwargs)
+                               loop=server._loop, count_error=gw.count_error, error_for_path=error_for(self._app),
+                               **{**server._kwargs, "keepalive_timeout": gw.limits.idle_timeout_s})

@@ -101,11 +101,25 @@ class BodyTooLarge(SessionError):
         super().__init__("payload_too_large", f"the body is over {max_bytes} bytes (4 x --max-message-bytes)")
 
 
+class BodyTimeout(SessionError):
+    """A body not all sent within the idle timeout: 408, in the API's own shape (the connection closes)."""
+
+    status = 408
+
+    def __init__(self, seconds: float):
+        super().__init__("request_timeout", f"the body did not arrive within {seconds:g} s (--idle-timeout)")
+
+
 async def read_json(request: web.Request, max_bytes: int) -> object:
     """The request's JSON body; raises SessionError (invalid_body, invalid_json, message_too_large,
-    payload_too_large: BodyTooLarge)."""
+    payload_too_large: BodyTooLarge, request_timeout: BodyTimeout)."""
+    idle_s = request.app["gateway"].limits.idle_timeout_s
     try:
-        raw = await request.read()
+        async with asyncio.timeout(idle_s):     # at most 4 x --max-message-bytes: 2 KiB/s at the defaults
+            raw = await request.read()
+    except TimeoutError:
+        request.content.feed_eof()              # the rest is not read (aiohttp would wait 10 s more for it)
+        raise BodyTimeout(idle_s) from None
     except web.HTTPRequestEntityTooLarge:       # its body, or what it inflates to, over client_max_size
         raise BodyTooLarge(request.client_max_size) from None
     except (RequestPayloadError, HttpProcessingError):
@@ -137,7 +151,7 @@ async def serve_speech(request: web.Request, label: str, make: Callable[[object]
         protocol = await make(await read_json(request, 4 * gw.limits.max_message_bytes))
     except SessionError as e:
         response = respond(error(e.status or http_status(e.code), e.code, e.message))
-        if e.code in ("invalid_body", "payload_too_large"):     # the rest of the body is not read
+        if e.code in ("invalid_body", "payload_too_large", "request_timeout"):     # the rest of the body is not read
             response.force_close()
         return response
     who = request[IDENTITY]

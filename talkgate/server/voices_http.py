@@ -79,10 +79,12 @@ class Form:
 # ----- reading an upload -----
 async def read_form(request: web.Request, file_fields: tuple[str, ...]) -> Form:
     """The multipart form, bounded: files (parts with a filename, or named in file_fields) of MAX_BYTES
-    together, text fields of MAX_FIELD_BYTES, MAX_PARTS parts."""
+    together, text fields of MAX_FIELD_BYTES, MAX_PARTS parts; each read waits at most the idle timeout for the
+    client's next bytes (408 request_timeout: a client that stops sending mid-upload would hold its connection)."""
+    arrives = _arriving(request, request.app["gateway"].limits.idle_timeout_s)
     if request.content_type == "application/x-www-form-urlencoded":    # fields only (the body limit holds)
         try:
-            return Form({k: v for k, v in (await request.post()).items() if isinstance(v, str)}, [])
+            return Form({k: v for k, v in (await arrives(request.post())).items() if isinstance(v, str)}, [])
         except (ValueError, UnicodeDecodeError):
             raise Refused(400, "invalid_body", "the form cannot be read") from None
     if request.content_type != "multipart/form-data":
@@ -95,18 +97,18 @@ async def read_form(request: web.Request, file_fields: tuple[str, ...]) -> Form:
     try:
         reader = await request.multipart()
         for _ in range(MAX_PARTS + 1):
-            part = await reader.next()
+            part = await arrives(reader.next())
             if part is None:
                 return Form(fields, files)
             if not hasattr(part, "read_chunk"):
                 raise Refused(400, "invalid_body", "nested multipart parts are not accepted")
             if part.filename is not None or part.name in file_fields:
-                data = await _read_part(part, budget, 413, "audio_too_large",
+                data = await _read_part(part, arrives, budget, 413, "audio_too_large",
                                         f"the audio may be at most {MAX_BYTES} bytes ({MAX_BYTES >> 20} MB) in all")
                 budget -= len(data)
                 files.append(Upload(part.name or "", part.filename, part.headers.get("Content-Type"), data))
             else:
-                data = await _read_part(part, MAX_FIELD_BYTES, 400, "field_too_long",
+                data = await _read_part(part, arrives, MAX_FIELD_BYTES, 400, "field_too_long",
                                         f"the field {part.name!r} is over {MAX_FIELD_BYTES} bytes")
                 try:
                     fields[part.name or ""] = data.decode(part.get_charset("utf-8"))
@@ -117,9 +119,21 @@ async def read_form(request: web.Request, file_fields: tuple[str, ...]) -> Form:
         raise Refused(400, "invalid_body", f"the multipart body cannot be read: {e}") from None
 
 
-async def _read_part(part, limit: int, status: int, code: str, message: str) -> bytes:
+def _arriving(request: web.Request, idle_s: float):
+    """arrives(awaitable): its result, or Refused 408 when the client sends nothing for idle_s meanwhile."""
+    async def arrives(awaitable):
+        try:
+            return await asyncio.wait_for(awaitable, idle_s)
+        except TimeoutError:
+            request.content.feed_eof()          # the rest is not read (aiohttp would wait 10 s more for it)
+            raise Refused(408, "request_timeout", f"the upload sent nothing for {idle_s:g} s (--idle-timeout)") \
+                from None
+    return arrives
+
+
+async def _read_part(part, arrives, limit: int, status: int, code: str, message: str) -> bytes:
     chunks, n = [], 0
-    while chunk := await part.read_chunk(1 << 16):
+    while chunk := await arrives(part.read_chunk(1 << 16)):
         n += len(chunk)
         if n > limit:
             raise Refused(status, code, message)
@@ -223,7 +237,10 @@ async def _guarded(request: web.Request, handler, error):
     try:
         return await handler(request)
     except (Refused, StoreError, AudioError, SessionError, EngineError) as e:
-        return error(*refusal(e))
+        response = error(*refusal(e))
+        if response.status == 408:          # the rest of the body is not read
+            response.force_close()
+        return response
 
 
 def _builtin(gw) -> tuple[str, ...]:

@@ -323,3 +323,44 @@ def test_a_client_that_stops_reading_past_the_heartbeat_gets_a_close_frame(tiny_
     assert any(f.opcode == OP_BINARY for f in frames) and any(f.opcode == OP_PING for f in frames)
     assert isinstance(end, Frame), f"{end} after {sum(len(f.payload) for f in frames)} bytes"
     assert (end.close_code, end.close_reason) == (1008, "keepalive ping timeout")
+
+
+def test_http_connections_that_send_nothing_or_stop_mid_request_are_closed_after_the_idle_timeout(server):
+    """aiohttp keeps a connection that has sent no request (or half of one) for its keep-alive timeout, an hour by
+    default, and a handler reading a body waits for it for ever: a client that opens connections and sends nothing
+    or a few bytes held them, and the worker's descriptors, that long. Every such connection closes after the idle
+    timeout (3 s here); one that stopped in its body gets 408 request_timeout in the API's shape first."""
+    head = lambda method, path, length, ctype="application/json": (
+        f"{method} {path} HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer {KEY}\r\nContent-Type: {ctype}\r\n"
+        f"Content-Length: {length}\r\n\r\n").encode()
+    boundary = "b0undary"
+    upload = (f"--{boundary}\r\nContent-Disposition: form-data; name=\"audio_sample\"; filename=\"a.wav\"\r\n"
+              f"Content-Type: audio/wav\r\n\r\nRIFF").encode()
+    sent = {
+        "nothing": b"",
+        "half a head": b"POST /v1/audio/speech HTTP/1.1\r\nHost: t\r\n",
+        "a request, then nothing": b"GET /health HTTP/1.1\r\nHost: t\r\n\r\n",
+        "half a speech body": head("POST", "/v1/audio/speech", 200) + b'{"model": "tts-1", ',
+        "half an upload": head("POST", "/v1/audio/voices", 100_000, f"multipart/form-data; boundary={boundary}")
+        + upload,
+    }
+
+    async def until_closed(first: bytes) -> tuple[float, bytes]:
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+        t0 = time.monotonic()
+        writer.write(first)
+        got = await asyncio.wait_for(reader.read(), 30)          # to the server's end of the stream
+        writer.close()
+        return time.monotonic() - t0, got
+
+    async def main():
+        return dict(zip(sent, await asyncio.gather(*(until_closed(b) for b in sent.values()))))
+
+    closed = run(main())
+    assert all(2.5 < seconds < 6 for seconds, _ in closed.values()), closed
+    assert closed["nothing"][1] == closed["half a head"][1] == b""
+    assert closed["a request, then nothing"][1].startswith(b"HTTP/1.1 200")
+    for name in ("half a speech body", "half an upload"):
+        status, _, body = closed[name][1].partition(b"\r\n\r\n")
+        assert status.startswith(b"HTTP/1.1 408") and b"Connection: close" in status, name
+        assert json.loads(body)["error"]["code"] == "request_timeout", name
