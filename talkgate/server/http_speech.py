@@ -110,10 +110,9 @@ class BodyTimeout(SessionError):
         super().__init__("request_timeout", f"the body did not arrive within {seconds:g} s (--idle-timeout)")
 
 
-async def read_json(request: web.Request, max_bytes: int) -> object:
-    """The request's JSON body; raises SessionError (invalid_body, invalid_json, message_too_large,
-    payload_too_large: BodyTooLarge, request_timeout: BodyTimeout)."""
-    idle_s = request.app["gateway"].limits.idle_timeout_s
+async def read_json(request: web.Request, max_bytes: int, idle_s: float) -> object:
+    """The request's JSON body, all arrived within idle_s; raises SessionError (invalid_body, invalid_json,
+    message_too_large, payload_too_large: BodyTooLarge, request_timeout: BodyTimeout)."""
     try:
         async with asyncio.timeout(idle_s):     # at most 4 x --max-message-bytes: 2 KiB/s at the defaults
             raw = await request.read()
@@ -148,7 +147,7 @@ async def serve_speech(request: web.Request, label: str, make: Callable[[object]
     if gw.draining:
         return respond(error(503, "shutting_down", "the server is shutting down"))
     try:
-        protocol = await make(await read_json(request, 4 * gw.limits.max_message_bytes))
+        protocol = await make(await read_json(request, 4 * gw.limits.max_message_bytes, gw.limits.idle_timeout_s))
     except SessionError as e:
         response = respond(error(e.status or http_status(e.code), e.code, e.message))
         if e.code in ("invalid_body", "payload_too_large", "request_timeout"):     # the rest of the body is not read

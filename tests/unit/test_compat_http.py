@@ -325,7 +325,7 @@ def test_a_body_over_the_limit_is_refused_in_each_apis_shape(route, shape, code)
         request = make_mocked_request("POST", "/", payload=payload, client_max_size=100,
                                       headers={"Content-Length": str(len(body))})
         with pytest.raises(SessionError) as e:
-            await read_json(request, 1000)
+            await read_json(request, 1000, 5.0)
         return e.value
 
     e = asyncio.run(refused())
