@@ -102,7 +102,7 @@ class BodyTooLarge(SessionError):
 
 
 class BodyTimeout(SessionError):
-    """A body not all sent within the idle timeout: 408, in the API's own shape (the connection closes)."""
+    """A body that did not arrive within the idle timeout: 408, in the API's own shape (the connection closes)."""
 
     status = 408
 
@@ -110,15 +110,22 @@ class BodyTimeout(SessionError):
         super().__init__("request_timeout", f"the body did not arrive within {seconds:g} s (--idle-timeout)")
 
 
+async def arriving(request: web.Request, idle_s: float, reading: Awaitable):
+    """What `reading` (a read of the request's body) returns, or BodyTimeout when it takes over idle_s; the rest of
+    the body is then left unread (aiohttp would wait 10 s more for it), and the caller's response closes."""
+    try:
+        return await asyncio.wait_for(reading, idle_s)
+    except TimeoutError:
+        request.content.feed_eof()
+        raise BodyTimeout(idle_s) from None
+
+
 async def read_json(request: web.Request, max_bytes: int, idle_s: float) -> object:
     """The request's JSON body, all arrived within idle_s; raises SessionError (invalid_body, invalid_json,
     message_too_large, payload_too_large: BodyTooLarge, request_timeout: BodyTimeout)."""
     try:
-        async with asyncio.timeout(idle_s):     # at most 4 x --max-message-bytes: 2 KiB/s at the defaults
-            raw = await request.read()
-    except TimeoutError:
-        request.content.feed_eof()              # the rest is not read (aiohttp would wait 10 s more for it)
-        raise BodyTimeout(idle_s) from None
+        # the whole body: at most 4 x --max-message-bytes, 2 KiB/s at the defaults
+        raw = await arriving(request, idle_s, request.read())
     except web.HTTPRequestEntityTooLarge:       # its body, or what it inflates to, over client_max_size
         raise BodyTooLarge(request.client_max_size) from None
     except (RequestPayloadError, HttpProcessingError):

@@ -31,6 +31,7 @@ import json
 import logging
 from dataclasses import dataclass
 from datetime import datetime, timezone
+from functools import partial
 
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
@@ -38,6 +39,7 @@ from aiohttp.web_protocol import RequestPayloadError
 
 from talkgate.server.errors import ErrorResponse, add_route
 from talkgate.server.gateway import IDENTITY
+from talkgate.server.http_speech import BodyTimeout, arriving
 from talkgate.server.keys import Identity
 from talkgate.server.voice_store import StoredVoice, StoreError
 from talkgate.sessions.actions import http_status
@@ -80,8 +82,8 @@ class Form:
 async def read_form(request: web.Request, file_fields: tuple[str, ...]) -> Form:
     """The multipart form, bounded: files (parts with a filename, or named in file_fields) of MAX_BYTES
     together, text fields of MAX_FIELD_BYTES, MAX_PARTS parts; each read waits at most the idle timeout for the
-    client's next bytes (408 request_timeout: a client that stops sending mid-upload would hold its connection)."""
-    arrives = _arriving(request, request.app["gateway"].limits.idle_timeout_s)
+    client's next bytes (BodyTimeout: a client that stops sending mid-upload would hold its connection)."""
+    arrives = partial(arriving, request, request.app["gateway"].limits.idle_timeout_s)
     if request.content_type == "application/x-www-form-urlencoded":    # fields only (the body limit holds)
         try:
             return Form({k: v for k, v in (await arrives(request.post())).items() if isinstance(v, str)}, [])
@@ -117,18 +119,6 @@ async def read_form(request: web.Request, file_fields: tuple[str, ...]) -> Form:
         raise Refused(400, "invalid_body", f"the form has over {MAX_PARTS} parts")
     except (ValueError, AssertionError, KeyError, HttpProcessingError, RequestPayloadError) as e:
         raise Refused(400, "invalid_body", f"the multipart body cannot be read: {e}") from None
-
-
-def _arriving(request: web.Request, idle_s: float):
-    """arrives(awaitable): its result, or Refused 408 when the client sends nothing for idle_s meanwhile."""
-    async def arrives(awaitable):
-        try:
-            return await asyncio.wait_for(awaitable, idle_s)
-        except TimeoutError:
-            request.content.feed_eof()          # the rest is not read (aiohttp would wait 10 s more for it)
-            raise Refused(408, "request_timeout", f"the upload sent nothing for {idle_s:g} s (--idle-timeout)") \
-                from None
-    return arrives
 
 
 async def _read_part(part, arrives, limit: int, status: int, code: str, message: str) -> bytes:
@@ -223,7 +213,7 @@ def refusal(e: Exception) -> tuple[int, str, str]:
     if isinstance(e, (Refused, StoreError, AudioError)):
         return e.status, e.code, e.message
     if isinstance(e, SessionError):
-        return 400, e.code, e.message
+        return e.status or 400, e.code, e.message
     if isinstance(e, EngineError):
         return http_status(e.code), e.code, e.message
     raise e
@@ -238,7 +228,7 @@ async def _guarded(request: web.Request, handler, error):
         return await handler(request)
     except (Refused, StoreError, AudioError, SessionError, EngineError) as e:
         response = error(*refusal(e))
-        if response.status == 408:          # the rest of the body is not read
+        if isinstance(e, BodyTimeout):      # the rest of the body is not read
             response.force_close()
         return response
 
