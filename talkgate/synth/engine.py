@@ -603,7 +603,9 @@ class Engine:
                      and first_frames_apart(decode, t0, self._step_ms_last / 1000))
         apart = unnoticed and apart_now
         launches = [(prefill, []), ([], decode)] if apart else [(prefill, decode)]
-        lane = unnoticed and self.runner.lane_beside(sum(map(len, launches[-1])))
+        # beside the one- and two-row persistent kernels too: they are cooperative grids, which start only when
+        # all their programs can be resident, so the lane's kernels wait for the step's kernel in flight, not the step
+        lane = unnoticed and self.runner.lane is not None
         try:
             steps = []
             for new, old in launches:

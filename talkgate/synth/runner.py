@@ -76,7 +76,7 @@ import torch
 from talkgate.synth import compile_cache, precompiled
 from talkgate.synth.api import FRAME_SAMPLES, SAMPLE_RATE, SamplingParams, VoicePrompt
 from talkgate.synth.lane import LANE_ROWS, Lane
-from talkgate.synth.model import sample_codes, uses_persistent
+from talkgate.synth.model import sample_codes
 from talkgate.synth.request import Request
 from talkgate.synth.sampling import FLOAT_FIELDS, INT_FIELDS, FrameSampler, RowSampling
 from talkgate.synth.voice import cudnn_heuristics, finish, make_voice_prompt
@@ -509,15 +509,6 @@ class Runner:
         host[s][:len(rows)].copy_(rows, non_blocking=True)
         if done[s] is not None:
             done[s].record()
-
-    def lane_beside(self, n: int) -> bool:
-        """Whether a lane launch may run beside a launched step of n rows: not beside the persistent kernels (a
-        step of one or two rows on CUDA), whose grid holds every SM until its last barrier, as the lane's own
-        one-row kernels' does."""
-        if self.lane is None:
-            return False
-        b = self._bucket(n)
-        return self.device.type != "cuda" or not any(uses_persistent(m, b) for m in (self.talker, self.predictor))
 
     def _join_lane(self) -> None:
         """The main stream waits for the lane's last launch (its context's slot, or a slot freed meanwhile and

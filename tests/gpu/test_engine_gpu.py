@@ -12,6 +12,7 @@ import torch
 
 from talkgate.synth.api import AudioChunk, ContextDone, ContextParams, EndText, OpenContext, SamplingParams
 from talkgate.synth.engine import Engine
+from talkgate.synth.model import uses_persistent
 from talkgate.synth.request import text_seconds
 from tests.speaker import Collector, Speaker
 
@@ -197,22 +198,22 @@ def test_opening_contexts_and_launching_a_step_never_wait_for_the_gpu(checkpoint
     assert len(prefill) == 3 and engine.runner.codes_of(step).shape == (3, 16)
 
 
-def lane_run(checkpoint, lane: bool, opened_first: bool = False) -> tuple[list[list], Engine]:
-    """Three contexts run; once the first has four frames out, a fourth arrives while a step runs (Engine.poll), or
-    with lane=False just after that step. Its voice's prompt prefix is kept already (a context of it ran before).
-    opened_first: streamed text, the fourth's open comes a step before its text (opened at that step's boundary)."""
+def lane_run(checkpoint, lane: bool, opened_first: bool = False, running: int = 3) -> tuple[list[list], Engine]:
+    """`running` contexts run; once the first has four frames out, one more arrives while a step runs (Engine.poll),
+    or with lane=False just after that step. Its voice's prompt prefix is kept already (a context of it ran before).
+    opened_first: streamed text, its open comes a step before its text (opened at that step's boundary)."""
     engine = Engine.from_pretrained(str(checkpoint), device="cuda", dtype="float32", max_contexts=8,
                                     max_frames_per_context=64, torch_compile=False, lane=lane)
     engine.runner.warmup()
     run_contexts(engine, PARAMS[3:4], TEXTS[:1])
-    events = [[] for _ in range(4)]
+    events = [[] for _ in range(running + 1)]
     client = engine.connect(lambda batch: [events[ev.context].append(ev) for ev in batch])
     tokenizer = engine.new_tokenizer().tokenizer
-    said = lambda i, t: [OpenContext(i, PARAMS[i]), EndText(i, tuple(tokenizer.encode(t)), text_seconds(t))]
-    engine.submit(client, [cmd for i in range(3) for cmd in said(i, TEXTS[i])])
+    said = lambda i, t, p: [OpenContext(i, p), EndText(i, tuple(tokenizer.encode(t)), text_seconds(t))]
+    engine.submit(client, [cmd for i in range(running) for cmd in said(i, TEXTS[i], PARAMS[i])])
     while sum(isinstance(ev, AudioChunk) for ev in events[0]) < 4:
         engine.run_once()
-    late = said(3, TEXTS[0])
+    late = said(running, TEXTS[0], PARAMS[3])
     if opened_first:
         engine.submit(client, late[:1])
         del late[:1]
@@ -262,6 +263,19 @@ def test_a_context_arriving_during_a_step_takes_the_lane_and_speaks_as_without_i
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert engine.runner.codes_of(step).shape == (1, 16)
+
+
+def test_the_lane_runs_beside_a_one_row_step_of_the_persistent_kernels(checkpoint):
+    """One context runs, so its steps are one row on the persistent kernels (cooperative grids that hold every SM);
+    a second arriving during its step takes the lane beside it, and both speak as where the second waits for the
+    step boundary (to 3e-3, as above)."""
+    without, engine = lane_run(checkpoint, lane=False, running=1)
+    assert all(uses_persistent(m, 1) for m in (engine.runner.talker, engine.runner.predictor))
+    with_lane, engine = lane_run(checkpoint, lane=True, running=1)
+    assert engine.stats()["lane_launches"] == 1
+    for a, b in zip(without, with_lane):
+        assert a[-1].reason == b[-1].reason == "length"
+        np.testing.assert_allclose(pcm(b), pcm(a), atol=3e-3)
 
 
 def test_a_context_opened_before_its_text_takes_the_lane_and_speaks_as_without_it(checkpoint):
