@@ -4,7 +4,7 @@
 #     streamed text on the lane, the lane's one-row buffers);
 #   the lane beside one- and two-row steps (the persistent kernels): .e2e/before (the tree before it) and then this
 #     one, each from its start, 1.7B CustomVoice, default flags, --trace-latency: OpenAI HTTP PCM at 1 req/s for 80 s
-#     and 20 req/s for 20 s (English medium texts), each traced; the engine's lane launches; on this tree then
+#     20 and 100 req/s for 20 s each (English medium texts), each traced; the engine's lane launches; on this tree then
 #     streamed text per language, one context at a time (bench/streamed_first_audio.py: Chinese and Japanese
 #     without punctuation against English, first audio from the first delta);
 #   three 1.7B models (CustomVoice, Base, VoiceDesign) from an empty compile cache: the time until ready (90 s
@@ -23,6 +23,7 @@ lanes() { curl -s "http://127.0.0.1:8081/metrics" | grep -E "^talkgate_engine_la
 loads() {
   traced "$1-http-rps1" --protocol openai --lang en --rps 1 --duration 80 --processes 1
   traced "$1-http-rps20" --protocol openai --lang en --rps 20 --duration 20 --processes 2
+  traced "$1-http-rps100" --protocol openai --lang en --rps 100 --duration 20 --processes 4
   lanes "$1"
   if [ "$1" = after ]; then
     timeout 200 python3 -m bench.streamed_first_audio --url ws://127.0.0.1:8081 --runs 3 > "$res/streamed.txt" 2>&1
