@@ -385,12 +385,19 @@ def _process_key(labels: dict, kind: str) -> str:
     return f"engine {_series_key(labels, kind)}" if kind == "engine" and "model" in labels else f"{kind}{labels[kind]}"
 
 
-def server_numbers(before: dict, after: dict, wall_s: float) -> dict:
-    """What /metrics says about the run; series the server does not expose come out as None."""
+def server_numbers(before: dict, after: dict, wall_s: float, model: str | None = None) -> dict:
+    """What /metrics says about the run; series the server does not expose come out as None. `model`: the run's
+    model, where the server serves several (its engines' series carry a `model` label): the first frames made on
+    the lane are those of its engines, the run's own requests' (the other models' loads are not this run's)."""
     cpu = [m.get(("process_cpu_seconds_total", ())) for m in (before, after)]
     counter = lambda name: (sum(v for (n, _), v in after.items() if n == name)
                             - sum(v for (n, _), v in before.items() if n == name)) if any(
                                 n == name for n, _ in after) else None
+    def model_counter(name: str) -> float | None:
+        of_model = lambda m: sum(v for (n, labels), v in m.items() if n == name and ("model", model) in labels)
+        if not any(n == name and ("model", model) in labels for n, labels in after):
+            return counter(name)         # one model, or a run not naming one of the served models: every engine
+        return of_model(after) - of_model(before)
     def increase(key, v: float) -> float | None:
         """A cumulative series' increase over the run, per wall second (None for a process restarted meanwhile,
         which counts from 0, or one not seen before the run)."""
@@ -461,7 +468,7 @@ def server_numbers(before: dict, after: dict, wall_s: float) -> dict:
             "gc_longest_s_by_process": gc_longest or None,
             "cpu_wait_share_by_process": cpu_wait or None,
             "engine_slow_turns": counter("talkgate_engine_slow_turns_total"),
-            "engine_lane_launches": counter("talkgate_engine_lane_launches_total"),
+            "engine_lane_launches": model_counter("talkgate_engine_lane_launches_total"),
             "server_ttfa_ms": histogram_delta(before, after, "talkgate_ttfa_ms"),
             "underrun_risk": counter("talkgate_underrun_risk_total"),
             "contexts_active_after": after.get(("talkgate_contexts_active", ())),   # a leak shows here
@@ -582,7 +589,7 @@ async def run_load(cfg: Config) -> dict:
     lags = [v for p in parts for v in p["lags"]]
     results.sort(key=lambda r: r.idx)
     summary = summarize(cfg, results, wall_s, issue_window, sum(p["peak"] for p in parts),
-                        server_numbers(before, after, wall_s), gpu_stats, lags)
+                        server_numbers(before, after, wall_s, cfg.model), gpu_stats, lags)
     return {"config": asdict(cfg), "summary": summary, "requests": [asdict(r) for r in results]}
 
 

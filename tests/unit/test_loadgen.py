@@ -265,6 +265,21 @@ def test_audio_per_wall_second_by_engine_of_each_model():
     assert "(engine clone/0 0.50, engine cv/0 0.50, engine cv/2 0.50, engine cv/10 0.50)" in report.one_line(s)
 
 
+def test_lane_launches_are_those_of_the_run_s_model():
+    """Three loads on three models of one server, one `talkgate bench` each: a run's first frames made on the lane are
+    its model's engines' (a run on cv counted all three models' 1,039 against its own 374 requests); a run naming no
+    served model, or a one-model server, counts every engine."""
+    def text(v: float) -> str:
+        return "".join(f'talkgate_engine_lane_launches_total{{model="{m}",engine="0"}} {v * k}\n'
+                       for k, m in enumerate(("cv", "clone", "design"), 1))
+    before, after = measure.parse_prometheus(text(0.0)), measure.parse_prometheus(text(10.0))
+    assert load.server_numbers(before, after, 10.0, "clone")["engine_lane_launches"] == 20
+    assert load.server_numbers(before, after, 10.0, "talkgate")["engine_lane_launches"] == 60
+    one = 'talkgate_engine_lane_launches_total{engine="0"} %s\n'
+    assert load.server_numbers(measure.parse_prometheus(one % 3), measure.parse_prometheus(one % 7), 10.0,
+                               "cv")["engine_lane_launches"] == 4
+
+
 def test_cpu_and_gc_by_process_name_each_model_s_engines_apart():
     """Each model's engines are numbered from 0: the by-process tables name them by model (three engine processes
     of three models were one `engine0` before, two of them lost); workers and a one-model server's engines as ever."""
