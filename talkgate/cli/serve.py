@@ -23,7 +23,7 @@ from talkgate.cli.args import CommandError
 from talkgate.cli.models_file import ModelSpec
 from talkgate.processes import bytecode, mps, single
 from talkgate.server.listen import listen, tls_context
-from talkgate.sessions.limits import Limits
+from talkgate.sessions.limits import Limits, open_connections
 from talkgate.system import descriptors
 from talkgate.system.childproc import usable_cores
 from talkgate.system.warmup_watchdog import DEFAULT_STALL_S
@@ -130,7 +130,8 @@ def add_parser(subparsers) -> None:
                    default=d.max_contexts_per_connection, help="contexts in flight on one connection")
     p.add_argument("--max-connections", metavar="N", type=cli_args.integer(1), default=d.max_connections,
                    help="open WebSocket connections; more are refused (close 1013); each worker takes at most 1.5x "
-                   "an even share of them")
+                   "an even share of them. Connections of every kind past twice that are answered HTTP 503 "
+                   "too_many_connections")
     p.add_argument("--idle-timeout", metavar="SECONDS", type=cli_args.positive_seconds, default=d.idle_timeout_s,
                    help="seconds without a client message or audio taken by the client before a connection is "
                    "closed, contexts in flight or not; an HTTP connection is closed after as long without a request, "
@@ -229,7 +230,7 @@ def run(args: argparse.Namespace) -> int:
                            "leave out --workers 0")
     models = [(specs[0].name, specs[0].path)]
     max_contexts = specs[0].max_contexts or args.max_contexts
-    descriptors.reserve(args.max_connections + descriptors.SPARE)     # before the engine starts its threads
+    descriptors.reserve(open_connections(args.max_connections)[1] + descriptors.SPARE)  # before the engine's threads
     sockets = listen(args.host, args.port)
     try:
         device = cli_args.check_device(args.device)

@@ -167,6 +167,7 @@ async def serve_worker(cfg: dict) -> int:
 
 
 def main() -> int:
+    from talkgate.sessions.limits import open_connections
     from talkgate.system import descriptors
     from talkgate.system.childproc import die_with_parent
 
@@ -175,7 +176,7 @@ def main() -> int:
     logging.basicConfig(level=logging.INFO,
                         format=f"%(asctime)s worker{cfg['index']} %(name)s %(levelname)s %(message)s")
     # before the engines' sockets open
-    descriptors.reserve(cfg["server"]["limits"]["max_connections"] + descriptors.SPARE)
+    descriptors.reserve(open_connections(cfg["server"]["limits"]["max_connections"])[1] + descriptors.SPARE)
     return asyncio.run(serve_worker(cfg))
 
 

@@ -12,6 +12,7 @@ from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 
 from talkgate.sessions.http import Respond, error_body
+from talkgate.sessions.limits import Limits, open_connections
 
 log = logging.getLogger("talkgate.server")
 
@@ -65,9 +66,10 @@ def error_for(app: web.Application) -> ErrorFor:
 
 
 def shaped_error(error_for_path: ErrorFor | None, path: str, status: int, message: str,
-                 headers=None) -> web.Response:
-    """An error of aiohttp's (status, message) in the shape of the API whose path it is, else ErrorResponse."""
-    code = _http_code(status)
+                 headers=None, code: str | None = None) -> web.Response:
+    """An error (status, message; code: the status's own unless given) in the shape of the API whose path it is,
+    else ErrorResponse."""
+    code = code or _http_code(status)
     shape = error_for_path(path) if error_for_path is not None else None
     if shape is None:
         return ErrorResponse(status, code, message, headers)
@@ -103,10 +105,33 @@ async def errors_as_json(request: web.Request, handler):
     return response
 
 
+OVER_CAP_IDLE_S = 1.0     # a connection past the cap that sends no request is closed after this
+
+
 class JsonErrorHandler(RequestHandler):
     """What fails before any handler runs (a malformed request, a body aiohttp cannot decode) is
     answered by aiohttp itself, as text, and logged as an ERROR: this answers it in the shape of every
-    other error (ErrorResponse), logging only the server's own failures as errors."""
+    other error (ErrorResponse), logging only the server's own failures as errors. A connection accepted past the
+    process's cap (sessions.limits.open_connections) has its request answered 503 too_many_connections (in its API's
+    shape, Retry-After: 1), then closes; past the hard cap it is closed at once."""
+
+    def connection_made(self, transport) -> None:
+        open_now = len(self._manager.connections)
+        if open_now >= self._manager.cap:       # before aiohttp schedules its idle close and starts reading
+            self._request_handler = self._over_cap
+            self._keepalive_timeout = OVER_CAP_IDLE_S
+        super().connection_made(transport)
+        if open_now >= self._manager.cap:
+            self._manager.count_error("too_many_connections")
+            if open_now >= self._manager.hard_cap:
+                transport.abort()
+
+    async def _over_cap(self, request: web.Request) -> web.Response:
+        response = shaped_error(self._manager.error_for_path, request.path, 503,
+                                "too many connections, try again later", {"Retry-After": "1"},
+                                code="too_many_connections")
+        response.force_close()
+        return response
 
     def handle_error(self, request, status: int = 500, exc=None, message=None):
         if status >= 500:
@@ -127,17 +152,19 @@ class JsonErrorHandler(RequestHandler):
 
 
 class JsonErrorServer(web.Server):
-    def __init__(self, *args, count_error: Callable[[str], None], error_for_path: ErrorFor | None = None, **kwargs):
+    def __init__(self, *args, count_error: Callable[[str], None], error_for_path: ErrorFor | None = None,
+                 max_connections: int = Limits.max_connections, **kwargs):
         super().__init__(*args, **kwargs)
         self.count_error, self.error_for_path = count_error, error_for_path
+        self.cap, self.hard_cap = open_connections(max_connections)
 
     def __call__(self) -> RequestHandler:
         return JsonErrorHandler(self, loop=self._loop, **self._kwargs)
 
 
 class AppRunner(web.AppRunner):
-    """web.AppRunner whose server answers aiohttp's own request errors as JSON (JsonErrorHandler), and closes an
-    HTTP connection that has sent no request, or not all of its request's head, or nothing since its last response,
+    """web.AppRunner whose server answers aiohttp's own request errors as JSON (JsonErrorHandler), holds the process's
+    connections to its cap (JsonErrorHandler.connection_made), and closes an HTTP connection that has sent no request, or not all of its request's head, or nothing since its last response,
     for the idle timeout (aiohttp's keep-alive timeout, an hour by default: a client that opened connections and
     sent nothing held their descriptors that long; docs/protocol.md, Limits)."""
 
@@ -146,4 +173,5 @@ class AppRunner(web.AppRunner):
         gw = self._app["gateway"]
         return JsonErrorServer(server.request_handler, request_factory=server.request_factory,
                                loop=server._loop, count_error=gw.count_error, error_for_path=error_for(self._app),
+                               max_connections=gw.limits.max_connections,
                                **{**server._kwargs, "keepalive_timeout": gw.limits.idle_timeout_s})

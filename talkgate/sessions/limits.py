@@ -11,7 +11,7 @@ class Limits:
     max_messages_per_s: float = 200.0        # client messages a second on average (bursts of 5 s worth): past it, close 1008
     max_text_chars: int = 20_000             # text per context (per flush for the compatible APIs' contexts)
     max_contexts_per_connection: int = 16    # contexts in flight on one connection
-    max_connections: int = 1000              # WebSocket connections per server
+    max_connections: int = 1000              # WebSocket connections per server (and HTTP ones beside them: below)
     idle_timeout_s: float = 120.0            # no client message and no audio taken by the client: close
     max_backlog_ms: int = 10_000             # audio unread by a client behind real time: cancel (slow_consumer)
     max_outbox_items: int = 4096             # messages waiting to be written on one connection
@@ -20,3 +20,14 @@ class Limits:
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+
+OVER_CAP = 64   # connections past the cap that are answered (503) before they close; past those, closed unanswered
+
+
+def open_connections(max_connections: int) -> tuple[int, int]:
+    """(cap, hard) on the TCP connections of every kind one server process holds, for its `max_connections`
+    WebSocket sessions: up to the cap, as many HTTP connections beside the sessions; past it, a connection's requests
+    are answered 503 too_many_connections and it closes (server/errors.py); past hard (OVER_CAP more), it is closed
+    as it is accepted. So a client opening connections holds at most `hard` of the process's descriptors."""
+    return 2 * max_connections, 2 * max_connections + OVER_CAP

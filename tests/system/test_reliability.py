@@ -364,3 +364,56 @@ def test_http_connections_that_send_nothing_or_stop_mid_request_are_closed_after
         status, _, body = closed[name][1].partition(b"\r\n\r\n")
         assert status.startswith(b"HTTP/1.1 408") and b"Connection: close" in status, name
         assert json.loads(body)["error"]["code"] == "request_timeout", name
+
+
+def test_connections_past_the_cap_are_answered_503_then_closed_and_past_the_hard_cap_closed_at_once(tiny_checkpoint):
+    """A worker held every TCP connection it accepted, bounded only by its open-file limit (often huge in containers):
+    a client opening connections took the descriptors that voice uploads, logs and the engines' sockets need. With
+    --max-connections 2 and one worker: 4 connections of any kind (2 x the WebSocket sessions) are served; the next
+    ones have their request answered 503 too_many_connections (the API's own shape, Retry-After) and close, or close
+    after 1 s unasked; past 4 + 64 a connection is closed as it is accepted; once connections close, requests are
+    served again."""
+    from talkgate.sessions.limits import OVER_CAP, open_connections
+
+    cap, hard = open_connections(2)
+    assert (cap, hard) == (4, 4 + OVER_CAP)
+
+    async def response(first: bytes, port: int) -> tuple[float, bytes]:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        t0 = time.monotonic()
+        writer.write(first)
+        got = await asyncio.wait_for(reader.read(), 10)
+        writer.close()
+        return time.monotonic() - t0, got
+
+    health = b"GET /health HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n"
+    speech = (b"POST /v1/audio/speech HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\nContent-Length: 2\r\n"
+              b"\r\n{}")
+
+    async def main(port: int):
+        held = [await asyncio.open_connection("127.0.0.1", port) for _ in range(cap)]
+        await asyncio.sleep(0.3)                     # accepted by the worker
+        answered = await response(health, port)
+        openai_shaped = await response(speech, port)
+        unasked = await response(b"", port)
+        over = [await asyncio.open_connection("127.0.0.1", port) for _ in range(hard - cap)]
+        await asyncio.sleep(0.3)
+        at_once = await response(b"", port)          # the hard cap's: closed as accepted, long before 1 s
+        for _, w in held + over:
+            w.close()
+        await asyncio.sleep(0.5)
+        again = await response(health, port)
+        metrics = await response(b"GET /metrics HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n", port)
+        return answered, openai_shaped, unasked, at_once, again, metrics[1].decode()
+
+    with TalkgateServer(tiny_checkpoint, "--workers", "1", "--max-connections", "2") as srv:
+        answered, openai_shaped, unasked, at_once, again, metrics = run(main(srv.port))
+    for _, got in (answered, openai_shaped):
+        head, _, body = got.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 503") and b"Connection: close" in head and b"Retry-After: 1" in head, head
+        assert json.loads(body)["error"]["code"] == "too_many_connections", body
+    assert unasked[1] == b"" and 0.8 < unasked[0] < 3, unasked
+    assert at_once[1] == b"" and at_once[0] < 0.5, at_once
+    assert again[1].startswith(b"HTTP/1.1 200"), again
+    refused = [line for line in metrics.splitlines() if line.startswith('talkgate_errors_total{code="too_many_connections"}')]
+    assert refused and float(refused[0].split()[-1]) >= 4, refused       # the 3 answered or closed unasked, the hard one
