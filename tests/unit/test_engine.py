@@ -690,7 +690,10 @@ def test_prompt_prefixes_are_kept_and_their_contexts_speak_as_with_the_whole_pre
         wav, _ = synthesize(tts, TEXT, voice="ryan", language=language, sampling=GREEDY, max_frames=8)
         np.testing.assert_allclose(got, wav, atol=1e-5)
     one, two = say(voice("aiden"), voice("aiden"))
-    np.testing.assert_array_equal(one, two)
+    # the same speech, within rounding: the two slots' decoder rings hold different stale entries (earlier
+    # contexts', masked out), and PyTorch's CPU attention rounds differently by them on some CPUs (an AVX-512 EPYC:
+    # 2e-6 from frame 5); the CUDA path's one-frame kernel loads the others as zeros
+    np.testing.assert_allclose(one, two, atol=1e-5)
     (three,) = say(voice("aiden"))
     np.testing.assert_allclose(three, one, atol=1e-5)          # alone against side by side: batch 1 vs 2
     assert firsts[-4:] == [[True], [False], [True, True], [True]]
