@@ -106,6 +106,9 @@ async def errors_as_json(request: web.Request, handler):
 
 
 OVER_CAP_IDLE_S = 1.0     # a connection past the cap that sends no request is closed after this
+# answered past the cap too (then the connection closes): an orchestrator's liveness probe must not restart a full
+# server, its readiness probe and the metrics scrape say what they would
+PROBES = frozenset({"/health", "/ready", "/metrics"})
 
 
 class JsonErrorHandler(RequestHandler):
@@ -113,12 +116,12 @@ class JsonErrorHandler(RequestHandler):
     answered by aiohttp itself, as text, and logged as an ERROR: this answers it in the shape of every
     other error (ErrorResponse), logging only the server's own failures as errors. A connection accepted past the
     process's cap (sessions.limits.open_connections) has its request answered 503 too_many_connections (in its API's
-    shape, Retry-After: 1), then closes; past the hard cap it is closed at once."""
+    shape, Retry-After: 1), a probe's (PROBES) as ever, then closes; past the hard cap it is closed at once."""
 
     def connection_made(self, transport) -> None:
         open_now = len(self._manager.connections)
         if open_now >= self._manager.cap:       # before aiohttp schedules its idle close and starts reading
-            self._request_handler = self._over_cap
+            self._served, self._request_handler = self._request_handler, self._over_cap
             self._keepalive_timeout = OVER_CAP_IDLE_S
         super().connection_made(transport)
         if open_now >= self._manager.cap:
@@ -126,7 +129,11 @@ class JsonErrorHandler(RequestHandler):
             if open_now >= self._manager.hard_cap:
                 transport.abort()
 
-    async def _over_cap(self, request: web.Request) -> web.Response:
+    async def _over_cap(self, request: web.Request) -> web.StreamResponse:
+        if request.path in PROBES:
+            response = await self._served(request)
+            response.force_close()
+            return response
         response = shaped_error(self._manager.error_for_path, request.path, 503,
                                 "too many connections, try again later", {"Retry-After": "1"},
                                 code="too_many_connections")

@@ -370,8 +370,8 @@ def test_connections_past_the_cap_are_answered_503_then_closed_and_past_the_hard
     """A worker held every TCP connection it accepted, bounded only by its open-file limit (often huge in containers):
     a client opening connections took the descriptors that voice uploads, logs and the engines' sockets need. With
     --max-connections 2 and one worker: 4 connections of any kind (2 x the WebSocket sessions) are served; the next
-    ones have their request answered 503 too_many_connections (the API's own shape, Retry-After) and close, or close
-    after 1 s unasked; past 4 + 64 a connection is closed as it is accepted; once connections close, requests are
+    ones have their request answered 503 too_many_connections (the API's own shape, Retry-After) and close (a probe's
+    as ever: an orchestrator must not restart a full server), or close after 1 s unasked; past 4 + 64 a connection is closed as it is accepted; once connections close, requests are
     served again."""
     from talkgate.sessions.limits import OVER_CAP, open_connections
 
@@ -387,13 +387,15 @@ def test_connections_past_the_cap_are_answered_503_then_closed_and_past_the_hard
         return time.monotonic() - t0, got
 
     health = b"GET /health HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n"
+    models = b"GET /v1/models HTTP/1.1\r\nHost: t\r\n\r\n"
     speech = (b"POST /v1/audio/speech HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\nContent-Length: 2\r\n"
               b"\r\n{}")
 
     async def main(port: int):
         held = [await asyncio.open_connection("127.0.0.1", port) for _ in range(cap)]
         await asyncio.sleep(0.3)                     # accepted by the worker
-        answered = await response(health, port)
+        answered = await response(models, port)
+        probed = await response(health.replace(b"Connection: close\r\n", b""), port)
         openai_shaped = await response(speech, port)
         unasked = await response(b"", port)
         over = [await asyncio.open_connection("127.0.0.1", port) for _ in range(hard - cap)]
@@ -404,16 +406,18 @@ def test_connections_past_the_cap_are_answered_503_then_closed_and_past_the_hard
         await asyncio.sleep(0.5)
         again = await response(health, port)
         metrics = await response(b"GET /metrics HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n", port)
-        return answered, openai_shaped, unasked, at_once, again, metrics[1].decode()
+        return answered, probed, openai_shaped, unasked, at_once, again, metrics[1].decode()
 
     with TalkgateServer(tiny_checkpoint, "--workers", "1", "--max-connections", "2") as srv:
-        answered, openai_shaped, unasked, at_once, again, metrics = run(main(srv.port))
+        answered, probed, openai_shaped, unasked, at_once, again, metrics = run(main(srv.port))
     for _, got in (answered, openai_shaped):
         head, _, body = got.partition(b"\r\n\r\n")
         assert head.startswith(b"HTTP/1.1 503") and b"Connection: close" in head and b"Retry-After: 1" in head, head
         assert json.loads(body)["error"]["code"] == "too_many_connections", body
+    head = probed[1].partition(b"\r\n\r\n")[0]      # a liveness probe is answered as ever, then the close
+    assert head.startswith(b"HTTP/1.1 200") and b"Connection: close" in head, probed
     assert unasked[1] == b"" and 0.8 < unasked[0] < 3, unasked
     assert at_once[1] == b"" and at_once[0] < 0.5, at_once
     assert again[1].startswith(b"HTTP/1.1 200"), again
     refused = [line for line in metrics.splitlines() if line.startswith('talkgate_errors_total{code="too_many_connections"}')]
-    assert refused and float(refused[0].split()[-1]) >= 4, refused       # the 3 answered or closed unasked, the hard one
+    assert refused and float(refused[0].split()[-1]) >= 5, refused   # the 4 past the cap (the probe's too), the hard one
