@@ -394,10 +394,10 @@ def server_numbers(before: dict, after: dict, wall_s: float, model: str | None =
                             - sum(v for (n, _), v in before.items() if n == name)) if any(
                                 n == name for n, _ in after) else None
     def model_counter(name: str) -> float | None:
-        of_model = lambda m: sum(v for (n, labels), v in m.items() if n == name and ("model", model) in labels)
-        if not any(n == name and ("model", model) in labels for n, labels in after):
-            return counter(name)         # one model, or a run not naming one of the served models: every engine
-        return of_model(after) - of_model(before)
+        """counter(name) over the run's model's series; every engine's where none is labelled with it (one model,
+        or a run not naming one of the served models)."""
+        of_model = lambda m: [v for (n, labels), v in m.items() if n == name and ("model", model) in labels]
+        return sum(of_model(after)) - sum(of_model(before)) if of_model(after) else counter(name)
     def increase(key, v: float) -> float | None:
         """A cumulative series' increase over the run, per wall second (None for a process restarted meanwhile,
         which counts from 0, or one not seen before the run)."""

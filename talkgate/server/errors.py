@@ -12,7 +12,7 @@ from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 
 from talkgate.sessions.http import Respond, error_body
-from talkgate.sessions.limits import Limits, open_connections
+from talkgate.sessions.limits import open_connections
 
 log = logging.getLogger("talkgate.server")
 
@@ -120,14 +120,16 @@ class JsonErrorHandler(RequestHandler):
 
     def connection_made(self, transport) -> None:
         open_now = len(self._manager.connections)
-        if open_now >= self._manager.cap:       # before aiohttp schedules its idle close and starts reading
-            self._served, self._request_handler = self._request_handler, self._over_cap
-            self._keepalive_timeout = OVER_CAP_IDLE_S
+        if open_now < self._manager.cap:
+            super().connection_made(transport)
+            return
+        # set before aiohttp schedules its idle close and starts reading
+        self._served, self._request_handler = self._request_handler, self._over_cap
+        self._keepalive_timeout = OVER_CAP_IDLE_S
         super().connection_made(transport)
-        if open_now >= self._manager.cap:
-            self._manager.count_error("too_many_connections")
-            if open_now >= self._manager.hard_cap:
-                transport.abort()
+        self._manager.count_error("too_many_connections")
+        if open_now >= self._manager.hard_cap:
+            transport.abort()
 
     async def _over_cap(self, request: web.Request) -> web.StreamResponse:
         if request.path in PROBES:
@@ -159,8 +161,8 @@ class JsonErrorHandler(RequestHandler):
 
 
 class JsonErrorServer(web.Server):
-    def __init__(self, *args, count_error: Callable[[str], None], error_for_path: ErrorFor | None = None,
-                 max_connections: int = Limits.max_connections, **kwargs):
+    def __init__(self, *args, count_error: Callable[[str], None], max_connections: int,
+                 error_for_path: ErrorFor | None = None, **kwargs):
         super().__init__(*args, **kwargs)
         self.count_error, self.error_for_path = count_error, error_for_path
         self.cap, self.hard_cap = open_connections(max_connections)
@@ -171,8 +173,8 @@ class JsonErrorServer(web.Server):
 
 class AppRunner(web.AppRunner):
     """web.AppRunner whose server answers aiohttp's own request errors as JSON (JsonErrorHandler), holds the process's
-    connections to its cap (JsonErrorHandler.connection_made), and closes an HTTP connection that has sent no request, or not all of its request's head, or nothing since its last response,
-    for the idle timeout (aiohttp's keep-alive timeout, an hour by default: a client that opened connections and
+    connections to its cap (JsonErrorHandler.connection_made), and closes an HTTP connection that has sent no request,
+    or not all of its request's head, or nothing since its last response, for the idle timeout (aiohttp's keep-alive timeout, an hour by default: a client that opened connections and
     sent nothing held their descriptors that long; docs/protocol.md, Limits)."""
 
     async def _make_server(self) -> web.Server:
