@@ -388,16 +388,20 @@ def _process_key(labels: dict, kind: str) -> str:
 def server_numbers(before: dict, after: dict, wall_s: float, model: str | None = None) -> dict:
     """What /metrics says about the run; series the server does not expose come out as None. `model`: the run's
     model, where the server serves several (its engines' series carry a `model` label): the first frames made on
-    the lane are those of its engines, the run's own requests' (the other models' loads are not this run's)."""
+    the lane, the audio made and the steps' roofline share are those of its engines, the run's own requests' (the
+    other models' loads are not this run's)."""
     cpu = [m.get(("process_cpu_seconds_total", ())) for m in (before, after)]
     counter = lambda name: (sum(v for (n, _), v in after.items() if n == name)
                             - sum(v for (n, _), v in before.items() if n == name)) if any(
                                 n == name for n, _ in after) else None
+    # a run naming one of several served models: its model's engines' series (the other models' are other runs')
+    run_model = model if any(("model", model) in labels for _, labels in after) else None
+    of_run = lambda labels: run_model is None or ("model", run_model) in labels
     def model_counter(name: str) -> float | None:
-        """counter(name) over the run's model's series; every engine's where none is labelled with it (one model,
-        or a run not naming one of the served models)."""
-        of_model = lambda m: [v for (n, labels), v in m.items() if n == name and ("model", model) in labels]
-        return sum(of_model(after)) - sum(of_model(before)) if of_model(after) else counter(name)
+        """counter(name) over the run's model's series (every engine's for a one-model server, or a run not naming
+        one of the served models)."""
+        total = lambda m: sum(v for (n, labels), v in m.items() if n == name and of_run(labels))
+        return total(after) - total(before) if any(n == name for n, _ in after) else None
     def increase(key, v: float) -> float | None:
         """A cumulative series' increase over the run, per wall second (None for a process restarted meanwhile,
         which counts from 0, or one not seen before the run)."""
@@ -437,14 +441,14 @@ def server_numbers(before: dict, after: dict, wall_s: float, model: str | None =
                 loop[phase] = loop.get(phase, 0.0) + share
     # the headline figure: audio the engines made per wall second, each (`engine` label; none with `--workers 0`)
     # and in all
-    audio = {labels: rate for (n, labels), v in after.items()
-             if n == "talkgate_engine_audio_seconds_total" and (rate := increase((n, labels), v)) is not None}
+    audio = {labels: rate for (n, labels), v in after.items() if n == "talkgate_engine_audio_seconds_total"
+             and of_run(labels) and (rate := increase((n, labels), v)) is not None}
     # beside it, the share of the GPU's peak the engines' steps achieved: their roofline seconds over their step time
     # (engines on a GPU whose peaks the server knows: synth/roofline.py)
     roof, stepped = {}, {}
     for (n, labels), v in after.items():
         step_key = ("talkgate_engine_step_seconds_sum", labels)
-        if n == "talkgate_engine_step_roof_seconds_total" and step_key in after:
+        if n == "talkgate_engine_step_roof_seconds_total" and step_key in after and of_run(labels):
             r, t = increase((n, labels), v), increase(step_key, after[step_key])
             if r is not None and t:
                 roof[labels], stepped[labels] = r, t

@@ -390,3 +390,21 @@ def test_a_sweep_names_its_highest_clean_level_that_held(tmp_path):
            "(requests in flight grew at most x1.1 over the level): **150**" in text
     assert "| 80 -> 87 (x1.09) | True |" in text
     assert json.loads((tmp_path / "sweep.json").read_text())["highest_clean_held"] == 150
+
+
+def test_audio_made_and_roofline_are_those_of_the_run_s_model():
+    """Three loads on three models of one server: a run's "made" figure and its steps' roofline share are its model's
+    engines' (each of the three runs printed the server's total, 346 audio s a second against its own 115)."""
+    def text(v: float) -> str:
+        return "".join(f'talkgate_engine_audio_seconds_total{{model="{m}",engine="0"}} {v * k}\n'
+                       f'talkgate_engine_step_seconds_sum{{model="{m}",engine="0"}} {v}\n'
+                       f'talkgate_engine_step_roof_seconds_total{{model="{m}",engine="0"}} {v * k / 10}\n'
+                       for k, m in enumerate(("cv", "clone", "design"), 1))
+    before, after = measure.parse_prometheus(text(0.0)), measure.parse_prometheus(text(10.0))
+    clone = load.server_numbers(before, after, 10.0, "clone")
+    assert clone["engine_audio_s_per_wall_s"] == 2.0
+    assert clone["engine_audio_s_per_wall_s_by_engine"] == {"clone/0": 2.0}
+    assert clone["engine_roofline_fraction"] == pytest.approx(0.2)
+    every = load.server_numbers(before, after, 10.0, None)
+    assert every["engine_audio_s_per_wall_s"] == 6.0 and len(every["engine_audio_s_per_wall_s_by_engine"]) == 3
+    assert every["engine_roofline_fraction"] == pytest.approx(0.2)
