@@ -87,6 +87,10 @@ def add_parser(subparsers) -> None:
                    "or on the CPU; several on one GPU (of one model or of several) split its memory: each without "
                    "--max-contexts sizes its slots from 1/N of the GPU for N engine processes on it, or from its "
                    "model's memory_share (--models FILE; docs/operations.md)")
+    p.add_argument("--colocate", action="store_true", help="run the engines of the models that share a GPU in one "
+                   "engine process (one CUDA context: a model's first frames go ahead of every model's steps, where "
+                   "separate processes share the GPU under MPS without priority between them); a process that dies "
+                   "then fails the contexts of every model on its GPU (docs/operations.md)")
     p.add_argument("--mps", choices=mps.MODES, default="auto", help="CUDA MPS for a GPU that several "
                    "engine processes share (several models, or --engines above 1), so that their kernels run side "
                    "by side instead of taking turns: auto starts a daemon of talkgate's own for each such GPU where "
@@ -398,6 +402,7 @@ def run_supervised(args: argparse.Namespace, specs: list[ModelSpec]) -> int:
         config = server_config(args)
         plan = Plan(host=args.host, port=reserved[0].getsockname()[1], models=models, engines=engines,
                     workers=workers, mps=args.mps, engine_args=engine_args, server=dataclasses.asdict(config),
+                    colocate=args.colocate,
                     aliases={spec.name: list(spec.aliases) for spec in specs if spec.aliases})
         try:
             return Supervisor(plan).run()

@@ -131,13 +131,15 @@ class SlowTurns:
 
 
 class EngineServer:
-    def __init__(self, engine, endpoint: str, index: int, checkpoint: str, warmup_stall_s: float = DEFAULT_STALL_S):
+    def __init__(self, engine, endpoint: str, index: int, checkpoint: str, warmup_stall_s: float = DEFAULT_STALL_S,
+                 poller=None):
+        """poller: a select.poll shared with the other EngineServers of the thread (ipc/engine_group.py), else its own."""
         self.engine, self.endpoint, self.index, self.checkpoint = engine, endpoint, index, checkpoint
         self.warmup_stall_s = warmup_stall_s
         self.incarnation = os.getpid()
         self.listener = channel.listen(endpoint)      # a dead predecessor's socket file is replaced
         self.flusher = channel.Flusher(f"talkgate-flusher-{index}")
-        self.poller = select.poll()
+        self.poller = poller if poller is not None else select.poll()
         self.poller.register(self.listener, select.POLLIN)
         self.conns: dict[int, Conn] = {}              # by file descriptor
         self.peers: dict[Conn, Peer] = {}
@@ -153,6 +155,7 @@ class EngineServer:
         self._next_stats = 0.0
         self.gc = heap.GcPauses()
         self._graphs_pending = True
+        self._idle_from = time.perf_counter()          # the last turn's end (its idle time runs from there)
 
     # ----- the loop -----
     def warm_up(self, every_graph: bool = False) -> None:
@@ -161,15 +164,24 @@ class EngineServer:
 
         def greet():
             while not done.is_set():
-                self._turn(step=False)
+                self.turn(step=False)
+                self.poller.poll(self.idle_ms())
         helper = threading.Thread(target=greet, name="talkgate-greeter", daemon=True)
         helper.start()
         try:
-            with WarmupWatchdog(self.engine.runner, self.warmup_stall_s, f"engine {self.index}"):
-                self.engine.warm_up(every_graph)
+            self.warm_engine(every_graph)
         finally:
             done.set()
             helper.join()            # the socket is this thread's from here on
+        self.ready()
+
+    def warm_engine(self, every_graph: bool = False) -> None:
+        """The engine's warm-up, ended by its watchdog if it stalls (another thread answers the workers meanwhile)."""
+        with WarmupWatchdog(self.engine.runner, self.warmup_stall_s, f"engine {self.index}"):
+            self.engine.warm_up(every_graph)
+
+    def ready(self) -> None:
+        """After the warm-up: serving from here on (the heap as it is now frozen, collections timed)."""
         heap.freeze(f"engine {self.index} warm")
         self.gc.install()
         self.state = "ready"
@@ -179,7 +191,9 @@ class EngineServer:
 
     def serve(self, stop: threading.Event) -> None:
         while not stop.is_set():
-            self._turn(step=True)
+            if not self.turn(step=True):            # nothing to do: until a command, or the stats
+                self.poller.poll(self.idle_ms())
+                self.waited()
 
     def close(self) -> None:
         """Stop: open contexts fail with engine_stopped (sent to their workers, LINGER_S at most to leave), then the
@@ -198,12 +212,18 @@ class EngineServer:
         with contextlib.suppress(OSError):
             os.unlink(channel.path_of(self.endpoint))
 
-    def _turn(self, step: bool) -> None:
+    def idle_ms(self) -> int:
+        """How long an idle loop may wait for its sockets: until the next stats."""
+        return max(1, int(1000 * (self._next_stats - time.monotonic())))
+
+    def turn(self, step: bool) -> bool:
+        """Read the workers' messages, a turn of the engine (`step`: after the warm-up), the peers and the stats; True
+        where the engine had something to do (the caller waits on the poller when no turn had)."""
         t0 = time.perf_counter()
         if step:
             runner = self.engine.runner
             thread, gpu_wait, captures = self.schedstat.read(), runner.gpu_wait_s, len(runner.capture_ms)
-        self._receive()
+        self.receive()
         t1 = time.perf_counter()
         busy = step and self.engine.turn()
         if self._graphs_pending and step and not self.engine.runner.pending:
@@ -222,22 +242,26 @@ class EngineServer:
             after = self.schedstat.read()
             in_turn = None if thread is None or after is None else (after[0] - thread[0], after[1] - thread[1])
             self.slow_turns.add(t1 - t0, t2 - t1, t3 - t2, runner.gpu_wait_s - gpu_wait, in_turn)
-        if not busy:
-            self.poller.poll(max(1, int(1000 * (self._next_stats - now))))
         loop = self.loop_s
         loop["receive"] += t1 - t0
         loop["turn"] += t2 - t1
         loop["peers"] += t3 - t2
-        loop["idle"] += time.perf_counter() - t3
+        self._idle_from = t3
+        return busy
+
+    def waited(self) -> None:
+        """The caller's wait on the poller after a turn that did nothing has ended: the loop's idle time."""
+        self.loop_s["idle"] += time.perf_counter() - self._idle_from
 
     # ----- worker -> engine -----
     def _poll(self) -> None:
         """Engine.poll: the messages that arrived while the engine thread waits for a step beside the first-frame lane
         (a new context's open takes the lane at once, synth/lane.py)."""
         if self.poller.poll(0):
-            self._receive()
+            self.receive()
 
-    def _receive(self) -> None:
+    def receive(self) -> None:
+        """The connections and messages that arrived (nothing waits here)."""
         while (sock := channel.accept(self.listener, SEND_BUFFER)) is not None:
             self.conns[sock.fileno()] = Conn(sock, channel.Outgoing(sock, self.flusher.watch, DIRECT_BYTES))
             self.poller.register(sock, select.POLLIN)

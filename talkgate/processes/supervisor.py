@@ -4,7 +4,8 @@ SIGTERM/SIGINT drains the workers, then stops the engines.
 
     supervisor (this process: no model, no sockets of its own but the reserved port)
     ├── engine 0  (processes/engine_process.py; CUDA_VISIBLE_DEVICES = its GPU)   ipc://RUN/engine-0.ipc
-    ├── engine 1 ...   (one set per served model: each runs one model's checkpoint)
+    ├── engine 1 ...   (one set per served model: each runs one model's checkpoint; with --colocate the models of
+    │                   one GPU share one process: ipc/engine_group.py)
     ├── worker 0  (processes/worker.py: aiohttp on PORT with SO_REUSEPORT, DEALER to every engine)
     └── worker 1 ...
 
@@ -84,6 +85,18 @@ class Plan:
     engine_args: list[str] = field(default_factory=list)     # --dtype, --max-contexts, --seed ...
     aliases: dict = field(default_factory=dict)              # model name -> its other names (a models file's)
     server: dict = field(default_factory=dict)              # dataclasses.asdict(ServerConfig) (limits: the server's)
+    colocate: bool = False                     # the engines of one GPU (or of the CPU) in one engine process
+
+
+def engine_processes(plan: Plan) -> list[list[int]]:
+    """The engines (their indices in plan.engines) each engine process runs: one each, or with `colocate` those of
+    one GPU (or of the CPU) together, in plan order."""
+    if not plan.colocate:
+        return [[i] for i in range(len(plan.engines))]
+    groups: dict = {}
+    for i, e in enumerate(plan.engines):
+        groups.setdefault((e["device"], e.get("cuda_visible")), []).append(i)
+    return list(groups.values())
 
 
 def engine_argv(plan: Plan, i: int, endpoint: str) -> list[str]:
@@ -117,14 +130,22 @@ class Supervisor:
         os.mkdir(metrics_dir)
         endpoints = [f"ipc://{run_dir}/engine-{i}.ipc" for i in range(len(plan.engines))]
         base_env = {k: v for k, v in os.environ.items() if k != "PROMETHEUS_MULTIPROC_DIR"}
-        for i, e in enumerate(plan.engines):
+        for group in engine_processes(plan):
+            e = plan.engines[group[0]]
             env = dict(base_env)
             if e.get("cuda_visible") is not None:
                 env["CUDA_VISIBLE_DEVICES"] = e["cuda_visible"]
-            argv = engine_argv(plan, i, endpoints[i])
-            # the model named only where there are several: a one-model server's log reads as it always has
-            name = f"engine {i} ({plan.models[e['model']][0]})" if len(plan.models) > 1 else f"engine {i}"
-            self.children.append(Child(name, argv, env, model=e["model"], gpu=e.get("cuda_visible")))
+            if len(group) == 1:
+                i = group[0]
+                argv = engine_argv(plan, i, endpoints[i])
+                # the model named only where there are several: a one-model server's log reads as it always has
+                name = f"engine {i} ({plan.models[e['model']][0]})" if len(plan.models) > 1 else f"engine {i}"
+                self.children.append(Child(name, argv, env, model=e["model"], gpu=e.get("cuda_visible")))
+                continue
+            argv = [*engine_argv(plan, group[0], endpoints[group[0]])[:3], "--group",
+                    json.dumps([engine_argv(plan, i, endpoints[i])[3:] for i in group])]
+            name = "engines " + ", ".join(f"{i} ({plan.models[plan.engines[i]['model']][0]})" for i in group)
+            self.children.append(Child(name, argv, env, gpu=e.get("cuda_visible")))
         limits = plan.server["limits"]
         server = {**plan.server, "limits": {**limits, "max_connections": worker_cap(limits["max_connections"],
                                                                                    plan.workers)},
@@ -188,7 +209,7 @@ class Supervisor:
     def _start_mps(self, run_dir: str) -> None:
         """A CUDA MPS daemon for each GPU that several engine processes share (processes/mps.py), as --mps says:
         auto starts one where it can and says where it cannot; on stops the start (MpsError) where it cannot."""
-        gpus = mps.shared_gpus(self.plan.engines)
+        gpus = [] if self.plan.colocate else mps.shared_gpus(self.plan.engines)   # colocated: one process a GPU
         if not gpus:
             return
         if self.plan.mps == "off":

@@ -200,6 +200,12 @@ class Engine:
         # called on the engine thread while it waits for a step beside an open lane: takes the commands that arrived
         # (an engine process reads its sockets; submit() needs no call); must not block
         self.poll = None
+        # called on the engine thread while it waits for any step's codes, where other engines share the thread
+        # (ipc/engine_group.py): they take their commands and lanes; must not block
+        self.beside = None
+        # where other engines share the thread: called with perf_counter() before a graph capture, True where none
+        # of their contexts would notice the thread held for it either
+        self.others_unnoticed = None
 
     @classmethod
     def from_pretrained(cls, path_or_id: str, device: str | None = None, dtype: str | None = None,
@@ -442,13 +448,7 @@ class Engine:
         if not self.runner.pending:
             return False
         now = time.perf_counter()
-        with self._lock:
-            open_now = any(c.contexts for c in self._clients.values())
-        if open_now:
-            self._open_at = now
-        quiet = not open_now and now - self._open_at >= QUIET_S
-        if not quiet and not (now - self._ready_at >= BUSY_S
-                              and unnoticed(self.scheduler, now, capture_slack(self.runner.longest_capture_s))):
+        if not self.capture_unnoticed(now) or (self.others_unnoticed is not None and not self.others_unnoticed(now)):
             return False
         with self._lock:
             if self._commands or self._voices or self._voice is not None:
@@ -461,6 +461,17 @@ class Engine:
             log.exception("capturing a graph failed; the remaining buckets stay uncaptured")
             self.runner.pending.clear()
         return True
+
+    def capture_unnoticed(self, now: float) -> bool:
+        """Whether this engine's contexts would not notice its thread held for a graph capture now (QUIET_S, BUSY_S
+        above)."""
+        with self._lock:
+            open_now = any(c.contexts for c in self._clients.values())
+        if open_now:
+            self._open_at = now
+        quiet = not open_now and now - self._open_at >= QUIET_S
+        return quiet or (now - self._ready_at >= BUSY_S
+                         and unnoticed(self.scheduler, now, capture_slack(self.runner.longest_capture_s)))
 
     def run_once(self) -> bool:
         """Apply queued commands, then one step, then deliver its events; False when nobody was ready and
@@ -616,7 +627,8 @@ class Engine:
             self._deliver()                                     # the last step's audio, while this one runs
             for i, (step, reqs) in enumerate(steps):
                 last = i == len(steps) - 1
-                codes = (self._codes_beside_lane(step, {r.slot for r in prefill + decode}) if last and lane
+                own_lane = {r.slot for r in prefill + decode} if last and lane else None
+                codes = (self._await_codes(step, own_lane) if own_lane is not None or self.beside is not None
                          else self.runner.codes_of(step))
                 if prefill and i == 0:
                     stamp(prefill, CODES)
@@ -649,22 +661,48 @@ class Engine:
             self.on_step(dt, len(prefill) + len(decode))
         return True
 
-    def _codes_beside_lane(self, step, busy: set[int]) -> np.ndarray:
-        """The launched step's codes; while it runs, a new context that arrives takes the lane (one at a time), and its
-        first audio goes out as soon as it is decoded. `busy`: the step's slots (a slot freed during the step is
-        still being written by it)."""
+    def _await_codes(self, step, busy: set[int] | None) -> np.ndarray:
+        """The launched step's codes. While it runs: where `busy` is given (the step's slots: a slot freed during the
+        step is still being written by it), a new context that arrives takes the lane (one at a time), and its first
+        audio goes out as soon as it is decoded; where other engines share this thread (`beside`), they take theirs."""
         while True:
-            if self._lane is None:
-                if self.poll is not None:
-                    self.poll()
-                self._launch_lane(busy)
-            elif self.runner.audio_ready(self._lane[0]):
-                self._land_lane()
-                self._emit_audio()
-                self._deliver()
+            if busy is not None:
+                if self._lane is None:
+                    if self.poll is not None:
+                        self.poll()
+                    self._launch_lane(busy)
+                elif self.runner.audio_ready(self._lane[0]):
+                    self._land_lane()
+                    self._emit_audio()
+                    self._deliver()
+            if self.beside is not None:
+                self.beside()
             if self.runner.codes_ready(step):
                 return self.runner.codes_of(step)
             time.sleep(LANE_POLL_S)
+
+    @property
+    def lane_in_flight(self) -> bool:
+        """A context's first frame is on the lane (beside_turn lands it once it is done)."""
+        return self._lane is not None
+
+    def beside_turn(self) -> None:
+        """While another engine of this thread steps (ipc/engine_group.py), without waiting for the GPU: a new context
+        that can take the lane launches there (no slot of this engine is in a step), one whose first frame is done
+        lands, and the audio whose decode is done goes out (this engine's next step is a turn of the loop away)."""
+        if self.runner.lane is not None:
+            if self._lane is None:
+                self._launch_lane(set())
+            elif self.runner.audio_ready(self._lane[0]):
+                self._land_lane()
+        ready = 0
+        while ready < len(self._audio) and self.runner.audio_ready(self._audio[ready][0]):
+            ready += 1
+        if ready:
+            pending, self._audio = self._audio[:ready], self._audio[ready:]
+            for step, frames in pending:
+                self._emit_frames(step, frames)
+        self._deliver()
 
     def _launch_lane(self, busy: set[int]) -> None:
         """The first context that can take the lane (_fits_lane), with its queued text applied, launched there; its

@@ -8,6 +8,7 @@ from talkgate.ipc.engine_server import EngineServer
 from talkgate.synth.api import AppendText, ContextParams, EndText, OpenContext, SamplingParams
 from talkgate.synth.engine import Engine
 from talkgate.synth.request import text_seconds
+from tests.stepreader import read_steps
 
 GREEDY = SamplingParams(greedy=True)
 LONG = "Hello there, this is a streaming test. It has two sentences!"
@@ -28,16 +29,7 @@ def test_an_engine_process_reads_its_workers_socket_during_a_step(tiny_checkpoin
     ends: dict[int, str] = {}
 
     def read():
-        while channel.receive(sock, reader):
-            for parts in reader.messages():
-                if bytes(parts[0]) != wire.STEP:
-                    continue
-                seq, _, _, contexts, got, _, finished, _ = wire.read_step(parts[1], parts[2])
-                for context, frame in zip(contexts.tolist(), got.tolist()):
-                    frames[context].append(frame)
-                for end in finished:
-                    ends[end[0]] = wire.end_event(end).reason
-                assert out.send(wire.ack_message(seq))
+        read_steps(sock, reader, out, frames, ends)
 
     def say(context, text, params):
         tok = eng.new_tokenizer()
@@ -47,11 +39,11 @@ def test_an_engine_process_reads_its_workers_socket_during_a_step(tiny_checkpoin
 
     try:
         assert out.send(wire.hello_message(0, 1))
-        server._turn(step=False)
+        server.turn(step=False)
         (peer,) = server.peers.values()
         say(1, LONG, ContextParams(voice="ryan", sampling=GREEDY, fixed_frames=30))
         while len(frames[1]) < 4:
-            server._turn(step=True)
+            server.turn(step=True)
             read()
         eng._clients[peer.client].contexts[1].t_ready += 60.0           # a minute ahead: first_frames_apart holds
         before = eng.stats()["lane_launches"]
@@ -61,7 +53,7 @@ def test_an_engine_process_reads_its_workers_socket_during_a_step(tiny_checkpoin
         for _ in range(400):
             if len(ends) == 2:
                 break
-            server._turn(step=True)
+            server.turn(step=True)
             read()
         assert frames == {1: list(range(30)), 2: list(range(8))} and ends == {1: "length", 2: "length"}
     finally:

@@ -204,15 +204,20 @@ def test_one_models_engine_killed_leaves_the_others_streaming(server):
                 await c.until("timing")
                 os.kill(engine_pid(server, "vd"), signal.SIGKILL)
                 await c.send(type="flush", context_id="cv")
-                ends = {}
-                while len(ends) < 2:
-                    ev = await until_any(c, ("context.done", "error"))
-                    ends[ev["context_id"]] = ev
-                return ends
+                return await context_ends(c, 2)
 
     ends = asyncio.run(main())
     assert ends["cv"]["type"] == "context.done" and ends["cv"]["audio_ms"] > 0
     assert ends["vd"]["type"] == "error" and ends["vd"]["code"] == "engine_failed"
+
+
+async def context_ends(client: NativeClient, n: int) -> dict:
+    """The ends (context.done or error) of `n` contexts, by context id."""
+    ends = {}
+    while len(ends) < n:
+        ev = await until_any(client, ("context.done", "error"))
+        ends[ev["context_id"]] = ev
+    return ends
 
 
 async def until_any(client: NativeClient, kinds: tuple[str, ...]) -> dict:

@@ -2,6 +2,7 @@
 do where none can be started, and an engine's environment. A daemon itself is started in tests/gpu/test_mps.py."""
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 import pytest
@@ -9,7 +10,7 @@ import pytest
 from talkgate.cli.models_file import ModelSpec
 from talkgate.cli.serve import engine_plan
 from talkgate.processes import mps
-from talkgate.processes.supervisor import Child, Plan, Supervisor
+from talkgate.processes.supervisor import Child, Plan, Supervisor, engine_processes
 
 
 def plan(specs, mode="auto", engines=1, ids=("0", "1")):
@@ -24,6 +25,24 @@ def test_a_daemon_only_for_gpus_that_several_engine_processes_share():
     assert mps.shared_gpus(plan([a], engines=2).engines) == ["0", "1"]
     cpu = engine_plan([a, ModelSpec("c", "/c")], "cpu", None, 2, None)
     assert mps.shared_gpus(cpu) == []
+
+
+def test_colocated_engines_are_one_process_a_gpu_and_start_no_daemon(no_control):
+    """`serve --colocate`: the engines of one GPU (or of the CPU) in one engine process, whose argv carries each
+    engine's own; no MPS daemon for a GPU that one process has, even with --mps on."""
+    a, b, c = ModelSpec("a", "/a"), ModelSpec("b", "/b"), ModelSpec("c", "/c", gpus="1")
+    p = plan([a, b, c], mode="on")
+    p.colocate = True
+    gpus = [e["cuda_visible"] for e in p.engines]          # a and b on both GPUs, c on GPU 1
+    assert gpus == ["0", "1", "0", "1", "1"]
+    assert engine_processes(p) == [[0, 2], [1, 3, 4]]
+    assert engine_processes(dataclasses.replace(p, colocate=False)) == [[0], [1], [2], [3], [4]]
+    cpu = Plan(host="127.0.0.1", port=0, models=[("a", "/a"), ("b", "/b")], workers=1, colocate=True,
+               engines=engine_plan([a, b], "cpu", None, 1, None))
+    assert engine_processes(cpu) == [[0, 1]]
+    sup = Supervisor(p)
+    sup._start_mps("/nonexistent")          # --mps on would raise where a daemon were wanted and cannot be had
+    assert sup.mps == {}
 
 
 @pytest.fixture
