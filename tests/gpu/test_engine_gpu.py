@@ -291,6 +291,41 @@ def test_a_context_opened_before_its_text_takes_the_lane_and_speaks_as_without_i
         np.testing.assert_allclose(pcm(b), pcm(a), atol=3e-3)
 
 
+def test_a_models_context_takes_its_lane_beside_another_models_step_in_one_thread(checkpoint):
+    """`serve --colocate` (ipc/engine_group.py): two engines on one thread; while one steps a context (one row, the
+    persistent kernels), the other's new context is launched on its own lane (Engine.beside_turn) and lands, and it
+    speaks as it does alone on its engine (to 3e-3, as above); the running context speaks as it does alone."""
+    def engine():
+        e = Engine.from_pretrained(str(checkpoint), device="cuda", dtype="float32", max_contexts=8,
+                                   max_frames_per_context=64, torch_compile=False, lane=True)
+        e.runner.warmup()
+        run_contexts(e, PARAMS[3:4], TEXTS[:1])         # its prompt prefix kept
+        return e
+    a, b = engine(), engine()
+    alone_a, alone_b = run_contexts(a, PARAMS[:1], TEXTS[:1]), run_contexts(b, PARAMS[3:4], TEXTS[1:2])
+    events = {"a": [], "b": []}
+    ca = a.connect(lambda batch: events["a"].extend(batch))
+    cb = b.connect(lambda batch: events["b"].extend(batch))
+    tok = a.new_tokenizer().tokenizer
+    said = lambda i, t, p: [OpenContext(i, p), EndText(i, tuple(tok.encode(t)), text_seconds(t))]
+    a.submit(ca, said(0, TEXTS[0], PARAMS[0]))
+    while sum(isinstance(ev, AudioChunk) for ev in events["a"]) < 4:
+        a.run_once()
+    a.beside = b.beside_turn
+    b.submit(cb, said(0, TEXTS[1], PARAMS[3]))
+    a.run_once()                                         # b's context launches on b's lane beside a's step
+    assert b.stats()["lane_launches"] == 1
+    for _ in range(10_000):
+        if all(ev and isinstance(ev[-1], ContextDone) for ev in events.values()):
+            break
+        a.run_once()
+        b.run_once()
+        b.beside_turn()
+    for got, alone in ((events["a"], alone_a[0]), (events["b"], alone_b[0])):
+        assert got[-1].reason == alone[-1].reason == "length"
+        np.testing.assert_allclose(pcm(got), pcm(alone), atol=3e-3)
+
+
 def test_a_fresh_start_compiles_in_helpers_and_leaves_warm_up_nothing_to_compile(checkpoint, tmp_path, monkeypatch,
                                                                                   caplog):
     """On an empty compile cache, load_runner's helper processes (synth/parallel_compile.py) compile every kind of

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Issue 46 on one H200, one call: three 1.7B models (CustomVoice, Base, VoiceDesign) in one `talkgate serve
+# --colocate` (one engine process: every model's first-frame lane above every model's steps), from an empty compile
+# cache (the time until ready: 90 s target), 3 x 20 req/s for 20 s (OpenAI HTTP PCM, English medium texts: the
+# default voice, a cloned voice, a designed voice); then the same three as separate processes under MPS (default
+# flags, the cache warm) and one model alone at 20 req/s, the references. GPU tests first (GPU_TESTS=1): the lane of
+# one model beside another's step in one thread, and the lane tests.
+#   setsid bash bench/gpu_colocate.sh > /tmp/colocate.out 2>&1 < /dev/null &
+BENCH=colocate
+. "$(dirname "$0")/gpu_serve.sh"
+GPU_TESTS=${GPU_TESTS:-1} gpu_tests tests/gpu/test_engine_gpu.py -k "lane or another_models"
+checkpoints custom_voice base voice_design
+export TALKGATE_CACHE=/tmp/tgc-colocate
+http() { local port=$1 dir=$2; shift 2; load "$port" "$dir" --protocol openai --lang en --processes 2 "$@"; }
+three() {   # three NAME SERVE-ARGS...
+  local name=$1; shift
+  start "$name" 8081 -- --model cv=/tmp/ck-1.7b-custom_voice --model clone=/tmp/ck-1.7b-base \
+    --model design=/tmp/ck-1.7b-voice_design "$@"
+  [ -f "$res/clone.json" ] || clone_voice 8081 speaker1
+  log "$name: 3 x 20 req/s for 20 s"
+  local loaders=()
+  http 8081 "$name-cv" --rps 20 --duration 20 --model cv & loaders+=($!)
+  http 8081 "$name-clone" --rps 20 --duration 20 --model clone --voice speaker1 & loaders+=($!)
+  http 8081 "$name-design" --rps 20 --duration 20 --model design \
+    --instructions "A warm, calm female voice, middle-aged, speaking slowly and clearly." & loaders+=($!)
+  wait "${loaders[@]}"
+  curl -s http://127.0.0.1:8081/metrics | grep -E "^talkgate_engine_(lane|step_seconds_(sum|count))" \
+    | tee -a "$res/progress"
+  stop "$name"
+  pack
+}
+three colocated --colocate
+three separate
+start one 8081 -- --model /tmp/ck-1.7b-custom_voice
+http 8081 one-rps20 --rps 20 --duration 20
+stop one
+pack
+log "done"
