@@ -11,9 +11,9 @@ engine takes its own turn beside it (Engine.beside_turn: a new context that fits
 frame that is done lands, decoded audio goes out), so a model's new context never waits for another model's
 step. Between turns the same happens for every engine, and where nothing is to be done the loop waits on the one
 poller of every server's sockets (or a moment, while a lane is in flight). A graph capture, which holds the thread
-up to a second, waits until no model's contexts would notice (Engine.others_unnoticed). Warm-ups run one after the other on this
-thread (torch.compile and graph captures from two threads at once are not safe) while a greeter thread answers the
-workers of every server.
+up to a second, waits until no model's contexts would notice (Engine.others_unnoticed). Warm-ups run one after the
+other on this thread (torch.compile and graph captures from two threads at once are not safe) while a greeter
+thread answers the workers of every server.
 
 The price: the process is one failure domain. A model's step that fails fails that step's contexts, as ever; a
 process that dies (a kill, a GPU fault) fails every model's contexts on it, and the supervisor starts it again

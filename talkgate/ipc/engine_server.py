@@ -133,7 +133,8 @@ class SlowTurns:
 class EngineServer:
     def __init__(self, engine, endpoint: str, index: int, checkpoint: str, warmup_stall_s: float = DEFAULT_STALL_S,
                  poller=None):
-        """poller: a select.poll shared with the other EngineServers of the thread (ipc/engine_group.py), else its own."""
+        """poller: a select.poll shared with the other EngineServers of its thread (ipc/engine_group.py), else its
+        own."""
         self.engine, self.endpoint, self.index, self.checkpoint = engine, endpoint, index, checkpoint
         self.warmup_stall_s = warmup_stall_s
         self.incarnation = os.getpid()

@@ -81,7 +81,8 @@ def test_the_process_killed_fails_both_models_contexts_and_comes_back(server):
             async with http.ws_connect(f"{server.ws_url}/v1/ws") as ws:
                 c = NativeClient(ws)
                 assert await c.until("session.ready") is not None
-                for cid, model in (("cv", {"model": "cv", "voice": "ryan"}), ("vd", {"model": "vd", "instructions": "x"})):
+                for cid, model in (("cv", {"model": "cv", "voice": "ryan"}),
+                                   ("vd", {"model": "vd", "instructions": "x"})):
                     await c.send(type="context.start", context_id=cid, fixed_frames=400, **model)
                     await c.send(type="text", context_id=cid, text="Both of these are on the process that is killed.")
                 await c.until("timing")
