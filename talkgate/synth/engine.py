@@ -687,14 +687,13 @@ class Engine:
         return self._lane is not None
 
     def beside_turn(self) -> None:
-        """While another engine of this thread steps (ipc/engine_group.py), without waiting for the GPU: a new context
-        that can take the lane launches there (no slot of this engine is in a step), one whose first frame is done
-        lands, and the audio whose decode is done goes out (this engine's next step is a turn of the loop away)."""
-        if self.runner.lane is not None:
-            if self._lane is None:
-                self._launch_lane(set())
-            elif self.runner.audio_ready(self._lane[0]):
-                self._land_lane()
+        """While another engine of this thread steps (ipc/engine_group.py), without waiting for the GPU: a first frame
+        on the lane that is done lands, the audio whose decode is done goes out (this engine's next step is a turn of
+        the loop away), and a new context that can take the lane launches there once no launch of this engine's is
+        still running (all its audio out: a slot freed meanwhile, a cancelled context's, is no longer written)."""
+        lane = self.runner.lane is not None
+        if lane and self._lane is not None and self.runner.audio_ready(self._lane[0]):
+            self._land_lane()
         ready = 0
         while ready < len(self._audio) and self.runner.audio_ready(self._audio[ready][0]):
             ready += 1
@@ -702,6 +701,8 @@ class Engine:
             pending, self._audio = self._audio[:ready], self._audio[ready:]
             for step, frames in pending:
                 self._emit_frames(step, frames)
+        if lane and self._lane is None and not self._audio:
+            self._launch_lane(set())
         self._deliver()
 
     def _launch_lane(self, busy: set[int]) -> None:
