@@ -99,15 +99,22 @@ def engine_processes(plan: Plan) -> list[list[int]]:
     return list(groups.values())
 
 
-def engine_argv(plan: Plan, i: int, endpoint: str) -> list[str]:
-    """The command line of engine process `i` of `plan`: the server's engine flags, then its model's own, then its
-    share of the GPU's memory and whether other engine processes share its GPU."""
+ENGINE_MAIN = [sys.executable, "-m", "talkgate.processes.engine_process"]
+
+
+def engine_flags(plan: Plan, i: int, endpoint: str) -> list[str]:
+    """The flags of engine `i` of `plan`: the server's engine flags, then its model's own, then its share of the GPU's
+    memory and whether other engines share its GPU."""
     e = plan.engines[i]
     share = ["--memory-share", str(e["memory_share"])] if e.get("memory_share") else []
     shared = ["--shared-gpu"] if e.get("cuda_visible") in mps.shared_gpus(plan.engines) else []
-    return [sys.executable, "-m", "talkgate.processes.engine_process", "--index", str(i), "--endpoint", endpoint,
-            "--model", plan.models[e["model"]][1], "--device", e["device"], *plan.engine_args, *e.get("args", ()),
-            *share, *shared]
+    return ["--index", str(i), "--endpoint", endpoint, "--model", plan.models[e["model"]][1], "--device", e["device"],
+            *plan.engine_args, *e.get("args", ()), *share, *shared]
+
+
+def engine_argv(plan: Plan, i: int, endpoint: str) -> list[str]:
+    """The command line of an engine process that runs engine `i` of `plan` alone."""
+    return [*ENGINE_MAIN, *engine_flags(plan, i, endpoint)]
 
 
 class Supervisor:
@@ -142,8 +149,7 @@ class Supervisor:
                 name = f"engine {i} ({plan.models[e['model']][0]})" if len(plan.models) > 1 else f"engine {i}"
                 self.children.append(Child(name, argv, env, model=e["model"], gpu=e.get("cuda_visible")))
                 continue
-            argv = [*engine_argv(plan, group[0], endpoints[group[0]])[:3], "--group",
-                    json.dumps([engine_argv(plan, i, endpoints[i])[3:] for i in group])]
+            argv = [*ENGINE_MAIN, "--group", json.dumps([engine_flags(plan, i, endpoints[i]) for i in group])]
             name = "engines " + ", ".join(f"{i} ({plan.models[plan.engines[i]['model']][0]})" for i in group)
             self.children.append(Child(name, argv, env, gpu=e.get("cuda_visible")))
         limits = plan.server["limits"]

@@ -174,8 +174,9 @@ class JsonErrorServer(web.Server):
 class AppRunner(web.AppRunner):
     """web.AppRunner whose server answers aiohttp's own request errors as JSON (JsonErrorHandler), holds the process's
     connections to its cap (JsonErrorHandler.connection_made), and closes an HTTP connection that has sent no request,
-    or not all of its request's head, or nothing since its last response, for the idle timeout (aiohttp's keep-alive timeout, an hour by default: a client that opened connections and
-    sent nothing held their descriptors that long; docs/protocol.md, Limits)."""
+    or not all of its request's head, or nothing since its last response, for the idle timeout (aiohttp's keep-alive
+    timeout, an hour by default: a client that opened connections and sent nothing held their descriptors that long;
+    docs/protocol.md, Limits)."""
 
     async def _make_server(self) -> web.Server:
         server = await super()._make_server()

@@ -694,13 +694,7 @@ class Engine:
         lane = self.runner.lane is not None
         if lane and self._lane is not None and self.runner.audio_ready(self._lane[0]):
             self._land_lane()
-        ready = 0
-        while ready < len(self._audio) and self.runner.audio_ready(self._audio[ready][0]):
-            ready += 1
-        if ready:
-            pending, self._audio = self._audio[:ready], self._audio[ready:]
-            for step, frames in pending:
-                self._emit_frames(step, frames)
+        self._emit_audio(wait=False)
         if lane and self._lane is None and not self._audio:
             self._launch_lane(set())
         self._deliver()
@@ -823,11 +817,17 @@ class Engine:
         else:
             self._emit(req, TextSpoken(req.context, reason, frames))
 
-    def _emit_audio(self) -> bool:
-        """Queue the launched steps' PCM for their contexts (waits for their decode); False if none was pending."""
-        if not self._audio:
+    def _emit_audio(self, wait: bool = True) -> bool:
+        """Queue the launched steps' PCM for their contexts (waits for their decode; wait=False: only those decoded
+        already, in order); False if none was emitted."""
+        ready = len(self._audio)
+        if not wait:
+            ready = 0
+            while ready < len(self._audio) and self.runner.audio_ready(self._audio[ready][0]):
+                ready += 1
+        if not ready:
             return False
-        pending, self._audio = self._audio, []
+        pending, self._audio = self._audio[:ready], self._audio[ready:]
         for step, frames in pending:
             self._emit_frames(step, frames)
         return True
