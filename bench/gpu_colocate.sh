@@ -2,13 +2,14 @@
 # Issue 46 on one H200, one call: three 1.7B models (CustomVoice, Base, VoiceDesign) in one `talkgate serve
 # --colocate` (one engine process: every model's first-frame lane above every model's steps), from an empty compile
 # cache (the time until ready: 90 s target), 3 x 20 req/s for 20 s (OpenAI HTTP PCM, English medium texts: the
-# default voice, a cloned voice, a designed voice); then the same three as separate processes under MPS (default
-# flags, the cache warm) and one model alone at 20 req/s, the references. GPU tests first (GPU_TESTS=1): the lane of
-# one model beside another's step in one thread, and the lane tests.
+# default voice, a cloned voice, a designed voice); then the references: the same three as separate processes under
+# MPS (default flags, the cache warm; SEPARATE=0 leaves them out) and each model alone at 20 req/s (ALONE="": none).
+# GPU tests first (GPU_TESTS=1; GPU_TESTS_K their -k): a model's lane beside another's step in one thread, an
+# engine's slots from its own share, the lane tests.
 #   setsid bash bench/gpu_colocate.sh > /tmp/colocate.out 2>&1 < /dev/null &
 BENCH=colocate
 . "$(dirname "$0")/gpu_serve.sh"
-GPU_TESTS=${GPU_TESTS:-1} gpu_tests tests/gpu/test_engine_gpu.py -k "lane or another_models"
+GPU_TESTS=${GPU_TESTS:-1} gpu_tests tests/gpu/test_engine_gpu.py -k "${GPU_TESTS_K:-lane or another_models or own_share}"
 checkpoints custom_voice base voice_design
 export TALKGATE_CACHE=/tmp/tgc-colocate
 http() { local port=$1 dir=$2; shift 2; load "$port" "$dir" --protocol openai --lang en --processes 2 "$@"; }
@@ -30,9 +31,16 @@ three() {   # three NAME SERVE-ARGS...
   pack
 }
 three colocated --colocate
-three separate
-start one 8081 -- --model /tmp/ck-1.7b-custom_voice
-http 8081 one-rps20 --rps 20 --duration 20
-stop one
-pack
+[ "${SEPARATE:-1}" = 1 ] && three separate
+for m in ${ALONE-custom_voice base voice_design}; do     # each model alone at 20 req/s: its own reference
+  start "one-$m" 8081 -- --model /tmp/ck-1.7b-$m
+  case $m in
+    custom_voice) http 8081 "one-$m" --rps 20 --duration 20 ;;
+    base) http 8081 "one-$m" --rps 20 --duration 20 --voice speaker1 ;;
+    voice_design) http 8081 "one-$m" --rps 20 --duration 20 \
+      --instructions "A warm, calm female voice, middle-aged, speaking slowly and clearly." ;;
+  esac
+  stop "one-$m"
+  pack
+done
 log "done"

@@ -65,12 +65,14 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(1)     # as the single-process server: one intra-op thread on a CPU engine
     poller = select.poll()           # one for every server of the process
     servers = []
-    for args in engines:
-        engine = Engine.from_pretrained(args.model, device=args.device, dtype=args.dtype,
-                                        decoder_dtype=args.decoder_dtype, max_contexts=args.max_contexts,
-                                        max_batch=args.max_batch, memory_share=args.memory_share,
-                                        default_seed=args.seed, untrained_length=args.untrained_length,
-                                        first_apart=not args.shared_gpu)
+    # every model's load begun before any is finished: a fresh cache's compile helpers of all run side by side
+    loads = [Engine.begin_pretrained(args.model, device=args.device, dtype=args.dtype,
+                                     decoder_dtype=args.decoder_dtype, max_contexts=args.max_contexts,
+                                     max_batch=args.max_batch, memory_share=args.memory_share,
+                                     default_seed=args.seed, untrained_length=args.untrained_length,
+                                     first_apart=not args.shared_gpu) for args in engines]
+    for args, load in zip(engines, loads):
+        engine = load()
         servers.append(EngineServer(engine, args.endpoint, args.index, str(engine.runner.tts.path),
                                     args.warmup_stall, poller))
         log.info("engine %d: %s on %s/%s, %d slots, bound to %s (pid %d)", args.index, engine.info.name,

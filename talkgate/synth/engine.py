@@ -48,6 +48,7 @@ import itertools
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -208,28 +209,34 @@ class Engine:
         self.others_unnoticed = None
 
     @classmethod
-    def from_pretrained(cls, path_or_id: str, device: str | None = None, dtype: str | None = None,
-                        max_contexts: int | None = None, max_frames_per_context: int = DEFAULT_MAX_FRAMES,
-                        max_batch: int | None = None, cuda_graphs: bool = True, max_prompt: int | None = None,
-                        decoder_dtype: str | None = None, torch_compile: bool = True,
-                        untrained_length: str = "text-rule", memory_share: float | None = None,
-                        lane: bool | None = None, **engine_kw) -> "Engine":
-        """Load a checkpoint (directory or Hugging Face id). device None: cuda if available, else cpu;
-        dtype None: bfloat16 on cuda, float32 on cpu; max_contexts None: sized from free memory, or from
-        `memory_share` of the GPU's memory where engine processes share it (docs/engine.md); max_batch None:
-        max_contexts when given, else 512 or 256 by the GPU's memory (runner_build.default_max_batch); max_prompt
-        None: 128 positions, 385 for a Base checkpoint (an ICL voice of 30 s); decoder_dtype None: float16 on cuda
-        where its probe at load allows, else float32 (synth/decoder_precision.py);
+    def from_pretrained(cls, path_or_id: str, **kw) -> "Engine":
+        """Load a checkpoint (directory or Hugging Face id) and make its Engine: begin_pretrained's arguments."""
+        return cls.begin_pretrained(path_or_id, **kw)()
+
+    @classmethod
+    def begin_pretrained(cls, path_or_id: str, device: str | None = None, dtype: str | None = None,
+                         max_contexts: int | None = None, max_frames_per_context: int = DEFAULT_MAX_FRAMES,
+                         max_batch: int | None = None, cuda_graphs: bool = True, max_prompt: int | None = None,
+                         decoder_dtype: str | None = None, torch_compile: bool = True,
+                         untrained_length: str = "text-rule", memory_share: float | None = None,
+                         lane: bool | None = None, **engine_kw) -> Callable[[], "Engine"]:
+        """from_pretrained in two parts (runner_build.begin_runner): this one loads the checkpoint and starts a
+        fresh cache's compile helpers, the function it returns waits for them and makes the Engine. device None:
+        cuda if available, else cpu; dtype None: bfloat16 on cuda, float32 on cpu; max_contexts None: sized from
+        free memory, or from `memory_share` of the GPU's memory where engines share it (docs/engine.md); max_batch
+        None: max_contexts when given, else 512 or 256 by the GPU's memory (runner_build.default_max_batch);
+        max_prompt None: 128 positions, 385 for a Base checkpoint (an ICL voice of 30 s); decoder_dtype None:
+        float16 on cuda where its probe at load allows, else float32 (synth/decoder_precision.py);
         torch_compile: fuse the step's kernels with torch.compile on cuda (minutes of warm-up, cached);
         untrained_length: how an untrained checkpoint's contexts end, "text-rule" or "runaway"
         (synth.api.end_of_speech); lane: a first-frame lane (synth/lane.py), None: where the step runs CUDA graphs."""
-        from talkgate.synth.runner_build import load_runner
-        runner, tokenizer_factory, prompts, info = load_runner(
-            path_or_id, device=device, dtype=dtype, max_contexts=max_contexts,
-            max_frames_per_context=max_frames_per_context, max_batch=max_batch, cuda_graphs=cuda_graphs,
-            max_prompt=max_prompt, decoder_dtype=decoder_dtype, torch_compile=torch_compile,
-            untrained_length=untrained_length, memory_share=memory_share, lane=lane)
-        return cls(runner, tokenizer_factory, prompts, info, **engine_kw)
+        from talkgate.synth.runner_build import begin_runner
+        finish = begin_runner(path_or_id, device=device, dtype=dtype, max_contexts=max_contexts,
+                              max_frames_per_context=max_frames_per_context, max_batch=max_batch,
+                              cuda_graphs=cuda_graphs, max_prompt=max_prompt, decoder_dtype=decoder_dtype,
+                              torch_compile=torch_compile, untrained_length=untrained_length,
+                              memory_share=memory_share, lane=lane)
+        return lambda: cls(*finish(), **engine_kw)
 
     # ----- lifecycle -----
     def start(self) -> None:

@@ -68,14 +68,15 @@ def warmup_bytes_per_row(decoder_dtype: torch.dtype) -> int:
 
 def slots_from_memory(tts, max_len: int, dtype: torch.dtype, device: torch.device, cap: int = DEFAULT_MAX_SLOTS,
                       max_batch: int = DEFAULT_MAX_BATCH, memory_share: float | None = None,
-                      per_row: int = WARMUP_BYTES_PER_ROW) -> int:
-    """As many slots as slots_within gives of this process's budget of GPU memory: what is free, or with
-    `memory_share` (several engine processes on one GPU) that fraction of the GPU's total less what this process
-    holds already (share_budget)."""
+                      per_row: int = WARMUP_BYTES_PER_ROW, reserved_before: int = 0) -> int:
+    """As many slots as slots_within gives of this engine's budget of GPU memory: what is free, or with
+    `memory_share` (several engines on one GPU) that fraction of the GPU's total less what this engine holds
+    already (share_budget): what this process's allocator holds beyond `reserved_before`, its reservation when
+    this engine began to load (the engines loaded before it in this process, `serve --colocate`, are theirs)."""
     free, total = torch.cuda.mem_get_info(device)
     if memory_share is None:
         return slots_within(free, slot_bytes(tts, max_len, dtype), cap, max_batch, per_row)
-    held = torch.cuda.memory_reserved(device)
+    held = torch.cuda.memory_reserved(device) - reserved_before
     slots = slots_within(share_budget(total, held, memory_share), slot_bytes(tts, max_len, dtype), cap, max_batch,
                          per_row)
     log.info("slots: %d from a %.3g share of %.1f GiB, %.1f GiB held (%.1f GiB free now)", slots, memory_share,
@@ -109,13 +110,24 @@ def slots_within(budget: int, per_slot: int, cap: int = DEFAULT_MAX_SLOTS, max_b
     return max(1, min(cap, slots))
 
 
-def load_runner(path_or_id, device=None, dtype=None, max_contexts=None, max_frames_per_context=750, max_batch=None,
-                cuda_graphs=True, max_prompt=None, decoder_dtype=None, torch_compile=True, untrained_length="text-rule",
-                memory_share=None, lane=None):
-    """-> (Runner, tokenizer factory, Prompts, ModelInfo) for synth.engine.Engine. lane None: a first-frame lane
+def load_runner(path_or_id, **kw):
+    """-> (Runner, tokenizer factory, Prompts, ModelInfo) for synth.engine.Engine (begin_runner's arguments)."""
+    return begin_runner(path_or_id, **kw)()
+
+
+def begin_runner(path_or_id, device=None, dtype=None, max_contexts=None, max_frames_per_context=750, max_batch=None,
+                 cuda_graphs=True, max_prompt=None, decoder_dtype=None, torch_compile=True, untrained_length="text-rule",
+                 memory_share=None, lane=None):
+    """load_runner's first part: the checkpoint loaded, the slots sized, a fresh cache's compile helpers started;
+    -> its second part, which waits for them and returns load_runner's tuple. An engine process of several models
+    (`serve --colocate`) begins every model's before it finishes any, so that their helpers compile side by side
+    (one model's after another's were most of the fresh start, docs/benchmarks.md). lane None: a first-frame lane
     (synth/lane.py) where the step runs CUDA graphs."""
     t0 = time.perf_counter()
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if device.type == "cuda":       # what an engine loaded before this one in this process holds, cached blocks back
+        torch.cuda.empty_cache()
+    reserved_before = torch.cuda.memory_reserved(device) if device.type == "cuda" else 0
     dtype = _dtype(dtype) or (torch.bfloat16 if device.type == "cuda" else torch.float32)
     root = resolve_path(path_or_id)
     # the compile cache's folder and its helpers are the decoder dtype's: float16 is planned where a probe of the
@@ -159,26 +171,30 @@ def load_runner(path_or_id, device=None, dtype=None, max_contexts=None, max_fram
     max_len = max_prompt + max_frames_per_context
     if max_contexts is None:
         max_contexts = slots_from_memory(tts, max_len, dtype, device, max_batch=max_batch, memory_share=memory_share,
-                                         per_row=warmup_bytes_per_row(decoder_dtype)) if device.type == "cuda" else 16
+                                         per_row=warmup_bytes_per_row(decoder_dtype),
+                                         reserved_before=reserved_before) if device.type == "cuda" else 16
     max_batch = min(max_batch, max_contexts)
     if share_sized and torch_compile:
         helpers = start_helpers(max_batch)
-        if helpers is not None:
+
+    def finish():
+        if share_sized and helpers is not None:
             helpers.wait()
-    runner = Runner(tts, num_slots=max_contexts, max_frames=max_frames_per_context, max_prompt=max_prompt,
-                    max_batch=max_batch, device=device, dtype=dtype, cuda_graphs=cuda_graphs,
-                    torch_compile=torch_compile, compile_folder=functions,
-                    lane=device.type == "cuda" and cuda_graphs if lane is None else lane)
-    if helpers is not None and helpers.late_done() is None:
-        runner.compiling_later(helpers)
-    peaks = gpu_peaks(torch.cuda.get_device_name(device)) if device.type == "cuda" else None
-    if peaks is not None:
-        runner.roof = StepRoof(config, tts.codec_decoder.config, dtype, decoder_dtype, peaks)
-    # the cold start's first part (docs/benchmarks.md): what came before the load is the interpreter and imports
-    age = process_age_s()
-    log.info("loaded: checkpoint %.2f s, runner (slots, compiled functions bound) %.2f s; process start -> here %s",
-             t_loaded - t0, time.perf_counter() - t_loaded, "?" if age is None else f"{age:.2f} s")
-    return runner, (lambda: StreamingTokenizer(tts.tokenizer)), tts.prompts, tts.info
+        runner = Runner(tts, num_slots=max_contexts, max_frames=max_frames_per_context, max_prompt=max_prompt,
+                        max_batch=max_batch, device=device, dtype=dtype, cuda_graphs=cuda_graphs,
+                        torch_compile=torch_compile, compile_folder=functions,
+                        lane=device.type == "cuda" and cuda_graphs if lane is None else lane)
+        if helpers is not None and helpers.late_done() is None:
+            runner.compiling_later(helpers)
+        peaks = gpu_peaks(torch.cuda.get_device_name(device)) if device.type == "cuda" else None
+        if peaks is not None:
+            runner.roof = StepRoof(config, tts.codec_decoder.config, dtype, decoder_dtype, peaks)
+        # the cold start's first part (docs/benchmarks.md): what came before the load is the interpreter and imports
+        age = process_age_s()
+        log.info("loaded: checkpoint %.2f s, runner (slots, compiled functions bound) %.2f s; process start -> here "
+                 "%s", t_loaded - t0, time.perf_counter() - t_loaded, "?" if age is None else f"{age:.2f} s")
+        return runner, (lambda: StreamingTokenizer(tts.tokenizer)), tts.prompts, tts.info
+    return finish
 
 
 def process_age_s() -> float | None:

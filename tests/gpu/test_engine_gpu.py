@@ -326,6 +326,21 @@ def test_a_models_context_takes_its_lane_beside_another_models_step_in_one_threa
         np.testing.assert_allclose(pcm(got), pcm(alone), atol=3e-3)
 
 
+def test_an_engine_loaded_after_another_in_its_process_sizes_its_slots_from_its_own_share(checkpoint):
+    """`serve --colocate` loads the models of a GPU one after the other in one process, each with its share of the
+    GPU's memory: what the engines loaded before it hold (their weights and slots, 6 GiB here) is not this one's,
+    so each engine gets the slots of its share as the first did (on an H200 a third each gave 255, 22, 1 slots)."""
+    def slots():
+        e = Engine.from_pretrained(str(checkpoint), device="cuda", dtype="float32", max_frames_per_context=64,
+                                   memory_share=0.08, torch_compile=False, cuda_graphs=False)
+        return e, e.runner.num_slots
+    first, n = slots()
+    before = torch.empty(6 << 30, dtype=torch.uint8, device="cuda")
+    second, m = slots()
+    assert 1 < n < 1024 and abs(m - n) <= 2        # without its own share: 2 slots
+    del before, first, second
+
+
 def test_a_fresh_start_compiles_in_helpers_and_leaves_warm_up_nothing_to_compile(checkpoint, tmp_path, monkeypatch,
                                                                                   caplog):
     """On an empty compile cache, load_runner's helper processes (synth/parallel_compile.py) compile every kind of
