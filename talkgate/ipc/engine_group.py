@@ -9,13 +9,11 @@ The loop turns each EngineServer in order (its messages, one engine turn, its pe
 waits for its step's codes, and while it waits (Engine.beside) every server's sockets are read and each other
 engine takes its own turn beside it (Engine.beside_turn: a new context that fits launches on its lane, a first
 frame that is done lands, decoded audio goes out), so a model's new context never waits for another model's
-step. A step of running rows alone waits while any model's first frame is on its lane, where their clients have
-audio to spare (Engine.lane_busy): the lane then shares the GPU with the step in flight only. Between turns the
-same happens for every engine, and where nothing is to be done the loop waits on the one poller of every server's
-sockets (or a moment, while a lane is in flight). A graph capture, which holds the thread up to a second, waits
-until no model's contexts would notice (Engine.others_unnoticed). Warm-ups run one after the other on this thread
-(torch.compile and graph captures from two threads at once are not safe) while a greeter thread answers the
-workers of every server.
+step. Between turns the same happens for every engine, and where nothing is to be done the loop waits on the one
+poller of every server's sockets (or a moment, while a lane is in flight). A graph capture, which holds the thread
+up to a second, waits until no model's contexts would notice (Engine.others_unnoticed). Warm-ups run one after the
+other on this thread (torch.compile and graph captures from two threads at once are not safe) while a greeter
+thread answers the workers of every server.
 
 The price: the process is one failure domain. A model's step that fails fails that step's contexts, as ever; a
 process that dies (a kill, a GPU fault) fails every model's contexts on it, and the supervisor starts it again
@@ -38,10 +36,6 @@ class EngineGroup:
             s.engine.beside = lambda stepping=s: self._beside(stepping)
             s.engine.others_unnoticed = lambda now, me=s: all(
                 o.engine.capture_unnoticed(now) for o in self.servers if o is not me)
-            s.engine.lane_busy = self._lane_busy
-
-    def _lane_busy(self) -> bool:
-        return any(s.engine.lane_in_flight for s in self.servers)
 
     def _beside(self, stepping: EngineServer) -> None:
         if self.poller.poll(0):

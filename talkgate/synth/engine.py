@@ -122,12 +122,6 @@ FIRST_APART_MAX_ROWS = 64
 # process run: the gateway's in a single-process server, the Flusher in an engine process)
 LANE_POLL_S = 50e-6
 
-# Where several models' engines share a thread (ipc/engine_group.py), a step of running rows alone waits while a
-# first frame of any of them is on a lane, if every running context's client has this much audio still to play:
-# the lane then shares the GPU with the step in flight only, not also with the next model's (a lane takes a few ms;
-# a frame is 80 ms of audio, so a context a frame or two into its audio steps on)
-GIVE_WAY_SLACK_S = 0.1
-
 
 def first_frames_apart(running: list[Request], now: float, step_s: float) -> bool:
     """Whether new contexts' first frames may run apart from `running`'s frame: as a step of their own ahead of it,
@@ -207,10 +201,6 @@ class Engine:
         # called on the engine thread while it waits for a step beside an open lane: takes the commands that arrived
         # (an engine process reads its sockets; submit() needs no call); must not block
         self.poll = None
-        # called on the engine thread before a step of running rows alone, where other engines share the thread
-        # (ipc/engine_group.py): True while a first frame of theirs or this engine's is on a lane (GIVE_WAY_SLACK_S);
-        # must not block
-        self.lane_busy = None
         # called on the engine thread while it waits for any step's codes, where other engines share the thread
         # (ipc/engine_group.py): they take their commands and lanes; must not block
         self.beside = None
@@ -621,7 +611,7 @@ class Engine:
         while the running rows' frame is made takes the lane beside it (synth/lane.py)."""
         t0 = time.perf_counter()
         prefill, decode = self.scheduler.schedule(t0)
-        if not prefill and (not decode or self._gives_way(decode, t0)):
+        if not prefill and not decode:
             return self._emit_audio()
         if prefill:
             stamp(prefill, SCHEDULED)
@@ -677,11 +667,6 @@ class Engine:
         if self.on_step is not None:
             self.on_step(dt, len(prefill) + len(decode))
         return True
-
-    def _gives_way(self, running: list[Request], now: float) -> bool:
-        """Whether a step of `running` alone waits for a first frame on a lane (lane_busy, GIVE_WAY_SLACK_S)."""
-        return (self.lane_busy is not None and self.lane_busy()
-                and all(r.deadline - now >= GIVE_WAY_SLACK_S for r in running))
 
     def _await_codes(self, step, busy: set[int] | None) -> np.ndarray:
         """The launched step's codes. While it runs: where `busy` is given (the step's slots: a slot freed during the

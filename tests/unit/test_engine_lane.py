@@ -6,8 +6,6 @@ runs eagerly, in order: what is checked is the engine's side (which contexts tak
 place in the steps after), not the overlap, which is a GPU's (docs/benchmarks.md)."""
 from __future__ import annotations
 
-import time
-
 import numpy as np
 import pytest
 
@@ -210,36 +208,3 @@ def test_engines_sharing_a_gpu_take_the_lane_but_launch_no_pass_apart(lane_engin
             eng.disconnect(c.id)
         finally:
             eng.first_apart = True
-
-
-def test_a_step_of_running_rows_gives_way_to_a_first_frame_on_a_lane_while_their_clients_have_audio_to_spare(
-        lane_engine):
-    """Engine.lane_busy (`serve --colocate`: another model's first frame on its lane): a step of running rows alone
-    waits while their clients have GIVE_WAY_SLACK_S of audio to play; a context near its client's edge steps on, and
-    a new context's first frame never waits. The audio is what it is without waiting."""
-    from talkgate.synth.engine import GIVE_WAY_SLACK_S
-    eng = lane_engine
-    p = ContextParams(voice="ryan", sampling=GREEDY, fixed_frames=30)
-    ref = alone(eng, 1, LONG, p)
-    c = Calls(eng)
-    running_far_ahead(eng, c)
-    req = eng._clients[c.id].contexts[1]
-    eng.lane_busy = lambda: True
-    try:
-        steps = eng._steps
-        for _ in range(3):
-            eng.run_once()
-        assert eng._steps == steps                                   # a minute of audio to play: it waits
-        req.t_ready -= req.deadline - time.perf_counter() - GIVE_WAY_SLACK_S / 2
-        eng.run_once()
-        assert eng._steps == steps + 1                               # less than GIVE_WAY_SLACK_S: it steps
-        far_ahead(eng, c, 1)
-        eng.submit(c.id, c.commands(2, SHORT, ContextParams(voice="ryan", sampling=GREEDY, fixed_frames=6)))
-        eng.run_once()
-        assert eng._steps == steps + 2                               # a new context's first frame: no wait
-        assert any(isinstance(ev, AudioChunk) for ev in c.events(2))
-    finally:
-        eng.lane_busy = None
-    run(eng, c, [1, 2])
-    np.testing.assert_allclose(c.pcm(1), ref, atol=1e-5)
-    eng.disconnect(c.id)
