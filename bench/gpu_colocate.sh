@@ -4,8 +4,8 @@
 # cache (the time until ready: 90 s target), 3 x 20 req/s for 20 s (OpenAI HTTP PCM, English medium texts: the
 # default voice, a cloned voice, a designed voice); then the references: the same three as separate processes under
 # MPS (default flags, the cache warm; SEPARATE=0 leaves them out) and each model alone at 20 req/s (ALONE="": none).
-# GPU tests first (GPU_TESTS=1; GPU_TESTS_K their -k): a model's lane beside another's step in one thread, an
-# engine's slots from its own share, the lane tests.
+# TRACE=1: the colocated load again with --trace-latency, its stage budget. GPU tests first (GPU_TESTS=1; GPU_TESTS_K
+# their -k): a model's lane beside another's step in one thread, an engine's slots from its own share, the lanes.
 #   setsid bash bench/gpu_colocate.sh > /tmp/colocate.out 2>&1 < /dev/null &
 BENCH=colocate
 . "$(dirname "$0")/gpu_serve.sh"
@@ -25,12 +25,17 @@ three() {   # three NAME SERVE-ARGS...
   http 8081 "$name-design" --rps 20 --duration 20 --model design \
     --instructions "A warm, calm female voice, middle-aged, speaking slowly and clearly." & loaders+=($!)
   wait "${loaders[@]}"
+  case $name in *-traced) kept_trace "$name" ;; esac
   curl -s http://127.0.0.1:8081/metrics | grep -E "^talkgate_engine_(lane|step_seconds_(sum|count))" \
     | tee -a "$res/progress"
   stop "$name"
   pack
 }
 three colocated --colocate
+if [ "${TRACE:-0}" = 1 ]; then       # the stage budget of the colocated models' first audio (all three in one)
+  : > "$res/trace.jsonl"
+  three colocated-traced --colocate --trace-latency "$res/trace.jsonl"
+fi
 [ "${SEPARATE:-1}" = 1 ] && three separate
 for m in ${ALONE-custom_voice base voice_design}; do     # each model alone at 20 req/s: its own reference
   start "one-$m" 8081 -- --model /tmp/ck-1.7b-$m
