@@ -1,8 +1,10 @@
-"""A `talkgate serve --trace-latency PATH` file as a latency budget: per endpoint, p50 and p95 of each stage (the time
-from the stage before it), of the whole (read -> written: first audio as the server sees it) and of the wait for the
-text that started the first frame (opened -> read: streamed text's wait for its committing delta).
+"""A `talkgate serve --trace-latency PATH` file as a latency budget: per endpoint and served model, p50 and p95 of each
+stage (the time from the stage before it), of the whole (read -> written: first audio as the server sees it) and of the
+wait for the text that started the first frame (opened -> read: streamed text's wait for its committing delta).
 
-    python -m bench.latency_trace PATH [--endpoint http:/v1/audio/speech]
+    python -m bench.latency_trace PATH [--endpoint http:/v1/audio/speech] [--model NAME]
+
+Several models' requests (a line's `model`, null for the default) are budgeted apart.
 
 Stages and what each one stamps: talkgate/server/latency_trace.py; the budget: docs/design.md.
 """
@@ -57,16 +59,19 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("path")
     ap.add_argument("--endpoint", help="only this endpoint's requests (as the file names it)")
+    ap.add_argument("--model", help="only this served model's requests (as the file names it)")
     args = ap.parse_args(argv)
-    by_endpoint: dict[str, list[dict]] = defaultdict(list)
+    by_endpoint: dict[tuple[str, str], list[dict]] = defaultdict(list)
     for t in read_traces(args.path):
-        if args.endpoint in (None, t["endpoint"]):
-            by_endpoint[t["endpoint"]].append(t)
+        model = t.get("model") or ""            # null (the default), or a file written before lines named it
+        if args.endpoint in (None, t["endpoint"]) and args.model in (None, model):
+            by_endpoint[t["endpoint"], model].append(t)
     if not by_endpoint:
         print(f"{args.path}: no complete trace", file=sys.stderr)
         return 1
-    for endpoint, traces in sorted(by_endpoint.items()):
-        print(f"\n{endpoint}: {len(traces)} requests\n{table(traces)}")
+    for (endpoint, model), traces in sorted(by_endpoint.items()):
+        name = f"{endpoint} model {model}" if model else endpoint
+        print(f"\n{name}: {len(traces)} requests\n{table(traces)}")
     return 0
 
 

@@ -1,7 +1,7 @@
 """`talkgate serve --trace-latency PATH`: per request, the time of each stage from the request read to its first audio
 byte written, split by process, one JSON line a request (docs/operations.md; the budget: docs/design.md).
 
-    {"endpoint": "http:/v1/audio/speech", "context": 7, "opened": NS,
+    {"endpoint": "http:/v1/audio/speech", "model": null, "context": 7, "opened": NS,
      "stages": {"read": NS, "parsed": NS, "tokenized": NS, "sent": NS,                      <- the worker
                 "engine_received": NS, "scheduled": NS, "launched": NS, "codes": NS,      <- the engine process
                 "decoded": NS, "handed": NS,
@@ -15,7 +15,8 @@ began (HTTP: after the JSON body was read and parsed; WebSocket: the frame is pa
 the call returned with the context's first token ids; `sent` they were handed to the engine (a worker: written to
 the engine's socket); `received` the step's events reached the worker's event loop; `encoded` the protocol's call
 that encoded the first audio returned; `written` its bytes were handed to the socket. `opened` is the read time of
-the message that started the context: before `read` when its text came later (streamed text).
+the message that started the context: before `read` when its text came later (streamed text). `model`: the served
+model the context was routed to (OpenContext.model; null for the default).
 
 Off by default; off, a Link has no LinkTrace (`trace is None`), the engine's contexts have no `trace` list, and
 nothing is stamped or allocated. Only streamed audio formats complete a trace (a non-streamed file's first byte
@@ -52,6 +53,7 @@ class TraceFile(JsonLines):
 class _Trace:
     context: int
     opened: int                         # read time of the message that started the context
+    model: str | None = None            # OpenContext.model: the served model it was routed to (None: the default)
     before: list | None = None          # WORKER_BEFORE times, from the call whose text can start its first frame
     engine: list | None = None          # ENGINE_STAGES times and the worker's "received"
     encoded: int = 0
@@ -90,7 +92,7 @@ class LinkTrace:
             if isinstance(cmd, OpenContext):
                 if len(self.by_context) >= MAX_OPEN:
                     self._drop(next(iter(self.by_context.values())))
-                self.by_context[cmd.context] = _Trace(cmd.context, self.t_read)
+                self.by_context[cmd.context] = _Trace(cmd.context, self.t_read, cmd.model)
             elif isinstance(cmd, (AppendText, FlushText, EndText)) and (cmd.ids or not isinstance(cmd, AppendText)):
                 t = self.by_context.get(cmd.context)
                 if t is not None and t.before is None:
@@ -124,7 +126,7 @@ class LinkTrace:
         if t.before is None or t.engine is None or len(t.engine) != len(ENGINE_STAGES) + 1:
             return                      # a context traced only in part (its engine answered before the trace began)
         times = [*t.before, *t.engine, t.encoded, now]
-        self.out.write({"endpoint": self.endpoint, "context": t.context, "opened": t.opened,
+        self.out.write({"endpoint": self.endpoint, "model": t.model, "context": t.context, "opened": t.opened,
                         "stages": dict(zip(STAGES, times))})
 
     def _drop(self, t: _Trace) -> None:

@@ -69,6 +69,7 @@ def test_every_stage_in_order_for_http_and_websocket_and_the_summary(traced):
     lines = wait_for_lines(path, 3)
     assert [t["endpoint"] for t in lines] == ["http:openai", "ws:native", "ws:native"], lines
     for t in lines:
+        assert t["model"] is None, t                                # the default model, the one served
         assert list(t["stages"]) == list(STAGES), t
         times = list(t["stages"].values())
         assert times == sorted(times) and t["opened"] <= times[0], t
