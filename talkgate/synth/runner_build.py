@@ -125,8 +125,8 @@ def begin_runner(path_or_id, device=None, dtype=None, max_contexts=None, max_fra
     (synth/lane.py) where the step runs CUDA graphs."""
     t0 = time.perf_counter()
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    if device.type == "cuda":       # what an engine loaded before this one in this process holds, cached blocks back
-        torch.cuda.empty_cache()
+    if device.type == "cuda":       # the blocks cached for engines loaded before this one in this process go back
+        torch.cuda.empty_cache()    # so that this one's reservation beyond reserved_before is its own
     reserved_before = torch.cuda.memory_reserved(device) if device.type == "cuda" else 0
     dtype = _dtype(dtype) or (torch.bfloat16 if device.type == "cuda" else torch.float32)
     root = resolve_path(path_or_id)
