@@ -720,8 +720,24 @@ def summarize(cfg: Config, results: list[Result], wall_s: float, issue_window: f
         "metrics": metrics, "server": server, "gpu": gpu,
         "client_loop_lag_ms": stats(lags),
         "in_flight_trend": in_flight_trend(ok, issue_window) if cfg.rps else None,
+        "ttfa_by_arrival": ttfa_by_arrival(ok),
         "clean": clean,
     }
+
+
+# A request that starts this soon after the one before it may find that one's first frame still being made (the
+# engine's first-frame lane busy, synth/lane.py): first audio is reported for such requests and the others apart
+CLOSE_ARRIVAL_S = 0.010
+
+
+def ttfa_by_arrival(ok: list[Result]) -> dict:
+    """First audio (measure.stats) of the requests that started within CLOSE_ARRIVAL_S of the one before them
+    ("close") and of the others ("apart")."""
+    started = sorted((r.start_s, r.ttfa_ms) for r in ok if r.start_s is not None and r.ttfa_ms is not None)
+    close, apart = [], [t for _, t in started[:1]]
+    for (before, _), (start, ttfa) in zip(started, started[1:]):
+        (close if start - before < CLOSE_ARRIVAL_S else apart).append(ttfa)
+    return {"within_ms": CLOSE_ARRIVAL_S * 1000, "close": stats(close), "apart": stats(apart)}
 
 
 # where in an open-loop level the requests in flight are counted (fractions of the level's window): after its first

@@ -123,6 +123,8 @@ def markdown(cfg: dict, s: dict) -> str:
                 f"{k} {v:.3f}" for k, v in sorted((srv.get("cpu_wait_share_by_process") or {}).items())) or "-"),
             ("engine turns over 40 ms (the server log says where their time went)",
              fmt(srv.get("engine_slow_turns"), 0)),
+            ("first audio of the requests that started close behind the one before them, and of the others: "
+             "n, p50 / p95 (ms)", arrival_split(s)),
             ("first frames made on the lane beside a running step (synth/lane.py), of the run's requests",
              f"{fmt(srv.get('engine_lane_launches'), 0)} of {s['requests']}"),
             ("a step's audio from the engine to a worker mean / p99 bucket (ms)",
@@ -143,6 +145,14 @@ def markdown(cfg: dict, s: dict) -> str:
             lines.append(f"| {name} | {m['n']} | "
                          + " | ".join(fmt(float(m[k]), d) for k in ("p50", "p95", "p99", "mean", "max")) + " |")
     return "\n".join(lines) + "\n"
+
+
+def arrival_split(s: dict) -> str:
+    split = s.get("ttfa_by_arrival")
+    if not split:
+        return "-"
+    part = lambda h: "none" if h is None else f"{h['n']}, {h['p50']:.1f} / {h['p95']:.1f}"
+    return f"within {split['within_ms']:.0f} ms: {part(split['close'])}; the others: {part(split['apart'])}"
 
 
 def underrun_split(s: dict) -> str:

@@ -165,6 +165,24 @@ def test_summary_splits_underrun_requests_by_start_and_first_dry_frame():
         in report.markdown(asdict(cfg), s)
 
 
+def test_summary_splits_first_audio_by_how_close_behind_another_a_request_started():
+    """A request that starts within 10 ms of the one before it may find that one's first frame still being made: its
+    first audio is reported apart (the first request of a run is never close behind one)."""
+    cfg = load.Config(rps=20.0)
+    rs = [_result(0, ttfa=30.0, start_s=0.004), _result(1, ttfa=8.0, start_s=0.100),
+          _result(2, ttfa=16.0, start_s=0.105), _result(3, ttfa=7.0, start_s=0.300),
+          _result(4, ttfa=18.0, start_s=0.3099), _result(5, start_s=None)]
+    s = load.summarize(cfg, rs, 10.0, 10.0, 3, {}, None, [0.1])
+    split = s["ttfa_by_arrival"]
+    assert split["within_ms"] == 10.0
+    assert split["close"]["n"] == 2 and split["close"]["p50"] == 17.0
+    assert split["apart"]["n"] == 3 and split["apart"]["p50"] == 8.0 and split["apart"]["max"] == 30.0
+    assert ("| first audio of the requests that started close behind the one before them, and of the others: n, p50 / "
+            "p95 (ms) | within 10 ms: 2, 17.0 / 17.9; the others: 3, 8.0 / 27.8 |") in report.markdown(asdict(cfg), s)
+    assert load.summarize(cfg, [_result(0, start_s=1.0)], 10.0, 10.0, 1, {}, None, [0.1])["ttfa_by_arrival"][
+        "close"] is None
+
+
 # ----- wire formats
 def test_audio_header_parsing():
     frame = measure.HEADER.pack(1, 2, 0, 7, 3, 240) + b"\x00\x01" * 4
