@@ -12,22 +12,12 @@ BENCH=colocate
 GPU_TESTS=${GPU_TESTS:-1} gpu_tests tests/gpu/test_engine_gpu.py -k "${GPU_TESTS_K:-lane or another_models or own_share}"
 checkpoints custom_voice base voice_design
 export TALKGATE_CACHE=/tmp/tgc-colocate
-http() { local port=$1 dir=$2; shift 2; load "$port" "$dir" --protocol openai --lang en --processes 2 "$@"; }
 three() {   # three NAME SERVE-ARGS...
   local name=$1; shift
   start "$name" 8081 -- --model cv=/tmp/ck-1.7b-custom_voice --model clone=/tmp/ck-1.7b-base \
     --model design=/tmp/ck-1.7b-voice_design "$@"
-  [ -f "$res/clone.json" ] || clone_voice 8081 speaker1
-  log "$name: 3 x 20 req/s for 20 s"
-  local loaders=()
-  http 8081 "$name-cv" --rps 20 --duration 20 --model cv & loaders+=($!)
-  http 8081 "$name-clone" --rps 20 --duration 20 --model clone --voice speaker1 & loaders+=($!)
-  http 8081 "$name-design" --rps 20 --duration 20 --model design \
-    --instructions "A warm, calm female voice, middle-aged, speaking slowly and clearly." & loaders+=($!)
-  wait "${loaders[@]}"
+  mixed_load "$name"
   case $name in *-traced) kept_trace "$name" ;; esac
-  curl -s http://127.0.0.1:8081/metrics | grep -E "^talkgate_engine_(lane|step_seconds_(sum|count))" \
-    | tee -a "$res/progress"
   stop "$name"
   pack
 }
@@ -37,15 +27,5 @@ if [ "${TRACE:-0}" = 1 ]; then       # the stage budget of the colocated models'
   three colocated-traced --colocate --trace-latency "$res/trace.jsonl"
 fi
 [ "${SEPARATE:-1}" = 1 ] && three separate
-for m in ${ALONE-custom_voice base voice_design}; do     # each model alone at 20 req/s: its own reference
-  start "one-$m" 8081 -- --model /tmp/ck-1.7b-$m
-  case $m in
-    custom_voice) http 8081 "one-$m" --rps 20 --duration 20 ;;
-    base) http 8081 "one-$m" --rps 20 --duration 20 --voice speaker1 ;;
-    voice_design) http 8081 "one-$m" --rps 20 --duration 20 \
-      --instructions "A warm, calm female voice, middle-aged, speaking slowly and clearly." ;;
-  esac
-  stop "one-$m"
-  pack
-done
+alone "$tree" one ${ALONE-custom_voice base voice_design}     # each model alone at 20 req/s: its own reference
 log "done"

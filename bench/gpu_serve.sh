@@ -13,6 +13,10 @@
 #   gpu_tests PYTEST_ARGS...                     with GPU_TESTS=1: pytest (400 s at most), its tail in progress
 #   gone PID                                     wait (up to 60 s) for a process to end
 #   pack                                         $res as $res.tgz (a poll call copies it to $OUT)
+#   mixed_load NAME                              three 1.7B models on port 8081 (cv, clone, design) at 20 req/s each
+#                                                for 20 s: the default voice, speaker1 cloned, a designed voice
+#   alone TREE PREFIX VARIANT...                 each 1.7B variant served alone from TREE on port 8081 at 20 req/s,
+#                                                its voice (runs PREFIX-VARIANT)
 set -uo pipefail
 out=${OUT:-/tmp/out}; res=${RES:-/tmp/res-$BENCH}; rm -rf "$res"; mkdir -p "$out" "$res"
 tree=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -108,6 +112,37 @@ each_tree() {
     "$loads" "$which"
     curl -s "http://127.0.0.1:8081/metrics" | grep -E "^talkgate_engine_(step|loop)" > "$res/$which-metrics.txt"
     kill -TERM "$(cat "$res/$which.pid")"; gone "$(cat "$res/$which.pid")"
+    pack
+  done
+}
+
+DESIGNED="A warm, calm female voice, middle-aged, speaking slowly and clearly."
+mixed_http() { local dir=$1; shift; load 8081 "$dir" --protocol openai --lang en --processes 2 --rps 20 --duration 20 "$@"; }
+
+mixed_load() {
+  local name=$1 loaders=()
+  [ -f "$res/clone.json" ] || clone_voice 8081 speaker1
+  log "$name: 3 x 20 req/s for 20 s"
+  mixed_http "$name-cv" --model cv & loaders+=($!)
+  mixed_http "$name-clone" --model clone --voice speaker1 & loaders+=($!)
+  mixed_http "$name-design" --model design --instructions "$DESIGNED" & loaders+=($!)
+  wait "${loaders[@]}"
+  curl -s http://127.0.0.1:8081/metrics | grep -E "^talkgate_engine_(lane|step_seconds_(sum|count))" \
+    | sed "s/^/$name /" | tee -a "$res/progress"
+}
+
+alone() {
+  local dir=$1 prefix=$2 m name; shift 2
+  for m in "$@"; do
+    name=$prefix-$m
+    # the server from its tree (python -m puts the working folder first on the path); the client is this tree's
+    (cd "$dir" && export PYTHONPATH=$dir:/tmp/site && start "$name" 8081 -- --model "/tmp/ck-1.7b-$m")
+    case $m in
+      custom_voice) mixed_http "$name" ;;
+      base) [ -f "$res/clone.json" ] || clone_voice 8081 speaker1; mixed_http "$name" --voice speaker1 ;;
+      voice_design) mixed_http "$name" --instructions "$DESIGNED" ;;
+    esac
+    kill -TERM "$(cat "$res/$name.pid")"; gone "$(cat "$res/$name.pid")"
     pack
   done
 }

@@ -61,15 +61,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--endpoint", help="only this endpoint's requests (as the file names it)")
     ap.add_argument("--model", help="only this served model's requests (as the file names it)")
     args = ap.parse_args(argv)
-    by_endpoint: dict[tuple[str, str], list[dict]] = defaultdict(list)
+    groups: dict[tuple[str, str], list[dict]] = defaultdict(list)       # (endpoint, model) -> traces
     for t in read_traces(args.path):
         model = t.get("model") or ""            # null (the default), or a file written before lines named it
         if args.endpoint in (None, t["endpoint"]) and args.model in (None, model):
-            by_endpoint[t["endpoint"], model].append(t)
-    if not by_endpoint:
+            groups[t["endpoint"], model].append(t)
+    if not groups:
         print(f"{args.path}: no complete trace", file=sys.stderr)
         return 1
-    for (endpoint, model), traces in sorted(by_endpoint.items()):
+    for (endpoint, model), traces in sorted(groups.items()):
         name = f"{endpoint} model {model}" if model else endpoint
         print(f"\n{name}: {len(traces)} requests\n{table(traces)}")
     return 0

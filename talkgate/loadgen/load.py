@@ -734,9 +734,9 @@ def ttfa_by_arrival(ok: list[Result]) -> dict:
     """First audio (measure.stats) of the requests that started within CLOSE_ARRIVAL_S of the one before them
     ("close") and of the others ("apart")."""
     started = sorted((r.start_s, r.ttfa_ms) for r in ok if r.start_s is not None and r.ttfa_ms is not None)
-    close, apart = [], [t for _, t in started[:1]]
-    for (before, _), (start, ttfa) in zip(started, started[1:]):
-        (close if start - before < CLOSE_ARRIVAL_S else apart).append(ttfa)
+    close, apart = [], []
+    for i, (start, ttfa) in enumerate(started):
+        (close if i and start - started[i - 1][0] < CLOSE_ARRIVAL_S else apart).append(ttfa)
     return {"within_ms": CLOSE_ARRIVAL_S * 1000, "close": stats(close), "apart": stats(apart)}
 
 

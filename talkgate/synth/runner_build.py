@@ -1,6 +1,8 @@
 """Building the engine's runner from a checkpoint, its slots sized from the GPU memory left.
 
-    runner, tokenizer_factory, prompts, info = load_runner(path_or_id, device, dtype, ...)   # synth.engine.Engine's
+    runner, tokenizer_factory, prompts, info = load_runner(path_or_id, device, dtype, ...)
+    finish = begin_runner(path_or_id, device, dtype, ...)      # the same in two parts (synth.engine.Engine's):
+    runner, tokenizer_factory, prompts, info = finish()        # the checkpoint loaded, then its helpers awaited
 
 On CUDA the compile helpers of a fresh compile cache (synth/parallel_compile.py) run beside the checkpoint's load,
 and the slots are sized once they have ended (their GPU memory back); where the slots come from a share of the GPU
@@ -111,18 +113,18 @@ def slots_within(budget: int, per_slot: int, cap: int = DEFAULT_MAX_SLOTS, max_b
 
 
 def load_runner(path_or_id, **kw):
-    """-> (Runner, tokenizer factory, Prompts, ModelInfo) for synth.engine.Engine (begin_runner's arguments)."""
+    """begin_runner and its second part in one call (begin_runner's arguments)."""
     return begin_runner(path_or_id, **kw)()
 
 
 def begin_runner(path_or_id, device=None, dtype=None, max_contexts=None, max_frames_per_context=750, max_batch=None,
                  cuda_graphs=True, max_prompt=None, decoder_dtype=None, torch_compile=True, untrained_length="text-rule",
                  memory_share=None, lane=None):
-    """load_runner's first part: the checkpoint loaded, the slots sized, a fresh cache's compile helpers started;
-    -> its second part, which waits for them and returns load_runner's tuple. An engine process of several models
-    (`serve --colocate`) begins every model's before it finishes any, so that their helpers compile side by side
-    (one model's after another's were most of the fresh start, docs/benchmarks.md). lane None: a first-frame lane
-    (synth/lane.py) where the step runs CUDA graphs."""
+    """The checkpoint loaded, the slots sized, a fresh cache's compile helpers started; -> the second part, which
+    waits for them and returns (Runner, tokenizer factory, Prompts, ModelInfo) for synth.engine.Engine. An engine
+    process of several models (`serve --colocate`) begins every model's before it finishes any, so that their helpers
+    compile side by side (one model's after another's were most of the fresh start, docs/benchmarks.md). lane None: a
+    first-frame lane (synth/lane.py) where the step runs CUDA graphs."""
     t0 = time.perf_counter()
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if device.type == "cuda":       # the blocks cached for engines loaded before this one in this process go back
