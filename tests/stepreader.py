@@ -15,5 +15,6 @@ def read_steps(sock, reader: channel.Reader, out: channel.Outgoing, frames: dict
             for context, frame in zip(contexts.tolist(), got.tolist()):
                 frames.setdefault(context, []).append(frame)
             for end in finished:
-                ends[end[0]] = wire.end_event(end).reason
+                event = wire.end_event(end)
+                ends[end[0]] = event.reason if hasattr(event, "reason") else f"{event.code}: {event.message}"
             assert out.send(wire.ack_message(seq))

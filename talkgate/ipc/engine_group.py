@@ -5,7 +5,10 @@ but a stream's priority holds only within its process, so a model's first frame 
 (synth/lane.py) waits behind the other models' steps: three 1.7B models at 3 x 20 req/s, first audio p95 29-41 ms
 against one model's 11 (docs/benchmarks.md). In one process the lane of every model is above every model's steps.
 
-The loop turns each EngineServer in order (its messages, one engine turn, its peers and stats); an engine's turn
+The loop turns each EngineServer once a round (its messages, one engine turn, its peers and stats), one with a new
+context's first frame to make before the others left in the round (a context that could not take its lane waits
+for one model's step, not for each model's before its own; first frames launched apart, as where an engine
+process is alone on its GPU: the other models' steps take turns with its own on this thread); an engine's turn
 waits for its step's codes, and while it waits (Engine.beside) every server's sockets are read and each other
 engine takes its own turn beside it (Engine.beside_turn: a new context that fits launches on its lane, a first
 frame that is done lands, decoded audio goes out), so a model's new context never waits for another model's
@@ -68,9 +71,18 @@ class EngineGroup:
             s.ready()
 
     def turn(self) -> bool:
-        """Each server's turn, each engine's turn beside the others' after it; True where any had something to do."""
+        """Each server's turn, each engine's turn beside the others' after it; True where any had something to do.
+        An engine with a first frame to make (Engine.first_frames_waiting: a new context that could not take its
+        lane) steps before the others left in the round, so that the context waits for one model's step, not for
+        each model's before its own."""
         busy = False
-        for s in self.servers:
+        left = list(self.servers)
+        while left:
+            if self.poller.poll(0):
+                for s in self.servers:
+                    s.receive()
+            s = next((s for s in left if s.engine.first_frames_waiting), left[0])
+            left.remove(s)
             busy = s.turn(step=True) or busy
             s.engine.beside_turn()
         return busy

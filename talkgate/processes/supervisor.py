@@ -104,10 +104,12 @@ ENGINE_MAIN = [sys.executable, "-m", "talkgate.processes.engine_process"]
 
 def engine_flags(plan: Plan, i: int, endpoint: str) -> list[str]:
     """The flags of engine `i` of `plan`: the server's engine flags, then its model's own, then its share of the GPU's
-    memory and whether other engines share its GPU."""
+    memory and whether other engine processes share its GPU (colocated, its process is its GPU's only one: the other
+    models' steps take turns with its own on one thread)."""
     e = plan.engines[i]
     share = ["--memory-share", str(e["memory_share"])] if e.get("memory_share") else []
-    shared = ["--shared-gpu"] if e.get("cuda_visible") in mps.shared_gpus(plan.engines) else []
+    others = not plan.colocate and e.get("cuda_visible") in mps.shared_gpus(plan.engines)
+    shared = ["--shared-gpu"] if others else []
     return ["--index", str(i), "--endpoint", endpoint, "--model", plan.models[e["model"]][1], "--device", e["device"],
             *plan.engine_args, *e.get("args", ()), *share, *shared]
 

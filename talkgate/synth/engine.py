@@ -689,6 +689,15 @@ class Engine:
             time.sleep(LANE_POLL_S)
 
     @property
+    def first_frames_waiting(self) -> bool:
+        """Commands are queued (a new context's among them, as a rule) or a context is ready for its first frame: where
+        engines share a thread (ipc/engine_group.py), this one's step comes before theirs."""
+        with self._lock:
+            if self._commands:
+                return True
+        return any(r.ready for r in self.scheduler.waiting)
+
+    @property
     def lane_in_flight(self) -> bool:
         """A context's first frame is on the lane (beside_turn lands it once it is done)."""
         return self._lane is not None

@@ -118,12 +118,13 @@ def test_models_file_memory_share(tmp_path):
 
 def test_engine_processes_sharing_a_gpu_are_told_so():
     """--shared-gpu (no first frames launched apart: synth/engine.py) for each engine process whose GPU has others,
-    whatever their shares; none for one alone on its GPU, nor on the CPU."""
+    whatever their shares; none for one alone on its GPU, nor on the CPU, nor where the engines of a GPU are one
+    process (`serve --colocate`: their steps take turns on its thread)."""
     a, b = ModelSpec("a", "/a"), ModelSpec("b", "/b", gpus="0")
 
-    def shared(specs, device="cuda", engines=1):
+    def shared(specs, device="cuda", engines=1, colocate=False):
         plan = Plan(host="127.0.0.1", port=0, models=[(s.name, s.path) for s in specs], workers=1,
-                    engines=engine_plan(specs, device, None, engines, None, ["0", "1"]))
+                    engines=engine_plan(specs, device, None, engines, None, ["0", "1"]), colocate=colocate)
         return [(e["cuda_visible"], "--shared-gpu" in engine_argv(plan, i, "ipc:///tmp/e")) for i, e in
                 enumerate(plan.engines)]
 
@@ -132,3 +133,4 @@ def test_engine_processes_sharing_a_gpu_are_told_so():
     assert shared([ModelSpec("m", "/m", max_contexts=8)], engines=2) == [("0", True), ("0", True), ("1", True),
                                                                           ("1", True)]
     assert shared([a, ModelSpec("c", "/c")], device="cpu") == [(None, False), (None, False)]
+    assert shared([a, b], colocate=True) == [("0", False), ("1", False), ("0", False)]
