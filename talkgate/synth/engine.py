@@ -59,6 +59,7 @@ from talkgate.synth.api import (
     InvalidParams, MakeVoice, ModelInfo, OpenContext, StageTimes, TextSpoken, VoiceFailed, VoiceMade, VoicePrompt,
     seed_fits,
 )
+from talkgate.synth.lane import LANE_SETS
 from talkgate.synth.request import Request, Status
 from talkgate.synth.scheduler import Scheduler
 
@@ -186,7 +187,7 @@ class Engine:
         self._steps = self._frames = 0
         # the launched steps' frames whose PCM is not emitted yet: [(step, [(row, req, frame, finish)])]
         self._audio: list[tuple] = []
-        self._lane: tuple | None = None         # the lane's launch in flight and its context (synth/lane.py)
+        self._lanes: collections.deque = collections.deque()    # the lane's launches in flight, each with its context
         self._step_ms_last = self._step_ms_total = 0.0
         self._roof_s_total = 0.0                # the steps' roofline seconds (runner.roof, where the GPU is known)
         self._voices: collections.deque = collections.deque()     # (client, MakeVoice) not begun yet
@@ -643,15 +644,14 @@ class Engine:
                 if not last:                                    # the first frames, while the running rows' runs
                     self._emit_audio()
                     self._deliver()
-            if self._lane is not None:                          # its context runs in the next step
+            while self._lanes:                                  # their contexts run in the next step
                 self._land_lane()
         except Exception as e:                                  # fail this step's contexts, keep serving
             log.exception("engine step failed")
             self._audio = []
             lost = prefill + decode
-            if self._lane is not None:
-                lost.append(self._lane[1])
-                self._lane = None
+            lost.extend(req for _, req in self._lanes)
+            self._lanes.clear()
             for req in lost:
                 if not req.freed:
                     self._fail(req, e)
@@ -670,18 +670,19 @@ class Engine:
 
     def _await_codes(self, step, busy: set[int] | None) -> np.ndarray:
         """The launched step's codes. While it runs: where `busy` is given (the step's slots: a slot freed during the
-        step is still being written by it), a new context that arrives takes the lane (one at a time), and its first
-        audio goes out as soon as it is decoded; where other engines share this thread (`beside`), they take theirs."""
+        step is still being written by it), a new context that arrives takes the lane (LANE_SETS in flight at most, one
+        behind the other), and its first audio goes out as soon as it is decoded; where other engines share this
+        thread (`beside`), they take theirs."""
         while True:
             if busy is not None:
-                if self._lane is None:
-                    if self.poll is not None:
-                        self.poll()
-                    self._launch_lane(busy)
-                elif self.runner.audio_ready(self._lane[0]):
+                if self._lanes and self.runner.audio_ready(self._lanes[0][0]):
                     self._land_lane()
                     self._emit_audio()
                     self._deliver()
+                if len(self._lanes) < LANE_SETS:
+                    if self.poll is not None:
+                        self.poll()
+                    self._launch_lanes(busy)
             if self.beside is not None:
                 self.beside()
             if self.runner.codes_ready(step):
@@ -700,29 +701,35 @@ class Engine:
     @property
     def lane_in_flight(self) -> bool:
         """A context's first frame is on the lane (beside_turn lands it once it is done)."""
-        return self._lane is not None
+        return bool(self._lanes)
 
     def beside_turn(self) -> None:
         """While another engine of this thread steps (ipc/engine_group.py), without waiting for the GPU: a first frame
         on the lane that is done lands, the audio whose decode is done goes out (this engine's next step is a turn of
-        the loop away), and a new context that can take the lane launches there once no launch of this engine's is
-        still running (all its audio out: a slot freed meanwhile, a cancelled context's, is no longer written)."""
+        the loop away), and a new context that can take the lane launches there (behind one in flight) once no step of
+        this engine's is still running (all its audio out: a slot freed meanwhile, a cancelled context's, is no longer
+        written)."""
         lane = self.runner.lane is not None
-        if lane and self._lane is not None and self.runner.audio_ready(self._lane[0]):
+        while lane and self._lanes and self.runner.audio_ready(self._lanes[0][0]):
             self._land_lane()
         self._emit_audio(wait=False)
-        if lane and self._lane is None and not self._audio:
-            self._launch_lane(set())
+        if lane and not self._audio:
+            self._launch_lanes(set())
         self._deliver()
 
-    def _launch_lane(self, busy: set[int]) -> None:
+    def _launch_lanes(self, busy: set[int]) -> None:
+        """Contexts that can take the lane launched there, one behind the other, while fewer than LANE_SETS are."""
+        while len(self._lanes) < LANE_SETS and self._launch_lane(busy):
+            pass
+
+    def _launch_lane(self, busy: set[int]) -> bool:
         """The first context that can take the lane (_fits_lane), with its queued text applied, launched there; its
         commands leave the queue (a context's commands before its first frame concern it alone), the others stay for
-        the step boundary."""
+        the step boundary. False where none could."""
         with self._lock:
             req = next((req for op, req, arg in self._commands if self._fits_lane(req, op, arg, busy)), None)
             if req is None:
-                return
+                return False
             opened = req.prefixed                           # its slot set at a boundary already (streamed text)
             mine = [cmd for cmd in self._commands if cmd[1] is req]
             self._commands = collections.deque(cmd for cmd in self._commands if cmd[1] is not req)
@@ -734,7 +741,7 @@ class Engine:
             elif op != "open":
                 self._apply_text(op, req, arg)
         if req.freed:
-            return
+            return True
         req.t_ready, req.status = time.perf_counter(), Status.RUNNING
         stamp([req], SCHEDULED)
         try:
@@ -742,9 +749,10 @@ class Engine:
         except Exception as e:                                  # this context fails; the engine goes on
             log.exception("launching context %d of client %d on the lane failed", req.context, req.client)
             self._fail(req, e)
-            return
+            return True
         stamp([req], LAUNCHED)
-        self._lane = (step, req)
+        self._lanes.append((step, req))
+        return True
 
     def _fits_lane(self, req: Request, op: str, arg, busy: set[int]) -> bool:
         """(Under the lock, `op` queued for req.) Whether req can take the lane now, its slot not written by the step
@@ -763,8 +771,7 @@ class Engine:
 
     def _land_lane(self) -> None:
         """The lane's context's first frame, as a step's (waits for its codes): from here on it runs with the others."""
-        step, req = self._lane
-        self._lane = None
+        step, req = self._lanes.popleft()
         codes = self.runner.codes_of(step)
         stamp([req], CODES)
         if not req.freed:

@@ -29,6 +29,11 @@ from dataclasses import dataclass
 import torch
 
 LANE_ROWS = 1                   # one new context a lane launch (one row runs the persistent kernels)
+# Lane launches in flight at once: a context that arrives while another's first frame is on the lane is launched
+# behind it on the lane's stream (in stream order: one set of step buffers, graphs and pool), not a step later. Each
+# has a set of host buffers of its own (its inputs may still wait to be copied, its codes and PCM to be read, while
+# the next is queued); the engine lands them in order
+LANE_SETS = 2
 
 
 @dataclass
@@ -36,12 +41,12 @@ class Lane:
     stream: object                  # torch.cuda.Stream of the highest priority (None on the CPU: eager, in order)
     pool: object                    # the lane graphs' memory pool (None on the CPU)
     bufs: object                    # runner.StepBuffers (its first LANE_ROWS rows used)
-    open_ints_host: torch.Tensor    # the open's host blocks, one set: one lane launch in flight at a time
-    open_floats_host: torch.Tensor
+    open_ints_host: list            # the open's host blocks, a set a launch in flight (LANE_SETS)
+    open_floats_host: list
     launches: int = 0
 
     @classmethod
-    def on(cls, device: torch.device, bufs, open_ints_host: torch.Tensor, open_floats_host: torch.Tensor) -> "Lane":
+    def on(cls, device: torch.device, bufs, open_ints_host: list, open_floats_host: list) -> "Lane":
         cuda = device.type == "cuda"
         stream = torch.cuda.Stream(device, priority=-100) if cuda else None    # clamped to the device's highest
         pool = torch.cuda.graph_pool_handle() if cuda else None

@@ -75,7 +75,7 @@ import torch
 
 from talkgate.synth import compile_cache, precompiled
 from talkgate.synth.api import FRAME_SAMPLES, SAMPLE_RATE, SamplingParams, VoicePrompt
-from talkgate.synth.lane import LANE_ROWS, Lane
+from talkgate.synth.lane import LANE_ROWS, LANE_SETS, Lane
 from talkgate.synth.model import sample_codes
 from talkgate.synth.request import Request
 from talkgate.synth.sampling import FLOAT_FIELDS, INT_FIELDS, FrameSampler, RowSampling
@@ -104,7 +104,7 @@ FIRST_AUDIO_BATCH = 16
 # Launches whose host buffers may be in use at once: the last step's, whose PCM is taken while the next runs, and
 # the next step's two launches where it is split (a new context's first frame launched apart: Engine)
 HOST_SETS = 3
-LANE_SET = HOST_SETS                   # the first-frame lane's host buffers (synth/lane.py), after the HOST_SETS
+LANE_SET = HOST_SETS                   # the first-frame lane's host buffers (synth/lane.py): LANE_SETS from here
 NO_EOS = 1 << 40                       # eos allowed from this frame on, for fixed_frames contexts: never
 EOS_FROM = 2                           # the reference's min_new_tokens
 PRIMED_VOICES = 32                     # ICL voices whose primed decoder state is kept (5.3 MB each, 0.6B/1.7B fp32)
@@ -245,19 +245,21 @@ class Runner:
         self.open_ints_host = torch.zeros(chunks, 3 + len(INT_FIELDS), O, dtype=torch.long, pin_memory=cuda)
         self.open_floats_host = torch.zeros(chunks, len(FLOAT_FIELDS), O, pin_memory=cuda)
         self.opened = torch.cuda.Event() if cuda else None
-        # the first-frame lane (synth/lane.py): its step buffers, its host set (the last, LANE_SET) and its graphs
+        # the first-frame lane (synth/lane.py): its step buffers, its host sets (the last LANE_SETS) and its graphs
         self.lane = None
         if lane:
             with torch.device(device):
                 bufs = StepBuffers.zeros(LANE_ROWS, H, dtype, LANE_ROWS)
             self.lane = Lane.on(device, bufs,
-                                torch.zeros(3 + len(INT_FIELDS), LANE_ROWS, dtype=torch.long, pin_memory=cuda),
-                                torch.zeros(len(FLOAT_FIELDS), LANE_ROWS, pin_memory=cuda))
-            self.inputs_host.append(torch.zeros(4, input_columns(LANE_ROWS), dtype=torch.long, pin_memory=pin))
-            self.codes_host.append(torch.zeros(LANE_ROWS, CODES, dtype=torch.long, pin_memory=pin))
-            self.pcm_host.append(torch.zeros(LANE_ROWS, FRAME_SAMPLES, pin_memory=pin))
-            self.codes_done.append(torch.cuda.Event() if cuda else None)
-            self.pcm_done.append(torch.cuda.Event() if cuda else None)
+                                [torch.zeros(3 + len(INT_FIELDS), LANE_ROWS, dtype=torch.long, pin_memory=cuda)
+                                 for _ in range(LANE_SETS)],
+                                [torch.zeros(len(FLOAT_FIELDS), LANE_ROWS, pin_memory=cuda) for _ in range(LANE_SETS)])
+            for _ in range(LANE_SETS):
+                self.inputs_host.append(torch.zeros(4, input_columns(LANE_ROWS), dtype=torch.long, pin_memory=pin))
+                self.codes_host.append(torch.zeros(LANE_ROWS, CODES, dtype=torch.long, pin_memory=pin))
+                self.pcm_host.append(torch.zeros(LANE_ROWS, FRAME_SAMPLES, pin_memory=pin))
+                self.codes_done.append(torch.cuda.Event() if cuda else None)
+                self.pcm_done.append(torch.cuda.Event() if cuda else None)
         self._joined = None         # the lane's last launch's end, not waited for by the main stream yet
         # batch 1 has its own graphs although compiled functions specialize size 1 apart (more compiles at
         # warm-up): a padding row costs the code predictor's persistent kernel 0.4 ms a step
@@ -467,24 +469,26 @@ class Runner:
         """Queue a new context's open and first frame on the lane (synth/lane.py), beside the step in flight: its
         slot set from its kept prefix (kept_prefix) and its sampling values (open_slot False: a context opened at a
         step boundary, `prefixed`, whose slot is set already), then a one-row Talker step at its prompt's last
-        position, its codes and its decode, copied back as a step's are (codes_of, audio_of). One lane launch at a
-        time: its host buffers are read (audio_of) before the next. The main stream's next open or launch waits for
-        it."""
+        position, its codes and its decode, copied back as a step's are (codes_of, audio_of). At most LANE_SETS
+        lane launches in flight, each behind the one before it on the lane's stream: a launch's host buffers are read
+        (audio_of) before the LANE_SETS-th one after it. The main stream's next open or launch waits for the last."""
         lane = self.lane
         if open_slot:
             e = self._prefixes[req.prompt]
             self._prefixes.move_to_end(req.prompt)
             self.prefix_counts["kept"] += 1
             req.prefixed, req.prompt_len = True, req.prompt.length
-        launched = Launched(1, 0, True, LANE_SET, positions=req.prompt_len - 1)
+        k = lane.launches % LANE_SETS
+        s = LANE_SET + k
+        launched = Launched(1, 0, True, s, positions=req.prompt_len - 1)
         lane.launches += 1
         with torch.cuda.stream(lane.stream) if lane.stream is not None else contextlib.nullcontext():
             if self.opened is not None:
                 lane.stream.wait_event(self.opened)             # the prefix store and slots as the opens left them
             if open_slot:
-                self._stage_opens(lane.open_ints_host, lane.open_floats_host, lane.bufs, [req.slot],
+                self._stage_opens(lane.open_ints_host[k], lane.open_floats_host[k], lane.bufs, [req.slot],
                                   [EOS_FROM if req.samples_eos else NO_EOS], [e], [req.params.sampling], LANE_ROWS)
-            inputs_host = self.inputs_host[LANE_SET]
+            inputs_host = self.inputs_host[s]
             inputs_host.numpy()[:, 0] = (req.slot, req.prompt_len - 1,
                                          req.next_text_id(self.text_eos, self.text_pad), 0)
             lane.bufs.inputs.copy_(inputs_host, non_blocking=True)
@@ -498,9 +502,9 @@ class Runner:
                 else:
                     parts[part](LANE_ROWS)
                 if part == "codes":
-                    self._copy_back(self.codes_host, self.codes_done, LANE_SET, lane.bufs.codes[:LANE_ROWS])
-            self._copy_back(self.pcm_host, self.pcm_done, LANE_SET, lane.bufs.pcm[:LANE_ROWS])
-            self._joined = self.pcm_done[LANE_SET]
+                    self._copy_back(self.codes_host, self.codes_done, s, lane.bufs.codes[:LANE_ROWS])
+            self._copy_back(self.pcm_host, self.pcm_done, s, lane.bufs.pcm[:LANE_ROWS])
+            self._joined = self.pcm_done[s]
         return launched
 
     @staticmethod
@@ -844,7 +848,7 @@ class Runner:
         """The lane's open and step graphs (synth/lane.py), over its buffers, on its stream, into its pool: opens
         and a step of the dummy slot."""
         lane = self.lane
-        self._stage_opens(lane.open_ints_host, lane.open_floats_host, lane.bufs, [self.dummy], [EOS_FROM],
+        self._stage_opens(lane.open_ints_host[0], lane.open_floats_host[0], lane.bufs, [self.dummy], [EOS_FROM],
                           [PREFIX_ENTRIES], [SamplingParams(seed=0)], LANE_ROWS)
         self._dummy_inputs(lane.bufs)
         parts = {"open": functools.partial(self._open_step, buf=lane.bufs), **self._parts_of(lane.bufs)}

@@ -198,22 +198,24 @@ def test_opening_contexts_and_launching_a_step_never_wait_for_the_gpu(checkpoint
     assert len(prefill) == 3 and engine.runner.codes_of(step).shape == (3, 16)
 
 
-def lane_run(checkpoint, lane: bool, opened_first: bool = False, running: int = 3) -> tuple[list[list], Engine]:
-    """`running` contexts run; once the first has four frames out, one more arrives while a step runs (Engine.poll),
-    or with lane=False just after that step. Its voice's prompt prefix is kept already (a context of it ran before).
-    opened_first: streamed text, its open comes a step before its text (opened at that step's boundary)."""
+def lane_run(checkpoint, lane: bool, opened_first: bool = False, running: int = 3,
+             late_count: int = 1) -> tuple[list[list], Engine]:
+    """`running` contexts run; once the first has four frames out, `late_count` more arrive while a step runs
+    (Engine.poll), or with lane=False just after that step. Their voice's prompt prefix is kept already (a context of
+    it ran before). opened_first: streamed text, the open comes a step before the text (opened at that step's
+    boundary)."""
     engine = Engine.from_pretrained(str(checkpoint), device="cuda", dtype="float32", max_contexts=8,
                                     max_frames_per_context=64, torch_compile=False, lane=lane)
     engine.runner.warmup()
     run_contexts(engine, PARAMS[3:4], TEXTS[:1])
-    events = [[] for _ in range(running + 1)]
+    events = [[] for _ in range(running + late_count)]
     client = engine.connect(lambda batch: [events[ev.context].append(ev) for ev in batch])
     tokenizer = engine.new_tokenizer().tokenizer
     said = lambda i, t, p: [OpenContext(i, p), EndText(i, tuple(tokenizer.encode(t)), text_seconds(t))]
     engine.submit(client, [cmd for i in range(running) for cmd in said(i, TEXTS[i], PARAMS[i])])
     while sum(isinstance(ev, AudioChunk) for ev in events[0]) < 4:
         engine.run_once()
-    late = said(running, TEXTS[0], PARAMS[3])
+    late = [cmd for j in range(late_count) for cmd in said(running + j, TEXTS[j], PARAMS[3])]
     if opened_first:
         engine.submit(client, late[:1])
         del late[:1]
@@ -286,6 +288,18 @@ def test_a_context_opened_before_its_text_takes_the_lane_and_speaks_as_without_i
     assert engine.stats()["lane_launches"] == 0
     with_lane, engine = lane_run(checkpoint, lane=True, opened_first=True)
     assert engine.stats()["lane_launches"] == 1
+    for a, b in zip(without, with_lane):
+        assert a[-1].reason == b[-1].reason == "length"
+        np.testing.assert_allclose(pcm(b), pcm(a), atol=3e-3)
+
+
+def test_two_contexts_arriving_during_a_step_take_the_lane_one_behind_the_other(checkpoint):
+    """Two new contexts arrive while three contexts' step runs: both are launched on the lane, the second behind the
+    first on its stream (each launch a set of host buffers of its own, synth/lane.py LANE_SETS), and every context's
+    audio is what it is where both start at the next step boundary (to 3e-3, as above)."""
+    without, engine = lane_run(checkpoint, lane=False, late_count=2)
+    with_lane, engine = lane_run(checkpoint, lane=True, late_count=2)
+    assert engine.stats()["lane_launches"] == 2
     for a, b in zip(without, with_lane):
         assert a[-1].reason == b[-1].reason == "length"
         np.testing.assert_allclose(pcm(b), pcm(a), atol=3e-3)

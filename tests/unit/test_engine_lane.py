@@ -208,3 +208,24 @@ def test_engines_sharing_a_gpu_take_the_lane_but_launch_no_pass_apart(lane_engin
             eng.disconnect(c.id)
         finally:
             eng.first_apart = True
+
+
+def test_two_contexts_arriving_during_one_step_both_take_the_lane_one_behind_the_other(lane_engine):
+    """LANE_SETS lane launches in flight at once: the second new context is launched on the lane behind the first,
+    not at the step boundary; a third waits for the boundary. Each speaks as it does alone."""
+    from talkgate.synth.lane import LANE_SETS
+    assert LANE_SETS == 2
+    eng = lane_engine
+    params = [ContextParams(voice="ryan", sampling=GREEDY, fixed_frames=n) for n in (5, 7, 6)]
+    refs = [alone(eng, 10 + i, SHORT, p) for i, p in enumerate(params)]
+    c = Calls(eng)
+    running_far_ahead(eng, c)
+    before, launches = eng.stats()["lane_launches"], eng.runner.launches
+    step_while_arriving(eng, c.id, [cmd for i, p in enumerate(params) for cmd in c.commands(10 + i, SHORT, p)])
+    assert eng.stats()["lane_launches"] == before + 2
+    assert eng.runner.launches == launches + 1                   # the running context's step only
+    run(eng, c, [1, 10, 11, 12])
+    assert eng.stats()["lane_launches"] == before + 2            # the third at the step boundary
+    for i, ref in enumerate(refs):
+        np.testing.assert_allclose(c.pcm(10 + i), ref, atol=1e-5)
+    eng.disconnect(c.id)
