@@ -4,7 +4,8 @@
 # voice, a cloned voice, a designed voice). This tree from an empty compile cache first (the time until ready), then
 # the earlier tree (`git archive REV talkgate | tar -x -C .e2e/before`) and this one again in turn, AB_ROUNDS times
 # (2), on the warm cache; then this tree with --trace-latency (its stage budget) and each model alone at 20 req/s
-# (ALONE="": none), the references. GPU tests first (GPU_TESTS=1).
+# (ALONE="": none), the references, and CustomVoice alone from the earlier tree (ALONE_BEFORE). GPU tests first
+# (GPU_TESTS=1).
 #   setsid bash bench/gpu_colocate_ab.sh > /tmp/colocate-ab.out 2>&1 < /dev/null &
 BENCH=colocate-ab
 . "$(dirname "$0")/gpu_serve.sh"
@@ -28,5 +29,6 @@ for round in $(seq "${AB_ROUNDS:-2}"); do
 done
 : > "$res/trace.jsonl"
 three after-traced "$tree" --trace-latency "$res/trace.jsonl"
-alone ${ALONE-custom_voice base voice_design}     # each model alone at 20 req/s: its own reference
+alone "$tree" one ${ALONE-custom_voice base voice_design}     # each model alone at 20 req/s: its own reference
+alone "$tree/.e2e/before" before-one ${ALONE_BEFORE-custom_voice}        # and from the earlier tree
 log "done"
