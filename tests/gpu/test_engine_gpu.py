@@ -351,7 +351,7 @@ def test_an_engine_loaded_after_another_in_its_process_sizes_its_slots_from_its_
     first, n = slots()
     before = torch.empty(6 << 30, dtype=torch.uint8, device="cuda")
     second, m = slots()
-    assert 1 < n < 1024 and abs(m - n) <= 2        # without its own share: 2 slots
+    assert 1 < n < 1024 and abs(m - n) <= n // 20   # without its own share: 2 slots (an H200 gave 121 and 118)
     del before, first, second
 
 
