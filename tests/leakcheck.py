@@ -23,7 +23,10 @@ Left out, each for its reason (nothing that runs talkgate's or the tests' own co
 - torch's compiler's thread pool (torch/_inductor/async_compile.py): the first compile in a process that loads a
   compiled kernel starts it (AsyncCompile.pool, cached for the process), and it waits for work for the life of the
   process; tests that compile in this process (tests/system/test_warmup.py) start it. Known by the stack that
-  started the thread, not by its name, which is any executor's.
+  started the thread, not by its name, which is any executor's. Where the machine has cores enough (a GPU machine:
+  16), the compiler uses worker processes instead (torch/_inductor/compile_worker/), a child process and the
+  threads that read it and time it, kept for the process's life as well: left out alike, the child known by its
+  command line.
 - multiprocessing's resource tracker (a child process): one per process, started by the first process spawned (the
   clients of talkgate bench's load generator) and meant to outlive them all, to reclaim what a crashed one left;
   it exits with this process.
@@ -49,7 +52,8 @@ from pathlib import Path
 import pytest
 
 GRACE_S = 10.0
-TORCH_COMPILE_POOL = os.path.join("torch", "_inductor", "async_compile.py")
+TORCH_COMPILE_POOLS = (os.path.join("torch", "_inductor", "async_compile.py"),
+                      os.path.join("torch", "_inductor", "compile_worker") + os.sep)
 STARTED_FROM_FRAMES = 8     # of the stack that started a thread, named in the report
 ROOT = Path(__file__).resolve().parent.parent
 OWN = tuple(str(ROOT / d) + os.sep for d in ("talkgate", "tests"))     # code whose threads are never baseline
@@ -101,7 +105,7 @@ def _record_thread_starts():
         frames = traceback.extract_stack(sys._getframe(1), limit=STARTED_FROM_FRAMES)
         where = "; ".join(f"{Path(f.filename).name}:{f.lineno} {f.name}" for f in reversed(frames))
         _check.started[thread] = f"started during {_check.test}, from {where}"
-        if any(f.filename.endswith(TORCH_COMPILE_POOL) for f in frames):
+        if any(pool in f.filename for f in frames for pool in TORCH_COMPILE_POOLS):
             _check.library_pools.add(thread)
         return start(thread, *args, **kwargs)
 
@@ -196,18 +200,24 @@ def _children() -> list[int]:
             pids += [int(p) for p in (task / "children").read_text().split()]
         except OSError:          # the task ended meanwhile
             pass
-    return sorted(set(pids) - {left_out})
+    return sorted(pid for pid in set(pids) - {left_out} if TORCH_COMPILE_POOLS[1] not in _cmdline(pid))
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:          # gone meanwhile
+        return ""
 
 
 def _describe_process(pid: int) -> str:
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
     except OSError:
         return f"pid {pid} (gone meanwhile)"
     if state == "Z":
         return f"pid {pid}: exited, never waited for (zombie)"
-    return f"pid {pid} (state {state}): {cmdline[:300]}"
+    return f"pid {pid} (state {state}): {_cmdline(pid)[:300]}"
 
 
 def _sockets() -> dict[int, str]:

@@ -54,10 +54,10 @@ def test_a_leak_of_each_kind_fails_the_run_and_is_named(tmp_path):
 def test_what_ends_in_time_or_in_teardown_is_not_a_leak(tmp_path):
     """A thread that ends within the check's grace, and session fixtures (a thread, a child, a socket) torn down after
     the tests: also when the run is interrupted (^C) mid-test, which leaves them set up until pytest's own
-    sessionfinish tears them down (the check runs after it). What the check leaves out, tqdm's monitor thread and
-    multiprocessing's resource tracker, is not counted."""
+    sessionfinish tears them down (the check runs after it). What the check leaves out, tqdm's monitor thread,
+    multiprocessing's resource tracker and torch's compile worker processes, is not counted."""
     body = """
-        import socket, subprocess, sys, threading, time
+        import os, socket, subprocess, sys, threading, time
         import pytest
 
         @pytest.fixture(scope="session")
@@ -84,6 +84,9 @@ def test_what_ends_in_time_or_in_teardown_is_not_a_leak(tmp_path):
             child = multiprocessing.get_context("spawn").Process(target=print)
             child.start()                           # and multiprocessing's resource tracker with it: left out
             child.join()
+            os.environ["TORCHINDUCTOR_COMPILE_THREADS"] = "2"
+            from torch._inductor.async_compile import AsyncCompile
+            AsyncCompile.process_pool()             # torch's compile workers (a GPU machine's): left out
     """
     clean = run_pytest(tmp_path, body.replace("FAIL", "pass"))
     assert clean.returncode == 0 and "2 passed" in clean.stdout and "leak" not in clean.stdout, clean.stdout
