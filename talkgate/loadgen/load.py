@@ -732,12 +732,19 @@ CLOSE_ARRIVAL_S = 0.010
 
 def ttfa_by_arrival(ok: list[Result]) -> dict:
     """First audio (measure.stats) of the requests that started within CLOSE_ARRIVAL_S of the one before them
-    ("close") and of the others ("apart")."""
-    started = sorted((r.start_s, r.ttfa_ms) for r in ok if r.start_s is not None and r.ttfa_ms is not None)
-    close, apart = [], []
-    for i, (start, ttfa) in enumerate(started):
+    ("close") and of the others ("apart"); and of those that started while an earlier request of the run was still
+    receiving audio ("during_another": at a low rate the engine is then making that one's frames, and the new first
+    frame shares the GPU with its step) and of those that found none ("alone")."""
+    started = sorted((r.start_s, r.ttfa_ms, r.e2e_ms) for r in ok if r.start_s is not None and r.ttfa_ms is not None)
+    close, apart, during, alone = [], [], [], []
+    last_end = float("-inf")
+    for i, (start, ttfa, e2e) in enumerate(started):
         (close if i and start - started[i - 1][0] < CLOSE_ARRIVAL_S else apart).append(ttfa)
-    return {"within_ms": CLOSE_ARRIVAL_S * 1000, "close": stats(close), "apart": stats(apart)}
+        (during if start < last_end else alone).append(ttfa)
+        if e2e is not None:
+            last_end = max(last_end, start + e2e / 1000)
+    return {"within_ms": CLOSE_ARRIVAL_S * 1000, "close": stats(close), "apart": stats(apart),
+            "during_another": stats(during), "alone": stats(alone)}
 
 
 # where in an open-loop level the requests in flight are counted (fractions of the level's window): after its first

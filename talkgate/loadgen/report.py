@@ -123,8 +123,9 @@ def markdown(cfg: dict, s: dict) -> str:
                 f"{k} {v:.3f}" for k, v in sorted((srv.get("cpu_wait_share_by_process") or {}).items())) or "-"),
             ("engine turns over 40 ms (the server log says where their time went)",
              fmt(srv.get("engine_slow_turns"), 0)),
-            ("first audio of the requests that started close behind the one before them, and of the others: "
-             "n, p50 / p95 (ms)", arrival_split(s)),
+            ("first audio of the requests that started close behind the one before them, and of the others; of "
+             "those that started while another was streaming, and of those that found none: n, p50 / p95 (ms)",
+             arrival_split(s)),
             ("first frames made on the lane beside a running step (synth/lane.py), of the run's requests",
              f"{fmt(srv.get('engine_lane_launches'), 0)} of {s['requests']}"),
             ("a step's audio from the engine to a worker mean / p99 bucket (ms)",
@@ -152,7 +153,8 @@ def arrival_split(s: dict) -> str:
     if not split:
         return "-"
     part = lambda h: "none" if h is None else f"{h['n']}, {h['p50']:.1f} / {h['p95']:.1f}"
-    return f"within {split['within_ms']:.0f} ms: {part(split['close'])}; the others: {part(split['apart'])}"
+    return (f"within {split['within_ms']:.0f} ms: {part(split['close'])}; the others: {part(split['apart'])}; "
+            f"while another was streaming: {part(split['during_another'])}; with none: {part(split['alone'])}")
 
 
 def underrun_split(s: dict) -> str:

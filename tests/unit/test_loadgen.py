@@ -136,9 +136,9 @@ def test_percentiles_match_numpy():
         measure.percentile([], 50)
 
 
-def _result(i, ttfa=10.0, underruns=0, error=None, start_s=None, dry_at=None):
+def _result(i, ttfa=10.0, underruns=0, error=None, start_s=None, dry_at=None, e2e=None):
     return load.Result(i, "en-short-00", "en", "short", 10, 9, ttfa_ms=ttfa, ttfb_ms=ttfa, underruns=underruns,
-                       audio_ms=720.0, error=error, start_s=start_s, first_underrun_audio_ms=dry_at)
+                       audio_ms=720.0, error=error, start_s=start_s, first_underrun_audio_ms=dry_at, e2e_ms=e2e)
 
 
 def test_summary_clean_criterion():
@@ -177,10 +177,25 @@ def test_summary_splits_first_audio_by_how_close_behind_another_a_request_starte
     assert split["within_ms"] == 10.0
     assert split["close"]["n"] == 2 and split["close"]["p50"] == 17.0
     assert split["apart"]["n"] == 3 and split["apart"]["p50"] == 8.0 and split["apart"]["max"] == 30.0
-    assert ("| first audio of the requests that started close behind the one before them, and of the others: n, p50 / "
-            "p95 (ms) | within 10 ms: 2, 17.0 / 17.9; the others: 3, 8.0 / 27.8 |") in report.markdown(asdict(cfg), s)
+    assert ("| first audio of the requests that started close behind the one before them, and of the others; of those "
+            "that started while another was streaming, and of those that found none: n, p50 / p95 (ms) | within 10 "
+            "ms: 2, 17.0 / 17.9; the others: 3, 8.0 / 27.8; while another was streaming: none; with none: 5, 16.0 / "
+            "27.6 |") in report.markdown(asdict(cfg), s)
     assert load.summarize(cfg, [_result(0, start_s=1.0)], 10.0, 10.0, 1, {}, None, [0.1])["ttfa_by_arrival"][
         "close"] is None
+
+
+def test_summary_splits_first_audio_by_whether_another_request_was_streaming_when_it_started():
+    """At a low rate a request that comes while another is still receiving audio finds the engine making that one's
+    frames: its first audio is reported apart from those that found no request of the run in flight (an earlier
+    request's end is its start plus e2e; one without e2e ends nothing)."""
+    cfg = load.Config(rps=1.0)
+    rs = [_result(0, ttfa=7.0, start_s=0.0, e2e=300.0), _result(1, ttfa=10.0, start_s=0.2, e2e=300.0),
+          _result(2, ttfa=9.0, start_s=0.45, e2e=300.0), _result(3, ttfa=7.5, start_s=1.0, e2e=None),
+          _result(4, ttfa=8.0, start_s=1.1, e2e=300.0), _result(5, ttfa=6.0, start_s=2.0, e2e=300.0)]
+    split = load.summarize(cfg, rs, 10.0, 10.0, 2, {}, None, [0.1])["ttfa_by_arrival"]
+    assert split["during_another"]["n"] == 2 and split["during_another"]["p50"] == 9.5     # 1 (behind 0), 2 (behind 1)
+    assert split["alone"]["n"] == 4 and split["alone"]["max"] == 8.0                        # 0, 3, 4 (3 ends nothing), 5
 
 
 # ----- wire formats
