@@ -13,13 +13,13 @@ BENCH=colocate-ab
 GPU_TESTS=${GPU_TESTS:-1} gpu_tests tests/gpu/test_engine_gpu.py -k "lane or another_models or own_share"
 checkpoints custom_voice base voice_design
 export TALKGATE_CACHE=/tmp/tgc-colocate
-three() {   # three NAME TREE SERVE-ARGS...: the server from TREE (python -m puts the working folder first)
+three() {   # three NAME TREE SERVE-ARGS...: the server from TREE
   local name=$1 dir=$2; shift 2
-  (cd "$dir" && export PYTHONPATH=$dir:/tmp/site && start "$name" 8081 -- --colocate \
-    --model cv=/tmp/ck-1.7b-custom_voice --model clone=/tmp/ck-1.7b-base --model design=/tmp/ck-1.7b-voice_design "$@")
+  start_in "$dir" "$name" 8081 -- --colocate \
+    --model cv=/tmp/ck-1.7b-custom_voice --model clone=/tmp/ck-1.7b-base --model design=/tmp/ck-1.7b-voice_design "$@"
   mixed_load "$name"
   case $name in *-traced) kept_trace "$name" ;; esac
-  kill -TERM "$(cat "$res/$name.pid")"; gone "$(cat "$res/$name.pid")"
+  stop "$name"
   pack
 }
 three after-fresh "$tree"

@@ -7,12 +7,9 @@ BENCH=default-flags-ab
 . "$(dirname "$0")/gpu_serve.sh"
 checkpoints custom_voice
 export TALKGATE_CACHE=${TALKGATE_CACHE:-/tmp/tgc-default}
-for which in before after; do
-  dir=$tree; [ $which = before ] && dir=$tree/.e2e/before
-  (cd "$dir" && export PYTHONPATH=$dir:/tmp/site && start "$which" 8081 -- --model /tmp/ck-1.7b-custom_voice)
-  load 8081 "$which-rps1" --protocol openai --lang en --rps 1 --duration 60 --processes 1
-  load 8081 "$which-rps100" --protocol openai --lang en --rps 100 --duration 20 --processes 4
-  kill -TERM "$(cat "$res/$which.pid")"; gone "$(cat "$res/$which.pid")"
-  pack
-done
+loads() {
+  load 8081 "$1-rps1" --protocol openai --lang en --rps 1 --duration 60 --processes 1
+  load 8081 "$1-rps100" --protocol openai --lang en --rps 100 --duration 20 --processes 4
+}
+UNTRACED=1 each_tree loads
 log "done"

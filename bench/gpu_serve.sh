@@ -2,6 +2,7 @@
 # the device's packages set up unless SETUP=0, versions written down) and the helpers that start, load and stop a
 # `talkgate serve`. Set BENCH (the script's short name: /tmp/res-$BENCH by default) before sourcing.
 #   start NAME PORT [VAR=VALUE ...] -- ARGS...   serve; wait for ready and for every engine's graphs
+#   start_in TREE NAME PORT ...                  start, the server from TREE's talkgate (an earlier tree's)
 #   stop NAME                                    SIGTERM, and wait for it to end
 #   load PORT DIR ARGS...                        talkgate bench (English medium texts), its own CPU time beside it
 #   checkpoints VARIANT...                       random-weight 1.7B checkpoints in /tmp/ck-1.7b-VARIANT
@@ -10,6 +11,7 @@
 #                                                $res/trace.jsonl; its requests' traces and stage budget kept
 #   kept_trace NAME                              that for a trace begun by hand (loads run at once)
 #   each_tree LOADS                              the earlier tree, then this one, served in turn while LOADS runs
+#                                                (with --trace-latency unless UNTRACED=1)
 #   gpu_tests PYTEST_ARGS...                     with GPU_TESTS=1: pytest (400 s at most), its tail in progress
 #   gone PID                                     wait (up to 60 s) for a process to end
 #   pack                                         $res as $res.tgz (a poll call copies it to $OUT)
@@ -52,7 +54,11 @@ start() {
   log "$name: all graphs of $n engine(s) captured $((SECONDS - t0)) s after start"
 }
 
-stop() { kill -TERM "$(cat "$res/$1.pid")"; wait "$(cat "$res/$1.pid")"; }
+# the server from TREE (python -m puts the working folder first on the path); the client is this tree's
+start_in() { local dir=$1; shift; (cd "$dir" && export PYTHONPATH=$dir:/tmp/site && start "$@"); }
+
+# a server that start_in started is not this shell's child: wait cannot, gone can
+stop() { local pid; pid=$(cat "$res/$1.pid"); kill -TERM "$pid"; wait "$pid" 2>/dev/null || gone "$pid"; }
 
 load() {
   local port=$1 dir=$2; shift 2
@@ -103,15 +109,14 @@ pack() { tar czf "$res.tgz" -C "$(dirname "$res")" "$(basename "$res")"; }
 # (`talkgate serve` default flags and --trace-latency, /tmp/ck-1.7b-custom_voice) while the function LOADS runs its
 # loads with the tree's name (before, after); the engine's step and loop metrics kept, then the server stopped.
 each_tree() {
-  local loads=$1 which dir
+  local loads=$1 which dir trace=(--trace-latency "$res/trace.jsonl")
+  [ "${UNTRACED:-0}" = 1 ] && trace=()
   for which in before after; do
     dir=$tree; [ $which = before ] && dir=$tree/.e2e/before
-    # the server from its tree (python -m puts the working folder first on the path); the client is this tree's
-    (cd "$dir" && export PYTHONPATH=$dir:/tmp/site && start "$which" 8081 -- --model /tmp/ck-1.7b-custom_voice \
-      --trace-latency "$res/trace.jsonl")
+    start_in "$dir" "$which" 8081 -- --model /tmp/ck-1.7b-custom_voice "${trace[@]}"
     "$loads" "$which"
     curl -s "http://127.0.0.1:8081/metrics" | grep -E "^talkgate_engine_(step|loop)" > "$res/$which-metrics.txt"
-    kill -TERM "$(cat "$res/$which.pid")"; gone "$(cat "$res/$which.pid")"
+    stop "$which"
     pack
   done
 }
@@ -135,14 +140,13 @@ alone() {
   local dir=$1 prefix=$2 m name; shift 2
   for m in "$@"; do
     name=$prefix-$m
-    # the server from its tree (python -m puts the working folder first on the path); the client is this tree's
-    (cd "$dir" && export PYTHONPATH=$dir:/tmp/site && start "$name" 8081 -- --model "/tmp/ck-1.7b-$m")
+    start_in "$dir" "$name" 8081 -- --model "/tmp/ck-1.7b-$m"
     case $m in
       custom_voice) mixed_http "$name" ;;
       base) [ -f "$res/clone.json" ] || clone_voice 8081 speaker1; mixed_http "$name" --voice speaker1 ;;
       voice_design) mixed_http "$name" --instructions "$DESIGNED" ;;
     esac
-    kill -TERM "$(cat "$res/$name.pid")"; gone "$(cat "$res/$name.pid")"
+    stop "$name"
     pack
   done
 }

@@ -696,7 +696,7 @@ class Engine:
         with self._lock:
             if self._commands:
                 return True
-        return any(r.ready for r in self.scheduler.waiting)
+        return self.scheduler.new_ready
 
     @property
     def lane_in_flight(self) -> bool:

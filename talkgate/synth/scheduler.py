@@ -40,6 +40,11 @@ class Scheduler:
     def __len__(self) -> int:
         return len(self.waiting) + len(self.running)
 
+    @property
+    def new_ready(self) -> bool:
+        """A context not prefilled yet is ready: the next step makes its first frame."""
+        return any(r.ready for r in self.waiting)
+
     def schedule(self, now: float) -> tuple[list[Request], list[Request]]:
         """(contexts to prefill, contexts to decode) for the next step; moves the prefilled to running.
         A context whose next text token has not arrived is skipped, never blocking the others."""
