@@ -698,3 +698,23 @@ def test_prompt_prefixes_are_kept_and_their_contexts_speak_as_with_the_whole_pre
     np.testing.assert_allclose(three, one, atol=1e-5)          # alone against side by side: batch 1 vs 2
     assert firsts[-4:] == [[True], [False], [True, True], [True]]
     eng.disconnect(client)
+
+
+def test_a_slot_whose_last_context_left_nan_in_its_cache_speaks_the_next_as_a_clean_one(checkpoint):
+    """A slot's Talker positions past its context's keep the previous occupant's values: the attention's mask hides
+    them from the softmax, and must from its arithmetic too (0 x NaN is NaN), so that a context whose values blew up
+    cannot garble the next context of its slot (another session's)."""
+    eng = Engine.from_pretrained(str(checkpoint), device="cpu", max_contexts=1, max_frames_per_context=40)
+    eng.start()
+    s = Speaker(eng)
+    try:
+        _, clean = speak(s, [TEXT])
+        clean.wait()
+        eng.runner.talker.kv.fill_(float("nan"))
+        _, after = speak(s, [TEXT])
+        after.wait()
+        assert np.isfinite(after.pcm).all()
+        np.testing.assert_allclose(after.pcm, clean.pcm, atol=1e-4)
+    finally:
+        eng.disconnect(s.id)
+        eng.stop()
