@@ -9,9 +9,9 @@ columns over the programs and ends at a grid barrier (an atomic counter). One de
     A  q/k/v of the normed residual          B  attention per (row, kv head) with q/k norm, RoPE and the
     C  o_proj + residual                        cache write (synth/attention.py's attend_range)
     D  gate/up of the normed residual, SiLU(gate) * up          E  down_proj + residual
-talker_kernel: layers l0..l1 at each row's (slot, position), then, in the launch of the last layer, the final
-norm; its attention runs in parts of 64 cached positions, combined after one more barrier (_attend_split).
-predictor_kernel: passes t = t0..t1 of 0..15 (position t of the frame: the Talker's hidden state, the codebook-0
+talker_kernel: the layers at each row's (slot, position), then the final norm; its attention runs in
+parts of 64 cached positions, combined after one more barrier (_attend_split).
+predictor_kernel: passes t = 0..15 (position t of the frame: the Talker's hidden state, the codebook-0
 embedding, then the embeddings of codebooks 1..14) through the layers into a scratch cache (at one row with
 phase B folded into C: _attend_project), and for t >= 1
     F  head t of the final norm -> logits    G  draw codebook t per row (synth/sample_kernel.py's
@@ -48,12 +48,6 @@ WARPS = 8
 TILE = 8192                      # columns x inputs of one row's multiply-add tile (registers)
 PREFETCH = 24576                 # weights a program keeps in flight: the tiles loaded ahead (48 KB of bf16)
 SPLIT = 64                       # Talker attention: positions a program reads (a 878-position slot: 14 parts)
-# Each kernel runs as PARTS launches (the Talker's layers, the code predictor's passes, split evenly): a new context's
-# first frame on the lane (synth/lane.py) can start only when the step's kernel in flight ends, since both take every
-# SM, so a part is the longest it waits (1.7B on an H200 at one row: Talker 1.44 ms, code predictor 1.87 ms whole).
-# A part boundary costs a launch and a grid barrier's wait without the next phase's tiles in flight
-TALKER_PARTS = 2
-PREDICTOR_PARTS = 4
 # Launched as cooperative grids: the driver guarantees that all of a kernel's programs are resident at once, which
 # the grid barrier needs. Alone on a GPU one program per SM always is; beside another process's kernels (engine
 # processes sharing a GPU under CUDA MPS) two barrier kernels could in principle each hold part of the SMs and wait
@@ -103,9 +97,8 @@ def _tile(W, q, pid, N, active, K: tl.constexpr, BN: tl.constexpr, CH: tl.conste
     n = (pid + (c % CH) * NPROG) * BN + tl.arange(0, BN)
     k = (q % NK) * BK + tl.arange(0, BK)
     row = (c // CH) * N + n
-    # where(), not `&`: Triton's interpreter makes int32 of `&` between a [BN] and a runtime scalar int1
-    return tl.load(W + row[:, None].to(tl.int64) * K + k[None, :], mask=tl.where(active, n < N, n < 0)[:, None],
-                   other=0.0, eviction_policy="evict_first")
+    return tl.load(W + row[:, None].to(tl.int64) * K + k[None, :], mask=((n < N) & active)[:, None], other=0.0,
+                   eviction_policy="evict_first")
 
 
 @triton.jit
@@ -470,9 +463,9 @@ def _layer(target, l, wa, keep, skip, X, X0, QKV, ATT, ACT, SYNC, WQKV, WO, WGU,
     return target + NPROG
 
 
-@triton.jit(do_not_specialize=["l0", "l1"])
+@triton.jit
 def talker_kernel(X, QKV, ATT, ACT, SYNC, OUT, WQKV, WO, WGU, WD, NIN, NPOST, NQ, NK, NFINAL,
-                  KC, VC, sl, sks, skh, SLOTS, POS, COS, SIN, PART, ML, nrows, eps, scale, l0, l1,
+                  KC, VC, sl, sks, skh, SLOTS, POS, COS, SIN, PART, ML, nrows, eps, scale,
                   L: tl.constexpr, HP: tl.constexpr, I: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr,
                   D: tl.constexpr, ROWS: tl.constexpr, NPROG: tl.constexpr, BLOCK: tl.constexpr,
                   SPLIT: tl.constexpr, MAXSPLIT: tl.constexpr,
@@ -487,29 +480,29 @@ def talker_kernel(X, QKV, ATT, ACT, SYNC, OUT, WQKV, WO, WGU, WD, NIN, NPOST, NQ
     r = tl.arange(0, ROWS)
     slot_rows = tl.load(SLOTS + r, mask=r < nrows, other=0).to(tl.int64)
     pos_rows = tl.load(POS + r, mask=r < nrows, other=0).to(tl.int32)
-    wa = _tiles(WQKV + tl.cast(l0, tl.int64) * NQKV * HP, pid, NQKV, True, HP, BN_A, CH_A, BK_A, 1, NPROG, P_A)
-    for l in range(l0, l1):                                   # this launch's layers (PARTS)
+    wa = _tiles(WQKV, pid, NQKV, True, HP, BN_A, CH_A, BK_A, 1, NPROG, P_A)
+    for l in range(0, L):
         li = tl.cast(l, tl.int64)
         target = _layer(target, l, wa, True, False, X, X, QKV, ATT, ACT, SYNC, WQKV, WO, WGU, WD, NIN, NPOST, NQ,
                         NK, KC + li * sl, VC + li * sl, sks, skh, slot_rows, pos_rows, 0, COS, SIN, PART, ML, PART, X,
                         pid, nrows, eps, scale, HP, I, HQ, HKV, D, ROWS, NPROG, BLOCK, SPLIT, MAXSPLIT, False, BN_A,
                         CH_A, BK_A, P_A, BN_C, CH_C, BK_C, P_C, BN_D, CH_D, BK_D, P_D, BN_E, CH_E, BK_E, P_E)
-        wa = _tiles(WQKV + (li + 1) * NQKV * HP, pid, NQKV, l + 1 < l1, HP, BN_A, CH_A, BK_A, 1, NPROG, P_A)
+        wa = _tiles(WQKV + (li + 1) * NQKV * HP, pid, NQKV, l + 1 < L, HP, BN_A, CH_A, BK_A, 1, NPROG, P_A)
         _wait(SYNC, target, NPROG)
-    if l1 == L:                                               # the final norm, this program's columns
-        inv = _rms_inv(X, nrows, eps, ROWS, HP)
-        for c in tl.static_range(CH_E):
-            off, mask = _rows_cols(nrows, (pid + c * NPROG) * BN_E, HP, ROWS, BN_E)
-            x = tl.load(X + off, mask=mask, other=0.0, cache_modifier=".cg").to(tl.float32)
-            w = tl.load(NFINAL + off % HP, mask=mask, other=0.0).to(tl.float32)
-            tl.store(OUT + off, _in_dtype(_in_dtype(x * inv[:, None], DT) * w, DT).to(DT), mask=mask)
+    # the final norm, this program's columns
+    inv = _rms_inv(X, nrows, eps, ROWS, HP)
+    for c in tl.static_range(CH_E):
+        off, mask = _rows_cols(nrows, (pid + c * NPROG) * BN_E, HP, ROWS, BN_E)
+        x = tl.load(X + off, mask=mask, other=0.0, cache_modifier=".cg").to(tl.float32)
+        w = tl.load(NFINAL + off % HP, mask=mask, other=0.0).to(tl.float32)
+        tl.store(OUT + off, _in_dtype(_in_dtype(x * inv[:, None], DT) * w, DT).to(DT), mask=mask)
 
 
-@triton.jit(do_not_specialize=["t0", "t1"])
+@triton.jit
 def predictor_kernel(
         X0, X, X2, QKV, ATT, OPART, ACT, KV, LOGITS, EIN, ESUM, CODES, SYNC,
         WQKV, WO, WGU, WD, NIN, NPOST, NQ, NK, NFINAL, HEADS, EMB, PW, PB, COS, SIN,
-        TEMP, TOPK, TOPP, GREEDY, SEED, COUNTER, nrows, eps, scale, t0, t1,
+        TEMP, TOPK, TOPP, GREEDY, SEED, COUNTER, nrows, eps, scale,
         L: tl.constexpr, G: tl.constexpr, HP: tl.constexpr, HT: tl.constexpr, I: tl.constexpr,
         VOC: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, ROWS: tl.constexpr,
         NPROG: tl.constexpr, PROJ: tl.constexpr,
@@ -524,7 +517,7 @@ def predictor_kernel(
     NQKV: tl.constexpr = (HQ + 2 * HKV) * D
     target = pid * 0
     wa = _tiles(WQKV, pid, NQKV, True, HP, BN_A, CH_A, BK_A, 1, NPROG, P_A)
-    for t in range(t0, t1):                                   # this launch's passes (PARTS)
+    for t in range(0, G):
         for l in range(0, L - 1):
             K = KV + tl.cast(l, tl.int64) * 2 * KV_ROWS
             target = _layer(target, l, wa, True, False, X, X0, QKV, ATT, ACT, SYNC, WQKV, WO, WGU, WD, NIN, NPOST,
@@ -630,18 +623,11 @@ def _attend_project_tiles(d, nprog: int) -> tuple[int, int, int, int]:
     return bn, triton.cdiv(d.num_kv_heads * (d.hidden_size // bn), nprog), 0, 0
 
 
-def _scratch(d, B: int, dev, dt, parts: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """q/k/v and MLP activation rows of one layer, and a barrier counter for each launch (16 bytes apart: a
-    pointer's alignment is part of a Triton kernel's specialization)."""
+def _scratch(d, B: int, dev, dt) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """q/k/v and MLP activation rows of one layer, and the barrier counter."""
     return (torch.empty(B, (d.num_heads + 2 * d.num_kv_heads) * d.head_dim, device=dev, dtype=dt),
             torch.empty(B, d.intermediate_size, device=dev, dtype=dt),
-            torch.zeros(parts, 4, device=dev, dtype=torch.int32))
-
-
-def _bounds(n: int, parts: int) -> list[tuple[int, int]]:
-    """[0, n) in at most `parts` non-empty ranges of near-equal length."""
-    cuts = sorted({n * i // parts for i in range(parts + 1)})
-    return list(zip(cuts, cuts[1:]))
+            torch.zeros(1, device=dev, dtype=torch.int32))
 
 
 def talker_step(talker, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, slots: torch.Tensor,
@@ -654,23 +640,20 @@ def talker_step(talker, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, s
     dev, dt = x.device, x.dtype
     ROWS, nprog = triton.next_power_of_2(B), programs(dev)
     X = x.clone(memory_format=torch.contiguous_format)
-    layers = _bounds(d.num_layers, TALKER_PARTS)
-    qkv, act, sync = _scratch(d, B, dev, dt, len(layers))
+    qkv, act, sync = _scratch(d, B, dev, dt)
     att = torch.empty(B, d.num_heads * d.head_dim, device=dev, dtype=dt)
     out = torch.empty_like(X)
     kc, vc = talker.kv[0], talker.kv[1]                        # [L, slots, kv_heads, positions, head_dim]
     parts, group = triton.cdiv(kc.shape[3], split), d.num_heads // d.num_kv_heads
     part = torch.empty(B, d.num_kv_heads, parts, group, d.head_dim, device=dev, dtype=torch.float32)
     ml = torch.empty(B, d.num_kv_heads, parts, 2, group, device=dev, dtype=torch.float32)
-    cos, sin, meta = cos.contiguous(), sin.contiguous(), _meta(_layer_tiles(d, nprog, ROWS))
-    for i, (l0, l1) in enumerate(layers):
-        talker_kernel[(nprog,)](
-            X, qkv, att, act, sync[i], out, st.qkv, st.o, st.gate_up, st.down, st.input_norm, st.post_norm,
-            st.q_norm, st.k_norm, talker.norm.weight, kc, vc, kc.stride(0), kc.stride(1), kc.stride(2), slots, pos,
-            cos, sin, part, ml, B, d.rms_norm_eps, d.head_dim ** -0.5, l0, l1,
-            L=d.num_layers, HP=HP, I=d.intermediate_size, HQ=d.num_heads, HKV=d.num_kv_heads, D=d.head_dim,
-            ROWS=ROWS, NPROG=nprog, BLOCK=min(32, split), SPLIT=split, MAXSPLIT=parts, num_warps=WARPS,
-            launch_cooperative_grid=COOPERATIVE, **meta)
+    talker_kernel[(nprog,)](
+        X, qkv, att, act, sync, out, st.qkv, st.o, st.gate_up, st.down, st.input_norm, st.post_norm, st.q_norm,
+        st.k_norm, talker.norm.weight, kc, vc, kc.stride(0), kc.stride(1), kc.stride(2), slots, pos,
+        cos.contiguous(), sin.contiguous(), part, ml, B, d.rms_norm_eps, d.head_dim ** -0.5,
+        L=d.num_layers, HP=HP, I=d.intermediate_size, HQ=d.num_heads, HKV=d.num_kv_heads, D=d.head_dim, ROWS=ROWS,
+        NPROG=nprog, BLOCK=min(32, split), SPLIT=split, MAXSPLIT=parts, num_warps=WARPS,
+        launch_cooperative_grid=COOPERATIVE, **_meta(_layer_tiles(d, nprog, ROWS)))
     return out
 
 
@@ -685,8 +668,7 @@ def predict(predictor, hidden: torch.Tensor, code0_embed: torch.Tensor, rows, co
     ROWS, nprog = triton.next_power_of_2(B), programs(dev)
     x0 = predictor._project(torch.stack([hidden, code0_embed], dim=1)).contiguous()     # [B, 2, HP]
     x = x0[:, 0].clone(memory_format=torch.contiguous_format)
-    passes = _bounds(G, PREDICTOR_PARTS)
-    qkv, act, sync = _scratch(d, B, dev, dt, len(passes))
+    qkv, act, sync = _scratch(d, B, dev, dt)
     fold = ROWS == 1                                                   # see _attend_project
     if fold:                                                           # (x: unused pointers)
         att = x
@@ -704,15 +686,13 @@ def predict(predictor, hidden: torch.Tensor, code0_embed: torch.Tensor, rows, co
     sizes = dict(_layer_tiles(d, nprog, ROWS), F=tiles(V, HP, nprog, ROWS), P=tiles(HP, HT, nprog, ROWS))
     if fold:
         sizes["C"] = _attend_project_tiles(d, nprog)
-    greedy = rows.sub_greedy.view(torch.uint8)
-    for i, (t0, t1) in enumerate(passes):
-        predictor_kernel[(nprog,)](
-            x0, x, x2, qkv, att, opart, act, kv, logits, ein, esum, codes, sync[i],
-            st.qkv, st.o, st.gate_up, st.down, st.input_norm, st.post_norm, st.q_norm, st.k_norm,
-            predictor.norm.weight, predictor.heads, predictor.embeddings, pw, pb, predictor.cos, predictor.sin,
-            rows.sub_temperature, rows.sub_top_k, rows.sub_top_p, greedy, rows.seed,
-            counter, B, d.rms_norm_eps, d.head_dim ** -0.5, t0, t1,
-            L=d.num_layers, G=G, HP=HP, HT=HT, I=d.intermediate_size, VOC=V, HQ=d.num_heads, HKV=d.num_kv_heads,
-            D=d.head_dim, ROWS=ROWS, NPROG=nprog, PROJ=proj is not None, VBLOCK=triton.next_power_of_2(V),
-            num_warps=WARPS, launch_cooperative_grid=COOPERATIVE, **_meta(sizes))
+    predictor_kernel[(nprog,)](
+        x0, x, x2, qkv, att, opart, act, kv, logits, ein, esum, codes, sync,
+        st.qkv, st.o, st.gate_up, st.down, st.input_norm, st.post_norm, st.q_norm, st.k_norm,
+        predictor.norm.weight, predictor.heads, predictor.embeddings, pw, pb, predictor.cos, predictor.sin,
+        rows.sub_temperature, rows.sub_top_k, rows.sub_top_p, rows.sub_greedy.view(torch.uint8), rows.seed,
+        counter, B, d.rms_norm_eps, d.head_dim ** -0.5,
+        L=d.num_layers, G=G, HP=HP, HT=HT, I=d.intermediate_size, VOC=V, HQ=d.num_heads, HKV=d.num_kv_heads,
+        D=d.head_dim, ROWS=ROWS, NPROG=nprog, PROJ=proj is not None, VBLOCK=triton.next_power_of_2(V),
+        num_warps=WARPS, launch_cooperative_grid=COOPERATIVE, **_meta(sizes))
     return codes, esum.to(dt)

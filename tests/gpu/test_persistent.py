@@ -98,31 +98,6 @@ def test_talker_step_equals_the_per_layer_path(kernel, talker, monkeypatch, spli
         assert not torch.equal(got_kv, kv)                      # the step wrote its K/V
 
 
-def test_the_kernels_give_the_same_in_any_number_of_launches(kernel, talker, monkeypatch):
-    """PARTS only splits the work between launches (the lane waits for a part, not a whole kernel)."""
-    model = predictor(64)
-    g = torch.Generator().manual_seed(5)
-    hidden, code0 = (torch.randn(1, 64, generator=g).to(DEVICE) for _ in range(2))
-    talker.setup_cache(2, 24, DEVICE, torch.float32)
-    talker.kv.copy_(torch.randn(talker.kv.shape, generator=g))
-    kv = talker.kv.clone()
-    x = torch.randn(1, talker.hidden_size, generator=g).to(DEVICE)
-    slots, pos = torch.tensor([1], device=DEVICE), torch.tensor([9], device=DEVICE)
-    cos, sin = talker.rope(pos[:, None])
-    got = []
-    for talker_parts, predictor_parts in ((1, 1), (kernel.TALKER_PARTS, 3)):
-        monkeypatch.setattr(kernel, "TALKER_PARTS", talker_parts)
-        monkeypatch.setattr(kernel, "PREDICTOR_PARTS", predictor_parts)
-        s = sampler(1, 50, 1.0, 0.9)
-        talker.kv.copy_(kv)
-        got.append((kernel.predict(model, hidden, code0, s.p, s.counter),
-                    kernel.talker_step(talker, x, cos[:, 0], sin[:, 0], slots, pos), talker.kv.clone()))
-    (codes1, sum1), hidden1, kv1 = got[0]
-    (codes2, sum2), hidden2, kv2 = got[1]
-    assert kernel.TALKER_PARTS > 1 and torch.equal(codes1, codes2) and torch.equal(sum1, sum2)
-    assert torch.equal(hidden1, hidden2) and torch.equal(kv1, kv2)
-
-
 def test_tiles_split_columns_evenly():
     from talkgate.synth.persistent import tiles
     # an H100's 132 SMs: no program gets more than the even share rounded up to a chunk width
