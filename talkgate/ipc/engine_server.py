@@ -46,6 +46,9 @@ log = logging.getLogger("talkgate.engine_process")
 WORKER_LAG_LIMIT_S = 2.0        # a worker this far behind the engine has its contexts failed (worker_behind)
 MAX_UNACKED_BYTES = 256 << 20   # ... or with this much of its PCM unacknowledged (about 5 s of 512 streams)
 MAX_MESSAGES_PER_TURN = 1000    # messages taken from the sockets between two steps (about: whole reads)
+# a worker's lateness is judged on acknowledgements read at most this long ago: the engine thread itself may have
+# been held for seconds (a graph capture, up to ~3 s after warm-up; the OS), while its workers acknowledged in time
+FRESH_ACKS_S = 0.1
 LINGER_S = 1.0                  # at close, how long the last messages may take to leave
 # A STEP up to this size is written to its worker's socket by the engine thread itself (a first frame leaves at
 # once); a larger one by the Flusher thread beside it (at 256 rows 2 MB a step: the copy would be the engine
@@ -157,6 +160,7 @@ class EngineServer:
         self.gc = heap.GcPauses()
         self._graphs_pending = True
         self._idle_from = time.perf_counter()          # the last turn's end (its idle time runs from there)
+        self._received_at = time.monotonic()           # the last receive(): acknowledgements read up to then
 
     # ----- the loop -----
     def warm_up(self, every_graph: bool = False) -> None:
@@ -282,6 +286,7 @@ class EngineServer:
                         self._handle(conn, parts)
                     except Exception:                       # a malformed message never stops the engine
                         log.exception("bad message from %s", self._who(conn))
+        self._received_at = time.monotonic()
 
     def _handle(self, conn: Conn, parts: list) -> None:
         kind = bytes(parts[0])
@@ -355,6 +360,8 @@ class EngineServer:
         return False
 
     def _check_peers(self) -> None:
+        if time.monotonic() - self._received_at > FRESH_ACKS_S:
+            self.receive()
         now = time.monotonic()
         for conn, peer in list(self.peers.items()):
             if peer.gone or conn.out.broken is not None:

@@ -16,7 +16,7 @@ import pytest
 from talkgate.ipc.remote_engines import RemoteEngines
 from talkgate.server.engine_client import EngineClient
 from talkgate.synth.api import (
-    AppendText, AudioChunk, ContextDone, ContextFailed, ContextParams, EndText, OpenContext, SamplingParams,
+    AppendText, AudioChunk, CancelContext, ContextDone, ContextFailed, ContextParams, EndText, OpenContext, SamplingParams,
 )
 from talkgate.synth.request import text_seconds
 
@@ -227,6 +227,33 @@ def test_a_worker_that_falls_behind_loses_only_its_own_contexts(engines):
     last = outcome["last"]
     assert isinstance(last, ContextFailed) and last.code == "worker_behind", last
     assert outcome["again"] == ContextDone(2, "length", 12)
+
+
+def test_an_engine_held_for_seconds_does_not_blame_the_workers_that_kept_up(engines):
+    """The engine process stopped (SIGSTOP) for 2.5 s, as a graph capture or the OS can hold its thread, while a
+    context streams: its worker acknowledged what it got meanwhile, so nobody is behind and the context goes on;
+    several times, so that some stops fall inside the engine's step."""
+    async def go():
+        async with remote_engines(engines, worker=6) as remote:
+            c = Client(remote)
+            c.say(1, params=ContextParams(sampling=GREEDY, fixed_frames=100_000))
+            engine = engines[remote.engines.index(next(e for e in remote.engines if e.routes))]
+            for _ in range(3):
+                frames = c.frames(1)
+                while c.frames(1) < frames + 2:
+                    await asyncio.sleep(0.01)
+                engine.proc.send_signal(signal.SIGSTOP)
+                await asyncio.sleep(2.5)
+                engine.proc.send_signal(signal.SIGCONT)
+                await asyncio.sleep(0.3)
+                assert 1 not in c.ended, c.events[1][-1]
+            frames = c.frames(1)
+            while c.frames(1) < frames + 5:                             # still streaming
+                await asyncio.sleep(0.01)
+            assert 1 not in c.ended
+            remote.submit(c.id, [CancelContext(1)])
+
+    run(go())
 
 
 def test_a_killed_engine_fails_only_its_contexts_and_is_greeted_again(engines):
