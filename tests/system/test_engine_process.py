@@ -16,7 +16,8 @@ import pytest
 from talkgate.ipc.remote_engines import RemoteEngines
 from talkgate.server.engine_client import EngineClient
 from talkgate.synth.api import (
-    AppendText, AudioChunk, CancelContext, ContextDone, ContextFailed, ContextParams, EndText, OpenContext, SamplingParams,
+    AppendText, AudioChunk, CancelContext, ContextDone, ContextFailed, ContextParams, EndText, OpenContext,
+    SamplingParams,
 )
 from talkgate.synth.request import text_seconds
 
