@@ -47,13 +47,25 @@ def audio_rate(s: dict) -> str:
             + (f" ({made})" if made else "") + (f"; the steps at {100 * roof:.1f}% of their roofline" if roof else ""))
 
 
+def capturing(s: dict) -> str:
+    """A warning where the server's engines still had CUDA graphs to capture during the run ('' otherwise): each
+    capture holds an engine up to seconds, so the run's first audio is not the warm server's."""
+    pending = s["server"].get("engine_graphs_pending")
+    if not pending or not any(pending):
+        return ""
+    return (f"the server was still capturing CUDA graphs ({pending[0]:g} pending at the start, {pending[1]:g} at the "
+            "end): each capture holds an engine up to seconds, so these latencies are not the warm server's (wait "
+            "for `all N graphs captured` in its log, or for talkgate_engine_graphs_pending 0)")
+
+
 def one_line(s: dict) -> str:
     t = s["metrics"]["ttfa_ms"] or {}
+    warning = capturing(s)
     return (f"{s['mode']} {s['load']:g}: {s['requests']} requests, {s['achieved_rps']:.2f} req/s, "
             f"audio s per wall s {audio_rate(s)}, "
             f"TTFA p50 {fmt(t.get('p50'))} p95 {fmt(t.get('p95'))} ms, underruns {s['underruns']}, "
             f"errors {sum(s['errors'].values())}, peak in flight {s['peak_in_flight']}{trend(s, ', in flight ')}"
-            f" -> {'clean' if s['clean'] else 'NOT clean'}")
+            f" -> {'clean' if s['clean'] else 'NOT clean'}" + (f"; WARNING: {warning}" if warning else ""))
 
 
 def trend(s: dict, prefix: str = "") -> str:
@@ -97,6 +109,8 @@ def markdown(cfg: dict, s: dict) -> str:
     if lag and lag["p99"] > CLIENT_LAG_WARN_MS:
         lines += [f"WARNING: the client's own event loop lagged (p99 {lag['p99']:.1f} ms): it is saturated and "
                   "inflates the latencies below; run fewer streams per client process.", ""]
+    if warning := capturing(s):
+        lines += [f"WARNING: {warning}.", ""]
     rows = [("requests / completed / cancelled", f"{s['requests']} / {s['completed']} / {s['cancelled']}"),
             ("errors", ", ".join(f"{k}: {v}" for k, v in s["errors"].items()) or "none"),
             ("achieved req/s", fmt(s["achieved_rps"], 2)), ("peak in flight", s["peak_in_flight"]),

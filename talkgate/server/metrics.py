@@ -30,6 +30,9 @@ ENGINE_PREFIX_HELP = ("New contexts whose prompt's prefix (its positions but the
                       "prefilled (a prompt not seen lately, then kept); synth/runner.py")
 ENGINE_LANE_HELP = ("New contexts whose open and first frame were launched on the first-frame lane, beside the step in "
                     "flight (synth/lane.py)")
+ENGINE_GRAPHS_PENDING_HELP = ("CUDA graphs the engine captures after its warm-up, one at a time in a quiet moment: each holds "
+                              "the engine up to seconds (on an H200 3 s), so first audio measured while any are pending "
+                              "includes those holds (docs/operations.md)")
 ENGINE_ROOF_HELP = ("The engine's steps at their roofline: the seconds their work (FLOPs and bytes counted from the model's "
                     "shapes, synth/roofline.py) takes at the GPU's datasheet peaks; over talkgate_engine_step_seconds_sum, "
                     "the share of the peak its steps achieve. Only for a GPU whose peaks are known (H100 SXM, H200)")
@@ -76,6 +79,8 @@ class Metrics:
             self._engine_prefixes: dict[str, int] = {}
             self.engine_lane = Counter("talkgate_engine_lane_launches", ENGINE_LANE_HELP, registry=r)
             self._engine_lane = 0
+            self.engine_graphs_pending = Gauge("talkgate_engine_graphs_pending", ENGINE_GRAPHS_PENDING_HELP,
+                                               registry=r)
         # for proxies and autoscalers (docs/deploy.md), set at each scrape (observe); over worker processes the
         # sessions add up and the load and drain flags are the largest any worker says
         self.engine_slots_used = Gauge("talkgate_engine_slots_used", "Engine slots held by a context", registry=r,
@@ -113,7 +118,8 @@ class Metrics:
         the open WebSocket sessions of at most `max_sessions` (this process's)."""
         if self.engines is None:
             for gauge, key in ((self.engine_running, "running"), (self.engine_waiting, "waiting"),
-                               (self.engine_slots, "slots"), (self.engine_slots_free, "free_slots")):
+                               (self.engine_slots, "slots"), (self.engine_slots_free, "free_slots"),
+                               (self.engine_graphs_pending, "graphs_pending")):
                 if key in stats:
                     gauge.set(stats[key])
             if "frames" in stats:               # the engine counts frames; a counter only takes what is new
@@ -203,6 +209,7 @@ class EngineCollector:
         roof = CounterMetricFamily("talkgate_engine_step_roof_seconds", ENGINE_ROOF_HELP, labels=names)
         prefixes = CounterMetricFamily("talkgate_engine_prompt_prefixes", ENGINE_PREFIX_HELP, labels=[*names, "found"])
         lane = CounterMetricFamily("talkgate_engine_lane_launches", ENGINE_LANE_HELP, labels=names)
+        pending = family("talkgate_engine_graphs_pending", ENGINE_GRAPHS_PENDING_HELP)
         index: dict[str | None, int] = {}              # model -> its engines so far
         for e in engines:
             model = e.get("model")
@@ -237,8 +244,9 @@ class EngineCollector:
             for found, n in e.get("prompt_prefixes", {}).items():
                 prefixes.add_metric([*label, found], n)
             lane.add_metric(label, e.get("lane_launches", 0))
+            pending.add_metric(label, e.get("graphs_pending", 0))
         yield from (ready, slots, free, running, waiting, cpu, behind, step, loop, gpu_wait, cpu_wait, slow, gc, gc_max,
-                    gc_frozen, audio, prefixes, lane)
+                    gc_frozen, audio, prefixes, lane, pending)
         if roof.samples:
             yield roof
 

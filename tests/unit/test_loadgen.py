@@ -313,6 +313,26 @@ def test_lane_launches_are_those_of_the_run_s_model():
                                "cv")["engine_lane_launches"] == 4
 
 
+def test_a_run_while_the_server_still_captures_graphs_says_so():
+    """A run begun before the server's engines captured every CUDA graph (first audio then includes captures that
+    hold an engine for seconds) is flagged in the one-line result and the summary; a warm server's run is not."""
+    def text(e0: float, e1: float) -> str:
+        return f'talkgate_engine_graphs_pending{{engine="0"}} {e0}\ntalkgate_engine_graphs_pending{{engine="1"}} {e1}\n'
+    cfg = load.Config(rps=1.0)
+    server = load.server_numbers(measure.parse_prometheus(text(90, 4)), measure.parse_prometheus(text(0, 0)), 10.0)
+    assert server["engine_graphs_pending"] == [94, 0]
+    s = load.summarize(cfg, [_result(0)], 10.0, 10.0, 3, server, None, [0.1])
+    assert "WARNING: the server was still capturing CUDA graphs (94 pending at the start, 0 at the end)" in \
+        report.one_line(s)
+    assert "WARNING: the server was still capturing CUDA graphs" in report.markdown(asdict(cfg), s)
+    warm = load.server_numbers(measure.parse_prometheus(text(0, 0)), measure.parse_prometheus(text(0, 0)), 10.0)
+    s = load.summarize(cfg, [_result(0)], 10.0, 10.0, 3, warm, None, [0.1])
+    assert "WARNING" not in report.one_line(s) and "capturing" not in report.markdown(asdict(cfg), s)
+    assert load.server_numbers({}, {}, 10.0)["engine_graphs_pending"] is None      # an older server: no warning
+    s = load.summarize(cfg, [_result(0)], 10.0, 10.0, 3, {}, None, [0.1])
+    assert "WARNING" not in report.one_line(s)
+
+
 def test_cpu_and_gc_by_process_name_each_model_s_engines_apart():
     """Each model's engines are numbered from 0: the by-process tables name them by model (three engine processes
     of three models were one `engine0` before, two of them lost); workers and a one-model server's engines as ever."""

@@ -118,3 +118,19 @@ def test_first_frames_launched_on_the_lane():
     for n in (0, 4, 9):
         metrics.observe({"lane_launches": n, "slots": 4, "free_slots": 4}, 0, 16, False)
         assert parse_prometheus(metrics.render().decode())[(LANE, ())] == n
+
+
+PENDING = "talkgate_engine_graphs_pending"
+
+
+def test_graphs_still_to_capture_after_warm_up():
+    """Each engine's CUDA graphs still to capture (while any are, a capture may hold it for seconds), from the engine
+    processes' published stats and from an in-process engine's at each scrape."""
+    registry = CollectorRegistry()
+    registry.register(EngineCollector(PublishedStats([{**engine_stats(5), "graphs_pending": 94}, engine_stats(5)])))
+    series = parse_prometheus(generate_latest(registry).decode())
+    assert {dict(labels)["engine"]: v for (name, labels), v in series.items() if name == PENDING} == {"0": 94, "1": 0}
+    metrics = Metrics()
+    for n in (94, 3, 0):
+        metrics.observe({"graphs_pending": n, "slots": 4, "free_slots": 4}, 0, 16, False)
+        assert parse_prometheus(metrics.render().decode())[(PENDING, ())] == n
