@@ -30,9 +30,9 @@ ENGINE_PREFIX_HELP = ("New contexts whose prompt's prefix (its positions but the
                       "prefilled (a prompt not seen lately, then kept); synth/runner.py")
 ENGINE_LANE_HELP = ("New contexts whose open and first frame were launched on the first-frame lane, beside the step in "
                     "flight (synth/lane.py)")
-ENGINE_GRAPHS_PENDING_HELP = ("CUDA graphs the engine captures after its warm-up, one at a time in a quiet moment: each holds "
-                              "the engine up to seconds (on an H200 3 s), so first audio measured while any are pending "
-                              "includes those holds (docs/operations.md)")
+ENGINE_GRAPHS_PENDING_HELP = ("CUDA graphs the engine captures after its warm-up, one at a time in a quiet moment: "
+                              "each holds the engine up to seconds (on an H200 3 s), so first audio measured while any "
+                              "are pending includes those holds (docs/operations.md)")
 ENGINE_ROOF_HELP = ("The engine's steps at their roofline: the seconds their work (FLOPs and bytes counted from the model's "
                     "shapes, synth/roofline.py) takes at the GPU's datasheet peaks; over talkgate_engine_step_seconds_sum, "
                     "the share of the peak its steps achieve. Only for a GPU whose peaks are known (H100 SXM, H200)")
