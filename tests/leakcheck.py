@@ -52,8 +52,8 @@ from pathlib import Path
 import pytest
 
 GRACE_S = 10.0
-TORCH_COMPILE_POOLS = (os.path.join("torch", "_inductor", "async_compile.py"),
-                      os.path.join("torch", "_inductor", "compile_worker") + os.sep)
+TORCH_COMPILE_WORKERS = os.path.join("torch", "_inductor", "compile_worker") + os.sep   # a child and its threads
+TORCH_COMPILE_POOLS = (os.path.join("torch", "_inductor", "async_compile.py"), TORCH_COMPILE_WORKERS)
 STARTED_FROM_FRAMES = 8     # of the stack that started a thread, named in the report
 ROOT = Path(__file__).resolve().parent.parent
 OWN = tuple(str(ROOT / d) + os.sep for d in ("talkgate", "tests"))     # code whose threads are never baseline
@@ -200,7 +200,7 @@ def _children() -> list[int]:
             pids += [int(p) for p in (task / "children").read_text().split()]
         except OSError:          # the task ended meanwhile
             pass
-    return sorted(pid for pid in set(pids) - {left_out} if TORCH_COMPILE_POOLS[1] not in _cmdline(pid))
+    return sorted(pid for pid in set(pids) - {left_out} if TORCH_COMPILE_WORKERS not in _cmdline(pid))
 
 
 def _cmdline(pid: int) -> str:

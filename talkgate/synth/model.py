@@ -321,15 +321,15 @@ class Talker(nn.Module):
         positions = torch.arange(L, device=x.device)
         mask = (positions[None, None, :] <= pos_t[:, :, None])[:, None]                      # [B,1,T,L]
         # a slot's positions past its context's keep the previous occupant's values: the mask keeps them out of the
-        # softmax but not out of its arithmetic (0 x NaN is NaN), so they are read as zeros
-        live = (positions[None, :] <= pos_t.amax(dim=1, keepdim=True))[:, None, :, None]      # [B,1,L,1]
+        # softmax but not out of its arithmetic (0 x NaN is NaN), so they are read as zeros (in the gathered copy)
+        stale = (positions[None, :] > pos_t.amax(dim=1, keepdim=True))[:, None, :, None]      # [B,1,L,1]
 
         def attention_out(i, layer, h):
             attn, kc, vc = layer.self_attn, self.k_cache[i], self.v_cache[i]
             q, k, v = attn.qkv(h, cos, sin)
             kc[rows, :, pos_t] = k
             vc[rows, :, pos_t] = v
-            return attn.attend(q, kc[slots].where(live, 0), vc[slots].where(live, 0), mask=mask)
+            return attn.attend(q, kc[slots].masked_fill_(stale, 0), vc[slots].masked_fill_(stale, 0), mask=mask)
         return run_layers(self.layers, self.norm, x, attention_out)
 
 
