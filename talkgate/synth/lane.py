@@ -20,13 +20,17 @@ primed decoder state (an in-context cloned voice); or a context opened at a step
 (streamed text), whose first committed text arrives during the step: its slot holds its prompt's prefix already, so
 the lane runs its first frame without the open. It reads the prefix store and the slots after the step boundary's
 opens wrote them (it waits for `opened`), and the main stream waits for the lane (`_joined`) before its next launch
-or open, which may take the lane's context or its slot.
+or open, which may take the lane's context or its slot. While a lane launch runs, the main stream holds its running
+step's next part at a gate (synth/stream_gate.py), so that the lane's first frame waits only for the part in flight
+when it comes, not for others that would start between its kernels.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import torch
+
+from talkgate.synth.stream_gate import StreamGate
 
 LANE_ROWS = 1                   # one new context a lane launch (one row runs the persistent kernels)
 # Lane launches in flight at once: a context that arrives while another's first frame is on the lane is launched
@@ -43,6 +47,7 @@ class Lane:
     bufs: object                    # runner.StepBuffers (its first LANE_ROWS rows used)
     open_ints_host: list            # the open's host blocks, a set a launch in flight (LANE_SETS)
     open_floats_host: list
+    gate: object = None             # synth/stream_gate.py: up while a lane launch runs (None: no gate, the CPU)
     launches: int = 0
 
     @classmethod
@@ -50,4 +55,4 @@ class Lane:
         cuda = device.type == "cuda"
         stream = torch.cuda.Stream(device, priority=-100) if cuda else None    # clamped to the device's highest
         pool = torch.cuda.graph_pool_handle() if cuda else None
-        return cls(stream, pool, bufs, open_ints_host, open_floats_host)
+        return cls(stream, pool, bufs, open_ints_host, open_floats_host, StreamGate.on(device))

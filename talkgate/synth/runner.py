@@ -454,8 +454,10 @@ class Runner:
         if nt < n:
             self._prefill(prefill[nt - nd:], nt)
         launched.positions = int(host[1, :nt].sum()) + sum(r.prompt_len - 1 for r in prefill[nt - nd:])
+        self._gate()
         self._run("codes", b)
         self._copy_back(self.codes_host, self.codes_done, launched.buf, self.main.codes[:n])
+        self._gate()
         self._run("decode", b)
         self._copy_back(self.pcm_host, self.pcm_done, launched.buf, self.main.pcm[:n])
         return launched
@@ -493,16 +495,24 @@ class Runner:
                                          req.next_text_id(self.text_eos, self.text_pad), 0)
             lane.bufs.inputs.copy_(inputs_host, non_blocking=True)
             parts = self._parts_of(lane.bufs)
-            for part in ("open", *PARTS) if open_slot else PARTS:
-                g = self.graphs.get(("lane", part))
-                if g is not None:
-                    g.replay()
-                elif part == "open":
-                    self._open_step(LANE_ROWS, lane.bufs)
-                else:
-                    parts[part](LANE_ROWS)
-                if part == "codes":
-                    self._copy_back(self.codes_host, self.codes_done, s, lane.bufs.codes[:LANE_ROWS])
+            # raised after the wait for `opened`, so that the main stream never waits at the gate for work queued
+            # behind its own; lowered whatever happens, or the main stream would wait for ever
+            if lane.gate is not None:
+                lane.gate.up(lane.stream)
+            try:
+                for part in ("open", *PARTS) if open_slot else PARTS:
+                    g = self.graphs.get(("lane", part))
+                    if g is not None:
+                        g.replay()
+                    elif part == "open":
+                        self._open_step(LANE_ROWS, lane.bufs)
+                    else:
+                        parts[part](LANE_ROWS)
+                    if part == "codes":
+                        self._copy_back(self.codes_host, self.codes_done, s, lane.bufs.codes[:LANE_ROWS])
+            finally:
+                if lane.gate is not None:
+                    lane.gate.down(lane.stream)
             self._copy_back(self.pcm_host, self.pcm_done, s, lane.bufs.pcm[:LANE_ROWS])
             self._joined = self.pcm_done[s]
         return launched
@@ -513,6 +523,11 @@ class Runner:
         host[s][:len(rows)].copy_(rows, non_blocking=True)
         if done[s] is not None:
             done[s].record()
+
+    def _gate(self) -> None:
+        """The main stream's next part waits while a lane launch runs (synth/stream_gate.py)."""
+        if self.lane is not None and self.lane.gate is not None:
+            self.lane.gate.wait(torch.cuda.current_stream())
 
     def _join_lane(self) -> None:
         """The main stream waits for the lane's last launch (its context's slot, or a slot freed meanwhile and
