@@ -20,6 +20,8 @@ def test_a_stream_waits_at_the_gate_while_another_holds_it_up():
     assert gate is not None
     side, main = torch.cuda.Stream(dev), torch.cuda.Stream(dev)
     x = torch.zeros(1, device=dev)
+    x.add_(0)                   # its kernel loaded now: a lazy load while the stream is held would wait for it
+    torch.cuda.synchronize()
     done = torch.cuda.Event()
     gate.up(side)
     side.synchronize()
