@@ -23,6 +23,11 @@ the wait overlaps the stream; the phase's inputs are loaded once, in one L2 trip
 tile at a time (the earlier code, at 255 registers with a 16k-value accumulator a row) moved about 13 GB/s
 an SM, a third of an H100's share of its bandwidth (per-phase clock stamps, docs/benchmarks.md).
 
+A running step's kernels give way to a first frame on the lane (synth/lane.py), which would otherwise wait for the
+whole kernel in flight (both take every SM): where the runner says so (`yielding`, Yield), a kernel reads the lane's
+gate (synth/stream_gate.py) during each layer (Talker) or pass (code predictor), and once it was up all programs stop
+after that layer or pass; the stream then waits at the gate, and a second launch makes the rest.
+
 Values are rounded to the model dtype where the PyTorch path rounds them. Scratch written inside a launch
 is read with L2-only loads (".cg") after the barrier's acquire. In Triton's interpreter (the CPU tests) one
 program runs every phase and the barriers are skipped. Measured on an H100 (docs/benchmarks.md): a grid
@@ -32,7 +37,10 @@ while waiting at a barrier) made the kernels slower: the tiles loaded ahead go t
 """
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import functools
+from typing import Callable
 
 import torch
 import triton
@@ -97,8 +105,9 @@ def _tile(W, q, pid, N, active, K: tl.constexpr, BN: tl.constexpr, CH: tl.conste
     n = (pid + (c % CH) * NPROG) * BN + tl.arange(0, BN)
     k = (q % NK) * BK + tl.arange(0, BK)
     row = (c // CH) * N + n
-    return tl.load(W + row[:, None].to(tl.int64) * K + k[None, :], mask=((n < N) & active)[:, None], other=0.0,
-                   eviction_policy="evict_first")
+    # where(), not `&`: Triton's interpreter makes int32 of `&` between a [BN] and a runtime scalar int1
+    return tl.load(W + row[:, None].to(tl.int64) * K + k[None, :], mask=tl.where(active, n < N, n < 0)[:, None],
+                   other=0.0, eviction_policy="evict_first")
 
 
 @triton.jit
@@ -395,6 +404,7 @@ def _attend_split(target, QKV, NQ, NK, eps, COS, SIN, scs, KC, VC, sks, skh, slo
 @triton.jit
 def _layer(target, l, wa, keep, skip, X, X0, QKV, ATT, ACT, SYNC, WQKV, WO, WGU, WD, NIN, NPOST, NQ, NK,
            KC, VC, sks, skh, slot_rows, pos_rows, pos_all, COS, SIN, PART, ML, OPART, X2, pid, nrows, eps, scale,
+           GATE, DECIDE, tell, ask,
            HP: tl.constexpr, I: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr,
            ROWS: tl.constexpr, NPROG: tl.constexpr, BLOCK: tl.constexpr, SPLIT: tl.constexpr, MAXSPLIT: tl.constexpr,
            FOLD: tl.constexpr,
@@ -410,8 +420,12 @@ def _layer(target, l, wa, keep, skip, X, X0, QKV, ATT, ACT, SYNC, WQKV, WO, WGU,
     (the code predictor's single row): the attention folded into phase C (_attend_project: o_proj in kv-head
     parts OPART, summed into X2 by phase D; BN_C and CH_C are its tile width and items a program). SPLIT > 0
     (the Talker): slot slot_rows[b], position pos_rows[b] ([ROWS] in registers), RoPE row COS/SIN + b * D,
-    attention in SPLIT-position parts (_attend_split)."""
+    attention in SPLIT-position parts (_attend_split). Yielding (see talker_kernel): where `tell`, this program
+    reads the gate during phase A and writes it to DECIDE before the barrier after it; where `ask`, every program
+    reads DECIDE after that barrier (so that all agree). Returns (barrier count, the gate as DECIDE held it, 0
+    unless `ask`)."""
     li = tl.cast(l, tl.int64)
+    up = tl.load(GATE, mask=tell, other=0, volatile=True)
     NQKV: tl.constexpr = (HQ + 2 * HKV) * D
     QD: tl.constexpr = HQ * D
     W_O = WO + li * HP * QD
@@ -419,6 +433,7 @@ def _layer(target, l, wa, keep, skip, X, X0, QKV, ATT, ACT, SYNC, WQKV, WO, WGU,
     W_D = WD + li * HP * I
     _normed_matmul(X, NIN + l * HP, WQKV + li * NQKV * HP, wa, QKV, pid, nrows, eps, NQKV, HP, BN_A, CH_A, BK_A,
                    ROWS, NPROG, P_A)
+    tl.store(DECIDE, up, mask=tell)
     _arrive(SYNC, NPROG)
     if FOLD:                                                  # the tiles are held through the attention
         wc = _o_tiles(W_O, pid, HP, HQ, HKV, D, BN_C, CH_C, NPROG)
@@ -426,6 +441,7 @@ def _layer(target, l, wa, keep, skip, X, X0, QKV, ATT, ACT, SYNC, WQKV, WO, WGU,
         wc = _tiles(W_O, pid, HP, True, QD, BN_C, CH_C, BK_C, 1, NPROG, P_C)
     target += NPROG
     _wait(SYNC, target, NPROG)
+    stop = tl.load(DECIDE, mask=ask, other=0, cache_modifier=".cg")   # its latency hidden by the layer's rest
     if FOLD:
         _attend_project(wc, QKV, NQ + l * D, NK + l * D, eps, COS, SIN, KC, VC, skh, pos_all, OPART, pid, scale, HP,
                         HQ, HKV, D, BN_C, CH_C, NPROG, BLOCK)
@@ -460,49 +476,61 @@ def _layer(target, l, wa, keep, skip, X, X0, QKV, ATT, ACT, SYNC, WQKV, WO, WGU,
     _wait(SYNC, target, NPROG)
     _residual_matmul(ACT, RES, X, X0, W_D, we, pid, nrows, I, HP, BN_E, CH_E, BK_E, ROWS, NPROG, P_E, keep, skip)
     _arrive(SYNC, NPROG)
-    return target + NPROG
+    return target + NPROG, stop
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["check", "resume"])
 def talker_kernel(X, QKV, ATT, ACT, SYNC, OUT, WQKV, WO, WGU, WD, NIN, NPOST, NQ, NK, NFINAL,
                   KC, VC, sl, sks, skh, SLOTS, POS, COS, SIN, PART, ML, nrows, eps, scale,
+                  GATE, STATE, DECIDE, check, resume,
                   L: tl.constexpr, HP: tl.constexpr, I: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr,
                   D: tl.constexpr, ROWS: tl.constexpr, NPROG: tl.constexpr, BLOCK: tl.constexpr,
                   SPLIT: tl.constexpr, MAXSPLIT: tl.constexpr,
                   BN_A: tl.constexpr, CH_A: tl.constexpr, BK_A: tl.constexpr, P_A: tl.constexpr, BN_C: tl.constexpr,
                   CH_C: tl.constexpr, BK_C: tl.constexpr, P_C: tl.constexpr, BN_D: tl.constexpr, CH_D: tl.constexpr,
                   BK_D: tl.constexpr, P_D: tl.constexpr, BN_E: tl.constexpr, CH_E: tl.constexpr, BK_E: tl.constexpr, P_E: tl.constexpr):
+    """The Talker's step (talker_step). Yielding: with `check`, the launch stops after the layer during which it
+    found the gate up (GATE: synth/stream_gate.py's flag) and writes where it stopped to STATE (L: done); with
+    `resume`, a launch starts from STATE's layer (and does nothing past L)."""
     pid = tl.program_id(0)
     DT: tl.constexpr = X.dtype.element_ty
     NQKV: tl.constexpr = (HQ + 2 * HKV) * D
     target = pid * 0
+    start = tl.load(STATE, mask=resume != 0, other=0)
+    end = start * 0 + L                                       # the layer after which the gate stopped the launch
     # every layer's attention starts from the rows' slots and positions: loaded once, not once a layer
     r = tl.arange(0, ROWS)
     slot_rows = tl.load(SLOTS + r, mask=r < nrows, other=0).to(tl.int64)
     pos_rows = tl.load(POS + r, mask=r < nrows, other=0).to(tl.int32)
-    wa = _tiles(WQKV, pid, NQKV, True, HP, BN_A, CH_A, BK_A, 1, NPROG, P_A)
-    for l in range(0, L):
-        li = tl.cast(l, tl.int64)
-        target = _layer(target, l, wa, True, False, X, X, QKV, ATT, ACT, SYNC, WQKV, WO, WGU, WD, NIN, NPOST, NQ,
-                        NK, KC + li * sl, VC + li * sl, sks, skh, slot_rows, pos_rows, 0, COS, SIN, PART, ML, PART, X,
-                        pid, nrows, eps, scale, HP, I, HQ, HKV, D, ROWS, NPROG, BLOCK, SPLIT, MAXSPLIT, False, BN_A,
-                        CH_A, BK_A, P_A, BN_C, CH_C, BK_C, P_C, BN_D, CH_D, BK_D, P_D, BN_E, CH_E, BK_E, P_E)
-        wa = _tiles(WQKV + (li + 1) * NQKV * HP, pid, NQKV, l + 1 < L, HP, BN_A, CH_A, BK_A, 1, NPROG, P_A)
-        _wait(SYNC, target, NPROG)
-    # the final norm, this program's columns
-    inv = _rms_inv(X, nrows, eps, ROWS, HP)
-    for c in tl.static_range(CH_E):
-        off, mask = _rows_cols(nrows, (pid + c * NPROG) * BN_E, HP, ROWS, BN_E)
-        x = tl.load(X + off, mask=mask, other=0.0, cache_modifier=".cg").to(tl.float32)
-        w = tl.load(NFINAL + off % HP, mask=mask, other=0.0).to(tl.float32)
-        tl.store(OUT + off, _in_dtype(_in_dtype(x * inv[:, None], DT) * w, DT).to(DT), mask=mask)
+    wa = _tiles(WQKV + tl.cast(start, tl.int64) * NQKV * HP, pid, NQKV, start < L, HP, BN_A, CH_A, BK_A, 1, NPROG,
+                P_A)
+    for l in range(start, L):
+        if l < end:                                           # (no break in Triton: the layers after a stop skip)
+            li = tl.cast(l, tl.int64)
+            target, stop = _layer(
+                target, l, wa, True, False, X, X, QKV, ATT, ACT, SYNC, WQKV, WO, WGU, WD, NIN, NPOST, NQ, NK,
+                KC + li * sl, VC + li * sl, sks, skh, slot_rows, pos_rows, 0, COS, SIN, PART, ML, PART, X, pid, nrows,
+                eps, scale, GATE, DECIDE + l, (check != 0) & (pid == 0), check != 0, HP, I, HQ, HKV, D, ROWS, NPROG,
+                BLOCK, SPLIT, MAXSPLIT, False, BN_A, CH_A, BK_A, P_A, BN_C, CH_C, BK_C, P_C, BN_D, CH_D, BK_D, P_D,
+                BN_E, CH_E, BK_E, P_E)
+            wa = _tiles(WQKV + (li + 1) * NQKV * HP, pid, NQKV, l + 1 < L, HP, BN_A, CH_A, BK_A, 1, NPROG, P_A)
+            _wait(SYNC, target, NPROG)
+            end = tl.where(stop != 0, l + 1, end)
+    tl.store(STATE, end, mask=(check != 0) & (pid == 0))
+    if (end == L) & (start < L):                              # the final norm, this program's columns
+        inv = _rms_inv(X, nrows, eps, ROWS, HP)
+        for c in tl.static_range(CH_E):
+            off, mask = _rows_cols(nrows, (pid + c * NPROG) * BN_E, HP, ROWS, BN_E)
+            x = tl.load(X + off, mask=mask, other=0.0, cache_modifier=".cg").to(tl.float32)
+            w = tl.load(NFINAL + off % HP, mask=mask, other=0.0).to(tl.float32)
+            tl.store(OUT + off, _in_dtype(_in_dtype(x * inv[:, None], DT) * w, DT).to(DT), mask=mask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["check", "resume"])
 def predictor_kernel(
         X0, X, X2, QKV, ATT, OPART, ACT, KV, LOGITS, EIN, ESUM, CODES, SYNC,
         WQKV, WO, WGU, WD, NIN, NPOST, NQ, NK, NFINAL, HEADS, EMB, PW, PB, COS, SIN,
-        TEMP, TOPK, TOPP, GREEDY, SEED, COUNTER, nrows, eps, scale,
+        TEMP, TOPK, TOPP, GREEDY, SEED, COUNTER, nrows, eps, scale, GATE, STATE, DECIDE, check, resume,
         L: tl.constexpr, G: tl.constexpr, HP: tl.constexpr, HT: tl.constexpr, I: tl.constexpr,
         VOC: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, ROWS: tl.constexpr,
         NPROG: tl.constexpr, PROJ: tl.constexpr,
@@ -512,53 +540,67 @@ def predictor_kernel(
         BN_E: tl.constexpr, CH_E: tl.constexpr, BK_E: tl.constexpr, P_E: tl.constexpr,
         BN_F: tl.constexpr, CH_F: tl.constexpr, BK_F: tl.constexpr, P_F: tl.constexpr,
         BN_P: tl.constexpr, CH_P: tl.constexpr, BK_P: tl.constexpr, P_P: tl.constexpr, VBLOCK: tl.constexpr):
+    """The code predictor's frame (predict). Yielding as talker_kernel's, between passes: with `check`, the launch
+    stops after the pass during which it found the gate up."""
     pid = tl.program_id(0)
     KV_ROWS: tl.constexpr = ROWS * HKV * G * D                 # KV [L, 2, ROWS, HKV, G, D]
     NQKV: tl.constexpr = (HQ + 2 * HKV) * D
     target = pid * 0
+    start = tl.load(STATE, mask=resume != 0, other=0)
+    end = start * 0 + G                                       # the pass after which the gate stopped the launch
     wa = _tiles(WQKV, pid, NQKV, True, HP, BN_A, CH_A, BK_A, 1, NPROG, P_A)
-    for t in range(0, G):
-        for l in range(0, L - 1):
-            K = KV + tl.cast(l, tl.int64) * 2 * KV_ROWS
-            target = _layer(target, l, wa, True, False, X, X0, QKV, ATT, ACT, SYNC, WQKV, WO, WGU, WD, NIN, NPOST,
-                            NQ, NK, K, K + KV_ROWS, HKV * G * D, G * D, X, X, t, COS + t * D, SIN + t * D, X, X, OPART,
-                            X2, pid, nrows, eps, scale, HP, I, HQ, HKV, D, ROWS, NPROG, G, 0, 1, ROWS == 1, BN_A, CH_A,
-                            BK_A, P_A, BN_C, CH_C, BK_C, P_C, BN_D, CH_D, BK_D, P_D, BN_E, CH_E, BK_E, P_E)
-            wa = _tiles(WQKV + tl.cast(l + 1, tl.int64) * NQKV * HP, pid, NQKV, True, HP, BN_A, CH_A, BK_A, 1, NPROG, P_A)
-            _wait(SYNC, target, NPROG)
-        # the last layer, outside the loop so that the head's tiles (F) it loads at its last barrier are not
-        # carried through the loop in registers; its MLP at position 0 is never read: its phase E loads the
-        # next input instead
-        K = KV + (L - 1) * 2 * KV_ROWS
-        target = _layer(target, L - 1, wa, t > 0, t == 0, X, X0, QKV, ATT, ACT, SYNC, WQKV, WO, WGU, WD, NIN, NPOST,
-                        NQ, NK, K, K + KV_ROWS, HKV * G * D, G * D, X, X, t, COS + t * D, SIN + t * D, X, X, OPART,
-                        X2, pid, nrows, eps, scale, HP, I, HQ, HKV, D, ROWS, NPROG, G, 0, 1, ROWS == 1, BN_A, CH_A,
-                        BK_A, P_A, BN_C, CH_C, BK_C, P_C, BN_D, CH_D, BK_D, P_D, BN_E, CH_E, BK_E, P_E)
-        if t >= 1:
-            W_F = HEADS + tl.cast(t - 1, tl.int64) * VOC * HP
-            wf = _tiles(W_F, pid, VOC, True, HP, BN_F, CH_F, BK_F, 1, NPROG, P_F)
-            _wait(SYNC, target, NPROG)
-            _normed_matmul(X, NFINAL, W_F, wf, LOGITS, pid, nrows, eps, VOC, HP, BN_F, CH_F, BK_F, ROWS, NPROG, P_F)
-            _arrive(SYNC, NPROG)
-            wa = _tiles(WQKV, pid, NQKV, t < G - 1, HP, BN_A, CH_A, BK_A, 1, NPROG, P_A)   # the next pass's layer 0
-            target += NPROG
-            _wait(SYNC, target, NPROG)
-            if PROJ:
-                _draw(LOGITS, EMB, ESUM, EIN, CODES, TEMP, TOPK, TOPP, GREEDY, SEED, COUNTER, pid, nrows, t, G, VOC,
-                      HT, VBLOCK, NPROG)
-            else:
-                _draw(LOGITS, EMB, ESUM, X, CODES, TEMP, TOPK, TOPP, GREEDY, SEED, COUNTER, pid, nrows, t, G, VOC,
-                      HT, VBLOCK, NPROG)
-            if t < G - 1:
+    for t in range(start, G):
+        if t < end:                                           # (no break in Triton: the passes after a stop skip)
+            stop = pid * 0
+            for l in range(0, L - 1):
+                K = KV + tl.cast(l, tl.int64) * 2 * KV_ROWS
+                target, up = _layer(
+                    target, l, wa, True, False, X, X0, QKV, ATT, ACT, SYNC, WQKV, WO, WGU, WD, NIN, NPOST, NQ, NK, K,
+                    K + KV_ROWS, HKV * G * D, G * D, X, X, t, COS + t * D, SIN + t * D, X, X, OPART, X2, pid, nrows,
+                    eps, scale, GATE, DECIDE + t, (check != 0) & (pid == 0) & (l == 0), (check != 0) & (l == 0), HP,
+                    I, HQ, HKV, D, ROWS, NPROG, G, 0, 1, ROWS == 1, BN_A, CH_A, BK_A, P_A, BN_C, CH_C, BK_C, P_C,
+                    BN_D, CH_D, BK_D, P_D, BN_E, CH_E, BK_E, P_E)
+                stop = stop | up
+                wa = _tiles(WQKV + tl.cast(l + 1, tl.int64) * NQKV * HP, pid, NQKV, True, HP, BN_A, CH_A, BK_A, 1,
+                            NPROG, P_A)
+                _wait(SYNC, target, NPROG)
+            # the last layer, outside the loop so that the head's tiles (F) it loads at its last barrier are not
+            # carried through the loop in registers; its MLP at position 0 is never read: its phase E loads the
+            # next input instead
+            K = KV + (L - 1) * 2 * KV_ROWS
+            target, _ = _layer(
+                target, L - 1, wa, t > 0, t == 0, X, X0, QKV, ATT, ACT, SYNC, WQKV, WO, WGU, WD, NIN, NPOST, NQ, NK, K,
+                K + KV_ROWS, HKV * G * D, G * D, X, X, t, COS + t * D, SIN + t * D, X, X, OPART, X2, pid, nrows, eps,
+                scale, GATE, DECIDE + t, pid < 0, pid < 0, HP, I, HQ, HKV, D, ROWS, NPROG, G, 0, 1, ROWS == 1, BN_A,
+                CH_A, BK_A, P_A, BN_C, CH_C, BK_C, P_C, BN_D, CH_D, BK_D, P_D, BN_E, CH_E, BK_E, P_E)
+            if t >= 1:
+                W_F = HEADS + tl.cast(t - 1, tl.int64) * VOC * HP
+                wf = _tiles(W_F, pid, VOC, True, HP, BN_F, CH_F, BK_F, 1, NPROG, P_F)
+                _wait(SYNC, target, NPROG)
+                _normed_matmul(X, NFINAL, W_F, wf, LOGITS, pid, nrows, eps, VOC, HP, BN_F, CH_F, BK_F, ROWS, NPROG,
+                               P_F)
+                _arrive(SYNC, NPROG)
+                wa = _tiles(WQKV, pid, NQKV, t < G - 1, HP, BN_A, CH_A, BK_A, 1, NPROG, P_A)   # the next pass's layer 0
                 target += NPROG
-                _grid_sync(SYNC, target, NPROG)
+                _wait(SYNC, target, NPROG)
                 if PROJ:
-                    _project(EIN, PW, PB, X, pid, nrows, HT, HP, BN_P, CH_P, BK_P, ROWS, NPROG, P_P)
+                    _draw(LOGITS, EMB, ESUM, EIN, CODES, TEMP, TOPK, TOPP, GREEDY, SEED, COUNTER, pid, nrows, t, G,
+                          VOC, HT, VBLOCK, NPROG)
+                else:
+                    _draw(LOGITS, EMB, ESUM, X, CODES, TEMP, TOPK, TOPP, GREEDY, SEED, COUNTER, pid, nrows, t, G, VOC,
+                          HT, VBLOCK, NPROG)
+                if t < G - 1:
                     target += NPROG
                     _grid_sync(SYNC, target, NPROG)
-        else:
-            wa = _tiles(WQKV, pid, NQKV, True, HP, BN_A, CH_A, BK_A, 1, NPROG, P_A)
-            _wait(SYNC, target, NPROG)
+                    if PROJ:
+                        _project(EIN, PW, PB, X, pid, nrows, HT, HP, BN_P, CH_P, BK_P, ROWS, NPROG, P_P)
+                        target += NPROG
+                        _grid_sync(SYNC, target, NPROG)
+            else:
+                wa = _tiles(WQKV, pid, NQKV, True, HP, BN_A, CH_A, BK_A, 1, NPROG, P_A)
+                _wait(SYNC, target, NPROG)
+            end = tl.where((stop != 0) & (t + 1 < G), t + 1, end)
+    tl.store(STATE, end, mask=(check != 0) & (pid == 0))
 
 
 def supports(model, rows: int) -> bool:
@@ -624,10 +666,51 @@ def _attend_project_tiles(d, nprog: int) -> tuple[int, int, int, int]:
 
 
 def _scratch(d, B: int, dev, dt) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """q/k/v and MLP activation rows of one layer, and the barrier counter."""
+    """q/k/v and MLP activation rows of one layer, and the barrier counters: [0, 0] a launch's, [1, 0] the resume
+    launch's where it yields (16 bytes apart: a pointer's alignment is part of a Triton kernel's specialization),
+    [0, 1] the STATE word."""
     return (torch.empty(B, (d.num_heads + 2 * d.num_kv_heads) * d.head_dim, device=dev, dtype=dt),
             torch.empty(B, d.intermediate_size, device=dev, dtype=dt),
-            torch.zeros(1, device=dev, dtype=torch.int32))
+            torch.zeros(2, 4, device=dev, dtype=torch.int32))
+
+
+@dataclasses.dataclass
+class Yield:
+    """A running step's kernels give way to a first-frame lane (synth/lane.py) at their layer (Talker) or pass (code
+    predictor) boundaries: `flag` is the lane's gate (synth/stream_gate.py: 1 while a lane launch runs), `wait(stream)`
+    queues on the stream a wait until it is 0. A kernel that found the gate up stops where it was; the stream waits at
+    the gate, then a second launch of the kernel finishes the rest (one that finds nothing left returns at once)."""
+    flag: torch.Tensor
+    wait: Callable
+
+
+_yield: Yield | None = None
+
+
+@contextlib.contextmanager
+def yielding(to: Yield | None):
+    """Within: the kernels launched (or captured into a graph) yield `to` (the runner: its main stream's steps,
+    never the lane's own launches)."""
+    global _yield
+    before, _yield = _yield, to
+    try:
+        yield
+    finally:
+        _yield = before
+
+
+def _launch(kernel, nprog: int, sync: torch.Tensor, decide: torch.Tensor, **args) -> None:
+    """One launch of `kernel` with `args` (all but its yielding ones), or where the caller yields, the launch that
+    checks the gate, the wait at it, and the launch that finishes. Every launch passes pointers of the same alignments
+    (one compiled kernel): GATE unread without `check` (then sync[1])."""
+    y = _yield
+    state = sync[0, 1:2]
+    if y is None:
+        kernel[(nprog,)](SYNC=sync[0], GATE=sync[1], STATE=state, DECIDE=decide, check=0, resume=0, **args)
+        return
+    kernel[(nprog,)](SYNC=sync[0], GATE=y.flag, STATE=state, DECIDE=decide, check=1, resume=0, **args)
+    y.wait(torch.cuda.current_stream(sync.device) if sync.is_cuda else None)
+    kernel[(nprog,)](SYNC=sync[1], GATE=y.flag, STATE=state, DECIDE=decide, check=0, resume=1, **args)
 
 
 def talker_step(talker, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, slots: torch.Tensor,
@@ -647,13 +730,14 @@ def talker_step(talker, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, s
     parts, group = triton.cdiv(kc.shape[3], split), d.num_heads // d.num_kv_heads
     part = torch.empty(B, d.num_kv_heads, parts, group, d.head_dim, device=dev, dtype=torch.float32)
     ml = torch.empty(B, d.num_kv_heads, parts, 2, group, device=dev, dtype=torch.float32)
-    talker_kernel[(nprog,)](
-        X, qkv, att, act, sync, out, st.qkv, st.o, st.gate_up, st.down, st.input_norm, st.post_norm, st.q_norm,
-        st.k_norm, talker.norm.weight, kc, vc, kc.stride(0), kc.stride(1), kc.stride(2), slots, pos,
-        cos.contiguous(), sin.contiguous(), part, ml, B, d.rms_norm_eps, d.head_dim ** -0.5,
-        L=d.num_layers, HP=HP, I=d.intermediate_size, HQ=d.num_heads, HKV=d.num_kv_heads, D=d.head_dim, ROWS=ROWS,
-        NPROG=nprog, BLOCK=min(32, split), SPLIT=split, MAXSPLIT=parts, num_warps=WARPS,
-        launch_cooperative_grid=COOPERATIVE, **_meta(_layer_tiles(d, nprog, ROWS)))
+    _launch(talker_kernel, nprog, sync, torch.empty(d.num_layers, device=dev, dtype=torch.int32),
+            X=X, QKV=qkv, ATT=att, ACT=act, OUT=out, WQKV=st.qkv, WO=st.o, WGU=st.gate_up, WD=st.down,
+            NIN=st.input_norm, NPOST=st.post_norm, NQ=st.q_norm, NK=st.k_norm, NFINAL=talker.norm.weight, KC=kc, VC=vc,
+            sl=kc.stride(0), sks=kc.stride(1), skh=kc.stride(2), SLOTS=slots, POS=pos, COS=cos.contiguous(),
+            SIN=sin.contiguous(), PART=part, ML=ml, nrows=B, eps=d.rms_norm_eps, scale=d.head_dim ** -0.5,
+            L=d.num_layers, HP=HP, I=d.intermediate_size, HQ=d.num_heads, HKV=d.num_kv_heads, D=d.head_dim, ROWS=ROWS,
+            NPROG=nprog, BLOCK=min(32, split), SPLIT=split, MAXSPLIT=parts, num_warps=WARPS,
+            launch_cooperative_grid=COOPERATIVE, **_meta(_layer_tiles(d, nprog, ROWS)))
     return out
 
 
@@ -686,13 +770,14 @@ def predict(predictor, hidden: torch.Tensor, code0_embed: torch.Tensor, rows, co
     sizes = dict(_layer_tiles(d, nprog, ROWS), F=tiles(V, HP, nprog, ROWS), P=tiles(HP, HT, nprog, ROWS))
     if fold:
         sizes["C"] = _attend_project_tiles(d, nprog)
-    predictor_kernel[(nprog,)](
-        x0, x, x2, qkv, att, opart, act, kv, logits, ein, esum, codes, sync,
-        st.qkv, st.o, st.gate_up, st.down, st.input_norm, st.post_norm, st.q_norm, st.k_norm,
-        predictor.norm.weight, predictor.heads, predictor.embeddings, pw, pb, predictor.cos, predictor.sin,
-        rows.sub_temperature, rows.sub_top_k, rows.sub_top_p, rows.sub_greedy.view(torch.uint8), rows.seed,
-        counter, B, d.rms_norm_eps, d.head_dim ** -0.5,
-        L=d.num_layers, G=G, HP=HP, HT=HT, I=d.intermediate_size, VOC=V, HQ=d.num_heads, HKV=d.num_kv_heads,
-        D=d.head_dim, ROWS=ROWS, NPROG=nprog, PROJ=proj is not None, VBLOCK=triton.next_power_of_2(V),
-        num_warps=WARPS, launch_cooperative_grid=COOPERATIVE, **_meta(sizes))
+    _launch(predictor_kernel, nprog, sync, torch.empty(G, device=dev, dtype=torch.int32),
+            X0=x0, X=x, X2=x2, QKV=qkv, ATT=att, OPART=opart, ACT=act, KV=kv, LOGITS=logits, EIN=ein, ESUM=esum,
+            CODES=codes, WQKV=st.qkv, WO=st.o, WGU=st.gate_up, WD=st.down, NIN=st.input_norm, NPOST=st.post_norm,
+            NQ=st.q_norm, NK=st.k_norm, NFINAL=predictor.norm.weight, HEADS=predictor.heads, EMB=predictor.embeddings,
+            PW=pw, PB=pb, COS=predictor.cos, SIN=predictor.sin, TEMP=rows.sub_temperature, TOPK=rows.sub_top_k,
+            TOPP=rows.sub_top_p, GREEDY=rows.sub_greedy.view(torch.uint8), SEED=rows.seed, COUNTER=counter, nrows=B,
+            eps=d.rms_norm_eps, scale=d.head_dim ** -0.5,
+            L=d.num_layers, G=G, HP=HP, HT=HT, I=d.intermediate_size, VOC=V, HQ=d.num_heads, HKV=d.num_kv_heads,
+            D=d.head_dim, ROWS=ROWS, NPROG=nprog, PROJ=proj is not None, VBLOCK=triton.next_power_of_2(V),
+            num_warps=WARPS, launch_cooperative_grid=COOPERATIVE, **_meta(sizes))
     return codes, esum.to(dt)

@@ -78,7 +78,7 @@ from talkgate.synth.api import FRAME_SAMPLES, SAMPLE_RATE, SamplingParams, Voice
 from talkgate.synth.lane import LANE_ROWS, LANE_SETS, Lane
 from talkgate.synth.model import sample_codes
 from talkgate.synth.request import Request
-from talkgate.synth.sampling import FLOAT_FIELDS, INT_FIELDS, FrameSampler, RowSampling
+from talkgate.synth.sampling import FLOAT_FIELDS, INT_FIELDS, FrameSampler, RowSampling, kernel_module
 from talkgate.synth.voice import cudnn_heuristics, finish, make_voice_prompt
 
 log = logging.getLogger("talkgate.runner")
@@ -261,6 +261,14 @@ class Runner:
                 self.codes_done.append(torch.cuda.Event() if cuda else None)
                 self.pcm_done.append(torch.cuda.Event() if cuda else None)
         self._joined = None         # the lane's last launch's end, not waited for by the main stream yet
+        # the main stream's one- and two-row persistent kernels give way to a lane launch at their layer and pass
+        # boundaries (synth/persistent.py, Yield), where the lane's gate can be waited at inside a graph
+        self._yield = None
+        persistent = kernel_module("persistent") if self.lane is not None else None
+        if persistent is not None and self.lane.gate is not None and self.lane.gate.in_graphs:
+            self._yield = persistent.Yield(self.lane.gate.flag, self.lane.gate.wait)
+            log.info("the running step's one- and two-row kernels give way to the first-frame lane at their layer "
+                     "and pass boundaries")
         # batch 1 has its own graphs although compiled functions specialize size 1 apart (more compiles at
         # warm-up): a padding row costs the code predictor's persistent kernel 0.4 ms a step
         self.buckets = batch_buckets(max(self.max_batch, 2))
@@ -578,7 +586,14 @@ class Runner:
         if g is not None:
             g.replay()
         else:
-            self._parts[part](b)
+            with self._main_stream():
+                self._parts[part](b)
+
+    def _main_stream(self):
+        """Within: the main stream's parts, captured or run (its kernels yield to the lane: _yield)."""
+        if self._yield is None:
+            return contextlib.nullcontext()
+        return kernel_module("persistent").yielding(self._yield)
 
     def _prefill(self, reqs: list[Request], row0: int) -> None:
         """Prompt + text token 0 of each new context into its KV; last hidden -> hidden[row0 + i]."""
@@ -876,12 +891,13 @@ class Runner:
         shared pool (or `pool`), on a stream of its own (or `stream`) behind the work already queued. Not
         torch.cuda.graph: it synchronizes the device and empties the allocator's cache at every capture, which a
         capture between two steps must not do."""
+        main = stream is None
         s = stream or self._stream
         pool = pool or self._pool
         s.wait_stream(torch.cuda.current_stream())
         g = torch.cuda.CUDAGraph()
         t0 = time.perf_counter()
-        with torch.cuda.stream(s):
+        with torch.cuda.stream(s), self._main_stream() if main else contextlib.nullcontext():
             fn(*args)
             s.synchronize()
             t1 = time.perf_counter()

@@ -8,6 +8,7 @@ compiled with one program per SM and grid barriers, against the per-layer paths 
 from __future__ import annotations
 
 import importlib
+import time
 
 import pytest
 import torch
@@ -96,6 +97,111 @@ def test_talker_step_equals_the_per_layer_path(kernel, talker, monkeypatch, spli
         torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
         torch.testing.assert_close(got_kv, talker.kv, atol=1e-5, rtol=1e-5)
         assert not torch.equal(got_kv, kv)                      # the step wrote its K/V
+
+
+def _gate(kernel, monkeypatch, up: bool):
+    """A Yield whose gate starts `up`; its wait (on a CPU: called between the two launches) records where the first
+    launch stopped (STATE, from the scratch the kernel's call made) and lowers the gate."""
+    flag = torch.tensor([int(up)], dtype=torch.int32, device=DEVICE)
+    stopped, made = [], []
+    scratch = kernel._scratch
+
+    def recorded(*args):                        # each kernel's call: the gate as the test set it
+        flag.fill_(int(up))
+        made.append(scratch(*args))
+        return made[-1]
+    monkeypatch.setattr(kernel, "_scratch", recorded)
+
+    def wait(stream):
+        if stream is not None:                  # on a GPU: the state is read after the call
+            stream.synchronize()
+        stopped.append(int(made[-1][2][0, 1]))
+        flag.zero_()
+    return kernel.Yield(flag, wait), stopped
+
+
+@pytest.mark.skipif(CUDA, reason="the wait is a host function here: on a GPU the gate is a stream's (test_stream_gate)")
+@pytest.mark.parametrize("B", [1, 2])
+def test_a_kernel_that_yields_stops_where_the_gate_was_up_and_its_second_launch_finishes(kernel, talker, monkeypatch,
+                                                                                          B):
+    """The gate up from the start: the Talker's first launch stops after its first layer, the code predictor's after
+    its first pass, and the second launch makes the rest: the same hidden state, K/V, codes and sums as one launch;
+    the gate down: the first launch does it all."""
+    model = predictor(64)
+    g = torch.Generator().manual_seed(11)
+    hidden, code0 = (torch.randn(B, 64, generator=g).to(DEVICE) for _ in range(2))
+    talker.setup_cache(5, 24, DEVICE, torch.float32)
+    talker.kv.copy_(torch.randn(talker.kv.shape, generator=g))
+    kv = talker.kv.clone()
+    x = torch.randn(B, talker.hidden_size, generator=g).to(DEVICE)
+    slots, pos = torch.tensor([1, 4][:B], device=DEVICE), torch.tensor([9, 3][:B], device=DEVICE)
+    cos, sin = talker.rope(pos[:, None])
+
+    def step():
+        s = sampler(B, 50, 0.9, 1.1)
+        talker.kv.copy_(kv)
+        codes, sums = kernel.predict(model, hidden, code0, s.p, s.counter)
+        return codes, sums, kernel.talker_step(talker, x, cos[:, 0], sin[:, 0], slots, pos), talker.kv.clone()
+
+    want = step()
+    for up, where in ((True, [1, 1]), (False, [16, talker.cfg.dims.num_layers])):
+        y, stopped = _gate(kernel, monkeypatch, up)
+        with kernel.yielding(y):
+            got = step()
+        monkeypatch.undo()
+        assert stopped == where, (up, stopped)
+        for a, b in zip(got, want):
+            assert torch.equal(a, b)
+    assert kernel._yield is None
+
+
+@pytest.mark.skipif(not CUDA, reason="the gate is a CUDA stream's (synth/stream_gate.py)")
+def test_a_captured_step_gives_way_to_the_gate_and_finishes_once_it_is_down(kernel, talker):
+    """The engine's path: the code predictor's and the Talker's one-row kernels captured in a CUDA graph while
+    yielding to the lane's gate; replayed with the gate up, the graph holds (the code predictor stopped after its
+    first pass, its stream at the gate) until the gate is lowered, then gives what one launch gives."""
+    from talkgate.synth.stream_gate import StreamGate
+    dev = torch.device("cuda")
+    gate = StreamGate.on(dev)
+    assert gate is not None and gate.in_graphs
+    model = predictor(64)
+    g = torch.Generator().manual_seed(12)
+    hidden, code0 = (torch.randn(1, 64, generator=g).to(DEVICE) for _ in range(2))
+    talker.setup_cache(5, 24, DEVICE, torch.float32)
+    talker.kv.copy_(torch.randn(talker.kv.shape, generator=g))
+    kv = talker.kv.clone()
+    x = torch.randn(1, talker.hidden_size, generator=g).to(DEVICE)
+    slots, pos = torch.tensor([2], device=DEVICE), torch.tensor([7], device=DEVICE)
+    cos, sin = talker.rope(pos[:, None])
+    s = sampler(1, 50, 0.9, 1.1)
+
+    def step():
+        codes, sums = kernel.predict(model, hidden, code0, s.p, s.counter)
+        return codes, sums, kernel.talker_step(talker, x, cos[:, 0], sin[:, 0], slots, pos)
+
+    want = [t.clone() for t in step()] + [talker.kv.clone()]
+    main, side = torch.cuda.Stream(dev), torch.cuda.Stream(dev)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(main), kernel.yielding(kernel.Yield(gate.flag, gate.wait)):
+        step()                                                  # the gate down: passes
+        main.synchronize()
+        graph.capture_begin(capture_error_mode="thread_local")
+        out = step()
+        graph.capture_end()
+    talker.kv.copy_(kv)
+    torch.cuda.synchronize()
+    gate.up(side)
+    side.synchronize()
+    done = torch.cuda.Event()
+    with torch.cuda.stream(main):
+        graph.replay()
+        done.record()
+    time.sleep(0.2)
+    assert not done.query()                                     # held at the gate
+    gate.down(side)
+    done.synchronize()
+    for a, b in zip(list(out) + [talker.kv], want):
+        assert torch.equal(a, b)
 
 
 def test_tiles_split_columns_evenly():
