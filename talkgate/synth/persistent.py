@@ -40,6 +40,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import threading
 from typing import Callable
 
 import torch
@@ -684,26 +685,26 @@ class Yield:
     wait: Callable
 
 
-_yield: Yield | None = None
+_yielding = threading.local()          # .to: the Yield of the calling thread's launches (per thread: a runner's own)
 
 
 @contextlib.contextmanager
 def yielding(to: Yield | None):
-    """Within: the kernels launched (or captured into a graph) yield `to` (the runner: its main stream's steps,
-    never the lane's own launches)."""
-    global _yield
-    before, _yield = _yield, to
+    """Within: this thread's kernels launched (or captured into a graph) yield `to` (the runner: its main stream's
+    steps, never the lane's own launches)."""
+    before = getattr(_yielding, "to", None)
+    _yielding.to = to
     try:
         yield
     finally:
-        _yield = before
+        _yielding.to = before
 
 
 def _launch(kernel, nprog: int, sync: torch.Tensor, decide: torch.Tensor, **args) -> None:
     """One launch of `kernel` with `args` (all but its yielding ones), or where the caller yields, the launch that
     checks the gate, the wait at it, and the launch that finishes. Every launch passes pointers of the same alignments
     (one compiled kernel): GATE unread without `check` (then sync[1])."""
-    y = _yield
+    y = getattr(_yielding, "to", None)
     state = sync[0, 1:2]
     if y is None:
         kernel[(nprog,)](SYNC=sync[0], GATE=sync[1], STATE=state, DECIDE=decide, check=0, resume=0, **args)
