@@ -1,8 +1,9 @@
-"""Where the engine's batch-1 decode graph goes, kernel by kernel: its replay time, then each kernel of one
+"""Where the engine's decode graph of B rows goes, kernel by kernel: its replay time, then each kernel of one
 replay in order (median duration over 10 replays, the gap before it, grid and block, name), and the kernel
-time summed by kind. Loads the checkpoint as the engine does (compiled parts, CUDA graphs of buckets 1 and 2).
+time summed by kind. Loads the checkpoint as the engine does (compiled parts, the CUDA graphs an engine of B slots
+captures before it is ready: B's with cuDNN's algorithm search).
 
-    python -m bench.decoder_kernels /tmp/ck-0.6b OUTDIR      # OUTDIR gets the profiler's trace
+    python -m bench.decoder_kernels /tmp/ck-0.6b OUTDIR [B]      # OUTDIR gets the profiler's trace; B: 1
 """
 import json
 import statistics
@@ -12,16 +13,17 @@ from collections import defaultdict
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from bench.engine import batch1_runner, graph_ms
+from bench.engine import batch_runner, graph_ms
 
 
 def main():
     ck, out = sys.argv[1], sys.argv[2]
-    r = batch1_runner(ck)
+    B = int(sys.argv[3]) if len(sys.argv) > 3 else 1
+    r = batch_runner(ck, B)
     with torch.inference_mode():
-        g = r.graphs[("decode", 1)]
+        g = r.graphs[("decode", B)]
         graph_ms(g, 20)                                             # warm
-        print(f"decode graph B=1: {graph_ms(g, 200) * 1000:.0f} us a replay", flush=True)
+        print(f"decode graph B={B}: {graph_ms(g, 200) * 1000:.0f} us a replay", flush=True)
         N = 10
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             for _ in range(N):

@@ -29,19 +29,20 @@ from talkgate.synth.request import text_seconds
 TEXT = "The quick brown fox jumps over the lazy dog, then naps in the afternoon sun. " * 6
 
 
-def batch1_runner(checkpoint: str):
-    """The engine's runner for graph-level experiments (bench/decoder_kernels.py):
-    loaded, warmed and captured (buckets 1 and 2), its row 0 a context in slot 0 at position 40, frame 20."""
+def batch_runner(checkpoint: str, batch: int = 1):
+    """The engine's runner for graph-level experiments (bench/decoder_kernels.py): loaded, warmed and captured (the
+    buckets up to 16 and `batch`, as an engine of `batch` slots captures them before it is ready), its rows [:batch]
+    contexts in slots 0.. at position 40, frame 20."""
     from talkgate.synth.runner_build import load_runner
     t0 = time.time()
-    r, *_ = load_runner(checkpoint, max_contexts=4, max_batch=2)
-    r.warmup()
+    r, *_ = load_runner(checkpoint, max_contexts=max(batch, 4), max_batch=max(batch, 2))
+    r.warmup(first_audio_only=True)
     print(f"warm-up {time.time() - t0:.0f} s", flush=True)
     with torch.inference_mode():
-        r.main.inputs[0, :1] = 0
-        r.main.inputs[1, :1] = 40
-        r.main.inputs[2, :1] = r.text_pad
-        r.main.inputs[3, :1] = 20
+        r.main.inputs[0, :batch] = torch.arange(batch)
+        r.main.inputs[1, :batch] = 40
+        r.main.inputs[2, :batch] = r.text_pad
+        r.main.inputs[3, :batch] = 20
     return r
 
 
