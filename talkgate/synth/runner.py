@@ -586,11 +586,11 @@ class Runner:
         if g is not None:
             g.replay()
         else:
-            with self._main_stream():
+            with self._yielding():
                 self._parts[part](b)
 
-    def _main_stream(self):
-        """Within: the main stream's parts, captured or run (its kernels yield to the lane: _yield)."""
+    def _yielding(self):
+        """Within: the main stream's parts, captured or run, yield to the lane (_yield; none: a null context)."""
         if self._yield is None:
             return contextlib.nullcontext()
         return kernel_module("persistent").yielding(self._yield)
@@ -897,7 +897,7 @@ class Runner:
         s.wait_stream(torch.cuda.current_stream())
         g = torch.cuda.CUDAGraph()
         t0 = time.perf_counter()
-        with torch.cuda.stream(s), self._main_stream() if main else contextlib.nullcontext():
+        with torch.cuda.stream(s), self._yielding() if main else contextlib.nullcontext():
             fn(*args)
             s.synchronize()
             t1 = time.perf_counter()
