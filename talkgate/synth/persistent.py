@@ -38,10 +38,9 @@ while waiting at a barrier) made the kernels slower: the tiles loaded ahead go t
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import functools
 import threading
-from typing import Callable
+from typing import Protocol
 
 import torch
 import triton
@@ -675,14 +674,14 @@ def _scratch(d, B: int, dev, dt) -> tuple[torch.Tensor, torch.Tensor, torch.Tens
             torch.zeros(2, 4, device=dev, dtype=torch.int32))
 
 
-@dataclasses.dataclass
-class Yield:
-    """A running step's kernels give way to a first-frame lane (synth/lane.py) at their layer (Talker) or pass (code
-    predictor) boundaries: `flag` is the lane's gate (synth/stream_gate.py: 1 while a lane launch runs), `wait(stream)`
-    queues on the stream a wait until it is 0. A kernel that found the gate up stops where it was; the stream waits at
+class Yield(Protocol):
+    """What a running step's kernels give way to at their layer (Talker) or pass (code predictor) boundaries: the
+    first-frame lane's gate (synth/stream_gate.py's StreamGate), `flag` 1 while a lane launch runs, `wait(stream)`
+    queuing on the stream a wait until it is 0. A kernel that found the gate up stops where it was; the stream waits at
     the gate, then a second launch of the kernel finishes the rest (one that finds nothing left returns at once)."""
     flag: torch.Tensor
-    wait: Callable
+
+    def wait(self, stream) -> None: ...
 
 
 _yielding = threading.local()          # .to: the Yield of the calling thread's launches (per thread: a runner's own)
@@ -700,15 +699,17 @@ def yielding(to: Yield | None):
         _yielding.to = before
 
 
-def _launch(kernel, nprog: int, sync: torch.Tensor, decide: torch.Tensor, **args) -> None:
+def _launch(kernel, nprog: int, sync: torch.Tensor, decisions: int, **args) -> None:
     """One launch of `kernel` with `args` (all but its yielding ones), or where the caller yields, the launch that
-    checks the gate, the wait at it, and the launch that finishes. Every launch passes pointers of the same alignments
-    (one compiled kernel): GATE unread without `check` (then sync[1])."""
+    checks the gate (its `decisions` words: a layer's or a pass's each), the wait at it, and the launch that finishes.
+    Every launch passes pointers of the same alignments (one compiled kernel): GATE and DECIDE unread without `check`
+    (then sync[1])."""
     y = getattr(_yielding, "to", None)
     state = sync[0, 1:2]
     if y is None:
-        kernel[(nprog,)](SYNC=sync[0], GATE=sync[1], STATE=state, DECIDE=decide, check=0, resume=0, **args)
+        kernel[(nprog,)](SYNC=sync[0], GATE=sync[1], STATE=state, DECIDE=sync[1], check=0, resume=0, **args)
         return
+    decide = torch.empty(decisions, device=sync.device, dtype=torch.int32)
     kernel[(nprog,)](SYNC=sync[0], GATE=y.flag, STATE=state, DECIDE=decide, check=1, resume=0, **args)
     y.wait(torch.cuda.current_stream(sync.device) if sync.is_cuda else None)
     kernel[(nprog,)](SYNC=sync[1], GATE=y.flag, STATE=state, DECIDE=decide, check=0, resume=1, **args)
@@ -731,7 +732,7 @@ def talker_step(talker, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, s
     parts, group = triton.cdiv(kc.shape[3], split), d.num_heads // d.num_kv_heads
     part = torch.empty(B, d.num_kv_heads, parts, group, d.head_dim, device=dev, dtype=torch.float32)
     ml = torch.empty(B, d.num_kv_heads, parts, 2, group, device=dev, dtype=torch.float32)
-    _launch(talker_kernel, nprog, sync, torch.empty(d.num_layers, device=dev, dtype=torch.int32),
+    _launch(talker_kernel, nprog, sync, d.num_layers,
             X=X, QKV=qkv, ATT=att, ACT=act, OUT=out, WQKV=st.qkv, WO=st.o, WGU=st.gate_up, WD=st.down,
             NIN=st.input_norm, NPOST=st.post_norm, NQ=st.q_norm, NK=st.k_norm, NFINAL=talker.norm.weight, KC=kc, VC=vc,
             sl=kc.stride(0), sks=kc.stride(1), skh=kc.stride(2), SLOTS=slots, POS=pos, COS=cos.contiguous(),
@@ -771,7 +772,7 @@ def predict(predictor, hidden: torch.Tensor, code0_embed: torch.Tensor, rows, co
     sizes = dict(_layer_tiles(d, nprog, ROWS), F=tiles(V, HP, nprog, ROWS), P=tiles(HP, HT, nprog, ROWS))
     if fold:
         sizes["C"] = _attend_project_tiles(d, nprog)
-    _launch(predictor_kernel, nprog, sync, torch.empty(G, device=dev, dtype=torch.int32),
+    _launch(predictor_kernel, nprog, sync, G,
             X0=x0, X=x, X2=x2, QKV=qkv, ATT=att, OPART=opart, ACT=act, KV=kv, LOGITS=logits, EIN=ein, ESUM=esum,
             CODES=codes, WQKV=st.qkv, WO=st.o, WGU=st.gate_up, WD=st.down, NIN=st.input_norm, NPOST=st.post_norm,
             NQ=st.q_norm, NK=st.k_norm, NFINAL=predictor.norm.weight, HEADS=predictor.heads, EMB=predictor.embeddings,

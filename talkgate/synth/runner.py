@@ -262,11 +262,11 @@ class Runner:
                 self.pcm_done.append(torch.cuda.Event() if cuda else None)
         self._joined = None         # the lane's last launch's end, not waited for by the main stream yet
         # the main stream's one- and two-row persistent kernels give way to a lane launch at their layer and pass
-        # boundaries (synth/persistent.py, Yield), where the lane's gate can be waited at inside a graph
+        # boundaries (synth/persistent.py, Yield) to the lane's gate, where it can be waited at inside a graph
         self._yield = None
-        persistent = kernel_module("persistent") if self.lane is not None else None
-        if persistent is not None and self.lane.gate is not None and self.lane.gate.in_graphs:
-            self._yield = persistent.Yield(self.lane.gate.flag, self.lane.gate.wait)
+        gate = self.lane.gate if self.lane is not None else None
+        if gate is not None and gate.in_graphs and kernel_module("persistent") is not None:
+            self._yield = gate
             log.info("the running step's one- and two-row kernels give way to the first-frame lane at their layer "
                      "and pass boundaries")
         # batch 1 has its own graphs although compiled functions specialize size 1 apart (more compiles at

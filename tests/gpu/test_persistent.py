@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import time
+import types
 
 import pytest
 import torch
@@ -100,7 +101,7 @@ def test_talker_step_equals_the_per_layer_path(kernel, talker, monkeypatch, spli
 
 
 def _gate(kernel, monkeypatch, up: bool):
-    """A Yield whose gate starts `up`; its wait (on a CPU: called between the two launches) records where the first
+    """A gate to yield to (persistent.Yield) that starts `up`; its wait (on a CPU: called between the two launches) records where the first
     launch stopped (STATE, from the scratch the kernel's call made) and lowers the gate."""
     flag = torch.tensor([int(up)], dtype=torch.int32, device=DEVICE)
     stopped, made = [], []
@@ -117,7 +118,7 @@ def _gate(kernel, monkeypatch, up: bool):
             stream.synchronize()
         stopped.append(int(made[-1][2][0, 1]))
         flag.zero_()
-    return kernel.Yield(flag, wait), stopped
+    return types.SimpleNamespace(flag=flag, wait=wait), stopped
 
 
 @pytest.mark.skipif(CUDA, reason="the wait is a host function here: on a GPU the gate is a stream's (test_stream_gate)")
@@ -182,7 +183,7 @@ def test_a_captured_step_gives_way_to_the_gate_and_finishes_once_it_is_down(kern
     want = [t.clone() for t in step()] + [talker.kv.clone()]
     main, side = torch.cuda.Stream(dev), torch.cuda.Stream(dev)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.stream(main), kernel.yielding(kernel.Yield(gate.flag, gate.wait)):
+    with torch.cuda.stream(main), kernel.yielding(gate):
         step()                                                  # the gate down: passes
         main.synchronize()
         graph.capture_begin(capture_error_mode="thread_local")
