@@ -473,6 +473,7 @@ def server_numbers(before: dict, after: dict, wall_s: float, model: str | None =
             "cpu_wait_share_by_process": cpu_wait or None,
             "engine_slow_turns": counter("talkgate_engine_slow_turns_total"),
             "engine_lane_launches": model_counter("talkgate_engine_lane_launches_total"),
+            "engine_first_decodes": model_counter("talkgate_engine_first_decodes_total"),
             # graphs still to capture at the run's start and end: the engine's captures then held it up to seconds
             "engine_graphs_pending": [sum(v for (n, _), v in m.items() if n == "talkgate_engine_graphs_pending")
                                       for m in (before, after)] if any(

@@ -142,6 +142,8 @@ def markdown(cfg: dict, s: dict) -> str:
              arrival_split(s)),
             ("first frames made on the lane beside a running step (synth/lane.py), of the run's requests",
              f"{fmt(srv.get('engine_lane_launches'), 0)} of {s['requests']}"),
+            ("steps whose new contexts' first frames were decoded ahead of their running rows' (synth/engine.py)",
+             fmt(srv.get('engine_first_decodes'), 0)),
             ("a step's audio from the engine to a worker mean / p99 bucket (ms)",
              seconds_as_ms(srv.get("step_delivery_s"))),
             ("engine step mean / p99 bucket by engine (ms)",

@@ -30,6 +30,8 @@ ENGINE_PREFIX_HELP = ("New contexts whose prompt's prefix (its positions but the
                       "prefilled (a prompt not seen lately, then kept); synth/runner.py")
 ENGINE_LANE_HELP = ("New contexts whose open and first frame were launched on the first-frame lane, beside the step in "
                     "flight (synth/lane.py)")
+ENGINE_FIRST_DECODES_HELP = ("Steps whose new contexts' first frames were decoded ahead of their running rows' (past the "
+                             "lane's rows: synth/engine.py FIRST_DECODE_MAX_ROWS)")
 ENGINE_GRAPHS_PENDING_HELP = ("CUDA graphs the engine captures after its warm-up, one at a time in a quiet moment: "
                               "each holds the engine up to seconds (on an H200 3 s), so first audio measured while any "
                               "are pending includes those holds (docs/operations.md)")
@@ -79,6 +81,9 @@ class Metrics:
             self._engine_prefixes: dict[str, int] = {}
             self.engine_lane = Counter("talkgate_engine_lane_launches", ENGINE_LANE_HELP, registry=r)
             self._engine_lane = 0
+            self.engine_first_decodes = Counter("talkgate_engine_first_decodes", ENGINE_FIRST_DECODES_HELP,
+                                                registry=r)
+            self._engine_first_decodes = 0
             self.engine_graphs_pending = Gauge("talkgate_engine_graphs_pending", ENGINE_GRAPHS_PENDING_HELP,
                                                registry=r)
         # for proxies and autoscalers (docs/deploy.md), set at each scrape (observe); over worker processes the
@@ -137,6 +142,9 @@ class Metrics:
             if "lane_launches" in stats:
                 self.engine_lane.inc(stats["lane_launches"] - self._engine_lane)
                 self._engine_lane = stats["lane_launches"]
+            if "first_decodes" in stats:
+                self.engine_first_decodes.inc(stats["first_decodes"] - self._engine_first_decodes)
+                self._engine_first_decodes = stats["first_decodes"]
         load = sessions / max_sessions
         if stats.get("slots"):
             used = max(0, stats["slots"] - stats["free_slots"])
@@ -209,6 +217,7 @@ class EngineCollector:
         roof = CounterMetricFamily("talkgate_engine_step_roof_seconds", ENGINE_ROOF_HELP, labels=names)
         prefixes = CounterMetricFamily("talkgate_engine_prompt_prefixes", ENGINE_PREFIX_HELP, labels=[*names, "found"])
         lane = CounterMetricFamily("talkgate_engine_lane_launches", ENGINE_LANE_HELP, labels=names)
+        first_decodes = CounterMetricFamily("talkgate_engine_first_decodes", ENGINE_FIRST_DECODES_HELP, labels=names)
         pending = family("talkgate_engine_graphs_pending", ENGINE_GRAPHS_PENDING_HELP)
         index: dict[str | None, int] = {}              # model -> its engines so far
         for e in engines:
@@ -244,9 +253,10 @@ class EngineCollector:
             for found, n in e.get("prompt_prefixes", {}).items():
                 prefixes.add_metric([*label, found], n)
             lane.add_metric(label, e.get("lane_launches", 0))
+            first_decodes.add_metric(label, e.get("first_decodes", 0))
             pending.add_metric(label, e.get("graphs_pending", 0))
         yield from (ready, slots, free, running, waiting, cpu, behind, step, loop, gpu_wait, cpu_wait, slow, gc, gc_max,
-                    gc_frozen, audio, prefixes, lane, pending)
+                    gc_frozen, audio, prefixes, lane, first_decodes, pending)
         if roof.samples:
             yield roof
 

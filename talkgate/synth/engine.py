@@ -116,6 +116,11 @@ def unnoticed(scheduler: Scheduler, now: float, slack: float = CAPTURE_SLACK_S) 
 # under CUDA MPS, 3 x 20 req/s)
 FIRST_APART_STEPS = 2.0
 FIRST_APART_MAX_ROWS = 64
+# Past those rows (and as long as every running context has the same audio to spare), a step's new contexts (at most
+# runner.FIRST_DECODE_ROWS[-1]) have their first frames decoded ahead of the running rows' by a decode of their own,
+# their audio handed out while the running rows' decode runs: the step is longer by that small decode (1.7B on an
+# H200: about 0.7 ms) instead of by a pass of the new rows (about 5 ms), up to FIRST_DECODE_MAX_ROWS running rows
+FIRST_DECODE_MAX_ROWS = 128
 
 
 # While the running rows' launch runs and a first-frame lane is open (synth/lane.py), the engine thread looks at the
@@ -124,13 +129,12 @@ FIRST_APART_MAX_ROWS = 64
 LANE_POLL_S = 50e-6
 
 
-def first_frames_apart(running: list[Request], now: float, step_s: float) -> bool:
+def first_frames_apart(running: list[Request], now: float, step_s: float, max_rows: int = FIRST_APART_MAX_ROWS) -> bool:
     """Whether new contexts' first frames may run apart from `running`'s frame: as a step of their own ahead of it,
     or on the first-frame lane beside it (synth/lane.py; tried beside up to 1,024 running rows: at 100 req/s of 1.7B
     on an H200 first audio's p95 rose 26.5 -> 36.2 ms and the sweep's highest clean level fell 210 -> 190 req/s,
-    docs/benchmarks.md)."""
-    return len(running) <= FIRST_APART_MAX_ROWS and all(
-        r.deadline - now >= FIRST_APART_STEPS * step_s for r in running)
+    docs/benchmarks.md); with max_rows FIRST_DECODE_MAX_ROWS, whether their first frames may be decoded apart."""
+    return len(running) <= max_rows and all(r.deadline - now >= FIRST_APART_STEPS * step_s for r in running)
 
 
 SCHEDULED, LAUNCHED, CODES = (ENGINE_STAGES.index(s) for s in ("scheduled", "launched", "codes"))
@@ -418,6 +422,7 @@ class Engine:
                 "capture_ms_max": round(max(captures), 1) if captures else 0.0,
                 "prompt_prefixes": dict(self.runner.prefix_counts),
                 "lane_launches": self.runner.lane.launches if self.runner.lane is not None else 0,
+                "first_decodes": self.runner.first_decodes,
                 **({"step_roof_s": self._roof_s_total} if self.runner.roof is not None else {})}
 
     # ----- engine thread -----
@@ -619,16 +624,18 @@ class Engine:
             prefill.sort(key=lambda r: not r.prefixed)         # the runner's order: frame 0 by a Talker step first
         apart_now = self.first_apart and bool(prefill)
         unnoticed = (bool(decode) and (apart_now or self.runner.lane is not None)
-                     and first_frames_apart(decode, t0, self._step_ms_last / 1000))
+                     and first_frames_apart(decode, t0, self._step_ms_last / 1000, FIRST_APART_MAX_ROWS))
         apart = unnoticed and apart_now
         launches = [(prefill, []), ([], decode)] if apart else [(prefill, decode)]
+        decode_first = (apart_now and not apart and bool(decode)        # (the runner: at most 4 new contexts)
+                        and first_frames_apart(decode, t0, self._step_ms_last / 1000, FIRST_DECODE_MAX_ROWS))
         # beside the one- and two-row persistent kernels too: they are cooperative grids, which start only when
         # all their programs can be resident, so the lane's kernels wait for the step's kernel in flight, not the step
         lane = unnoticed and self.runner.lane is not None
         try:
             steps = []
             for new, old in launches:
-                steps.append((self.runner.launch(new, old), new + old))
+                steps.append((self.runner.launch(new, old, decode_first), new + old))
                 if new:                                         # the first frames' launch, apart or not
                     stamp(new, LAUNCHED)
             self._emit_audio()
@@ -641,6 +648,8 @@ class Engine:
                 if prefill and i == 0:
                     stamp(prefill, CODES)
                 self._postprocess(step, reqs, codes)
+                if step.first is not None:                      # decoded ahead: out while the others' decode runs
+                    self._emit_first(step.first)
                 if not last:                                    # the first frames, while the running rows' runs
                     self._emit_audio()
                     self._deliver()
@@ -796,8 +805,14 @@ class Engine:
             req.frames += 1
             self._frames += 1
             frames.append((i, req, req.frames - 1, []))
-        if frames:
-            self._audio.append((step, frames))
+        first = step.first
+        if first is not None and frames:                        # rows [0, first.n): its first frames, decoded ahead
+            ahead = [f for f in frames if f[0] < first.n]
+            if ahead:
+                self._audio.append((first, ahead))
+        late = [f for f in frames if first is None or f[0] >= first.n]
+        if late:
+            self._audio.append((step, late))
         for _, req, _, _ in frames:
             self._check_limits(req)
 
@@ -854,6 +869,14 @@ class Engine:
         for step, frames in pending:
             self._emit_frames(step, frames)
         return True
+
+    def _emit_first(self, first) -> None:
+        """A step's first frames decoded ahead of its other rows (Runner.launch's `first`): emitted and handed out as
+        soon as their decode is done (the step's own decode runs meanwhile)."""
+        if self._audio and self._audio[0][0] is first:
+            _, frames = self._audio.pop(0)
+            self._emit_frames(first, frames)
+            self._deliver()
 
     def _emit_frames(self, step, frames: list[tuple]) -> None:
         pcm = self.runner.audio_of(step).copy()                 # one copy; each chunk is a row of it

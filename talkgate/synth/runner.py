@@ -105,6 +105,9 @@ FIRST_AUDIO_BATCH = 16
 # the next step's two launches where it is split (a new context's first frame launched apart: Engine)
 HOST_SETS = 3
 LANE_SET = HOST_SETS                   # the first-frame lane's host buffers (synth/lane.py): LANE_SETS from here
+# A step's new contexts' first frames may be decoded ahead of its other rows, by a decode of their own, so that their
+# audio goes out while the step's decode runs (launch(decode_first=True): Engine); graph buckets of that decode
+FIRST_DECODE_ROWS = (1, 2, 4)
 NO_EOS = 1 << 40                       # eos allowed from this frame on, for fixed_frames contexts: never
 EOS_FROM = 2                           # the reference's min_new_tokens
 PRIMED_VOICES = 32                     # ICL voices whose primed decoder state is kept (5.3 MB each, 0.6B/1.7B fp32)
@@ -123,6 +126,7 @@ class Launched:
     prefill: bool
     buf: int
     positions: int = 0      # the rows' Talker positions summed (a prefill row's: its last prompt position)
+    first: "Launched | None" = None     # its new contexts' first frames, decoded ahead of its other rows
 
 
 def input_columns(rows: int) -> int:
@@ -261,6 +265,15 @@ class Runner:
                 self.codes_done.append(torch.cuda.Event() if cuda else None)
                 self.pcm_done.append(torch.cuda.Event() if cuda else None)
         self._joined = None         # the lane's last launch's end, not waited for by the main stream yet
+        # the first frames decoded ahead (launch(decode_first=True)): their buffers, and a PCM host set (with its
+        # event) for each of the main ones, from FIRST_SET on (pcm_host and pcm_done only)
+        with torch.device(device):
+            self.first_bufs = StepBuffers.zeros(FIRST_DECODE_ROWS[-1], H, dtype, 1)
+        self.first_set = len(self.pcm_host)
+        for _ in range(HOST_SETS):
+            self.pcm_host.append(torch.zeros(FIRST_DECODE_ROWS[-1], FRAME_SAMPLES, pin_memory=pin))
+            self.pcm_done.append(torch.cuda.Event() if cuda else None)
+        self.first_decodes = 0                         # steps whose first frames were decoded ahead
         # the main stream's one- and two-row persistent kernels give way to a lane launch at their layer and pass
         # boundaries (synth/persistent.py, Yield) to the lane's gate, where it can be waited at inside a graph
         self._yield = None
@@ -437,10 +450,12 @@ class Runner:
 
     # ----- one step -----
     @torch.inference_mode()
-    def launch(self, prefill: list[Request], decode: list[Request]) -> Launched:
+    def launch(self, prefill: list[Request], decode: list[Request], decode_first: bool = False) -> Launched:
         """Queue frame `frames` of every row: Talker, codes (then copied back), decoder (then copied back). The new
         contexts with a kept prefix (`prefixed`) come first in `prefill` (Engine): their frame 0 is a Talker step
-        beside the running rows'; the others' is their prompt's prefill."""
+        beside the running rows'; the others' is their prompt's prefill. decode_first (at most FIRST_DECODE_ROWS[-1]
+        new contexts beside running ones): the new contexts' first frames are decoded ahead of the others' and copied
+        back on their own (the launch's `first`)."""
         self._join_lane()
         nd, n = len(decode), len(prefill) + len(decode)
         nt = nd + sum(r.prefixed for r in prefill)          # rows of the Talker step
@@ -465,10 +480,32 @@ class Runner:
         self._gate()
         self._run("codes", b)
         self._copy_back(self.codes_host, self.codes_done, launched.buf, self.main.codes[:n])
+        if decode_first and 0 < nd < n <= nd + FIRST_DECODE_ROWS[-1]:
+            launched.first = self._decode_first(nd, n, launched.buf)
         self._gate()
         self._run("decode", b)
         self._copy_back(self.pcm_host, self.pcm_done, launched.buf, self.main.pcm[:n])
         return launched
+
+    def _decode_first(self, nd: int, n: int, s: int) -> Launched:
+        """Rows nd..n - 1 (the new contexts) decoded by themselves from the step's codes, their PCM copied back into
+        the first host set of s; the step's decode then takes their slots for the dummy slot (their frame is made)."""
+        nf, f = n - nd, self.first_bufs
+        rows = next(r for r in FIRST_DECODE_ROWS if r >= nf) if self.use_graphs else nf
+        f.codes[:nf] = self.main.codes[nd:n]
+        f.inputs[0, :nf] = self.main.inputs[0, nd:n]
+        if rows > nf:
+            f.inputs[0, nf:rows] = self.dummy
+        self.main.inputs[0, nd:n] = self.dummy
+        g = self.graphs.get(("first", rows))
+        if g is not None:
+            g.replay()
+        else:
+            self._decode_step(rows, f)
+        first = Launched(nf, 0, False, self.first_set + s)
+        self._copy_back(self.pcm_host, self.pcm_done, first.buf, f.pcm[:nf])
+        self.first_decodes += 1
+        return first
 
     def kept_prefix(self, prompt) -> bool:
         """Whether a new context of `prompt` opens from a kept prefix (no prefill: what the lane can take)."""
@@ -782,6 +819,11 @@ class Runner:
             self._timed(f"open {rows}", self._capture, ("open", rows), self._open_step, rows, self.main)
         if self.lane is not None:
             self._capture_lane()
+        self._dummy_inputs(self.first_bufs)
+        for rows in FIRST_DECODE_ROWS:
+            with cudnn_heuristics() if rows > 1 else contextlib.nullcontext():     # as the step's at 2 and 4
+                self._timed(f"first decode {rows}", self._capture, ("first", rows),
+                            functools.partial(self._decode_step, buf=self.first_bufs), rows)
         self.pending.extend(searched_later)
         self.pending.extend((part, b) for b in self.buckets if b not in first for part in PARTS)
         t0 = time.perf_counter()

@@ -267,6 +267,25 @@ def test_a_context_arriving_during_a_step_takes_the_lane_and_speaks_as_without_i
     assert engine.runner.codes_of(step).shape == (1, 16)
 
 
+@pytest.mark.parametrize("late_count", [1, 2])
+def test_first_frames_decoded_ahead_speak_as_without_it(checkpoint, monkeypatch, late_count):
+    """Past the lane's rows (here lowered to none), a step's new contexts have their first frames decoded by their own
+    graph right after its codes, their slots taken out of the step's decode: every context's audio is what it is
+    without that (to 3e-3, as above: batches of other sizes)."""
+    import talkgate.synth.engine as engine_module
+    monkeypatch.setattr(engine_module, "FIRST_APART_MAX_ROWS", 0)
+    monkeypatch.setattr(engine_module, "FIRST_DECODE_MAX_ROWS", 0)
+    without, engine = lane_run(checkpoint, lane=False, late_count=late_count)
+    assert engine.stats()["first_decodes"] == 0
+    monkeypatch.setattr(engine_module, "FIRST_DECODE_MAX_ROWS", 128)
+    ahead, engine = lane_run(checkpoint, lane=False, late_count=late_count)
+    assert engine.stats()["first_decodes"] == 1
+    assert {k for k in engine.runner.graphs if k[0] == "first"} == {("first", 1), ("first", 2), ("first", 4)}
+    for a, b in zip(without, ahead):
+        assert a[-1].reason == b[-1].reason == "length"
+        np.testing.assert_allclose(pcm(b), pcm(a), atol=3e-3)
+
+
 def test_the_lane_runs_beside_a_one_row_step_of_the_persistent_kernels(checkpoint):
     """One context runs, so its steps are one row on the persistent kernels (cooperative grids that hold every SM);
     a second arriving during its step takes the lane beside it, and both speak as where the second waits for the

@@ -641,10 +641,10 @@ def test_prompt_prefixes_are_kept_and_their_contexts_speak_as_with_the_whole_pre
     events, firsts = [], []                     # firsts: per step with new contexts, whether each was prefixed
     launch = eng.runner.launch
 
-    def seen_launch(new, old):
+    def seen_launch(new, old, *how):
         if new:
             firsts.append([r.prefixed for r in new])
-        return launch(new, old)
+        return launch(new, old, *how)
     monkeypatch.setattr(eng.runner, "launch", seen_launch)
     client = eng.connect(events.extend)
     ids = tuple(eng.new_tokenizer().tokenizer.encode(TEXT))

@@ -103,21 +103,20 @@ def test_new_contexts_by_whether_their_prompt_prefix_was_kept():
             kept, prefilled)
 
 
-LANE = "talkgate_engine_lane_launches_total"
-
-
-def test_first_frames_launched_on_the_lane():
-    """Each engine's count of new contexts whose first frame took the first-frame lane (synth/lane.py), from the
-    engine processes' published stats (0 where an engine says none), and from an in-process engine's at each
-    scrape."""
+@pytest.mark.parametrize("name, stat", [("talkgate_engine_lane_launches_total", "lane_launches"),
+                                        ("talkgate_engine_first_decodes_total", "first_decodes")])
+def test_first_frames_launched_on_the_lane_and_decoded_ahead(name, stat):
+    """Each engine's count of new contexts whose first frame took the first-frame lane (synth/lane.py), and of steps
+    whose new contexts' first frames were decoded ahead of the others' (synth/engine.py), from the engine processes'
+    published stats (0 where an engine says none), and from an in-process engine's at each scrape."""
     registry = CollectorRegistry()
-    registry.register(EngineCollector(PublishedStats([{**engine_stats(5), "lane_launches": 12}, engine_stats(5)])))
+    registry.register(EngineCollector(PublishedStats([{**engine_stats(5), stat: 12}, engine_stats(5)])))
     series = parse_prometheus(generate_latest(registry).decode())
-    assert {dict(labels)["engine"]: v for (name, labels), v in series.items() if name == LANE} == {"0": 12, "1": 0}
+    assert {dict(labels)["engine"]: v for (n, labels), v in series.items() if n == name} == {"0": 12, "1": 0}
     metrics = Metrics()
     for n in (0, 4, 9):
-        metrics.observe({"lane_launches": n, "slots": 4, "free_slots": 4}, 0, 16, False)
-        assert parse_prometheus(metrics.render().decode())[(LANE, ())] == n
+        metrics.observe({stat: n, "slots": 4, "free_slots": 4}, 0, 16, False)
+        assert parse_prometheus(metrics.render().decode())[(name, ())] == n
 
 
 PENDING = "talkgate_engine_graphs_pending"
