@@ -9,7 +9,8 @@ BENCH=first-decode-ab
 . "$(dirname "$0")/gpu_serve.sh"
 checkpoints custom_voice
 export TALKGATE_CACHE=${TALKGATE_CACHE:-/tmp/tgc-default}
-GPU_TESTS=1 gpu_tests tests/gpu/test_engine_gpu.py -k "first_frames_decoded or lane or graphs_equal"
+GPU_TESTS=1 gpu_tests tests/gpu/test_persistent.py tests/gpu/test_stream_gate.py tests/gpu/test_engine_gpu.py \
+  -k "first_frames_decoded or lane or graphs_equal or persistent or kernel or captured or gate"
 grep -q " passed" "$res/gpu-tests.txt" && ! grep -q "failed\|error" "$res/gpu-tests.txt" || { log "GPU tests failed"; pack; exit 1; }
 loads() {
   load 8081 "$1-rps100" --protocol openai --lang en --rps 100 --duration 20 --processes 4
