@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Issues 44 and 45: the earlier tree (`git archive REV talkgate | tar -x -C .e2e/before`) against this one on one H200
+# in one call, at every load the issues name. PARTS (default all, in this order):
+#   tests    GPU tests: TESTS, -k K (default the engine's lane, capture and cuDNN tests)
+#   decode   each tree's decode graph of DECODE_ROWS rows kernel by kernel (bench/decoder_kernels.py; an engine of
+#            that many slots)
+#   loads    each tree with `talkgate serve` default flags, 1.7B CustomVoice, OpenAI HTTP PCM, open loop, English
+#            medium texts: 1 req/s for 90 s, 20 and 100 req/s for 20 s, a sweep of LEVELS req/s 10 s a level
+#   streams  each tree serving 0.6B CustomVoice (`--max-contexts STREAMS`): STREAMS native Opus 48-kHz streams started
+#            over 2 s, medium texts, 14 s
+#   setsid bash bench/gpu_loads_ab.sh > /tmp/loads-ab.out 2>&1 < /dev/null &     # about 25 minutes on a fresh H200
+BENCH=${BENCH:-loads-ab}
+. "$(dirname "$0")/gpu_serve.sh"
+parts=" ${PARTS:-tests decode loads streams} "
+checkpoints custom_voice
+export TALKGATE_CACHE=${TALKGATE_CACHE:-/tmp/tgc-default}
+if [[ $parts == *" tests "* ]]; then
+  tests=(tests/gpu/test_engine_gpu.py); [ -f tests/gpu/test_cudnn_search.py ] && tests+=(tests/gpu/test_cudnn_search.py)
+  # shellcheck disable=SC2086
+  GPU_TESTS=1 gpu_tests ${TESTS:-${tests[*]}} -k "${K:-lane or staged or graphs_equal or cudnn}"
+  grep -q " passed" "$res/gpu-tests.txt" && ! grep -q "failed\|error" "$res/gpu-tests.txt" || { log "GPU tests failed"; pack; exit 1; }
+fi
+if [[ $parts == *" decode "* ]]; then
+  for B in ${DECODE_ROWS:-64 512}; do
+    for which in before after; do
+      dir=$tree; [ $which = before ] && dir=$tree/.e2e/before
+      (cd "$dir" && PYTHONPATH=$dir:$tree:/tmp/site timeout 300 python3 -m bench.decoder_kernels \
+        /tmp/ck-1.7b-custom_voice "$res" "$B" > "$res/decode-$which-$B.txt" 2>&1)
+      rm -f "$res/dec_trace.json"
+      log "$which: $(grep 'decode graph' "$res/decode-$which-$B.txt"); on cuDNN's generic kernel: $(grep -c \
+implicit_convolve_sgemm "$res/decode-$which-$B.txt") convolutions"
+      pack
+    done
+  done
+fi
+loads() {
+  grep -h "warm-up\|ready\|graphs captured" "$res/$1.log" | cut -c1-300 >> "$res/progress"
+  load 8081 "$1-rps1" --protocol openai --lang en --rps 1 --duration 90 --processes 1
+  load 8081 "$1-rps20" --protocol openai --lang en --rps 20 --duration 20 --processes 2
+  load 8081 "$1-rps100" --protocol openai --lang en --rps 100 --duration 20 --processes 4
+  load 8081 "$1-sweep" --protocol openai --lang en --sweep "${LEVELS:-190,210,230}" --duration 10 --ttfa-limit-ms 100 \
+    --processes 4 --max-in-flight 4096
+  curl -s "http://127.0.0.1:8081/metrics" | grep -E "^talkgate_engine_(lane|first_decodes)" | tee -a "$res/progress"
+}
+[[ $parts == *" loads "* ]] && UNTRACED=1 each_tree loads
+if [[ $parts == *" streams "* ]]; then
+  [ -f /tmp/ck-0.6b/config.json ] || tg checkpoint create /tmp/ck-0.6b --preset 0.6b --variant custom_voice | tail -1
+  streams=${STREAMS:-512}
+  for which in before after; do
+    dir=$tree; [ $which = before ] && dir=$tree/.e2e/before
+    start_in "$dir" "$which-0.6b" 8081 -- --model /tmp/ck-0.6b --max-contexts "$streams"
+    load 8081 "$which-0.6b-c$streams" --protocol native --encoding opus --concurrency "$streams" --duration 14 \
+      --ramp 2 --processes 4 --ttfa-limit-ms 150
+    stop "$which-0.6b"
+    pack
+  done
+fi
+log "done"; pack
