@@ -102,7 +102,8 @@ def main(argv=None):
     for f in fns.values():                                                  # cuDNN's search, once a shape
         for way in f.values():
             way()
-    torch.cuda.synchronize() if device.type == "cuda" else None
+    if device.type == "cuda":
+        torch.cuda.synchronize()
     if busy is not None:
         busy.kill()
         busy.wait()

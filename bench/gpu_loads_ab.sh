@@ -5,7 +5,8 @@
 #   decode   each tree's decode graph of DECODE_ROWS rows kernel by kernel (bench/decoder_kernels.py; an engine of
 #            that many slots)
 #   loads    each tree with `talkgate serve` default flags, 1.7B CustomVoice, OpenAI HTTP PCM, open loop, English
-#            medium texts: 1 req/s for 90 s, 20 and 100 req/s for 20 s, a sweep of LEVELS req/s 10 s a level
+#            medium texts: RATES (RATE:SECONDS:CLIENT_PROCESSES each; default 1 req/s for 90 s, 20 and 100 req/s for
+#            20 s), then a sweep of LEVELS req/s 10 s a level (LEVELS="" for none)
 #   streams  each tree serving 0.6B CustomVoice (`--max-contexts STREAMS`): STREAMS native Opus 48-kHz streams started
 #            over 2 s, medium texts, 14 s
 #   setsid bash bench/gpu_loads_ab.sh > /tmp/loads-ab.out 2>&1 < /dev/null &     # about 25 minutes on a fresh H200
@@ -35,11 +36,13 @@ implicit_convolve_sgemm "$res/decode-$which-$B.txt") convolutions"
 fi
 loads() {
   grep -h "warm-up\|ready\|graphs captured" "$res/$1.log" | cut -c1-300 >> "$res/progress"
-  load 8081 "$1-rps1" --protocol openai --lang en --rps 1 --duration 90 --processes 1
-  load 8081 "$1-rps20" --protocol openai --lang en --rps 20 --duration 20 --processes 2
-  load 8081 "$1-rps100" --protocol openai --lang en --rps 100 --duration 20 --processes 4
-  load 8081 "$1-sweep" --protocol openai --lang en --sweep "${LEVELS:-190,210,230}" --duration 10 --ttfa-limit-ms 100 \
-    --processes 4 --max-in-flight 4096
+  local rate rps seconds processes levels=${LEVELS-190,210,230}
+  for rate in ${RATES:-1:90:1 20:20:2 100:20:4}; do
+    IFS=: read -r rps seconds processes <<< "$rate"
+    load 8081 "$1-rps$rps" --protocol openai --lang en --rps "$rps" --duration "$seconds" --processes "$processes"
+  done
+  [ -n "$levels" ] && load 8081 "$1-sweep" --protocol openai --lang en --sweep "$levels" --duration 10 \
+    --ttfa-limit-ms 100 --processes 4 --max-in-flight 4096
   curl -s "http://127.0.0.1:8081/metrics" | grep -E "^talkgate_engine_(lane|first_decodes)" | tee -a "$res/progress"
 }
 [[ $parts == *" loads "* ]] && UNTRACED=1 each_tree loads

@@ -79,11 +79,11 @@ class Metrics:
             self.engine_prefixes = Counter("talkgate_engine_prompt_prefixes", ENGINE_PREFIX_HELP, ["found"],
                                            registry=r)
             self._engine_prefixes: dict[str, int] = {}
-            self.engine_lane = Counter("talkgate_engine_lane_launches", ENGINE_LANE_HELP, registry=r)
-            self._engine_lane = 0
-            self.engine_first_decodes = Counter("talkgate_engine_first_decodes", ENGINE_FIRST_DECODES_HELP,
-                                                registry=r)
-            self._engine_first_decodes = 0
+            # counts the engine keeps (its stats' keys): a counter takes what is new at each scrape
+            self.engine_counts = {
+                "lane_launches": Counter("talkgate_engine_lane_launches", ENGINE_LANE_HELP, registry=r),
+                "first_decodes": Counter("talkgate_engine_first_decodes", ENGINE_FIRST_DECODES_HELP, registry=r)}
+            self._engine_counted = dict.fromkeys(self.engine_counts, 0)
             self.engine_graphs_pending = Gauge("talkgate_engine_graphs_pending", ENGINE_GRAPHS_PENDING_HELP,
                                                registry=r)
         # for proxies and autoscalers (docs/deploy.md), set at each scrape (observe); over worker processes the
@@ -139,12 +139,10 @@ class Metrics:
             for found, n in stats.get("prompt_prefixes", {}).items():
                 self.engine_prefixes.labels(found).inc(n - self._engine_prefixes.get(found, 0))
                 self._engine_prefixes[found] = n
-            if "lane_launches" in stats:
-                self.engine_lane.inc(stats["lane_launches"] - self._engine_lane)
-                self._engine_lane = stats["lane_launches"]
-            if "first_decodes" in stats:
-                self.engine_first_decodes.inc(stats["first_decodes"] - self._engine_first_decodes)
-                self._engine_first_decodes = stats["first_decodes"]
+            for key, counter in self.engine_counts.items():
+                if key in stats:
+                    counter.inc(stats[key] - self._engine_counted[key])
+                    self._engine_counted[key] = stats[key]
         load = sessions / max_sessions
         if stats.get("slots"):
             used = max(0, stats["slots"] - stats["free_slots"])

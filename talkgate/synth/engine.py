@@ -805,12 +805,12 @@ class Engine:
             req.frames += 1
             self._frames += 1
             frames.append((i, req, req.frames - 1, []))
-        first = step.first
-        if first is not None and frames:                        # rows [0, first.n): its first frames, decoded ahead
-            ahead = [f for f in frames if f[0] < first.n]
-            if ahead:
-                self._audio.append((first, ahead))
-        late = [f for f in frames if first is None or f[0] >= first.n]
+        first, late = step.first, frames
+        if first is not None:                                   # rows [0, first.n), leading: decoded ahead
+            k = next((j for j, f in enumerate(frames) if f[0] >= first.n), len(frames))
+            if k:
+                self._audio.append((first, frames[:k]))
+            late = frames[k:]
         if late:
             self._audio.append((step, late))
         for _, req, _, _ in frames:
