@@ -726,9 +726,8 @@ class Runner:
             for part in PARTS:
                 search = part == "decode" and torch.backends.cudnn.benchmark
                 if search:          # first without cuDNN's algorithm search (its compiles and traces alone)
-                    torch.backends.cudnn.benchmark = False
-                    self._timed(f"{part}@{B} eager", self._parts[part], B)
-                    torch.backends.cudnn.benchmark = True
+                    with cudnn_heuristics():
+                        self._timed(f"{part}@{B} eager", self._parts[part], B)
                 self._timed(f"{part}@{B} " + ("cuDNN search" if search else "eager"), self._parts[part], B)
             self.pre_in[:, 0] = self.dummy
             self._timed("prefill eager", self._prefill_step, self.prefill_rows[-1], self.prefill_lens[0])

@@ -71,14 +71,21 @@ def finish(steps):
 def cudnn_heuristics():
     """Within: cuDNN takes its heuristic algorithms instead of timing every one for each new input shape
     (the engine sets cudnn.benchmark for its fixed step shapes). Clips come in every length, and a search
-    took 2.4-3.5 s for a voice's first clip on an H100 (1.7B Base); the engine thread alone runs in here."""
+    took 2.4-3.5 s for a voice's first clip on an H100 (1.7B Base); the engine thread alone runs in here.
+    Also cudnn.deterministic: PyTorch keeps one plan per convolution, whichever mode ran it first, keyed by its
+    parameters, `deterministic` among them; without it a shape met here would keep the heuristics' plan when
+    the search runs later (the step's decode graphs captured again after it), and the heuristics put some of
+    the decoder's dilated convolutions on cuDNN's generic kernel (3 ms of a 13-ms decode at 256 rows on an
+    H200, docs/benchmarks.md)."""
     import torch
 
-    search, torch.backends.cudnn.benchmark = torch.backends.cudnn.benchmark, False
+    cudnn = torch.backends.cudnn
+    search, deterministic = cudnn.benchmark, cudnn.deterministic
+    cudnn.benchmark, cudnn.deterministic = False, True
     try:
         yield
     finally:
-        torch.backends.cudnn.benchmark = search
+        cudnn.benchmark, cudnn.deterministic = search, deterministic
 
 
 def voice_prompt_steps(tts, audio: np.ndarray, sample_rate: int, ref_text: str | None = None):

@@ -338,3 +338,20 @@ def test_cloned_voices_on_cuda_graphs_follow_cpu(base_checkpoint, voices):
         snr = 10 * np.log10(np.sum(b ** 2) / max(np.sum((a - b) ** 2), 1e-30))
         print(f"voice {i}: first 5 frames {snr:.1f} dB, max difference {np.abs(a - b).max():.2e}")
         assert snr >= 30, (i, snr)
+
+
+def test_cudnn_heuristics_sets_the_search_off_and_the_key_apart_and_restores_both():
+    import torch
+
+    from talkgate.synth.voice import cudnn_heuristics
+
+    cudnn = torch.backends.cudnn
+    saved = cudnn.benchmark, cudnn.deterministic
+    try:
+        cudnn.benchmark, cudnn.deterministic = True, False
+        with pytest.raises(RuntimeError), cudnn_heuristics():
+            assert (cudnn.benchmark, cudnn.deterministic) == (False, True)
+            raise RuntimeError("a failing voice")
+        assert (cudnn.benchmark, cudnn.deterministic) == (True, False)
+    finally:
+        cudnn.benchmark, cudnn.deterministic = saved
