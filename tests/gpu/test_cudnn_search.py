@@ -1,7 +1,8 @@
 """cudnn_heuristics (synth/voice.py) against PyTorch's cache of cuDNN plans: a convolution first run under the
 heuristics must not stand in for the search of its shape later (the engine captures its 2-16-row decode graphs under
 the heuristics and again after the search). A search runs cuDNN's candidate kernels, so it shows as many kernels in
-the profile of the call that makes it; a cached plan runs one or two."""
+the profile of the call that makes it; a cached plan runs a few (the convolution, cuDNN's layout conversions around
+it and its workspace's initialization: at most PLAN_KERNELS)."""
 from __future__ import annotations
 
 import pytest
@@ -12,6 +13,7 @@ from torch.profiler import ProfilerActivity, profile
 from talkgate.synth.voice import cudnn_heuristics
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (not on this machine)")
+PLAN_KERNELS = 6
 
 
 def kernels_of(fn) -> int:
@@ -37,11 +39,11 @@ def test_a_shape_met_under_the_heuristics_is_searched_later():
         f = conv(328)
         with cudnn_heuristics():
             assert (cudnn.benchmark, cudnn.deterministic) == (False, True)
-            assert kernels_of(f) <= 4                       # the heuristics' plan, no search
+            assert kernels_of(f) <= PLAN_KERNELS            # the heuristics' plan, no search
         assert (cudnn.benchmark, cudnn.deterministic) == (True, False)
         searched = kernels_of(f)
-        assert searched > 8, f"the first call with the search on ran {searched} kernels: no search"
-        assert kernels_of(f) <= 4                           # the searched plan, cached
+        assert searched > 2 * PLAN_KERNELS, f"the first call with the search on ran {searched} kernels: no search"
+        assert kernels_of(f) <= PLAN_KERNELS                # the searched plan, cached
     finally:
         cudnn.benchmark, cudnn.deterministic = saved
 
@@ -56,6 +58,6 @@ def test_without_the_key_apart_the_heuristics_plan_would_stay():
         cudnn.benchmark = False
         kernels_of(f)
         cudnn.benchmark = True
-        assert kernels_of(f) <= 4
+        assert kernels_of(f) <= PLAN_KERNELS
     finally:
         cudnn.benchmark, cudnn.deterministic = saved
