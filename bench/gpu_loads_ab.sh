@@ -6,7 +6,8 @@
 #            that many slots)
 #   loads    each tree with `talkgate serve` default flags, 1.7B CustomVoice, OpenAI HTTP PCM, open loop, English
 #            medium texts: RATES (RATE:SECONDS:CLIENT_PROCESSES each; default 1 req/s for 90 s, 20 and 100 req/s for
-#            20 s), then a sweep of LEVELS req/s 10 s a level (LEVELS="" for none)
+#            20 s), OPUS_RATES the same way over the native WebSocket, whole text, Opus 48 kHz (default none), then a
+#            sweep of LEVELS req/s 10 s a level (LEVELS="" for none)
 #   streams  each tree serving 0.6B CustomVoice (`--max-contexts STREAMS`): STREAMS native Opus 48-kHz streams started
 #            over 2 s, medium texts, 14 s
 #   setsid bash bench/gpu_loads_ab.sh > /tmp/loads-ab.out 2>&1 < /dev/null &     # about 25 minutes on a fresh H200
@@ -40,6 +41,11 @@ loads() {
   for rate in ${RATES:-1:90:1 20:20:2 100:20:4}; do
     IFS=: read -r rps seconds processes <<< "$rate"
     load 8081 "$1-rps$rps" --protocol openai --lang en --rps "$rps" --duration "$seconds" --processes "$processes"
+  done
+  for rate in ${OPUS_RATES:-}; do
+    IFS=: read -r rps seconds processes <<< "$rate"
+    load 8081 "$1-opus-rps$rps" --protocol native --encoding opus --tokens-per-second 0 --lang en --rps "$rps" \
+      --duration "$seconds" --processes "$processes"
   done
   [ -n "$levels" ] && load 8081 "$1-sweep" --protocol openai --lang en --sweep "$levels" --duration 10 \
     --ttfa-limit-ms 100 --processes 4 --max-in-flight 4096
