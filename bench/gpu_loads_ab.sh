@@ -9,7 +9,7 @@
 #            20 s), OPUS_RATES the same way over the native WebSocket, whole text, Opus 48 kHz (default none), then a
 #            sweep of LEVELS req/s 10 s a level (LEVELS="" for none)
 #   streams  each tree serving 0.6B CustomVoice (`--max-contexts STREAMS`): STREAMS native Opus 48-kHz streams started
-#            over 2 s, medium texts, 14 s
+#            over 2 s, medium texts, 14 s, STREAM_RUNS times (default 1)
 #   setsid bash bench/gpu_loads_ab.sh > /tmp/loads-ab.out 2>&1 < /dev/null &     # about 25 minutes on a fresh H200
 BENCH=${BENCH:-loads-ab}
 . "$(dirname "$0")/gpu_serve.sh"
@@ -58,8 +58,10 @@ if [[ $parts == *" streams "* ]]; then
   for which in before after; do
     dir=$tree; [ $which = before ] && dir=$tree/.e2e/before
     start_in "$dir" "$which-0.6b" 8081 -- --model /tmp/ck-0.6b --max-contexts "$streams"
-    load 8081 "$which-0.6b-c$streams" --protocol native --encoding opus --concurrency "$streams" --duration 14 \
-      --ramp 2 --processes 4 --ttfa-limit-ms 150
+    for run in $(seq "${STREAM_RUNS:-1}"); do
+      load 8081 "$which-0.6b-c$streams-$run" --protocol native --encoding opus --concurrency "$streams" \
+        --duration 14 --ramp 2 --processes 4 --ttfa-limit-ms 150
+    done
     stop "$which-0.6b"
     pack
   done
