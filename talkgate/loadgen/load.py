@@ -777,14 +777,22 @@ def in_flight_trend(ok: list[Result], window: float | None) -> list[float] | Non
     return [mean_in_flight(TREND_EARLY), mean_in_flight(TREND_LATE)]
 
 
+UNDERRUN_PROMPTS = 5        # the prompts with the most underrun requests, in the summary
+
+
 def underrun_requests(cfg: Config, ok: list[Result]) -> dict:
-    """The requests with underruns by when they started (in the closed loop's ramp or after it) and by the frame
-    at which their player first ran dry (a stream's first frames have the least margin)."""
+    """The requests with underruns by when they started (in the closed loop's ramp or after it), by the frame at
+    which their player first ran dry (a stream's first frames have the least margin), and the prompts that had the
+    most of them, each as [underrun requests, requests] (a prompt's text can decide it: a first token committed by
+    its own delta leaves frame 1 no time to spare, docs/engine.md)."""
     dry = [r for r in ok if r.first_underrun_audio_ms is not None]
     frames = collections.Counter(min(int(r.first_underrun_audio_ms // 80), 4) for r in dry)
     in_ramp = sum(1 for r in dry if r.start_s is not None and r.start_s < cfg.ramp_s)
+    asked = collections.Counter(r.prompt_id for r in ok)
+    prompts = collections.Counter(r.prompt_id for r in dry).most_common(UNDERRUN_PROMPTS)
     return {"in_ramp": in_ramp, "after_ramp": len(dry) - in_ramp,
-            "first_dry_frame": {"4+" if f == 4 else str(f): n for f, n in sorted(frames.items())}}
+            "first_dry_frame": {"4+" if f == 4 else str(f): n for f, n in sorted(frames.items())},
+            "prompts": {p: [n, asked[p]] for p, n in prompts}}
 
 
 async def sweep(cfg: Config, levels: list[float], out: Path | None) -> tuple[float | None, float | None, bool]:

@@ -120,6 +120,7 @@ def markdown(cfg: dict, s: dict) -> str:
             ("underruns (requests with any) / total ms",
              f"{s['underruns']} ({s['requests_with_underruns']}) / {fmt(s['underrun_ms_total'])}"),
             ("underrun requests: started in the ramp / after it; first ran dry at frame", underrun_split(s)),
+            ("underrun requests by prompt (the most; of its requests)", underrun_prompts(s)),
             ("server CPU cores", fmt(srv.get("cpu_cores"), 2)),
             ("CPU cores by process", ", ".join(f"{k} {v:.2f}" for k, v in sorted((srv.get("cpu_cores_by_process")
                                                                                   or {}).items())) or "-"),
@@ -177,6 +178,11 @@ def underrun_split(s: dict) -> str:
     u = s["underrun_requests"]
     frames = ", ".join(f"{k}: {v}" for k, v in u["first_dry_frame"].items()) or "-"
     return f"{u['in_ramp']} / {u['after_ramp']}; {frames}"
+
+
+def underrun_prompts(s: dict) -> str:
+    return ", ".join(f"{p} {n} of {asked}" for p, (n, asked) in s["underrun_requests"].get("prompts", {}).items()) \
+        or "-"
 
 
 def ttfas(run: dict) -> list[float]:

@@ -136,8 +136,8 @@ def test_percentiles_match_numpy():
         measure.percentile([], 50)
 
 
-def _result(i, ttfa=10.0, underruns=0, error=None, start_s=None, dry_at=None, e2e=None):
-    return load.Result(i, "en-short-00", "en", "short", 10, 9, ttfa_ms=ttfa, ttfb_ms=ttfa, underruns=underruns,
+def _result(i, ttfa=10.0, underruns=0, error=None, start_s=None, dry_at=None, e2e=None, prompt="en-short-00"):
+    return load.Result(i, prompt, "en", "short", 10, 9, ttfa_ms=ttfa, ttfb_ms=ttfa, underruns=underruns,
                        audio_ms=720.0, error=error, start_s=start_s, first_underrun_audio_ms=dry_at, e2e_ms=e2e)
 
 
@@ -156,13 +156,16 @@ def test_summary_clean_criterion():
 
 def test_summary_splits_underrun_requests_by_start_and_first_dry_frame():
     cfg = load.Config(concurrency=8, ramp_s=2.0)
-    rs = [_result(0, start_s=0.5), _result(1, underruns=1, start_s=0.7, dry_at=80.0),
-          _result(2, underruns=2, start_s=1.9, dry_at=80.0), _result(3, underruns=1, start_s=2.5, dry_at=160.0),
+    rs = [_result(0, start_s=0.5, prompt="zh-medium-07"), _result(1, underruns=1, start_s=0.7, dry_at=80.0),
+          _result(2, underruns=2, start_s=1.9, dry_at=80.0, prompt="zh-medium-07"),
+          _result(3, underruns=1, start_s=2.5, dry_at=160.0, prompt="zh-medium-07"),
           _result(4, underruns=1, start_s=6.0, dry_at=4000.0)]
     s = load.summarize(cfg, rs, 10.0, None, 8, {}, None, [0.1])
-    assert s["underrun_requests"] == {"in_ramp": 2, "after_ramp": 2, "first_dry_frame": {"1": 2, "2": 1, "4+": 1}}
-    assert "| underrun requests: started in the ramp / after it; first ran dry at frame | 2 / 2; 1: 2, 2: 1, 4+: 1 |" \
-        in report.markdown(asdict(cfg), s)
+    assert s["underrun_requests"] == {"in_ramp": 2, "after_ramp": 2, "first_dry_frame": {"1": 2, "2": 1, "4+": 1},
+                                      "prompts": {"zh-medium-07": [2, 3], "en-short-00": [2, 2]}}
+    md = report.markdown(asdict(cfg), s)
+    assert "| underrun requests: started in the ramp / after it; first ran dry at frame | 2 / 2; 1: 2, 2: 1, 4+: 1 |" in md
+    assert "| underrun requests by prompt (the most; of its requests) | en-short-00 2 of 2, zh-medium-07 2 of 3 |" in md
 
 
 def test_summary_splits_first_audio_by_how_close_behind_another_a_request_started():
