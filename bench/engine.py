@@ -9,7 +9,9 @@ last step's audio, this step's codes, events; the host's work overlaps the GPU's
 step; median of `--steps` steps. RTF = step ms / 80 ms (one frame is 80 ms of audio for every context in
 the step). First PCM: on the started engine (its own thread), from the AppendText + EndText of a new
 context (its text tokenized beforehand, as a session does) to the engine handing over its first
-AudioChunk (t_emitted), median of `--latency-runs`, with nothing else running.
+AudioChunk (t_emitted), median of `--latency-runs`, with nothing else running; `--idle-gaps` repeats that with the
+engine (and its GPU) idle that many seconds before each context's text: at 1 req/s a request finds both idle for
+about a second, where clocks and caches may have gone cold.
 """
 from __future__ import annotations
 
@@ -96,8 +98,10 @@ def step_times(engine: Engine, batch: int, steps: int, sampling: SamplingParams,
             "rtf": round(med / FRAME_MS, 4), "frames_per_s": round(batch * 1000 / med, 1), **parts}
 
 
-def first_pcm_ms(engine: Engine, runs: int, sampling: SamplingParams) -> tuple[list[float], list[float]]:
-    """-> (text ready -> first PCM, the engine step that made its codes: prefill + Talker + codes + copies) in ms."""
+def first_pcm_ms(engine: Engine, runs: int, sampling: SamplingParams,
+                 idle_s: float = 0.02) -> tuple[list[float], list[float]]:
+    """-> (text ready -> first PCM, the engine step that made its codes: prefill + Talker + codes + copies) in ms;
+    the engine idle `idle_s` before each context's text."""
     out, steps = [], []
     step_ms: list[float] = []
     engine.on_step = lambda dt, rows: step_ms.append(dt)
@@ -115,7 +119,7 @@ def first_pcm_ms(engine: Engine, runs: int, sampling: SamplingParams) -> tuple[l
 
         client = engine.connect(deliver)
         engine.submit(client, [OpenContext(1, ContextParams(sampling=sampling, fixed_frames=20))])
-        time.sleep(0.02)                                      # the open is applied; the engine idles
+        time.sleep(idle_s)                                    # the open is applied; the engine idles
         t0 = time.perf_counter()
         engine.submit(client, [AppendText(1, ids, text_seconds(text)), EndText(1)])
         got.wait(10)
@@ -211,6 +215,7 @@ def main(argv=None) -> None:
     p.add_argument("--batches", default="1,8,32,128,256")
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--latency-runs", type=int, default=10)
+    p.add_argument("--idle-gaps", default="", help="first PCM again after this long idle (seconds), e.g. 0.02,0.2,1")
     p.add_argument("--greedy", action="store_true", help="greedy instead of the checkpoint's sampling")
     p.add_argument("--no-graphs", action="store_true")
     p.add_argument("--no-compile", action="store_true")
@@ -265,6 +270,13 @@ def main(argv=None) -> None:
         print("new context's prefill:", res["prefill_parts"], flush=True)
     engine.start()                 # the engine thread; warm-up already done (it runs once)
     lat, first_steps = first_pcm_ms(engine, a.latency_runs, sampling)
+    res["idle_gaps"] = {}
+    for gap in [float(x) for x in a.idle_gaps.split(",") if x]:
+        ms, its_steps = first_pcm_ms(engine, a.latency_runs, sampling, idle_s=gap)
+        res["idle_gaps"][gap] = r = {"median": round(statistics.median(ms), 3), "max": round(max(ms), 3),
+                                     "its_step_median": round(statistics.median(its_steps), 3)}
+        print(f"idle {gap:g} s before the text: first PCM median {r['median']:.2f} ms, max {r['max']:.2f} ms "
+              f"(its engine step: {r['its_step_median']:.2f} ms)", flush=True)
     engine.stop()
     res["first_pcm_ms"] = {"median": round(statistics.median(lat), 3), "all": [round(x, 3) for x in lat],
                            "its_step_median": round(statistics.median(first_steps), 3)}
