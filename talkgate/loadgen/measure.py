@@ -138,7 +138,7 @@ def stats(values: list[float]) -> dict | None:
 
 def histogram_delta(before: dict, after: dict, name: str, **only: str) -> dict | None:
     """A Prometheus histogram's observations between two scrapes: count, mean and bucket-bound
-    quantiles (the upper bound of the bucket holding the quantile), summed over its label sets (those with
+    quantiles (the upper bound of the bucket holding the quantile; max_le: the largest's), summed over its label sets (those with
     the labels `only`, e.g. worker="0"); a gauge of that name gives its value."""
     def picked(labels) -> bool:
         d = dict(labels)
@@ -163,6 +163,7 @@ def histogram_delta(before: dict, after: dict, name: str, **only: str) -> dict |
     total = total_of(after, "_sum") - total_of(before, "_sum")
     out = {"count": count, "mean": total / count if count else None}
     cum = sorted((le, v - b0.get(le, 0.0)) for le, v in b1.items())
-    for q in (50, 95, 99):
-        out[f"p{q}_le"] = next((le for le, c in cum if c >= count * q / 100), None) if count else None
+    for q in (50, 95, 99, 100):
+        out["max_le" if q == 100 else f"p{q}_le"] = next((le for le, c in cum if c >= count * q / 100), None) \
+            if count else None
     return out

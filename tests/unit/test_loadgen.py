@@ -250,6 +250,11 @@ def test_prometheus_parsing_and_deltas():
     lag = measure.histogram_delta(before, after, "talkgate_event_loop_lag_seconds")
     assert lag["count"] == 100 and lag["mean"] == pytest.approx(0.002)
     assert lag["p50_le"] == 0.001 and lag["p95_le"] == 0.01 and lag["p99_le"] == float("inf")
+    assert lag["max_le"] == float("inf")
+    assert report.seconds_as_ms(lag) == "2.00 / inf / inf"
+    early = measure.histogram_delta(before, measure.parse_prometheus(METRICS_TEXT.format(
+        cpu=15.0, err=5.0, b1=104, b2=105, b3=105, sum=0.011)), "talkgate_event_loop_lag_seconds")
+    assert report.seconds_as_ms(early) == "0.10 / 1.00 / 10.00"    # one of 100 in the 10-ms bucket: only the max says
     assert measure.histogram_delta(before, after, "talkgate_contexts_active") == {"value": 0.0}
     assert measure.histogram_delta(before, after, "talkgate_missing_seconds") is None
     server = load.server_numbers(before, after, wall_s=10.0)
