@@ -63,6 +63,7 @@ if [[ $parts == *" streams "* ]]; then
         --duration 14 --ramp 2 --processes 4 --ttfa-limit-ms 150
     done
     stop "$which-0.6b"
+    log "$which-0.6b: $(grep -c 'event loop woke' "$res/$which-0.6b.log") worker loop stalls logged (over 100 ms)"
     pack
   done
 fi

@@ -11,6 +11,7 @@ label; a single-process server (`--workers 0`) has them without it.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import time
 
@@ -24,6 +25,10 @@ from talkgate.synth.request import FRAME_S
 
 _MS_BUCKETS = (2, 5, 10, 15, 20, 30, 50, 75, 100, 150, 250, 500, 1000, 2500, 5000)
 _WORKER_S_BUCKETS = (.0005, .001, .002, .005, .01, .02, .05, .1, .25, 1)    # a worker's loop lag and step delivery
+# A wake-up of a worker's loop this late is logged with its time (at most one line a second): every connection of the
+# worker waited that long, and a stream 320 ms ahead of its player runs dry (512 streams on an H200, docs/benchmarks.md)
+LOOP_STALL_S = 0.1
+log = logging.getLogger("talkgate.metrics")
 ENGINE_AUDIO_HELP = "Audio the engine made, seconds (80 ms a codec frame): rate() gives audio seconds per wall second"
 ENGINE_PREFIX_HELP = ("New contexts whose prompt's prefix (its positions but the last: instructions, role, voice) could be "
                       "kept, by whether it was: kept (copied at the open, no prefill on the way to the first audio) or "
@@ -166,10 +171,17 @@ class Metrics:
     async def watch_loop_lag(self, interval: float = 0.05, sample=None) -> None:
         """Sleep `interval` repeatedly and record how late each wake-up is; every 10th wake-up call
         `sample()` (a worker's gauges)."""
+        said = 0.0
         for tick in range(1 << 62):
             t = time.perf_counter()
             await asyncio.sleep(interval)
-            self._lag.observe(max(0.0, time.perf_counter() - t - interval))
+            now = time.perf_counter()
+            lag = max(0.0, now - t - interval)
+            self._lag.observe(lag)
+            if lag >= LOOP_STALL_S and now - said >= 1.0:
+                said = now
+                log.warning("worker %s: its event loop woke %.0f ms late (every connection of the worker waited)",
+                            self.worker, lag * 1000)
             if sample is not None and tick % 10 == 0:
                 sample()
 

@@ -133,3 +133,31 @@ def test_graphs_still_to_capture_after_warm_up():
     for n in (94, 3, 0):
         metrics.observe({"graphs_pending": n, "slots": 4, "free_slots": 4}, 0, 16, False)
         assert parse_prometheus(metrics.render().decode())[(PENDING, ())] == n
+
+
+def test_a_stalled_worker_loop_is_logged_with_its_lateness_once_a_second(caplog):
+    """A wake-up LOOP_STALL_S late or more is a stall every connection of the worker heard: logged (and observed);
+    one line a second at most."""
+    import asyncio
+    import logging
+    import time
+
+    from talkgate.server.metrics import LOOP_STALL_S
+
+    async def go():
+        metrics = Metrics(worker=3)
+        watch = asyncio.create_task(metrics.watch_loop_lag(interval=0.01))
+        await asyncio.sleep(0.05)
+        for _ in range(2):                      # two stalls within a second: one line
+            time.sleep(LOOP_STALL_S * 1.5)      # the loop held, as a blocking call would
+            await asyncio.sleep(0.03)
+        watch.cancel()
+        return metrics
+
+    with caplog.at_level(logging.WARNING, logger="talkgate.metrics"):
+        metrics = asyncio.run(go())
+    stalls = [r.getMessage() for r in caplog.records if "woke" in r.getMessage()]
+    assert len(stalls) == 1 and stalls[0].startswith("worker 3: its event loop woke 1"), stalls
+    lag = parse_prometheus(metrics.render().decode())
+    bucket = lambda le: lag[("talkgate_event_loop_lag_seconds_bucket", (("le", le), ("worker", "3")))]
+    assert bucket("0.25") - bucket("0.1") >= 2                 # both stalls observed
