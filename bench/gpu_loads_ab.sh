@@ -9,7 +9,8 @@
 #            20 s), OPUS_RATES the same way over the native WebSocket, whole text, Opus 48 kHz (default none), then a
 #            sweep of LEVELS req/s 10 s a level (LEVELS="" for none)
 #   streams  each tree serving 0.6B CustomVoice (`--max-contexts STREAMS`): STREAMS native Opus 48-kHz streams started
-#            over 2 s, medium texts, 14 s, STREAM_RUNS times (default 1)
+#            over 2 s, medium texts, 14 s, STREAM_RUNS times (default 1); STREAM_TREES (default "before after"): which
+#            trees, each but `after` (this one) from .e2e/NAME; each run's pauses by bench/stalls.py
 #   setsid bash bench/gpu_loads_ab.sh > /tmp/loads-ab.out 2>&1 < /dev/null &     # about 25 minutes on a fresh H200
 BENCH=${BENCH:-loads-ab}
 . "$(dirname "$0")/gpu_serve.sh"
@@ -55,12 +56,14 @@ loads() {
 if [[ $parts == *" streams "* ]]; then
   [ -f /tmp/ck-0.6b/config.json ] || tg checkpoint create /tmp/ck-0.6b --preset 0.6b --variant custom_voice | tail -1
   streams=${STREAMS:-512}
-  for which in before after; do
-    dir=$tree; [ $which = before ] && dir=$tree/.e2e/before
+  for which in ${STREAM_TREES:-before after}; do
+    dir=$tree; [ "$which" != after ] && dir=$tree/.e2e/$which
     start_in "$dir" "$which-0.6b" 8081 -- --model /tmp/ck-0.6b --max-contexts "$streams"
     for run in $(seq "${STREAM_RUNS:-1}"); do
       load 8081 "$which-0.6b-c$streams-$run" --protocol native --encoding opus --concurrency "$streams" \
         --duration 14 --ramp 2 --processes 4 --ttfa-limit-ms 150
+      python3 -m bench.stalls "$res/$which-0.6b-c$streams-$run/requests.json" > "$res/$which-0.6b-c$streams-$run-stalls.md"
+      log "$which run $run: $(head -1 "$res/$which-0.6b-c$streams-$run-stalls.md")"
     done
     stop "$which-0.6b"
     log "$which-0.6b: $(grep -c 'event loop woke' "$res/$which-0.6b.log") worker loop stalls logged (over 100 ms)"
