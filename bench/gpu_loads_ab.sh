@@ -62,8 +62,9 @@ if [[ $parts == *" streams "* ]]; then
     for run in $(seq "${STREAM_RUNS:-1}"); do
       load 8081 "$which-0.6b-c$streams-$run" --protocol native --encoding opus --concurrency "$streams" \
         --duration 14 --ramp 2 --processes 4 --ttfa-limit-ms 150
-      python3 -m bench.stalls "$res/$which-0.6b-c$streams-$run/requests.json" > "$res/$which-0.6b-c$streams-$run-stalls.md"
-      log "$which run $run: $(head -1 "$res/$which-0.6b-c$streams-$run-stalls.md")"
+      run_dir=$res/$which-0.6b-c$streams-$run
+      python3 -m bench.stalls "$run_dir/requests.json" > "$run_dir-stalls.md"
+      log "$which run $run: $(head -1 "$run_dir-stalls.md")"
     done
     stop "$which-0.6b"
     log "$which-0.6b: $(grep -c 'event loop woke' "$res/$which-0.6b.log") worker loop stalls logged (over 100 ms)"

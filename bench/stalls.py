@@ -62,7 +62,8 @@ def main(argv=None) -> None:
           f"({sum(len(g) > 1 for g in groups)} of more than one request)")
     print("| began (s into the run) | requests | pause ms | audio messages before it |\n| --- | --- | --- | --- |")
     for g in groups:
-        print(f"| {g[0].at_s:.2f}-{g[-1].at_s:.2f} | {len(g)} | {min(p.ms for p in g):.0f}-{max(p.ms for p in g):.0f} | "
+        ms = [p.ms for p in g]
+        print(f"| {g[0].at_s:.2f}-{g[-1].at_s:.2f} | {len(g)} | {min(ms):.0f}-{max(ms):.0f} | "
               f"{', '.join(str(p.after_messages) for p in g)} |")
 
 

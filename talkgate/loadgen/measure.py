@@ -137,9 +137,9 @@ def stats(values: list[float]) -> dict | None:
 
 
 def histogram_delta(before: dict, after: dict, name: str, **only: str) -> dict | None:
-    """A Prometheus histogram's observations between two scrapes: count, mean and bucket-bound
-    quantiles (the upper bound of the bucket holding the quantile; max_le: the largest's), summed over its label sets (those with
-    the labels `only`, e.g. worker="0"); a gauge of that name gives its value."""
+    """A Prometheus histogram's observations between two scrapes: count, mean and bucket-bound quantiles (the upper
+    bound of the bucket holding the quantile; max_le: the largest observation's), summed over its label sets (those
+    with the labels `only`, e.g. worker="0"); a gauge of that name gives its value."""
     def picked(labels) -> bool:
         d = dict(labels)
         return all(d.get(k) == v for k, v in only.items())
@@ -163,7 +163,8 @@ def histogram_delta(before: dict, after: dict, name: str, **only: str) -> dict |
     total = total_of(after, "_sum") - total_of(before, "_sum")
     out = {"count": count, "mean": total / count if count else None}
     cum = sorted((le, v - b0.get(le, 0.0)) for le, v in b1.items())
-    for q in (50, 95, 99, 100):
-        out["max_le" if q == 100 else f"p{q}_le"] = next((le for le, c in cum if c >= count * q / 100), None) \
-            if count else None
+    def bucket_of(share: float):        # the first bucket holding that share of the observations
+        return next((le for le, c in cum if c >= count * share), None) if count else None
+
+    out.update({f"p{q}_le": bucket_of(q / 100) for q in (50, 95, 99)}, max_le=bucket_of(1.0))
     return out

@@ -17,7 +17,7 @@ def fmt(v, digits: int = 1) -> str:
 
 
 def seconds_as_ms(h: dict | None) -> str:
-    """A histogram_delta in seconds as "mean / p99 / max bucket / max bucket" ms (a gauge: its value): a rare stall (a
+    """A histogram_delta in seconds as "mean / p99 bucket / max bucket" ms (a gauge: its value): a rare stall (a
     worker's loop held for 250 ms) shows in the max where the p99 hides it."""
     if not h:
         return "-"
