@@ -155,7 +155,7 @@ class Link:
             self.call(self.protocol.engine_event, ev)
         elif not self.trace.engine_event(ev):
             self.call(self.protocol.engine_event, ev)
-            self.trace.encoding = None
+            self.trace.handled()
 
     def apply(self, actions) -> None:
         for a in actions:
@@ -165,7 +165,7 @@ class Link:
                 if a.stream is not None:        # audio made for the client: not idle
                     self.last_activity = self.loop.time()
                     if self.trace is not None:
-                        self.trace.queued(a.stream)
+                        self.trace.queued(a.stream, self.protocol.session.context_of)
                 try:
                     self.outbox.put(a)
                     if a.stream is not None and self.account is not None and not self.outbox.closed:
