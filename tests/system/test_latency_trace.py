@@ -39,12 +39,17 @@ async def ws_request(ws_url: str, deltas: list[str]) -> None:
             await ws.send_str(json.dumps({"type": "text", "context_id": "a", "text": delta}))
             await asyncio.sleep(0.04)           # an LLM's 25 tokens a second
         await ws.send_str(json.dumps({"type": "flush", "context_id": "a"}))
-        async for msg in ws:
-            if msg.type == aiohttp.WSMsgType.TEXT:
-                ev = json.loads(msg.data)
-                assert ev["type"] != "error", ev
-                if ev["type"] == "context.done":
-                    return
+        await until_done(ws)
+
+
+async def until_done(ws) -> None:
+    """The connection's messages up to its context's context.done, none an error."""
+    async for msg in ws:
+        if msg.type == aiohttp.WSMsgType.TEXT:
+            ev = json.loads(msg.data)
+            assert ev["type"] != "error", ev
+            if ev["type"] == "context.done":
+                return
 
 
 def wait_for_lines(path, n: int, timeout_s: float = 10.0) -> list[dict]:
@@ -104,12 +109,8 @@ def test_a_held_first_audio_is_traced_when_it_goes_out(traced):
             lines = await asyncio.to_thread(wait_for_lines, path, before + 1)
             await ws.send_str(json.dumps({"type": "text", "context_id": "zh", "text": "，我们走吧。"}))
             await ws.send_str(json.dumps({"type": "flush", "context_id": "zh"}))
-            async for msg in ws:
-                if msg.type == aiohttp.WSMsgType.TEXT:
-                    ev = json.loads(msg.data)
-                    assert ev["type"] != "error", ev
-                    if ev["type"] == "context.done":
-                        return lines
+            await until_done(ws)
+            return lines
 
     lines = asyncio.run(asyncio.wait_for(go(), 120))
     assert len(lines) == before + 1, lines

@@ -31,20 +31,20 @@ def kinds(events: list) -> list[str]:
     return [type(e).__name__ for e in events]
 
 
-def held(session: Session, clock: Clock) -> Session:
-    """A context whose first delta "好的" committed one id, nothing pending, and whose frame 0 came: held."""
+def held(tokenizer) -> tuple[Session, Clock]:
+    """A session whose context's first delta "好的" committed one id, nothing pending, and whose frame 0 came: held."""
+    session, clock = make(tokenizer)
     session.append("a", "好的")
     assert [len(c.ids) for c in session.take_commands()[1:]] == [1]
     assert session._by_id["a"].tokenizer.pending == ""
     assert frame(session) == []
     assert session.due_in() == pytest.approx(FIRST_HOLD_S)
     assert list(session._holding) == [1]
-    return session
+    return session, clock
 
 
 def test_a_lone_first_token_holds_frame_0_until_the_second_token(tokenizer):
-    session, clock = make(tokenizer)
-    held(session, clock)
+    session, clock = held(tokenizer)
     clock.t += 0.01
     assert session.append("a", "这") == []                 # nothing committed: still held
     assert session.due_in() == pytest.approx(FIRST_HOLD_S - 0.01)
@@ -58,19 +58,16 @@ def test_a_lone_first_token_holds_frame_0_until_the_second_token(tokenizer):
 
 
 def test_end_text_and_flush_text_release_the_held_frame(tokenizer):
-    session, clock = make(tokenizer)
-    held(session, clock)
+    session, _ = held(tokenizer)
     assert kinds(session.end_text("a")) == ["AudioOut", "FirstAudio"]
     assert session.due_in() is None
-    session, clock = make(tokenizer)
-    held(session, clock)
+    session, _ = held(tokenizer)
     assert kinds(session.flush_text("a")) == ["AudioOut", "FirstAudio"]
     assert session.due_in() is None and session.active == ["a"]
 
 
 def test_tick_releases_after_first_hold_s_not_before(tokenizer):
-    session, clock = make(tokenizer)
-    held(session, clock)
+    session, clock = held(tokenizer)
     clock.t += FIRST_HOLD_S - 0.001
     assert session.tick() == []
     assert session.due_in() == pytest.approx(0.001)
@@ -81,45 +78,38 @@ def test_tick_releases_after_first_hold_s_not_before(tokenizer):
 
 
 def test_the_engines_next_event_releases_the_held_frame_first(tokenizer):
-    session, clock = make(tokenizer)
-    held(session, clock)
+    session, _ = held(tokenizer)
     out = frame(session, 1)                                 # frame 1 came anyway: both, in order
     assert kinds(out) == ["AudioOut", "FirstAudio", "AudioOut"]
     assert [e.seq for e in out if isinstance(e, AudioOut)] == [0, 1]
-    session, clock = make(tokenizer)
-    held(session, clock)
+    session, _ = held(tokenizer)
     out = session.on_engine_event(ContextDone(next(iter(session._by_context)), "eos", 1))
     assert kinds(out) == ["AudioOut", "FirstAudio", "ContextFinished"]
     assert out[-1].ttfa_ms is not None and session._holding == {}
-    session, clock = make(tokenizer)
-    held(session, clock)
+    session, _ = held(tokenizer)
     session.flush_text("a")
     out = session.on_engine_event(TextSpoken(next(iter(session._by_context)), "length_rule", 1))
     assert isinstance(out[-1], FlushSpoken)
-    session, clock = make(tokenizer)
-    held(session, clock)
+    session, _ = held(tokenizer)
     out = session.on_engine_event(ContextFailed(next(iter(session._by_context)), "engine_failed", "gone"))
     assert isinstance(out[-1], ContextError) and out[-1].stream == 1     # its wire layer purges the stream
     assert session._holding == {} and session.active == []
 
 
 def test_a_boundary_sends_the_held_frame_before_its_pause(tokenizer):
-    session, clock = make(tokenizer)
-    held(session, clock)
+    session, _ = held(tokenizer)
     out = session.at_boundary("a", pause_ms=80)
     assert kinds(out[:2]) == ["AudioOut", "FirstAudio"]
     assert [e.seq for e in out if isinstance(e, AudioOut)] == list(range(len(out) - 1))
 
 
 def test_cancel_and_close_drop_the_held_frame_and_leave_nothing_held(tokenizer):
-    session, clock = make(tokenizer)
-    held(session, clock)
+    session, clock = held(tokenizer)
     assert kinds(session.cancel("a")) == ["ContextCancelled"]
     assert session._holding == {} and session.due_in() is None
     clock.t += 1
     assert session.tick() == []
-    session, clock = make(tokenizer)
-    held(session, clock)
+    session, _ = held(tokenizer)
     session.close()
     assert session._holding == {} and session.due_in() is None
 
