@@ -18,10 +18,10 @@ the engine's socket); `received` the step's events reached the worker's event lo
 that encoded the first audio returned; `written` its bytes were handed to the socket. `opened` is the read time of
 the message that started the context: before `read` when its text came later (streamed text). `model`: the served
 model the context was routed to (OpenContext.model; null for the default). `held_ms`: how long the first audio was
-kept in the session after the call that received it (a first token committed alone: sessions/session.py FIRST_HOLD_S;
-a tempo stretcher's first frame that made no audio yet), 0 when it went out with that call; `encoded` is then the
-return of the later call that let it out (a later text delta, the session's tick), so `received` -> `encoded` holds
-`held_ms`.
+kept after the call that received it (a first token committed alone: sessions/session.py FIRST_HOLD_S; also a tempo
+stretcher's first frame that made no audio yet, or Twilio's playback queue behind another context), 0 when it went
+out with that call; `encoded` is then the return of the later call that let it out (a later text delta, the session's
+tick), so `received` -> `encoded` holds `held_ms`.
 
 Off by default; off, a Link has no LinkTrace (`trace is None`), the engine's contexts have no `trace` list, and
 nothing is stamped or allocated. Only streamed audio formats complete a trace (a non-streamed file's first byte
