@@ -92,6 +92,7 @@ class Link:
         self._closing: tuple[int, str] | None = None
         self._closing_since = 0.0
         self._lost = False
+        self._due: asyncio.TimerHandle | None = None    # the protocol's next due_in(), when it has one
         self.account: KeyAccount | None = None     # the client key's limits and usage (Gateway.keep_account)
 
     # ----- the protocol, behind the error funnel -----
@@ -113,6 +114,23 @@ class Link:
         self.submit()
         if self.account is not None:
             self.account.settle()
+        self._arm()
+
+    def _arm(self) -> None:
+        """One timer for the protocol's due_in() (a session's held first audio, 40 ms): armed, or moved earlier."""
+        due = self.protocol.due_in()
+        if due is None or self._lost:
+            return
+        when = self.loop.time() + due
+        if self._due is not None:
+            if self._due.when() <= when:
+                return
+            self._due.cancel()
+        self._due = self.loop.call_at(when, self._on_due)
+
+    def _on_due(self) -> None:
+        self._due = None
+        self.call(self.protocol.tick)
 
     def _abort(self, code: str, message: str, ws_code: int) -> list:
         try:
@@ -137,7 +155,7 @@ class Link:
             self.call(self.protocol.engine_event, ev)
         elif not self.trace.engine_event(ev):
             self.call(self.protocol.engine_event, ev)
-            self.trace.encoding = None
+            self.trace.handled()
 
     def apply(self, actions) -> None:
         for a in actions:
@@ -147,7 +165,7 @@ class Link:
                 if a.stream is not None:        # audio made for the client: not idle
                     self.last_activity = self.loop.time()
                     if self.trace is not None:
-                        self.trace.queued(a.stream)
+                        self.trace.queued(a.stream, self.protocol.session.context_of)
                 try:
                     self.outbox.put(a)
                     if a.stream is not None and self.account is not None and not self.outbox.closed:
@@ -189,6 +207,9 @@ class Link:
         usage is recorded with what was written."""
         self.call(self.protocol.connection_lost)
         self._lost = True
+        if self._due is not None:
+            self._due.cancel()
+            self._due = None
         self.engine.forget(self)
         if self.account is not None:
             self.account.close()

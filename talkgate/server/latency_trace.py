@@ -5,7 +5,8 @@ byte written, split by process, one JSON line a request (docs/operations.md; the
      "stages": {"read": NS, "parsed": NS, "tokenized": NS, "sent": NS,                      <- the worker
                 "engine_received": NS, "scheduled": NS, "launched": NS, "codes": NS,      <- the engine process
                 "decoded": NS, "handed": NS,
-                "received": NS, "encoded": NS, "written": NS}}                          <- the worker
+                "received": NS, "encoded": NS, "written": NS},                          <- the worker
+     "held_ms": 0.0}
 
 Every time is time.monotonic_ns(): CLOCK_MONOTONIC, one clock for every process of the machine, so the engine's
 times (synth.api.ENGINE_STAGES, carried back with the first frame as StageTimes) and the worker's compare directly.
@@ -16,7 +17,11 @@ the call returned with the context's first token ids; `sent` they were handed to
 the engine's socket); `received` the step's events reached the worker's event loop; `encoded` the protocol's call
 that encoded the first audio returned; `written` its bytes were handed to the socket. `opened` is the read time of
 the message that started the context: before `read` when its text came later (streamed text). `model`: the served
-model the context was routed to (OpenContext.model; null for the default).
+model the context was routed to (OpenContext.model; null for the default). `held_ms`: how long the first audio was
+kept after the call that received it (a first token committed alone: sessions/session.py FIRST_HOLD_S; also a tempo
+stretcher's first frame that made no audio yet, or Twilio's playback queue behind another context), 0 when it went
+out with that call; `encoded` is then the return of the later call that let it out (a later text delta, the session's
+tick), so `received` -> `encoded` holds `held_ms`.
 
 Off by default; off, a Link has no LinkTrace (`trace is None`), the engine's contexts have no `trace` list, and
 nothing is stamped or allocated. Only streamed audio formats complete a trace (a non-streamed file's first byte
@@ -28,6 +33,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, replace
+from typing import Callable
 
 from talkgate.server.jsonlines import JsonLines
 from talkgate.synth.api import (
@@ -58,6 +64,7 @@ class _Trace:
     engine: list | None = None          # ENGINE_STAGES times and the worker's "received"
     encoded: int = 0
     stream: int | None = None           # its audio's stream, from its first audio Send on
+    kept: int = 0                       # the return of the call that got its first frame and let no audio out
 
 
 class LinkTrace:
@@ -69,6 +76,7 @@ class LinkTrace:
         self.by_context: dict[int, _Trace] = {}
         self.by_stream: dict[int, _Trace] = {}
         self.encoding: _Trace | None = None     # the trace whose event the protocol is handling, until its first audio
+        self.kept: dict[int, _Trace] = {}       # by context: traces whose first frame's audio the session kept
 
     def read(self) -> None:
         self.t_read = time.monotonic_ns()
@@ -109,12 +117,27 @@ class LinkTrace:
         self.encoding = t if t is not None and t.stream is None else None
         return False
 
-    def queued(self, stream: int) -> None:
-        """An audio Send of `stream` came out of the protocol's call: the first of the trace being encoded."""
+    def handled(self) -> None:
+        """The protocol's call for an engine event returned: a trace still being encoded let no audio out (its
+        session keeps it: sessions/session.py FIRST_HOLD_S); a later call's Send of its stream completes it."""
         t, self.encoding = self.encoding, None
-        if t is not None:
-            t.encoded, t.stream = self.t_return, stream
-            self.by_stream[stream] = t
+        if t is not None and not t.kept:
+            t.kept = self.t_return
+            self.kept[t.context] = t
+
+    def queued(self, stream: int, context_of: Callable[[int], int | None]) -> None:
+        """An audio Send of `stream` came out of the protocol's call: the first of the trace being encoded, or of a
+        trace whose first frame was kept (`context_of(stream)`: the session's engine context of a stream)."""
+        t, self.encoding = self.encoding, None
+        if t is None:
+            if not self.kept:
+                return
+            t = self.kept.get(context_of(stream))
+            if t is None or t.stream is not None:
+                return
+        t.encoded, t.stream = self.t_return, stream
+        self.by_stream[stream] = t
+        self.kept.pop(t.context, None)
 
     def written(self, stream: int) -> None:
         """Audio of `stream` was handed to the socket: the first of a trace completes it."""
@@ -127,9 +150,11 @@ class LinkTrace:
             return                      # a context traced only in part (its engine answered before the trace began)
         times = [*t.before, *t.engine, t.encoded, now]
         self.out.write({"endpoint": self.endpoint, "model": t.model, "context": t.context, "opened": t.opened,
-                        "stages": dict(zip(STAGES, times))})
+                        "stages": dict(zip(STAGES, times)),
+                        "held_ms": round((t.encoded - t.kept) / 1e6, 3) if t.kept else 0.0})
 
     def _drop(self, t: _Trace) -> None:
         self.by_context.pop(t.context, None)
+        self.kept.pop(t.context, None)
         if t.stream is not None:
             self.by_stream.pop(t.stream, None)

@@ -119,7 +119,7 @@ class HttpSpeech(ClientProtocol):
         return self._wire(self.session.on_engine_event(ev))
 
     def tick(self) -> list:
-        return self._wire(self.session.slow_consumers())
+        return self._wire(self.session.tick() + self.session.slow_consumers())
 
     def idle_timeout(self) -> list:
         return self.abort("idle_timeout", "no audio taken for the idle timeout", 1000)

@@ -194,7 +194,7 @@ class NativeProtocol(SocketProtocol):
         return self._wire(self.session.on_engine_event(ev))
 
     def tick(self) -> list[Action]:
-        return self._wire(self.session.slow_consumers())
+        return self._wire(self.session.tick() + self.session.slow_consumers())
 
     def idle_timeout(self) -> list[Action]:
         self.session.close()

@@ -10,6 +10,7 @@ commands after every call, one that raised included (a context that ended must s
     actions = protocol.engine_event(event)           # an event of one of the session's contexts
     protocol.note_sent(stream, audio_ms)             # audio of `stream` written to the socket
     protocol.note_delivered(stream, audio_ms)        # ... and taken by the client's TCP
+    protocol.due_in()                                # None, or seconds until tick() has something to do
 
 A translator raises only for a bug: client mistakes are its protocol's error messages. The I/O layer's error funnel
 turns an exception into `abort`.
@@ -40,8 +41,14 @@ class ClientProtocol:
         raise NotImplementedError
 
     def tick(self) -> list[Action]:
-        """Called every fraction of a second: the session's clock (slow consumers), the protocol's own."""
+        """Called every fraction of a second, and when due_in() said: the session's clock (held first audio, slow
+        consumers), the protocol's own."""
         raise NotImplementedError
+
+    def due_in(self) -> float | None:
+        """Seconds until tick() must be called sooner than its usual rate (the session's held first audio), or
+        None; asked after every call."""
+        return self.session.due_in()
 
     def idle_timeout(self) -> list[Action]:
         """No client message and no audio taken by the client for the idle timeout: close."""

@@ -42,6 +42,9 @@ from talkgate.synth.request import text_seconds
 
 MAX_VOLUME = 4.0                # the largest gain a context takes (Cartesia's volume reaches 2, DashScope's 100 is 2)
 PLAYER_TOLERANCE_S = 0.001      # a player's stall shorter than this is not an underrun (loadgen/measure.py's too)
+# frame 0 of a first token committed alone by its delta waits this long for the second token: one delta at an LLM's
+# 25 tokens/s, so the hold ends no later than a first token committed by the next delta would have had its audio
+FIRST_HOLD_S = 0.04
 
 
 @dataclass(frozen=True)
@@ -177,6 +180,8 @@ class _Context:
     audio_ms_delivered: float = 0.0     # taken by the client (left the server's socket buffer)
     text_tokens: int = 0                # text token ids handed to the engine
     boundaries: deque = field(default_factory=deque)    # [pause ms, speed or None] of each flush not yet spoken
+    first_held: list | None = None      # frame 0's AudioOuts while held for the second token (Session._audio)
+    hold_until: float = 0.0             # ... until then (session clock) at the latest
 
 
 def _encoder(fmt: AudioFormat):
@@ -211,7 +216,13 @@ class Session:
     gone, or an exception while handling it (the context ends, then the exception goes on to the
     protocol's error funnel). `_end` queues the CancelContext unless the engine ended it itself, and
     queued commands always go out (the I/O layer takes them after every call, one that raised too), so no
-    path leaves an engine slot held."""
+    path leaves an engine slot held.
+
+    A first token committed alone by its delta (nothing pending after it: "好的") lets the engine speak frame 0 at
+    once, while frame 1 needs the second token, a delta and a step later: a player fed frame 0 alone runs dry. So
+    that frame's audio is held (its AudioOut and FirstAudio events not returned yet) until the second token is
+    committed, the text ends or is flushed, the engine says more of that context, or FIRST_HOLD_S pass: `tick()`
+    returns what is due, `due_in()` says when the I/O layer must call it."""
 
     def __init__(self, info: ModelInfo, limits: Limits, new_tokenizer: Callable[[], object],
                  defaults: ContextConfig | None = None, observer: Observer | None = None,
@@ -231,6 +242,7 @@ class Session:
         self._by_stream: dict[int, _Context] = {}
         self._next_stream = 1
         self._commands: list[EngineCommand] = []
+        self._holding: dict[int, _Context] = {}     # by stream: contexts whose frame 0 is held (first_held)
         self.account = Account()        # the gateway's KeyAccount for a client with a key
 
     # ----- configuration -----
@@ -341,6 +353,8 @@ class Session:
                 self._end(ctx, "failed")
                 raise
             self._text(ctx, AppendText(ctx.context, tuple(ids), text_seconds(text)))
+            if ids and self._holding and ctx.stream in self._holding:     # the second token: frame 1 can follow
+                out += self._release(ctx, self.clock())
         return out
 
     def whole_text(self, context_id: str, text: str) -> list:
@@ -364,7 +378,7 @@ class Session:
             self._end(ctx, "failed")
             raise
         self._text(ctx, EndText(ctx.context, tuple(tail)))
-        return []
+        return self._released(ctx)
 
     def flush_text(self, context_id: str, pause_ms: float = 0.0, speed: float | None = None) -> list:
         """Speak the text so far and keep the context open for more (the compatible APIs' flush): the
@@ -383,20 +397,21 @@ class Session:
         ctx.text_chars = 0
         ctx.boundaries.append([pause_ms, speed])
         self._text(ctx, FlushText(ctx.context, tuple(tail)))
-        return []
+        return self._released(ctx)
 
     def at_boundary(self, context_id: str, pause_ms: float = 0.0, speed: float | None = None) -> list:
         """A pause and a speed where the context's text stands, every character of it flushed: at the end of the
         last flush not yet spoken, else now (its audio is all out)."""
         ctx = self._get(context_id)
+        released = self._released(ctx)         # a held frame 0 goes before the pause
         if ctx.boundaries:
             last = ctx.boundaries[-1]
             last[0] += pause_ms
             last[1] = speed if speed is not None else last[1]
-            return []
+            return released
         if speed is not None:
             self.set_speed(context_id, speed)
-        return self._silence(ctx, pause_ms)
+        return released + self._silence(ctx, pause_ms)
 
     def set_speed(self, context_id: str, speed: float) -> None:
         """The context's audio from here on is at `speed` (a pitch-kept tempo, 0.25 to 4). For a change between two
@@ -419,6 +434,28 @@ class Session:
         self.accepting = False
         for ctx in list(self._by_id.values()):
             self._end(ctx, "disconnected")
+
+    def tick(self) -> list[SessionEvent]:
+        """The held first audio whose FIRST_HOLD_S has passed (the I/O layer calls this once due_in() says so)."""
+        if not self._holding:
+            return []
+        now = self.clock()
+        out: list[SessionEvent] = []
+        for ctx in [c for c in self._holding.values() if now >= c.hold_until]:
+            out += self._release(ctx, now)
+        return out
+
+    def due_in(self) -> float | None:
+        """Seconds until tick() has held audio to release, None when none is held (asked after every call: the
+        empty case costs one dict test)."""
+        if not self._holding:
+            return None
+        return max(0.0, min(c.hold_until for c in self._holding.values()) - self.clock())
+
+    def context_of(self, stream: int) -> int | None:
+        """The engine's id of the active context on `stream` (a latency trace follows held audio by it)."""
+        ctx = self._by_stream.get(stream)
+        return None if ctx is None else ctx.context
 
     def note_sent(self, stream: int, audio_ms: float) -> None:
         """The I/O layer wrote this much audio of `stream` to the socket. A write after the moment a real-time
@@ -488,6 +525,8 @@ class Session:
         """An event of one of this session's active contexts (its engine client drops those of ended ones)."""
         ctx = self._by_context[event_key(ev)]
         try:
+            if self._holding and ctx.stream in self._holding:   # what the engine says next follows the held frame 0
+                return self._release(ctx, self.clock()) + self.on_engine_event(ev)
             if isinstance(ev, VoiceMade):
                 held, ctx.held = ctx.held or [], None
                 self._commands += [OpenContext(ctx.context, replace(ctx.params, voice_prompt=ev.voice), ctx.model),
@@ -521,11 +560,37 @@ class Session:
         events: list[SessionEvent] = self._encoded(ctx, self._gained(ctx), pcm)
         self.observer.audio(chunk.n_frames)
         if ctx.ttfa_ms is None and events:
-            ctx.t_first_audio = now
-            ctx.ttfa_ms = round(1000 * (now - (ctx.t_first_text or now)), 2)
-            self.observer.first_audio(ctx.ttfa_ms)
-            events.append(FirstAudio(ctx.context_id, ctx.ttfa_ms, ctx.frames, round(ctx.audio_ms_emitted, 1)))
+            if self._lone_first(ctx):
+                ctx.first_held, ctx.hold_until = events, now + FIRST_HOLD_S
+                self._holding[ctx.stream] = ctx
+                return []
+            self._first_audio(ctx, events, now)
         return events
+
+    @staticmethod
+    def _lone_first(ctx: _Context) -> bool:
+        """Its one token id so far was committed by its own delta, nothing after it pending: the second token comes
+        with a later delta only, so frame 1 is that far behind frame 0."""
+        return (ctx.text_tokens == 1 and ctx.state is State.OPEN and not ctx.boundaries
+                and not ctx.tokenizer.pending)
+
+    def _first_audio(self, ctx: _Context, events: list, now: float) -> None:
+        """The context's first audio goes to the client now (with `events`): its FirstAudio, timed now."""
+        ctx.t_first_audio = now
+        ctx.ttfa_ms = round(1000 * (now - (ctx.t_first_text or now)), 2)
+        self.observer.first_audio(ctx.ttfa_ms)
+        events.append(FirstAudio(ctx.context_id, ctx.ttfa_ms, ctx.frames, round(ctx.audio_ms_emitted, 1)))
+
+    def _release(self, ctx: _Context, now: float) -> list[SessionEvent]:
+        """The held frame 0 goes out now."""
+        del self._holding[ctx.stream]
+        events, ctx.first_held = ctx.first_held, None
+        self._first_audio(ctx, events, now)
+        return events
+
+    def _released(self, ctx: _Context) -> list[SessionEvent]:
+        """The held frame 0, if it is, released: the text ended or was flushed, so no second token is waited for."""
+        return self._release(ctx, self.clock()) if self._holding and ctx.stream in self._holding else []
 
     @staticmethod
     def _gained(ctx: _Context):
@@ -589,6 +654,9 @@ class Session:
         self._by_id.pop(ctx.context_id, None)
         self._by_context.pop(ctx.context, None)
         self._by_stream.pop(ctx.stream, None)
+        if self._holding:       # a held frame 0 is dropped with its context (a cancel's, a failure's Purge)
+            self._holding.pop(ctx.stream, None)
+            ctx.first_held = None
         self.observer.ended(reason)
         self.account.ended(ctx.stream, ctx.model or self.models.default.name)
         if not engine_done:

@@ -205,9 +205,9 @@ class Utterances:
         return self._rekey(self.session.on_engine_event(ev))
 
     def tick(self) -> list[Event]:
-        """The clock: slow consumers (session.py), and utterances that waited RELEASE_S for text give their
-        engine context up."""
-        out = self._rekey(self.session.slow_consumers())
+        """The clock: held first audio and slow consumers (session.py), and utterances that waited RELEASE_S for
+        text give their engine context up."""
+        out = self._rekey(self.session.tick() + self.session.slow_consumers())
         now = self.session.clock()
         for utt in list(self.by_key.values()):
             if utt.idle_since is not None and now - utt.idle_since >= RELEASE_S and not utt.ended:

@@ -36,10 +36,13 @@ the transformer's went from about 155 to 67 (8 a layer: q/k/v, attention, o_proj
 silu * up, down, add + norm). Several frames per row, and the CPU, keep the PyTorch path
 (`KERNEL_ON_CPU` runs the kernel on CPU tensors in Triton's interpreter, for tests).
 
+The conv stack after the transformer works on [B, n, C] (channels last, as the transformer's output is): on
+cuDNN as height-1 NHWC convolutions, without layout conversions or transposes between blocks (CausalConv).
+
 Derived tensors (codebooks divided by their usage, exp of the Snake parameters, RoPE frequencies,
-q/k/v and gate/up weights concatenated, the transposed convs' weights in their multiply's layout: about
-56 M values at the released size) are buffers computed by `prepare()` from the parameters; the loader
-calls it.
+q/k/v and gate/up weights concatenated, the convs' weights channels-last and the transposed convs' in their
+multiply's layout: about 87 M values at the released size) are buffers computed by `prepare()` from the
+parameters; the loader calls it, and whoever changes weights calls it again.
 """
 from __future__ import annotations
 
@@ -137,23 +140,24 @@ class _Stateful(nn.Module):
     def tail(self, tails: torch.Tensor) -> torch.Tensor:
         # A view into the gathered per-row state [B, S]: updated in place, written back after the step.
         size = self.in_channels * self.context
-        return tails[:, self.state_offset:self.state_offset + size].view(-1, self.in_channels, self.context)
+        return tails[:, self.state_offset:self.state_offset + size].view(-1, self.context, self.in_channels)
 
     def with_history(self, x: torch.Tensor, tails: torch.Tensor) -> torch.Tensor:
-        """[B, C, n] -> [B, C, context + n] prefixed with the carried frames; carries the new last ones."""
+        """[B, n, C] -> [B, context + n, C] prefixed with the carried frames; carries the new last ones."""
         tail = self.tail(tails)
-        x = torch.cat([tail, x], dim=-1)
-        tail.copy_(x[..., x.shape[-1] - self.context:])
+        x = torch.cat([tail, x], dim=1)
+        tail.copy_(x[:, x.shape[1] - self.context:])
         return x
 
 
-# A one-row step's convolutions (of at most this many multiply-adds: every one of a one-frame step) run as
-# one matrix multiply of their input windows: at batch 1 cuDNN picked NHWC kernels and converted input and
-# weight from NCHW at every call (nchwToNhwc, about 10 us each, 27 a step on the H100). Larger ones (a
-# one-row decode of many frames), and every convolution of a step of several rows, keep cuDNN: with more
+# A one-row convolution of at most this many multiply-adds runs as one matrix multiply of its input windows (a
+# one-row step's took less than cuDNN's kernels on the H100). The bound is high enough for a one-row decode of
+# up to 64 frames (decode's chunks; an ICL voice's decoder priming, which runs under cuDNN's heuristics:
+# runner.plain_functions): those heuristics pick channels-last kernels up to 100x slower than its search finds
+# for some shapes (docs/benchmarks.md). Every convolution of a step of several rows runs on cuDNN: with more
 # rows the multiply gained nothing (2 to 256 rows). Deciding by rows, not by the rows' multiply-adds, also
 # keeps the compiled step (compile_hot_functions) to two versions: one row, and any number of rows.
-MATMUL_MACS = 1 << 28
+MATMUL_MACS = 1 << 34
 
 
 @torch.library.custom_op("talkgate::conv_addmm", mutates_args=())
@@ -178,35 +182,53 @@ def _(bias, a, b):
 
 
 class CausalConv(_Stateful):
-    """Stride-1 conv padded on the left only (the reference pads zeros; a fresh state is zeros)."""
+    """Stride-1 conv padded on the left only (the reference pads zeros; a fresh state is zeros), on [B, n, C].
+
+    On cuDNN it runs as a 2-D convolution of height 1 on channels-last memory: [B, n, C] contiguous is the NHWC
+    layout of [B, C, 1, n], the layout of cuDNN's fastest kernels, so that it converts neither the input nor the
+    output (with [B, C, n] it wrapped every call in nchwToNhwc / nhwcToNchw); `weight_nhwc` is the weight in that
+    layout. A one-row one of at most MATMUL_MACS multiply-adds is one multiply of its input windows [n, K * C_in]
+    by the same weight read as taps [K * C_in, C_out] (channels-last memory of [C_out, C_in, 1, K] is
+    [C_out, K, C_in]: no second copy)."""
 
     def __init__(self, in_channels: int, out_channels: int, kernel_size: int, dilation: int = 1, groups: int = 1):
         super().__init__()
         self.conv = nn.Conv1d(in_channels, out_channels, kernel_size, dilation=dilation, groups=groups)
         self.in_channels = in_channels
         self.context = (kernel_size - 1) * dilation
+        weight = torch.zeros(out_channels, in_channels // groups, 1, kernel_size)
+        self.register_buffer("weight_nhwc", weight.contiguous(memory_format=torch.channels_last), persistent=False)
+
+    def prepare(self):  # a copy of the weight [C_out, C_in / groups, K] in the layout forward takes
+        self.weight_nhwc = self.conv.weight.detach()[:, :, None].contiguous(memory_format=torch.channels_last)
 
     def forward(self, x: torch.Tensor, tails: torch.Tensor) -> torch.Tensor:
-        B, _, n = x.shape
+        """x [B, n, C_in] -> [B, n, C_out]"""
+        B, n, _ = x.shape
         if self.context:
             x = self.with_history(x, tails)
-        w = self.conv.weight                                             # [C_out, C_in / groups, K]
-        c_out, c_in, k = w.shape
+        w = self.weight_nhwc
+        c_out, c_in, _, k = w.shape
+        dilation = self.conv.dilation[0]
         if B > 1 or self.conv.groups > 1 or c_out * c_in * k * n > MATMUL_MACS:
-            return self.conv(x)
-        _, sc, st = x.stride()
-        windows = x.as_strided((c_in, k, n), (sc, self.conv.dilation[0] * st, st)).reshape(c_in * k, n)
-        return conv_addmm(self.conv.bias[:, None], w.view(c_out, c_in * k), windows)[None]    # [1, C_out, n]
+            y = F.conv2d(x.transpose(1, 2)[:, :, None], w, self.conv.bias, dilation=(1, dilation),
+                         groups=self.conv.groups)                        # [B, C_out, 1, n], channels-last
+            return y[:, :, 0].transpose(1, 2)
+        _, st, sc = x.stride()
+        windows = x.as_strided((n, k, c_in), (st, dilation * st, sc)).reshape(n, k * c_in)
+        taps = w.permute(0, 2, 3, 1).reshape(c_out, k * c_in).T          # [K * C_in, C_out], rows as the windows'
+        return conv_addmm(self.conv.bias, windows, taps)[None]
 
 
 class CausalTransConv(_Stateful):
     """Transposed conv trimmed on the right: output block t (stride samples) depends on inputs <= t.
 
     Run as one matrix multiply: output phase j of block t is sum over s of W[:, :, j + (context - s) *
-    stride] . x[t + s] (x with the carried frames in front), so `taps` [C_out * stride, (context + 1) *
+    stride] . x[t + s] (x with the carried frames in front), so `taps` [stride * C_out, (context + 1) *
     C_in] times the windows of x stacked [(context + 1) * C_in, B * n] gives every row's blocks at once
-    (computed transposed, rows first, so that a one-frame step's result is already in [B, C_out, stride]).
-    cuDNN's transposed convolution (a data-gradient kernel) took 3.4 ms for one of them at 256 rows."""
+    (computed transposed, rows first, phases before channels, so that the result is already the output
+    [B, n * stride, C_out]). cuDNN's transposed convolution (a data-gradient kernel) took 3.4 ms for one of them
+    at 256 rows."""
 
     def __init__(self, in_channels: int, out_channels: int, kernel_size: int, stride: int):
         super().__init__()
@@ -215,40 +237,40 @@ class CausalTransConv(_Stateful):
         self.stride = stride
         self.context = -(-kernel_size // stride) - 1  # earlier inputs whose kernel still reaches block t
         windows = self.context + 1
-        self.register_buffer("taps", torch.zeros(out_channels * stride, windows * in_channels), persistent=False)
-        self.register_buffer("taps_bias", torch.zeros(out_channels * stride), persistent=False)
+        self.register_buffer("taps", torch.zeros(stride * out_channels, windows * in_channels), persistent=False)
+        self.register_buffer("taps_bias", torch.zeros(stride * out_channels), persistent=False)
 
     def prepare(self):  # a copy of the weight in the multiply's layout
         w = self.conv.weight.detach()                                   # [C_in, C_out, K]
         c_in, c_out, k = w.shape
         windows, r = self.context + 1, self.stride
         w = F.pad(w, (0, windows * r - k)).view(c_in, c_out, windows, r).flip(2)   # [C_in, C_out, s, j]
-        self.taps = w.permute(1, 3, 2, 0).reshape(c_out * r, windows * c_in)
-        self.taps_bias = self.conv.bias.detach().repeat_interleave(r)
+        self.taps = w.permute(3, 1, 2, 0).reshape(r * c_out, windows * c_in)
+        self.taps_bias = self.conv.bias.detach().repeat(r)
 
     def forward(self, x: torch.Tensor, tails: torch.Tensor) -> torch.Tensor:
-        B, c_in, n = x.shape
+        """x [B, n, C_in] -> [B, n * stride, C_out]"""
+        B, n, _ = x.shape
         if self.context:
             x = self.with_history(x, tails)
-        windows = x.unfold(-1, n, 1).permute(0, 3, 2, 1).reshape(B * n, -1)   # [B * n, (context+1) * C_in]
-        y = conv_addmm(self.taps_bias, windows, self.taps.T)             # [B * n, C_out * stride], bias fused
-        # [B, C_out, n, stride]: a view when n == 1 (the streaming step), a copy otherwise
-        return y.view(B, n, -1, self.stride).transpose(1, 2).reshape(B, -1, n * self.stride)
+        windows = x.unfold(1, n, 1).permute(0, 3, 1, 2).reshape(B * n, -1)    # [B * n, (context+1) * C_in]
+        y = conv_addmm(self.taps_bias, windows, self.taps.T)             # [B * n, stride * C_out], bias fused
+        return y.view(B, n * self.stride, -1)
 
 
 class SnakeBeta(nn.Module):
-    """x + sin(x * e^alpha)^2 / (e^beta + 1e-9), per channel."""
+    """x + sin(x * e^alpha)^2 / (e^beta + 1e-9), per channel (the last dim)."""
 
     def __init__(self, dim: int):
         super().__init__()
         self.alpha = nn.Parameter(torch.zeros(dim))
         self.beta = nn.Parameter(torch.zeros(dim))
-        self.register_buffer("freq", torch.ones(dim, 1), persistent=False)
-        self.register_buffer("inv_beta", torch.ones(dim, 1), persistent=False)
+        self.register_buffer("freq", torch.ones(dim), persistent=False)
+        self.register_buffer("inv_beta", torch.ones(dim), persistent=False)
 
     def prepare(self):
-        self.freq = self.alpha.detach().float().exp()[:, None]
-        self.inv_beta = 1.0 / (self.beta.detach().float().exp()[:, None] + 1e-9)
+        self.freq = self.alpha.detach().float().exp()
+        self.inv_beta = 1.0 / (self.beta.detach().float().exp() + 1e-9)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.addcmul(x, self.inv_beta, torch.sin(x * self.freq).square())
@@ -264,9 +286,8 @@ class ConvNeXtBlock(nn.Module):
         self.gamma = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor, tails: torch.Tensor) -> torch.Tensor:
-        h = self.norm(self.dwconv(x, tails).transpose(1, 2))
-        h = self.pwconv2(F.gelu(self.pwconv1(h)))
-        return torch.addcmul(x, self.gamma[:, None], h.transpose(1, 2))
+        h = self.pwconv2(F.gelu(self.pwconv1(self.norm(self.dwconv(x, tails)))))
+        return torch.addcmul(x, self.gamma, h)
 
 
 class ResidualUnit(nn.Module):
@@ -629,8 +650,7 @@ class CodecDecoder(nn.Module):
     # compile_hot_functions (synth/runner.py) compiles each whole.
     def codes_in(self, codes: torch.Tensor, tails: torch.Tensor) -> torch.Tensor:
         """codes [B, Q, n] -> the transformer's input [B, n, latent]: RVQ lookup and the causal pre-conv."""
-        h = self.quantizer(codes)                                       # [B, n, codebook_dim]
-        return self.pre_conv(h.transpose(1, 2), tails).transpose(1, 2)
+        return self.pre_conv(self.quantizer(codes), tails)
 
     def convs(self, h: torch.Tensor, tails: torch.Tensor) -> torch.Tensor:
         """The transformer's output [B, n, latent] -> pcm [B, n * frame_samples] float32: upsampling and
@@ -640,8 +660,7 @@ class CodecDecoder(nn.Module):
         return self.late_convs(self.early_convs(h, tails), tails)
 
     def early_convs(self, h: torch.Tensor, tails: torch.Tensor) -> torch.Tensor:
-        """[B, n, latent] -> the output of the first EARLY_BLOCKS decoder blocks [B, C, n * upsampling]."""
-        h = h.transpose(1, 2)
+        """[B, n, latent] -> the output of the first EARLY_BLOCKS decoder blocks [B, samples, C]."""
         for trans_conv, convnext in self.upsample:
             h = convnext(trans_conv(h, tails), tails)
         h = self.decoder[0](h, tails)
@@ -653,7 +672,7 @@ class CodecDecoder(nn.Module):
         """early_convs' output -> pcm [B, n * frame_samples] float32: the other blocks and the output conv."""
         for block in self.decoder[1 + EARLY_BLOCKS:-2]:
             h = block(h, tails)
-        wav = self.decoder[-1](self.decoder[-2](h), tails)              # [B, 1, n * frame_samples]
+        wav = self.decoder[-1](self.decoder[-2](h), tails)              # [B, n * frame_samples, 1]
         return wav.clamp(-1, 1).view(h.shape[0], -1).float()
 
     @torch.no_grad()

@@ -164,6 +164,7 @@ def write_random_codec_decoder(out_dir: str | Path, decoder_config: dict | None 
             break
         final.weight.data /= 16
         final.bias.data /= 16
+        model.prepare()                  # the next decode takes the weights as they are now
     if std > 0:
         gain = 2.0 ** round(math.log2(0.1 / std))
         final.weight.data *= gain

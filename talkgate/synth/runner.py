@@ -97,10 +97,6 @@ OPEN_ROWS = (1, 2, 4, 16)
 # largest (a batch pads up to the nearest captured bucket); the others one at a time afterwards, when no
 # context would notice (Engine, docs/engine.md)
 FIRST_AUDIO_BATCH = 16
-# Of those, the decode graphs of 2 to FIRST_AUDIO_BATCH rows are captured with cuDNN's heuristic algorithms
-# and captured again after its search once the engine is ready, first of the pending ones: the search took
-# about 1.2 s a batch size for the decoder's convolutions on an H100, 4.7 s of a 1.7B restart's 26 s
-# (docs/benchmarks.md, issue 22)
 # Launches whose host buffers may be in use at once: the last step's, whose PCM is taken while the next runs, and
 # the next step's two launches where it is split (a new context's first frame launched apart: Engine)
 HOST_SETS = 3
@@ -802,11 +798,11 @@ class Runner:
         self._pool, self._stream = torch.cuda.graph_pool_handle(), torch.cuda.Stream()
         B = self.buckets[-1]
         first = [b for b in self.buckets if b <= FIRST_AUDIO_BATCH or b == B]
-        searched_later = [("decode", b) for b in first if 1 < b < B]
+        # every graph's warm run searches cuDNN's algorithms (cudnn.benchmark): its heuristics pick channels-last
+        # kernels up to 100x slower for some of the decoder's shapes (docs/benchmarks.md)
         for b in reversed(first):
             for part in PARTS:
-                with cudnn_heuristics() if (part, b) in searched_later else contextlib.nullcontext():
-                    self._timed(f"{part}@{b}", self._capture, (part, b), self._parts[part], b)
+                self._timed(f"{part}@{b}", self._capture, (part, b), self._parts[part], b)
             self.captured.insert(0, b)
         for rows in reversed(self.prefill_rows):
             for T in reversed(self.prefill_lens):
@@ -820,10 +816,8 @@ class Runner:
             self._capture_lane()
         self._dummy_inputs(self.first_bufs)
         for rows in FIRST_DECODE_ROWS:
-            with cudnn_heuristics() if rows > 1 else contextlib.nullcontext():     # as the step's at 2 and 4
-                self._timed(f"first decode {rows}", self._capture, ("first", rows),
-                            functools.partial(self._decode_step, buf=self.first_bufs), rows)
-        self.pending.extend(searched_later)
+            self._timed(f"first decode {rows}", self._capture, ("first", rows),
+                        functools.partial(self._decode_step, buf=self.first_bufs), rows)
         self.pending.extend((part, b) for b in self.buckets if b not in first for part in PARTS)
         t0 = time.perf_counter()
         while not first_audio_only and self.capture_next() is not None:
@@ -868,7 +862,7 @@ class Runner:
     def capture_next(self) -> float | None:
         """Capture the next pending batch graph (engine thread, between steps) and return its
         milliseconds; None when none is pending. A bucket serves batches once its three graphs are; a graph
-        captured again (after cuDNN's search) replaces the one that served until then."""
+        captured again (adopt_compiles) replaces the one that served until then."""
         if not self.pending:
             return None
         t0 = time.perf_counter()

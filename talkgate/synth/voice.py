@@ -74,9 +74,9 @@ def cudnn_heuristics():
     took 2.4-3.5 s for a voice's first clip on an H100 (1.7B Base); the engine thread alone runs in here.
     Also cudnn.deterministic: PyTorch keeps one plan per convolution, whichever mode ran it first, keyed by its
     parameters, `deterministic` among them; without it a shape met here would keep the heuristics' plan when
-    the search runs later (the step's decode graphs captured again after it), and the heuristics put some of
-    the decoder's dilated convolutions on cuDNN's generic kernel (3 ms of a 13-ms decode at 256 rows on an
-    H200, docs/benchmarks.md)."""
+    the search runs later (the warm-up's first decode at the largest batch runs here, its graph's warm run
+    with the search), and the heuristics put some of the decoder's convolutions on kernels many times slower
+    (docs/benchmarks.md)."""
     import torch
 
     cudnn = torch.backends.cudnn

@@ -1,8 +1,8 @@
 """cudnn_heuristics (synth/voice.py) against PyTorch's cache of cuDNN plans: a convolution first run under the
-heuristics must not stand in for the search of its shape later (the engine captures its 2-16-row decode graphs under
-the heuristics and again after the search). A search runs cuDNN's candidate kernels, so it shows as many kernels in
-the profile of the call that makes it; a cached plan runs a few (the convolution, cuDNN's layout conversions around
-it and its workspace's initialization: at most PLAN_KERNELS)."""
+heuristics must not stand in for the search of its shape later (the warm-up runs the largest batch's decode under the
+heuristics first, then captures its graph after the search). A search runs cuDNN's candidate kernels, so it shows as
+many kernels in the profile of the call that makes it; a cached plan runs a few (the convolution, cuDNN's layout
+conversions around it and its workspace's initialization: at most PLAN_KERNELS)."""
 from __future__ import annotations
 
 import pytest

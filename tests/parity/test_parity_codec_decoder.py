@@ -30,3 +30,5 @@ def test_matches_reference(tmp_path, kv_heads):
         got = ours.decode(codes, chunk_frames=chunk)
         assert got.dtype == torch.float32 and got.shape == (2, 100 * 1920)
         assert (got - expected).abs().max() <= TOL
+    one = ours.decode(codes[1:])                 # one row: its convolutions are multiplies (codec_decoder.MATMUL_MACS)
+    assert (one - expected[1:]).abs().max() <= TOL

@@ -39,12 +39,17 @@ async def ws_request(ws_url: str, deltas: list[str]) -> None:
             await ws.send_str(json.dumps({"type": "text", "context_id": "a", "text": delta}))
             await asyncio.sleep(0.04)           # an LLM's 25 tokens a second
         await ws.send_str(json.dumps({"type": "flush", "context_id": "a"}))
-        async for msg in ws:
-            if msg.type == aiohttp.WSMsgType.TEXT:
-                ev = json.loads(msg.data)
-                assert ev["type"] != "error", ev
-                if ev["type"] == "context.done":
-                    return
+        await until_done(ws)
+
+
+async def until_done(ws) -> None:
+    """The connection's messages up to its context's context.done, none an error."""
+    async for msg in ws:
+        if msg.type == aiohttp.WSMsgType.TEXT:
+            ev = json.loads(msg.data)
+            assert ev["type"] != "error", ev
+            if ev["type"] == "context.done":
+                return
 
 
 def wait_for_lines(path, n: int, timeout_s: float = 10.0) -> list[dict]:
@@ -70,7 +75,7 @@ def test_every_stage_in_order_for_http_and_websocket_and_the_summary(traced):
     assert [t["endpoint"] for t in lines] == ["http:openai", "ws:native", "ws:native"], lines
     for t in lines:
         assert t["model"] is None, t                                # the default model, the one served
-        assert list(t["stages"]) == list(STAGES), t
+        assert list(t["stages"]) == list(STAGES) and t["held_ms"] == 0.0, t     # no first token alone here
         times = list(t["stages"].values())
         assert times == sorted(times) and t["opened"] <= times[0], t
         assert times[-1] - times[0] < 30e9, t
@@ -83,3 +88,37 @@ def test_every_stage_in_order_for_http_and_websocket_and_the_summary(traced):
     for row in ("| engine_received | engine |", "| decoded | engine |", "| written | worker |",
                 "| total: read -> written |", "| text wait: opened -> read |"):
         assert row in out.stdout, out.stdout
+
+
+def test_a_held_first_audio_is_traced_when_it_goes_out(traced):
+    """A first token committed alone ("好的") has its frame 0 held (sessions/session.py FIRST_HOLD_S): its line is
+    written once that audio goes out, after the hold and before the next text, and says how long it was held."""
+    from talkgate.sessions.session import FIRST_HOLD_S
+
+    srv, path = traced
+    before = len(wait_for_lines(path, 0, 0))
+
+    async def go() -> list[dict]:
+        async with aiohttp.ClientSession() as s, s.ws_connect(srv.ws_url + "/v1/ws") as ws:
+            assert json.loads((await ws.receive(timeout=30)).data)["type"] == "session.ready"
+            await ws.send_str(json.dumps({"type": "context.start", "context_id": "zh", "language": "chinese",
+                                          "fixed_frames": 6}))
+            await ws.send_str(json.dumps({"type": "text", "context_id": "zh", "text": "好的"}))
+            while (await ws.receive(timeout=30)).type != aiohttp.WSMsgType.BINARY:
+                pass                                # its first audio, with no more text
+            lines = await asyncio.to_thread(wait_for_lines, path, before + 1)
+            await ws.send_str(json.dumps({"type": "text", "context_id": "zh", "text": "，我们走吧。"}))
+            await ws.send_str(json.dumps({"type": "flush", "context_id": "zh"}))
+            await until_done(ws)
+            return lines
+
+    lines = asyncio.run(asyncio.wait_for(go(), 120))
+    assert len(lines) == before + 1, lines
+    t = lines[-1]
+    assert t["endpoint"] == "ws:native" and list(t["stages"]) == list(STAGES), t
+    times = list(t["stages"].values())
+    assert times == sorted(times), t
+    held_ms = t["held_ms"]
+    assert 0.75 * FIRST_HOLD_S * 1e3 <= held_ms < 1000 * FIRST_HOLD_S + 200, t
+    assert (t["stages"]["encoded"] - t["stages"]["received"]) / 1e6 >= held_ms, t    # the hold is in that stage
+    assert len(wait_for_lines(path, before + 2, 1.0)) == before + 1         # one line a request

@@ -78,19 +78,55 @@ def test_streaming_equals_full_decode(tiny, policy):
 
 @pytest.mark.parametrize("kernel, dilation", [(7, 3), (3, 1), (1, 1)])
 def test_small_steps_convolve_as_one_multiply(monkeypatch, kernel, dilation):
-    """A one-row step's convolution (windows times the weight) gives what the convolution gives, carried
-    frames included, for a transposed (non-contiguous) input too."""
+    """A one-row step's convolution on [1, n, C] (windows times `taps`) gives what the channels-last convolution
+    and the official Conv1d on [1, C, n] give, carried frames included, for a non-contiguous input too."""
     torch.manual_seed(0)
     conv = CausalConv(6, 5, kernel, dilation=dilation)
-    x = torch.randn(1, 4, 6).transpose(1, 2)                      # [1, C, n], not contiguous
+    conv.prepare()
+    x = torch.randn(1, 6, 4).transpose(1, 2)                      # [1, n, C], not contiguous
     tails = torch.randn(1, 6 * conv.context)
+    history = tails.view(1, conv.context, 6)
+    official = conv.conv(torch.cat([history, x], dim=1).transpose(1, 2)).transpose(1, 2)
     outs = []
     for macs in (0, 1 << 20):                                     # the convolution, then the multiply
         monkeypatch.setattr(codec_decoder, "MATMUL_MACS", macs)
         t = tails.clone()
         outs.append((conv(x, t), t))
-    assert outs[0][0].shape == outs[1][0].shape == (1, 5, 4)
-    assert (outs[0][0] - outs[1][0]).abs().max() <= 1e-6 and torch.equal(outs[0][1], outs[1][1])
+    assert outs[0][0].shape == outs[1][0].shape == (1, 4, 5)
+    for out, t in outs:
+        assert (out - official).abs().max() <= 1e-6
+        assert torch.equal(t.view(1, conv.context, 6), torch.cat([history, x], dim=1)[:, 4:])
+
+
+def test_conv_stack_runs_channels_last(tiny, monkeypatch):
+    """Every conv of the stack takes [B, n, C_in] and gives [B, n, C_out] in that memory order (the channels-last
+    convolution's output read as it is, no transposes between blocks), and several rows decoded together give
+    what each row gives frame by frame alone, by the one-row multiplies and by the convolutions."""
+    calls = []
+
+    def seen(module, args, out):
+        x = args[0]
+        assert (x.shape[-1], out.shape[-1]) == (module.in_channels, module.conv.out_channels), (module, x.shape)
+        calls.append((x.shape[0], out.shape[0], out.is_contiguous()))
+
+    convs = [m for m in tiny.modules() if isinstance(m, (codec_decoder.CausalConv, codec_decoder.CausalTransConv))]
+    hooks = [m.register_forward_hook(seen) for m in convs]
+    codes = random_codes(3, 6, seed=8)
+    try:
+        state = tiny.alloc_state(4)
+        together = torch.cat([tiny.decode_step(codes[..., i:i + 2], torch.tensor([2, 0, 1]), state)
+                              for i in range(0, 6, 2)], dim=1)
+    finally:
+        for h in hooks:
+            h.remove()
+    assert len(calls) == 3 * len(convs) and set(calls) == {(3, 3, True)}
+    for macs in (codec_decoder.MATMUL_MACS, 0):
+        monkeypatch.setattr(codec_decoder, "MATMUL_MACS", macs)
+        for row in range(3):
+            state = tiny.alloc_state(1)
+            alone = torch.cat([tiny.decode_step(codes[row:row + 1, :, i:i + 1], torch.tensor([0]), state)
+                               for i in range(6)], dim=1)
+            assert (alone[0] - together[row]).abs().max() <= TOL
 
 
 def test_chunks_longer_than_the_window(tiny):

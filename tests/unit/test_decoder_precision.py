@@ -43,6 +43,7 @@ def test_probe_fails_a_decoder_out_of_float16_range(tiny_dir):
     decoder = load_codec_decoder(tiny_dir)
     with torch.no_grad():                             # activations past 65504 in float16
         decoder.pre_conv.conv.weight.mul_(1e6)
+    decoder.prepare()                                 # its derived weights (weight_nhwc, taps) too
     assert dp.probe_snr_db(decoder, torch.float16) < dp.MIN_SNR_DB
 
 
@@ -75,6 +76,7 @@ def test_settle_keeps_a_failing_decoder_in_float32_untouched(tiny_dir):
     decoder = load_codec_decoder(tiny_dir)
     with torch.no_grad():
         decoder.pre_conv.conv.weight.mul_(1e6)
+    decoder.prepare()                                 # its derived weights (weight_nhwc, taps) too
     weights = {k: v.clone() for k, v in decoder.state_dict().items()}
     tts = loaded(decoder)
     dtype, snr = dp.settle(tts)
