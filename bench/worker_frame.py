@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import json
 import pstats
 import statistics
 import time
@@ -55,10 +56,9 @@ def open_stream(tok, encoding: str, rate: int) -> tuple[NativeProtocol, int]:
     session = Session(INFO, limits, lambda: StreamingTokenizer(tok))
     proto = NativeProtocol(session, limits, "bench", None)
     proto.ready()
-    proto.receive_text('{"type": "context.start", "context_id": "a", "format": {"encoding": "%s", "sample_rate": %d}}'
-                  % (encoding, rate))
-    proto.receive_text('{"type": "text", "context_id": "a", "text": "%s"}' % TEXT)
-    proto.receive_text('{"type": "flush", "context_id": "a"}')
+    for msg in ({"type": "context.start", "context_id": "a", "format": {"encoding": encoding, "sample_rate": rate}},
+                {"type": "text", "context_id": "a", "text": TEXT}, {"type": "flush", "context_id": "a"}):
+        proto.receive_text(json.dumps(msg))
     (context,) = [c.context for c in proto.engine_commands() if isinstance(c, OpenContext)]
     return proto, context
 
@@ -116,8 +116,8 @@ def main() -> None:
     print(f"| engine_event: the session's encode and the wire frame | {per_frame[0]:.1f} / {per_frame[1]:.1f} |")
     print(f"| of it, the format's encode alone (codecs, a fresh encoder) | {encode[0]:.1f} / {encode[1]:.1f} |")
     print(f"| a step message's read, a row's share of {ROWS_PER_WORKER} | {read[0]:.2f} / {read[1]:.2f} |")
-    print(f"| a worker's CPU a second of audio at the median (12.5 frames) | {12.5 * (per_frame[0] + read[0]) / 1e3:.2f}"
-          " ms |")
+    second_ms = 12.5 * (per_frame[0] + read[0]) / 1e3
+    print(f"| a worker's CPU a second of audio at the median (12.5 frames) | {second_ms:.2f} ms |")
     if args.profile:
         profiler = cProfile.Profile()
         profiler.enable()
