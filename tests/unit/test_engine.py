@@ -13,7 +13,7 @@ from talkgate.synth.api import (
     ENGINE_STAGES, AppendText, AudioChunk, CancelContext, ContextDone, ContextFailed, ContextParams, EndText,
     OpenContext, SamplingParams, StageTimes,
 )
-from talkgate.synth.engine import Engine
+from talkgate.synth.engine import Engine, first_frames_apart
 from talkgate.synth.request import text_seconds
 from tests.speaker import Collector, Speaker
 
@@ -518,6 +518,15 @@ def test_first_frames_apart_only_while_every_running_client_has_audio_to_spare()
     assert not first_frames_apart([ahead] * (FIRST_APART_MAX_ROWS + 1), 10.0, step)
 
 
+def far_ahead(engine) -> bool:
+    """The engine's rule for launching first frames apart (first_frames_apart) holds for its running contexts a step
+    from now. Eight frames were not always enough: where a CPU step takes most of a frame's 80 ms, the running
+    context was 32 ms ahead of its client, or 69 ms behind, after them (a 2-core machine)."""
+    step_s = engine._step_ms_last / 1000
+    running = list(engine.scheduler.running)
+    return bool(running) and first_frames_apart(running, time.perf_counter() + step_s, step_s)
+
+
 def first_frame_calls(engine) -> tuple[list[list[int]], dict]:
     """A context (2) opened while another (1) runs far ahead of its client: the contexts of each delivered call's
     AudioChunks, and both contexts' audio."""
@@ -525,7 +534,13 @@ def first_frame_calls(engine) -> tuple[list[list[int]], dict]:
     try:
         c.say(1, TEXT, ContextParams(sampling=GREEDY, fixed_frames=60))
         until = time.monotonic() + 30
-        while sum(isinstance(ev, AudioChunk) for ev in c.events(1)) < 8 and time.monotonic() < until:
+        while True:
+            frames = sum(isinstance(ev, AudioChunk) for ev in c.events(1))
+            if frames >= 8 and (not engine.first_apart or far_ahead(engine)) or time.monotonic() > until:
+                break
+            if frames >= 40:                    # a third of its frames left: time to open the second one, or never
+                pytest.skip("this machine's CPU engine made frames slower than real time: the running context never "
+                            "got ahead of its client, which first frames apart need")
             time.sleep(0.002)
         c.say(2, "A second voice starts here.", ContextParams(sampling=GREEDY, fixed_frames=6))
         c.wait(1), c.wait(2)
