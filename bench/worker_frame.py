@@ -15,7 +15,6 @@ import argparse
 import cProfile
 import json
 import pstats
-import statistics
 import time
 
 import numpy as np
@@ -23,6 +22,7 @@ import numpy as np
 from bench.tokenizer import load_tokenizer
 from talkgate.codecs.encoder import make_stream_encoder
 from talkgate.ipc import wire
+from talkgate.loadgen.measure import percentile
 from talkgate.sessions.actions import Send
 from talkgate.sessions.limits import Limits
 from talkgate.sessions.native import NativeProtocol
@@ -46,8 +46,8 @@ def speech(n: int) -> np.ndarray:
 
 
 def quantiles(times: list[float]) -> tuple[float, float]:
-    times = sorted(times)
-    return 1e6 * statistics.median(times), 1e6 * times[int(0.95 * len(times))]
+    """Median and p95 microseconds of times in seconds."""
+    return 1e6 * percentile(times, 50), 1e6 * percentile(times, 95)
 
 
 def open_stream(tok, encoding: str, rate: int) -> tuple[NativeProtocol, int]:

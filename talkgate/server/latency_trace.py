@@ -64,7 +64,7 @@ class _Trace:
     engine: list | None = None          # ENGINE_STAGES times and the worker's "received"
     encoded: int = 0
     stream: int | None = None           # its audio's stream, from its first audio Send on
-    kept: int = 0                       # the return of the call that got its first frame and let no audio out
+    kept_at: int = 0                    # the return of the call that got its first frame and let no audio out
 
 
 class LinkTrace:
@@ -121,8 +121,8 @@ class LinkTrace:
         """The protocol's call for an engine event returned: a trace still being encoded let no audio out (its
         session keeps it: sessions/session.py FIRST_HOLD_S); a later call's Send of its stream completes it."""
         t, self.encoding = self.encoding, None
-        if t is not None and not t.kept:
-            t.kept = self.t_return
+        if t is not None and not t.kept_at:
+            t.kept_at = self.t_return
             self.kept[t.context] = t
 
     def queued(self, stream: int, context_of: Callable[[int], int | None]) -> None:
@@ -151,7 +151,7 @@ class LinkTrace:
         times = [*t.before, *t.engine, t.encoded, now]
         self.out.write({"endpoint": self.endpoint, "model": t.model, "context": t.context, "opened": t.opened,
                         "stages": dict(zip(STAGES, times)),
-                        "held_ms": round((t.encoded - t.kept) / 1e6, 3) if t.kept else 0.0})
+                        "held_ms": round((t.encoded - t.kept_at) / 1e6, 3) if t.kept_at else 0.0})
 
     def _drop(self, t: _Trace) -> None:
         self.by_context.pop(t.context, None)

@@ -353,8 +353,8 @@ class Session:
                 self._end(ctx, "failed")
                 raise
             self._text(ctx, AppendText(ctx.context, tuple(ids), text_seconds(text)))
-            if ids and self._holding and ctx.stream in self._holding:     # the second token: frame 1 can follow
-                out += self._release(ctx, self.clock())
+            if ids:                                     # the second token: frame 1 can follow a held frame 0
+                out += self._released(ctx)
         return out
 
     def whole_text(self, context_id: str, text: str) -> list:
@@ -525,8 +525,8 @@ class Session:
         """An event of one of this session's active contexts (its engine client drops those of ended ones)."""
         ctx = self._by_context[event_key(ev)]
         try:
-            if self._holding and ctx.stream in self._holding:   # what the engine says next follows the held frame 0
-                return self._release(ctx, self.clock()) + self.on_engine_event(ev)
+            if ctx.stream in self._holding:     # what the engine says next follows the held frame 0
+                return self._released(ctx) + self.on_engine_event(ev)
             if isinstance(ev, VoiceMade):
                 held, ctx.held = ctx.held or [], None
                 self._commands += [OpenContext(ctx.context, replace(ctx.params, voice_prompt=ev.voice), ctx.model),
@@ -589,8 +589,9 @@ class Session:
         return events
 
     def _released(self, ctx: _Context) -> list[SessionEvent]:
-        """The held frame 0, if it is, released: the text ended or was flushed, so no second token is waited for."""
-        return self._release(ctx, self.clock()) if self._holding and ctx.stream in self._holding else []
+        """The held frame 0, if it is, released now (the second token, the end or a flush of the text, the engine's
+        next event of the context: no more reason to wait)."""
+        return self._release(ctx, self.clock()) if ctx.stream in self._holding else []
 
     @staticmethod
     def _gained(ctx: _Context):
@@ -654,9 +655,8 @@ class Session:
         self._by_id.pop(ctx.context_id, None)
         self._by_context.pop(ctx.context, None)
         self._by_stream.pop(ctx.stream, None)
-        if self._holding:       # a held frame 0 is dropped with its context (a cancel's, a failure's Purge)
-            self._holding.pop(ctx.stream, None)
-            ctx.first_held = None
+        self._holding.pop(ctx.stream, None)     # a held frame 0 is dropped with its context (a cancel's, a Purge)
+        ctx.first_held = None
         self.observer.ended(reason)
         self.account.ended(ctx.stream, ctx.model or self.models.default.name)
         if not engine_done:
