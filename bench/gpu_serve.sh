@@ -14,6 +14,7 @@
 #                                                (with --trace-latency unless UNTRACED=1)
 #   gpu_tests PYTEST_ARGS...                     with GPU_TESTS=1: pytest (400 s at most), its tail in progress
 #   gone PID                                     wait (up to 60 s) for a process to end
+#   profile NAME                                 py-spy of the engine process and two workers, 8 s
 #   pack                                         $res as $res.tgz (a poll call copies it to $OUT)
 #   mixed_load NAME                              three 1.7B models on port 8081 (cv, clone, design) at 20 req/s each
 #                                                for 20 s: the default voice, speaker1 cloned, a designed voice
@@ -102,6 +103,18 @@ gpu_tests() {
 }
 
 gone() { for _ in $(seq 120); do kill -0 "$1" 2>/dev/null || return 0; sleep 0.5; done; }
+
+# py-spy (100 Hz, 8 s; --nonblocking: the processes are never paused) of the engine process (0) and two workers (1, 2)
+# of the one server running: $res/NAME-pyspy-N.raw (a line a stack: frames, then its samples)
+profile() {
+  local pid i=0
+  for pid in $(pgrep -f talkgate.processes.engine_process | head -1) $(pgrep -f talkgate.processes.worker | head -2); do
+    timeout 30 /tmp/site/bin/py-spy record --nonblocking -r 100 -d 8 -f raw -o "$res/$1-pyspy-$i.raw" -p "$pid" \
+      > "$res/$1-pyspy-$i.txt" 2>&1 &
+    i=$((i + 1))
+  done
+  wait
+}
 
 pack() { tar czf "$res.tgz" -C "$(dirname "$res")" "$(basename "$res")"; }
 

@@ -254,3 +254,87 @@ def test_a_new_contexts_first_frames_go_before_older_audio_still_queued(tiny_eng
     assert overtaken, "the new context's first frame waited behind all older audio"
     for o in old + [new]:
         assert frame_numbers(o.events) == list(range(40 if o in old else 6))
+
+
+def _chunk(ctx: int, frame: int, deadline: float) -> AudioChunk:
+    return AudioChunk(ctx, np.full(4, frame, np.float32), frame, 1, time.perf_counter(), deadline)
+
+
+async def _opened(client, owners) -> list[int]:
+    """A context for each owner, open in the engine without text (the engine makes none of their audio): the test
+    hands the client its steps' events itself, through the engine's deliver, as an engine over IPC does on the loop."""
+    ctxs = [next(client.contexts) for _ in owners]
+    for owner, ctx in zip(owners, ctxs):
+        client.submit(owner, [OpenContext(ctx, ContextParams(sampling=GREEDY))])
+    return ctxs
+
+
+def test_links_past_their_first_frames_go_by_their_audios_deadline(tiny_engine):
+    """Not urgent (frame 10 on): the Link whose player runs dry first is handed its audio first, whatever the order
+    of the engine's rows."""
+    delivered: list[tuple[str, AudioChunk]] = []
+
+    async def go():
+        client = EngineClient(tiny_engine, asyncio.get_running_loop())
+        owners = [Named(n, delivered) for n in ("late", "soon", "middle")]
+        ctxs = await _opened(client, owners)
+        now = time.perf_counter()
+        client._deliver([_chunk(ctxs[0], 10, now + 0.6), _chunk(ctxs[1], 10, now + 0.1),
+                         _chunk(ctxs[2], 10, now + 0.3)])
+        await until(lambda: len(delivered) == 3)
+        for ctx in ctxs:
+            client.submit(None, [CancelContext(ctx)])
+        client.close()
+
+    asyncio.run(go())
+    assert [name for name, _ in delivered] == ["soon", "middle", "late"]
+
+
+def test_a_link_seconds_ahead_waits_for_the_next_steps_audio_once_and_takes_both_in_one_chunk(tiny_engine):
+    """A Link whose audio is AHEAD_S or more ahead of its player is put aside until the next step's events: its two
+    frames then reach it as one AudioChunk (one call of its session, one encode, one write). One close to its
+    deadline is handed its audio at once."""
+    from talkgate.server.engine_client import AHEAD_S
+    delivered: list[tuple[str, AudioChunk]] = []
+
+    async def go():
+        client = EngineClient(tiny_engine, asyncio.get_running_loop())
+        far, near = Named("far", delivered), Named("near", delivered)
+        ctx_far, ctx_near = await _opened(client, [far, near])
+        now = time.perf_counter()
+        client._deliver([_chunk(ctx_far, 30, now + AHEAD_S + 2), _chunk(ctx_near, 10, now + 0.2)])
+        await asyncio.sleep(0)
+        first = list(delivered)
+        client._deliver([_chunk(ctx_far, 31, now + AHEAD_S + 2.08), _chunk(ctx_near, 11, now + 0.28)])
+        await until(lambda: len(far.events) >= 1 and len(near.events) == 2)
+        for ctx in (ctx_far, ctx_near):
+            client.submit(None, [CancelContext(ctx)])
+        client.close()
+        return first, far
+
+    first, far = asyncio.run(go())
+    assert [name for name, _ in first] == ["near"]
+    assert [(ev.first_frame, ev.n_frames) for ev in far.events] == [(30, 2)]
+    np.testing.assert_array_equal(far.events[0].pcm, np.repeat([30.0, 31.0], 4))
+
+
+def test_a_link_put_aside_gets_its_audio_after_ahead_wait_s_where_no_step_follows(tiny_engine):
+    """No next step comes (the engine idle): the Link put aside is handed its audio AHEAD_WAIT_S later, not never."""
+    from talkgate.server.engine_client import AHEAD_S, AHEAD_WAIT_S
+
+    async def go():
+        client = EngineClient(tiny_engine, asyncio.get_running_loop())
+        far = Owner()
+        (ctx,) = await _opened(client, [far])
+        t0 = time.perf_counter()
+        client._deliver([_chunk(ctx, 30, t0 + AHEAD_S + 2), ContextDone(ctx, "length", 31)])
+        await asyncio.sleep(0)
+        assert far.events == []
+        await until(lambda: len(far.events) == 2, timeout=5)
+        waited = time.perf_counter() - t0
+        client.close()
+        return far, waited
+
+    far, waited = asyncio.run(go())
+    assert frame_numbers(far.events) == [30] and isinstance(far.events[-1], ContextDone)
+    assert waited >= AHEAD_WAIT_S
