@@ -12,12 +12,13 @@
 #            (default 512; "512 1024" say) that many native Opus 48-kHz streams started over 2 s, medium texts, 14 s,
 #            STREAM_RUNS times (default 1), a client process a 128 streams; STREAM_TREES (default "before after"):
 #            which trees, each but `after` (this one) from .e2e/NAME; each run's pauses by bench/stalls.py; PYSPY=1:
-#            py-spy (100 Hz, 8 s, not pausing them) of the engine process and two workers in each count's last run
+#            py-spy (100 Hz, 8 s, not pausing them) of the engine process and two workers in each count's last run;
+#            STREAM_SERVE_ARGS: more flags of `talkgate serve` (--max-batch 512 beside 1,024 slots: the graphs of 512)
 #   setsid bash bench/gpu_loads_ab.sh > /tmp/loads-ab.out 2>&1 < /dev/null &     # about 25 minutes on a fresh H200
 BENCH=${BENCH:-loads-ab}
 . "$(dirname "$0")/gpu_serve.sh"
 parts=" ${PARTS:-tests decode loads streams} "
-checkpoints custom_voice
+[[ $parts == *" tests "* || $parts == *" decode "* || $parts == *" loads "* ]] && checkpoints custom_voice
 export TALKGATE_CACHE=${TALKGATE_CACHE:-/tmp/tgc-default}
 if [[ $parts == *" tests "* ]]; then
   tests=(tests/gpu/test_engine_gpu.py); [ -f tests/gpu/test_cudnn_search.py ] && tests+=(tests/gpu/test_cudnn_search.py)
@@ -61,7 +62,8 @@ if [[ $parts == *" streams "* ]]; then
   slots=$(tr ' ' '\n' <<< "$counts" | sort -n | tail -1)
   for which in ${STREAM_TREES:-before after}; do
     dir=$tree; [ "$which" != after ] && dir=$tree/.e2e/$which
-    start_in "$dir" "$which-0.6b" 8081 -- --model /tmp/ck-0.6b --max-contexts "$slots"
+    # shellcheck disable=SC2086
+    start_in "$dir" "$which-0.6b" 8081 -- --model /tmp/ck-0.6b --max-contexts "$slots" ${STREAM_SERVE_ARGS:-}
     for streams in $counts; do
       for run in $(seq "${STREAM_RUNS:-1}"); do
         name=$which-0.6b-c$streams-$run

@@ -26,15 +26,9 @@ Routing: a step's events wait in two queues, one entry per Link, until the Link 
 context at one of its first URGENT_FRAMES frames is *urgent*: its client's player has 80 ms of audio ahead of it
 after the first frame, where one far into its text has seconds. Urgent Links go before every other, those of
 later steps too, so a new context's first frames never wait behind the encoding (Opus, framing) of the audio
-already queued for hundreds of others. The others go by their audio's deadline (AudioChunk.deadline: when the
-client's player runs dry without it, by the engine's count), the earliest first, so a young context past its first
-frames goes before those with seconds of audio ahead. A Link's events of several steps (it was not reached before
-the next step came) are one entry, a context's frames of them joined into one AudioChunk (encoded and framed once); a
-Link that becomes urgent takes its queued events along, so its contexts' audio stays in order. A Link whose audio
-is all at least AHEAD_S ahead of its player is put aside once, until the next step's events come (or AHEAD_WAIT_S
-pass): its two steps' frames are then one call of its session, one encode call and one socket write, where each
-costs a worker's CPU per call (a worker's CPU is what limits 512 Opus streams on an H200, docs/benchmarks.md),
-and its client, with a second of audio to play, does not notice. The queues are
+already queued for hundreds of others. A Link's events of several steps (it was not reached before the next
+step came) are one entry, a context's frames of them joined into one AudioChunk (encoded and framed once); a
+Link that becomes urgent takes its queued events along, so its contexts' audio stays in order. The queues are
 handed over ROUTE_SLICE_S of Links a loop callback: a step's audio for a worker's hundreds of contexts is
 otherwise one callback of 10-30 ms, and every client message and timer of the loop waits behind it. A step's
 first slice runs as the step comes (a loop crowded with other callbacks would delay it), unless more steps
@@ -48,7 +42,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import heapq
 import itertools
 import logging
 import math
@@ -66,8 +59,6 @@ from talkgate.synth.api import (
 log = logging.getLogger("talkgate.engine_client")
 ROUTE_SLICE_S = 0.002       # Links a loop callback hands their events to: until this long has passed
 URGENT_FRAMES = 4           # a Link with a context at one of its first frames (320 ms of audio) goes first
-AHEAD_S = 1.0               # a Link whose audio is all this far ahead of its player waits for the next step's once
-AHEAD_WAIT_S = 0.05         # ... or this long, where no next step comes (the engine idle)
 LAST_EVENTS = (ContextDone, ContextFailed, VoiceMade, VoiceFailed)     # release their context (or voice request)
 
 
@@ -77,9 +68,6 @@ class _Queued:
     owner: object
     events: list
     step: int                   # the step batch of its oldest events
-    deadline: float = math.inf  # its audio's earliest (AudioChunk.deadline)
-    entry: int = -1             # its entry in the deadline order (a heap with stale entries: this one counts)
-    put_aside: bool = False     # it waited once for the next step's events (AHEAD_S): not again
 
 
 class EngineClient:
@@ -93,11 +81,7 @@ class EngineClient:
         self._count_lock = threading.Lock()
         # id(Link) -> its queued events, in the order they are handed over (loop only)
         self._urgent: collections.OrderedDict[int, _Queued] = collections.OrderedDict()
-        self._rest: dict[int, _Queued] = {}
-        self._by_deadline: list[tuple[float, int, int]] = []   # heap over _rest: (deadline, entry, id(Link))
-        self._entries = itertools.count()
-        self._aside: list[int] = []                    # Links of _rest put aside until the next step
-        self._aside_timer: asyncio.TimerHandle | None = None
+        self._rest: collections.OrderedDict[int, _Queued] = collections.OrderedDict()
         self._steps = 0                                # step batches queued so far
         self._queued_steps = 0                         # of which the queues still hold some (set on the loop)
         self._slice_pending = False
@@ -145,8 +129,6 @@ class EngineClient:
 
     def close(self) -> None:
         self.engine.disconnect(self.id)
-        if self._aside_timer is not None:
-            self._aside_timer.cancel()
 
     def _deliver(self, events: list) -> None:
         """The engine's deliver: on its thread (in-process engine) or on the loop (engines over IPC)."""
@@ -164,7 +146,6 @@ class EngineClient:
         """One step's events into the queues, each to its context's owner; then hand them over."""
         try:
             self._steps += 1
-            self._back_from_aside()
             batches: dict[int, tuple[object, list]] = {}
             for ev in events:
                 if type(ev) is StageTimes:      # a traced context's (serve --trace-latency): reached this loop
@@ -196,56 +177,14 @@ class EngineClient:
             queued = self._rest.pop(key, None) if urgent else self._rest.get(key)
             if queued is None:
                 queued = _Queued(owner, [], self._steps)
-            if urgent:
-                self._urgent[key] = queued
-            elif key not in self._rest:
-                self._rest[key] = queued
+            (self._urgent if urgent else self._rest)[key] = queued     # a Link already in _rest keeps its place
         queued.events.extend(events)
-        deadline = min((ev.deadline for ev in events if isinstance(ev, AudioChunk)), default=math.inf)
-        if not urgent and (deadline < queued.deadline or queued.entry < 0):
-            queued.deadline, queued.entry = min(deadline, queued.deadline), next(self._entries)
-            heapq.heappush(self._by_deadline, (queued.deadline, queued.entry, key))
-
-    def _next(self, now: float) -> _Queued | None:
-        """The queued Link to hand over next: the urgent ones in order, then the earliest deadline; a Link whose audio
-        is all AHEAD_S ahead is put aside, once."""
-        if self._urgent:
-            return self._urgent.popitem(last=False)[1]
-        while self._by_deadline:
-            deadline, entry, key = heapq.heappop(self._by_deadline)
-            queued = self._rest.get(key)
-            if queued is None or queued.entry != entry:
-                continue                    # stale: handed over, urgent since, or queued with an earlier deadline
-            if not queued.put_aside and deadline - now > AHEAD_S and deadline != math.inf:
-                queued.put_aside = True
-                self._aside.append(key)
-                continue
-            del self._rest[key]
-            return queued
-        return None
-
-    def _back_from_aside(self) -> None:
-        """The Links put aside go back into the deadline order (a step came, or AHEAD_WAIT_S passed)."""
-        if self._aside_timer is not None:
-            self._aside_timer.cancel()
-            self._aside_timer = None
-        for key in self._aside:
-            queued = self._rest.get(key)
-            if queued is not None and queued.put_aside:
-                queued.entry = next(self._entries)
-                heapq.heappush(self._by_deadline, (queued.deadline, queued.entry, key))
-        self._aside.clear()
-
-    def _aside_due(self) -> None:
-        self._aside_timer = None
-        self._back_from_aside()
-        if not self._slice_pending:
-            self._route_slice()
 
     def _count_queued(self) -> None:
         """_queued_steps: step batches from the oldest queued entry's to the last (0: nothing queued)."""
-        oldest = min((q.step for q in itertools.chain(self._urgent.values(), self._rest.values())),
-                     default=self._steps + 1)
+        oldest = min((q.step for q in self._urgent.values()), default=self._steps + 1)
+        if self._rest:
+            oldest = min(oldest, next(iter(self._rest.values())).step)
         self._queued_steps = self._steps + 1 - oldest
 
     def _route_slice(self) -> None:
@@ -253,19 +192,18 @@ class EngineClient:
         loop callback. A Link that raises is logged and the others go on."""
         self._slice_pending = True          # while it runs too: a step queued meanwhile only joins the queues
         t0 = time.perf_counter()
-        while (queued := self._next(t0)) is not None:
+        while self._urgent or self._rest:
+            _, queued = (self._urgent or self._rest).popitem(last=False)
             try:
                 self._hand_over(queued.owner, join_frames(queued.events) if len(queued.events) > 1 else queued.events)
             except Exception:
                 log.exception("handing engine events to %r failed", queued.owner)
-            if (self._urgent or self._by_deadline) and time.perf_counter() - t0 > ROUTE_SLICE_S:
+            if (self._urgent or self._rest) and time.perf_counter() - t0 > ROUTE_SLICE_S:
                 self._count_queued()
                 self.loop.call_soon(self._route_slice)
                 return
-        self._count_queued()
+        self._queued_steps = 0
         self._slice_pending = False
-        if self._aside and self._aside_timer is None:
-            self._aside_timer = self.loop.call_later(AHEAD_WAIT_S, self._aside_due)
 
     def _hand_over(self, owner, events: list) -> None:
         """Each event to `owner` while it still owns the event's context: checked event by event, since handling
@@ -309,7 +247,7 @@ def _joined(run: list[AudioChunk]) -> AudioChunk:
         return run[0]
     first = run[0]
     return AudioChunk(first.context, np.concatenate([e.pcm for e in run]), first.first_frame,
-                      sum(e.n_frames for e in run), first.t_emitted, first.deadline)
+                      sum(e.n_frames for e in run), first.t_emitted)
 
 
 class _VoiceWaiter:

@@ -8,7 +8,6 @@ RemoteEngines (ipc/remote_engines.py) implements it over the engine processes.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Callable, Protocol, Union
 
@@ -219,10 +218,6 @@ class AudioChunk:
     first_frame: int
     n_frames: int
     t_emitted: float          # time.perf_counter() when the engine handed it over
-    # time.perf_counter() at which the client's player runs dry without this audio, by the engine's count (its
-    # Request.deadline when the frame was made: when its text became ready + the audio before it); a gateway worker
-    # hands out the earliest first. inf: none known (an event made outside an engine)
-    deadline: float = math.inf
 
 
 # A traced context's (ContextParams.trace_latency) engine stages of its first frame, in order: its first text (ids,

@@ -60,7 +60,7 @@ from talkgate.synth.api import (
     seed_fits,
 )
 from talkgate.synth.lane import LANE_SETS
-from talkgate.synth.request import FRAME_S, Request, Status
+from talkgate.synth.request import Request, Status
 from talkgate.synth.scheduler import Scheduler
 
 log = logging.getLogger("talkgate.engine")
@@ -892,8 +892,7 @@ class Engine:
                     req.trace = None
                     self._traced.append(times)
                     self._pending.setdefault(req.client, []).append(times)
-                self._pending.setdefault(req.client, []).append(
-                    AudioChunk(req.context, pcm[i], frame, 1, now, (req.t_ready or now) + frame * FRAME_S))
+                self._pending.setdefault(req.client, []).append(AudioChunk(req.context, pcm[i], frame, 1, now))
                 ends += [(req, end) for end in after]
         for req, end in ends:
             self._end(req, end)
