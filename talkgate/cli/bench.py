@@ -44,6 +44,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--tokens-per-second", type=float, default=d.tokens_per_second,
                    help="native: rate of text deltas, one Qwen token each, as an LLM streams (0: the whole text in "
                    "one message)")
+    p.add_argument("--token-ids", action="store_true",
+                   help="native, streamed: send each token as its id (the text message's ids), as a client whose "
+                   "LLM speaks Qwen's tokenizer")
     p.add_argument("--first-token-delay-ms", type=float, default=d.first_token_delay_ms,
                    help="native: pause between context.start and the first text delta (not part of TTFA)")
     p.add_argument("--voice", help="speaker (default: the server's)")
@@ -90,12 +93,15 @@ def config_from(args: argparse.Namespace, p: argparse.ArgumentParser) -> Config:
         p.error("--ramp must be >= 0 and shorter than --duration")
     if args.tokens_per_second < 0 or args.request_timeout <= 0:
         p.error("--tokens-per-second must be >= 0 and --request-timeout > 0")
+    if args.token_ids and (args.protocol != "native" or args.tokens_per_second == 0):
+        p.error("--token-ids streams a native request's text as token ids: --protocol native, --tokens-per-second > 0")
     return Config(url=args.url.rstrip("/"), protocol=args.protocol,
                   rps=args.rps if args.rps or args.concurrency else 1.0, concurrency=args.concurrency,
                   duration_s=args.duration, requests=args.requests, lang=args.lang, bucket=args.bucket,
                   length=args.length, cancel_share=args.cancel_share, encoding=args.encoding,
                   sample_rate=args.sample_rate or DEFAULT_RATE[args.encoding],
-                  tokens_per_second=args.tokens_per_second, first_token_delay_ms=args.first_token_delay_ms,
+                  tokens_per_second=args.tokens_per_second, token_ids=args.token_ids,
+                  first_token_delay_ms=args.first_token_delay_ms,
                   voice=args.voice, instructions=args.instructions, model=args.model, api_key=args.api_key,
                   max_in_flight=args.max_in_flight,
                   request_timeout_s=args.request_timeout, underrun_tolerance_ms=args.underrun_tolerance_ms,

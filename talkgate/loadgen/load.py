@@ -169,7 +169,7 @@ async def native_request(http: aiohttp.ClientSession, cfg: Config, job: Job, r: 
 
         async def send_text():
             r.text_lag_ms = 0.0
-            deltas = token_deltas(text) if cfg.tokens_per_second > 0 else [text]
+            deltas = text_messages(text, cfg)
             for i, delta in enumerate(deltas):
                 due = t0 + i / cfg.tokens_per_second if i else t0       # one delta when tokens_per_second is 0
                 if i:
@@ -177,7 +177,7 @@ async def native_request(http: aiohttp.ClientSession, cfg: Config, job: Job, r: 
                 async with lock:
                     if state["cancel_sent"] is not None:
                         return
-                    await ws.send_str(json.dumps({"type": "text", "context_id": cid, "text": delta}))
+                    await ws.send_str(json.dumps({"type": "text", "context_id": cid, **delta}))
                 r.text_lag_ms = max(r.text_lag_ms, (now() - due) * 1000)
             async with lock:
                 if state["cancel_sent"] is None:
@@ -500,6 +500,7 @@ class Config:
     encoding: str = "pcm_s16le"
     sample_rate: int = 24000
     tokens_per_second: float = 25.0        # native: LLM tokens (Qwen's) a second; 0: the whole text at once
+    token_ids: bool = False                # native, streamed: each token as its id (`ids`), not its text
     first_token_delay_ms: float = 0.0
     voice: str | None = None
     instructions: str | None = None        # a VoiceDesign model's voice description, or a style to speak in
@@ -600,6 +601,16 @@ async def run_load(cfg: Config) -> dict:
     summary = summarize(cfg, results, wall_s, issue_window, sum(p["peak"] for p in parts),
                         server_numbers(before, after, wall_s, cfg.model), gpu_stats, lags)
     return {"config": asdict(cfg), "summary": summary, "requests": [asdict(r) for r in results]}
+
+
+def text_messages(text: str, cfg: Config) -> list[dict]:
+    """A native request's `text` messages' contents: the whole text (tokens_per_second 0), one Qwen token's text each
+    (as an LLM streams), or one token id each (token_ids: a client whose LLM speaks Qwen's tokenizer)."""
+    if cfg.tokens_per_second <= 0:
+        return [{"text": text}]
+    if cfg.token_ids:
+        return [{"ids": [i]} for i in qwen_tokenizer().encode(text)]
+    return [{"text": delta} for delta in token_deltas(text)]
 
 
 def read_tokenizer(cfg: Config) -> None:

@@ -102,8 +102,8 @@ def markdown(cfg: dict, s: dict) -> str:
     lines = [f"# talkgate load run: {cfg['protocol']}, {cfg['encoding'] if native else 'pcm'}, {load}", "",
              f"url {cfg['url']}; lang {cfg['lang']}; bucket {cfg['bucket']}; length {cfg['length']}; "
              f"cancel share {cfg['cancel_share']}; duration {cfg['duration_s']} s; seed {cfg['seed']}"
-             + (f"; {cfg['tokens_per_second']} tokens/s, first token after {cfg['first_token_delay_ms']} ms"
-                if native else ""), "",
+             + (f"; {cfg['tokens_per_second']} tokens/s{' as token ids' if cfg.get('token_ids') else ''}, first "
+                f"token after {cfg['first_token_delay_ms']} ms" if native else ""), "",
              f"**{'CLEAN' if s['clean'] else 'NOT CLEAN'}** (clean: no errors, no underruns, p95 TTFA <= "
              f"{cfg['ttfa_limit_ms']:.0f} ms)", ""]
     srv, gpu, lag = s["server"], s["gpu"], s["client_loop_lag_ms"]

@@ -167,9 +167,16 @@ class NativeProtocol(SocketProtocol):
         return Reference(clip.samples.tobytes(), ref_text)
 
     def _on_text(self, msg: dict) -> list[Action]:
+        """A text delta: `text`, or `ids` (token ids of Qwen's tokenizer, from a client whose LLM speaks it)."""
         cid = self._context_id(msg)
-        text = field_of(msg, "text", str, context_id=cid, required=True)
-        return self._wire(self.session.append(cid, text))
+        if msg.get("ids") is None:
+            return self._wire(self.session.append(cid, field_of(msg, "text", str, context_id=cid, required=True)))
+        if msg.get("text") is not None:
+            raise SessionError("invalid_message", "a text message carries text or ids, not both", cid)
+        ids = field_of(msg, "ids", list, context_id=cid)
+        if not all(type(i) is int for i in ids):
+            raise SessionError("invalid_message", "field 'ids' holds integers only (token ids)", cid)
+        return self._wire(self.session.append_ids(cid, ids))
 
     def _on_flush(self, msg: dict) -> list[Action]:
         return self._wire(self.session.end_text(self._context_id(msg)))

@@ -167,6 +167,7 @@ class _Context:
     params: ContextParams | None = None     # its OpenContext's, until then
     model: str | None = None        # the served model it runs on
     text_chars: int = 0
+    by_ids: bool | None = None      # its text came as token ids (append_ids), as text (append), or none yet
     t_first_text: float | None = None
     ttfa_ms: float | None = None
     t_first_audio: float | None = None
@@ -333,29 +334,65 @@ class Session:
     def append(self, context_id: str, text: str, whole: bool = False) -> list:
         """Text for a context (started here if it is not yet); `whole`: it is all of the context's text (see
         whole_text), tokenized in one encoding."""
+        out, ctx = self._taking(context_id, False if text else None)
+        if not text:
+            return out
+        if failed := self._counted(ctx, text):
+            return out + failed
+        try:
+            ids = ctx.tokenizer.whole(text) if whole else ctx.tokenizer.feed(text)
+        except Exception:
+            self._end(ctx, "failed")
+            raise
+        self._text(ctx, AppendText(ctx.context, tuple(ids), text_seconds(text)))
+        if ids:                                     # the second token: frame 1 can follow a held frame 0
+            out += self._released(ctx)
+        return out
+
+    def append_ids(self, context_id: str, ids: list[int]) -> list:
+        """Token ids for a context (started here if it is not yet), made by a client whose LLM speaks Qwen's
+        tokenizer: committed at once, where text waits for the proof that its last token is whole (the next delta,
+        a word later for English). A context takes token ids or text, not both; the limits count the ids' text."""
+        out, ctx = self._taking(context_id, True if ids else None)
+        if not ids:
+            return out
+        try:
+            text = ctx.tokenizer.take_ids(ids)
+        except ValueError as e:                     # not this model's text tokens: the context goes on
+            raise SessionError("invalid_params", f"ids: {e}", context_id) from None
+        if failed := self._counted(ctx, text):
+            return out + failed
+        self._text(ctx, AppendText(ctx.context, tuple(ids), text_seconds(text)))
+        return out + self._released(ctx)
+
+    def _taking(self, context_id: str, by_ids: bool | None) -> tuple[list, _Context]:
+        """The context that takes more text (started here if it is not yet: its events), open, and taking text
+        the way it took it before: as token ids (`by_ids` True) or as text (False; None: nothing this time)."""
         out = [] if context_id in self._by_id else self.start(context_id)
         ctx = self._by_id[context_id]
         if ctx.state is not State.OPEN:
             raise SessionError("context_closed", f"context {context_id!r} was flushed: start a new context "
                                "for more text", context_id)
+        if by_ids is not None:
+            if ctx.by_ids not in (None, by_ids):
+                raise SessionError("invalid_params", f"context {context_id!r} takes "
+                                   f"{'token ids' if ctx.by_ids else 'text'}: a context takes text or token ids, "
+                                   "not both", context_id)
+            ctx.by_ids = by_ids
+        return out, ctx
+
+    def _counted(self, ctx: _Context, text: str) -> list:
+        """`text` counted against the context's limit and the client's account: [] when it may go on, else the
+        context's failure."""
         if ctx.text_chars + len(text) > self.limits.max_text_chars:
-            return out + self._fail(ctx, "text_too_long", "text of one context is limited to "
-                                    f"{self.limits.max_text_chars} characters")
-        if text and (refused := self.account.characters(ctx.stream, len(text))) is not None:
-            return out + self._fail(ctx, refused.code, refused.message)
-        if text:
-            ctx.text_chars += len(text)
-            if ctx.t_first_text is None:
-                ctx.t_first_text = self.clock()
-            try:
-                ids = ctx.tokenizer.whole(text) if whole else ctx.tokenizer.feed(text)
-            except Exception:
-                self._end(ctx, "failed")
-                raise
-            self._text(ctx, AppendText(ctx.context, tuple(ids), text_seconds(text)))
-            if ids:                                     # the second token: frame 1 can follow a held frame 0
-                out += self._released(ctx)
-        return out
+            return self._fail(ctx, "text_too_long", "text of one context is limited to "
+                              f"{self.limits.max_text_chars} characters")
+        if (refused := self.account.characters(ctx.stream, len(text))) is not None:
+            return self._fail(ctx, refused.code, refused.message)
+        ctx.text_chars += len(text)
+        if ctx.t_first_text is None:
+            ctx.t_first_text = self.clock()
+        return []
 
     def whole_text(self, context_id: str, text: str) -> list:
         """A context's whole text at once (an HTTP request's): append and end_text, its ids one encoding of the
@@ -570,9 +607,11 @@ class Session:
     @staticmethod
     def _lone_first(ctx: _Context) -> bool:
         """Its one token id so far was committed by its own delta, nothing after it pending: the second token comes
-        with a later delta only, so frame 1 is that far behind frame 0."""
+        with a later delta only, so frame 1 is that far behind frame 0. Not a context of token ids: its second id
+        is the client's next one, a token's interval later (40 ms at 25 tokens a second, within frame 0's 80 ms),
+        where text's second token may wait for two more deltas to prove it whole."""
         return (ctx.text_tokens == 1 and ctx.state is State.OPEN and not ctx.boundaries
-                and not ctx.tokenizer.pending)
+                and not ctx.tokenizer.pending and not ctx.by_ids)
 
     def _first_audio(self, ctx: _Context, events: list, now: float) -> None:
         """The context's first audio goes to the client now (with `events`): its FirstAudio, timed now."""

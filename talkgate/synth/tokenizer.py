@@ -112,6 +112,7 @@ class QwenTokenizer:
         self.text_tok.decoder = tokenizer.decoder
         # the BPE vocabulary (byte-level strings) in order, for prefix look-ups by bisection
         self.sorted_vocab = sorted(self.text_tok.get_vocab())
+        self.text_vocab_size = self.text_tok.get_vocab_size()     # ids below it are text; the added tokens are not
         self.longest_token = max(map(len, self.sorted_vocab), default=0)
         self._bpe: dict[str, tuple[str, ...]] = {}     # bpe(): byte-level word -> its tokens
         self._letters: dict[str, bool] = {}            # _letter(): character -> continues a run of letters
@@ -386,6 +387,20 @@ class StreamingTokenizer:
         self.pending = ""
         self.waiting = True
         return ids
+
+    def take_ids(self, ids: list[int]) -> str:
+        """Token ids a client made with Qwen's tokenizer (its LLM speaks it), committed as they are -> their text
+        (byte-level tokens may split a character: its bytes decode as U+FFFD). TokenizerError for an id that is not
+        text (outside the vocabulary, or an added or special token) or where text is held back (ids after text
+        of the same segment would cut it where its BPE would not)."""
+        if self.pending:
+            raise TokenizerError("token ids cannot follow text still held back: flush the text first")
+        size = self.tokenizer.text_vocab_size
+        bad = next((i for i in ids if not 0 <= i < size), None)
+        if bad is not None:
+            raise TokenizerError(f"token id {bad} is not a text token of this model's tokenizer (0 to {size - 1})")
+        self.waiting = self.waiting and not ids
+        return self.tokenizer.decode(ids)
 
     def whole(self, text: str) -> list[int]:
         """feed(text) + finish() where `text` is all there is (nothing fed before it, an HTTP request's text): one

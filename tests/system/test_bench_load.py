@@ -35,7 +35,8 @@ def _run(server, tmp_path, *argv) -> tuple[int, dict, list[dict]]:
 
 @pytest.mark.parametrize("argv", [["--protocol", "openai"],
                                   ["--protocol", "native", "--encoding", "opus", "--tokens-per-second", "50"],
-                                  ["--protocol", "native", "--tokens-per-second", "0"]])     # the whole text at once
+                                  ["--protocol", "native", "--tokens-per-second", "0"],      # the whole text at once
+                                  ["--protocol", "native", "--tokens-per-second", "50", "--token-ids"]])
 def test_short_run_against_a_real_server(server, tmp_path, argv):
     rc, summary, requests = _run(server, tmp_path, *argv, "--concurrency", "2", "--requests", "4",
                                  "--cancel-share", "0.5", "--seed", "3", "--warmup", "1")

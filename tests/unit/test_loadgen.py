@@ -60,6 +60,16 @@ def test_token_deltas_are_the_qwen_tokens_of_the_text():
             assert len(measure.token_deltas(p["text"])) == len(tokenizer.encode(p["text"]))
 
 
+def test_a_native_requests_text_messages_are_the_text_its_tokens_or_their_ids():
+    from dataclasses import replace
+    cfg = load.Config(url="http://x", protocol="native")
+    text = "Hello there, friend."
+    assert load.text_messages(text, cfg) == [{"text": d} for d in ["Hello", " there", ",", " friend", "."]]
+    assert load.text_messages(text, replace(cfg, tokens_per_second=0)) == [{"text": text}]
+    ids = load.text_messages(text, replace(cfg, token_ids=True))
+    assert ids == [{"ids": [i]} for i in measure.qwen_tokenizer().encode(text)] and len(ids) == 5
+
+
 def test_jobs_are_seeded_and_cancel_share_holds():
     cfg = load.Config(cancel_share=0.3, bucket="short", lang="en", seed=1)
     jobs = list(itertools.islice(load.job_stream(cfg, random.Random(1)), 2000))
