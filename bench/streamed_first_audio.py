@@ -39,11 +39,8 @@ def deltas_of(text: str, pacing: str) -> list[dict]:
     """The `text` messages' contents: a character, a token's text or a token id each."""
     if pacing.startswith("character"):
         return [{"text": ch} for ch in text]
-    if pacing.startswith("ids"):
-        from talkgate.loadgen.measure import qwen_tokenizer
-        return [{"ids": [i]} for i in qwen_tokenizer().encode(text)]
-    from talkgate.loadgen.measure import token_deltas
-    return [{"text": d} for d in token_deltas(text)]
+    from talkgate.loadgen.measure import token_messages
+    return token_messages(text, ids=pacing.startswith("ids"))
 
 
 async def one(session: aiohttp.ClientSession, url: str, deltas: list[dict], interval: float, language: str,

@@ -36,7 +36,7 @@ from talkgate.loadgen import prompts as prompt_set
 from talkgate.loadgen import report
 from talkgate.loadgen.measure import (
     HEADER, histogram_delta, opus_packet_ms, parse_audio_header, parse_prometheus, poisson_arrivals, qwen_tokenizer,
-    simulate_player, stats, token_deltas,
+    simulate_player, stats, token_messages,
 )
 from talkgate.synth.request import frames_for_text   # the engine's documented text-length rule
 from talkgate.system import descriptors, heap
@@ -606,11 +606,7 @@ async def run_load(cfg: Config) -> dict:
 def text_messages(text: str, cfg: Config) -> list[dict]:
     """A native request's `text` messages' contents: the whole text (tokens_per_second 0), one Qwen token's text each
     (as an LLM streams), or one token id each (token_ids: a client whose LLM speaks Qwen's tokenizer)."""
-    if cfg.tokens_per_second <= 0:
-        return [{"text": text}]
-    if cfg.token_ids:
-        return [{"ids": [i]} for i in qwen_tokenizer().encode(text)]
-    return [{"text": delta} for delta in token_deltas(text)]
+    return token_messages(text, cfg.token_ids) if cfg.tokens_per_second > 0 else [{"text": text}]
 
 
 def read_tokenizer(cfg: Config) -> None:

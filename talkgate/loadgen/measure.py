@@ -95,6 +95,14 @@ def token_deltas(text: str) -> list[str]:
     return [text[a:b] for a, b in itertools.pairwise(bounds) if b > a]
 
 
+def token_messages(text: str, ids: bool = False) -> list[dict]:
+    """The native `text` messages of `text` streamed a token a message: each token's text (token_deltas), or with
+    `ids` each token id (a client whose LLM speaks Qwen's tokenizer)."""
+    if ids:
+        return [{"ids": [i]} for i in qwen_tokenizer().encode(text)]
+    return [{"text": delta} for delta in token_deltas(text)]
+
+
 def simulate_player(chunks: list[tuple[float, float]], tolerance_ms: float = 1.0) -> tuple[int, float, float | None]:
     """Underruns of a real-time player that starts playing the first chunk the moment it arrives.
     chunks: (arrival_ms, duration_ms) in arrival order. When the player has played everything it has,

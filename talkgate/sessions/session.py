@@ -363,7 +363,7 @@ class Session:
         if failed := self._counted(ctx, text):
             return out + failed
         self._text(ctx, AppendText(ctx.context, tuple(ids), text_seconds(text)))
-        return out + self._released(ctx)
+        return out                                  # nothing held: an ids context's frame 0 never is (_lone_first)
 
     def _taking(self, context_id: str, by_ids: bool | None) -> tuple[list, _Context]:
         """The context that takes more text (started here if it is not yet: its events), open, and taking text

@@ -391,10 +391,8 @@ class StreamingTokenizer:
     def take_ids(self, ids: list[int]) -> str:
         """Token ids a client made with Qwen's tokenizer (its LLM speaks it), committed as they are -> their text
         (byte-level tokens may split a character: its bytes decode as U+FFFD). TokenizerError for an id that is not
-        text (outside the vocabulary, or an added or special token) or where text is held back (ids after text
-        of the same segment would cut it where its BPE would not)."""
-        if self.pending:
-            raise TokenizerError("token ids cannot follow text still held back: flush the text first")
+        text (outside the vocabulary, or an added or special token). Not after text of the same context: the session
+        takes one or the other (Session.append_ids)."""
         size = self.tokenizer.text_vocab_size
         bad = next((i for i in ids if not 0 <= i < size), None)
         if bad is not None:
