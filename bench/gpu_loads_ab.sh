@@ -12,7 +12,9 @@
 #            (default 512; "512 1024" say) that many native Opus 48-kHz streams started over 2 s, medium texts, 14 s,
 #            STREAM_RUNS times (default 1), a client process a 128 streams; STREAM_TREES (default "before after"):
 #            which trees, each but `after` (this one) from .e2e/NAME; each run's pauses by bench/stalls.py; PYSPY=1:
-#            py-spy (100 Hz, 8 s, not pausing them) of the engine process and two workers in each count's last run;
+#            one more run (NAME-profiled, not one of the STREAM_RUNS) with py-spy (100 Hz, 8 s, --nonblocking) of the
+#            engine process and two workers: a profiled run is not a measurement (on 2026-12-02 its 150-ms pauses
+#            were 1,037-1,330 against 59-152 unprofiled, all within py-spy's 8 s);
 #            STREAM_SERVE_ARGS: more flags of `talkgate serve` (--max-batch 512 beside 1,024 slots: the graphs of 512)
 #   setsid bash bench/gpu_loads_ab.sh > /tmp/loads-ab.out 2>&1 < /dev/null &     # about 25 minutes on a fresh H200
 BENCH=${BENCH:-loads-ab}
@@ -65,9 +67,10 @@ if [[ $parts == *" streams "* ]]; then
     # shellcheck disable=SC2086
     start_in "$dir" "$which-0.6b" 8081 -- --model /tmp/ck-0.6b --max-contexts "$slots" ${STREAM_SERVE_ARGS:-}
     for streams in $counts; do
-      for run in $(seq "${STREAM_RUNS:-1}"); do
+      runs=$(seq "${STREAM_RUNS:-1}"); [ "${PYSPY:-0}" = 1 ] && runs="$runs profiled"
+      for run in $runs; do
         name=$which-0.6b-c$streams-$run
-        [ "${PYSPY:-0}" = 1 ] && [ "$run" = "${STREAM_RUNS:-1}" ] && { sleep 8; profile "$name"; } &
+        [ "$run" = profiled ] && { sleep 8; profile "$name"; } &
         load 8081 "$name" --protocol native --encoding opus --concurrency "$streams" \
           --duration 14 --ramp 2 --processes "$((streams / 128))" --ttfa-limit-ms 150
         wait
