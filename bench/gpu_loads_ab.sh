@@ -15,7 +15,9 @@
 #            one more run (NAME-profiled, not one of the STREAM_RUNS) with py-spy (100 Hz, 8 s, --nonblocking) of the
 #            engine process and two workers: a profiled run is not a measurement (on 2026-12-02 its 150-ms pauses
 #            were 1,037-1,330 against 59-152 unprofiled, all within py-spy's 8 s);
-#            STREAM_SERVE_ARGS: more flags of `talkgate serve` (--max-batch 512 beside 1,024 slots: the graphs of 512)
+#            STREAM_SERVE_ARGS: more flags of `talkgate serve` (--max-batch 512 beside 1,024 slots: the graphs of 512);
+#            then on the same server STREAMED_TEXT (LANG:RPS each, say "zh:20 en:20"; default none): native PCM, medium
+#            texts streamed at 25 tokens a second, open loop, 15 s (first audio of streamed text, as in issue 45)
 #   setsid bash bench/gpu_loads_ab.sh > /tmp/loads-ab.out 2>&1 < /dev/null &     # about 25 minutes on a fresh H200
 BENCH=${BENCH:-loads-ab}
 . "$(dirname "$0")/gpu_serve.sh"
@@ -77,6 +79,10 @@ if [[ $parts == *" streams "* ]]; then
         python3 -m bench.stalls "$res/$name/requests.json" > "$res/$name-stalls.md"
         log "$which run $run of $streams: $(head -1 "$res/$name-stalls.md")"
       done
+    done
+    for lang_rps in ${STREAMED_TEXT:-}; do
+      IFS=: read -r lang rps <<< "$lang_rps"
+      load 8081 "$which-0.6b-$lang-text-rps$rps" --protocol native --lang "$lang" --rps "$rps" --duration 15 --processes 2
     done
     stop "$which-0.6b"
     log "$which-0.6b: $(grep -c 'event loop woke' "$res/$which-0.6b.log") worker loop stalls logged (over 100 ms)"
