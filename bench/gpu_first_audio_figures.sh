@@ -7,11 +7,18 @@
 #      time: zh and ja without punctuation against en, by character, token and token id);
 #   3. 1.7B Base, a voice cloned from a made-up 6 s sample: HTTP PCM at 1 and 20 req/s.
 # Each traced load keeps its requests' traces (trace-NAME.jsonl) and stage budget (budget-NAME.txt).
+# PARTS (default "fixed streamed clone"): which of 1-3 run; STREAMED (default "en:20:2 zh:20:2 en:100:4",
+# LANG:RPS:CLIENT_PROCESSES each): part 2's loads; FIRST_TOKEN_DELAY_MS (default 0): part 2's first delta that long
+# after the context starts (an LLM's first token comes after the turn begins), its loads named ...-delayN.
 #   setsid bash bench/gpu_first_audio_figures.sh > /tmp/fa.out 2>&1 < /dev/null &     # about 11 minutes fresh
 BENCH=${BENCH:-first-audio}
 . "$(dirname "$0")/gpu_serve.sh"
+parts=" ${PARTS:-fixed streamed clone} "
+delay=${FIRST_TOKEN_DELAY_MS:-0}; tag=""; [ "$delay" != 0 ] && tag=-delay$delay
 checkpoints custom_voice base
+if [[ $parts == *" fixed "* || $parts == *" streamed "* ]]; then
 start cv 8081 -- --model /tmp/ck-1.7b-custom_voice --trace-latency "$res/trace.jsonl"
+if [[ $parts == *" fixed "* ]]; then
 nvidia-smi dmon -s pc -d 1 > "$res/dmon-rps1.txt" 2>&1 & dmon=$!
 traced http-rps1 --protocol openai --lang en --rps 1 --duration "${RPS1_S:-60}" --processes 1
 kill "$dmon"
@@ -20,24 +27,31 @@ traced http-rps20 --protocol openai --lang en --rps 20 --duration 15 --processes
 traced opus-rps20 --protocol native --encoding opus --tokens-per-second 0 --lang en --rps 20 --duration 15 \
   --processes 2
 pack
-for run in en:20:2 zh:20:2 en:100:4; do
+fi
+if [[ $parts == *" streamed "* ]]; then
+for run in ${STREAMED:-en:20:2 zh:20:2 en:100:4}; do
   IFS=: read -r lang rps processes <<< "$run"
   for mode in text ids; do
     extra=(); [ "$mode" = ids ] && extra=(--token-ids)
-    traced "$lang-$mode-rps$rps" --protocol native --lang "$lang" --rps "$rps" --duration 15 \
-      --processes "$processes" "${extra[@]}"
+    traced "$lang-$mode-rps$rps$tag" --protocol native --lang "$lang" --rps "$rps" --duration 15 \
+      --processes "$processes" --first-token-delay-ms "$delay" "${extra[@]}"
   done
   pack
 done
-traced en-ids-opus-rps20 --protocol native --encoding opus --lang en --rps 20 --duration 15 --processes 2 --token-ids
+traced "en-ids-opus-rps20$tag" --protocol native --encoding opus --lang en --rps 20 --duration 15 --processes 2 \
+  --first-token-delay-ms "$delay" --token-ids
 timeout 240 python3 -m bench.streamed_first_audio --url ws://127.0.0.1:8081 --runs 2 --start-gap-ms 50 \
   > "$res/streamed-first-audio.md" 2>&1
 tee -a "$res/progress" < "$res/streamed-first-audio.md"
+fi
 stop cv
 pack
+fi
+if [[ $parts == *" clone "* ]]; then
 start base 8081 -- --model /tmp/ck-1.7b-base --trace-latency "$res/trace.jsonl" --voice-store /tmp/voices-fa
 clone_voice 8081 speaker1
 traced clone-rps1 --protocol openai --lang en --rps 1 --duration 30 --processes 1 --voice speaker1
 traced clone-rps20 --protocol openai --lang en --rps 20 --duration 15 --processes 2 --voice speaker1
 stop base
+fi
 log "done"; pack
