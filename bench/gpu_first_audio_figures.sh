@@ -15,8 +15,8 @@ BENCH=${BENCH:-first-audio}
 . "$(dirname "$0")/gpu_serve.sh"
 parts=" ${PARTS:-fixed streamed clone} "
 delay=${FIRST_TOKEN_DELAY_MS:-0}; tag=""; [ "$delay" != 0 ] && tag=-delay$delay
-checkpoints custom_voice base
 if [[ $parts == *" fixed "* || $parts == *" streamed "* ]]; then
+checkpoints custom_voice
 start cv 8081 -- --model /tmp/ck-1.7b-custom_voice --trace-latency "$res/trace.jsonl"
 if [[ $parts == *" fixed "* ]]; then
 nvidia-smi dmon -s pc -d 1 > "$res/dmon-rps1.txt" 2>&1 & dmon=$!
@@ -48,6 +48,7 @@ stop cv
 pack
 fi
 if [[ $parts == *" clone "* ]]; then
+checkpoints base
 start base 8081 -- --model /tmp/ck-1.7b-base --trace-latency "$res/trace.jsonl" --voice-store /tmp/voices-fa
 clone_voice 8081 speaker1
 traced clone-rps1 --protocol openai --lang en --rps 1 --duration 30 --processes 1 --voice speaker1
