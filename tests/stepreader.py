@@ -12,7 +12,7 @@ def read_steps(sock, reader: channel.Reader, out: channel.Outgoing, frames: dict
         for parts in reader.messages():
             if bytes(parts[0]) != wire.STEP:
                 continue
-            seq, _, _, contexts, got, _, finished, _ = wire.read_step(parts[1], parts[2])
+            seq, _, _, _, contexts, got, _, finished, _ = wire.read_step(parts[1], parts[2])
             for context, frame in zip(contexts.tolist(), got.tolist()):
                 frames.setdefault(context, []).append(frame)
             for end in finished:

@@ -394,12 +394,12 @@ class RemoteEngines:
 
     def _step(self, engine: _Engine, header, pcm, events: list) -> None:
         """One STEP's events onto `events`, in order."""
-        seq, t, free, contexts, frames, rows, ends, voices = wire.read_step(header, pcm)
+        seq, t, step_s, free, contexts, frames, rows, ends, voices = wire.read_step(header, pcm)
         engine.free, engine.opened = free, 0
         if self.on_delivery is not None and len(contexts):
             self.on_delivery(time.perf_counter() - t)
         contexts = contexts.tolist()
-        events += [AudioChunk(context, rows[i], int(frames[i]), 1, t) for i, context in enumerate(contexts)]
+        events += [AudioChunk(context, rows[i], int(frames[i]), 1, t, step_s) for i, context in enumerate(contexts)]
         with self._lock:
             for context in self._unplaced.keys() & contexts:    # a first event: placed for good
                 del self._unplaced[context]

@@ -12,8 +12,8 @@ Worker -> engine (each worker's own connection to the engine process):
 Engine -> worker:
     WELCOME   [b"W", msgpack(dict)]      engine index, incarnation (its pid), ModelInfo, checkpoint directory,
                                          its stats (state, free slots: a worker can place at once)
-    STEP      [b"S", msgpack([seq, t_emitted, free_slots, contexts int64 bytes, frames int32 bytes, ends,
-                         voices]),
+    STEP      [b"S", msgpack([seq, t_emitted, step_s, free_slots, contexts int64 bytes, frames int32 bytes,
+                         ends, voices]),
                pcm float32 bytes [rows * 1920]]             one per engine step per worker that has events;
                                                             ends: [[context, DONE, reason, frames] |
                                                                    [context, FAILED, code, message] |
@@ -185,16 +185,17 @@ def step_message(seq: int, free_slots: int, events: list[EngineEvent]) -> list:
     contexts = np.fromiter((c.context for c in chunks), np.int64, n)
     frames = np.fromiter((c.first_frame for c in chunks), np.int32, n)
     pcm = np.stack([c.pcm for c in chunks]) if n else np.zeros((0, FRAME_SAMPLES), np.float32)
-    t = chunks[0].t_emitted if n else 0.0
-    header = _pack([seq, t, free_slots, contexts.tobytes(), frames.tobytes(), ends, voices])
+    t, step_s = (chunks[0].t_emitted, chunks[0].step_s) if n else (0.0, 0.0)
+    header = _pack([seq, t, step_s, free_slots, contexts.tobytes(), frames.tobytes(), ends, voices])
     return [STEP, header, pcm]
 
 
-def read_step(header, pcm) -> tuple[int, float, int, np.ndarray, np.ndarray, np.ndarray, list, list]:
-    """(seq, t_emitted, free_slots, contexts, frames, pcm [rows, 1920] (a view of `pcm`), ends, voices)."""
-    seq, t, free, contexts, frames, ends, voices = _unpack(header)
+def read_step(header, pcm) -> tuple[int, float, float, int, np.ndarray, np.ndarray, np.ndarray, list, list]:
+    """(seq, t_emitted, step_s, free_slots, contexts, frames, pcm [rows, 1920] (a view of `pcm`), ends, voices)."""
+    seq, t, step_s, free, contexts, frames, ends, voices = _unpack(header)
     rows = np.frombuffer(pcm, np.float32).reshape(-1, FRAME_SAMPLES)
-    return seq, t, free, np.frombuffer(contexts, np.int64), np.frombuffer(frames, np.int32), rows, ends, voices
+    return (seq, t, step_s, free, np.frombuffer(contexts, np.int64), np.frombuffer(frames, np.int32), rows, ends,
+            voices)
 
 
 def end_event(end: list) -> EngineEvent:

@@ -247,7 +247,7 @@ def _joined(run: list[AudioChunk]) -> AudioChunk:
         return run[0]
     first = run[0]
     return AudioChunk(first.context, np.concatenate([e.pcm for e in run]), first.first_frame,
-                      sum(e.n_frames for e in run), first.t_emitted)
+                      sum(e.n_frames for e in run), first.t_emitted, first.step_s)
 
 
 class _VoiceWaiter:

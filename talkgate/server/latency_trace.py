@@ -18,7 +18,7 @@ the engine's socket); `received` the step's events reached the worker's event lo
 that encoded the first audio returned; `written` its bytes were handed to the socket. `opened` is the read time of
 the message that started the context: before `read` when its text came later (streamed text). `model`: the served
 model the context was routed to (OpenContext.model; null for the default). `held_ms`: how long the first audio was
-kept after the call that received it (a first token committed alone: sessions/session.py FIRST_HOLD_S; also a tempo
+kept after the call that received it (a first token committed alone: sessions/session.py first_hold_s; also a tempo
 stretcher's first frame that made no audio yet, or Twilio's playback queue behind another context), 0 when it went
 out with that call; `encoded` is then the return of the later call that let it out (a later text delta, the session's
 tick), so `received` -> `encoded` holds `held_ms`.
@@ -119,7 +119,7 @@ class LinkTrace:
 
     def handled(self) -> None:
         """The protocol's call for an engine event returned: a trace still being encoded let no audio out (its
-        session keeps it: sessions/session.py FIRST_HOLD_S); a later call's Send of its stream completes it."""
+        session keeps it: sessions/session.py first_hold_s); a later call's Send of its stream completes it."""
         t, self.encoding = self.encoding, None
         if t is not None and not t.kept_at:
             t.kept_at = self.t_return

@@ -45,6 +45,16 @@ PLAYER_TOLERANCE_S = 0.001      # a player's stall shorter than this is not an u
 # frame 0 of a first token committed alone by its delta waits this long for the second token: one delta at an LLM's
 # 25 tokens/s, so the hold ends no later than a first token committed by the next delta would have had its audio
 FIRST_HOLD_S = 0.04
+# ... or, while the engine's steps are long, this many of them (at most FIRST_HOLD_MAX_S): the second token comes with
+# the third delta, a delta after a second word's, and frame 1 then waits for a step boundary, a step of the whole
+# batch and the hand-over, so under load 40 ms ends before frame 1 can follow (docs/design.md)
+FIRST_HOLD_STEPS = 5
+FIRST_HOLD_MAX_S = 0.1
+
+
+def first_hold_s(step_s: float) -> float:
+    """How long a lone first token's frame 0 waits at most, the engine's step being `step_s` seconds long."""
+    return min(FIRST_HOLD_MAX_S, max(FIRST_HOLD_S, FIRST_HOLD_STEPS * step_s))
 
 
 @dataclass(frozen=True)
@@ -222,8 +232,9 @@ class Session:
     A first token committed alone by its delta (nothing pending after it: "好的") lets the engine speak frame 0 at
     once, while frame 1 needs the second token, a delta and a step later: a player fed frame 0 alone runs dry. So
     that frame's audio is held (its AudioOut and FirstAudio events not returned yet) until the second token is
-    committed, the text ends or is flushed, the engine says more of that context, or FIRST_HOLD_S pass: `tick()`
-    returns what is due, `due_in()` says when the I/O layer must call it."""
+    committed, the text ends or is flushed, the engine says more of that context, or first_hold_s() of the engine's
+    step passes (FIRST_HOLD_S, longer under load): `tick()` returns what is due, `due_in()` says when the I/O layer
+    must call it."""
 
     def __init__(self, info: ModelInfo, limits: Limits, new_tokenizer: Callable[[], object],
                  defaults: ContextConfig | None = None, observer: Observer | None = None,
@@ -473,7 +484,7 @@ class Session:
             self._end(ctx, "disconnected")
 
     def tick(self) -> list[SessionEvent]:
-        """The held first audio whose FIRST_HOLD_S has passed (the I/O layer calls this once due_in() says so)."""
+        """The held first audio whose hold (first_hold_s) has passed (the I/O layer calls this once due_in() says so)."""
         if not self._holding:
             return []
         now = self.clock()
@@ -598,7 +609,7 @@ class Session:
         self.observer.audio(chunk.n_frames)
         if ctx.ttfa_ms is None and events:
             if self._lone_first(ctx):
-                ctx.first_held, ctx.hold_until = events, now + FIRST_HOLD_S
+                ctx.first_held, ctx.hold_until = events, now + first_hold_s(chunk.step_s)
                 self._holding[ctx.stream] = ctx
                 return []
             self._first_audio(ctx, events, now)

@@ -880,7 +880,7 @@ class Engine:
 
     def _emit_frames(self, step, frames: list[tuple]) -> None:
         pcm = self.runner.audio_of(step).copy()                 # one copy; each chunk is a row of it
-        now = time.perf_counter()
+        now, step_s = time.perf_counter(), self._step_ms_last / 1000
         ends = []
         with self._lock:
             for i, req, frame, after in frames:
@@ -892,7 +892,7 @@ class Engine:
                     req.trace = None
                     self._traced.append(times)
                     self._pending.setdefault(req.client, []).append(times)
-                self._pending.setdefault(req.client, []).append(AudioChunk(req.context, pcm[i], frame, 1, now))
+                self._pending.setdefault(req.client, []).append(AudioChunk(req.context, pcm[i], frame, 1, now, step_s))
                 ends += [(req, end) for end in after]
         for req, end in ends:
             self._end(req, end)

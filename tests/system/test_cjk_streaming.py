@@ -68,11 +68,12 @@ def test_chinese_character_by_character_is_heard_before_the_flush(server):
 
 def test_a_first_token_committed_alone_is_held_briefly_not_until_the_text_ends(server):
     """"好的" commits its one token on its own delta: the server holds frame 0 for the second token
-    (sessions/session.py FIRST_HOLD_S), and with no more text its loop timer lets it out about 40 ms later, not
-    at the flush a second later nor at the Link's 250-ms watch. Measured against contexts whose first delta "好的，"
+    (sessions/session.py first_hold_s: 40 ms, up to 100 while the engine's steps are long, as the CPU engine's are),
+    and with no more text its loop timer lets it out then, not at the flush a second later nor at the Link's 250-ms
+    watch. Measured against contexts whose first delta "好的，"
     commits the same token with "，" pending (never held; the engine makes the same frame 0 alone), on the same
     connection, in turns."""
-    from talkgate.sessions.session import FIRST_HOLD_S
+    from talkgate.sessions.session import FIRST_HOLD_MAX_S, FIRST_HOLD_S
 
     async def first_audio_s(ws, cid: str, text: str) -> tuple[float, bool]:
         """Seconds from the text to the context's first audio; whether it came before the flush (sent after
@@ -118,4 +119,4 @@ def test_a_first_token_committed_alone_is_held_briefly_not_until_the_text_ends(s
     extra_ms = 1e3 * (held[ROUNDS // 2] - unheld[ROUNDS // 2])
     print(f"first audio, median of {ROUNDS}: never held {1e3 * unheld[ROUNDS // 2]:.0f} ms, held "
           f"{1e3 * held[ROUNDS // 2]:.0f} ms (+{extra_ms:.0f})")
-    assert 0.75 * FIRST_HOLD_S * 1e3 <= extra_ms <= FIRST_HOLD_S * 1e3 + 60, (unheld, held)
+    assert 0.75 * FIRST_HOLD_S * 1e3 <= extra_ms <= FIRST_HOLD_MAX_S * 1e3 + 60, (unheld, held)

@@ -155,6 +155,7 @@ def test_remote_audio_equals_the_in_process_engine(engines, tiny_checkpoint):
             assert owner.events[-1] == ContextDone(1, "length", 12)
             assert [f for e in chunks for f in range(e.first_frame, e.first_frame + e.n_frames)] == list(range(12))
             assert max(e.n_frames for e in chunks) > 1         # a context's frames of several steps joined
+            assert all(0 < e.step_s < 60 for e in chunks)      # the engine's step crossed over with its audio
             refused = Owner()
             client.submit(refused, [OpenContext(2, ContextParams(voice="nobody"))])
             await asyncio.wait_for(refused.done.wait(), 60)

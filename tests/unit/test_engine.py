@@ -56,6 +56,7 @@ def test_fixed_frames_honoured(speaker):
     sink.wait()
     assert [c.first_frame for c in sink.chunks] == list(range(9))
     assert all(c.pcm.shape == (1920,) and c.pcm.dtype == np.float32 for c in sink.chunks)
+    assert all(0 < c.step_s < 60 for c in sink.chunks)     # the engine's step when each was handed over (a hold's scale)
     assert sink.last == ContextDone(sink.last.context, "length", 9)
 
 

@@ -8,7 +8,8 @@ import pytest
 from talkgate.sessions.deepgram import DeepgramProtocol
 from talkgate.sessions.limits import Limits
 from talkgate.sessions.native import NativeProtocol
-from talkgate.sessions.session import FIRST_HOLD_S, AudioOut, ContextError, FlushSpoken, Session
+from talkgate.sessions.session import (FIRST_HOLD_MAX_S, FIRST_HOLD_S, FIRST_HOLD_STEPS, AudioOut, ContextError,
+                                       FlushSpoken, Session, first_hold_s)
 from talkgate.sessions.voices import VoiceMap
 from talkgate.synth.api import AudioChunk, ContextDone, ContextFailed, TextSpoken
 from talkgate.synth.tokenizer import StreamingTokenizer
@@ -21,10 +22,10 @@ def make(tokenizer):
     return session, clock
 
 
-def frame(session: Session, n: int = 0) -> list:
-    """Frame n of the session's only context arrives from the engine."""
+def frame(session: Session, n: int = 0, step_s: float = 0.0) -> list:
+    """Frame n of the session's only context arrives from the engine, whose step takes `step_s`."""
     (context,) = session._by_context
-    return session.on_engine_event(AudioChunk(context, pcm(n), n, 1, 0.0))
+    return session.on_engine_event(AudioChunk(context, pcm(n), n, 1, 0.0, step_s))
 
 
 def kinds(events: list) -> list[str]:
@@ -75,6 +76,34 @@ def test_tick_releases_after_first_hold_s_not_before(tokenizer):
     out = session.tick()
     assert kinds(out) == ["AudioOut", "FirstAudio"] and out[-1].ttfa_ms == pytest.approx(40.0)
     assert session.due_in() is None and session.tick() == []
+
+
+def test_the_hold_grows_with_the_engines_step_between_its_floor_and_its_cap():
+    assert first_hold_s(0.0) == first_hold_s(FIRST_HOLD_S / FIRST_HOLD_STEPS) == FIRST_HOLD_S     # idle, 8-ms steps
+    assert first_hold_s(0.016) == pytest.approx(FIRST_HOLD_STEPS * 0.016)                      # 512 streams
+    assert first_hold_s(0.05) == first_hold_s(5.0) == FIRST_HOLD_MAX_S                           # never longer
+
+
+def test_under_load_the_held_frame_waits_for_the_second_token_past_first_hold_s(tokenizer):
+    """With 16-ms steps frame 0 is held 80 ms: the second token, committed by the third delta 80 ms after the first
+    (less the ~20 ms frame 0 took), lets it out, not the 40-ms floor."""
+    session, clock = make(tokenizer)
+    session.append("a", "好的")
+    session.take_commands()
+    assert frame(session, step_s=0.016) == []
+    assert session.due_in() == pytest.approx(0.08)
+    clock.t += FIRST_HOLD_S
+    assert session.tick() == [] and session.due_in() == pytest.approx(0.04)     # 40 ms on: still held
+    clock.t += 0.02
+    assert session.append("a", "这") == []
+    out = session.append("a", "次会")                        # "这次": the second token
+    assert kinds(out) == ["AudioOut", "FirstAudio"] and out[-1].ttfa_ms == pytest.approx(60.0)
+    assert session.due_in() is None and session.tick() == []
+    session, clock = make(tokenizer)                          # no second token: out at the step-scaled bound
+    session.append("a", "好的")
+    frame(session, step_s=0.5)
+    clock.t += FIRST_HOLD_MAX_S
+    assert kinds(session.tick()) == ["AudioOut", "FirstAudio"]
 
 
 def test_the_engines_next_event_releases_the_held_frame_first(tokenizer):

@@ -27,12 +27,12 @@ def test_wire_round_trip():
     assert ack == 7 and [wire.command_from_wire(c) for c in decoded] == cmds
     assert not wire.encodable(wire.command_to_wire(OpenContext(1, ContextParams(fixed_frames=1 << 70))))
     rows = np.random.default_rng(0).standard_normal((3, 1920)).astype(np.float32)
-    events = [AudioChunk(5, rows[0], 0, 1, 1.5), AudioChunk(9, rows[1], 7, 1, 1.5), ContextDone(9, "length", 8),
-              StageTimes(11, [1, 2, 3, 4, 5, 6]), AudioChunk(11, rows[2], 2, 1, 1.5), TextSpoken(11, "length_rule", 3),
+    events = [AudioChunk(5, rows[0], 0, 1, 1.5, 0.016), AudioChunk(9, rows[1], 7, 1, 1.5, 0.016), ContextDone(9, "length", 8),
+              StageTimes(11, [1, 2, 3, 4, 5, 6]), AudioChunk(11, rows[2], 2, 1, 1.5, 0.016), TextSpoken(11, "length_rule", 3),
               ContextFailed(12, "engine_full", "no room"), VoiceMade(4, icl, 12.5), VoiceFailed(5, "invalid_params", "silent")]
     kind, header, pcm = wire.step_message(4, 13, events)
-    seq, t, free, contexts, first, got, ends, voices = wire.read_step(header, memoryview(pcm).cast("B"))
-    assert (kind, seq, t, free) == (wire.STEP, 4, 1.5, 13)
+    seq, t, step_s, free, contexts, first, got, ends, voices = wire.read_step(header, memoryview(pcm).cast("B"))
+    assert (kind, seq, t, step_s, free) == (wire.STEP, 4, 1.5, 0.016, 13)
     assert contexts.tolist() == [5, 9, 11] and first.tolist() == [0, 7, 2]
     np.testing.assert_array_equal(got, rows)
     assert [wire.end_event(e) for e in ends] == [ContextDone(9, "length", 8), StageTimes(11, [1, 2, 3, 4, 5, 6]),
