@@ -190,6 +190,7 @@ class _Context:
                                                     # player waits for the next text there by design, not an underrun
     audio_ms_delivered: float = 0.0     # taken by the client (left the server's socket buffer)
     text_tokens: int = 0                # text token ids handed to the engine
+    lone_first: bool = False            # its first token was committed alone, by its own delta (Session._lone_first)
     boundaries: deque = field(default_factory=deque)    # [pause ms, speed or None] of each flush not yet spoken
     first_held: list | None = None      # frame 0's AudioOuts while held for the second token (Session._audio)
     hold_until: float = 0.0             # ... until then (session clock) at the latest
@@ -355,8 +356,11 @@ class Session:
         except Exception:
             self._end(ctx, "failed")
             raise
+        first = ctx.text_tokens == 0
         self._text(ctx, AppendText(ctx.context, tuple(ids), text_seconds(text)))
-        if ids:                                     # the second token: frame 1 can follow a held frame 0
+        if ids and first:
+            ctx.lone_first = len(ids) == 1 and not ctx.tokenizer.pending
+        elif ids:                                   # the second token: frame 1 can follow a held frame 0
             out += self._released(ctx)
         return out
 
@@ -617,12 +621,13 @@ class Session:
 
     @staticmethod
     def _lone_first(ctx: _Context) -> bool:
-        """Its one token id so far was committed by its own delta, nothing after it pending: the second token comes
-        with a later delta only, so frame 1 is that far behind frame 0. Not a context of token ids: its second id
-        is the client's next one, a token's interval later (40 ms at 25 tokens a second, within frame 0's 80 ms),
-        where text's second token may wait for two more deltas to prove it whole."""
-        return (ctx.text_tokens == 1 and ctx.state is State.OPEN and not ctx.boundaries
-                and not ctx.tokenizer.pending and not ctx.by_ids)
+        """Its one token id so far was committed by its own delta with nothing after it pending (whatever came since
+        and committed nothing): the second token comes with a later delta only, so frame 1 is that far behind frame 0.
+        Judged at the commit, not when frame 0 comes: a frame 0 slower than a delta finds the next delta pending, and
+        its second token is still a delta further off than an English second word's. Never a context of token ids
+        (append_ids): its second id is the client's next one, a token's interval later (40 ms at 25 tokens a second,
+        within frame 0's 80 ms), where text's second token may wait for two more deltas to prove it whole."""
+        return ctx.lone_first and ctx.text_tokens == 1 and ctx.state is State.OPEN and not ctx.boundaries
 
     def _first_audio(self, ctx: _Context, events: list, now: float) -> None:
         """The context's first audio goes to the client now (with `events`): its FirstAudio, timed now."""

@@ -106,6 +106,19 @@ def test_under_load_the_held_frame_waits_for_the_second_token_past_first_hold_s(
     assert kinds(session.tick()) == ["AudioOut", "FirstAudio"]
 
 
+def test_a_delta_that_commits_nothing_before_frame_0_comes_does_not_lift_the_hold(tokenizer):
+    """Frame 0 slower than a delta (a loaded engine): the next delta "这" is pending when it comes, and the second token
+    is still the third delta's. It is held all the same (the lone first token is judged at its commit)."""
+    session, clock = make(tokenizer)
+    session.append("a", "好的")
+    session.take_commands()
+    clock.t += 0.04
+    assert session.append("a", "这") == [] and session._by_id["a"].tokenizer.pending == "这"
+    assert frame(session, step_s=0.016) == [] and session.due_in() == pytest.approx(0.08)
+    clock.t += 0.04
+    assert kinds(session.append("a", "次会")) == ["AudioOut", "FirstAudio"]     # the second token lets it out
+
+
 def test_the_engines_next_event_releases_the_held_frame_first(tokenizer):
     session, _ = held(tokenizer)
     out = frame(session, 1)                                 # frame 1 came anyway: both, in order
