@@ -264,6 +264,8 @@ def lookup(key):
 
 
 class Tokenizer:
+    pending = ""            # what the session reads of a streaming tokenizer besides feed and finish
+
     def feed(self, text):
         return [len(text)]
 
