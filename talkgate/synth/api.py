@@ -218,7 +218,8 @@ class AudioChunk:
     first_frame: int
     n_frames: int
     t_emitted: float          # time.perf_counter() when the engine handed it over
-    step_s: float = 0.0       # the engine's last step then (seconds): about how long a running context's next frame takes
+    step_s: float = 0.0       # the engine's step then (seconds, engine.mean_step_ms): about how long a running context's
+                              # next frame takes
 
 
 # A traced context's (ContextParams.trace_latency) engine stages of its first frame, in order: its first text (ids,

@@ -13,7 +13,7 @@ from talkgate.synth.api import (
     ENGINE_STAGES, AppendText, AudioChunk, CancelContext, ContextDone, ContextFailed, ContextParams, EndText,
     OpenContext, SamplingParams, StageTimes,
 )
-from talkgate.synth.engine import Engine, first_frames_apart
+from talkgate.synth.engine import STEP_MEAN_STEPS, Engine, first_frames_apart, mean_step_ms
 from talkgate.synth.request import text_seconds
 from tests.speaker import Collector, Speaker
 
@@ -58,6 +58,19 @@ def test_fixed_frames_honoured(speaker):
     assert all(c.pcm.shape == (1920,) and c.pcm.dtype == np.float32 for c in sink.chunks)
     assert all(0 < c.step_s < 60 for c in sink.chunks)     # the engine's step when each was handed over (a hold's scale)
     assert sink.last == ContextDone(sink.last.context, "length", 9)
+
+
+def test_chunks_carry_a_running_mean_of_the_step():
+    """A context's frame 0 is handed over after the step that prefilled it, a long one: the step its chunk carries
+    (a lone first token's hold scales with it) moves by an eighth of that step's excess, not to it."""
+    mean = 0.0
+    for steps in range(1, 41):
+        mean = mean_step_ms(mean, 5.0, steps)
+    assert mean == 5.0                                      # the first step sets it; equal steps keep it
+    assert mean_step_ms(mean, 13.0, 41) == pytest.approx(5.0 + 8.0 / STEP_MEAN_STEPS) == pytest.approx(6.0)
+    for steps in range(41, 81):                             # under load it follows the steps (16 ms at 512 streams)
+        mean = mean_step_ms(mean, 16.0, steps)
+    assert mean == pytest.approx(16.0, abs=0.1)
 
 
 def test_streamed_deltas_equal_whole_text(speaker):
