@@ -28,6 +28,8 @@ _WORKER_S_BUCKETS = (.0005, .001, .002, .005, .01, .02, .05, .1, .25, 1)    # a 
 # A wake-up of a worker's loop this late is logged with its time (at most one line a second): every connection of the
 # worker waited that long, and a stream 320 ms ahead of its player runs dry (512 streams on an H200, docs/benchmarks.md)
 LOOP_STALL_S = 0.1
+# the protocol label of every front end (the label each passes to Gateway.new_session)
+PROTOCOLS = ("openai", "native", "elevenlabs", "cartesia", "deepgram", "deepgram_v2", "dashscope", "twilio")
 log = logging.getLogger("talkgate.metrics")
 ENGINE_AUDIO_HELP = "Audio the engine made, seconds (80 ms a codec frame): rate() gives audio seconds per wall second"
 ENGINE_PREFIX_HELP = ("New contexts whose prompt's prefix (its positions but the last: instructions, role, voice) could be "
@@ -59,6 +61,8 @@ class Metrics:
         self.contexts = Gauge("talkgate_contexts_active", "Contexts in flight (all protocols)", registry=r,
                               multiprocess_mode="livesum")
         self.contexts_total = Counter("talkgate_contexts_total", "Contexts started", ["protocol"], registry=r)
+        for protocol in PROTOCOLS:          # each at 0 from the start: a series made by a context costs it 0.1 ms
+            self.contexts_total.labels(protocol)
         self.ttfa = Histogram("talkgate_ttfa_ms", "Text ready to first audio sent, ms", buckets=_MS_BUCKETS, registry=r)
         self.frames = Counter("talkgate_frames_total", "Codec frames (80 ms) delivered", registry=r)
         self.audio_seconds = Counter("talkgate_audio_seconds_total", "Audio delivered, seconds", registry=r)

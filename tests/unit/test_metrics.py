@@ -161,3 +161,21 @@ def test_a_stalled_worker_loop_is_logged_with_its_lateness_once_a_second(caplog)
     lag = parse_prometheus(metrics.render().decode())
     bucket = lambda le: lag[("talkgate_event_loop_lag_seconds_bucket", (("le", le), ("worker", "3")))]
     assert bucket("0.25") - bucket("0.1") >= 2                 # both stalls observed
+
+
+def test_every_protocols_context_count_is_there_at_zero_from_the_start():
+    """A worker's first context of a protocol does not make its series (0.1 ms in a multiprocess registry on the
+    first audio's path): each front end's label is made with the Metrics, and each label a front end passes to
+    Gateway.new_session is one of them."""
+    import pathlib
+    import re
+
+    import talkgate.server
+    from talkgate.server.metrics import PROTOCOLS
+
+    series = parse_prometheus(Metrics().render().decode())
+    assert {dict(labels)["protocol"]: v for (name, labels), v in series.items()
+            if name == "talkgate_contexts_total"} == dict.fromkeys(PROTOCOLS, 0.0)
+    source = "".join(p.read_text() for p in pathlib.Path(talkgate.server.__file__).parent.glob("*.py"))
+    used = set(re.findall(r'new_session\("(\w+)"', source)) | set(re.findall(r'label = "(\w+)"', source))
+    assert used == set(PROTOCOLS)
