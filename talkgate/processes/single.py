@@ -38,8 +38,11 @@ def load_engine(model: str, device: str, dtype: str | None, decoder_dtype: str |
 
 
 def _start(engine, warmup_stall_s: float) -> None:
+    from talkgate.processes.worker import warm_gateway
+
     with WarmupWatchdog(engine.runner, warmup_stall_s, "engine"):
         engine.start()
+    warm_gateway(engine)            # the gateway's first uses, as a worker's (its tokenizer, encoders, Content-Types)
 
 
 async def serve(engine, config, sockets: list[socket.socket], url: str, tls: ssl.SSLContext | None = None,
