@@ -34,9 +34,9 @@ JSON_CONTENT_TYPES = ("application/json", "application/json; charset=utf-8")
 
 def warm_http() -> None:
     """An HTTP body is decoded in its Content-Type's charset (server/http_speech.py read_json), which aiohttp parses
-    with the email package once per distinct value in a process (a cache): 0.4-1.2 ms, most of a worker's first
-    request's `parsed` stage (1.45 -> 0.72 ms p50 on the CPU server, against 0.68 for the requests after it). Parse
-    the usual values now."""
+    with the email package once per distinct value in a process (a cache): 0.35-0.7 ms, most of what a worker's first
+    request paid more in its `parsed` stage (docs/benchmarks.md "A worker's first request"). Parse the usual values
+    now."""
     from aiohttp import web
 
     for content_type in JSON_CONTENT_TYPES:
