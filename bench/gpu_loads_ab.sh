@@ -10,7 +10,8 @@
 #            sweep of LEVELS req/s 10 s a level (LEVELS="" for none)
 #   streams  each tree serving 0.6B CustomVoice (`--max-contexts` the largest of STREAMS): for each count of STREAMS
 #            (default 512; "512 1024" say) that many native Opus 48-kHz streams started over 2 s, medium texts, 14 s,
-#            STREAM_RUNS times (default 1), a client process a 128 streams; STREAM_TREES (default "before after"):
+#            STREAM_RUNS times (default 1) at each of STREAM_TPS tokens a second (default 25; 0: the whole text at
+#            once; runs named -tpsN but at 25), a client process a 128 streams; STREAM_TREES (default "before after"):
 #            which trees, each but `after` (this one) from .e2e/NAME; each run's pauses by bench/stalls.py; PYSPY=1:
 #            one more run (NAME-profiled, not one of the STREAM_RUNS) with py-spy (100 Hz, 8 s, --nonblocking) of the
 #            engine process and two workers: a profiled run is not a measurement (on 2026-12-02 its 150-ms pauses
@@ -70,14 +71,16 @@ if [[ $parts == *" streams "* ]]; then
     start_in "$dir" "$which-0.6b" 8081 -- --model /tmp/ck-0.6b --max-contexts "$slots" ${STREAM_SERVE_ARGS:-}
     for streams in $counts; do
       runs=$(seq "${STREAM_RUNS:-1}"); [ "${PYSPY:-0}" = 1 ] && runs="$runs profiled"
+      for tps in ${STREAM_TPS:-25}; do
       for run in $runs; do
-        name=$which-0.6b-c$streams-$run
+        name=$which-0.6b-c$streams-$run; [ "$tps" != 25 ] && name=$name-tps$tps
         [ "$run" = profiled ] && { sleep 8; profile "$name"; } &
-        load 8081 "$name" --protocol native --encoding opus --concurrency "$streams" \
+        load 8081 "$name" --protocol native --encoding opus --concurrency "$streams" --tokens-per-second "$tps" \
           --duration 14 --ramp 2 --processes "$((streams / 128))" --ttfa-limit-ms 150
         wait
         python3 -m bench.stalls "$res/$name/requests.json" > "$res/$name-stalls.md"
-        log "$which run $run of $streams: $(head -1 "$res/$name-stalls.md")"
+        log "$which run $run of $streams at $tps tokens/s: $(head -1 "$res/$name-stalls.md")"
+      done
       done
     done
     for lang_rps in ${STREAMED_TEXT:-}; do

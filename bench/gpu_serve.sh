@@ -51,7 +51,7 @@ start() {
   for _ in $(seq 1200); do grep -q "talkgate: ready" "$res/$name.log" && break; sleep 0.5; done
   log "$name: ready $((SECONDS - t0)) s after start"
   n=$(grep -c 'engine [0-9]*.*: .*pid' "$res/$name.log")
-  for _ in $(seq 400); do [ "$(grep -c 'all [0-9]* graphs captured' "$res/$name.log")" -ge "$n" ] && break; sleep 0.5; done
+  for _ in $(seq 800); do [ "$(grep -c 'all [0-9]* graphs captured' "$res/$name.log")" -ge "$n" ] && break; sleep 0.5; done
   log "$name: all graphs of $n engine(s) captured $((SECONDS - t0)) s after start"
 }
 
