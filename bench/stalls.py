@@ -4,7 +4,8 @@ pauses that began together across requests (within --together-ms): a stall of so
 worker's loop, the engine's delivery) rather than of one stream. Also the requests by their number of pauses (a
 request whose worker is behind all through its life pauses again and again) and, with --timeline S, every S seconds
 of the run the requests receiving audio and those of them in a pause (the count moves in steps of a worker's share of
-the streams where whole workers fall behind: docs/benchmarks.md "Streams that pause with their worker").
+the streams where whole workers fall behind: docs/benchmarks.md "Low load after last session's changes, and streams
+that pause with their worker").
 
     python -m bench.stalls RUN_DIR/requests.json [--gap-ms 150] [--together-ms 200] [--underruns-only] [--timeline S]
 """
