@@ -368,13 +368,9 @@ def run_supervised(args: argparse.Namespace, specs: list[ModelSpec]) -> int:
     (its own or --gpus), --engines (or its own) per GPU, with its max_contexts (or --max-contexts) slots each."""
     from talkgate.processes.supervisor import Plan, Supervisor
 
-    # a port someone holds, with SO_REUSEPORT or not, is refused by a bind without it; then the port is held
-    # (bound, never listening) with SO_REUSEPORT for the workers to share
-    probe = listen(args.host, args.port, backlog=None)
-    port = probe[0].getsockname()[1]
-    for s in probe:
-        s.close()
-    reserved = listen(args.host, port, reuse_port=True, backlog=None)
+    # a port someone holds, with SO_REUSEPORT or not, is refused by a bind without it; the port is then held (bound,
+    # not listening until the first worker listens) and its sockets handed to every worker (server/listen.py shared)
+    reserved = listen(args.host, args.port, backlog=None)
     try:
         device = cli_args.check_device(args.device)
         if args.model or args.models:
@@ -400,7 +396,8 @@ def run_supervised(args: argparse.Namespace, specs: list[ModelSpec]) -> int:
                 engine_args += [flag, str(value)]
         workers = args.workers if args.workers is not None else default_workers(len(engines))
         config = server_config(args)
-        plan = Plan(host=args.host, port=reserved[0].getsockname()[1], models=models, engines=engines,
+        plan = Plan(host=args.host, port=reserved[0].getsockname()[1], listen_fds=[s.fileno() for s in reserved],
+                    models=models, engines=engines,
                     workers=workers, mps=args.mps, engine_args=engine_args, server=dataclasses.asdict(config),
                     colocate=args.colocate,
                     aliases={spec.name: list(spec.aliases) for spec in specs if spec.aliases})

@@ -2,15 +2,16 @@
 where there is none) and N gateway worker processes sharing the port, restarts any that dies, and on
 SIGTERM/SIGINT drains the workers, then stops the engines.
 
-    supervisor (this process: no model, no sockets of its own but the reserved port)
+    supervisor (this process: no model, no sockets of its own but the port's, which it hands to every worker)
     ├── engine 0  (processes/engine_process.py; CUDA_VISIBLE_DEVICES = its GPU)   ipc://RUN/engine-0.ipc
     ├── engine 1 ...   (one set per served model: each runs one model's checkpoint; with --colocate the models of
     │                   one GPU share one process: ipc/engine_group.py)
-    ├── worker 0  (processes/worker.py: aiohttp on PORT with SO_REUSEPORT, DEALER to every engine)
+    ├── worker 0  (processes/worker.py: aiohttp accepting from PORT's socket, DEALER to every engine)
     └── worker 1 ...
 
-cli/serve.py binds the port first (SO_REUSEPORT, never listening) and holds it, so that it stays
-reserved while workers come and go; port 0 picks a free one. RUN is a private temporary folder holding the engines' ipc sockets and
+cli/serve.py binds the port first and holds it, so that it stays reserved while workers come and go (port 0 picks
+a free one); every worker gets its socket (pass_fds) and accepts from it once it listens: a new connection goes to
+a worker whose loop is free to take it. RUN is a private temporary folder holding the engines' ipc sockets and
 the workers' Prometheus files (PROMETHEUS_MULTIPROC_DIR); it is removed at exit. Each worker reports
 "listening" / "ready" / "not_ready" on a status pipe; this process prints `talkgate: ready on URL` once
 every worker is ready. A child that exits unexpectedly is started again, at once the first time and after
@@ -49,8 +50,8 @@ def say(line: str) -> None:
 
 
 def worker_cap(max_connections: int, workers: int) -> int:
-    """Connections one worker accepts: an even share of the server's limit plus WORKER_CAP_SLACK, since
-    SO_REUSEPORT spreads connections at random (512 over 8 workers: mean 64, a few over 80)."""
+    """Connections one worker accepts: an even share of the server's limit plus WORKER_CAP_SLACK, since the
+    workers share the port's socket and whichever is free takes a connection: the split is uneven at low load."""
     return max_connections if workers <= 1 else min(max_connections, math.ceil(WORKER_CAP_SLACK * max_connections / workers))
 
 
@@ -86,6 +87,7 @@ class Plan:
     aliases: dict = field(default_factory=dict)              # model name -> its other names (a models file's)
     server: dict = field(default_factory=dict)              # dataclasses.asdict(ServerConfig) (limits: the server's)
     colocate: bool = False                     # the engines of one GPU (or of the CPU) in one engine process
+    listen_fds: list[int] = field(default_factory=list)     # the port's sockets (serve.py's), handed to each worker
 
 
 def engine_processes(plan: Plan) -> list[list[int]]:
@@ -162,7 +164,8 @@ class Supervisor:
                    "engines": [endpoints[i] for i, e in enumerate(plan.engines) if e["model"] == m]}
                   for m, (name, _) in enumerate(plan.models)]
         for w in range(plan.workers):
-            cfg = {"index": w, "host": plan.host, "port": plan.port, "models": models, "server": server}
+            cfg = {"index": w, "host": plan.host, "port": plan.port, "listen_fds": plan.listen_fds, "models": models,
+                   "server": server}
             env = {**base_env, "PROMETHEUS_MULTIPROC_DIR": metrics_dir, "TALKGATE_WORKER": json.dumps(cfg)}
             self.children.append(Child(f"worker {w}", [sys.executable, "-m", "talkgate.processes.worker"], env, True))
         wake_r, wake_w = os.pipe()
@@ -261,7 +264,7 @@ class Supervisor:
         if child.status:
             r, w = os.pipe()
             child.env["TALKGATE_WORKER"] = json.dumps({**json.loads(child.env["TALKGATE_WORKER"]), "status_fd": w})
-            pass_fds = (w,)
+            pass_fds = (w, *self.plan.listen_fds)
         argv = child.argv
         if self._sibling_serves(child):
             # a restart while another engine carries the model: no context needs this one soon, so it captures

@@ -2,16 +2,16 @@
 the shared port, its engines reached over local sockets (ipc/remote_engines.py). Started by the supervisor
 (`talkgate serve`, processes/supervisor.py) with its settings as JSON in TALKGATE_WORKER:
 
-    {"index", "host", "port", "models": [{"name", "aliases", "engines": [endpoint, ...]}, ...], "status_fd",
-     "server": dataclasses.asdict(ServerConfig)}
+    {"index", "host", "port", "listen_fds", "models": [{"name", "aliases", "engines": [endpoint, ...]}, ...],
+     "status_fd", "server": dataclasses.asdict(ServerConfig)}
 
 Each served model's engines are one RemoteEngines, the models together one ModelEngines (server/model_engines.py).
 
-Every worker binds the port with SO_REUSEPORT, so the kernel spreads new connections over the workers; its
-`limits.max_connections` is its own cap (supervisor.py sizes it), past which it refuses with 1013. It waits
-for a WELCOME of each model's engines (model info, tokenizer) before it listens, is ready (/ready 200) while at
-least one engine of the default model is, and tells the supervisor through its status pipe: "listening", "ready"
-(every model has a ready engine), "not_ready".
+Every worker accepts from the port's one socket (the supervisor's, server/listen.py shared), so a new connection
+goes to a worker whose loop is free to take it; its `limits.max_connections` is its own cap (supervisor.py sizes
+it), past which it refuses with 1013. It waits for a WELCOME of each model's engines (model info, tokenizer) before
+it listens, is ready (/ready 200) while at least one engine of the default model is, and tells the supervisor
+through its status pipe: "listening", "ready" (every model has a ready engine), "not_ready".
 SIGTERM or SIGINT: drain as the single-process server does (refuse new sessions, let contexts finish up to
 the shutdown deadline, a second signal cuts that short, close with 1001), then exit.
 """
@@ -96,7 +96,7 @@ async def serve_worker(cfg: dict) -> int:
     from talkgate.server.app import create_app
     from talkgate.server.errors import AppRunner
     from talkgate.server.gateway import ServerConfig, drain, start_drain
-    from talkgate.server.listen import BACKLOG, CLEANUP_TIMEOUT_S, listen, tls_context
+    from talkgate.server.listen import BACKLOG, CLEANUP_TIMEOUT_S, shared, tls_context
     from talkgate.server.metrics import Metrics
     from talkgate.server.model_engines import ModelEngines
     from talkgate.system import heap
@@ -162,7 +162,7 @@ async def serve_worker(cfg: dict) -> int:
         heap.freeze(f"worker {index} started")
         pauses.install()
         try:
-            for s in listen(cfg["host"], cfg["port"], reuse_port=True):
+            for s in shared(cfg["listen_fds"]):
                 await web.SockSite(runner, s, backlog=BACKLOG, ssl_context=tls).start()
             # logged before the supervisor hears of it: whoever reads "listening" finds this line in the log
             log.info("worker %d (pid %d) listening on %s:%d, at most %d connections", index, os.getpid(),

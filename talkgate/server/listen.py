@@ -1,5 +1,6 @@
 """A server's sockets: bound before the model loads (a busy port is reported at once), shared by the gateway
-workers (SO_REUSEPORT), and its TLS context (https:// and wss:// on the same port).
+workers (one listening socket that they all accept from: `shared`), and its TLS context (https:// and wss:// on the
+same port).
 
 What a user gets wrong here (a busy port, an address not this machine's, TLS files that do not load) raises
 ListenError, told in one line before anything loads.
@@ -19,10 +20,9 @@ class ListenError(Exception):
     """The port or the TLS files cannot be used: a mistake the user can fix, one line."""
 
 
-def listen(host: str, port: int, reuse_port: bool = False, backlog: int | None = BACKLOG) -> list[socket.socket]:
+def listen(host: str, port: int, backlog: int | None = BACKLOG) -> list[socket.socket]:
     """Listening sockets on every address of `host` (port 0: one free port, the same for every address).
-    reuse_port: SO_REUSEPORT, so that gateway workers share the port; backlog None: bound, not listening (the
-    supervisor's reservation of the port). ListenError when the port is busy, the address is not this
+    backlog None: bound, not listening (the supervisor's: its workers listen on them, `shared`). ListenError when the port is busy, the address is not this
     machine's, ..."""
     where = f"{host}:{port}"
     try:
@@ -36,8 +36,6 @@ def listen(host: str, port: int, reuse_port: bool = False, backlog: int | None =
             sockets.append(s)
             # as asyncio does: a port still in TIME_WAIT from the last run can be bound, a listening one cannot
             s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            if reuse_port:
-                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
             if family == socket.AF_INET6:
                 s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
             if port == 0 and len(sockets) > 1:
@@ -58,6 +56,18 @@ def listen(host: str, port: int, reuse_port: bool = False, backlog: int | None =
             raise ListenError(f"cannot listen on {where}: permission denied (ports below 1024 need root); "
                                "choose another with --port") from None
         raise ListenError(f"cannot listen on {where}: {e.strerror}") from None
+    return sockets
+
+
+def shared(fds: list[int]) -> list[socket.socket]:
+    """The listening sockets a gateway worker was handed (the supervisor's, bound by serve.py): one socket that every
+    worker accepts from, so that a new connection goes to a worker whose loop is free to take it first. With
+    SO_REUSEPORT the kernel would hash it to one worker at random, however far behind that worker is, and a
+    worker behind keeps its streams longer, so it gathers more of them (512 Opus streams on an H200,
+    docs/benchmarks.md "Streams that pause with their worker")."""
+    sockets = [socket.socket(fileno=fd) for fd in fds]
+    for s in sockets:
+        s.setblocking(False)
     return sockets
 
 

@@ -135,7 +135,7 @@ def test_killed_worker_closes_only_its_connections_and_is_restarted(tiny_checkpo
                 ref = await reference(s, srv)
                 clients = []
 
-                async def both_workers_hold_one():      # SO_REUSEPORT spreads connections at random
+                async def both_workers_hold_one():      # whichever worker is free takes a connection
                     clients.append(await connect(s, srv))
                     await asyncio.sleep(0.6)            # workers sample their gauges every 0.5 s
                     m = await metrics(s, srv)
@@ -167,6 +167,28 @@ def test_killed_worker_closes_only_its_connections_and_is_restarted(tiny_checkpo
         after = run(go())
         assert series(after, "talkgate_contexts_active") == 0.0
         assert "talkgate: worker 0" in srv.log()
+
+
+def test_a_worker_whose_loop_is_stopped_leaves_new_connections_to_the_others(tiny_checkpoint):
+    """The workers accept from one socket (server/listen.py shared): a connection goes to a worker free to take it.
+    With a socket each (SO_REUSEPORT) the kernel would queue about half of them behind the stopped worker."""
+    with TalkgateServer(tiny_checkpoint, "--workers", "2", "--max-contexts", "16") as srv:
+        stopped = pids(srv, "worker")[0]
+
+        async def go():
+            async with aiohttp.ClientSession() as s:
+                await (await connect(s, srv)).ws.close()
+                os.kill(stopped, signal.SIGSTOP)
+                try:
+                    clients = [await asyncio.wait_for(connect(s, srv), 5) for _ in range(12)]
+                    await start(clients[0], "c0")
+                    done = await finish(clients[0], "c0")
+                    assert done is not None and done["type"] == "context.done", done
+                finally:
+                    os.kill(stopped, signal.SIGCONT)
+                for c in clients:
+                    await c.ws.close()
+        run(go())
 
 
 def test_a_stalled_warm_up_ends_the_engine_process_which_is_started_again(tiny_checkpoint):
