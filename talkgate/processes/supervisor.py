@@ -51,7 +51,8 @@ def say(line: str) -> None:
 
 def worker_cap(max_connections: int, workers: int) -> int:
     """Connections one worker accepts: an even share of the server's limit plus WORKER_CAP_SLACK, since the
-    workers share the port's socket and whichever is free takes a connection: the split is uneven at low load."""
+    workers share the port's socket and whichever is free takes a connection (a full one leaves it to the others:
+    server/acceptor.py), so the split is uneven."""
     return max_connections if workers <= 1 else min(max_connections, math.ceil(WORKER_CAP_SLACK * max_connections / workers))
 
 

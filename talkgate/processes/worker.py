@@ -8,8 +8,9 @@ the shared port, its engines reached over local sockets (ipc/remote_engines.py).
 Each served model's engines are one RemoteEngines, the models together one ModelEngines (server/model_engines.py).
 
 Every worker accepts from the port's one socket (the supervisor's, server/listen.py shared), so a new connection
-goes to a worker whose loop is free to take it; its `limits.max_connections` is its own cap (supervisor.py sizes
-it), past which it refuses with 1013. It waits for a WELCOME of each model's engines (model info, tokenizer) before
+goes to a worker whose loop is free to take it (server/acceptor.py); its `limits.max_connections` is its own cap
+(supervisor.py sizes it): a full worker leaves new connections to the others, and refuses with 1013 the few it still
+takes (every worker full). It waits for a WELCOME of each model's engines (model info, tokenizer) before
 it listens, is ready (/ready 200) while at least one engine of the default model is, and tells the supervisor
 through its status pipe: "listening", "ready" (every model has a ready engine), "not_ready".
 SIGTERM or SIGINT: drain as the single-process server does (refuse new sessions, let contexts finish up to
@@ -90,9 +91,8 @@ class StatusPipe:
 
 
 async def serve_worker(cfg: dict) -> int:
-    from aiohttp import web
-
     from talkgate.ipc.remote_engines import RemoteEngines
+    from talkgate.server.acceptor import Acceptor
     from talkgate.server.app import create_app
     from talkgate.server.errors import AppRunner
     from talkgate.server.gateway import ServerConfig, drain, start_drain
@@ -161,9 +161,10 @@ async def serve_worker(cfg: dict) -> int:
         await runner.setup()
         heap.freeze(f"worker {index} started")
         pauses.install()
+        acceptor = Acceptor(asyncio.get_running_loop(), shared(cfg["listen_fds"]), runner.server, tls,
+                            full=lambda: len(gw.connections) >= config.limits.max_connections)
         try:
-            for s in shared(cfg["listen_fds"]):
-                await web.SockSite(runner, s, backlog=BACKLOG, ssl_context=tls).start()
+            acceptor.start(BACKLOG)
             # logged before the supervisor hears of it: whoever reads "listening" finds this line in the log
             log.info("worker %d (pid %d) listening on %s:%d, at most %d connections", index, os.getpid(),
                      cfg["host"], cfg["port"], config.limits.max_connections)
@@ -175,6 +176,7 @@ async def serve_worker(cfg: dict) -> int:
             await drain(app, hurry)     # contexts finish up to the deadline (a second signal: at once), then 1001
         finally:
             asked.cancel()
+            acceptor.stop()
             await runner.cleanup()
         return 0
     finally:

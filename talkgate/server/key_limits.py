@@ -4,7 +4,7 @@ WebSocket context started), characters a minute, audio seconds a UTC day (audio 
 
 Several worker processes split each limit evenly (`share` = the number of workers): each enforces
 ceil(limit / share), counted in its own memory. With one worker (or --workers 0) a limit is exact; with N it is
-approximate, as the kernel's SO_REUSEPORT spreads connections at random: a key may be refused a little below its
+approximate, as connections go to whichever worker is free to take them: a key may be refused a little below its
 limit when its load lands unevenly, and holds at most N - 1 over it (docs/operations.md, "Per-key limits"). Counts
 shared between workers would make every context start a cross-process round trip and outlive a worker that dies
 holding them; the even split costs neither.

@@ -61,10 +61,10 @@ def listen(host: str, port: int, backlog: int | None = BACKLOG) -> list[socket.s
 
 def shared(fds: list[int]) -> list[socket.socket]:
     """The listening sockets a gateway worker was handed (the supervisor's, bound by serve.py): one socket that every
-    worker accepts from, so that a new connection goes to a worker whose loop is free to take it first. With
-    SO_REUSEPORT the kernel would hash it to one worker at random, however far behind that worker is, and a
-    worker behind keeps its streams longer, so it gathers more of them (512 Opus streams on an H200,
-    docs/benchmarks.md "Streams that pause with their worker")."""
+    worker accepts from (server/acceptor.py), so that a new connection goes to a worker whose loop is free to take it.
+    With SO_REUSEPORT the kernel would hash it to one worker at random, however far behind that worker is, and a
+    worker behind keeps its streams longer, so it gathers more of them (512 Opus streams on an H200, docs/benchmarks.md
+    "Low load after last session's changes, and streams that pause with their worker")."""
     sockets = [socket.socket(fileno=fd) for fd in fds]
     for s in sockets:
         s.setblocking(False)

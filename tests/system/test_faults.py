@@ -191,6 +191,28 @@ def test_a_worker_whose_loop_is_stopped_leaves_new_connections_to_the_others(tin
         run(go())
 
 
+def test_a_full_worker_leaves_new_connections_to_the_others(tiny_checkpoint):
+    """--max-connections 4 over two workers: each takes 3 at most (supervisor.worker_cap). Six connections all open
+    (a full worker leaves the next to the other, server/acceptor.py); the seventh is refused with 1013 at once."""
+    with TalkgateServer(tiny_checkpoint, "--workers", "2", "--max-contexts", "16", "--max-connections", "4") as srv:
+        async def go():
+            async with aiohttp.ClientSession() as s:
+                clients = [await asyncio.wait_for(connect(s, srv), 5) for _ in range(6)]
+                await asyncio.sleep(0.6)            # workers sample their gauges every 0.5 s
+                m = await metrics(s, srv)
+                assert [series(m, "talkgate_worker_connections", worker=str(w)) for w in (0, 1)] == [3, 3]
+                t0 = time.monotonic()
+                ws = await s.ws_connect(srv.ws_url + "/v1/ws")
+                msg = await asyncio.wait_for(ws.receive(), 5)
+                while msg.type == aiohttp.WSMsgType.TEXT:       # the protocol's error event, then the close
+                    msg = await asyncio.wait_for(ws.receive(), 5)
+                assert msg.type in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSED) and ws.close_code == 1013, msg
+                assert time.monotonic() - t0 < 2
+                for c in clients:
+                    await c.ws.close()
+        run(go())
+
+
 def test_a_stalled_warm_up_ends_the_engine_process_which_is_started_again(tiny_checkpoint):
     # --warmup-stall far below one warm-up step: every warm-up "stalls", as a hung compile does on a GPU
     with TalkgateServer(tiny_checkpoint, "--workers", "1", "--warmup-stall", "0.002", wait=None) as srv:
