@@ -396,8 +396,7 @@ def run_supervised(args: argparse.Namespace, specs: list[ModelSpec]) -> int:
                 engine_args += [flag, str(value)]
         workers = args.workers if args.workers is not None else default_workers(len(engines))
         config = server_config(args)
-        plan = Plan(host=args.host, port=reserved[0].getsockname()[1], listen_fds=[s.fileno() for s in reserved],
-                    models=models, engines=engines,
+        plan = Plan(host=args.host, port=reserved[0].getsockname()[1], sockets=reserved, models=models, engines=engines,
                     workers=workers, mps=args.mps, engine_args=engine_args, server=dataclasses.asdict(config),
                     colocate=args.colocate,
                     aliases={spec.name: list(spec.aliases) for spec in specs if spec.aliases})

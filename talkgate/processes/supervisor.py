@@ -88,7 +88,7 @@ class Plan:
     aliases: dict = field(default_factory=dict)              # model name -> its other names (a models file's)
     server: dict = field(default_factory=dict)              # dataclasses.asdict(ServerConfig) (limits: the server's)
     colocate: bool = False                     # the engines of one GPU (or of the CPU) in one engine process
-    listen_fds: list[int] = field(default_factory=list)     # the port's sockets (serve.py's), handed to each worker
+    sockets: list = field(default_factory=list)              # the port's (serve.py's, bound): handed to each worker
 
 
 def engine_processes(plan: Plan) -> list[list[int]]:
@@ -165,8 +165,8 @@ class Supervisor:
                    "engines": [endpoints[i] for i, e in enumerate(plan.engines) if e["model"] == m]}
                   for m, (name, _) in enumerate(plan.models)]
         for w in range(plan.workers):
-            cfg = {"index": w, "host": plan.host, "port": plan.port, "listen_fds": plan.listen_fds, "models": models,
-                   "server": server}
+            cfg = {"index": w, "host": plan.host, "port": plan.port, "listen_fds": [s.fileno() for s in plan.sockets],
+                   "models": models, "server": server}
             env = {**base_env, "PROMETHEUS_MULTIPROC_DIR": metrics_dir, "TALKGATE_WORKER": json.dumps(cfg)}
             self.children.append(Child(f"worker {w}", [sys.executable, "-m", "talkgate.processes.worker"], env, True))
         wake_r, wake_w = os.pipe()
@@ -265,7 +265,7 @@ class Supervisor:
         if child.status:
             r, w = os.pipe()
             child.env["TALKGATE_WORKER"] = json.dumps({**json.loads(child.env["TALKGATE_WORKER"]), "status_fd": w})
-            pass_fds = (w, *self.plan.listen_fds)
+            pass_fds = (w, *(s.fileno() for s in self.plan.sockets))
         argv = child.argv
         if self._sibling_serves(child):
             # a restart while another engine carries the model: no context needs this one soon, so it captures
@@ -358,4 +358,7 @@ class Supervisor:
                     log.warning("%s did not stop in %g s: killing it", c.name, wait_s)
                     c.proc.kill()
                     c.proc.wait()
+            if group is workers:            # the port closes with the last worker: refused, not queued, from here on
+                for sock in self.plan.sockets:
+                    sock.close()
 

@@ -22,8 +22,8 @@ class ListenError(Exception):
 
 def listen(host: str, port: int, backlog: int | None = BACKLOG) -> list[socket.socket]:
     """Listening sockets on every address of `host` (port 0: one free port, the same for every address).
-    backlog None: bound, not listening (the supervisor's: its workers listen on them, `shared`). ListenError when the port is busy, the address is not this
-    machine's, ..."""
+    backlog None: bound, not listening (the supervisor's: its workers listen on them, `shared`). ListenError when
+    the port is busy, the address is not this machine's, ..."""
     where = f"{host}:{port}"
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
