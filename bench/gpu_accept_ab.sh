@@ -3,7 +3,8 @@
 # streams of 0.6B, both served at once on one H200 (`--max-contexts 512`, ports 8081 and 8082: one start's wait for
 # both), then RUNS rounds (default "1 2") of 512 streams started over 2 s, medium texts, 14 s, against each in turn
 # (the other one idle); each run's pauses by bench/stalls.py.
-#   setsid bash bench/gpu_accept_ab.sh > /tmp/accept-ab.out 2>&1 < /dev/null &     # about 6 minutes fresh
+#   setsid bash bench/gpu_accept_ab.sh > /tmp/accept-ab.out 2>&1 < /dev/null &     # about 8 minutes fresh: both
+#   servers ready 130 s and their graphs captured 285 s after start (2026-12-02), then RUNS x 2 runs of ~30 s
 BENCH=${BENCH:-accept-ab}
 . "$(dirname "$0")/gpu_serve.sh"
 [ -f /tmp/ck-0.6b/config.json ] || tg checkpoint create /tmp/ck-0.6b --preset 0.6b --variant custom_voice | tail -1
