@@ -52,7 +52,10 @@ def together(found: list[Pause], within_ms: float) -> list[list[Pause]]:
     return groups
 
 
-def pause_counts(requests: list[dict], gap_ms: float, most: int = 10) -> dict[int, int]:
+MOST_PAUSES = 10           # pause_counts' last bucket: this many or more
+
+
+def pause_counts(requests: list[dict], gap_ms: float, most: int = MOST_PAUSES) -> dict[int, int]:
     """Requests that had audio, by their number of pauses of at least gap_ms (`most` or more counted as `most`)."""
     counts: dict[int, int] = {}
     for r in requests:
@@ -103,7 +106,7 @@ def main(argv=None) -> None:
           f"({sum(len(g) > 1 for g in groups)} of more than one request)")
     dry = [r for r in requests if r.get("underruns")]
     for name, rs in (("requests", requests), ("requests with an underrun", dry)):
-        counts = ", ".join(f"{n}{'+' if n == 10 else ''}: {c}" for n, c in pause_counts(rs, a.gap_ms).items())
+        counts = ", ".join(f"{n}{'+' if n == MOST_PAUSES else ''}: {c}" for n, c in pause_counts(rs, a.gap_ms).items())
         print(f"{name} by their pauses: {counts or '-'}")
     if a.timeline:
         print("| s into the run | receiving audio | in a pause |\n| --- | --- | --- |")

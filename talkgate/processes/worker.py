@@ -162,7 +162,7 @@ async def serve_worker(cfg: dict) -> int:
         heap.freeze(f"worker {index} started")
         pauses.install()
         acceptor = Acceptor(asyncio.get_running_loop(), shared(cfg["listen_fds"]), runner.server, tls,
-                            full=lambda: len(gw.connections) >= config.limits.max_connections)
+                            full=lambda: gw.full)
         try:
             acceptor.start(BACKLOG)
             # logged before the supervisor hears of it: whoever reads "listening" finds this line in the log

@@ -8,7 +8,7 @@ gateway refuses it with 1013), so that a client hears the refusal within about t
 kernel's queue. One connection an event, so that where several arrive together the other workers' loops get their
 turn at them.
 
-    acceptor = Acceptor(loop, sockets, runner.server, ssl_context, full=lambda: len(gw.connections) >= cap)
+    acceptor = Acceptor(loop, sockets, runner.server, ssl_context, full=lambda: gateway.full)
     acceptor.start(backlog)   # listening
     ...
     acceptor.stop()           # no more accepts; the sockets closed in this process (the other workers' stay open)

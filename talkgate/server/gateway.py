@@ -254,13 +254,19 @@ class Gateway:
                     pass
         return ws
 
+    @property
+    def full(self) -> bool:
+        """Its WebSocket connections are at limits.max_connections (a worker's share of the server's): a new one is
+        refused (1013), and a worker leaves new connections to the others (server/acceptor.py)."""
+        return len(self.connections) >= self.limits.max_connections
+
     async def _run_websocket(self, request, ws, label, make_protocol, first_message_auth) -> None:
         refusal = None
         if self.draining:           # began after the upgrade
             refusal = (1001, "server shutting down", "shutting_down")
         elif not self.origin_ok(request):
             refusal = (1008, "origin not allowed", "origin_not_allowed")
-        elif len(self.connections) >= self.limits.max_connections:
+        elif self.full:
             refusal = (1013, "too many connections, try again later", "too_many_connections")
         authenticate = None
         if refusal is None and self.identify(request) is None:
