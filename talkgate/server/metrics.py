@@ -37,6 +37,8 @@ ENGINE_PREFIX_HELP = ("New contexts whose prompt's prefix (its positions but the
                       "prefilled (a prompt not seen lately, then kept); synth/runner.py")
 ENGINE_LANE_HELP = ("New contexts whose open and first frame were launched on the first-frame lane, beside the step in "
                     "flight (synth/lane.py)")
+ENGINE_FIRST_APART_HELP = ("Steps whose new contexts' prefill and first frame were launched as a pass of their own, "
+                           "ahead of the running rows' (synth/engine.py first_frames_apart)")
 ENGINE_FIRST_DECODES_HELP = ("Steps whose new contexts' first frames were decoded ahead of their running rows' (past the "
                              "lane's rows: synth/engine.py FIRST_DECODE_MAX_ROWS)")
 ENGINE_GRAPHS_PENDING_HELP = ("CUDA graphs the engine captures after its warm-up, one at a time in a quiet moment: "
@@ -91,6 +93,8 @@ class Metrics:
             # counts the engine keeps (its stats' keys): a counter takes what is new at each scrape
             self.engine_counts = {
                 "lane_launches": Counter("talkgate_engine_lane_launches", ENGINE_LANE_HELP, registry=r),
+                "first_apart_launches": Counter("talkgate_engine_first_apart_launches", ENGINE_FIRST_APART_HELP,
+                                                registry=r),
                 "first_decodes": Counter("talkgate_engine_first_decodes", ENGINE_FIRST_DECODES_HELP, registry=r)}
             self._engine_counted = dict.fromkeys(self.engine_counts, 0)
             self.engine_graphs_pending = Gauge("talkgate_engine_graphs_pending", ENGINE_GRAPHS_PENDING_HELP,
@@ -231,6 +235,7 @@ class EngineCollector:
         roof = CounterMetricFamily("talkgate_engine_step_roof_seconds", ENGINE_ROOF_HELP, labels=names)
         prefixes = CounterMetricFamily("talkgate_engine_prompt_prefixes", ENGINE_PREFIX_HELP, labels=[*names, "found"])
         lane = CounterMetricFamily("talkgate_engine_lane_launches", ENGINE_LANE_HELP, labels=names)
+        first_apart = CounterMetricFamily("talkgate_engine_first_apart_launches", ENGINE_FIRST_APART_HELP, labels=names)
         first_decodes = CounterMetricFamily("talkgate_engine_first_decodes", ENGINE_FIRST_DECODES_HELP, labels=names)
         pending = family("talkgate_engine_graphs_pending", ENGINE_GRAPHS_PENDING_HELP)
         index: dict[str | None, int] = {}              # model -> its engines so far
@@ -267,10 +272,11 @@ class EngineCollector:
             for found, n in e.get("prompt_prefixes", {}).items():
                 prefixes.add_metric([*label, found], n)
             lane.add_metric(label, e.get("lane_launches", 0))
+            first_apart.add_metric(label, e.get("first_apart_launches", 0))
             first_decodes.add_metric(label, e.get("first_decodes", 0))
             pending.add_metric(label, e.get("graphs_pending", 0))
         yield from (ready, slots, free, running, waiting, cpu, behind, step, loop, gpu_wait, cpu_wait, slow, gc, gc_max,
-                    gc_frozen, audio, prefixes, lane, first_decodes, pending)
+                    gc_frozen, audio, prefixes, lane, first_apart, first_decodes, pending)
         if roof.samples:
             yield roof
 

@@ -200,6 +200,7 @@ class Engine:
         self._start_error: BaseException | None = None
         self._ready_at = self._open_at = 0.0            # when warm-up ended; when a context was last open
         self._steps = self._frames = 0
+        self._apart_launches = 0                # steps whose new contexts' first frames were launched apart
         # the launched steps' frames whose PCM is not emitted yet: [(step, [(row, req, frame, finish)])]
         self._audio: list[tuple] = []
         self._lanes: collections.deque = collections.deque()    # the lane's launches in flight, each with its context
@@ -433,7 +434,7 @@ class Engine:
                 "capture_ms_max": round(max(captures), 1) if captures else 0.0,
                 "prompt_prefixes": dict(self.runner.prefix_counts),
                 "lane_launches": self.runner.lane.launches if self.runner.lane is not None else 0,
-                "first_decodes": self.runner.first_decodes,
+                "first_apart_launches": self._apart_launches, "first_decodes": self.runner.first_decodes,
                 **({"step_roof_s": self._roof_s_total} if self.runner.roof is not None else {})}
 
     # ----- engine thread -----
@@ -637,6 +638,7 @@ class Engine:
         unnoticed = (bool(decode) and (apart_now or self.runner.lane is not None)
                      and first_frames_apart(decode, t0, self._step_ms_last / 1000, FIRST_APART_MAX_ROWS))
         apart = unnoticed and apart_now
+        self._apart_launches += apart
         launches = [(prefill, []), ([], decode)] if apart else [(prefill, decode)]
         decode_first = (apart_now and not apart and bool(decode)        # (the runner: at most 4 new contexts)
                         and first_frames_apart(decode, t0, self._step_ms_last / 1000, FIRST_DECODE_MAX_ROWS))
