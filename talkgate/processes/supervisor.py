@@ -90,6 +90,10 @@ class Plan:
     colocate: bool = False                     # the engines of one GPU (or of the CPU) in one engine process
     sockets: list = field(default_factory=list)              # the port's (serve.py's, bound): handed to each worker
 
+    @property
+    def listen_fds(self) -> list[int]:
+        return [s.fileno() for s in self.sockets]
+
 
 def engine_processes(plan: Plan) -> list[list[int]]:
     """The engines (their indices in plan.engines) each engine process runs: one each, or with `colocate` those of
@@ -165,7 +169,7 @@ class Supervisor:
                    "engines": [endpoints[i] for i, e in enumerate(plan.engines) if e["model"] == m]}
                   for m, (name, _) in enumerate(plan.models)]
         for w in range(plan.workers):
-            cfg = {"index": w, "host": plan.host, "port": plan.port, "listen_fds": [s.fileno() for s in plan.sockets],
+            cfg = {"index": w, "host": plan.host, "port": plan.port, "listen_fds": plan.listen_fds,
                    "models": models, "server": server}
             env = {**base_env, "PROMETHEUS_MULTIPROC_DIR": metrics_dir, "TALKGATE_WORKER": json.dumps(cfg)}
             self.children.append(Child(f"worker {w}", [sys.executable, "-m", "talkgate.processes.worker"], env, True))
@@ -265,7 +269,7 @@ class Supervisor:
         if child.status:
             r, w = os.pipe()
             child.env["TALKGATE_WORKER"] = json.dumps({**json.loads(child.env["TALKGATE_WORKER"]), "status_fd": w})
-            pass_fds = (w, *(s.fileno() for s in self.plan.sockets))
+            pass_fds = (w, *self.plan.listen_fds)
         argv = child.argv
         if self._sibling_serves(child):
             # a restart while another engine carries the model: no context needs this one soon, so it captures

@@ -41,6 +41,10 @@ ENGINE_FIRST_APART_HELP = ("Steps whose new contexts' prefill and first frame we
                            "ahead of the running rows' (synth/engine.py first_frames_apart)")
 ENGINE_FIRST_DECODES_HELP = ("Steps whose new contexts' first frames were decoded ahead of their running rows' (past the "
                              "lane's rows: synth/engine.py FIRST_DECODE_MAX_ROWS)")
+# counts an engine keeps in its stats (key -> metric name, help), each a counter per engine
+ENGINE_COUNTS = {"lane_launches": ("talkgate_engine_lane_launches", ENGINE_LANE_HELP),
+                 "first_apart_launches": ("talkgate_engine_first_apart_launches", ENGINE_FIRST_APART_HELP),
+                 "first_decodes": ("talkgate_engine_first_decodes", ENGINE_FIRST_DECODES_HELP)}
 ENGINE_GRAPHS_PENDING_HELP = ("CUDA graphs the engine captures after its warm-up, one at a time in a quiet moment: "
                               "each holds the engine up to seconds (on an H200 3 s), so first audio measured while any "
                               "are pending includes those holds (docs/operations.md)")
@@ -91,11 +95,7 @@ class Metrics:
                                            registry=r)
             self._engine_prefixes: dict[str, int] = {}
             # counts the engine keeps (its stats' keys): a counter takes what is new at each scrape
-            self.engine_counts = {
-                "lane_launches": Counter("talkgate_engine_lane_launches", ENGINE_LANE_HELP, registry=r),
-                "first_apart_launches": Counter("talkgate_engine_first_apart_launches", ENGINE_FIRST_APART_HELP,
-                                                registry=r),
-                "first_decodes": Counter("talkgate_engine_first_decodes", ENGINE_FIRST_DECODES_HELP, registry=r)}
+            self.engine_counts = {key: Counter(name, doc, registry=r) for key, (name, doc) in ENGINE_COUNTS.items()}
             self._engine_counted = dict.fromkeys(self.engine_counts, 0)
             self.engine_graphs_pending = Gauge("talkgate_engine_graphs_pending", ENGINE_GRAPHS_PENDING_HELP,
                                                registry=r)
@@ -234,9 +234,7 @@ class EngineCollector:
         audio = CounterMetricFamily("talkgate_engine_audio_seconds", ENGINE_AUDIO_HELP, labels=names)
         roof = CounterMetricFamily("talkgate_engine_step_roof_seconds", ENGINE_ROOF_HELP, labels=names)
         prefixes = CounterMetricFamily("talkgate_engine_prompt_prefixes", ENGINE_PREFIX_HELP, labels=[*names, "found"])
-        lane = CounterMetricFamily("talkgate_engine_lane_launches", ENGINE_LANE_HELP, labels=names)
-        first_apart = CounterMetricFamily("talkgate_engine_first_apart_launches", ENGINE_FIRST_APART_HELP, labels=names)
-        first_decodes = CounterMetricFamily("talkgate_engine_first_decodes", ENGINE_FIRST_DECODES_HELP, labels=names)
+        counts = {key: CounterMetricFamily(name, doc, labels=names) for key, (name, doc) in ENGINE_COUNTS.items()}
         pending = family("talkgate_engine_graphs_pending", ENGINE_GRAPHS_PENDING_HELP)
         index: dict[str | None, int] = {}              # model -> its engines so far
         for e in engines:
@@ -271,12 +269,11 @@ class EngineCollector:
                 roof.add_metric(label, e["step_roof_s"])
             for found, n in e.get("prompt_prefixes", {}).items():
                 prefixes.add_metric([*label, found], n)
-            lane.add_metric(label, e.get("lane_launches", 0))
-            first_apart.add_metric(label, e.get("first_apart_launches", 0))
-            first_decodes.add_metric(label, e.get("first_decodes", 0))
+            for key, count in counts.items():
+                count.add_metric(label, e.get(key, 0))
             pending.add_metric(label, e.get("graphs_pending", 0))
         yield from (ready, slots, free, running, waiting, cpu, behind, step, loop, gpu_wait, cpu_wait, slow, gc, gc_max,
-                    gc_frozen, audio, prefixes, lane, first_apart, first_decodes, pending)
+                    gc_frozen, audio, prefixes, *counts.values(), pending)
         if roof.samples:
             yield roof
 
