@@ -61,12 +61,12 @@ def pcm(frame: int, n_frames: int = 1) -> np.ndarray:
 
 class Harness:
     def __init__(self, tokenizer, make, limits: Limits | None = None, clock: Clock | None = None,
-                 models: Models | None = None):
+                 models: Models | None = None, player: bool = False):
         # the outbox is drained only when a test says so: allow a whole utterance to wait in it
         self.limits = limits or Limits(max_text_chars=400, max_backlog_ms=60_000)
         self.clock = clock or Clock()
         self.session = Session(INFO, self.limits, lambda: StreamingTokenizer(tokenizer), clock=self.clock,
-                               models=models)
+                               models=models, player=player)
         self.proto = make(self.session)
         self.outbox: list[Send] = []
         self.delivered: list = []       # JSON objects (dict) and binary frames (bytes), in order

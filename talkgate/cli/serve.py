@@ -143,6 +143,12 @@ def add_parser(subparsers) -> None:
     p.add_argument("--max-backlog-ms", metavar="MS", type=cli_args.integer(1), default=d.max_backlog_ms,
                    help="audio of one context left unread, in ms, by a client that is behind real time before the "
                    "context is cancelled as a slow consumer")
+    p.add_argument("--stream-lead", metavar="SECONDS", type=cli_args.seconds, default=d.stream_lead_s or 0.0,
+                   help="a WebSocket client plays the audio as it comes: make each of its contexts at most this many "
+                   "seconds of audio ahead of its player (2 is a start: above the longest pauses a gateway worker "
+                   "was seen to make under load), so that the GPU and the workers spend their time on the contexts "
+                   "that need it; 0: every context as fast as the engine can. HTTP requests always run "
+                   "as fast as it can (docs/protocol.md)")
     p.add_argument("--ssl-certfile", metavar="FILE", help="PEM certificate (chain) to serve https:// and wss:// on "
                    "the same port and routes; needs --ssl-keyfile")
     p.add_argument("--ssl-keyfile", metavar="FILE", help="PEM private key of --ssl-certfile")
@@ -263,7 +269,7 @@ def server_config(args: argparse.Namespace):
     limits = Limits(max_message_bytes=args.max_message_bytes, max_messages_per_s=args.max_messages_per_s,
                     max_text_chars=args.max_text_chars, max_contexts_per_connection=args.max_contexts_per_connection,
                     max_connections=args.max_connections, idle_timeout_s=args.idle_timeout,
-                    max_backlog_ms=args.max_backlog_ms)
+                    max_backlog_ms=args.max_backlog_ms, stream_lead_s=args.stream_lead or None)
     return ServerConfig(limits=limits, api_keys=keys, allowed_origins=tuple(args.allow_origin),
                         shutdown_deadline_s=args.shutdown_deadline, voice_map=args.voice_map,
                         voice_store=args.voice_store, admin_without_key=args.admin_without_key,

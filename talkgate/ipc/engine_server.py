@@ -218,8 +218,12 @@ class EngineServer:
             os.unlink(channel.path_of(self.endpoint))
 
     def idle_ms(self) -> int:
-        """How long an idle loop may wait for its sockets: until the next stats."""
-        return max(1, int(1000 * (self._next_stats - time.monotonic())))
+        """How long an idle loop may wait for its sockets: until the next stats, or once serving until a context that
+        sits out for its lead is due (Engine.idle_s), whichever comes first."""
+        wait = self._next_stats - time.monotonic()
+        if self.state == "ready":
+            wait = min(wait, self.engine.idle_s())
+        return max(1, int(1000 * wait))
 
     def turn(self, step: bool) -> bool:
         """Read the workers' messages, a turn of the engine (`step`: after the warm-up), the peers and the stats; True

@@ -72,14 +72,14 @@ def params_to_wire(p: ContextParams) -> list:
     s = p.sampling
     return [p.voice, p.language, p.instructions,
             [s.greedy, s.temperature, s.top_k, s.top_p, s.repetition_penalty, s.seed], p.fixed_frames,
-            voice_to_wire(p.voice_prompt), p.trace_latency]
+            voice_to_wire(p.voice_prompt), p.trace_latency, p.lead_s]
 
 
 def params_from_wire(w: list) -> ContextParams:
-    voice, language, instructions, s, fixed, voice_prompt, trace_latency = w
+    voice, language, instructions, s, fixed, voice_prompt, trace_latency, lead_s = w
     return ContextParams(voice=voice, language=language, instructions=instructions,
                          sampling=SamplingParams(*s), fixed_frames=fixed, voice_prompt=voice_from_wire(voice_prompt),
-                         trace_latency=trace_latency)
+                         trace_latency=trace_latency, lead_s=lead_s)
 
 
 def command_to_wire(cmd: EngineCommand) -> list:

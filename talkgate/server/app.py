@@ -26,8 +26,8 @@ async def native_ws(request: web.Request) -> web.WebSocketResponse:
     gw: Gateway = request.app["gateway"]
 
     def make(session_id, authenticate):
-        return NativeProtocol(gw.new_session("native", compat_ws.scope(request).voices), gw.limits, session_id,
-                              authenticate)
+        session = gw.new_session("native", compat_ws.scope(request).voices, player=True)
+        return NativeProtocol(session, gw.limits, session_id, authenticate)
 
     return await gw.serve_websocket(request, "native", make, first_message_auth=True)
 

@@ -33,8 +33,8 @@ def _elevenlabs(multi: bool):
 
         def make(session_id, authenticate):
             own = scope(request)
-            return ElevenLabsProtocol(gw.new_session(label, own.voices), session_id, voice_id, query, own.voice_map,
-                                      multi, authenticate)
+            return ElevenLabsProtocol(gw.new_session(label, own.voices, player=True), session_id, voice_id, query,
+                                      own.voice_map, multi, authenticate)
 
         return await gw.serve_websocket(request, label, make, first_message_auth=True)
 
@@ -46,7 +46,7 @@ async def cartesia_ws(request: web.Request) -> web.WebSocketResponse:
 
     def make(session_id, authenticate):
         own = scope(request)
-        return CartesiaProtocol(gw.new_session("cartesia", own.voices), session_id, own.voice_map)
+        return CartesiaProtocol(gw.new_session("cartesia", own.voices, player=True), session_id, own.voice_map)
 
     return await gw.serve_websocket(request, "cartesia", make)
 
@@ -57,7 +57,7 @@ async def deepgram_ws(request: web.Request) -> web.WebSocketResponse:
 
     def make(session_id, authenticate):
         own = scope(request)
-        return DeepgramProtocol(gw.new_session("deepgram", own.voices), session_id, query, own.voice_map)
+        return DeepgramProtocol(gw.new_session("deepgram", own.voices, player=True), session_id, query, own.voice_map)
 
     return await gw.serve_websocket(request, "deepgram", make)
 
@@ -76,7 +76,8 @@ async def deepgram_v2_ws(request: web.Request) -> web.StreamResponse:
             return respond(rest_error(400, e.code, e.message))
 
     def make(session_id, authenticate):
-        return deepgram_v2.DeepgramV2Protocol(gw.new_session("deepgram_v2", own.voices), session_id, settings)
+        session = gw.new_session("deepgram_v2", own.voices, player=True)
+        return deepgram_v2.DeepgramV2Protocol(session, session_id, settings)
 
     return await gw.serve_websocket(request, "deepgram_v2", make)
 
@@ -91,7 +92,7 @@ async def dashscope_ws(request: web.Request) -> web.StreamResponse:
 
     def make(session_id, authenticate):
         own = scope(request)
-        return DashScopeProtocol(gw.new_session("dashscope", own.voices), session_id, model, own.voice_map)
+        return DashScopeProtocol(gw.new_session("dashscope", own.voices, player=True), session_id, model, own.voice_map)
 
     return await gw.serve_websocket(request, "dashscope", make)
 
@@ -103,7 +104,8 @@ async def twilio_ws(request: web.Request) -> web.StreamResponse:
         return ErrorResponse(400, "invalid_request", "stream_sid (the Twilio Media Stream's streamSid) is required")
 
     def make(session_id, authenticate):
-        native = NativeProtocol(gw.new_session("twilio", scope(request).voices), gw.limits, session_id, authenticate)
+        native = NativeProtocol(gw.new_session("twilio", scope(request).voices, player=True), gw.limits, session_id,
+                                authenticate)
         return TwilioProtocol(native, stream_sid)
 
     return await gw.serve_websocket(request, "twilio", make, first_message_auth=True)

@@ -297,11 +297,12 @@ class Gateway:
             if request.get(IDENTITY) is not None:
                 self.key_limits.disconnect(request[IDENTITY])
 
-    def new_session(self, label: str, voices: Voices, defaults=None) -> Session:
-        """`voices`: what the client may name (scope(who).voices)."""
+    def new_session(self, label: str, voices: Voices, defaults=None, player: bool = False) -> Session:
+        """`voices`: what the client may name (scope(who).voices); `player`: the client plays the audio as it comes (a
+        WebSocket's: Session's `player`)."""
         return Session(self.client.info, self.limits, self.client.new_tokenizer, defaults,
                        ContextObserver(self.metrics, label), contexts=self.client.contexts, voices=voices,
-                       models=self.models)
+                       models=self.models, player=player)
 
 
 def start_drain(app: web.Application) -> asyncio.Task:

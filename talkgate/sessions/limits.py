@@ -17,6 +17,10 @@ class Limits:
     max_outbox_items: int = 4096             # messages waiting to be written on one connection
     max_outbox_bytes: int = 16 << 20         # and their bytes (audio runs ahead of a real-time reader)
     max_http_input_chars: int = 4096         # OpenAI endpoint `input` (its published limit)
+    # a WebSocket client's contexts are made at most this many seconds of audio ahead of its player (synth/scheduler.py;
+    # None: as fast as the engine can, the default until its effect is measured: docs/protocol.md). HTTP requests always
+    # run as fast as the engine can
+    stream_lead_s: float | None = None
 
     def as_dict(self) -> dict:
         return asdict(self)

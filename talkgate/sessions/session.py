@@ -240,10 +240,12 @@ class Session:
     def __init__(self, info: ModelInfo, limits: Limits, new_tokenizer: Callable[[], object],
                  defaults: ContextConfig | None = None, observer: Observer | None = None,
                  clock: Callable[[], float] = time.perf_counter, contexts: Iterator[int] | None = None,
-                 voices: Voices | None = None, models: Models | None = None):
+                 voices: Voices | None = None, models: Models | None = None, player: bool = False):
         """`voices`: what a `voice` may name (default: the model's voices only); `models`: the served models a
-        context may be for (default: `info`'s alone)."""
+        context may be for (default: `info`'s alone); `player`: the client plays the audio as it comes (a WebSocket's), so
+        its contexts run at most limits.stream_lead_s of audio ahead of it (ContextParams.lead_s)."""
         self.info, self.limits, self.new_tokenizer, self.clock = info, limits, new_tokenizer, clock
+        self.lead_s = limits.stream_lead_s if player else None
         self.voices = voices or Voices(info)
         self.models = models or Models([Model(model_name(info.name), info)])
         self.observer = observer or Observer()
@@ -334,8 +336,7 @@ class Session:
                          else (None, None))
         params = ContextParams(voice=None if prompt is not None else voice, voice_prompt=prompt,
                                language=cfg.language, instructions=instructions(cfg.instructions, cfg.expression),
-                               sampling=cfg.sampling,
-                               fixed_frames=cfg.fixed_frames)
+                               sampling=cfg.sampling, fixed_frames=cfg.fixed_frames, lead_s=self.lead_s)
         if cfg.reference is not None:       # the context opens once its voice is made (VoiceMade)
             ctx.held, ctx.params = [], replace(params, voice=None)
             self._commands.append(MakeVoice(ctx.context, cfg.reference.audio, cfg.reference.ref_text, ctx.model))

@@ -151,6 +151,9 @@ class ContextParams:
     # synth.request.frames_for_text for the documented text-length rule.
     fixed_frames: int | None = None
     trace_latency: bool = False       # the engine reports its first frame's stage times (StageTimes)
+    # a client that plays the audio as it comes: the context runs at most this many seconds of audio ahead of its
+    # player (synth/scheduler.py); None: as fast as the engine can (a client that wants the whole file)
+    lead_s: float | None = None
 
 
 # How a context ends when its request sets no fixed_frames (ModelInfo.end_of_speech): "model" for a trained

@@ -69,6 +69,7 @@ DEFAULT_MAX_FRAMES = 750        # 60 s of audio per context
 DEFAULT_BUDGET_FACTOR = 4.0     # runaway guard: max(4 * frames_for_text, 50) frames
 DEFAULT_BUDGET_MIN = 50
 HOLD_POLL_S = 0.001             # how often a held engine asks again
+IDLE_WAIT_S = 0.5               # how long an idle engine thread waits for a command before it looks again
 # step batches delivered to a client on another thread and not yet routed by it (about that many steps of audio)
 # at which its `hold` makes the engine wait before the next step (synth.api.EngineInterface.max_behind)
 STEPS_HELD_FOR_A_CLIENT = 32
@@ -452,7 +453,13 @@ class Engine:
                 time.sleep(HOLD_POLL_S)
                 continue
             if not self.turn():
-                self._wake.wait(timeout=0.5)
+                self._wake.wait(timeout=self.idle_s())
+
+    def idle_s(self) -> float:
+        """After a turn with nothing to do: how long the loop may wait for a command, at most until the first context
+        that sits out for its lead (ContextParams.lead_s) is due. The engine thread's (the scheduler is its own)."""
+        due = self.scheduler.due_in(time.perf_counter())
+        return IDLE_WAIT_S if due is None else min(IDLE_WAIT_S, due)
 
     def warm_up(self, every_graph: bool = False) -> None:
         """Compiles and the graphs a first audio needs, or every graph (the engine thread's start; an engine

@@ -5,6 +5,12 @@ as the running ones' decode (at most `max_prefills` a step), so a first frame ne
 utterances. When more are ready than one step takes (`max_batch`), earliest deadline first: the
 context whose client runs out of audio soonest (start + audio emitted so far) goes first; a new
 context's deadline is the moment its text became ready, so it competes fairly with running ones.
+
+A context whose client plays its audio as it comes (ContextParams.lead_s) sits out the steps while its audio is more
+than that lead ahead of its player: audio made earlier than that is heard no sooner, and making it costs the steps
+their rows and the gateway's workers their encoding now, when other contexts need them (at 512 closed-loop streams
+every stream was made at about 3x real time: docs/benchmarks.md). It runs again once its lead has shrunk to that;
+`due_in` tells the engine loop when the first such context is due, so that it wakes for it with nothing else to do.
 """
 from __future__ import annotations
 
@@ -45,6 +51,12 @@ class Scheduler:
         """A context not prefilled yet is ready: the next step makes its first frame."""
         return any(r.ready for r in self.waiting)
 
+    def due_in(self, now: float) -> float | None:
+        """Seconds until the first ready context that sits out for its lead is due (0 where one is due now); None where
+        none sits out."""
+        due = [r.deadline - r.params.lead_s - now for r in self.running if r.ready and r.params.lead_s is not None]
+        return max(0.0, min(due)) if due else None
+
     def schedule(self, now: float) -> tuple[list[Request], list[Request]]:
         """(contexts to prefill, contexts to decode) for the next step; moves the prefilled to running.
         A context whose next text token has not arrived is skipped, never blocking the others."""
@@ -52,7 +64,7 @@ class Scheduler:
             if req.ready and req.t_ready is None:
                 req.t_ready = now
         new = [r for r in self.waiting if r.ready]
-        old = [r for r in self.running if r.ready]
+        old = [r for r in self.running if r.ready and not ahead(r, now)]
         if len(new) > self.max_prefills:
             new = sorted(new, key=lambda r: r.deadline)[:self.max_prefills]
         if len(new) + len(old) > self.max_batch:
@@ -65,3 +77,8 @@ class Scheduler:
             self.running.append(req)
             req.status = Status.RUNNING
         return new, old
+
+
+def ahead(req: Request, now: float) -> bool:
+    """Its client's player has more than the context's lead of its audio still to play: it sits this step out."""
+    return req.params.lead_s is not None and req.deadline - now > req.params.lead_s

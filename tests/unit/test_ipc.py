@@ -20,7 +20,7 @@ def test_wire_round_trip():
     cmds = [OpenContext(3, params), AppendText(3, (1, 2, 3), 0.42), FlushText(3, (5,), 0.0), EndText(3, (4,), 0.06),
             CancelContext(3), OpenContext(3, ContextParams(voice_prompt=icl)),
             OpenContext(3, ContextParams(voice_prompt=VoicePrompt.from_arrays(np.ones(8, np.float32)))),
-            OpenContext(4, ContextParams(trace_latency=True))]
+            OpenContext(4, ContextParams(trace_latency=True)), OpenContext(5, ContextParams(lead_s=2.0))]
     cmds.append(MakeVoice(99, b"\0" * 96000, "Hi."))
     frames = wire.commands_message(7, [wire.command_to_wire(c) for c in cmds])
     ack, decoded = wire.decode(frames[1])

@@ -143,3 +143,54 @@ def test_remove_is_idempotent():
 def test_bad_limits():
     with pytest.raises(ValueError):
         Scheduler(max_batch=2, max_prefills=3)
+
+
+def paced(context: int, lead_s: float) -> Request:
+    r = req(context, tokens=100)
+    r.params = ContextParams(lead_s=lead_s)
+    return r
+
+
+def test_a_paced_context_sits_out_while_more_than_its_lead_ahead_of_its_player():
+    s = Scheduler(max_batch=8, max_prefills=2)
+    a, b = paced(1, lead_s=0.2), req(2, tokens=100)
+    s.add(a)
+    s.add(b)
+    assert s.schedule(0.0) == ([a, b], [])                     # first frames: deadline 0, nothing ahead
+    assert s.due_in(0.0) == 0.0                                # a is due (0.08 ahead, lead 0.2)
+    a.frames = b.frames = 4                                    # 0.32 s of audio made by t = 0: 0.12 s past its lead
+    assert s.schedule(0.0) == ([], [b])                        # the unpaced one runs on as fast as it can
+    assert s.due_in(0.0) == pytest.approx(0.12)
+    assert s.due_in(0.05) == pytest.approx(0.07)
+    assert s.schedule(0.119) == ([], [b])
+    assert s.schedule(0.121) == ([], [a, b])                   # its player has 0.2 s left: it runs again
+    a.frames = 5
+    assert s.due_in(0.121) == pytest.approx(0.079)
+
+
+def test_due_in_is_none_without_paced_contexts_and_ignores_those_waiting_for_text():
+    s = Scheduler(max_batch=8, max_prefills=2)
+    assert s.due_in(0.0) is None
+    b = req(2, tokens=100)
+    s.add(b)
+    s.schedule(0.0)
+    assert s.due_in(0.0) is None
+    a = paced(1, lead_s=0.5)
+    a.text_ids = [5]
+    s.add(a)
+    s.schedule(0.0)
+    a.frames = 1                                               # needs a second token it does not have: not ready
+    assert not a.ready and s.due_in(0.0) is None
+
+
+def test_a_paced_context_never_waits_once_its_player_has_less_than_its_lead():
+    s = Scheduler(max_batch=8, max_prefills=2)
+    a = paced(1, lead_s=2.0)
+    s.add(a)
+    s.schedule(0.0)
+    for frame in range(1, 26):                                 # 2 s of audio as fast as steps come (t stays 0)
+        a.frames = frame
+        assert s.schedule(0.0) == ([], [a] if frame * 0.08 <= 2.0 else [])
+    a.frames = 26
+    assert s.schedule(0.0) == ([], [])
+    assert s.schedule(26 * 0.08 - 2.0) == ([], [a])            # then one frame every 80 ms: real time
