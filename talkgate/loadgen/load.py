@@ -95,6 +95,7 @@ class Result:
     cancel_sent_at_audio_ms: float | None = None
     cancel_to_cancelled_ms: float | None = None
     cancel_to_last_audio_ms: float | None = None
+    stream_lead_s: float | None = None     # native: the server's stream lead (session.ready), None where off
     error: dict | None = None
 
 
@@ -149,8 +150,10 @@ async def native_request(http: aiohttp.ClientSession, cfg: Config, job: Job, r: 
         except asyncio.TimeoutError:
             raise RequestError("no_session", f"no session.ready within {READY_TIMEOUT_S:.0f} s (the server waits "
                                "for an `auth` message when it needs an API key: --api-key)") from None
-        if msg.type != aiohttp.WSMsgType.TEXT or json.loads(msg.data).get("type") != "session.ready":
+        ready = json.loads(msg.data) if msg.type == aiohttp.WSMsgType.TEXT else {}
+        if ready.get("type") != "session.ready":
             raise RequestError("no_session", f"expected session.ready, got {msg.type.name} {str(msg.data)[:200]}")
+        r.stream_lead_s = ready.get("limits", {}).get("stream_lead_s")
         r.connect_ms = (now() - t_connect) * 1000
         cid, rate = f"r{job.idx}", cfg.sample_rate
         start = {"type": "context.start", "context_id": cid, "language": job.prompt["language"],
@@ -733,6 +736,8 @@ def summarize(cfg: Config, results: list[Result], wall_s: float, issue_window: f
         "client_loop_lag_ms": stats(lags),
         "in_flight_trend": in_flight_trend(ok, issue_window) if cfg.rps else None,
         "ttfa_by_arrival": ttfa_by_arrival(ok),
+        # the server's stream leads its WebSocket sessions said (a paced stream is made at about real time past it)
+        "stream_leads_s": sorted({r.stream_lead_s for r in ok if r.stream_lead_s is not None}),
         "clean": clean,
     }
 

@@ -66,7 +66,13 @@ def one_line(s: dict) -> str:
             f"audio s per wall s {audio_rate(s)}, "
             f"TTFA p50 {fmt(t.get('p50'))} p95 {fmt(t.get('p95'))} ms, underruns {s['underruns']}, "
             f"errors {sum(s['errors'].values())}, peak in flight {s['peak_in_flight']}{trend(s, ', in flight ')}"
-            f" -> {'clean' if s['clean'] else 'NOT clean'}" + (f"; WARNING: {warning}" if warning else ""))
+            f"{lead(s, ', streams paced: lead ')} -> {'clean' if s['clean'] else 'NOT clean'}" + (f"; WARNING: {warning}" if warning else ""))
+
+
+def lead(s: dict, prefix: str = "") -> str:
+    """The server's stream leads its sessions said (load.summarize's stream_leads_s), '' where none (off, or HTTP)."""
+    leads = s.get("stream_leads_s")
+    return prefix + ", ".join(f"{v:g} s" for v in leads) if leads else ""
 
 
 def trend(s: dict, prefix: str = "") -> str:
@@ -118,6 +124,8 @@ def markdown(cfg: dict, s: dict) -> str:
             ("mean in flight over 30-60% -> 70-100% of the run (growing: the server falls behind)",
              trend(s) or "-"),
             ("audio s per wall s: received by the clients, made by the engines (by engine)", audio_rate(s)),
+            ("server's stream lead (serve --stream-lead: a WebSocket stream made at most this far ahead of its "
+             "player, so at about real time past it)", lead(s) or "off"),
             ("underruns (requests with any) / total ms",
              f"{s['underruns']} ({s['requests_with_underruns']}) / {fmt(s['underrun_ms_total'])}"),
             ("underrun requests: started in the ramp / after it; first ran dry at frame", underrun_split(s)),

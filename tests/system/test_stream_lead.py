@@ -78,3 +78,15 @@ def test_a_websocket_context_runs_its_lead_ahead_and_speaks_as_the_unpaced_http_
     for start_ms, t in arrivals:
         assert t >= start_ms / 1000 - LEAD_S - 0.02, (start_ms, t)
     assert arrivals[-1][1] < (FRAMES - 1) * 0.08 - LEAD_S + 1.0      # woken for each frame when due
+
+
+def test_talkgate_bench_says_the_servers_stream_lead(server, tmp_path):
+    """`talkgate bench` reads the lead from each native session.ready: a paced server's figures say they are paced."""
+    from talkgate.cli import bench
+
+    out = tmp_path / "results"
+    rc = bench.main(["--url", server.url, "--protocol", "native", "--lang", "en", "--bucket", "short", "--concurrency",
+                     "2", "--requests", "2", "--warmup", "0", "--out", str(out)])
+    summary = json.loads((out / "summary.json").read_text())["summary"]
+    assert rc == 0 and summary["stream_leads_s"] == [LEAD_S]
+    assert f"| {LEAD_S:g} s |" in (out / "summary.md").read_text()

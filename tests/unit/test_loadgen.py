@@ -7,7 +7,7 @@ import itertools
 import json
 import random
 import statistics
-from dataclasses import asdict
+from dataclasses import asdict, replace
 
 import numpy as np
 import pytest
@@ -479,3 +479,17 @@ def test_audio_made_and_roofline_are_those_of_the_run_s_model():
     every = load.server_numbers(before, after, 10.0, None)
     assert every["engine_audio_s_per_wall_s"] == 6.0 and len(every["engine_audio_s_per_wall_s_by_engine"]) == 3
     assert every["engine_roofline_fraction"] == pytest.approx(0.2)
+
+
+def test_the_servers_stream_lead_is_shown_where_its_sessions_said_one():
+    """A paced server's streams are made at about real time past the lead: its req/s and audio-s/s mean that, and the
+    summary says so (the one line and the table); a server without (or HTTP) says off."""
+    cfg = load.Config(concurrency=4)
+    paced = [replace(_result(i), stream_lead_s=2.0) for i in range(3)] + [_result(3, error={"code": "x", "message": ""})]
+    s = load.summarize(cfg, paced, 10.0, None, 4, {}, None, [0.1])
+    assert s["stream_leads_s"] == [2.0]
+    assert ", streams paced: lead 2 s -> NOT clean" in report.one_line(s)
+    assert "player, so at about real time past it) | 2 s |" in report.markdown(asdict(cfg), s)
+    s = load.summarize(cfg, [_result(i) for i in range(3)], 10.0, None, 4, {}, None, [0.1])
+    assert s["stream_leads_s"] == [] and "paced" not in report.one_line(s)
+    assert "player, so at about real time past it) | off |" in report.markdown(asdict(cfg), s)
