@@ -66,7 +66,8 @@ def one_line(s: dict) -> str:
             f"audio s per wall s {audio_rate(s)}, "
             f"TTFA p50 {fmt(t.get('p50'))} p95 {fmt(t.get('p95'))} ms, underruns {s['underruns']}, "
             f"errors {sum(s['errors'].values())}, peak in flight {s['peak_in_flight']}{trend(s, ', in flight ')}"
-            f"{lead(s, ', streams paced: lead ')} -> {'clean' if s['clean'] else 'NOT clean'}" + (f"; WARNING: {warning}" if warning else ""))
+            f"{lead(s, ', streams paced: lead ')} -> {'clean' if s['clean'] else 'NOT clean'}"
+            + (f"; WARNING: {warning}" if warning else ""))
 
 
 def lead(s: dict, prefix: str = "") -> str:

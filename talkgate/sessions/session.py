@@ -242,8 +242,8 @@ class Session:
                  clock: Callable[[], float] = time.perf_counter, contexts: Iterator[int] | None = None,
                  voices: Voices | None = None, models: Models | None = None, player: bool = False):
         """`voices`: what a `voice` may name (default: the model's voices only); `models`: the served models a
-        context may be for (default: `info`'s alone); `player`: the client plays the audio as it comes (a WebSocket's), so
-        its contexts run at most limits.stream_lead_s of audio ahead of it (ContextParams.lead_s)."""
+        context may be for (default: `info`'s alone); `player`: the client plays the audio as it comes (a
+        WebSocket's), so its contexts run at most limits.stream_lead_s of audio ahead of it (ContextParams.lead_s)."""
         self.info, self.limits, self.new_tokenizer, self.clock = info, limits, new_tokenizer, clock
         self.lead_s = limits.stream_lead_s if player else None
         self.voices = voices or Voices(info)

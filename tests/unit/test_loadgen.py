@@ -485,7 +485,8 @@ def test_the_servers_stream_lead_is_shown_where_its_sessions_said_one():
     """A paced server's streams are made at about real time past the lead: its req/s and audio-s/s mean that, and the
     summary says so (the one line and the table); a server without (or HTTP) says off."""
     cfg = load.Config(concurrency=4)
-    paced = [replace(_result(i), stream_lead_s=2.0) for i in range(3)] + [_result(3, error={"code": "x", "message": ""})]
+    paced = [replace(_result(i), stream_lead_s=2.0) for i in range(3)]
+    paced.append(_result(3, error={"code": "x", "message": ""}))
     s = load.summarize(cfg, paced, 10.0, None, 4, {}, None, [0.1])
     assert s["stream_leads_s"] == [2.0]
     assert ", streams paced: lead 2 s -> NOT clean" in report.one_line(s)
