@@ -64,7 +64,9 @@ class Scheduler:
             if req.ready and req.t_ready is None:
                 req.t_ready = now
         new = [r for r in self.waiting if r.ready]
-        old = [r for r in self.running if r.ready and not ahead(r, now)]
+        # a context with a lead runs while its player has at most that lead still to play (inline: per row and step)
+        old = [r for r in self.running
+               if r.ready and (r.params.lead_s is None or r.deadline - now <= r.params.lead_s)]
         if len(new) > self.max_prefills:
             new = sorted(new, key=lambda r: r.deadline)[:self.max_prefills]
         if len(new) + len(old) > self.max_batch:
@@ -77,8 +79,3 @@ class Scheduler:
             self.running.append(req)
             req.status = Status.RUNNING
         return new, old
-
-
-def ahead(req: Request, now: float) -> bool:
-    """Its client's player has more than the context's lead of its audio still to play: it sits this step out."""
-    return req.params.lead_s is not None and req.deadline - now > req.params.lead_s
