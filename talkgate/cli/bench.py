@@ -54,8 +54,9 @@ def parser() -> argparse.ArgumentParser:
                    "the style a model that takes instructions speaks in")
     p.add_argument("--model", default=d.model, help="OpenAI `model` field")
     p.add_argument("--api-key", help="the server's API key, if it requires one")
-    p.add_argument("--max-in-flight", type=int, default=d.max_in_flight,
-                   help="client cap; an arrival over it is an error (the server is not keeping up)")
+    p.add_argument("--max-in-flight", type=int,
+                   help=f"client cap; an arrival over it is an error (the server is not keeping up); default "
+                   f"{d.max_in_flight}, or --concurrency where that is more")
     p.add_argument("--request-timeout", type=float, default=d.request_timeout_s, help="seconds per request")
     p.add_argument("--underrun-tolerance-ms", type=float, default=d.underrun_tolerance_ms,
                    help="a player stall up to this long is not counted")
@@ -77,6 +78,8 @@ def config_from(args: argparse.Namespace, p: argparse.ArgumentParser) -> Config:
         p.error("--encoding opus is for the native protocol; the OpenAI endpoint streams PCM")
     if not 0 <= args.cancel_share <= 1:
         p.error("--cancel-share must be between 0 and 1")
+    if args.max_in_flight is None:
+        args.max_in_flight = max(Config.max_in_flight, args.concurrency or 0)
     if args.concurrency is not None and not 1 <= args.concurrency <= args.max_in_flight:
         p.error("--concurrency must be between 1 and --max-in-flight")
     if args.rps is not None and args.rps <= 0:

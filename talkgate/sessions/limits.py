@@ -18,9 +18,10 @@ class Limits:
     max_outbox_bytes: int = 16 << 20         # and their bytes (audio runs ahead of a real-time reader)
     max_http_input_chars: int = 4096         # OpenAI endpoint `input` (its published limit)
     # a WebSocket client's contexts are made at most this many seconds of audio ahead of its player (synth/scheduler.py;
-    # None: as fast as the engine can, the default until its effect is measured: docs/protocol.md). HTTP requests always
-    # run as fast as the engine can
-    stream_lead_s: float | None = None
+    # None: as fast as the engine can). 2 s: on one H200 it took 1,024 real-time streams of 0.6B from 303 requests with
+    # an underrun to none, the server's CPU from 12.7 to 6.9 cores (docs/benchmarks.md). HTTP requests always run as
+    # fast as the engine can
+    stream_lead_s: float | None = 2.0
 
     def as_dict(self) -> dict:
         return asdict(self)

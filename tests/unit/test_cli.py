@@ -142,3 +142,23 @@ def test_help_explains_every_option_and_shows_each_default_once():
     serve_help = parsers["talkgate serve"].format_help()
     assert "--port N" in serve_help and "(default: 8080)" in serve_help and "(default: 10.0)" in serve_help
     assert "english, german" in parsers["talkgate synthesize"].format_help()
+
+
+@pytest.mark.parametrize("argv, cap", [([], 512), (["--concurrency", "1024"], 1024), (["--concurrency", "64"], 512),
+                                       (["--concurrency", "64", "--max-in-flight", "100"], 100)])
+def test_bench_client_cap_takes_in_its_closed_loop(argv, cap):
+    """`talkgate bench --concurrency N` above the client cap's default runs N clients (it was refused until
+    --max-in-flight was raised by hand); a cap given is kept."""
+    from talkgate.cli import bench
+
+    p = bench.parser()
+    assert bench.config_from(p.parse_args(argv), p).max_in_flight == cap
+
+
+def test_bench_concurrency_over_a_given_cap_is_refused(capsys):
+    from talkgate.cli import bench
+
+    p = bench.parser()
+    with pytest.raises(SystemExit):
+        bench.config_from(p.parse_args(["--concurrency", "600", "--max-in-flight", "512"]), p)
+    assert "--concurrency must be between 1 and --max-in-flight" in capsys.readouterr().err
