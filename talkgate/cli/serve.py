@@ -147,8 +147,8 @@ def add_parser(subparsers) -> None:
                    help="a WebSocket client plays the audio as it comes: make each of its contexts at most this many "
                    "seconds of audio ahead of its player (2 s is above the longest pauses a gateway worker was seen to "
                    "make under load), so that the GPU and the workers spend their time on the contexts that need it "
-                   "(1,024 streams on one H200: no underrun, half the CPU); 0: every context as fast as the engine can. HTTP requests always run "
-                   "as fast as it can (docs/protocol.md)")
+                   "(1,024 streams on one H200: no underrun, half the CPU); 0: every context as fast as the engine "
+                   "can. HTTP requests always run as fast as it can (docs/protocol.md)")
     p.add_argument("--ssl-certfile", metavar="FILE", help="PEM certificate (chain) to serve https:// and wss:// on "
                    "the same port and routes; needs --ssl-keyfile")
     p.add_argument("--ssl-keyfile", metavar="FILE", help="PEM private key of --ssl-certfile")

@@ -300,13 +300,13 @@ def test_underrun_risk_is_a_write_after_a_real_time_player_would_have_run_dry(to
     assert stalls == [100.2, 100.45, 103.2]
 
 
-@pytest.mark.parametrize("player, lead", [(True, 0.5), (True, None), (False, 0.5), (True, "default")])
-def test_a_players_contexts_carry_the_servers_stream_lead_and_others_none(tokenizer, player, lead):
+@pytest.mark.parametrize("player, limits, lead", [(True, Limits(stream_lead_s=0.5), 0.5),
+                                                 (True, Limits(stream_lead_s=None), None),
+                                                 (False, Limits(stream_lead_s=0.5), 0.5), (True, Limits(), 2.0)])
+def test_a_players_contexts_carry_the_servers_stream_lead_and_others_none(tokenizer, player, limits, lead):
     """A WebSocket's session (player) asks the engine to keep its contexts limits.stream_lead_s ahead of the client's
     player (2 s by default); an HTTP request's, and every context where the server's lead is off (None), run as fast
     as they can."""
-    limits = Limits() if lead == "default" else Limits(stream_lead_s=lead)
-    lead = 2.0 if lead == "default" else lead
     h = Harness(tokenizer, lambda s: NativeProtocol(s, limits, "s1", None), limits, player=player)
     h.send({"type": "text", "context_id": "a", "text": "Hello."})
     (opened,) = [c for c in h.commands if isinstance(c, OpenContext)]
