@@ -57,6 +57,20 @@ def one_context(engine: Engine, client: int, got: list, ctx: int, ids: tuple, pa
     return row
 
 
+def driven_engine(checkpoint: str, compile: bool) -> tuple:
+    """An engine of 8 slots, warm, with one client whose AudioChunks land in `got`, TEXT's ids, and three contexts
+    run (first calls: allocator, caches): (engine, client, got, ids, parts) for one_context."""
+    engine = Engine.from_pretrained(checkpoint, max_contexts=8, torch_compile=compile)
+    engine.warm_up()
+    parts: dict = defaultdict(float)
+    got: list = []
+    client = engine.connect(lambda events: got.extend(ev for ev in events if isinstance(ev, AudioChunk)))
+    ids = tuple(engine.new_tokenizer().tokenizer.encode(TEXT))
+    for ctx in range(1, 4):
+        one_context(engine, client, got, ctx, ids, parts)
+    return engine, client, got, ids, parts
+
+
 def replay_host_us(r, reps: int = 20) -> dict:
     """Host microseconds of one replay of each graph a batch-1 first frame launches (the GPU idle before each)."""
     out = {}
@@ -136,15 +150,8 @@ def main(argv=None) -> int:
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--json")
     args = ap.parse_args(argv)
-    engine = Engine.from_pretrained(args.checkpoint, max_contexts=8, torch_compile=args.compile)
-    engine.warm_up()
+    engine, client, got, ids, parts = driven_engine(args.checkpoint, args.compile)
     r = engine.runner
-    parts: dict = defaultdict(float)
-    got: list = []
-    client = engine.connect(lambda events: got.extend(ev for ev in events if isinstance(ev, AudioChunk)))
-    ids = tuple(engine.new_tokenizer().tokenizer.encode(TEXT))
-    for ctx in range(1, 4):                                   # first calls (allocator, caches) apart
-        one_context(engine, client, got, ctx, ids, parts)
     timed(parts, "submit", engine, "submit")
     timed(parts, "apply_commands", engine, "_apply_commands")
     timed(parts, "open_slots", r, "open_slots")
