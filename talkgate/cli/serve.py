@@ -149,6 +149,9 @@ def add_parser(subparsers) -> None:
                    "make under load), so that the GPU and the workers spend their time on the contexts that need it "
                    "(1,024 streams on one H200: no underrun, half the CPU); 0: every context as fast as the engine "
                    "can. HTTP requests always run as fast as it can (docs/protocol.md)")
+    p.add_argument("--keep-warm", metavar="SECONDS", type=cli_args.seconds,
+                   help="an idle engine touches its GPU this often (one small operation), so that the first audio "
+                   "after a quiet spell takes a warm launch path; 0: never (default: 0.02; docs/engine.md)")
     p.add_argument("--ssl-certfile", metavar="FILE", help="PEM certificate (chain) to serve https:// and wss:// on "
                    "the same port and routes; needs --ssl-keyfile")
     p.add_argument("--ssl-keyfile", metavar="FILE", help="PEM private key of --ssl-certfile")
@@ -250,6 +253,8 @@ def run(args: argparse.Namespace) -> int:
         engine = single.load_engine(models[0][1] if args.model or args.models else str(default_checkpoint()), device,
                                     args.dtype, args.decoder_dtype, max_contexts, args.max_batch, args.seed,
                                     args.untrained_length)
+        if args.keep_warm is not None:
+            engine.set_keep_warm(args.keep_warm)
         config = server_config(args)
         host = f"[{args.host}]" if ":" in args.host else args.host
         url = f"{'https' if tls else 'http'}://{host}:{sockets[0].getsockname()[1]}"
@@ -397,7 +402,7 @@ def run_supervised(args: argparse.Namespace, specs: list[ModelSpec]) -> int:
         engine_args = ["--untrained-length", args.untrained_length, "--warmup-stall", str(args.warmup_stall)]
         for flag, value in (("--dtype", args.dtype), ("--decoder-dtype", args.decoder_dtype),
                             ("--max-contexts", args.max_contexts), ("--max-batch", args.max_batch),
-                            ("--seed", args.seed)):
+                            ("--seed", args.seed), ("--keep-warm", args.keep_warm)):
             if value is not None:
                 engine_args += [flag, str(value)]
         workers = args.workers if args.workers is not None else default_workers(len(engines))

@@ -44,6 +44,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int)
     p.add_argument("--untrained-length", choices=["text-rule", "runaway"], default="text-rule")
     p.add_argument("--warmup-stall", type=float, default=DEFAULT_STALL_S)
+    p.add_argument("--keep-warm", type=float, help="seconds: an idle engine touches its GPU this often; 0: never "
+                   "(default: synth/engine.py KEEP_WARM_S)")
     p.add_argument("--every-graph", action="store_true",
                    help="capture every batch size's graph before ready (the supervisor's restart beside a sibling)")
     return p
@@ -73,6 +75,8 @@ def main(argv: list[str] | None = None) -> int:
                                      first_apart=not args.shared_gpu) for args in engines]
     for args, load in zip(engines, loads):
         engine = load()
+        if args.keep_warm is not None:
+            engine.set_keep_warm(args.keep_warm)
         servers.append(EngineServer(engine, args.endpoint, args.index, str(engine.runner.tts.path),
                                     args.warmup_stall, poller))
         log.info("engine %d: %s on %s/%s, %d slots, bound to %s (pid %d)", args.index, engine.info.name,

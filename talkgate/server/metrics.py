@@ -41,10 +41,13 @@ ENGINE_FIRST_APART_HELP = ("Steps whose new contexts' prefill and first frame we
                            "ahead of the running rows' (synth/engine.py first_frames_apart)")
 ENGINE_FIRST_DECODES_HELP = ("Steps whose new contexts' first frames were decoded ahead of their running rows' (past the "
                              "lane's rows: synth/engine.py FIRST_DECODE_MAX_ROWS)")
+ENGINE_KEEP_WARM_HELP = ("Touches of the GPU by the engine while idle (one small operation every serve --keep-warm "
+                         "seconds without a step): the first audio after a quiet spell takes a warm launch path")
 # counts an engine keeps in its stats (key -> metric name, help), each a counter per engine
 ENGINE_COUNTS = {"lane_launches": ("talkgate_engine_lane_launches", ENGINE_LANE_HELP),
                  "first_apart_launches": ("talkgate_engine_first_apart_launches", ENGINE_FIRST_APART_HELP),
-                 "first_decodes": ("talkgate_engine_first_decodes", ENGINE_FIRST_DECODES_HELP)}
+                 "first_decodes": ("talkgate_engine_first_decodes", ENGINE_FIRST_DECODES_HELP),
+                 "keep_warm_touches": ("talkgate_engine_keep_warm_touches", ENGINE_KEEP_WARM_HELP)}
 ENGINE_GRAPHS_PENDING_HELP = ("CUDA graphs the engine captures after its warm-up, one at a time in a quiet moment: "
                               "each holds the engine up to seconds (on an H200 3 s), so first audio measured while any "
                               "are pending includes those holds (docs/operations.md)")

@@ -70,6 +70,11 @@ DEFAULT_BUDGET_FACTOR = 4.0     # runaway guard: max(4 * frames_for_text, 50) fr
 DEFAULT_BUDGET_MIN = 50
 HOLD_POLL_S = 0.001             # how often a held engine asks again
 IDLE_WAIT_S = 0.5               # how long an idle engine thread waits for a command before it looks again
+# How often an idle engine touches its GPU (Runner.keep_warm; Engine.set_keep_warm, serve --keep-warm): a new context's
+# open and first launch after a quiet second took 0.57 / 1.11 ms of the engine thread against 0.36 / 0.84 ms with a
+# small CUDA operation every 20 ms meanwhile, where a busy Python loop did not help (1.7B on an H200, bench/idle_gap.py,
+# docs/benchmarks.md): what cools is the CUDA launch path, not the core
+KEEP_WARM_S = 0.02
 # step batches delivered to a client on another thread and not yet routed by it (about that many steps of audio)
 # at which its `hold` makes the engine wait before the next step (synth.api.EngineInterface.max_behind)
 STEPS_HELD_FOR_A_CLIENT = 32
@@ -225,6 +230,16 @@ class Engine:
         # where other engines share the thread: called with perf_counter() before a graph capture, True where none
         # of their contexts would notice the thread held for it either
         self.others_unnoticed = None
+        # how often an idle engine touches its GPU (None: never; nothing to keep warm on the CPU): set_keep_warm
+        self.keep_warm_s: float | None = None
+        self.set_keep_warm(KEEP_WARM_S)
+        self._active_at = 0.0                   # the last turn that did something (keep_warm_s counts from there)
+        self.keep_warm_touches = 0
+
+    def set_keep_warm(self, seconds: float | None) -> None:
+        """An idle engine touches its GPU every `seconds` (synth/api.py KEEP_WARM_S; None or 0: never), where its
+        runner is on a GPU."""
+        self.keep_warm_s = (seconds or None) if self.runner.device.type == "cuda" else None
 
     @classmethod
     def from_pretrained(cls, path_or_id: str, **kw) -> "Engine":
@@ -436,6 +451,7 @@ class Engine:
                 "prompt_prefixes": dict(self.runner.prefix_counts),
                 "lane_launches": self.runner.lane.launches if self.runner.lane is not None else 0,
                 "first_apart_launches": self._apart_launches, "first_decodes": self.runner.first_decodes,
+                "keep_warm_touches": self.keep_warm_touches,
                 **({"step_roof_s": self._roof_s_total} if self.runner.roof is not None else {})}
 
     # ----- engine thread -----
@@ -457,9 +473,14 @@ class Engine:
 
     def idle_s(self) -> float:
         """After a turn with nothing to do: how long the loop may wait for a command, at most until the first context
-        that sits out for its lead (ContextParams.lead_s) is due. The engine thread's (the scheduler is its own)."""
-        due = self.scheduler.due_in(time.perf_counter())
-        return IDLE_WAIT_S if due is None else min(IDLE_WAIT_S, due)
+        that sits out for its lead (ContextParams.lead_s) is due, or the next touch of the GPU (keep_warm_s). The
+        engine thread's (the scheduler is its own)."""
+        now = time.perf_counter()
+        due = self.scheduler.due_in(now)
+        wait = IDLE_WAIT_S if due is None else min(IDLE_WAIT_S, due)
+        if self.keep_warm_s:
+            wait = min(wait, max(0.0, self._active_at + self.keep_warm_s - now))
+        return wait
 
     def warm_up(self, every_graph: bool = False) -> None:
         """Compiles and the graphs a first audio needs, or every graph (the engine thread's start; an engine
@@ -468,10 +489,19 @@ class Engine:
         self._ready_at = self._open_at = time.perf_counter()
 
     def turn(self) -> bool:
-        """One turn of the engine loop: run_once, then a pending graph capture if no context would notice;
-        False when there was nothing to do."""
+        """One turn of the engine loop: run_once, then a pending graph capture if no context would notice; where
+        neither did anything for keep_warm_s, a touch of the GPU (Runner.keep_warm). False when there was nothing to
+        do."""
         stepped = self.run_once()
-        return self._capture_if_unnoticed() or stepped
+        busy = self._capture_if_unnoticed() or stepped
+        now = time.perf_counter()
+        if busy:
+            self._active_at = now
+        elif self.keep_warm_s and now - self._active_at >= self.keep_warm_s:
+            self.runner.keep_warm()
+            self.keep_warm_touches += 1
+            self._active_at = now
+        return busy
 
     def _capture_if_unnoticed(self) -> bool:
         """Capture one pending graph if no context would notice (QUIET_S, BUSY_S above); the last step's

@@ -245,6 +245,9 @@ class Runner:
         self.open_ints_host = torch.zeros(chunks, 3 + len(INT_FIELDS), O, dtype=torch.long, pin_memory=cuda)
         self.open_floats_host = torch.zeros(chunks, len(FLOAT_FIELDS), O, pin_memory=cuda)
         self.opened = torch.cuda.Event() if cuda else None
+        # keep_warm's operand and event
+        self._touch = torch.zeros(1, device=device) if cuda else None
+        self._touched = torch.cuda.Event() if cuda else None
         # the first-frame lane (synth/lane.py): its step buffers, its host sets (the last LANE_SETS) and its graphs
         self.lane = None
         if lane:
@@ -576,6 +579,15 @@ class Runner:
         if self._joined is not None:
             torch.cuda.current_stream().wait_event(self._joined)
             self._joined = None
+
+    def keep_warm(self) -> None:
+        """One small operation on the engine's stream, waited for as a step's codes are (an idle engine's touch of the
+        GPU: synth/engine.py KEEP_WARM_S). Nothing on the CPU."""
+        if self._touch is None:
+            return
+        self._touch.add_(1)
+        self._touched.record()
+        self._touched.synchronize()
 
     def codes_ready(self, step: Launched) -> bool:
         """Whether codes_of(step) would return without waiting."""

@@ -162,3 +162,16 @@ def test_bench_concurrency_over_a_given_cap_is_refused(capsys):
     with pytest.raises(SystemExit):
         bench.config_from(p.parse_args(["--concurrency", "600", "--max-in-flight", "512"]), p)
     assert "--concurrency must be between 1 and --max-in-flight" in capsys.readouterr().err
+
+
+def test_serve_keep_warm_is_seconds_and_reaches_an_engine_process_only_when_given(capsys):
+    """`serve --keep-warm` takes seconds >= 0 (a mistake is refused in words); the engine process's parser takes what
+    serve passes on, and leaves the engine's own default where serve passed nothing."""
+    from talkgate.processes.engine_process import parser
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["serve", "--keep-warm", "-1", "--port", "0"])
+    assert exit_.value.code == 2 and "--keep-warm: -1 is out of range" in capsys.readouterr().err
+    common = ["--endpoint", "ipc:///tmp/x.ipc", "--model", "m"]
+    assert parser().parse_args(common).keep_warm is None
+    assert parser().parse_args(common + ["--keep-warm", "0.0"]).keep_warm == 0.0

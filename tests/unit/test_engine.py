@@ -795,3 +795,33 @@ def test_a_paced_context_runs_its_lead_ahead_of_its_player_and_no_further(speake
         assert t - sent >= k * 0.08 - lead - 0.01, (k, t - sent)
     assert max(b - a for a, b in zip(sink.times, sink.times[1:])) < 0.25     # an idle wait's timeout is 0.5 s
     assert sink.times[-1] - first < (frames - 1) * 0.08 - lead + 0.15
+
+
+def test_an_idle_engine_touches_its_gpu_every_keep_warm_s_and_a_busy_one_does_not(checkpoint):
+    """Driven by hand (not started): idle turns touch the GPU (Runner.keep_warm; on the CPU a no-op, counted the same)
+    at most once every keep_warm_s, idle_s never waits past the next touch, and a turn that steps puts the next touch
+    keep_warm_s after it. On the CPU set_keep_warm leaves it off: nothing there to keep warm."""
+    every = 0.2                                                 # well above a slow CI machine's pauses
+    eng = Engine.from_pretrained(str(checkpoint), device="cpu", max_contexts=2, max_frames_per_context=40)
+    eng.warm_up()
+    eng.set_keep_warm(every)
+    assert eng.keep_warm_s is None and eng.idle_s() == pytest.approx(0.5, abs=0.01)
+    eng.keep_warm_s = every
+    assert not eng.turn() and eng.keep_warm_touches == 1        # idle since ever
+    assert not eng.turn() and eng.keep_warm_touches == 1        # not again before keep_warm_s
+    assert 0.0 < eng.idle_s() <= every
+    time.sleep(every + 0.01)
+    assert eng.idle_s() == 0.0
+    assert not eng.turn() and eng.keep_warm_touches == 2
+    client = eng.connect(lambda events: None)
+    ids = tuple(eng.new_tokenizer().tokenizer.encode("Hi."))
+    eng.submit(client, [OpenContext(1, ContextParams(sampling=GREEDY, fixed_frames=3)), EndText(1, ids, 0.3)])
+    time.sleep(every + 0.01)
+    busy = 0
+    while eng.turn():
+        busy += 1
+    assert busy and eng.keep_warm_touches == 2                 # the last turn that did something was just now
+    assert eng.idle_s() > every / 2
+    eng.keep_warm_s = None
+    time.sleep(every + 0.01)
+    assert not eng.turn() and eng.keep_warm_touches == 2 and eng.idle_s() == pytest.approx(0.5, abs=0.01)

@@ -105,12 +105,13 @@ def test_new_contexts_by_whether_their_prompt_prefix_was_kept():
 
 @pytest.mark.parametrize("name, stat", [("talkgate_engine_lane_launches_total", "lane_launches"),
                                         ("talkgate_engine_first_apart_launches_total", "first_apart_launches"),
-                                        ("talkgate_engine_first_decodes_total", "first_decodes")])
-def test_first_frames_launched_on_the_lane_apart_and_decoded_ahead(name, stat):
+                                        ("talkgate_engine_first_decodes_total", "first_decodes"),
+                                        ("talkgate_engine_keep_warm_touches_total", "keep_warm_touches")])
+def test_engine_counts_first_frames_on_the_lane_apart_decoded_ahead_and_its_idle_touches(name, stat):
     """Each engine's count of new contexts whose first frame took the first-frame lane (synth/lane.py), of steps whose
-    new contexts' first frames were launched apart, and of steps whose new contexts' first frames were decoded ahead
-    of the others' (synth/engine.py), from the engine processes' published stats (0 where an engine says none), and
-    from an in-process engine's at each scrape."""
+    new contexts' first frames were launched apart, of steps whose new contexts' first frames were decoded ahead of
+    the others' (synth/engine.py), and of its touches of the GPU while idle (Runner.keep_warm), from the engine
+    processes' published stats (0 where an engine says none), and from an in-process engine's at each scrape."""
     registry = CollectorRegistry()
     registry.register(EngineCollector(PublishedStats([{**engine_stats(5), stat: 12}, engine_stats(5)])))
     series = parse_prometheus(generate_latest(registry).decode())
