@@ -237,7 +237,7 @@ class Engine:
         self.keep_warm_touches = 0
 
     def set_keep_warm(self, seconds: float | None) -> None:
-        """An idle engine touches its GPU every `seconds` (synth/api.py KEEP_WARM_S; None or 0: never), where its
+        """An idle engine touches its GPU every `seconds` (KEEP_WARM_S by default; None or 0: never), where its
         runner is on a GPU."""
         self.keep_warm_s = (seconds or None) if self.runner.device.type == "cuda" else None
 
