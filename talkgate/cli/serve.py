@@ -151,7 +151,8 @@ def add_parser(subparsers) -> None:
                    "can. HTTP requests always run as fast as it can (docs/protocol.md)")
     p.add_argument("--keep-warm", metavar="SECONDS", type=cli_args.seconds,
                    help="an idle engine touches its GPU this often (one small operation), so that the first audio "
-                   "after a quiet spell takes a warm launch path; 0: never (default: 0.02; docs/engine.md)")
+                   "after a quiet spell takes a warm launch path; 0: never (default: 0.02, and never where engine "
+                   "processes share a GPU; docs/engine.md)")
     p.add_argument("--ssl-certfile", metavar="FILE", help="PEM certificate (chain) to serve https:// and wss:// on "
                    "the same port and routes; needs --ssl-keyfile")
     p.add_argument("--ssl-keyfile", metavar="FILE", help="PEM private key of --ssl-certfile")

@@ -45,7 +45,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--untrained-length", choices=["text-rule", "runaway"], default="text-rule")
     p.add_argument("--warmup-stall", type=float, default=DEFAULT_STALL_S)
     p.add_argument("--keep-warm", type=float, help="seconds: an idle engine touches its GPU this often; 0: never "
-                   "(default: synth/engine.py KEEP_WARM_S)")
+                   "(default: synth/engine.py KEEP_WARM_S, never with --shared-gpu)")
     p.add_argument("--every-graph", action="store_true",
                    help="capture every batch size's graph before ready (the supervisor's restart beside a sibling)")
     return p
@@ -53,7 +53,7 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     heap.hold_collections()         # until the models are loaded: their imports are most of a restart
-    from talkgate.synth.engine import Engine
+    from talkgate.synth.engine import KEEP_WARM_S, Engine
     from talkgate.system.childproc import die_with_parent
 
     argv = sys.argv[1:] if argv is None else argv
@@ -75,8 +75,9 @@ def main(argv: list[str] | None = None) -> int:
                                      first_apart=not args.shared_gpu) for args in engines]
     for args, load in zip(engines, loads):
         engine = load()
-        if args.keep_warm is not None:
-            engine.set_keep_warm(args.keep_warm)
+        # where engine processes share the GPU a touch could wait behind another's kernel that holds every SM (the
+        # persistent kernels), and a command arriving meanwhile with it: off there unless asked for
+        engine.set_keep_warm(args.keep_warm if args.keep_warm is not None else None if args.shared_gpu else KEEP_WARM_S)
         servers.append(EngineServer(engine, args.endpoint, args.index, str(engine.runner.tts.path),
                                     args.warmup_stall, poller))
         log.info("engine %d: %s on %s/%s, %d slots, bound to %s (pid %d)", args.index, engine.info.name,

@@ -498,8 +498,7 @@ class Engine:
         if busy:
             self._active_at = now
         elif self.keep_warm_s and now - self._active_at >= self.keep_warm_s:
-            self.runner.keep_warm()
-            self.keep_warm_touches += 1
+            self.keep_warm_touches += self.runner.keep_warm()
             self._active_at = now
         return busy
 

@@ -580,14 +580,17 @@ class Runner:
             torch.cuda.current_stream().wait_event(self._joined)
             self._joined = None
 
-    def keep_warm(self) -> None:
+    def keep_warm(self) -> bool:
         """One small operation on the engine's stream, waited for as a step's codes are (an idle engine's touch of the
-        GPU: synth/engine.py KEEP_WARM_S). Nothing on the CPU."""
-        if self._touch is None:
-            return
+        GPU: synth/engine.py KEEP_WARM_S); True where it touched. Not where the stream has work queued (engines that
+        share this thread and its stream: another's step, which the wait would sit behind, keeps the path warm
+        anyway), and not on the CPU."""
+        if self._touch is None or not torch.cuda.current_stream().query():
+            return False
         self._touch.add_(1)
         self._touched.record()
         self._touched.synchronize()
+        return True
 
     def codes_ready(self, step: Launched) -> bool:
         """Whether codes_of(step) would return without waiting."""
