@@ -45,6 +45,7 @@ def batch_runner(checkpoint: str, batch: int = 1):
         r.main.inputs[1, :batch] = 40
         r.main.inputs[2, :batch] = r.text_pad
         r.main.inputs[3, :batch] = 20
+        r.main.inputs[4, :batch] = r.talker.page_table[:batch, 40 // r.page_len]     # each slot's own page
     return r
 
 

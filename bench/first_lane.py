@@ -54,6 +54,7 @@ def lane_graphs(r, rows: int, slot: int, stream) -> list[torch.cuda.CUDAGraph]:
     bufs.inputs[0] = r.dummy
     bufs.inputs[2] = r.text_pad
     bufs.inputs[0, 0], bufs.inputs[1, 0], bufs.inputs[3, 0] = slot, 10, 1
+    bufs.inputs[4, 0] = r.talker.page_table[slot, 10 // r.page_len]          # the slot's own page
     pool = torch.cuda.graph_pool_handle()
     parts = r._parts_of(bufs)
     return [capture(parts[part], rows, stream, pool) for part in ("talker", "codes", "decode")]
@@ -137,6 +138,7 @@ def main(argv=None) -> int:
         r.main.inputs[1, :top] = plen + FRAMES
         r.main.inputs[2, :top] = r.text_pad
         r.main.inputs[3, :top] = FRAMES
+        r.main.inputs[4, :top] = r.talker.page_table[:top, (plen + FRAMES) // r.page_len]   # each slot's own page
         r.dec_state.pos[:top] = FRAMES
         r.min_frames[:] = 1 << 40                      # no eos: every row makes a frame
         hi = torch.cuda.Stream(priority=-100)          # mapped to the highest the device has

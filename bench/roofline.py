@@ -160,9 +160,11 @@ def time_parts(engine, B: int, prompt_len: int, prefill_len: int, reps: int) -> 
         r.main.inputs[1, :B] = prompt_len + FRAMES
         r.main.inputs[2, :B] = r.text_pad
         r.main.inputs[3, :B] = FRAMES
+        r.main.inputs[4, :B] = r.talker.page_table[:B, (prompt_len + FRAMES) // r.page_len]   # each slot's own page
         r.dec_state.pos[:B] = FRAMES
         r.min_frames[:B] = 1 << 40               # no eos: every row makes a frame, as mid-utterance
         r.pre_in[0, 0], r.pre_in[0, 1] = B, prompt_len - 1       # the prefill's new context in slot B
+        r.pre_in[0, 2 + r.max_prompt:] = r.talker.page_table[B, :r.prompt_pages]    # ... in its own pages
         fns = {}
         if cuda and ("codes", B) not in r.graphs:
             print(f"batch {B} is not a captured bucket ({r.buckets[:6]}..., multiples of 16): its parts run eagerly",

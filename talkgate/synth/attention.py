@@ -7,7 +7,8 @@ number of kernels, not by their work (bench/engine.py profile), so this kernel d
 the fused q/k/v projection's output row:
 - normalizes q and k per head (RMSNorm in float32, weight applied in the model dtype, as the
   reference) and rotates them (RoPE with the caller's cos/sin, in the model dtype);
-- writes k and v at (slot, position) of the cache [slots, kv_heads, L, D];
+- writes k and v at (slot, position) of the cache [slots, kv_heads, L, D], or of the pages [pages, kv_heads, page_len,
+  D] through the slot's row of a page table (the Talker's KV: synth/model.py Talker.setup_cache);
 - attends over the row's cached positions [0, position) plus the new one (online softmax), reading
   only those positions: gathering whole per-slot caches was the largest kernel at 256 contexts.
 One program per (row, kv head) covers the head's query group. Runs in Triton's interpreter on the CPU
@@ -53,28 +54,40 @@ def _softmax_step(q, kb, vb, valid, m, l, acc, scale):
 
 
 @triton.jit
-def _load_block(K, V, base, skl, first, stop, d, BLOCK: tl.constexpr):
+def _at(TAB, sps, base, skl, pos, valid, PAGE: tl.constexpr):
+    """The cache offset of positions `pos` (int64): base + pos * skl, or with pages (PAGE > 0: positions a page)
+    base + TAB[pos // PAGE] * sps + (pos % PAGE) * skl, TAB the slot's row of the page table."""
+    if PAGE > 0:
+        page = tl.load(TAB + pos // PAGE, mask=valid, other=0)
+        return base + page.to(tl.int64) * sps + (pos % PAGE).to(tl.int64) * skl
+    return base + pos.to(tl.int64) * skl
+
+
+@triton.jit
+def _load_block(K, V, TAB, sps, base, skl, first, stop, d, BLOCK: tl.constexpr, PAGE: tl.constexpr):
     """Cached keys and values of positions [first, first + BLOCK) below stop ([BLOCK, D], cache dtype), and
     which of them are valid."""
     pos = first + tl.arange(0, BLOCK)
     valid = pos < stop
-    off = base + pos[:, None].to(tl.int64) * skl + d[None, :]
+    off = _at(TAB, sps, base, skl, pos, valid, PAGE)[:, None] + d[None, :]
     return tl.load(K + off, mask=valid[:, None], other=0.0), tl.load(V + off, mask=valid[:, None], other=0.0), valid
 
 
 @triton.jit
-def attend_range(ROW, QW, KW, eps, COS, SIN, K, V, base, skl, n, start, stop, new, scale, h, HQ: tl.constexpr,
-                 HKV: tl.constexpr, GROUP: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr):
+def attend_range(ROW, QW, KW, eps, COS, SIN, K, V, TAB, sps, base, skl, n, start, stop, new, scale, h,
+                 HQ: tl.constexpr, HKV: tl.constexpr, GROUP: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr,
+                 PAGE: tl.constexpr):
     """Kv head h of one token at position n, over cache positions [start, stop) and, when `new`, the token
     itself (its k/v written to the cache at n): ROW its fused q/k/v, COS/SIN its RoPE row [D] float32, base
-    the cache offset of (slot, head h). -> the online softmax's state: max m [GROUP], sum l [GROUP] and
+    the cache offset of (slot, head h), or with pages (PAGE > 0) of head h in page 0, TAB the slot's row of the page
+    table and sps a page's stride (_at). -> the online softmax's state: max m [GROUP], sum l [GROUP] and
     weighted values acc [GROUP, D] (output = acc / l). Also called by synth/persistent.py's kernels, where
     ROW is rewritten every layer: hence the L2-only (".cg") loads of it. The first block of cached K/V
     (written by earlier steps, never by this one) is loaded before the q/k norm and RoPE, so its memory
     latency overlaps theirs: at batch 1 this phase is a chain of dependent loads, not bandwidth."""
     DT: tl.constexpr = K.dtype.element_ty
     d = tl.arange(0, D)
-    kb0, vb0, valid0 = _load_block(K, V, base, skl, start, stop, d, BLOCK)
+    kb0, vb0, valid0 = _load_block(K, V, TAB, sps, base, skl, start, stop, d, BLOCK, PAGE)
     rot = (d + D // 2) % D                                   # rotate_half: (-x2, x1)
     sign = tl.where(d < D // 2, -1.0, 1.0)[None, :]
     cos = _in_dtype(tl.load(COS + d).to(tl.float32), DT)[None, :]
@@ -85,8 +98,9 @@ def attend_range(ROW, QW, KW, eps, COS, SIN, K, V, base, skl, n, start, stop, ne
         one = tl.arange(0, 1)
         k = _norm_rope(ROW, HQ + h + one, d, rot, sign, cos, sin, KW, eps, D, DT)               # [1, D]
         v = tl.load(ROW + (HQ + HKV + h + one)[:, None] * D + d[None, :], cache_modifier=".cg").to(tl.float32)
-        tl.store(K + base + tl.cast(n, tl.int64) * skl + d[None, :], k.to(DT))
-        tl.store(V + base + tl.cast(n, tl.int64) * skl + d[None, :], v.to(DT))
+        at = _at(TAB, sps, base, skl, tl.cast(n, tl.int64) + one, one == 0, PAGE)[:, None] + d[None, :]
+        tl.store(K + at, k.to(DT))
+        tl.store(V + at, v.to(DT))
         m = tl.sum(q * k, axis=1) * scale                    # the new position starts the softmax
         l = tl.full([GROUP], 1.0, tl.float32)
         acc = tl.zeros([GROUP, D], tl.float32) + v
@@ -97,17 +111,17 @@ def attend_range(ROW, QW, KW, eps, COS, SIN, K, V, base, skl, n, start, stop, ne
     # an empty range adds nothing: only a range with the token (m finite) can be empty
     m, l, acc = _softmax_step(q, kb0.to(tl.float32), vb0.to(tl.float32), valid0, m, l, acc, scale)
     for first in range(start + BLOCK, stop, BLOCK):          # the other cached positions
-        kb, vb, valid = _load_block(K, V, base, skl, first, stop, d, BLOCK)
+        kb, vb, valid = _load_block(K, V, TAB, sps, base, skl, first, stop, d, BLOCK, PAGE)
         m, l, acc = _softmax_step(q, kb.to(tl.float32), vb.to(tl.float32), valid, m, l, acc, scale)
     return m, l, acc
 
 
 @triton.jit
-def attend_one_token(ROW, QW, KW, eps, COS, SIN, K, V, base, skl, n, O, scale, h, HQ: tl.constexpr,
-                     HKV: tl.constexpr, GROUP: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr):
+def attend_one_token(ROW, QW, KW, eps, COS, SIN, K, V, TAB, sps, base, skl, n, O, scale, h, HQ: tl.constexpr,
+                     HKV: tl.constexpr, GROUP: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr, PAGE: tl.constexpr):
     """attend_range over all of [0, n) and the token; its output row O [HQ * D] (kv head h's query group)."""
-    m, l, acc = attend_range(ROW, QW, KW, eps, COS, SIN, K, V, base, skl, n, 0, n, True, scale, h, HQ, HKV, GROUP, D,
-                             BLOCK)
+    m, l, acc = attend_range(ROW, QW, KW, eps, COS, SIN, K, V, TAB, sps, base, skl, n, 0, n, True, scale, h, HQ, HKV,
+                             GROUP, D, BLOCK, PAGE)
     g = tl.arange(0, GROUP)
     d = tl.arange(0, D)
     tl.store(O + (h * GROUP + g)[:, None] * D + d[None, :], (acc / l[:, None]).to(O.dtype.element_ty))
@@ -115,9 +129,9 @@ def attend_one_token(ROW, QW, KW, eps, COS, SIN, K, V, base, skl, n, O, scale, h
 
 @triton.jit(do_not_specialize=["pos_all"])
 def one_token_attention_kernel(QKV, sqkv, QW, KW, COS, SIN, scs, K, V, sks, skh, skl, SLOTS, POS, O, so,
-                               pos_all, eps, scale, HQ: tl.constexpr, HKV: tl.constexpr, GROUP: tl.constexpr,
-                               D: tl.constexpr, BLOCK: tl.constexpr, ROW_SLOTS: tl.constexpr,
-                               ROW_POS: tl.constexpr):
+                               pos_all, TABLE, stab, eps, scale, HQ: tl.constexpr, HKV: tl.constexpr,
+                               GROUP: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr, ROW_SLOTS: tl.constexpr,
+                               ROW_POS: tl.constexpr, PAGE: tl.constexpr):
     b = tl.program_id(0)
     h = tl.program_id(1)
     if ROW_SLOTS:
@@ -128,16 +142,22 @@ def one_token_attention_kernel(QKV, sqkv, QW, KW, COS, SIN, scs, K, V, sks, skh,
         n = tl.load(POS + b).to(tl.int32)
     else:
         n = pos_all
-    attend_one_token(QKV + b * sqkv, QW, KW, eps, COS + b * scs, SIN + b * scs, K, V, slot * sks + h * skh, skl, n,
-                     O + b * so, scale, h, HQ, HKV, GROUP, D, BLOCK)
+    if PAGE > 0:                              # the slot's row of the page table; sks: a page's stride
+        tab, base = TABLE + slot * stab, h * skh
+    else:
+        tab, base = TABLE, slot * sks + h * skh
+    attend_one_token(QKV + b * sqkv, QW, KW, eps, COS + b * scs, SIN + b * scs, K, V, tab, sks, base, skl, n,
+                     O + b * so, scale, h, HQ, HKV, GROUP, D, BLOCK, PAGE)
 
 
 def one_token_attention(qkv: torch.Tensor, q_norm: torch.Tensor, k_norm: torch.Tensor, eps: float,
                         cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                        slots: torch.Tensor | None, pos: torch.Tensor | int, heads: int) -> torch.Tensor:
+                        slots: torch.Tensor | None, pos: torch.Tensor | int, heads: int,
+                        table: torch.Tensor | None = None) -> torch.Tensor:
     """qkv [B, (heads + 2 kv_heads) * D] (the fused projection of one token per row), q_norm/k_norm [D]
-    weights, cos/sin [B, D] or [D] float32, caches [S, kv_heads, L, D]; slots [B] (None: row b uses
-    cache row b), pos [B] or one int for every row (the new token's position) -> [B, heads * D]."""
+    weights, cos/sin [B, D] or [D] float32, caches [S, kv_heads, L, D], or with a page table [S, slot pages] pages
+    [pages, kv_heads, page_len, D]; slots [B] (None: row b uses cache row b), pos [B] or one int for every row (the
+    new token's position) -> [B, heads * D]."""
     B = qkv.shape[0]
     kv_heads, D = k_cache.shape[1], k_cache.shape[3]
     if qkv.stride(-1) != 1:
@@ -146,12 +166,14 @@ def one_token_attention(qkv: torch.Tensor, q_norm: torch.Tensor, k_norm: torch.T
     row_pos = isinstance(pos, torch.Tensor)
     # measured in CUDA graphs on an H100 (docs/experiments/README.md, kernels.py): few rows, long caches want 4
     # warps and 32-position blocks; many rows (the GPU is full anyway) and short caches one warp and 16 positions
-    wide = B <= 16 and k_cache.shape[2] > 16
+    page = k_cache.shape[2] if table is not None else 0
+    wide = B <= 16 and (table is not None or k_cache.shape[2] > 16)
     block, warps = (32, 4) if wide else (16, 1)
     one_token_attention_kernel[(B, kv_heads)](
         qkv, qkv.stride(0), q_norm, k_norm, cos, sin, cos.stride(0) if cos.dim() == 2 else 0,
         k_cache, v_cache, k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         slots if slots is not None else qkv, pos if row_pos else qkv, out, out.stride(0),
-        0 if row_pos else int(pos), eps, D ** -0.5, HQ=heads, HKV=kv_heads, GROUP=heads // kv_heads, D=D,
-        BLOCK=block, ROW_SLOTS=slots is not None, ROW_POS=row_pos, num_warps=warps)
+        0 if row_pos else int(pos), table if table is not None else qkv, table.stride(0) if table is not None else 0,
+        eps, D ** -0.5, HQ=heads, HKV=kv_heads, GROUP=heads // kv_heads, D=D,
+        BLOCK=block, ROW_SLOTS=slots is not None, ROW_POS=row_pos, PAGE=page, num_warps=warps)
     return out

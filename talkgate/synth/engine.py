@@ -60,6 +60,7 @@ from talkgate.synth.api import (
     seed_fits,
 )
 from talkgate.synth.lane import LANE_SETS
+from talkgate.synth.pages import PagePool
 from talkgate.synth.request import Request, Status
 from talkgate.synth.scheduler import Scheduler
 
@@ -191,7 +192,11 @@ class Engine:
         self.budget_factor, self.budget_min = budget_factor, budget_min
         # an untrained checkpoint's contexts end by the text-length rule (ModelInfo.end_of_speech, chosen at load)
         self.length_rule = info.end_of_speech == "text_length_rule"
-        self.scheduler = Scheduler(runner.max_batch, min(max_prefills, runner.max_batch))
+        # the Talker's KV pages (synth/pages.py): new contexts are refused while fewer are free than one context's
+        # whole length, kept for the open ones' growth
+        self.pages = PagePool(runner.pages, runner.page_len, reserve=min(runner.slot_pages, runner.pages - 2))
+        self.scheduler = Scheduler(runner.max_batch, min(max_prefills, runner.max_batch), self.pages)
+        self._kv_full_failures = 0              # running contexts failed for want of a KV page
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._commands: collections.deque = collections.deque()
@@ -252,7 +257,8 @@ class Engine:
                          max_batch: int | None = None, cuda_graphs: bool = True, max_prompt: int | None = None,
                          decoder_dtype: str | None = None, torch_compile: bool = True,
                          untrained_length: str = "text-rule", memory_share: float | None = None,
-                         lane: bool | None = None, **engine_kw) -> Callable[[], "Engine"]:
+                         lane: bool | None = None, kv_pages: int | None = None,
+                         **engine_kw) -> Callable[[], "Engine"]:
         """from_pretrained in two parts (runner_build.begin_runner): this one loads the checkpoint and starts a
         fresh cache's compile helpers, the function it returns waits for them and makes the Engine. device None:
         cuda if available, else cpu; dtype None: bfloat16 on cuda, float32 on cpu; max_contexts None: sized from
@@ -262,13 +268,15 @@ class Engine:
         float16 on cuda where its probe at load allows, else float32 (synth/decoder_precision.py);
         torch_compile: fuse the step's kernels with torch.compile on cuda (minutes of warm-up, cached);
         untrained_length: how an untrained checkpoint's contexts end, "text-rule" or "runaway"
-        (synth.api.end_of_speech); lane: a first-frame lane (synth/lane.py), None: where the step runs CUDA graphs."""
+        (synth.api.end_of_speech); lane: a first-frame lane (synth/lane.py), None: where the step runs CUDA graphs;
+        kv_pages: the Talker's KV pages (synth/pages.py), None: sized from memory with the slots, or every slot's whole
+        length where max_contexts is given."""
         from talkgate.synth.runner_build import begin_runner
         finish = begin_runner(path_or_id, device=device, dtype=dtype, max_contexts=max_contexts,
                               max_frames_per_context=max_frames_per_context, max_batch=max_batch,
                               cuda_graphs=cuda_graphs, max_prompt=max_prompt, decoder_dtype=decoder_dtype,
                               torch_compile=torch_compile, untrained_length=untrained_length,
-                              memory_share=memory_share, lane=lane)
+                              memory_share=memory_share, lane=lane, kv_pages=kv_pages)
         return lambda: cls(*finish(), **engine_kw)
 
     # ----- lifecycle -----
@@ -403,6 +411,9 @@ class Engine:
             return InvalidParams(f"context {context} is already open")
         if not self._free_slots:
             return EngineFull(f"all {self.runner.num_slots} context slots are in use")
+        if not self.pages.room:
+            return EngineFull("the speech memory is full (the open contexts hold or may grow into every KV page); "
+                              "try again in a moment")
         params, prompt = resolved
         req = Request(context=context, client=client, slot=self._free_slots.pop(), params=params, prompt=prompt,
                       frame_limit=self.runner.max_frames, budget_factor=self.budget_factor,
@@ -431,12 +442,13 @@ class Engine:
 
     @property
     def free_slots(self) -> int:
-        """Slots not taken by an open context (no lock: callable from deliver)."""
-        return len(self._free_slots)
+        """Slots a new context may take now: not taken by an open context, and none while the KV pages have no room
+        for one (no lock: callable from deliver)."""
+        return len(self._free_slots) if self.pages.room else 0
 
     def stats(self) -> dict:
         with self._lock:
-            free, clients = len(self._free_slots), len(self._clients)
+            free, clients = self.free_slots, len(self._clients)
         steps, captures = self._steps, self.runner.capture_ms
         return {"running": len(self.scheduler.running), "waiting": len(self.scheduler.waiting),
                 "voices_made": self._voices_made, "voice_ms_last": round(self._voice_ms_last, 3),
@@ -452,6 +464,8 @@ class Engine:
                 "lane_launches": self.runner.lane.launches if self.runner.lane is not None else 0,
                 "first_apart_launches": self._apart_launches, "first_decodes": self.runner.first_decodes,
                 "keep_warm_touches": self.keep_warm_touches,
+                "kv_pages": self.pages.pages - 1, "free_kv_pages": self.pages.free,
+                "kv_full_failures": self._kv_full_failures,
                 **({"step_roof_s": self._roof_s_total} if self.runner.roof is not None else {})}
 
     # ----- engine thread -----
@@ -565,6 +579,10 @@ class Engine:
     def _open(self, reqs: list[Request]) -> None:
         """Initialize the new contexts' slots and schedule them; if that fails, each alone, so that only the one
         that cannot open fails."""
+        full = [req for req in reqs if not self.pages.reach(req, 0)]      # its prompt's prefix goes into page 0
+        for req in full:
+            self._fail(req, EngineFull("the speech memory is full (no free KV page); try again in a moment"))
+        reqs = [req for req in reqs if not req.freed]
         if not reqs:
             return
         try:
@@ -664,9 +682,11 @@ class Engine:
         their audio goes out while the running rows' frame is made; where it allows, a new context that arrives
         while the running rows' frame is made takes the lane beside it (synth/lane.py)."""
         t0 = time.perf_counter()
+        self.pages.settle()                                     # no step in flight writes the pages given back
         prefill, decode = self.scheduler.schedule(t0)
         if not prefill and not decode:
-            return self._emit_audio()
+            emitted = self._emit_audio()
+            return self._fail_starved() or emitted
         if prefill:
             stamp(prefill, SCHEDULED)
             prefill.sort(key=lambda r: not r.prefixed)         # the runner's order: frame 0 by a Talker step first
@@ -688,6 +708,7 @@ class Engine:
                 if new:                                         # the first frames' launch, apart or not
                     stamp(new, LAUNCHED)
             self._emit_audio()
+            self._fail_starved()
             self._deliver()                                     # the last step's audio, while this one runs
             for i, (step, reqs) in enumerate(steps):
                 last = i == len(steps) - 1
@@ -725,6 +746,21 @@ class Engine:
                                                           [r.prompt_len for r in prefill if not r.prefixed])
         if self.on_step is not None:
             self.on_step(dt, len(prefill) + len(decode))
+        return True
+
+    def _fail_starved(self) -> bool:
+        """(After the audio made so far is out.) Running contexts are due but no KV page is free for their next frame
+        and none is coming back at the next step: the newest of them fails, its pages for the others. Admission keeps a
+        context's whole length of pages in reserve, so this takes more contexts growing long at once than it allows for.
+        True where one failed."""
+        starved = [req for req in self.scheduler.starved if not req.freed]
+        if not starved or self.pages.returning:
+            return False
+        req = max(starved, key=lambda r: r.t_ready or 0.0)
+        self._kv_full_failures += 1
+        log.warning("no KV page for context %d of client %d (%d pages, %d contexts running): it fails", req.context,
+                    req.client, self.pages.pages - 1, len(self.scheduler.running))
+        self._fail(req, EngineFull("the speech memory is full: this context could not go on; try again in a moment"))
         return True
 
     def _await_codes(self, step, busy: set[int] | None) -> np.ndarray:
@@ -787,7 +823,8 @@ class Engine:
         the step boundary. False where none could."""
         with self._lock:
             req = next((req for op, req, arg in self._commands if self._fits_lane(req, op, arg, busy)), None)
-            if req is None:
+            # the pages of its prompt and first frame (a prompt's prefix, then its last position)
+            if req is None or not self.pages.reach(req, req.next_position):
                 return False
             opened = req.prefixed                           # its slot set at a boundary already (streamed text)
             mine = [cmd for cmd in self._commands if cmd[1] is req]
@@ -799,7 +836,8 @@ class Engine:
                 self._fail(req, arg)
             elif op != "open":
                 self._apply_text(op, req, arg)
-        if req.freed:
+        if req.freed:                                       # its cancel was among its commands: its pages go back
+            self.scheduler.remove(req)
             return True
         req.t_ready, req.status = time.perf_counter(), Status.RUNNING
         stamp([req], SCHEDULED)

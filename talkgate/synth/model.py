@@ -4,12 +4,16 @@ Shapes: B batch rows, T tokens per row, H Talker hidden, S cache slots, L cache 
 
 Talker (a Qwen3 decoder: RMSNorm eps from config, q/k RMSNorm per head, GQA, SwiGLU MLP,
 3-axis interleaved mRoPE):
-  talker.setup_cache(num_slots, max_len, device, dtype)
-      static KV per layer [S, kv_heads, L, head_dim]; call once before forward (and again to resize).
+  talker.setup_cache(num_slots, max_len, device, dtype, pages=None, page_len=None)
+      KV in pages: talker.kv [2, layers, pages, kv_heads, page_len, head_dim] and talker.page_table [S, slot_pages]
+      int64: slot s's position p lives in page page_table[s, p // page_len] at p % page_len. pages None: every slot
+      its own pages (1 + S * slot_pages, the table set here); else the caller owns the table (synth/pages.py, the
+      runner). Page 0 is scratch. Call once before forward (and again to resize).
   talker.embed_text(ids [...]) -> [..., H]       text_projection(text_embedding(ids))
   talker.codec_embedding                          nn.Embedding(3072, H): codebook 0 + control ids
   talker(x [B,T,H], pos [B,T] or [3,B,T] long, slots [B] long, fresh=False) -> hidden [B,T,H] (final norm applied)
-      writes K/V at (slots[b], pos[b,t]); row b attends to its own slot's positions <= pos[b,t].
+      writes K/V at (slots[b], pos[b,t]) (through the page table); row b attends to its own slot's positions
+      <= pos[b,t].
       fresh=True (a prefill: pos is 0..T-1 in every row): attention within x, the cache only written.
       [B,T] positions mean all three mRoPE axes are equal (always so for TTS).
   talker.codec_head(hidden) -> logits [.., 3072]
@@ -43,6 +47,13 @@ from torch import nn
 
 from talkgate.synth.config import DecoderDims, PredictorConfig, TalkerConfig
 from talkgate.synth.sampling import FrameSampler, kernel_module
+
+PAGE_LEN = 64              # Talker positions a KV page holds (a prompt prefix fits one: synth/runner.py PREFIX_POSITIONS)
+
+
+def page_length(max_len: int) -> int:
+    """The page length of a cache of max_len positions a slot: PAGE_LEN, or one power of two that holds a short one."""
+    return min(PAGE_LEN, 1 << max(max_len - 1, 1).bit_length())
 
 
 class RMSNorm(nn.Module):
@@ -116,13 +127,14 @@ class Attention(nn.Module):
         return q, k, v
 
     def one_token(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor,
-                  v_cache: torch.Tensor, slots: torch.Tensor | None, pos) -> torch.Tensor:
+                  v_cache: torch.Tensor, slots: torch.Tensor | None, pos, table: torch.Tensor | None = None
+                  ) -> torch.Tensor:
         """CUDA, one token per row: x [B,1,H] -> attention output [B,1,H] (after o_proj), with q/k norm,
         RoPE (cos/sin [B,D] or [D]), the cache write at (slots[b] or b, pos) and attention over
-        positions <= pos in one kernel (synth/attention.py)."""
+        positions <= pos in one kernel (synth/attention.py); table: the caches are pages (Talker.setup_cache)."""
         out = kernel_module("attention").one_token_attention(
             F.linear(x[:, 0], self.qkv_weight), self.q_norm.weight, self.k_norm.weight, self.q_norm.eps, cos, sin,
-            k_cache, v_cache, slots, pos, self.n_heads)
+            k_cache, v_cache, slots, pos, self.n_heads, table)
         return self.o_proj(out)[:, None]
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask=None, causal=False) -> torch.Tensor:
@@ -261,12 +273,22 @@ class Talker(nn.Module):
     def hidden_size(self) -> int:
         return self.cfg.dims.hidden_size
 
-    def setup_cache(self, num_slots: int, max_len: int, device, dtype) -> None:
+    def setup_cache(self, num_slots: int, max_len: int, device, dtype, pages: int | None = None,
+                    page_len: int | None = None) -> None:
         d, cfg = self.cfg.dims, self.cfg
-        # one tensor [2, layers, S, kv_heads, L, head_dim] (the persistent kernel indexes a layer); per-layer views
-        self.kv = torch.zeros(2, len(self.layers), num_slots, d.num_kv_heads, max_len, d.head_dim, device=device,
+        self.page_len = page_len or page_length(max_len)
+        slot_pages = -(-max_len // self.page_len)
+        if pages is None:                    # every slot its own pages, after the scratch page
+            pages = 1 + num_slots * slot_pages
+            table = 1 + torch.arange(num_slots * slot_pages).view(num_slots, slot_pages)
+        else:
+            table = torch.zeros(num_slots, slot_pages, dtype=torch.long)
+        # one tensor [2, layers, pages, kv_heads, page_len, head_dim] (the persistent kernel indexes a layer);
+        # per-layer views
+        self.kv = torch.zeros(2, len(self.layers), pages, d.num_kv_heads, self.page_len, d.head_dim, device=device,
                               dtype=dtype)
         self.k_cache, self.v_cache = list(self.kv[0]), list(self.kv[1])
+        self.page_table = table.to(device)
         self.max_len = max_len
         self.inv_freq = inv_frequencies(d.head_dim, d.rope_theta).to(device)
         self.mrope_axis = mrope_axes(cfg.mrope_section, cfg.mrope_interleaved).to(device)
@@ -299,13 +321,14 @@ class Talker(nn.Module):
         cache is only written, not read (a prefill's first audio waits on it)."""
         pos_t = pos if pos.dim() == 2 else pos[0]                               # temporal axis: the cache index
         cos, sin = self.rope(pos)
-        rows = slots[:, None].expand_as(pos_t)
+        # where each (row, token) writes: its page and the position within it
+        page, at = self.page_table[slots[:, None], pos_t // self.page_len], pos_t % self.page_len
         if fresh:
             def attention_out(i, layer, h):
                 attn = layer.self_attn
                 q, k, v = attn.qkv(h, cos, sin)
-                self.k_cache[i][rows, :, pos_t] = k
-                self.v_cache[i][rows, :, pos_t] = v
+                self.k_cache[i][page, :, at] = k
+                self.v_cache[i][page, :, at] = v
                 return attn.attend(q, k.transpose(1, 2), v.transpose(1, 2), causal=True)
             return run_layers(self.layers, self.norm, x, attention_out)
         if x.shape[1] == 1 and x.is_cuda and uses_persistent(self, x.shape[0]):
@@ -315,21 +338,29 @@ class Talker(nn.Module):
             # one token per row on CUDA: reads only each row's live cache positions
             def attention_out(i, layer, h):
                 return layer.self_attn.one_token(h, cos[:, 0], sin[:, 0], self.k_cache[i], self.v_cache[i], slots,
-                                                 pos_t[:, 0])
+                                                 pos_t[:, 0], self.page_table)
             return run_layers(self.layers, self.norm, x, attention_out)
-        L = self.k_cache[0].shape[2]
+        L = self.max_len
         positions = torch.arange(L, device=x.device)
+        table = self.page_table[slots]                                                        # [B, slot pages]
         mask = (positions[None, None, :] <= pos_t[:, :, None])[:, None]                      # [B,1,T,L]
-        # a slot's positions past its context's keep the previous occupant's values: the mask keeps them out of the
-        # softmax but not out of its arithmetic (0 x NaN is NaN), so they are read as zeros (in the gathered copy)
+        # a slot's positions past its context's are in pages it does not hold (scratch, or another context's, or what a
+        # context before it left): the mask keeps them out of the softmax but not out of its arithmetic (0 x NaN is
+        # NaN), so they are read as zeros (in the gathered copy)
         stale = (positions[None, :] > pos_t.amax(dim=1, keepdim=True))[:, None, :, None]      # [B,1,L,1]
+
+        def gathered(cache):
+            """The rows' slots' positions [B, kv_heads, L, D], gathered from their pages."""
+            pages = cache[table]
+            B, P, kvh, n, D = pages.shape
+            return pages.transpose(1, 2).reshape(B, kvh, P * n, D)[:, :, :L].masked_fill_(stale, 0)
 
         def attention_out(i, layer, h):
             attn, kc, vc = layer.self_attn, self.k_cache[i], self.v_cache[i]
             q, k, v = attn.qkv(h, cos, sin)
-            kc[rows, :, pos_t] = k
-            vc[rows, :, pos_t] = v
-            return attn.attend(q, kc[slots].masked_fill_(stale, 0), vc[slots].masked_fill_(stale, 0), mask=mask)
+            kc[page, :, at] = k
+            vc[page, :, at] = v
+            return attn.attend(q, gathered(kc), gathered(vc), mask=mask)
         return run_layers(self.layers, self.norm, x, attention_out)
 
 

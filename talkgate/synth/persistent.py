@@ -309,8 +309,8 @@ def _attend_project(ws, QKV, NQ, NK, eps, COS, SIN, KC, VC, skh, pos, OPART, pid
         j = pid + i * NPROG
         h = j // NCH
         if h < HKV:
-            m, l, acc = attend_range(QKV, NQ, NK, eps, COS, SIN, KC, VC, h * skh, D, pos, 0, pos, True, scale, h,
-                                     HQ, HKV, GROUP, D, BLOCK)
+            m, l, acc = attend_range(QKV, NQ, NK, eps, COS, SIN, KC, VC, KC, 0, h * skh, D, pos, 0, pos, True, scale,
+                                     h, HQ, HKV, GROUP, D, BLOCK, 0)
             o = (acc / l[:, None]).to(DT).to(tl.float32)
             n = (j % NCH) * BN + tl.arange(0, BN)
             tl.store(OPART + h * HP + n, tl.sum(tl.sum(ws[i].to(tl.float32) * o[None, :, :], axis=2), axis=1))
@@ -344,14 +344,17 @@ def _of_row(values, b, ROWS: tl.constexpr):
 
 
 @triton.jit
-def _attend_split(target, QKV, NQ, NK, eps, COS, SIN, scs, KC, VC, sks, skh, slot_rows, pos_rows, ATT, PART, ML,
-                  SYNC, pid, nrows, scale, HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, ROWS: tl.constexpr,
-                  NPROG: tl.constexpr, BLOCK: tl.constexpr, SPLIT: tl.constexpr, MAXSPLIT: tl.constexpr):
+def _attend_split(target, QKV, NQ, NK, eps, COS, SIN, scs, KC, VC, sks, skh, TABLE, stab, slot_rows, pos_rows, ATT,
+                  PART, ML, SYNC, pid, nrows, scale, HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr,
+                  ROWS: tl.constexpr, NPROG: tl.constexpr, BLOCK: tl.constexpr, SPLIT: tl.constexpr,
+                  MAXSPLIT: tl.constexpr, PAGE: tl.constexpr):
     """Phase B with a long cache (flash-decoding): one program a (row, kv head, part of SPLIT positions), so a
     row's attention does not wait on one program reading hundreds of positions (at position 600 that was
     2.5 of a 6.9-ms batch-1 step). Part s of [0, n] covers [s * SPLIT, (s + 1) * SPLIT); the last one holds
     the token itself and writes its K/V. A row with one part writes its output; otherwise the parts' softmax
-    states go to PART/ML and, after one more barrier (only when some row has several parts), are combined."""
+    states go to PART/ML and, after one more barrier (only when some row has several parts), are combined. With pages
+    (PAGE > 0) a slot's positions are found through its row of the page table TABLE (stride stab), sks a page's
+    stride."""
     GROUP: tl.constexpr = HQ // HKV
     NQKV: tl.constexpr = (HQ + 2 * HKV) * D
     g = tl.arange(0, GROUP)
@@ -363,10 +366,14 @@ def _attend_split(target, QKV, NQ, NK, eps, COS, SIN, scs, KC, VC, sks, skh, slo
         n = _of_row(pos_rows, b, ROWS)
         last = n // SPLIT
         if part <= last:
-            m, l, acc = attend_range(QKV + b * NQKV, NQ, NK, eps, COS + b * scs, SIN + b * scs, KC, VC,
-                                     _of_row(slot_rows, b, ROWS) * sks + h * skh, D, n, part * SPLIT,
-                                     tl.minimum(part * SPLIT + SPLIT, n), part == last, scale, h, HQ, HKV, GROUP, D,
-                                     BLOCK)
+            slot = _of_row(slot_rows, b, ROWS)
+            if PAGE > 0:
+                tab, base = TABLE + slot * stab, h * skh
+            else:
+                tab, base = TABLE, slot * sks + h * skh
+            m, l, acc = attend_range(QKV + b * NQKV, NQ, NK, eps, COS + b * scs, SIN + b * scs, KC, VC, tab, sks, base,
+                                     D, n, part * SPLIT, tl.minimum(part * SPLIT + SPLIT, n), part == last, scale, h,
+                                     HQ, HKV, GROUP, D, BLOCK, PAGE)
             if last == 0:
                 tl.store(ATT + b * HQ * D + (h * GROUP + g)[:, None] * D + d[None, :],
                          (acc / l[:, None]).to(ATT.dtype.element_ty))
@@ -403,11 +410,11 @@ def _attend_split(target, QKV, NQ, NK, eps, COS, SIN, scs, KC, VC, sks, skh, slo
 
 @triton.jit
 def _layer(target, l, wa, keep, skip, X, X0, QKV, ATT, ACT, SYNC, WQKV, WO, WGU, WD, NIN, NPOST, NQ, NK,
-           KC, VC, sks, skh, slot_rows, pos_rows, pos_all, COS, SIN, PART, ML, OPART, X2, pid, nrows, eps, scale,
-           GATE, DECIDE, tell, ask,
+           KC, VC, sks, skh, TABLE, stab, slot_rows, pos_rows, pos_all, COS, SIN, PART, ML, OPART, X2, pid, nrows, eps,
+           scale, GATE, DECIDE, tell, ask,
            HP: tl.constexpr, I: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr,
            ROWS: tl.constexpr, NPROG: tl.constexpr, BLOCK: tl.constexpr, SPLIT: tl.constexpr, MAXSPLIT: tl.constexpr,
-           FOLD: tl.constexpr,
+           FOLD: tl.constexpr, PAGE: tl.constexpr,
            BN_A: tl.constexpr, CH_A: tl.constexpr, BK_A: tl.constexpr, P_A: tl.constexpr, BN_C: tl.constexpr, CH_C: tl.constexpr,
            BK_C: tl.constexpr, P_C: tl.constexpr, BN_D: tl.constexpr, CH_D: tl.constexpr, BK_D: tl.constexpr, P_D: tl.constexpr, BN_E: tl.constexpr,
            CH_E: tl.constexpr, BK_E: tl.constexpr, P_E: tl.constexpr):
@@ -420,7 +427,7 @@ def _layer(target, l, wa, keep, skip, X, X0, QKV, ATT, ACT, SYNC, WQKV, WO, WGU,
     (the code predictor's single row): the attention folded into phase C (_attend_project: o_proj in kv-head
     parts OPART, summed into X2 by phase D; BN_C and CH_C are its tile width and items a program). SPLIT > 0
     (the Talker): slot slot_rows[b], position pos_rows[b] ([ROWS] in registers), RoPE row COS/SIN + b * D,
-    attention in SPLIT-position parts (_attend_split). Yielding (see talker_kernel): where `tell`, this program
+    attention in SPLIT-position parts (_attend_split), through the page table TABLE where PAGE > 0. Yielding (see talker_kernel): where `tell`, this program
     reads the gate during phase A and writes it to DECIDE before the barrier after it; where `ask`, every program
     reads DECIDE after that barrier (so that all agree). Returns (barrier count, the gate as DECIDE held it, 0
     unless `ask`)."""
@@ -450,13 +457,13 @@ def _layer(target, l, wa, keep, skip, X, X0, QKV, ATT, ACT, SYNC, WQKV, WO, WGU,
         if SPLIT == 0:
             for j in range(pid, nrows * HKV, NPROG):          # B: one program a (row, kv head)
                 b = j // HKV
-                attend_one_token(QKV + b * NQKV, NQ + l * D, NK + l * D, eps, COS, SIN, KC, VC,
+                attend_one_token(QKV + b * NQKV, NQ + l * D, NK + l * D, eps, COS, SIN, KC, VC, KC, 0,
                                  b * sks + (j % HKV) * skh, D, pos_all, ATT + b * QD, scale, j % HKV, HQ, HKV,
-                                 HQ // HKV, D, BLOCK)
+                                 HQ // HKV, D, BLOCK, 0)
         else:
-            target = _attend_split(target, QKV, NQ + l * D, NK + l * D, eps, COS, SIN, D, KC, VC, sks, skh,
-                                   slot_rows, pos_rows, ATT, PART, ML, SYNC, pid, nrows, scale, HQ, HKV, D, ROWS,
-                                   NPROG, BLOCK, SPLIT, MAXSPLIT)
+            target = _attend_split(target, QKV, NQ + l * D, NK + l * D, eps, COS, SIN, D, KC, VC, sks, skh, TABLE,
+                                   stab, slot_rows, pos_rows, ATT, PART, ML, SYNC, pid, nrows, scale, HQ, HKV, D,
+                                   ROWS, NPROG, BLOCK, SPLIT, MAXSPLIT, PAGE)
         target += NPROG
         _grid_sync(SYNC, target, NPROG)
         _residual_matmul(ATT, X, X, X0, W_O, wc, pid, nrows, QD, HP, BN_C, CH_C, BK_C, ROWS, NPROG, P_C, True, False)
@@ -481,11 +488,11 @@ def _layer(target, l, wa, keep, skip, X, X0, QKV, ATT, ACT, SYNC, WQKV, WO, WGU,
 
 @triton.jit(do_not_specialize=["check", "resume"])
 def talker_kernel(X, QKV, ATT, ACT, SYNC, OUT, WQKV, WO, WGU, WD, NIN, NPOST, NQ, NK, NFINAL,
-                  KC, VC, sl, sks, skh, SLOTS, POS, COS, SIN, PART, ML, nrows, eps, scale,
+                  KC, VC, sl, sks, skh, TABLE, stab, SLOTS, POS, COS, SIN, PART, ML, nrows, eps, scale,
                   GATE, STATE, DECIDE, check, resume,
                   L: tl.constexpr, HP: tl.constexpr, I: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr,
                   D: tl.constexpr, ROWS: tl.constexpr, NPROG: tl.constexpr, BLOCK: tl.constexpr,
-                  SPLIT: tl.constexpr, MAXSPLIT: tl.constexpr,
+                  SPLIT: tl.constexpr, MAXSPLIT: tl.constexpr, PAGE: tl.constexpr,
                   BN_A: tl.constexpr, CH_A: tl.constexpr, BK_A: tl.constexpr, P_A: tl.constexpr, BN_C: tl.constexpr,
                   CH_C: tl.constexpr, BK_C: tl.constexpr, P_C: tl.constexpr, BN_D: tl.constexpr, CH_D: tl.constexpr,
                   BK_D: tl.constexpr, P_D: tl.constexpr, BN_E: tl.constexpr, CH_E: tl.constexpr, BK_E: tl.constexpr, P_E: tl.constexpr):
@@ -509,9 +516,9 @@ def talker_kernel(X, QKV, ATT, ACT, SYNC, OUT, WQKV, WO, WGU, WD, NIN, NPOST, NQ
             li = tl.cast(l, tl.int64)
             target, stop = _layer(
                 target, l, wa, True, False, X, X, QKV, ATT, ACT, SYNC, WQKV, WO, WGU, WD, NIN, NPOST, NQ, NK,
-                KC + li * sl, VC + li * sl, sks, skh, slot_rows, pos_rows, 0, COS, SIN, PART, ML, PART, X, pid, nrows,
-                eps, scale, GATE, DECIDE + l, (check != 0) & (pid == 0), check != 0, HP, I, HQ, HKV, D, ROWS, NPROG,
-                BLOCK, SPLIT, MAXSPLIT, False, BN_A, CH_A, BK_A, P_A, BN_C, CH_C, BK_C, P_C, BN_D, CH_D, BK_D, P_D,
+                KC + li * sl, VC + li * sl, sks, skh, TABLE, stab, slot_rows, pos_rows, 0, COS, SIN, PART, ML, PART,
+                X, pid, nrows, eps, scale, GATE, DECIDE + l, (check != 0) & (pid == 0), check != 0, HP, I, HQ, HKV, D,
+                ROWS, NPROG, BLOCK, SPLIT, MAXSPLIT, False, PAGE, BN_A, CH_A, BK_A, P_A, BN_C, CH_C, BK_C, P_C, BN_D, CH_D, BK_D, P_D,
                 BN_E, CH_E, BK_E, P_E)
             wa = _tiles(WQKV + (li + 1) * NQKV * HP, pid, NQKV, l + 1 < L, HP, BN_A, CH_A, BK_A, 1, NPROG, P_A)
             _wait(SYNC, target, NPROG)
@@ -556,9 +563,9 @@ def predictor_kernel(
                 K = KV + tl.cast(l, tl.int64) * 2 * KV_ROWS
                 target, up = _layer(
                     target, l, wa, True, False, X, X0, QKV, ATT, ACT, SYNC, WQKV, WO, WGU, WD, NIN, NPOST, NQ, NK, K,
-                    K + KV_ROWS, HKV * G * D, G * D, X, X, t, COS + t * D, SIN + t * D, X, X, OPART, X2, pid, nrows,
-                    eps, scale, GATE, DECIDE + t, (check != 0) & (pid == 0) & (l == 0), (check != 0) & (l == 0), HP,
-                    I, HQ, HKV, D, ROWS, NPROG, G, 0, 1, ROWS == 1, BN_A, CH_A, BK_A, P_A, BN_C, CH_C, BK_C, P_C,
+                    K + KV_ROWS, HKV * G * D, G * D, X, 0, X, X, t, COS + t * D, SIN + t * D, X, X, OPART, X2, pid,
+                    nrows, eps, scale, GATE, DECIDE + t, (check != 0) & (pid == 0) & (l == 0), (check != 0) & (l == 0),
+                    HP, I, HQ, HKV, D, ROWS, NPROG, G, 0, 1, ROWS == 1, 0, BN_A, CH_A, BK_A, P_A, BN_C, CH_C, BK_C, P_C,
                     BN_D, CH_D, BK_D, P_D, BN_E, CH_E, BK_E, P_E)
                 stop = stop | up
                 wa = _tiles(WQKV + tl.cast(l + 1, tl.int64) * NQKV * HP, pid, NQKV, True, HP, BN_A, CH_A, BK_A, 1,
@@ -570,8 +577,9 @@ def predictor_kernel(
             K = KV + (L - 1) * 2 * KV_ROWS
             target, _ = _layer(
                 target, L - 1, wa, t > 0, t == 0, X, X0, QKV, ATT, ACT, SYNC, WQKV, WO, WGU, WD, NIN, NPOST, NQ, NK, K,
-                K + KV_ROWS, HKV * G * D, G * D, X, X, t, COS + t * D, SIN + t * D, X, X, OPART, X2, pid, nrows, eps,
-                scale, GATE, DECIDE + t, pid < 0, pid < 0, HP, I, HQ, HKV, D, ROWS, NPROG, G, 0, 1, ROWS == 1, BN_A,
+                K + KV_ROWS, HKV * G * D, G * D, X, 0, X, X, t, COS + t * D, SIN + t * D, X, X, OPART, X2, pid, nrows,
+                eps, scale, GATE, DECIDE + t, pid < 0, pid < 0, HP, I, HQ, HKV, D, ROWS, NPROG, G, 0, 1, ROWS == 1, 0,
+                BN_A,
                 CH_A, BK_A, P_A, BN_C, CH_C, BK_C, P_C, BN_D, CH_D, BK_D, P_D, BN_E, CH_E, BK_E, P_E)
             if t >= 1:
                 W_F = HEADS + tl.cast(t - 1, tl.int64) * VOC * HP
@@ -728,17 +736,19 @@ def talker_step(talker, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, s
     qkv, act, sync = _scratch(d, B, dev, dt)
     att = torch.empty(B, d.num_heads * d.head_dim, device=dev, dtype=dt)
     out = torch.empty_like(X)
-    kc, vc = talker.kv[0], talker.kv[1]                        # [L, slots, kv_heads, positions, head_dim]
-    parts, group = triton.cdiv(kc.shape[3], split), d.num_heads // d.num_kv_heads
+    kc, vc = talker.kv[0], talker.kv[1]                        # [L, pages, kv_heads, page_len, head_dim]
+    table = talker.page_table                                  # [slots, slot pages]
+    parts, group = triton.cdiv(talker.max_len, split), d.num_heads // d.num_kv_heads
     part = torch.empty(B, d.num_kv_heads, parts, group, d.head_dim, device=dev, dtype=torch.float32)
     ml = torch.empty(B, d.num_kv_heads, parts, 2, group, device=dev, dtype=torch.float32)
     _launch(talker_kernel, nprog, sync, d.num_layers,
             X=X, QKV=qkv, ATT=att, ACT=act, OUT=out, WQKV=st.qkv, WO=st.o, WGU=st.gate_up, WD=st.down,
             NIN=st.input_norm, NPOST=st.post_norm, NQ=st.q_norm, NK=st.k_norm, NFINAL=talker.norm.weight, KC=kc, VC=vc,
-            sl=kc.stride(0), sks=kc.stride(1), skh=kc.stride(2), SLOTS=slots, POS=pos, COS=cos.contiguous(),
+            sl=kc.stride(0), sks=kc.stride(1), skh=kc.stride(2), TABLE=table, stab=table.stride(0), SLOTS=slots,
+            POS=pos, COS=cos.contiguous(),
             SIN=sin.contiguous(), PART=part, ML=ml, nrows=B, eps=d.rms_norm_eps, scale=d.head_dim ** -0.5,
             L=d.num_layers, HP=HP, I=d.intermediate_size, HQ=d.num_heads, HKV=d.num_kv_heads, D=d.head_dim, ROWS=ROWS,
-            NPROG=nprog, BLOCK=min(32, split), SPLIT=split, MAXSPLIT=parts, num_warps=WARPS,
+            NPROG=nprog, BLOCK=min(32, split), SPLIT=split, MAXSPLIT=parts, PAGE=kc.shape[3], num_warps=WARPS,
             launch_cooperative_grid=COOPERATIVE, **_meta(_layer_tiles(d, nprog, ROWS)))
     return out
 

@@ -61,6 +61,7 @@ class Request:
     # with that frame (then None); None for every other context, so an untraced one costs an `is None` per stage
     trace: list | None = None
     freed: bool = False            # its slot is given back (finished, failed or cancelled): set once
+    pages: list[int] = field(default_factory=list)   # its Talker KV pages, in position order (synth/pages.py)
 
     @property
     def ready(self) -> bool:
@@ -68,6 +69,13 @@ class Request:
         being flushed)."""
         return (self.text_ended or self.flushing
                 or len(self.text_lead) + len(self.text_ids) > self.prefill_text - 1 + self.frames)
+
+    @property
+    def next_position(self) -> int:
+        """The Talker position its next frame writes: the prompt's last for frame 0 (a prefill writes those before it),
+        then one more a frame."""
+        prompt_len = self.prompt_len or (self.prompt.length if self.prompt is not None else 1)
+        return max(prompt_len + self.frames - 1, 0)
 
     @property
     def has_new_text(self) -> bool:

@@ -1,10 +1,13 @@
 """The runner owns every tensor of the engine: per-slot pools, static step buffers, CUDA graphs.
 
 Per-context GPU state lives in pools indexed by slot (num_slots + 1 rows: the last is a dummy slot
-that padded batch rows write to): the Talker's static KV, the codec-embedding sum of the last frame
+that padded batch rows write to): the Talker's KV (in pages: a slot's row of the page table names the pages of its
+positions, which the engine's PagePool hands out as a context grows, synth/pages.py), the codec-embedding sum of the
+last frame
 (the next Talker input minus its text token), sampling parameters, seed, repetition-penalty history
 (codebook-0 ids seen) and the codec decoder's carried state. Per step the host sends one small int64
-block (slot, position, text id, frame index per row) and gets back the 16 codes per row, then the
+block (slot, position, text id, frame index and the page of the position per row: the step writes it into the page
+table) and gets back the 16 codes per row, then the
 1920 samples per row: one host-to-device and two device-to-host copies a step. A new context's slot is set by an
 open graph from two pinned blocks (its slot, eos frame, prefix entry and sampling values), its prompt by a prefill
 graph from its cached prompt embeddings and one pinned block (slot, length, text ids): a launch from Python is what
@@ -84,6 +87,8 @@ from talkgate.synth.voice import cudnn_heuristics, finish, make_voice_prompt
 log = logging.getLogger("talkgate.runner")
 
 CODES = 16
+INPUT_ROWS = 5                         # a step's inputs per row: slot, position, text id, frame, page of the position
+OPEN_FIXED = 4                         # an open's ints before the sampling ones: slot, eos frame, prefix entry, page 0
 PARTS = ("talker", "codes", "decode")  # a step's graphs, in launch order
 LATER_POLL_S = 0.5                      # adopt_compiles: how often it asks the compile helper
 # compile_kinds' prefill tasks: prefill@16, prefill@32, prefill@max -> the prefill lengths T with low < T <= high
@@ -126,7 +131,7 @@ class Launched:
 
 
 def input_columns(rows: int) -> int:
-    """The columns of a [4, rows] inputs buffer: an even number, so that each of its rows starts 16 bytes after the
+    """The columns of a [INPUT_ROWS, rows] inputs buffer: an even number, so that each of its rows starts 16 bytes after the
     first. Triton specializes a kernel on its pointer arguments' 16-byte alignment, and the inputs' rows are such
     arguments (slots, positions): with an odd row length (an engine sized from a share of its GPU: 255 rows; the
     lane's one row) the kernels that the compile helpers compiled at one row length were compiled again at warm-up by
@@ -139,19 +144,20 @@ def input_columns(rows: int) -> int:
 class StepBuffers:
     """A step's static device buffers (rows [:b] are the batch) and those of its open graphs (columns [:rows] are the
     contexts opened). The runner's main set serves every step; the lane has one of its own (synth/lane.py)."""
-    inputs: torch.Tensor            # [4, rows]: slot, position, text id, frame
+    inputs: torch.Tensor            # [INPUT_ROWS, rows]: slot, position, text id, frame, page of the position
     hidden: torch.Tensor            # [rows, hidden]: the Talker's last hidden state
     codes: torch.Tensor             # [rows, 16]
     pcm: torch.Tensor               # [rows, 1920]
-    open_ints: torch.Tensor         # [3 + sampling's int fields, open rows]: slot, eos frame, prefix entry, ...
+    open_ints: torch.Tensor         # [OPEN_FIXED + sampling's int fields, open rows]: slot, eos frame, prefix entry,
+                                    # page 0, ...
     open_floats: torch.Tensor       # [sampling's float fields, open rows]
 
     @classmethod
     def zeros(cls, rows: int, hidden: int, dtype: torch.dtype, open_rows: int) -> "StepBuffers":
         """On the current default device."""
-        return cls(torch.zeros(4, input_columns(rows), dtype=torch.long), torch.zeros(rows, hidden, dtype=dtype),
+        return cls(torch.zeros(INPUT_ROWS, input_columns(rows), dtype=torch.long), torch.zeros(rows, hidden, dtype=dtype),
                    torch.zeros(rows, CODES, dtype=torch.long), torch.zeros(rows, FRAME_SAMPLES),
-                   torch.zeros(3 + len(INT_FIELDS), open_rows, dtype=torch.long),
+                   torch.zeros(OPEN_FIXED + len(INT_FIELDS), open_rows, dtype=torch.long),
                    torch.zeros(len(FLOAT_FIELDS), open_rows))
 
 
@@ -168,12 +174,13 @@ def batch_buckets(max_batch: int) -> list[int]:
 class Runner:
     def __init__(self, tts, num_slots: int, max_frames: int, max_prompt: int, max_batch: int,
                  device: torch.device, dtype: torch.dtype, cuda_graphs: bool = True, torch_compile: bool = True,
-                 compile_folder: Path | None = None, lane: bool = False):
+                 compile_folder: Path | None = None, lane: bool = False, pages: int | None = None):
         """tts: synth.loader.LoadedTTS. A slot holds max_prompt + max_frames Talker positions; a step takes at
         most max_batch rows (load_runner keeps it within the slots; a compile helper's runner of 2 slots runs
         more, every row on the dummy slot). On CUDA with torch_compile, compile_folder keeps the compiled
         functions (compile_hot_functions). lane: a new context's first frame may be launched beside a step in
-        flight (synth/lane.py, launch_lane)."""
+        flight (synth/lane.py, launch_lane). pages: the Talker's KV pages (synth/model.py Talker.setup_cache; None:
+        every slot all the pages of its positions), handed out by the engine's PagePool."""
         self.tts, self.device, self.dtype = tts, device, dtype
         self.talker, self.predictor, self.decoder = tts.talker, tts.code_predictor, tts.codec_decoder
         self.num_slots, self.max_frames, self.max_prompt = num_slots, max_frames, max_prompt
@@ -198,7 +205,10 @@ class Runner:
         self.warmed_marker = warmed_marker(compile_folder, max_prompt) if self.compiled else None
         S, H, B = num_slots + 1, self.talker.hidden_size, max(self.max_batch, 2)
         with torch.device(device):
-            self.talker.setup_cache(S, max_prompt + max_frames, device, dtype)
+            self.talker.setup_cache(S, max_prompt + max_frames, device, dtype, pages=pages)
+            self.page_len, self.pages = self.talker.page_len, self.talker.kv.shape[2]
+            self.slot_pages = self.talker.page_table.shape[1]       # the pages of a slot's positions
+            self.prompt_pages = -(-max_prompt // self.page_len)       # ... of a prompt's (a prefill's host block)
             self.dec_state = self.decoder.alloc_state(S)
             self.next_embed = torch.zeros(S, H, dtype=dtype)
             self.sampling = RowSampling.build([SamplingParams(seed=0)] * S, tts.generation_config, device)
@@ -208,13 +218,14 @@ class Runner:
             R = PREFILL_ROWS[-1]
             self.pre_x = torch.zeros(R, max_prompt, H, dtype=dtype)
             self.pre_pos = torch.arange(max_prompt).expand(R, max_prompt)
-            # per prefill row: slot, last prompt position, then the text id to embed at each position (-1: none)
-            self.pre_in = torch.zeros(R, 2 + max_prompt, dtype=torch.long)
+            # per prefill row: slot, last prompt position, the text id to embed at each position (-1: none), then the
+            # pages of its prompt's positions (0: scratch, for the padding's)
+            self.pre_in = torch.zeros(R, self._pre_columns(), dtype=torch.long)
             self.pre_h = torch.zeros(R, H, dtype=dtype)
             # prompt prefixes (the module's docstring): entry PREFIX_ENTRIES is none (zeros), what an open without
             # a prefix copies (its prefill writes over it)
-            kv = self.talker.kv
-            self.prefix_len = min(PREFIX_POSITIONS, kv.shape[4])
+            kv = self.talker.kv                       # a prefix fills one page at most
+            self.prefix_len = min(PREFIX_POSITIONS, self.page_len)
             self.prefix_kv = torch.zeros(*kv.shape[:2], PREFIX_ENTRIES + 1, kv.shape[3], self.prefix_len,
                                          kv.shape[5], dtype=kv.dtype)
             self.prefix_embed = torch.zeros(PREFIX_ENTRIES + 1, H, dtype=dtype)
@@ -224,7 +235,7 @@ class Runner:
         pin = self.use_graphs
         # one set of host buffers per launch in flight (HOST_SETS): a launch's inputs may still wait to be copied,
         # its codes and PCM to be read, while the next ones are launched
-        self.inputs_host = [torch.zeros(4, input_columns(B), dtype=torch.long, pin_memory=pin)
+        self.inputs_host = [torch.zeros(INPUT_ROWS, input_columns(B), dtype=torch.long, pin_memory=pin)
                             for _ in range(HOST_SETS)]
         self.codes_host = [torch.zeros(B, CODES, dtype=torch.long, pin_memory=pin) for _ in range(HOST_SETS)]
         self.pcm_host = [torch.zeros(B, FRAME_SAMPLES, pin_memory=pin) for _ in range(HOST_SETS)]
@@ -235,14 +246,14 @@ class Runner:
         # pre_in's host blocks, one per prefill chunk of a step: a chunk's copy may still be pending when the next is
         # written (the step before's were read: the engine waited for its codes); then those of the prefixes
         # prefilled at a boundary's opens (read once `opened` is)
-        self.pre_host = torch.zeros(self.max_batch // PREFILL_ROWS[-1] + 1, PREFILL_ROWS[-1], 2 + max_prompt,
+        self.pre_host = torch.zeros(self.max_batch // PREFILL_ROWS[-1] + 1, PREFILL_ROWS[-1], self._pre_columns(),
                                     dtype=torch.long, pin_memory=pin)
-        self.prefix_host = torch.zeros(S // PREFILL_ROWS[-1] + 1, PREFILL_ROWS[-1], 2 + max_prompt, dtype=torch.long,
-                                       pin_memory=pin)
-        # a step boundary's new contexts, OPEN_ROWS[-1] a chunk: slot, eos frame, prefix entry, then the sampling values of
+        self.prefix_host = torch.zeros(S // PREFILL_ROWS[-1] + 1, PREFILL_ROWS[-1], self._pre_columns(),
+                                       dtype=torch.long, pin_memory=pin)
+        # a step boundary's new contexts, OPEN_ROWS[-1] a chunk: slot, eos frame, prefix entry, page 0, then the sampling values of
         # RowSampling.host_values (open_slots); host blocks per chunk, read by the GPU in stream order (`opened`)
         O, chunks = OPEN_ROWS[-1], -(-S // OPEN_ROWS[-1])
-        self.open_ints_host = torch.zeros(chunks, 3 + len(INT_FIELDS), O, dtype=torch.long, pin_memory=cuda)
+        self.open_ints_host = torch.zeros(chunks, OPEN_FIXED + len(INT_FIELDS), O, dtype=torch.long, pin_memory=cuda)
         self.open_floats_host = torch.zeros(chunks, len(FLOAT_FIELDS), O, pin_memory=cuda)
         self.opened = torch.cuda.Event() if cuda else None
         # keep_warm's operand and event
@@ -254,11 +265,13 @@ class Runner:
             with torch.device(device):
                 bufs = StepBuffers.zeros(LANE_ROWS, H, dtype, LANE_ROWS)
             self.lane = Lane.on(device, bufs,
-                                [torch.zeros(3 + len(INT_FIELDS), LANE_ROWS, dtype=torch.long, pin_memory=cuda)
+                                [torch.zeros(OPEN_FIXED + len(INT_FIELDS), LANE_ROWS, dtype=torch.long,
+                                             pin_memory=cuda)
                                  for _ in range(LANE_SETS)],
                                 [torch.zeros(len(FLOAT_FIELDS), LANE_ROWS, pin_memory=cuda) for _ in range(LANE_SETS)])
             for _ in range(LANE_SETS):
-                self.inputs_host.append(torch.zeros(4, input_columns(LANE_ROWS), dtype=torch.long, pin_memory=pin))
+                self.inputs_host.append(torch.zeros(INPUT_ROWS, input_columns(LANE_ROWS), dtype=torch.long,
+                                                    pin_memory=pin))
                 self.codes_host.append(torch.zeros(LANE_ROWS, CODES, dtype=torch.long, pin_memory=pin))
                 self.pcm_host.append(torch.zeros(LANE_ROWS, FRAME_SAMPLES, pin_memory=pin))
                 self.codes_done.append(torch.cuda.Event() if cuda else None)
@@ -320,8 +333,8 @@ class Runner:
             rows = next(b for b in OPEN_ROWS if b >= len(chunk)) if self.use_graphs else len(chunk)
             eos_from = [EOS_FROM if r.samples_eos else NO_EOS for r in chunk]
             self._stage_opens(self.open_ints_host[c // O], self.open_floats_host[c // O], self.main,
-                              [r.slot for r in chunk], eos_from, entries[c:c + O], [r.params.sampling for r in chunk],
-                              rows)
+                              [r.slot for r in chunk], eos_from, entries[c:c + O], [self._page(r, 0) for r in chunk],
+                              [r.params.sampling for r in chunk], rows)
             g = self.graphs.get(("open", rows))
             if g is not None:
                 g.replay()
@@ -366,7 +379,7 @@ class Runner:
         room)."""
         prompts = self.tts.prompts
         bases = [prompts.base(r.prompt) for r in reqs]
-        self._run_prefills([(r.slot, base[:-1], 0, ()) for r, base in zip(reqs, bases)], self.prefix_host)
+        self._run_prefills([(r, base[:-1], 0, ()) for r, base in zip(reqs, bases)], self.prefix_host)
         for r, base in zip(reqs, bases):
             self.next_embed[r.slot] = base[-1]
             if r.prompt in self._prefixes:
@@ -376,31 +389,34 @@ class Runner:
             else:
                 _, e = self._prefixes.popitem(last=False)
             self._prefixes[r.prompt] = e
-            self.prefix_kv[:, :, e] = self.talker.kv[:, :, r.slot, :, :self.prefix_len]
+            self.prefix_kv[:, :, e] = self.talker.kv[:, :, self._page(r, 0), :, :self.prefix_len]
             self.prefix_embed[e] = base[-1]
 
     def _stage_opens(self, ints_host: torch.Tensor, floats_host: torch.Tensor, buf: StepBuffers, slots: list[int],
-                     eos_from: list[int], entries: list[int], sampling: list[SamplingParams], rows: int) -> None:
-        """Host blocks for opens of `slots` (their eos frames, prefix entries and sampling) padded to `rows` (the
-        padding rows open the dummy slot with the first one's values), sent to buf's open_ints and open_floats."""
+                     eos_from: list[int], entries: list[int], pages: list[int], sampling: list[SamplingParams],
+                     rows: int) -> None:
+        """Host blocks for opens of `slots` (their eos frames, prefix entries, first pages and sampling) padded to
+        `rows` (the padding rows open the dummy slot, into the scratch page, with the first one's values), sent to
+        buf's open_ints and open_floats."""
         n = len(slots)
         i, f = ints_host[:, :rows].numpy(), floats_host[:, :rows].numpy()
-        i[0, :n], i[1, :n], i[2, :n] = slots, eos_from, entries
-        RowSampling.host_values(sampling, self.tts.generation_config, i[3:, :n], f[:, :n])
-        i[0, n:] = self.dummy
-        i[1:, n:], f[:, n:] = i[1:, :1], f[:, :1]
+        i[0, :n], i[1, :n], i[2, :n], i[3, :n] = slots, eos_from, entries, pages
+        RowSampling.host_values(sampling, self.tts.generation_config, i[OPEN_FIXED:, :n], f[:, :n])
+        i[0, n:], i[3, n:] = self.dummy, 0
+        i[1:3, n:], i[OPEN_FIXED:, n:], f[:, n:] = i[1:3, :1], i[OPEN_FIXED:, :1], f[:, :1]
         buf.open_ints.copy_(ints_host, non_blocking=True)      # whole blocks: contiguous
         buf.open_floats.copy_(floats_host, non_blocking=True)
 
     def _open_step(self, rows: int, buf: StepBuffers) -> None:
         """The slots of buf.open_ints' first `rows` columns set from its open_ints and open_floats (the open graph)."""
         ints, floats = buf.open_ints[:, :rows], buf.open_floats[:, :rows]
-        slots, entries = ints[0], ints[2]
-        self.sampling.copy_rows_(slots, ints[3:], floats)
+        slots, entries, page = ints[0], ints[2], ints[3]
+        self.sampling.copy_rows_(slots, ints[OPEN_FIXED:], floats)
         self.min_frames.index_copy_(0, slots, ints[1])
         self.seen.index_fill_(0, slots, False)
         self.dec_state.reset_slots(slots)
-        self.talker.kv[:, :, slots, :, :self.prefix_len] = self.prefix_kv[:, :, entries]
+        self.talker.page_table[slots, 0] = page
+        self.talker.kv[:, :, page, :, :self.prefix_len] = self.prefix_kv[:, :, entries]
         self.next_embed[slots] = self.prefix_embed[entries]
 
     def _prime_slot(self, slot: int, clone: VoicePrompt) -> None:
@@ -466,10 +482,8 @@ class Runner:
         self.launches += 1
         inputs_host = self.inputs_host[launched.buf]
         host = inputs_host.numpy()
-        host[:, :n] = np.array([(r.slot, max(r.prompt_len + r.frames - 1, 0),
-                                 r.next_text_id(self.text_eos, self.text_pad), r.frames) for r in rows],
-                               dtype=np.int64).T
-        host[:, n:b] = np.array([[self.dummy], [0], [self.text_pad], [0]])
+        host[:, :n] = np.array([self._row(r, max(r.prompt_len + r.frames - 1, 0)) for r in rows], dtype=np.int64).T
+        host[:, n:b] = np.array([[self.dummy], [0], [self.text_pad], [0], [0]])
         self.main.inputs[:, :b].copy_(inputs_host[:, :b], non_blocking=True)
         if nt:
             self._run("talker", self._bucket(nt))
@@ -533,10 +547,10 @@ class Runner:
                 lane.stream.wait_event(self.opened)             # the prefix store and slots as the opens left them
             if open_slot:
                 self._stage_opens(lane.open_ints_host[k], lane.open_floats_host[k], lane.bufs, [req.slot],
-                                  [EOS_FROM if req.samples_eos else NO_EOS], [e], [req.params.sampling], LANE_ROWS)
+                                  [EOS_FROM if req.samples_eos else NO_EOS], [e], [self._page(req, 0)],
+                                  [req.params.sampling], LANE_ROWS)
             inputs_host = self.inputs_host[s]
-            inputs_host.numpy()[:, 0] = (req.slot, req.prompt_len - 1,
-                                         req.next_text_id(self.text_eos, self.text_pad), 0)
+            inputs_host.numpy()[:, 0] = self._row(req, req.prompt_len - 1)
             lane.bufs.inputs.copy_(inputs_host, non_blocking=True)
             parts = self._parts_of(lane.bufs)
             # raised after the wait for `opened`, so that the main stream never waits at the gate for work queued
@@ -643,6 +657,20 @@ class Runner:
             return contextlib.nullcontext()
         return kernel_module("persistent").yielding(self._yield)
 
+    def _row(self, req: Request, pos: int) -> tuple[int, int, int, int, int]:
+        """A step's inputs for req's row at Talker position pos."""
+        return req.slot, pos, req.next_text_id(self.text_eos, self.text_pad), req.frames, self._page(req, pos)
+
+    def _page(self, req: Request, pos: int) -> int:
+        """The page of req's position pos: of its pages (the engine's PagePool), or where it has none (a runner driven
+        without a pool: bench tools) its slot's own in the table setup_cache made."""
+        if req.pages:
+            return req.pages[pos // self.page_len]
+        return 1 + req.slot * self.slot_pages + pos // self.page_len
+
+    def _pre_columns(self) -> int:
+        return 2 + self.max_prompt + self.prompt_pages
+
     def _prefill(self, reqs: list[Request], row0: int) -> None:
         """Prompt + text token 0 of each new context into its KV; last hidden -> hidden[row0 + i]."""
         prompts = self.tts.prompts
@@ -650,13 +678,14 @@ class Runner:
         for r in reqs:
             base = prompts.base(r.prompt)
             at, text = prompts.text_part(r.prompt, r.prefill_track(self.text_eos, self.text_pad))
-            items.append((r.slot, base, at, text))
+            items.append((r, base, at, text))
             r.prompt_len = base.shape[0]
         self._run_prefills(items, self.pre_host, row0)
 
     def _run_prefills(self, items: list[tuple], blocks: torch.Tensor, row0: int | None = None) -> None:
-        """Prefill (slot, embeddings [T, H], at, text ids) items into their slots' KV, the text ids embedded and
-        added from position `at` on; with row0, the last position's hidden state -> hidden[row0 + i].
+        """Prefill (context, embeddings [T, H], at, text ids) items into their slots' KV (the pages of their
+        positions), the text ids embedded and added from position `at` on; with row0, the last position's hidden
+        state -> hidden[row0 + i].
         Right-padded rows and lengths (a padding position's K/V lies beyond the row's position and is
         overwritten before it is ever attended); one CUDA graph per (rows, length) bucket, which embeds the
         rows' text ids (pre_in) and adds them to their prompts' cached embeddings (pre_x): a chunk costs the
@@ -668,16 +697,21 @@ class Runner:
             block = blocks[i // R]
             host = block.numpy()
             lengths = []
-            for j, (slot, base, at, text) in enumerate(chunk):
+            P = 2 + self.max_prompt                                        # the pages' columns
+            for j, (req, base, at, text) in enumerate(chunk):
                 self.pre_x[j, :base.shape[0]] = base
                 lengths.append(base.shape[0])
-                host[j, :2] = slot, base.shape[0] - 1
-                host[j, 2:] = -1
+                host[j, :2] = req.slot, base.shape[0] - 1
+                host[j, 2:P] = -1
                 host[j, 2 + at:2 + at + len(text)] = text
+                used = -(-base.shape[0] // self.page_len)
+                host[j, P:P + used] = [self._page(req, k * self.page_len) for k in range(used)]
+                host[j, P + used:] = 0
             rows = next(b for b in self.prefill_rows if b >= n) if self.use_graphs else n
             T = next(t for t in self.prefill_lens if t >= max(lengths)) if self.use_graphs else max(lengths)
             host[n:rows] = -1                                              # padding rows: the dummy slot
             host[n:rows, :2] = self.dummy, 0
+            host[n:rows, P:] = 0
             self.pre_in.copy_(block, non_blocking=True)                    # the whole block: contiguous
             g = self.graphs.get(("prefill", rows, T))
             if g is not None:
@@ -689,6 +723,7 @@ class Runner:
 
     def _prefill_step(self, rows: int, T: int) -> None:
         slots, last, ids = self.pre_in[:rows, 0], self.pre_in[:rows, 1], self.pre_in[:rows, 2:2 + T]
+        self.talker.page_table[slots, :self.prompt_pages] = self.pre_in[:rows, 2 + self.max_prompt:]
         text = torch.where((ids >= 0)[..., None], self.talker.embed_text(ids.clamp_min(0)), 0)
         h = self.talker(self.pre_x[:rows, :T] + text, self.pre_pos[:rows, :T], slots, fresh=True)
         self.pre_h[:rows] = h[torch.arange(rows, device=h.device), last]
@@ -696,6 +731,7 @@ class Runner:
     # ----- the two captured parts -----
     def _talker_step(self, b: int, buf: StepBuffers) -> None:
         slots, pos, text = buf.inputs[0, :b], buf.inputs[1, :b], buf.inputs[2, :b]
+        self.talker.page_table[slots, pos // self.page_len] = buf.inputs[4, :b]
         x = self.next_embed[slots] + self.talker.embed_text(text)
         buf.hidden[:b] = self.talker(x[:, None], pos[:, None], slots)[:, 0]
 
@@ -824,7 +860,7 @@ class Runner:
                 self._timed(f"prefill {rows}x{T}", self._capture, ("prefill", rows, T), self._prefill_step, rows, T)
         # the open graphs warm up and are captured on opens of the dummy slot
         self._stage_opens(self.open_ints_host[0], self.open_floats_host[0], self.main, [self.dummy], [EOS_FROM],
-                          [PREFIX_ENTRIES], [SamplingParams(seed=0)], OPEN_ROWS[-1])
+                          [PREFIX_ENTRIES], [0], [SamplingParams(seed=0)], OPEN_ROWS[-1])
         for rows in OPEN_ROWS:
             self._timed(f"open {rows}", self._capture, ("open", rows), self._open_step, rows, self.main)
         if self.lane is not None:
@@ -929,7 +965,7 @@ class Runner:
         and a step of the dummy slot."""
         lane = self.lane
         self._stage_opens(lane.open_ints_host[0], lane.open_floats_host[0], lane.bufs, [self.dummy], [EOS_FROM],
-                          [PREFIX_ENTRIES], [SamplingParams(seed=0)], LANE_ROWS)
+                          [PREFIX_ENTRIES], [0], [SamplingParams(seed=0)], LANE_ROWS)
         self._dummy_inputs(lane.bufs)
         parts = {"open": functools.partial(self._open_step, buf=lane.bufs), **self._parts_of(lane.bufs)}
         for part in ("open", *PARTS):

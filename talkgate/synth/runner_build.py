@@ -19,6 +19,7 @@ import torch
 from talkgate.synth import decoder_precision, parallel_compile
 from talkgate.synth.checkpoint_dir import resolve_path
 from talkgate.synth.loader import load_tts, read_config
+from talkgate.synth.model import page_length
 from talkgate.synth.prompt import CLONE_MAX_PROMPT
 from talkgate.synth.roofline import StepRoof, gpu_peaks
 from talkgate.synth.runner import Runner, compile_folder, warmed_marker
@@ -35,18 +36,26 @@ def _dtype(name) -> torch.dtype | None:
     return {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}[str(name)]
 
 
-def slot_bytes(tts, max_len: int, dtype: torch.dtype) -> int:
-    """GPU bytes one context slot takes: Talker KV + codec decoder state + small per-slot pools."""
+def context_bytes(tts, dtype: torch.dtype) -> int:
+    """GPU bytes one context slot takes but its Talker KV: codec decoder state + small per-slot pools."""
     d = tts.config.talker.dims
-    kv = d.num_layers * 2 * d.num_kv_heads * max_len * d.head_dim * dtype.itemsize
     one = tts.codec_decoder.alloc_state(1, device="meta")
     dec = sum(t.numel() * t.element_size() for t in (one.tails, one.kv, one.pos))
-    return kv + dec + tts.config.talker.vocab_size + 2 * d.hidden_size * dtype.itemsize + 128
+    return dec + tts.config.talker.vocab_size + 2 * d.hidden_size * dtype.itemsize + 128
 
 
-# slots sized from memory at most: an H200 holds 1,024 contexts of 60 s at 1.7B or 0.6B beside 256 rows, 981 beside
-# 512 (engine.md "Memory budget")
-DEFAULT_MAX_SLOTS = 1024
+def page_bytes(tts, page_len: int, dtype: torch.dtype) -> int:
+    """GPU bytes of one Talker KV page (synth/pages.py): page_len positions of every layer's K and V."""
+    d = tts.config.talker.dims
+    return d.num_layers * 2 * d.num_kv_heads * page_len * d.head_dim * dtype.itemsize
+
+
+# slots sized from memory at most: contexts hold the Talker's KV by use (synth/pages.py), so an H200 holds 2,048
+# contexts of natural length at 1.7B or 0.6B beside 512 rows (engine.md "Memory budget")
+DEFAULT_MAX_SLOTS = 2048
+# KV pages budgeted per slot when sizing the slots from memory: a sentence with its prompt (~40 + 12.5 a second of
+# speech positions) fits two pages of 64; the pool is shared, so a long context takes pages a short one left
+MIN_CONTEXT_PAGES = 2
 # rows a step takes at most by default; more contexts with text take turns (earliest deadline). 512 where the engine
 # has LARGE_BUDGET of GPU memory (an H200 alone: 981 slots of 1.7B beside 512 rows), 256 below (an 80-GB H100: 530-595
 # slots; several models on one H200): on an H200 a 1.7B server with 512 rows held 190 req/s (its requests in
@@ -68,22 +77,27 @@ def warmup_bytes_per_row(decoder_dtype: torch.dtype) -> int:
     return WARMUP_BYTES_PER_ROW if decoder_dtype == torch.float32 else HALF_WARMUP_BYTES_PER_ROW
 
 
-def slots_from_memory(tts, max_len: int, dtype: torch.dtype, device: torch.device, cap: int = DEFAULT_MAX_SLOTS,
-                      max_batch: int = DEFAULT_MAX_BATCH, memory_share: float | None = None,
-                      per_row: int = WARMUP_BYTES_PER_ROW, reserved_before: int = 0) -> int:
-    """As many slots as slots_within gives of this engine's budget of GPU memory: what is free, or with
+def size_from_memory(tts, max_len: int, dtype: torch.dtype, device: torch.device, cap: int = DEFAULT_MAX_SLOTS,
+                     max_batch: int = DEFAULT_MAX_BATCH, memory_share: float | None = None,
+                     per_row: int = WARMUP_BYTES_PER_ROW, reserved_before: int = 0) -> tuple[int, int]:
+    """(slots, KV pages) as size_within gives them of this engine's budget of GPU memory: what is free, or with
     `memory_share` (several engines on one GPU) that fraction of the GPU's total less what this engine holds
     already (share_budget): what this process's allocator holds beyond `reserved_before`, its reservation when
     this engine began to load (the engines loaded before it in this process, `serve --colocate`, are theirs)."""
     free, total = torch.cuda.mem_get_info(device)
+    page_len = page_length(max_len)
+    sizes = (context_bytes(tts, dtype), page_bytes(tts, page_len, dtype), -(-max_len // page_len), cap, max_batch,
+             per_row)
     if memory_share is None:
-        return slots_within(free, slot_bytes(tts, max_len, dtype), cap, max_batch, per_row)
+        slots, pages = size_within(free, *sizes)
+        log.info("slots: %d, KV pages: %d of %d positions (%.1f GiB), from %.1f GiB free", slots, pages, page_len,
+                 pages * sizes[1] / (1 << 30), free / (1 << 30))
+        return slots, pages
     held = torch.cuda.memory_reserved(device) - reserved_before
-    slots = slots_within(share_budget(total, held, memory_share), slot_bytes(tts, max_len, dtype), cap, max_batch,
-                         per_row)
-    log.info("slots: %d from a %.3g share of %.1f GiB, %.1f GiB held (%.1f GiB free now)", slots, memory_share,
-             total / (1 << 30), held / (1 << 30), free / (1 << 30))
-    return slots
+    slots, pages = size_within(share_budget(total, held, memory_share), *sizes)
+    log.info("slots: %d, KV pages: %d, from a %.3g share of %.1f GiB, %.1f GiB held (%.1f GiB free now)", slots, pages,
+             memory_share, total / (1 << 30), held / (1 << 30), free / (1 << 30))
+    return slots, pages
 
 
 def share_budget(total: int, held: int, share: float) -> int:
@@ -100,16 +114,20 @@ def default_max_batch(budget: int) -> int:
     return LARGE_MAX_BATCH if budget >= LARGE_BUDGET else DEFAULT_MAX_BATCH
 
 
-def slots_within(budget: int, per_slot: int, cap: int = DEFAULT_MAX_SLOTS, max_batch: int = DEFAULT_MAX_BATCH,
-                 per_row: int = WARMUP_BYTES_PER_ROW) -> int:
-    """Slots of `per_slot` bytes in `budget` bytes after a reserve for activations, graphs, the CUDA context and
-    warm-up (4 GiB + 10% of the budget + `per_row` bytes per row of the largest step, min(slots, max_batch)),
-    at most `cap`; at least 1."""
+def size_within(budget: int, per_context: int, per_page: int, slot_pages: int, cap: int = DEFAULT_MAX_SLOTS,
+                max_batch: int = DEFAULT_MAX_BATCH, per_row: int = WARMUP_BYTES_PER_ROW) -> tuple[int, int]:
+    """(slots, KV pages) in `budget` bytes after a reserve for activations, graphs, the CUDA context and warm-up (4 GiB
+    + 10% of the budget + `per_row` bytes per row of the largest step, min(slots, max_batch)): slots of `per_context`
+    bytes each with MIN_CONTEXT_PAGES pages of `per_page` bytes, at most `cap` and at least 1; then every byte left in
+    pages, at most every slot's `slot_pages` (and the scratch page), at least one whole context's and the scratch."""
     usable = budget - (4 << 30) - budget // 10
+    per_slot = per_context + MIN_CONTEXT_PAGES * per_page
     slots = usable // (per_slot + per_row)          # every slot a row of the largest step
     if slots > max_batch:
         slots = (usable - max_batch * per_row) // per_slot
-    return max(1, min(cap, slots))
+    slots = max(1, min(cap, slots))
+    pages = (usable - min(slots, max_batch) * per_row - slots * per_context) // per_page
+    return slots, max(slot_pages + 2, min(pages, 1 + (slots + 1) * slot_pages))
 
 
 def load_runner(path_or_id, **kw):
@@ -119,12 +137,14 @@ def load_runner(path_or_id, **kw):
 
 def begin_runner(path_or_id, device=None, dtype=None, max_contexts=None, max_frames_per_context=750, max_batch=None,
                  cuda_graphs=True, max_prompt=None, decoder_dtype=None, torch_compile=True, untrained_length="text-rule",
-                 memory_share=None, lane=None):
+                 memory_share=None, lane=None, kv_pages=None):
     """The checkpoint loaded, the slots sized, a fresh cache's compile helpers started; -> the second part, which
     waits for them and returns (Runner, tokenizer factory, Prompts, ModelInfo) for synth.engine.Engine. An engine
     process of several models (`serve --colocate`) begins every model's before it finishes any, so that their helpers
     compile side by side (one model's after another's were most of the fresh start, docs/benchmarks.md). lane None: a
-    first-frame lane (synth/lane.py) where the step runs CUDA graphs."""
+    first-frame lane (synth/lane.py) where the step runs CUDA graphs. kv_pages: the Talker's KV pages (synth/pages.py);
+    None: sized from memory with the slots, or where the slots are given (max_contexts, the CPU) every slot's whole
+    length."""
     t0 = time.perf_counter()
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if device.type == "cuda":       # the blocks cached for engines loaded before this one in this process go back
@@ -171,10 +191,14 @@ def begin_runner(path_or_id, device=None, dtype=None, max_contexts=None, max_fra
     if helpers is not None:
         helpers.wait()                         # their memory back before the slots are sized from what is free
     max_len = max_prompt + max_frames_per_context
-    if max_contexts is None:
-        max_contexts = slots_from_memory(tts, max_len, dtype, device, max_batch=max_batch, memory_share=memory_share,
-                                         per_row=warmup_bytes_per_row(decoder_dtype),
-                                         reserved_before=reserved_before) if device.type == "cuda" else 16
+    if max_contexts is None and device.type == "cuda":
+        max_contexts, sized_pages = size_from_memory(tts, max_len, dtype, device, max_batch=max_batch,
+                                                     memory_share=memory_share,
+                                                     per_row=warmup_bytes_per_row(decoder_dtype),
+                                                     reserved_before=reserved_before)
+        kv_pages = kv_pages or sized_pages
+    elif max_contexts is None:
+        max_contexts = 16
     max_batch = min(max_batch, max_contexts)
     if share_sized and torch_compile:
         helpers = start_helpers(max_batch)
@@ -185,7 +209,7 @@ def begin_runner(path_or_id, device=None, dtype=None, max_contexts=None, max_fra
         runner = Runner(tts, num_slots=max_contexts, max_frames=max_frames_per_context, max_prompt=max_prompt,
                         max_batch=max_batch, device=device, dtype=dtype, cuda_graphs=cuda_graphs,
                         torch_compile=torch_compile, compile_folder=functions,
-                        lane=device.type == "cuda" and cuda_graphs if lane is None else lane)
+                        lane=device.type == "cuda" and cuda_graphs if lane is None else lane, pages=kv_pages)
         if helpers is not None and helpers.late_done() is None:
             runner.compiling_later(helpers)
         peaks = gpu_peaks(torch.cuda.get_device_name(device)) if device.type == "cuda" else None

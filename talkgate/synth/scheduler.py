@@ -11,19 +11,26 @@ than that lead ahead of its player: audio made earlier than that is heard no soo
 their rows and the gateway's workers their encoding now, when other contexts need them (at 512 closed-loop streams
 every stream was made at about 3x real time: docs/benchmarks.md). It runs again once its lead has shrunk to that;
 `due_in` tells the engine loop when the first such context is due, so that it wakes for it with nothing else to do.
+
+With a PagePool (synth/pages.py) a context runs only once it holds the KV page of the position its frame writes: the
+running ones reach theirs first, then the new ones. A running context that could not is `starved` (the engine fails
+the newest of them, whose pages then let the others go on).
 """
 from __future__ import annotations
 
+from talkgate.synth.pages import PagePool
 from talkgate.synth.request import Request, Status
 
 
 class Scheduler:
-    def __init__(self, max_batch: int, max_prefills: int):
+    def __init__(self, max_batch: int, max_prefills: int, pages: PagePool | None = None):
         if not (1 <= max_prefills <= max_batch):
             raise ValueError(f"need 1 <= max_prefills ({max_prefills}) <= max_batch ({max_batch})")
         self.max_batch, self.max_prefills = max_batch, max_prefills
+        self.pages = pages
         self.waiting: list[Request] = []     # not prefilled yet
         self.running: list[Request] = []     # prefilled, generating
+        self.starved: list[Request] = []     # running, due, but no KV page for their next frame (the last schedule)
 
     def add(self, req: Request) -> None:
         self.waiting.append(req)
@@ -37,11 +44,13 @@ class Scheduler:
         req.status = Status.RUNNING
 
     def remove(self, req: Request) -> None:
-        """Take a finished or cancelled context out (idempotent)."""
+        """Take a finished or cancelled context out and give its pages back (idempotent)."""
         for queue in (self.waiting, self.running):
             if req in queue:
                 queue.remove(req)
         req.status = Status.FINISHED
+        if self.pages is not None:
+            self.pages.give_back(req)
 
     def __len__(self) -> int:
         return len(self.waiting) + len(self.running)
@@ -63,10 +72,16 @@ class Scheduler:
         for req in self.waiting:
             if req.ready and req.t_ready is None:
                 req.t_ready = now
-        new = [r for r in self.waiting if r.ready]
         # a context with a lead runs while its player has at most that lead still to play (inline: per row and step)
         old = [r for r in self.running
                if r.ready and (r.params.lead_s is None or r.deadline - now <= r.params.lead_s)]
+        new = [r for r in self.waiting if r.ready]
+        if self.pages is not None:                  # inline too: a page is reached once every page_len frames
+            span, reach = self.pages.page_len, self.pages.reach
+            self.starved = [r for r in old if r.next_position >= span * len(r.pages) and not reach(r, r.next_position)]
+            if self.starved:
+                old = [r for r in old if r not in self.starved]
+            new = [r for r in new if r.next_position < span * len(r.pages) or reach(r, r.next_position)]
         if len(new) > self.max_prefills:
             new = sorted(new, key=lambda r: r.deadline)[:self.max_prefills]
         if len(new) + len(old) > self.max_batch:

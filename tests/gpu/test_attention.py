@@ -87,3 +87,31 @@ def test_shared_position_and_row_slots(kernel):
     got = kernel.one_token_attention(F.linear(x, attn.qkv_weight), attn.q_norm.weight, attn.k_norm.weight,
                                      attn.q_norm.eps, cos, sin, kc, vc, None, 5, attn.n_heads)
     assert ((got - want).norm() / want.norm()).item() < 1e-5
+
+
+@pytest.mark.parametrize("page", [8, 16])
+def test_one_token_attention_through_a_page_table(kernel, page):
+    """The Talker's KV in pages (model.Talker.setup_cache): the kernel reads and writes a slot's positions through its
+    row of the page table, as it would the contiguous cache its pages make up; the scratch page 0 is not touched."""
+    attn = layer(torch.float32)
+    torch.manual_seed(2)
+    S, slot_pages, D = 4, 5, attn.head_dim
+    kp = torch.randn(1 + S * slot_pages, attn.n_kv, page, D, device=DEVICE)
+    vp = torch.randn_like(kp)
+    table = (1 + torch.randperm(S * slot_pages, device=DEVICE)).view(S, slot_pages)
+
+    def contiguous(pages):                        # [S, kv_heads, slot_pages * page, D]
+        return pages[table].transpose(1, 2).reshape(S, attn.n_kv, slot_pages * page, D)
+
+    slots = torch.tensor([2, 0, 3], device=DEVICE)
+    pos = torch.tensor([0, 2 * page + 3, slot_pages * page - 1], device=DEVICE)
+    x = torch.randn(3, 64, device=DEVICE)
+    angle = pos[:, None].float() * torch.rand(D // 2, device=DEVICE)
+    cos, sin = torch.cat([angle, angle], -1).cos(), torch.cat([angle, angle], -1).sin()
+    want, want_k, want_v = reference(attn, x, cos, sin, contiguous(kp), contiguous(vp), slots, pos)
+    scratch = kp[0].clone()
+    got = kernel.one_token_attention(F.linear(x, attn.qkv_weight), attn.q_norm.weight, attn.k_norm.weight,
+                                     attn.q_norm.eps, cos, sin, kp, vp, slots, pos, attn.n_heads, table)
+    assert ((got - want).norm() / want.norm()).item() < 1e-5
+    torch.testing.assert_close(contiguous(kp), want_k, atol=1e-5, rtol=1e-5)
+    assert torch.equal(contiguous(vp), want_v) and torch.equal(kp[0], scratch)

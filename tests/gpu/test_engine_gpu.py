@@ -255,8 +255,10 @@ def test_a_context_arriving_during_a_step_takes_the_lane_and_speaks_as_without_i
     with engine._lock:
         (_, req, _), *_ = engine._commands
     engine._apply_commands()
-    engine.scheduler.remove(req)
+    engine.scheduler.remove(req)                        # its pages given back: taken again, as _launch_lane takes them
+    engine.pages.settle()
     req.frames, req.status = 0, None
+    assert engine.pages.reach(req, req.next_position)
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:

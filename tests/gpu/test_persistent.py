@@ -79,12 +79,16 @@ def talker(tiny_checkpoint):
     return load_tts(str(tiny_checkpoint), device=DEVICE, with_decoder=False).talker
 
 
-@pytest.mark.parametrize("split", [64, 8])      # 8: positions 17 and 39 attend in 3 and 5 parts, combined
-def test_talker_step_equals_the_per_layer_path(kernel, talker, monkeypatch, split):
+# split 8: positions 17 and 39 attend in 3 and 5 parts, combined; page 8: a slot's positions in 5 pages, shuffled
+@pytest.mark.parametrize("split,page", [(64, None), (8, None), (8, 8), (64, 8)])
+def test_talker_step_equals_the_per_layer_path(kernel, talker, monkeypatch, split, page):
     S, L = 5, 40
-    talker.setup_cache(S, L, DEVICE, torch.float32)
+    talker.setup_cache(S, L, DEVICE, torch.float32, page_len=page)
     g = torch.Generator().manual_seed(3)
     talker.kv.copy_(torch.randn(talker.kv.shape, generator=g))
+    if page is not None:
+        table = talker.page_table
+        table.copy_(1 + torch.randperm(table.numel(), generator=g).view(table.shape).to(DEVICE))
     for B, slots, pos in ((1, [3], [17]), (2, [4, 0], [0, 39])):
         x = torch.randn(B, 1, talker.hidden_size, generator=g).to(DEVICE)
         slots, pos = torch.tensor(slots, device=DEVICE), torch.tensor(pos, device=DEVICE)

@@ -19,6 +19,9 @@ from tests.speaker import Collector, Speaker
 
 GREEDY = SamplingParams(greedy=True)
 TEXT = "Hello there, this is a streaming test. It has two sentences!"
+# contexts spoken side by side: the seeds tell them apart (the tiny random model hardly hears its text)
+SIDE_BY_SIDE = [("One two three.", GREEDY), ("A different sentence here", SamplingParams(seed=1)),
+                (TEXT, SamplingParams(seed=2))]
 
 
 @pytest.fixture(scope="module")
@@ -86,14 +89,12 @@ def test_batching_invariance(speaker):
     """Contexts side by side give what each gives alone (greedy, and seeded sampling: the noise is a
     function of seed and frame, never of the batch). The tiny random model hardly hears its text, so
     the seeds are what tells these contexts apart."""
-    runs = [("One two three.", GREEDY), ("A different sentence here", SamplingParams(seed=1)),
-            (TEXT, SamplingParams(seed=2))]
     alone = []
-    for text, sampling in runs:
+    for text, sampling in SIDE_BY_SIDE:
         _, s = speak(speaker, [text], ContextParams(sampling=sampling, fixed_frames=12))
         alone.append(s.wait().pcm)
     together = [speak(speaker, [text], ContextParams(sampling=sampling, fixed_frames=12), end=False)
-                for text, sampling in runs]
+                for text, sampling in SIDE_BY_SIDE]
     for ctx, _ in together:
         speaker.end(ctx)
     for (_, s), ref in zip(together, alone):
@@ -826,3 +827,66 @@ def test_an_idle_engine_touches_its_gpu_every_keep_warm_s_and_a_busy_one_does_no
     eng.keep_warm_s = None
     time.sleep(every + 0.01)
     assert not eng.turn() and eng.idle_s() == pytest.approx(0.5, abs=0.01)
+
+
+def test_contexts_in_fewer_kv_pages_than_their_slots_speak_as_with_whole_slots(checkpoint, speaker):
+    """The Talker's KV by use (synth/pages.py): three contexts of 100 frames in an engine of 7 pages of 64 positions
+    (4 slots of 320 positions would take 20) take two pages each, handed out as they grow (interleaved, never a slot's
+    own run), and speak what each speaks in the engine whose slots hold all their pages."""
+    # the references first: a second engine's start races the first's decoder (their process-wide matmul settings)
+    alone = []
+    for text, sampling in SIDE_BY_SIDE:
+        _, s = speak(speaker, [text], ContextParams(sampling=sampling, fixed_frames=100))
+        alone.append(s.wait().pcm)
+    eng = Engine.from_pretrained(str(checkpoint), device="cpu", max_contexts=4, max_frames_per_context=120,
+                                 kv_pages=8)
+    assert (eng.runner.page_len, eng.runner.slot_pages, eng.stats()["kv_pages"]) == (64, 4, 7)
+    eng.start()
+    paged = Speaker(eng)
+    try:
+        together = [speak(paged, [text], ContextParams(sampling=sampling, fixed_frames=100), end=False)
+                    for text, sampling in SIDE_BY_SIDE]
+        for ctx, _ in together:
+            paged.end(ctx)
+        for (_, s), ref in zip(together, alone):
+            np.testing.assert_allclose(s.wait().pcm, ref, atol=1e-5)
+        deadline = time.monotonic() + 10                # given back at the step after their last
+        while eng.stats()["free_kv_pages"] < 7 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert eng.stats()["free_kv_pages"] == 7 and eng.stats()["kv_full_failures"] == 0
+    finally:
+        eng.disconnect(paged.id)
+        eng.stop()
+
+
+def test_past_the_kv_reserve_the_newest_starved_context_fails_and_new_ones_are_refused(checkpoint):
+    """Admission keeps one context's whole length of pages free for the open ones' growth (no new context while only
+    that many are free: free_slots 0, EngineFull); where more contexts grow long at once than that allows for, the
+    newest that finds no page fails with engine_full after the audio it made, and its pages let the others go on."""
+    eng = Engine.from_pretrained(str(checkpoint), device="cpu", max_contexts=4, max_frames_per_context=200,
+                                 kv_pages=6)
+    assert (eng.runner.slot_pages, eng.pages.reserve) == (6, 4)
+    events = collections.defaultdict(list)
+    client = eng.connect(lambda evs: [events[ev.context].append(ev) for ev in evs])
+    ids = tuple(eng.new_tokenizer().tokenizer.encode("Two long contexts."))
+    eng.submit(client, [cmd for i in (1, 2) for cmd in (OpenContext(i, ContextParams(fixed_frames=150)),
+                                                        EndText(i, ids, 1.0))])    # 5 pages free: both admitted
+    eng.run_once()
+    assert eng.pages.free == 3 and eng.free_slots == 0 and eng.stats()["free_slots"] == 0
+    eng.submit(client, [OpenContext(3, ContextParams())])
+    for _ in range(400):
+        if 1 in events and isinstance(events[1][-1], ContextDone):
+            break
+        eng.run_once()
+    assert events[3] == [ContextFailed(3, "engine_full", "the speech memory is full (the open contexts hold or may "
+                                                          "grow into every KV page); try again in a moment")]
+    assert events[1][-1] == ContextDone(1, "length", 150)
+    audio2 = [ev for ev in events[2] if isinstance(ev, AudioChunk)]
+    failed = events[2][-1]
+    assert isinstance(failed, ContextFailed) and failed.code == "engine_full"
+    # its frames up to its second page's last position went out, then the failure: nothing made was dropped
+    assert [c.first_frame for c in audio2] == list(range(len(audio2))) and 64 < len(audio2) < 150
+    assert eng.stats()["kv_full_failures"] == 1
+    eng.run_once()
+    assert eng.pages.free == 5 and eng.free_slots == 4
+    eng.disconnect(client)

@@ -1,4 +1,4 @@
-"""Several engine processes on one GPU: each sizes its slots from its share of the GPU's memory (docs/operations.md
+"""Several engine processes on one GPU: each sizes its slots and KV pages from its share of the GPU's memory (docs/operations.md
 "Several models"). The arithmetic, the shares the supervisor gives each engine process, the models file's key; the
 sizing on a GPU itself runs on the GPU machine."""
 from __future__ import annotations
@@ -11,35 +11,42 @@ from talkgate.cli.args import CommandError
 from talkgate.cli.models_file import ModelSpec
 from talkgate.cli.serve import engine_plan
 from talkgate.processes.supervisor import Plan, engine_argv
-from talkgate.synth.runner_build import default_max_batch, share_budget, slots_within, warmup_bytes_per_row
+from talkgate.synth.runner_build import default_max_batch, share_budget, size_within, warmup_bytes_per_row
 
 GiB, MiB = 1 << 30, 1 << 20
-SLOT = int(98.5 * MiB)                  # a 1.7B bf16 slot of 60 s (docs/engine.md "Memory budget")
+# 0.6B and 1.7B alike (28 layers, 8 kv heads of 128, bf16): a KV page of 64 positions is 7 MiB, a slot's 878 positions
+# (60 s) 14 pages; a context's other state (the codec decoder's, sampling) 2.5 MiB (docs/engine.md "Memory budget")
+CONTEXT, PAGE, SLOT_PAGES = int(2.5 * MiB), 7 * MiB, 14
 
 
-def test_slots_from_a_share_of_the_gpu():
-    # half of 100 GiB less 5 GiB held: 45 GiB; less 4 GiB + 10%: 36.5 GiB of slots and their warm-up rows, 148.5 MiB each
+def sizes(budget, **kw):
+    return size_within(budget, CONTEXT, PAGE, SLOT_PAGES, **kw)
+
+
+def test_slots_and_kv_pages_from_a_share_of_the_gpu():
+    # half of 100 GiB less 5 GiB held: 45 GiB; less 4 GiB + 10%: 36.5 GiB for slots of 2.5 MiB and two pages (16.5
+    # MiB) and their warm-up rows (50 MiB each, 256 of them), then pages: two a slot
     assert share_budget(100 * GiB, 5 * GiB, 0.5) == 45 * GiB
-    assert slots_within(45 * GiB, SLOT) == 251
+    assert sizes(45 * GiB) == (1489, 2979)
     # a third of an H200's 141 GiB less 4 GiB held: 43 GiB, 34.7 GiB usable
-    assert slots_within(share_budget(141 * GiB, 4 * GiB, 1 / 3), SLOT) == 239
-    # past 256 rows the largest step's warm-up is budgeted once: 122.9 GiB less 256 rows of 50 MiB, 98.5 MiB a slot
-    assert slots_within(141 * GiB, SLOT, cap=2000) == 1147 and slots_within(141 * GiB, SLOT) == 1024
-    # a share smaller than what the process holds still gets a slot
-    assert share_budget(80 * GiB, 4 * GiB, 0.05) == 0 and slots_within(0, SLOT) == 1
+    assert sizes(share_budget(141 * GiB, 4 * GiB, 1 / 3)) == (1377, 2755)
+    # a share smaller than what the process holds still gets a slot, and the pages of one whole context
+    assert share_budget(80 * GiB, 4 * GiB, 0.05) == 0 and sizes(0) == (1, SLOT_PAGES + 2)
+    # pages past every slot's whole length (and the scratch page) would never be used
+    assert sizes(131 * GiB, cap=100, max_batch=100) == (100, 1415)
 
 
 def test_default_rows_of_a_step_from_the_engines_memory():
-    # an H200 alone (139.8 GiB): 512 rows; with 131 GiB free after 1.7B's weights, 924 slots beside their warm-up at
-    # the float32 decoder's 50 MiB a row (the H200 measured 925 so, 2026-11-30), 1,024 (the cap) with 256 rows
+    # an H200 alone (139.8 GiB): 512 rows; with 131 GiB free after the weights, the cap's 2,048 slots and every byte
+    # left in pages: 12,273 beside the float32 decoder's warm-up (50 MiB a row), 14,101 beside a half-precision one's
+    # (17.4 MiB a row measured, budgeted 25): 6.9 pages (440 positions, 30 s) a context at 2,048 contexts
     assert default_max_batch(int(139.8 * GiB)) == 512
-    assert slots_within(131 * GiB, SLOT, max_batch=512) == 924 and slots_within(131 * GiB, SLOT) == 1024
+    assert sizes(131 * GiB, max_batch=512) == (2048, 12273)
+    assert sizes(131 * GiB, max_batch=512, per_row=warmup_bytes_per_row(torch.float16)) == (2048, 14101)
+    assert warmup_bytes_per_row(torch.float16) == 25 * MiB and warmup_bytes_per_row(torch.float32) == 50 * MiB
     # an 80-GB H100, a third of an H200 (three models), the CPU: 256 (a CPU engine's 16 slots are its rows)
     assert default_max_batch(int(79.1 * GiB)) == default_max_batch(int(139.8 * GiB / 3)) == default_max_batch(0) == 256
-    assert slots_within(75 * GiB, SLOT) == 530
-    # a half-precision decoder's warm-up takes 17.4 MiB a row (budgeted 25): the H200's 512 rows leave the cap's 1,024
-    assert warmup_bytes_per_row(torch.float16) == 25 * MiB and warmup_bytes_per_row(torch.float32) == 50 * MiB
-    assert slots_within(131 * GiB, SLOT, max_batch=512, per_row=warmup_bytes_per_row(torch.float16)) == 1024
+    assert sizes(75 * GiB) == (2048, 6729)
 
 
 def argv_shares(specs, gpus=None, engines=1, max_contexts=None, ids=("0", "1")):
