@@ -43,11 +43,18 @@ ENGINE_FIRST_DECODES_HELP = ("Steps whose new contexts' first frames were decode
                              "lane's rows: synth/engine.py FIRST_DECODE_MAX_ROWS)")
 ENGINE_KEEP_WARM_HELP = ("Touches of the GPU by the engine while idle (one small operation every serve --keep-warm "
                          "seconds without a step): the first audio after a quiet spell takes a warm launch path")
+ENGINE_KV_FULL_HELP = ("Running contexts failed (engine_full) because no KV page was free for their next frame: more of "
+                       "them grew long at once than the reserve admission keeps allows for (synth/pages.py)")
+ENGINE_KV_PAGES_HELP = "The Talker's KV pages of 64 positions (synth/pages.py): contexts take them as they grow"
+ENGINE_KV_FREE_HELP = ("KV pages no context holds; new contexts are refused (free slots 0) while no more are free than "
+                       "one context's whole length, kept for the open ones' growth")
 # counts an engine keeps in its stats (key -> metric name, help), each a counter per engine
 ENGINE_COUNTS = {"lane_launches": ("talkgate_engine_lane_launches", ENGINE_LANE_HELP),
                  "first_apart_launches": ("talkgate_engine_first_apart_launches", ENGINE_FIRST_APART_HELP),
                  "first_decodes": ("talkgate_engine_first_decodes", ENGINE_FIRST_DECODES_HELP),
-                 "keep_warm_touches": ("talkgate_engine_keep_warm_touches", ENGINE_KEEP_WARM_HELP)}
+                 "keep_warm_touches": ("talkgate_engine_keep_warm_touches", ENGINE_KEEP_WARM_HELP),
+                 "kv_full_failures": ("talkgate_engine_kv_full_failures", ENGINE_KV_FULL_HELP)}
+ENGINE_SLOTS_FREE_HELP = "Engine slots a new context may take: not held by a context (0 while the KV pages have no room)"
 ENGINE_GRAPHS_PENDING_HELP = ("CUDA graphs the engine captures after its warm-up, one at a time in a quiet moment: "
                               "each holds the engine up to seconds (on an H200 3 s), so first audio measured while any "
                               "are pending includes those holds (docs/operations.md)")
@@ -88,8 +95,9 @@ class Metrics:
             self.engine_running = Gauge("talkgate_engine_running", "Contexts in the engine's batch", registry=r)
             self.engine_waiting = Gauge("talkgate_engine_waiting", "Contexts waiting for text or a slot", registry=r)
             self.engine_slots = Gauge("talkgate_engine_slots", "Engine context slots", registry=r)
-            self.engine_slots_free = Gauge("talkgate_engine_slots_free", "Engine slots not held by a context",
-                                           registry=r)
+            self.engine_slots_free = Gauge("talkgate_engine_slots_free", ENGINE_SLOTS_FREE_HELP, registry=r)
+            self.engine_kv_pages = Gauge("talkgate_engine_kv_pages", ENGINE_KV_PAGES_HELP, registry=r)
+            self.engine_kv_pages_free = Gauge("talkgate_engine_kv_pages_free", ENGINE_KV_FREE_HELP, registry=r)
             self.engine_audio = Counter("talkgate_engine_audio_seconds", ENGINE_AUDIO_HELP, registry=r)
             self._engine_frames = 0             # the engine's frame count at the last scrape
             self.engine_roof = None             # a Counter once the engine reports its steps' roofline
@@ -140,6 +148,7 @@ class Metrics:
         if self.engines is None:
             for gauge, key in ((self.engine_running, "running"), (self.engine_waiting, "waiting"),
                                (self.engine_slots, "slots"), (self.engine_slots_free, "free_slots"),
+                               (self.engine_kv_pages, "kv_pages"), (self.engine_kv_pages_free, "free_kv_pages"),
                                (self.engine_graphs_pending, "graphs_pending")):
                 if key in stats:
                     gauge.set(stats[key])
@@ -212,7 +221,9 @@ class EngineCollector:
         family = lambda name, doc: GaugeMetricFamily(name, doc, labels=names)
         ready = family("talkgate_engine_ready", "1 while the engine process is warm and connected")
         slots = family("talkgate_engine_slots", "Engine context slots")
-        free = family("talkgate_engine_slots_free", "Engine slots not held by a context")
+        free = family("talkgate_engine_slots_free", ENGINE_SLOTS_FREE_HELP)
+        kv_pages = family("talkgate_engine_kv_pages", ENGINE_KV_PAGES_HELP)
+        kv_free = family("talkgate_engine_kv_pages_free", ENGINE_KV_FREE_HELP)
         running = family("talkgate_engine_running", "Contexts in the engine's batch")
         waiting = family("talkgate_engine_waiting", "Contexts waiting for text or a slot")
         cpu = family("talkgate_engine_cpu_seconds", "CPU time of the engine process")
@@ -249,6 +260,9 @@ class EngineCollector:
                 continue                                    # not heard from yet
             slots.add_metric(label, e["slots"])
             free.add_metric(label, e["free_slots"])
+            if "kv_pages" in e:
+                kv_pages.add_metric(label, e["kv_pages"])
+                kv_free.add_metric(label, e["free_kv_pages"])
             running.add_metric(label, e["running"])
             waiting.add_metric(label, e["waiting"])
             cpu.add_metric(label, e.get("cpu_s", 0.0))
@@ -275,7 +289,7 @@ class EngineCollector:
             for key, count in counts.items():
                 count.add_metric(label, e.get(key, 0))
             pending.add_metric(label, e.get("graphs_pending", 0))
-        yield from (ready, slots, free, running, waiting, cpu, behind, step, loop, gpu_wait, cpu_wait, slow, gc, gc_max,
+        yield from (ready, slots, free, kv_pages, kv_free, running, waiting, cpu, behind, step, loop, gpu_wait, cpu_wait, slow, gc, gc_max,
                     gc_frozen, audio, prefixes, *counts.values(), pending)
         if roof.samples:
             yield roof

@@ -106,11 +106,13 @@ def test_new_contexts_by_whether_their_prompt_prefix_was_kept():
 @pytest.mark.parametrize("name, stat", [("talkgate_engine_lane_launches_total", "lane_launches"),
                                         ("talkgate_engine_first_apart_launches_total", "first_apart_launches"),
                                         ("talkgate_engine_first_decodes_total", "first_decodes"),
-                                        ("talkgate_engine_keep_warm_touches_total", "keep_warm_touches")])
+                                        ("talkgate_engine_keep_warm_touches_total", "keep_warm_touches"),
+                                        ("talkgate_engine_kv_full_failures_total", "kv_full_failures")])
 def test_engine_counts_first_frames_on_the_lane_apart_decoded_ahead_and_its_idle_touches(name, stat):
     """Each engine's count of new contexts whose first frame took the first-frame lane (synth/lane.py), of steps whose
     new contexts' first frames were launched apart, of steps whose new contexts' first frames were decoded ahead of
-    the others' (synth/engine.py), and of its touches of the GPU while idle (Runner.keep_warm), from the engine
+    the others' (synth/engine.py), of its touches of the GPU while idle (Runner.keep_warm) and of the contexts it
+    failed for want of a KV page (synth/pages.py), from the engine
     processes' published stats (0 where an engine says none), and from an in-process engine's at each scrape."""
     registry = CollectorRegistry()
     registry.register(EngineCollector(PublishedStats([{**engine_stats(5), stat: 12}, engine_stats(5)])))
@@ -123,6 +125,23 @@ def test_engine_counts_first_frames_on_the_lane_apart_decoded_ahead_and_its_idle
 
 
 PENDING = "talkgate_engine_graphs_pending"
+KV_PAGES, KV_FREE = "talkgate_engine_kv_pages", "talkgate_engine_kv_pages_free"
+
+
+def test_kv_pages_and_those_free_per_engine():
+    """Each engine's Talker KV pages and those no context holds (synth/pages.py), from the engine processes' published
+    stats (none from an engine that does not report them) and from an in-process engine's at each scrape."""
+    registry = CollectorRegistry()
+    registry.register(EngineCollector(PublishedStats([{**engine_stats(5), "kv_pages": 14000, "free_kv_pages": 9000},
+                                                      engine_stats(5)])))
+    series = parse_prometheus(generate_latest(registry).decode())
+    for name, want in ((KV_PAGES, {"0": 14000}), (KV_FREE, {"0": 9000})):
+        assert {dict(labels)["engine"]: v for (n, labels), v in series.items() if n == name} == want
+    metrics = Metrics()
+    for free in (14000, 13, 0):
+        metrics.observe({"kv_pages": 14000, "free_kv_pages": free, "slots": 4, "free_slots": 0}, 0, 16, False)
+        series = parse_prometheus(metrics.render().decode())
+        assert (series[(KV_PAGES, ())], series[(KV_FREE, ())]) == (14000, free)
 
 
 def test_graphs_still_to_capture_after_warm_up():
