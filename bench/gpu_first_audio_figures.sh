@@ -7,15 +7,17 @@
 #      time: zh and ja without punctuation against en, by character, token and token id);
 #   3. 1.7B Base, a voice cloned from a made-up 6 s sample: HTTP PCM at 1 and 20 req/s.
 # Each traced load keeps its requests' traces (trace-NAME.jsonl) and stage budget (budget-NAME.txt).
-# PARTS (default "fixed streamed clone"): which of 1-3 run; STREAMED (default "en:20:2 zh:20:2 en:100:4",
-# LANG:RPS:CLIENT_PROCESSES each): part 2's loads; FIRST_TOKEN_DELAY_MS (default 0): part 2's first delta that long
-# after the context starts (an LLM's first token comes after the turn begins), its loads named ...-delayN.
+# PARTS (default "fixed streamed clone"): which of 1-3 run, and rps100 (HTTP PCM at 100 req/s for 20 s, after 1's
+# loads); ONE_AT_A_TIME=0: part 2 without its Opus ids load and bench.streamed_first_audio; STREAMED (default
+# "en:20:2 zh:20:2 en:100:4", LANG:RPS:CLIENT_PROCESSES each): part 2's loads; FIRST_TOKEN_DELAY_MS (default 0):
+# part 2's first delta that long after the context starts (an LLM's first token comes after the turn begins),
+# its loads named ...-delayN.
 #   setsid bash bench/gpu_first_audio_figures.sh > /tmp/fa.out 2>&1 < /dev/null &     # about 11 minutes fresh
 BENCH=${BENCH:-first-audio}
 . "$(dirname "$0")/gpu_serve.sh"
 parts=" ${PARTS:-fixed streamed clone} "
 delay=${FIRST_TOKEN_DELAY_MS:-0}; tag=""; [ "$delay" != 0 ] && tag=-delay$delay
-if [[ $parts == *" fixed "* || $parts == *" streamed "* ]]; then
+if [[ $parts == *" fixed "* || $parts == *" rps100 "* || $parts == *" streamed "* ]]; then
 checkpoints custom_voice
 start cv 8081 -- --model /tmp/ck-1.7b-custom_voice --trace-latency "$res/trace.jsonl"
 if [[ $parts == *" fixed "* ]]; then
@@ -28,6 +30,10 @@ traced opus-rps20 --protocol native --encoding opus --tokens-per-second 0 --lang
   --processes 2
 pack
 fi
+if [[ $parts == *" rps100 "* ]]; then
+traced http-rps100 --protocol openai --lang en --rps 100 --duration 20 --processes 4
+pack
+fi
 if [[ $parts == *" streamed "* ]]; then
 for run in ${STREAMED:-en:20:2 zh:20:2 en:100:4}; do
   IFS=: read -r lang rps processes <<< "$run"
@@ -38,11 +44,13 @@ for run in ${STREAMED:-en:20:2 zh:20:2 en:100:4}; do
   done
   pack
 done
+[ "${ONE_AT_A_TIME:-1}" = 1 ] && {
 traced "en-ids-opus-rps20$tag" --protocol native --encoding opus --lang en --rps 20 --duration 15 --processes 2 \
   --first-token-delay-ms "$delay" --token-ids
 timeout 240 python3 -m bench.streamed_first_audio --url ws://127.0.0.1:8081 --runs 2 --start-gap-ms 50 \
   > "$res/streamed-first-audio.md" 2>&1
 tee -a "$res/progress" < "$res/streamed-first-audio.md"
+}
 fi
 stop cv
 pack

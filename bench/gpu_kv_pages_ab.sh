@@ -7,6 +7,9 @@
 #         medium texts, open loop: 1 req/s for 30 s, 20 req/s for 15 s and RATE req/s (default 150) for 20 s
 #   0.6b  this tree, 0.6B CustomVoice, default flags: 1,024 native Opus 48-kHz streams (medium texts, started over
 #         2 s, 20 s, 8 client processes), its pauses by bench/stalls.py; the KV pages and failures from /metrics
+#   before   the same two loads served from the earlier tree (whole slots) with `--max-contexts 1024 --max-batch 512`
+#   streams  the 0.6b load twice (ROUNDS) on this tree served with `--max-contexts 1024 --max-batch 512` (the flags of
+#         2026-12-02's clean run) and then with default flags (2,048 slots): whether the slots or the pages ramp worse
 #   setsid bash bench/gpu_kv_pages_ab.sh > /tmp/kv.out 2>&1 < /dev/null &
 BENCH=${BENCH:-kv-pages-ab}
 . "$(dirname "$0")/gpu_serve.sh"
@@ -28,15 +31,28 @@ if [[ $parts == *" ab "* ]]; then
   export TALKGATE_CACHE=/tmp/tgc
   UNTRACED=1 each_tree loads
 fi
-if [[ $parts == *" 0.6b "* ]]; then
+streams() {   # streams NAME ROUNDS SERVE_ARGS...: 0.6B served with SERVE_ARGS, 1,024 Opus streams ROUNDS times
+  local name=$1 rounds=$2 k dir=$tree; shift 2
+  [[ $name == before* ]] && dir=$tree/.e2e/before
   [ -f /tmp/ck-0.6b/config.json ] || tg checkpoint create /tmp/ck-0.6b --preset 0.6b --variant custom_voice | tail -1
-  start s06 8081 TALKGATE_CACHE=/tmp/tgc -- --model /tmp/ck-0.6b --max-connections 2048
-  sizing s06
-  load 8081 s06-c1024 --protocol native --encoding opus --concurrency 1024 --max-in-flight 1024 --duration 20 \
-    --ramp 2 --processes 8 --ttfa-limit-ms 150 --bucket medium
-  python3 -m bench.stalls "$res/s06-c1024/requests.json" > "$res/s06-c1024-stalls.md"
-  log "s06-c1024: $(head -1 "$res/s06-c1024-stalls.md")"
-  kv s06
-  stop s06
+  start_in "$dir" "$name" 8081 TALKGATE_CACHE=/tmp/tgc -- --model /tmp/ck-0.6b --max-connections 2048 "$@"
+  sizing "$name"
+  for k in $(seq "$rounds"); do
+    load 8081 "$name-c1024-$k" --protocol native --encoding opus --concurrency 1024 --max-in-flight 1024 --duration 20 \
+      --ramp 2 --processes 8 --ttfa-limit-ms 150 --bucket medium
+    python3 -m bench.stalls "$res/$name-c1024-$k/requests.json" > "$res/$name-c1024-$k-stalls.md"
+    log "$name-c1024-$k: $(head -1 "$res/$name-c1024-$k-stalls.md")"
+    rm -f "$res/$name-c1024-$k/requests.json"      # ~30 MB: the stalls kept instead
+  done
+  kv "$name"
+  stop "$name"
+  pack
+}
+[[ $parts == *" 0.6b "* ]] && streams s06 1
+# whole slots (the earlier tree in .e2e/before) with the flags of 2026-12-02's clean run
+[[ $parts == *" before "* ]] && streams before1024 "${ROUNDS:-2}" --max-contexts 1024 --max-batch 512
+if [[ $parts == *" streams "* ]]; then
+  streams slots1024 "${ROUNDS:-2}" --max-contexts 1024 --max-batch 512
+  streams slots2048 "${ROUNDS:-2}"
 fi
 log "done"; pack
