@@ -3,6 +3,8 @@
 Usage (from the repository root, on a GPU machine):
     python -m bench.decoder
 Options: --batches 1,8,32,128,256  --precisions bf16,fp16,fp32-tf32,fp32,fp32-engine  --iters 30  --compile
+         --frames 1,2,4  (frames per row a step: several frames of one context in one call, the chunk-size lever)
+         --cudnn-search  (cuDNN's algorithm search, as the engine's decode graphs run: torch.backends.cudnn.benchmark)
          --matmul-macs 0,1073741824  (synth.codec_decoder.MATMUL_MACS values to time, default: as shipped)
          --engine-compile  (compile what the engine compiles, as it runs the decoder)
 
@@ -60,7 +62,7 @@ def restore(state, snap):
     state.tails.copy_(snap[0]), state.kv.copy_(snap[1]), state.pos.copy_(snap[2])
 
 
-def bench_precision(name, path, batches, iters, gen, engine_compile=False):
+def bench_precision(name, path, batches, iters, gen, engine_compile=False, frames=(1,)):
     dtype, tf32 = PRECISIONS[name]
     set_tf32(tf32)
     model = load_codec_decoder(path, "cuda", dtype)
@@ -74,13 +76,13 @@ def bench_precision(name, path, batches, iters, gen, engine_compile=False):
     state = model.alloc_state(slots_total)
     fill_state(state, gen)
     rows = []
-    for B in sorted(batches, reverse=True):
-        codes = torch.randint(0, cfg.codebook_size, (B, cfg.num_quantizers, 1), generator=gen).cuda()
+    for B, n in [(B, n) for B in sorted(batches, reverse=True) for n in frames]:
+        codes = torch.randint(0, cfg.codebook_size, (B, cfg.num_quantizers, n), generator=gen).cuda()
         slots = torch.randperm(slots_total, generator=gen)[:B].cuda()
         t = time.perf_counter()
         model.decode_step(codes, slots, state)
         torch.cuda.synchronize()
-        print(f"{name} B={B}: first step {time.perf_counter() - t:.1f} s (compiles, if any)", flush=True)
+        print(f"{name} B={B} n={n}: first step {time.perf_counter() - t:.1f} s (compiles, if any)", flush=True)
         eager_ms = timed(lambda: model.decode_step(codes, slots, state), iters)
 
         snap = snapshot(state)
@@ -102,7 +104,7 @@ def bench_precision(name, path, batches, iters, gen, engine_compile=False):
         diff = (out - expected).abs().max().item()
         state_diff = max((a.float() - b.float()).abs().max().item() for a, b in zip(snapshot(state), after_eager))
         graph_ms = timed(graph.replay, iters)
-        rows.append((name, B, eager_ms, graph_ms, diff, state_diff))
+        rows.append((name, B, n, eager_ms, graph_ms, diff, state_diff))
         del graph
     peak = torch.cuda.max_memory_allocated() / 2**30
     del model, state
@@ -181,11 +183,15 @@ def main():
     ap.add_argument("--compile", action="store_true", help="also time torch.compile'd eager steps (bf16; B=1, max B)")
     ap.add_argument("--engine-compile", action="store_true",
                     help="torch.compile the parts the engine compiles (synth.runner.compile_hot_functions) first")
+    ap.add_argument("--frames", default="1", help="frames per row a step, several: each timed")
+    ap.add_argument("--cudnn-search", action="store_true", help="torch.backends.cudnn.benchmark on, as the engine's")
     ap.add_argument("--no-accuracy", action="store_true", help="skip the accuracy checks (four more models)")
     ap.add_argument("--matmul-macs", default=str(codec_decoder.MATMUL_MACS),
                     help="convolutions of at most this many multiply-adds run as one multiply; several: each timed")
     args = ap.parse_args()
     batches = [int(b) for b in args.batches.split(",")]
+    frames = [int(n) for n in args.frames.split(",")]
+    torch.backends.cudnn.benchmark = args.cudnn_search
     gen = torch.Generator().manual_seed(0)
     print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}")
     with tempfile.TemporaryDirectory() as tmp:
@@ -194,19 +200,21 @@ def main():
         print(f"random real-size checkpoint written in {time.perf_counter() - t:.1f} s")
         if not args.no_accuracy:
             accuracy(path, gen)
-        print("| precision | B | eager ms/step | CUDA graph ms/step | graph us/row | graph-vs-eager max diff (pcm, state) |")
-        print("| --- | --- | --- | --- | --- | --- |")
+        print("| precision | B | frames a row | eager ms/step | CUDA graph ms/step | graph us/frame "
+              "| graph-vs-eager max diff (pcm, state) |")
+        print("| --- | --- | --- | --- | --- | --- | --- |")
         for name in args.precisions.split(","):
             for macs in [int(c) for c in args.matmul_macs.split(",")]:
                 codec_decoder.MATMUL_MACS = macs
                 try:
-                    rows, peak = bench_precision(name, path, batches, args.iters, gen, args.engine_compile)
+                    rows, peak = bench_precision(name, path, batches, args.iters, gen, args.engine_compile, frames)
                 except Exception:
                     traceback.print_exc()
                     continue
                 label = f"{name}, multiply <= 2^{macs.bit_length() - 1 if macs else '-inf'} MACs"
-                for _, B, eager, graph, diff, sdiff in sorted(rows, key=lambda r: r[1]):
-                    print(f"| {label} | {B} | {eager:.3f} | {graph:.3f} | {graph / B * 1e3:.1f} | {diff:.1e}, {sdiff:.1e} |")
+                for _, B, n, eager, graph, diff, sdiff in sorted(rows, key=lambda r: (r[1], r[2])):
+                    print(f"| {label} | {B} | {n} | {eager:.3f} | {graph:.3f} | {graph / (B * n) * 1e3:.1f} | "
+                          f"{diff:.1e}, {sdiff:.1e} |")
                 print(f"| {label} peak GPU memory {peak:.2f} GiB (state pool of {max(batches) + 1} slots included) |")
         try:
             profile(path, [1, max(batches)], gen)
