@@ -200,6 +200,7 @@ class Engine:
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._commands: collections.deque = collections.deque()
+        self._opens_queued = 0                  # opens admitted, still in _commands (their first KV page not taken)
         self._clients: dict[int, _Client] = {}
         self._client_ids = itertools.count(1)
         self._pending: dict[int, list[EngineEvent]] = {}          # events not delivered yet, per client
@@ -411,7 +412,7 @@ class Engine:
             return InvalidParams(f"context {context} is already open")
         if not self._free_slots:
             return EngineFull(f"all {self.runner.num_slots} context slots are in use")
-        if not self.pages.room:
+        if not self.pages.room(self._opens_queued):
             return EngineFull("the speech memory is full (the open contexts hold or may grow into every KV page); "
                               "try again in a moment")
         params, prompt = resolved
@@ -422,6 +423,7 @@ class Engine:
                       trace=[] if params.trace_latency else None)
         c.contexts[context] = req
         self._commands.append(("open", req, None))
+        self._opens_queued += 1
         return None
 
     def _cancel_locked(self, req: Request) -> None:
@@ -444,7 +446,7 @@ class Engine:
     def free_slots(self) -> int:
         """Slots a new context may take now: not taken by an open context, and none while the KV pages have no room
         for one (no lock: callable from deliver)."""
-        return len(self._free_slots) if self.pages.room else 0
+        return len(self._free_slots) if self.pages.room(self._opens_queued) else 0
 
     def stats(self) -> dict:
         with self._lock:
@@ -575,6 +577,10 @@ class Engine:
             else:
                 self._apply_text(op, req, arg)
         self._open([req for req in opens if not req.freed])
+        taken = sum(op == "open" for op, _, _ in commands)
+        if taken:                                   # their first pages are taken (or they failed or were cancelled)
+            with self._lock:
+                self._opens_queued -= taken
 
     def _open(self, reqs: list[Request]) -> None:
         """Initialize the new contexts' slots and schedule them; if that fails, each alone, so that only the one
@@ -686,7 +692,7 @@ class Engine:
         prefill, decode = self.scheduler.schedule(t0)
         if not prefill and not decode:
             emitted = self._emit_audio()
-            return self._fail_starved() or emitted
+            return self._fail_starved(idle=True) or emitted
         if prefill:
             stamp(prefill, SCHEDULED)
             prefill.sort(key=lambda r: not r.prefixed)         # the runner's order: frame 0 by a Talker step first
@@ -708,7 +714,6 @@ class Engine:
                 if new:                                         # the first frames' launch, apart or not
                     stamp(new, LAUNCHED)
             self._emit_audio()
-            self._fail_starved()
             self._deliver()                                     # the last step's audio, while this one runs
             for i, (step, reqs) in enumerate(steps):
                 last = i == len(steps) - 1
@@ -725,6 +730,7 @@ class Engine:
                     self._deliver()
             while self._lanes:                                  # their contexts run in the next step
                 self._land_lane()
+            self._fail_starved()                                # after the contexts that ended in it gave pages back
         except Exception as e:                                  # fail this step's contexts, keep serving
             log.exception("engine step failed")
             self._audio = []
@@ -748,15 +754,19 @@ class Engine:
             self.on_step(dt, len(prefill) + len(decode))
         return True
 
-    def _fail_starved(self) -> bool:
+    def _fail_starved(self, idle: bool = False) -> bool:
         """(After the audio made so far is out.) Running contexts are due but no KV page is free for their next frame
         and none is coming back at the next step: the newest of them fails, its pages for the others. Admission keeps a
         context's whole length of pages in reserve, so this takes more contexts growing long at once than it allows for.
-        True where one failed."""
+        Where none is starved, the step was `idle` (nothing could run) and no running context is ready (one sitting
+        out for its lead will run and end), new contexts waiting for their prompt's pages would wait for the clients
+        of the others: the newest of them fails. True where one failed."""
         starved = [req for req in self.scheduler.starved if not req.freed]
+        if not starved and idle and not any(req.ready for req in self.scheduler.running):
+            starved = [req for req in self.scheduler.blocked if not req.freed]
         if not starved or self.pages.returning:
             return False
-        req = max(starved, key=lambda r: r.t_ready or 0.0)
+        req = max(reversed(starved), key=lambda r: r.t_ready or 0.0)    # of those ready at once, the last admitted
         self._kv_full_failures += 1
         log.warning("no KV page for context %d of client %d (%d pages, %d contexts running): it fails", req.context,
                     req.client, self.pages.pages - 1, len(self.scheduler.running))
@@ -829,6 +839,7 @@ class Engine:
             opened = req.prefixed                           # its slot set at a boundary already (streamed text)
             mine = [cmd for cmd in self._commands if cmd[1] is req]
             self._commands = collections.deque(cmd for cmd in self._commands if cmd[1] is not req)
+            self._opens_queued -= sum(op == "open" for op, _, _ in mine)
         for op, _, arg in mine:
             if req.freed:
                 break

@@ -11,6 +11,8 @@ next step): the step in flight may still write the pages of a context cancelled 
 
 `reserve` pages are held back from new contexts (`room`): the contexts already open can still grow by that many pages,
 so that admission refuses a new one before the running ones starve (the engine fails the newest that does starve).
+Admission runs on the callers' threads, before the engine thread opens the context and takes its first page, so it
+asks `room(queued)` with the opens admitted but not opened yet: each of them will take a page the count still shows.
 """
 from __future__ import annotations
 
@@ -32,10 +34,10 @@ class PagePool:
         """Pages given back since the last settle(): free from the next."""
         return len(self._returned)
 
-    @property
-    def room(self) -> bool:
-        """A new context may open: more pages free than the reserve for the open ones' growth."""
-        return len(self._free) > self.reserve
+    def room(self, queued: int = 0) -> bool:
+        """A new context may open, `queued` opens admitted before it still to take their first page: more pages free
+        than those and the reserve for the open ones' growth."""
+        return len(self._free) - queued > self.reserve
 
     def reach(self, req, position: int) -> bool:
         """Give `req` (its `pages` list) the pages up to the one of `position`; False where too few are free (it

@@ -14,7 +14,8 @@ every stream was made at about 3x real time: docs/benchmarks.md). It runs again 
 
 With a PagePool (synth/pages.py) a context runs only once it holds the KV page of the position its frame writes: the
 running ones reach theirs first, then the new ones. A running context that could not is `starved` (the engine fails
-the newest of them, whose pages then let the others go on).
+the newest of them, whose pages then let the others go on); a new one that could not is `blocked` (it waits while
+anything else can go on, else the engine fails it too).
 """
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ class Scheduler:
         self.waiting: list[Request] = []     # not prefilled yet
         self.running: list[Request] = []     # prefilled, generating
         self.starved: list[Request] = []     # running, due, but no KV page for their next frame (the last schedule)
+        self.blocked: list[Request] = []     # not prefilled, ready, but no KV page for their prompt (the last schedule)
 
     def add(self, req: Request) -> None:
         self.waiting.append(req)
@@ -81,7 +83,9 @@ class Scheduler:
             self.starved = [r for r in old if r.next_position >= span * len(r.pages) and not reach(r, r.next_position)]
             if self.starved:
                 old = [r for r in old if r not in self.starved]
-            new = [r for r in new if r.next_position < span * len(r.pages) or reach(r, r.next_position)]
+            reached = [r for r in new if r.next_position < span * len(r.pages) or reach(r, r.next_position)]
+            self.blocked = [r for r in new if r not in reached] if len(reached) < len(new) else []
+            new = reached
         if len(new) > self.max_prefills:
             new = sorted(new, key=lambda r: r.deadline)[:self.max_prefills]
         if len(new) + len(old) > self.max_batch:

@@ -13,8 +13,9 @@ from talkgate.synth.api import (
     ENGINE_STAGES, AppendText, AudioChunk, CancelContext, ContextDone, ContextFailed, ContextParams, EndText,
     OpenContext, SamplingParams, StageTimes,
 )
+from talkgate.synth.checkpoint import create_checkpoint
 from talkgate.synth.engine import STEP_MEAN_STEPS, Engine, first_frames_apart, mean_step_ms
-from talkgate.synth.request import text_seconds
+from talkgate.synth.request import Request, text_seconds
 from tests.speaker import Collector, Speaker
 
 GREEDY = SamplingParams(greedy=True)
@@ -860,33 +861,58 @@ def test_contexts_in_fewer_kv_pages_than_their_slots_speak_as_with_whole_slots(c
 
 
 def test_past_the_kv_reserve_the_newest_starved_context_fails_and_new_ones_are_refused(checkpoint):
-    """Admission keeps one context's whole length of pages free for the open ones' growth (no new context while only
-    that many are free: free_slots 0, EngineFull); where more contexts grow long at once than that allows for, the
-    newest that finds no page fails with engine_full after the audio it made, and its pages let the others go on."""
+    """Admission keeps one context's whole length of pages free for the open ones' growth, counting the opens admitted
+    but not opened yet (one submit of four: the fourth refused at once, EngineFull); where more contexts grow long at
+    once than that allows for, the newest that finds no page fails with engine_full after the audio it made, and its
+    pages let the others go on; no new context while only the reserve is free (free_slots 0)."""
     eng = Engine.from_pretrained(str(checkpoint), device="cpu", max_contexts=4, max_frames_per_context=200,
-                                 kv_pages=6)
-    assert (eng.runner.slot_pages, eng.pages.reserve) == (6, 4)
+                                 kv_pages=10)
+    assert (eng.runner.slot_pages, eng.pages.reserve, eng.pages.free) == (6, 6, 9)
     events = collections.defaultdict(list)
     client = eng.connect(lambda evs: [events[ev.context].append(ev) for ev in evs])
-    ids = tuple(eng.new_tokenizer().tokenizer.encode("Two long contexts."))
-    eng.submit(client, [cmd for i in (1, 2) for cmd in (OpenContext(i, ContextParams(fixed_frames=150)),
-                                                        EndText(i, ids, 1.0))])    # 5 pages free: both admitted
+    ids = tuple(eng.new_tokenizer().tokenizer.encode("Three long contexts."))
+    eng.submit(client, [cmd for i in (1, 2, 3, 4) for cmd in (OpenContext(i, ContextParams(fixed_frames=190)),
+                                                              EndText(i, ids, 1.0))])
+    full = ContextFailed(4, "engine_full", "the speech memory is full (the open contexts hold or may grow into every "
+                                           "KV page); try again in a moment")
+    assert eng.free_slots == 0                                  # three opens queued: only the reserve left for them
     eng.run_once()
-    assert eng.pages.free == 3 and eng.free_slots == 0 and eng.stats()["free_slots"] == 0
-    eng.submit(client, [OpenContext(3, ContextParams())])
-    for _ in range(400):
-        if 1 in events and isinstance(events[1][-1], ContextDone):
+    assert events[4] == [full] and eng.pages.free == 6
+    for _ in range(600):
+        if all(events[i] and isinstance(events[i][-1], (ContextDone, ContextFailed)) for i in (1, 2, 3)):
             break
         eng.run_once()
-    assert events[3] == [ContextFailed(3, "engine_full", "the speech memory is full (the open contexts hold or may "
-                                                          "grow into every KV page); try again in a moment")]
-    assert events[1][-1] == ContextDone(1, "length", 150)
-    audio2 = [ev for ev in events[2] if isinstance(ev, AudioChunk)]
-    failed = events[2][-1]
+    assert events[1][-1] == ContextDone(1, "length", 190) and events[2][-1] == ContextDone(2, "length", 190)
+    audio3 = [ev for ev in events[3] if isinstance(ev, AudioChunk)]
+    failed = events[3][-1]
     assert isinstance(failed, ContextFailed) and failed.code == "engine_full"
-    # its frames up to its second page's last position went out, then the failure: nothing made was dropped
-    assert [c.first_frame for c in audio2] == list(range(len(audio2))) and 64 < len(audio2) < 150
+    # its frames up to its third page's last position went out, then the failure: nothing made was dropped
+    assert [c.first_frame for c in audio3] == list(range(len(audio3))) and 128 < len(audio3) < 190
     assert eng.stats()["kv_full_failures"] == 1
     eng.run_once()
-    assert eng.pages.free == 5 and eng.free_slots == 4
+    assert eng.pages.free == 9 and eng.free_slots == 4
+    eng.disconnect(client)
+
+
+def test_a_new_context_that_finds_no_page_for_its_prompt_fails_where_nothing_else_can_go_on(tmp_path):
+    """A new context of a long prompt (a designed voice's instruction: two pages), opened within the reserve before its
+    text, whose second page is then held by contexts waiting for their clients' text (nothing can run, nothing comes
+    back): once its text comes it fails with engine_full instead of waiting for those clients, and its page comes
+    back."""
+    design = create_checkpoint(tmp_path / "vd", preset="tiny", variant="voice_design", seed=0)
+    eng = Engine.from_pretrained(str(design), device="cpu", max_contexts=4, max_frames_per_context=200, kv_pages=10)
+    events = collections.defaultdict(list)
+    client = eng.connect(lambda evs: [events[ev.context].append(ev) for ev in evs])
+    eng.submit(client, [OpenContext(1, ContextParams(instructions="speak slowly and calmly " * 20))])
+    eng.run_once()                                              # opened: its prompt's prefix in its first page
+    (req,) = eng.scheduler.waiting
+    assert req.pages and req.next_position >= 64 and eng.pages.free == 8
+    waiting = Request(context=0, client=0, slot=0, params=ContextParams(), prompt=None, frame_limit=1,
+                      budget_factor=1.0, budget_min=1)         # the pages of contexts waiting for their clients' text
+    assert eng.pages.reach(waiting, 64 * 7) and eng.pages.free == 0
+    eng.submit(client, [EndText(1, tuple(eng.new_tokenizer().tokenizer.encode("Now the text.")), 1.0)])
+    eng.run_once()
+    assert events == {1: [ContextFailed(1, "engine_full", "the speech memory is full: this context could not go on; "
+                                                          "try again in a moment")]}
+    assert eng.stats()["kv_full_failures"] == 1 and eng.pages.returning == 1
     eng.disconnect(client)

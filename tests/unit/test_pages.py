@@ -17,10 +17,10 @@ def req(context: int, frames: int = 0, prompt_len: int = 10) -> Request:
 def test_a_context_takes_the_page_of_each_position_as_it_reaches_it_and_gives_them_back_at_the_next_settle():
     pool = PagePool(pages=6, page_len=4, reserve=2)
     a = req(1)
-    assert pool.free == 5 and pool.room
+    assert pool.free == 5 and pool.room() and pool.room(2) and not pool.room(3)     # 3 opens queued: 2 free after
     assert pool.reach(a, 0) and a.pages == [1]                 # page 0 is scratch: never handed out
     assert pool.reach(a, 3) and a.pages == [1]                 # still the first page's
-    assert pool.reach(a, 9) and a.pages == [1, 2, 3] and pool.free == 2 and not pool.room   # the reserve
+    assert pool.reach(a, 9) and a.pages == [1, 2, 3] and pool.free == 2 and not pool.room()   # the reserve
     b = req(2)
     assert not pool.reach(b, 12) and b.pages == []             # four pages, two free: takes none
     pool.give_back(a)
@@ -53,5 +53,10 @@ def test_running_contexts_reach_their_pages_before_new_ones():
     old = req(1, frames=1, prompt_len=4)                       # position 4: its second page
     assert pool.reach(old, 0)                                  # page 1; one left
     s.running.append(old)
-    s.add(req(2))
-    assert s.schedule(0.0) == ([], [old]) and old.pages == [1, 2] and s.waiting[0].pages == []
+    new = req(2, prompt_len=6)                                 # position 5: two pages
+    s.add(new)
+    assert s.schedule(0.0) == ([], [old]) and old.pages == [1, 2] and new.pages == []
+    assert s.blocked == [new]                                  # ready, no page for its prompt
+    s.remove(old)
+    pool.settle()
+    assert s.schedule(0.0) == ([new], []) and s.blocked == [] and new.pages == [2, 1]
