@@ -762,7 +762,7 @@ class Engine:
         out for its lead will run and end), new contexts waiting for their prompt's pages would wait for the clients
         of the others: the newest of them fails. True where one failed."""
         starved = [req for req in self.scheduler.starved if not req.freed]
-        if not starved and idle and not any(req.ready for req in self.scheduler.running):
+        if not starved and idle and self.scheduler.blocked and not any(req.ready for req in self.scheduler.running):
             starved = [req for req in self.scheduler.blocked if not req.freed]
         if not starved or self.pages.returning:
             return False
