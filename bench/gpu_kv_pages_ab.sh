@@ -31,9 +31,9 @@ if [[ $parts == *" ab "* ]]; then
   export TALKGATE_CACHE=/tmp/tgc
   UNTRACED=1 each_tree loads
 fi
-streams() {   # streams NAME ROUNDS SERVE_ARGS...: 0.6B served with SERVE_ARGS, 1,024 Opus streams ROUNDS times
-  local name=$1 rounds=$2 k dir=$tree; shift 2
-  [[ $name == before* ]] && dir=$tree/.e2e/before
+# streams TREE NAME ROUNDS SERVE_ARGS...: 0.6B served from TREE with SERVE_ARGS, 1,024 Opus streams ROUNDS times
+streams() {
+  local dir=$1 name=$2 rounds=$3 k; shift 3
   [ -f /tmp/ck-0.6b/config.json ] || tg checkpoint create /tmp/ck-0.6b --preset 0.6b --variant custom_voice | tail -1
   start_in "$dir" "$name" 8081 TALKGATE_CACHE=/tmp/tgc -- --model /tmp/ck-0.6b --max-connections 2048 "$@"
   sizing "$name"
@@ -48,11 +48,12 @@ streams() {   # streams NAME ROUNDS SERVE_ARGS...: 0.6B served with SERVE_ARGS, 
   stop "$name"
   pack
 }
-[[ $parts == *" 0.6b "* ]] && streams s06 1
+[[ $parts == *" 0.6b "* ]] && streams "$tree" s06 1
 # whole slots (the earlier tree in .e2e/before) with the flags of 2026-12-02's clean run
-[[ $parts == *" before "* ]] && streams before1024 "${ROUNDS:-2}" --max-contexts 1024 --max-batch 512
+[[ $parts == *" before "* ]] && streams "$tree/.e2e/before" before1024 "${ROUNDS:-2}" \
+  --max-contexts 1024 --max-batch 512
 if [[ $parts == *" streams "* ]]; then
-  streams slots1024 "${ROUNDS:-2}" --max-contexts 1024 --max-batch 512
-  streams slots2048 "${ROUNDS:-2}"
+  streams "$tree" slots1024 "${ROUNDS:-2}" --max-contexts 1024 --max-batch 512
+  streams "$tree" slots2048 "${ROUNDS:-2}"
 fi
 log "done"; pack

@@ -564,8 +564,9 @@ class Engine:
         runner's tensors wait for that: text, an end or a cancel of a context opened here is host state)."""
         with self._lock:
             commands, self._commands = self._commands, collections.deque()
-        opens = []
+        opens, taken = [], 0                        # taken: the opens off the queue, cancelled or failed ones too
         for op, req, arg in commands:
+            taken += op == "open"
             if op == "cancel":
                 self.scheduler.remove(req)
             elif req.freed:
@@ -577,8 +578,7 @@ class Engine:
             else:
                 self._apply_text(op, req, arg)
         self._open([req for req in opens if not req.freed])
-        taken = sum(op == "open" for op, _, _ in commands)
-        if taken:                                   # their first pages are taken (or they failed or were cancelled)
+        if taken:                                   # their first pages are taken now
             with self._lock:
                 self._opens_queued -= taken
 

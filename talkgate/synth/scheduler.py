@@ -83,8 +83,10 @@ class Scheduler:
             self.starved = [r for r in old if r.next_position >= span * len(r.pages) and not reach(r, r.next_position)]
             if self.starved:
                 old = [r for r in old if r not in self.starved]
-            reached = [r for r in new if r.next_position < span * len(r.pages) or reach(r, r.next_position)]
-            self.blocked = [r for r in new if r not in reached] if len(reached) < len(new) else []
+            reached, self.blocked = [], []
+            for r in new:                           # few: the new contexts ready this step
+                fits = r.next_position < span * len(r.pages) or reach(r, r.next_position)
+                (reached if fits else self.blocked).append(r)
             new = reached
         if len(new) > self.max_prefills:
             new = sorted(new, key=lambda r: r.deadline)[:self.max_prefills]
