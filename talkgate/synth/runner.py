@@ -41,10 +41,11 @@ while the GPU decodes: the engine takes step t's codes, launches step t + 1 (que
 decode on the same stream), then hands out step t's audio, then waits for step t + 1's codes. All on
 one stream, in order: the decoder of step t on a stream of its own beside step t + 1 was measured (H100,
 docs/benchmarks.md) and lost at batch 1, where the persistent kernels hold every SM (first PCM 11.0
-against 7.8 ms), and hung a GPU test once; on SMs of its own (two green contexts; docs/experiments/) the
-decoder and the persistent kernels slowed down more than they overlapped (5.25 against 3.83 ms a step); beside
-them on the same SMs, their registers capped to make room (docs/experiments/), the cap cost more than the
-overlap saved (3.72-3.83 against 3.71 ms).
+against 7.8 ms), and hung a GPU test once; at 16-512 rows it saved 4-5% at 16-64 rows and lost 1-3% at
+256-512 (H200, 2026-12-04: every part's kernels fill the SMs while they run); on SMs of its own (two green
+contexts; docs/experiments/) the decoder and the persistent kernels slowed down more than they overlapped
+(5.25 against 3.83 ms a step); beside them on the same SMs, their registers capped to make room
+(docs/experiments/), the cap cost more than the overlap saved (3.72-3.83 against 3.71 ms).
 New contexts are prefilled eagerly (batched, right-padded: the padding's KV sits beyond the row's
 position and is overwritten before it is ever attended) and their last hidden state joins the
 running rows' in the codes part, so a new context's first frame and PCM come out of the same step; or
