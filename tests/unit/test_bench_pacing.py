@@ -7,35 +7,10 @@ from __future__ import annotations
 
 import re
 
+from bench.text_slack import ideal_server_underruns, slack
 from talkgate.loadgen import load
 from talkgate.loadgen import measure
 from talkgate.loadgen import prompts
-from talkgate.synth.request import frames_for_text
-from talkgate.synth.tokenizer import StreamingTokenizer
-
-FRAME_MS = 80.0
-
-
-def commit_times(deltas: list[str], rate: float) -> tuple[list[float], float]:
-    """Delta i sent at i / rate s, as load.native_request does, into the server's StreamingTokenizer
-    -> (ms at which each token is committed, ms at which the text ends: the flush after the last delta)."""
-    stream = StreamingTokenizer(measure.qwen_tokenizer())
-    times = []
-    for i, delta in enumerate(deltas):
-        times += [1000 * i / rate] * len(stream.feed(delta))
-    end = 1000 * (len(deltas) - 1) / rate
-    return times + [end] * len(stream.finish()), end
-
-
-def ideal_server_underruns(text: str, deltas: list[str], rate: float) -> int:
-    """Underruns of the simulated player fed by an infinitely fast server: frame k the moment token k is
-    committed, frames past the last token at the text's end, each frame no earlier than the one before."""
-    times, end = commit_times(deltas, rate)
-    chunks, ready = [], 0.0
-    for k in range(frames_for_text(text)):
-        ready = max(ready, times[k] if k < len(times) else end)
-        chunks.append((ready, FRAME_MS))
-    return measure.simulate_player(chunks)[0]
 
 
 def old_deltas(text: str) -> list[str]:
@@ -57,3 +32,12 @@ def test_old_pacing_of_chinese_could_not_be_met_by_any_server():
     assert all("".join(old_deltas(text)) == text for text in texts)
     underrunning = [text for text in texts if ideal_server_underruns(text, old_deltas(text), 20.0) > 0]
     assert len(underrunning) > len(texts) / 2
+
+
+def test_slack_names_the_prompts_a_real_server_cannot_keep_up_with_unheld():
+    """bench/text_slack.py: "The first transatlantic ..." commits " trans" only once " tele" proves the word ended,
+    200 ms in, exactly when an ideal server's frame 2 plays; a text of short words keeps 40 ms at every frame."""
+    rate = load.Config().tokens_per_second
+    text = {p["id"]: p["text"] for p in prompts.select()}
+    assert slack(text["en-long-06"], rate) == (0.0, 2)
+    assert slack(text["en-long-00"], rate) == (40.0, 1)
