@@ -4,47 +4,20 @@
 
 The model hears one text token per 80-ms frame: frame k can be made once the server has committed text token k
 (synth/tokenizer.py StreamingTokenizer proves a token complete only when the text after it does) or the text has
-ended. A player that starts at frame 0 plays frame k at frame 0's time + 80 k ms. With the text paced as
-`talkgate bench` paces it (one token a delta, --tokens-per-second), an infinitely fast server that makes frame 0 the
-moment token 0 is committed has, at frame k, first-token commit + 80 k - commit of token k to spare: the smallest of
-those over k >= 1 is the prompt's slack, what a real server's time from a commit to its audio at the player may take
-before that player runs dry. 0 means any real server underruns on that prompt unless its first audio waits
-(sessions/session.py FIRST_HOLD_S holds a first token that its own delta committed). No server, no threads.
+ended. With the text paced as `talkgate bench` paces it (one token a delta, --tokens-per-second), an infinitely fast
+server that makes frame 0 the moment token 0 is committed has, at frame k, first-token commit + 80 k - commit of
+token k to spare: the least of those over k >= 1 is the prompt's slack (loadgen/measure.py text_slack), what a real
+server's time from a commit to its audio at the player may take before that player runs dry. 0 means any real
+server underruns on that prompt unless its first audio waits (sessions/session.py FIRST_HOLD_S holds a first token
+that its own delta committed). `talkgate bench` prints the slack of the prompts with underrun requests. No server.
 """
 from __future__ import annotations
 
 import argparse
 
-from talkgate.loadgen import load, measure, prompts
+from talkgate.loadgen import load, prompts
+from talkgate.loadgen.measure import FRAME_MS, commit_times, simulate_player, text_slack, token_deltas
 from talkgate.synth.request import frames_for_text
-from talkgate.synth.tokenizer import StreamingTokenizer
-
-FRAME_MS = 80.0
-
-
-def commit_times(deltas: list[str], rate: float) -> tuple[list[float], float]:
-    """Delta i sent at i / rate s, as load.native_request does, into the server's StreamingTokenizer
-    -> (ms at which each token is committed, ms at which the text ends: the flush after the last delta)."""
-    stream = StreamingTokenizer(measure.qwen_tokenizer())
-    times = []
-    for i, delta in enumerate(deltas):
-        times += [1000 * i / rate] * len(stream.feed(delta))
-    end = 1000 * (len(deltas) - 1) / rate
-    return times + [end] * len(stream.finish()), end
-
-
-def frame_ready_ms(text: str, rate: float) -> list[float]:
-    """When each frame of `text` can be made at the earliest: its token's commit (the text's end past the last)."""
-    times, end = commit_times(measure.token_deltas(text), rate)
-    return [times[k] if k < len(times) else end for k in range(frames_for_text(text))]
-
-
-def slack(text: str, rate: float) -> tuple[float, int]:
-    """(ms, frame): the least time to spare over frames 1.. for an ideal server's player (module docstring)."""
-    ready = frame_ready_ms(text, rate)
-    spare = [ready[0] + FRAME_MS * k - ready[k] for k in range(1, len(ready))]
-    least = min(spare, default=float("inf"))
-    return least, (spare.index(least) + 1 if spare else 0)
 
 
 def ideal_server_underruns(text: str, deltas: list[str], rate: float) -> int:
@@ -55,7 +28,7 @@ def ideal_server_underruns(text: str, deltas: list[str], rate: float) -> int:
     for k in range(frames_for_text(text)):
         ready = max(ready, times[k] if k < len(times) else end)
         chunks.append((ready, FRAME_MS))
-    return measure.simulate_player(chunks)[0]
+    return simulate_player(chunks)[0]
 
 
 def main(argv=None) -> int:
@@ -65,8 +38,9 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     rows = []
     for prompt in prompts.select():
-        ms, frame = slack(prompt["text"], a.rate)
-        rows.append((ms, prompt["id"], frame, frame_ready_ms(prompt["text"], a.rate)[:4]))
+        ms, frame = text_slack(prompt["text"], a.rate)
+        times, _ = commit_times(token_deltas(prompt["text"]), a.rate)
+        rows.append((ms, prompt["id"], frame, times[:4]))
     rows.sort()
     print(f"{a.rate:g} tokens a second; {sum(r[0] <= 0 for r in rows)} of {len(rows)} prompts with no slack")
     print("| prompt | slack ms | at frame | tokens 0-3 committed at ms |")

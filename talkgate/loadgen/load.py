@@ -36,7 +36,7 @@ from talkgate.loadgen import prompts as prompt_set
 from talkgate.loadgen import report
 from talkgate.loadgen.measure import (
     HEADER, histogram_delta, opus_packet_ms, parse_audio_header, parse_prometheus, poisson_arrivals, qwen_tokenizer,
-    simulate_player, stats, token_messages,
+    simulate_player, stats, text_slack, token_messages,
 )
 from talkgate.synth.request import frames_for_text   # the engine's documented text-length rule
 from talkgate.system import descriptors, heap
@@ -802,9 +802,15 @@ def underrun_requests(cfg: Config, ok: list[Result]) -> dict:
     in_ramp = sum(1 for r in dry if r.start_s is not None and r.start_s < cfg.ramp_s)
     asked = collections.Counter(r.prompt_id for r in ok)
     prompts = collections.Counter(r.prompt_id for r in dry).most_common(UNDERRUN_PROMPTS)
-    return {"in_ramp": in_ramp, "after_ramp": len(dry) - in_ramp,
-            "first_dry_frame": {"4+" if f == 4 else str(f): n for f, n in sorted(frames.items())},
-            "prompts": {p: [n, asked[p]] for p, n in prompts}}
+    split = {"in_ramp": in_ramp, "after_ramp": len(dry) - in_ramp,
+             "first_dry_frame": {"4+" if f == 4 else str(f): n for f, n in sorted(frames.items())},
+             "prompts": {p: [n, asked[p]] for p, n in prompts}}
+    if prompts and cfg.protocol == "native" and cfg.tokens_per_second > 0 and not cfg.token_ids:
+        # streamed as text: what each one's text leaves a server at this pace (0: no server keeps up unheld)
+        texts = {p["id"]: p["text"] for p in prompt_set.select()}
+        split["prompt_slack_ms"] = {p: round(text_slack(texts[p], cfg.tokens_per_second)[0], 1)
+                                    for p, _ in prompts if p in texts}
+    return split
 
 
 async def sweep(cfg: Config, levels: list[float], out: Path | None) -> tuple[float | None, float | None, bool]:

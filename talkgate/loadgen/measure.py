@@ -10,7 +10,10 @@ import random
 import re
 import struct
 
-from talkgate.synth.tokenizer import QwenTokenizer, qwen_tokenizer_dir
+from talkgate.synth.request import frames_for_text
+from talkgate.synth.tokenizer import QwenTokenizer, StreamingTokenizer, qwen_tokenizer_dir
+
+FRAME_MS = 80.0             # the audio of one frame: the model hears one text token a frame
 
 HEADER = struct.Struct("<BBHIII")      # version, encoding, reserved, stream, seq, start_ms (docs/protocol.md)
 
@@ -101,6 +104,31 @@ def token_messages(text: str, ids: bool = False) -> list[dict]:
     if ids:
         return [{"ids": [i]} for i in qwen_tokenizer().encode(text)]
     return [{"text": delta} for delta in token_deltas(text)]
+
+
+def commit_times(deltas: list[str], rate: float) -> tuple[list[float], float]:
+    """Delta i sent at i / rate s, as the native load paces it, into the server's StreamingTokenizer -> (ms at which
+    each token is committed, ms at which the text ends: the flush after the last delta)."""
+    stream = StreamingTokenizer(qwen_tokenizer())
+    times = []
+    for i, delta in enumerate(deltas):
+        times += [1000 * i / rate] * len(stream.feed(delta))
+    end = 1000 * (len(deltas) - 1) / rate
+    return times + [end] * len(stream.finish()), end
+
+
+def text_slack(text: str, rate: float) -> tuple[float, int]:
+    """(ms, frame): the least time a server has to spare, over frames 1.., when `text` is streamed a token a delta at
+    `rate` deltas a second. Frame k can be made once token k is committed (the server's StreamingTokenizer proves a
+    token complete only when the text after it does; frames past the last token at the text's end), and a player
+    that starts at frame 0 plays frame k 80 k ms later; an infinitely fast server makes frame 0 the moment token 0 is
+    committed, so what frame k has to spare is commit(0) + 80 k - commit(k). 0: any real server's player runs dry
+    there unless its first audio waits (bench/text_slack.py prints every prompt's)."""
+    times, end = commit_times(token_deltas(text), rate)
+    ready = [times[k] if k < len(times) else end for k in range(frames_for_text(text))]
+    spare = [ready[0] + FRAME_MS * k - ready[k] for k in range(1, len(ready))]
+    least = min(spare, default=float("inf"))
+    return least, (spare.index(least) + 1 if spare else 0)
 
 
 def simulate_player(chunks: list[tuple[float, float]], tolerance_ms: float = 1.0) -> tuple[int, float, float | None]:

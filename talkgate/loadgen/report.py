@@ -191,8 +191,10 @@ def underrun_split(s: dict) -> str:
 
 
 def underrun_prompts(s: dict) -> str:
-    return ", ".join(f"{p} {n} of {asked}" for p, (n, asked) in s["underrun_requests"].get("prompts", {}).items()) \
-        or "-"
+    u = s["underrun_requests"]
+    slack = u.get("prompt_slack_ms", {})
+    return ", ".join(f"{p} {n} of {asked}" + (f" (text slack {slack[p]:g} ms)" if p in slack else "")
+                     for p, (n, asked) in u.get("prompts", {}).items()) or "-"
 
 
 def ttfas(run: dict) -> list[float]:

@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import re
 
-from bench.text_slack import ideal_server_underruns, slack
+from bench.text_slack import ideal_server_underruns
 from talkgate.loadgen import load
 from talkgate.loadgen import measure
 from talkgate.loadgen import prompts
+from talkgate.loadgen.measure import text_slack
 
 
 def old_deltas(text: str) -> list[str]:
@@ -35,9 +36,10 @@ def test_old_pacing_of_chinese_could_not_be_met_by_any_server():
 
 
 def test_slack_names_the_prompts_a_real_server_cannot_keep_up_with_unheld():
-    """bench/text_slack.py: "The first transatlantic ..." commits " trans" only once " tele" proves the word ended,
-    200 ms in, exactly when an ideal server's frame 2 plays; a text of short words keeps 40 ms at every frame."""
+    """loadgen/measure.py text_slack (bench/text_slack.py): "The first transatlantic ..." commits " trans" only once
+    " tele" proves the word ended, 200 ms in, exactly when an ideal server's frame 2 plays; a text of short words keeps
+    40 ms at every frame."""
     rate = load.Config().tokens_per_second
     text = {p["id"]: p["text"] for p in prompts.select()}
-    assert slack(text["en-long-06"], rate) == (0.0, 2)
-    assert slack(text["en-long-00"], rate) == (40.0, 1)
+    assert text_slack(text["en-long-06"], rate) == (0.0, 2)
+    assert text_slack(text["en-long-00"], rate) == (40.0, 1)
