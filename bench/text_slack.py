@@ -14,21 +14,17 @@ that its own delta committed). `talkgate bench` prints the slack of the prompts 
 from __future__ import annotations
 
 import argparse
+import itertools
 
 from talkgate.loadgen import load, prompts
-from talkgate.loadgen.measure import FRAME_MS, commit_times, simulate_player, text_slack, token_deltas
-from talkgate.synth.request import frames_for_text
+from talkgate.loadgen.measure import FRAME_MS, frame_ready_ms, least_slack, simulate_player, token_deltas
 
 
 def ideal_server_underruns(text: str, deltas: list[str], rate: float) -> int:
-    """Underruns of the simulated player fed by an infinitely fast server: frame k the moment token k is
-    committed, frames past the last token at the text's end, each frame no earlier than the one before."""
-    times, end = commit_times(deltas, rate)
-    chunks, ready = [], 0.0
-    for k in range(frames_for_text(text)):
-        ready = max(ready, times[k] if k < len(times) else end)
-        chunks.append((ready, FRAME_MS))
-    return simulate_player(chunks)[0]
+    """Underruns of the simulated player fed by an infinitely fast server: each frame the moment it can be made
+    (frame_ready_ms), no earlier than the one before."""
+    ready = itertools.accumulate(frame_ready_ms(text, deltas, rate), max)
+    return simulate_player([(t, FRAME_MS) for t in ready])[0]
 
 
 def main(argv=None) -> int:
@@ -38,14 +34,13 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     rows = []
     for prompt in prompts.select():
-        ms, frame = text_slack(prompt["text"], a.rate)
-        times, _ = commit_times(token_deltas(prompt["text"]), a.rate)
-        rows.append((ms, prompt["id"], frame, times[:4]))
+        ready = frame_ready_ms(prompt["text"], token_deltas(prompt["text"]), a.rate)
+        rows.append((*least_slack(ready), prompt["id"], ready[:4]))
     rows.sort()
     print(f"{a.rate:g} tokens a second; {sum(r[0] <= 0 for r in rows)} of {len(rows)} prompts with no slack")
-    print("| prompt | slack ms | at frame | tokens 0-3 committed at ms |")
+    print("| prompt | slack ms | at frame | frames 0-3 can be made at ms |")
     print("| --- | --- | --- | --- |")
-    for ms, pid, frame, first in rows[:a.show]:
+    for ms, frame, pid, first in rows[:a.show]:
         print(f"| {pid} | {ms:.0f} | {frame} | {', '.join(f'{t:.0f}' for t in first)} |")
     return 0
 

@@ -117,18 +117,28 @@ def commit_times(deltas: list[str], rate: float) -> tuple[list[float], float]:
     return times + [end] * len(stream.finish()), end
 
 
-def text_slack(text: str, rate: float) -> tuple[float, int]:
-    """(ms, frame): the least time a server has to spare, over frames 1.., when `text` is streamed a token a delta at
-    `rate` deltas a second. Frame k can be made once token k is committed (the server's StreamingTokenizer proves a
-    token complete only when the text after it does; frames past the last token at the text's end), and a player
-    that starts at frame 0 plays frame k 80 k ms later; an infinitely fast server makes frame 0 the moment token 0 is
-    committed, so what frame k has to spare is commit(0) + 80 k - commit(k). 0: any real server's player runs dry
-    there unless its first audio waits (bench/text_slack.py prints every prompt's)."""
-    times, end = commit_times(token_deltas(text), rate)
-    ready = [times[k] if k < len(times) else end for k in range(frames_for_text(text))]
+def frame_ready_ms(text: str, deltas: list[str], rate: float) -> list[float]:
+    """When each frame of `text`, sent as `deltas` at `rate` a second, can be made at the earliest: frame k once token
+    k is committed (the server's StreamingTokenizer proves a token complete only when the text after it does), the
+    frames past the last token at the text's end."""
+    times, end = commit_times(deltas, rate)
+    return [times[k] if k < len(times) else end for k in range(frames_for_text(text))]
+
+
+def least_slack(ready: list[float]) -> tuple[float, int]:
+    """(ms, frame) of frames made at `ready` (frame_ready_ms): a player that starts at frame 0 plays frame k 80 k ms
+    later, so what frame k has to spare is ready(0) + 80 k - ready(k); the least over frames 1.."""
     spare = [ready[0] + FRAME_MS * k - ready[k] for k in range(1, len(ready))]
     least = min(spare, default=float("inf"))
     return least, (spare.index(least) + 1 if spare else 0)
+
+
+def text_slack(text: str, rate: float) -> tuple[float, int]:
+    """(ms, frame): the least time a server has to spare, over frames 1.., when `text` is streamed a token a delta at
+    `rate` deltas a second, its frames made the moment they can be (frame_ready_ms) as an infinitely fast server
+    would. 0: any real server's player runs dry there unless its first audio waits (bench/text_slack.py prints every
+    prompt's)."""
+    return least_slack(frame_ready_ms(text, token_deltas(text), rate))
 
 
 def simulate_player(chunks: list[tuple[float, float]], tolerance_ms: float = 1.0) -> tuple[int, float, float | None]:
