@@ -8,8 +8,8 @@ reads the fused q/k/v projection's row of each frame and:
 - rotates q and k (RoPE from the frame's position and inv_freq, angles in float32, rounded to the model
   dtype after each step as the PyTorch path does);
 - writes k and v at ring entry position % window of the row's slot;
-- attends over the ring entries that hold positions in (position - window, position], the whole ring
-  loaded as one block, reading only the row's own ring. The new frame enters from registers: its entry
+- attends over the ring entries that hold positions in (position - window, position], RING_BLOCK entries at
+  a time (online softmax), reading only the row's own ring. The new frame enters from registers: its entry
   is not read back.
 One program per (row, kv head) covers the head's query group. Runs in Triton's interpreter on the CPU for
 tests (tests/gpu/test_window_attention.py).
@@ -33,6 +33,19 @@ def _rope(X, d, rot, cos, sin, DT: tl.constexpr):
 
 
 @triton.jit
+def _ring_block(ring, first, pos, new, s_entry, s_kind, d, WINDOW: tl.constexpr, BLOCK: tl.constexpr):
+    """Ring entries [first, first + BLOCK): keys and values [BLOCK, D] float32, and which of them count. Entry j holds
+    the latest position <= pos congruent to j, one of the last WINDOW positions, and a position >= 0 only where
+    j <= pos; the new frame's entry is not read (its k and v come from registers)."""
+    j = first + tl.arange(0, BLOCK)
+    valid = (j < WINDOW) & (j <= pos) & (j != new)
+    off = ring + j[:, None] * s_entry + d[None, :]
+    kb = tl.load(off, mask=valid[:, None], other=0.0).to(tl.float32)
+    vb = tl.load(off + s_kind, mask=valid[:, None], other=0.0).to(tl.float32)
+    return kb, vb, valid
+
+
+@triton.jit
 def window_attention_kernel(QKV, sqkv, POS, SLOTS, INV_FREQ, CACHE, s_slot, s_entry, s_kind, s_head, O, so, scale,
                             HQ: tl.constexpr, HKV: tl.constexpr, GROUP: tl.constexpr, D: tl.constexpr,
                             WINDOW: tl.constexpr, BLOCK: tl.constexpr):
@@ -43,15 +56,9 @@ def window_attention_kernel(QKV, sqkv, POS, SLOTS, INV_FREQ, CACHE, s_slot, s_en
     new = pos % WINDOW
     ring = CACHE + tl.load(SLOTS + b).to(tl.int64) * s_slot + h * s_head
     d = tl.arange(0, D)
-    # The whole ring in one block: entry j holds the latest position <= pos congruent to j, one of the
-    # last WINDOW positions, and a position >= 0 only where j <= pos. Loaded first, so that its latency
-    # overlaps the RoPE below (at batch 1 the kernel is a chain of dependent loads). The new frame's
-    # entry is not read: its k and v come from registers.
-    j = tl.arange(0, BLOCK)
-    valid = (j < WINDOW) & (j <= pos) & (j != new)
-    off = ring + j[:, None] * s_entry + d[None, :]
-    kb = tl.load(off, mask=valid[:, None], other=0.0).to(tl.float32)                      # [BLOCK, D]
-    vb = tl.load(off + s_kind, mask=valid[:, None], other=0.0).to(tl.float32)
+    # the ring's first block is loaded before the RoPE below, so that its latency overlaps it (at batch 1 the
+    # kernel is a chain of dependent loads)
+    kb, vb, valid = _ring_block(ring, 0, pos, new, s_entry, s_kind, d, WINDOW, BLOCK)
     rot = (d + D // 2) % D
     # compiled, tl.cos/tl.sin are libdevice's cosf/sinf (as torch's CUDA cos/sin), not the hardware
     # approximations, whose error grows with the angle (the PTX of Triton 3.6 and 3.9)
@@ -66,11 +73,20 @@ def window_attention_kernel(QKV, sqkv, POS, SLOTS, INV_FREQ, CACHE, s_slot, s_en
     v = tl.load(row + (HQ + HKV + h) * D + d).to(tl.float32)
     tl.store(ring + new * s_entry + d, k.to(DT))
     tl.store(ring + new * s_entry + s_kind + d, v.to(DT))
-    # the new frame starts the online softmax, then the ring's block joins it
-    _, l, acc = _softmax_step(q, kb, vb, valid, tl.sum(q * k[None, :], axis=1) * scale,
+    # the new frame starts the online softmax, then the ring joins it block by block
+    m, l, acc = _softmax_step(q, kb, vb, valid, tl.sum(q * k[None, :], axis=1) * scale,
                               tl.full([GROUP], 1.0, tl.float32), tl.zeros([GROUP, D], tl.float32) + v[None, :], scale)
+    for first in range(BLOCK, WINDOW, BLOCK):
+        kb, vb, valid = _ring_block(ring, first, pos, new, s_entry, s_kind, d, WINDOW, BLOCK)
+        m, l, acc = _softmax_step(q, kb, vb, valid, m, l, acc, scale)
     out = acc / l[:, None]
     tl.store(O + b * so + (h * GROUP + g)[:, None] * D + d[None, :], out.to(O.dtype.element_ty))
+
+
+# One warp a program, the ring 16 entries at a time: on an H200 (bench/attention_configs.py, 16 heads of 64, float16)
+# 32 us at 256 rows (2.3 TB/s of the rings) against 144 with the whole ring as one block on 8 warps, 60 against 282 at
+# 512, and no slower at 1-16 rows (6.8-7.5 us); wider blocks or more warps were slower at every size
+RING_BLOCK = 16
 
 
 def window_attention(qkv: torch.Tensor, pos: torch.Tensor, slots: torch.Tensor, cache: torch.Tensor,
@@ -83,10 +99,8 @@ def window_attention(qkv: torch.Tensor, pos: torch.Tensor, slots: torch.Tensor, 
     window, kv_heads, D = cache.shape[1], cache.shape[3], cache.shape[4]
     assert qkv.stride(1) == 1 and cache.stride(4) == 1
     out = torch.empty(B, heads * D, device=qkv.device, dtype=qkv.dtype)
-    # 8 warps: 32 values a thread of a [128, 64] block (72 entries of 64 dims), as synth/attention.py's
-    # measured [32, 128] blocks on 4 warps; not timed for this kernel
     window_attention_kernel[(B, kv_heads)](
         qkv, qkv.stride(0), pos, slots, inv_freq, cache, cache.stride(0), cache.stride(1), cache.stride(2),
         cache.stride(3), out, out.stride(0), D ** -0.5, HQ=heads, HKV=kv_heads, GROUP=heads // kv_heads, D=D,
-        WINDOW=window, BLOCK=triton.next_power_of_2(window), num_warps=8)
+        WINDOW=window, BLOCK=RING_BLOCK, num_warps=1)
     return out
