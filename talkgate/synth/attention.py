@@ -177,3 +177,41 @@ def one_token_attention(qkv: torch.Tensor, q_norm: torch.Tensor, k_norm: torch.T
         eps, D ** -0.5, HQ=heads, HKV=kv_heads, GROUP=heads // kv_heads, D=D,
         BLOCK=block, ROW_SLOTS=slots is not None, ROW_POS=row_pos, PAGE=page, num_warps=warps)
     return out
+
+
+@triton.jit
+def short_causal_attention_kernel(Q, sqb, sqt, sqh, K, skb, skt, skh, V, svb, svt, svh, O, sob, sot, scale,
+                                  T: tl.constexpr, TB: tl.constexpr, GROUP: tl.constexpr, D: tl.constexpr):
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    d = tl.arange(0, D)
+    j = tl.arange(0, TB)
+    g = tl.arange(0, GROUP)
+    present = (j < T)[:, None]
+    kb = tl.load(K + b * skb + h * skh + j[:, None] * skt + d[None, :], mask=present, other=0.0).to(tl.float32)
+    vb = tl.load(V + b * svb + h * svh + j[:, None] * svt + d[None, :], mask=present, other=0.0).to(tl.float32)
+    for t in tl.static_range(T):
+        q = tl.load(Q + b * sqb + t * sqt + (h * GROUP + g)[:, None] * sqh + d[None, :]).to(tl.float32)
+        m, l, acc = _softmax_step(q, kb, vb, j <= t, tl.full([GROUP], float("-inf"), tl.float32),
+                                  tl.zeros([GROUP], tl.float32), tl.zeros([GROUP, D], tl.float32), scale)
+        tl.store(O + b * sob + t * sot + (h * GROUP + g)[:, None] * D + d[None, :],
+                 (acc / l[:, None]).to(O.dtype.element_ty))
+
+
+SHORT_POSITIONS = 16        # the most positions short_causal_attention takes (its loop over them is unrolled)
+
+
+def short_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Causal attention within a few new positions of every row: q [B, T, heads, D], k and v [B, T, kv_heads, D]
+    (T <= SHORT_POSITIONS, D contiguous) -> [B, T, heads * D]. The code predictor's first pass (its two input
+    positions): SDPA's kernels tile 64 or more queries per (row, head), so two took cuDNN's flash kernel 96 us a
+    layer at 256 rows on an H200, this kernel ~5 (bench/attention_configs.py). One program per (row, kv head)."""
+    B, T, heads, D = q.shape
+    kv_heads = k.shape[2]
+    assert T <= SHORT_POSITIONS and q.stride(3) == k.stride(3) == v.stride(3) == 1
+    out = torch.empty(B, T, heads * D, device=q.device, dtype=q.dtype)
+    short_causal_attention_kernel[(B, kv_heads)](
+        q, q.stride(0), q.stride(1), q.stride(2), k, k.stride(0), k.stride(1), k.stride(2),
+        v, v.stride(0), v.stride(1), v.stride(2), out, out.stride(0), out.stride(1), D ** -0.5,
+        T=T, TB=max(triton.next_power_of_2(T), 2), GROUP=heads // kv_heads, D=D, num_warps=1)
+    return out

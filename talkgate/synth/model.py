@@ -137,6 +137,14 @@ class Attention(nn.Module):
             k_cache, v_cache, slots, pos, self.n_heads, table)
         return self.o_proj(out)[:, None]
 
+    def attend_within(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Causal attention within T new positions, q [B,T,heads,D], k/v [B,T,kv_heads,D] -> [B,T,H]. A few positions
+        on CUDA take one kernel (synth/attention.py short_causal_attention: SDPA's tile 64+ queries per row)."""
+        kernels = kernel_module("attention") if q.is_cuda else None
+        if kernels is not None and q.shape[1] <= kernels.SHORT_POSITIONS:
+            return self.o_proj(kernels.short_causal_attention(q, k, v))
+        return self.attend(q, k.transpose(1, 2), v.transpose(1, 2), causal=True)
+
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask=None, causal=False) -> torch.Tensor:
         """q [B,T,heads,D], k/v [B,kv_heads,L,D] -> [B,T,H]."""
         B, T = q.shape[:2]
@@ -422,6 +430,8 @@ class CodePredictor(nn.Module):
             q, k, v = attn.qkv(h, cos, sin)
             kc[:, :, start:start + T] = k.transpose(1, 2)
             vc[:, :, start:start + T] = v.transpose(1, 2)
+            if start == 0:                  # the first pass: its positions are all there is
+                return attn.attend_within(q, k, v)
             return attn.attend(q, kc[:, :, :start + T], vc[:, :, :start + T], causal=T > 1)
         return run_layers(self.layers, self.norm, x, attention_out)
 
