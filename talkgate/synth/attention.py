@@ -205,7 +205,8 @@ def short_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) ->
     """Causal attention within a few new positions of every row: q [B, T, heads, D], k and v [B, T, kv_heads, D]
     (T <= SHORT_POSITIONS, D contiguous) -> [B, T, heads * D]. The code predictor's first pass (its two input
     positions): SDPA's kernels tile 64 or more queries per (row, head), so two took cuDNN's flash kernel 96 us a
-    layer at 256 rows on an H200, this kernel ~5 (bench/attention_configs.py). One program per (row, kv head)."""
+    layer at 256 rows on an H200, this kernel 3.5 in the engine's graph (docs/benchmarks.md). One program per
+    (row, kv head)."""
     B, T, heads, D = q.shape
     kv_heads = k.shape[2]
     assert T <= SHORT_POSITIONS and q.stride(3) == k.stride(3) == v.stride(3) == 1
