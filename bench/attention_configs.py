@@ -5,39 +5,27 @@ first pass through SDPA (cuDNN's flash kernel, 96 us a layer).
 
     python3 -m bench.attention_configs [--rows 64,256,512] [--parts window,talker,predictor,first]
 
-Each figure: a CUDA graph of REPS back-to-back calls, replayed; us a call = median replay / REPS.
+Each figure: a CUDA graph of REPS back-to-back calls, replayed (bench/persistent.py graph_ms); us a call = the
+median of 7 replays / REPS.
 """
 from __future__ import annotations
 
 import argparse
-import statistics
 
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from bench.persistent import graph_ms
 from talkgate.synth.attention import one_token_attention_kernel
 from talkgate.synth.window_attention import window_attention_kernel
 
 REPS = 20
 
 
-def timed(fn, reps: int = 7) -> float:
-    fn()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(REPS):
-            fn()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        torch.cuda.synchronize()
-        times.append(a.elapsed_time(b) / REPS * 1e3)
-    return statistics.median(times)
+def timed(fn) -> float:
+    """us a call: REPS calls back to back in one graph, the median of 7 replays."""
+    return 1e3 * graph_ms(fn, reps=1, rounds=7, calls=REPS)
 
 
 def window(B: int, configs=((128, 8), (128, 1), (16, 1), (32, 1), (16, 2), (32, 2), (32, 4), (64, 2), (64, 4)),

@@ -37,7 +37,7 @@ def kernels(g: torch.cuda.CUDAGraph, part: str, B: int, out: str) -> None:
         for _ in range(N):
             g.replay()
         torch.cuda.synchronize()
-    trace = f"{out}/{part}_trace.json" if part != "decode" else f"{out}/dec_trace.json"
+    trace = f"{out}/{part}_trace.json"
     prof.export_chrome_trace(trace)
     ev = [e for e in json.load(open(trace))["traceEvents"] if e.get("cat") == "kernel"]
     ev.sort(key=lambda e: e["ts"])

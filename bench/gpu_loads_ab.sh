@@ -37,7 +37,7 @@ if [[ $parts == *" decode "* ]]; then
       dir=$tree; [ $which = before ] && dir=$tree/.e2e/before
       (cd "$dir" && PYTHONPATH=$dir:$tree:/tmp/site timeout 300 python3 -m bench.decoder_kernels \
         /tmp/ck-1.7b-custom_voice "$res" "$B" > "$res/decode-$which-$B.txt" 2>&1)
-      rm -f "$res/dec_trace.json"
+      rm -f "$res/decode_trace.json"
       log "$which: $(grep 'decode graph' "$res/decode-$which-$B.txt"); on cuDNN's generic kernel: $(grep -c \
 implicit_convolve_sgemm "$res/decode-$which-$B.txt") convolutions"
       pack

@@ -44,8 +44,9 @@ def build(size: str):
     return talker, predictor
 
 
-def graph_ms(fn, reps: int = 200, rounds: int = 5) -> float:
-    """Median over rounds of the mean ms of one replay of fn captured in a CUDA graph."""
+def graph_ms(fn, reps: int = 200, rounds: int = 5, calls: int = 1) -> float:
+    """Median over rounds of the mean ms of one call of fn, `calls` calls captured back to back in a CUDA graph (more
+    than one: a short kernel's time without a replay's launch between calls)."""
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
@@ -54,7 +55,8 @@ def graph_ms(fn, reps: int = 200, rounds: int = 5) -> float:
     torch.cuda.current_stream().wait_stream(s)
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
-        fn()
+        for _ in range(calls):
+            fn()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     times = []
     for _ in range(rounds):
@@ -63,7 +65,7 @@ def graph_ms(fn, reps: int = 200, rounds: int = 5) -> float:
             g.replay()
         end.record()
         end.synchronize()
-        times.append(start.elapsed_time(end) / reps)
+        times.append(start.elapsed_time(end) / reps / calls)
     return round(statistics.median(times), 4)
 
 

@@ -10,10 +10,9 @@ import random
 import re
 import struct
 
+from talkgate.synth.api import FRAME_MS
 from talkgate.synth.request import frames_for_text
 from talkgate.synth.tokenizer import QwenTokenizer, StreamingTokenizer, qwen_tokenizer_dir
-
-FRAME_MS = 80.0             # the audio of one frame: the model hears one text token a frame
 
 HEADER = struct.Struct("<BBHIII")      # version, encoding, reserved, stream, seq, start_ms (docs/protocol.md)
 

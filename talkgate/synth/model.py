@@ -432,7 +432,7 @@ class CodePredictor(nn.Module):
             vc[:, :, start:start + T] = v.transpose(1, 2)
             if start == 0:                  # the first pass: its positions are all there is
                 return attn.attend_within(q, k, v)
-            return attn.attend(q, kc[:, :, :start + T], vc[:, :, :start + T], causal=T > 1)
+            return attn.attend(q, kc[:, :, :start + T], vc[:, :, :start + T])       # a later pass: one position
         return run_layers(self.layers, self.norm, x, attention_out)
 
     def predict(self, hidden: torch.Tensor, code0_embed: torch.Tensor, sampler: FrameSampler,
