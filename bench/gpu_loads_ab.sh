@@ -2,8 +2,9 @@
 # Issues 44 and 45: the earlier tree (`git archive REV talkgate | tar -x -C .e2e/before`) against this one on one H200
 # in one call, at every load the issues name. PARTS (default all, in this order):
 #   tests    GPU tests: TESTS, -k K (default the engine's lane, capture and cuDNN tests)
-#   decode   each tree's decode graph of DECODE_ROWS rows kernel by kernel (bench/decoder_kernels.py; an engine of
-#            that many slots)
+#   roofline each tree's step by part at ROOF_BATCHES rows (bench/roofline.py, 1.7B; default 1,8,64,256,512)
+#   decode   each of DECODE_TREES' (default "before after") decode graph of DECODE_ROWS rows kernel by kernel
+#            (bench/decoder_kernels.py; an engine of that many slots)
 #   loads    each tree with `talkgate serve` default flags, 1.7B CustomVoice, OpenAI HTTP PCM, open loop, English
 #            medium texts: RATES (RATE:SECONDS:CLIENT_PROCESSES each; default 1 req/s for 90 s, 20 and 100 req/s for
 #            20 s), OPUS_RATES the same way over the native WebSocket, whole text, Opus 48 kHz (default none), then a
@@ -23,7 +24,7 @@
 BENCH=${BENCH:-loads-ab}
 . "$(dirname "$0")/gpu_serve.sh"
 parts=" ${PARTS:-tests decode loads streams} "
-[[ $parts == *" tests "* || $parts == *" decode "* || $parts == *" loads "* ]] && checkpoints custom_voice
+[[ $parts =~ " "(tests|roofline|decode|loads)" " ]] && checkpoints custom_voice
 export TALKGATE_CACHE=${TALKGATE_CACHE:-/tmp/tgc-default}
 if [[ $parts == *" tests "* ]]; then
   tests=(tests/gpu/test_engine_gpu.py); [ -f tests/gpu/test_cudnn_search.py ] && tests+=(tests/gpu/test_cudnn_search.py)
@@ -31,9 +32,19 @@ if [[ $parts == *" tests "* ]]; then
   GPU_TESTS=1 gpu_tests ${TESTS:-${tests[*]}} -k "${K:-lane or staged or graphs_equal or cudnn}"
   grep -q " passed" "$res/gpu-tests.txt" && ! grep -q "failed\|error" "$res/gpu-tests.txt" || { log "GPU tests failed"; pack; exit 1; }
 fi
+if [[ $parts == *" roofline "* ]]; then
+  for which in before after; do
+    dir=$tree; [ $which = before ] && dir=$tree/.e2e/before
+    (cd "$dir" && PYTHONPATH=$dir:$tree:/tmp/site timeout 400 python3 -m bench.roofline /tmp/ck-1.7b-custom_voice \
+      --batches "${ROOF_BATCHES:-1,8,64,256,512}" --reps 20 --json "$res/roofline-$which.json" 2>&1 | grep -v Warn \
+      > "$res/roofline-$which.md")
+    log "$which roofline: $(grep -c '' "$res/roofline-$which.md") lines"
+    pack
+  done
+fi
 if [[ $parts == *" decode "* ]]; then
   for B in ${DECODE_ROWS:-64 512}; do
-    for which in before after; do
+    for which in ${DECODE_TREES:-before after}; do
       dir=$tree; [ $which = before ] && dir=$tree/.e2e/before
       (cd "$dir" && PYTHONPATH=$dir:$tree:/tmp/site timeout 300 python3 -m bench.decoder_kernels \
         /tmp/ck-1.7b-custom_voice "$res" "$B" > "$res/decode-$which-$B.txt" 2>&1)

@@ -137,17 +137,29 @@ class _Stateful(nn.Module):
     context: int
     state_offset: int = 0
 
-    def tail(self, tails: torch.Tensor) -> torch.Tensor:
-        # A view into the gathered per-row state [B, S]: updated in place, written back after the step.
-        size = self.in_channels * self.context
-        return tails[:, self.state_offset:self.state_offset + size].view(-1, self.context, self.in_channels)
 
-    def with_history(self, x: torch.Tensor, tails: torch.Tensor) -> torch.Tensor:
-        """[B, n, C] -> [B, context + n, C] prefixed with the carried frames; carries the new last ones."""
-        tail = self.tail(tails)
+class ConvHistory:
+    """The carried frames of one call's stateful convs: each conv reads its slice of the rows' gathered state
+    `tails` [B, S] and leaves its new last input frames here; `carried()` gives them back as one tensor, which
+    decode_step writes to the slots' state. `tails` itself is never written: a compiled part that wrote slices of
+    its input copied the whole input again at each write (Inductor's functionalization: 0.6 ms of the 1.7B decode
+    at 256 rows on an H200, docs/benchmarks.md)."""
+
+    def __init__(self, tails: torch.Tensor):
+        self.tails = tails
+        self.new: list[tuple[int, torch.Tensor]] = []
+
+    def prefixed(self, conv: _Stateful, x: torch.Tensor) -> torch.Tensor:
+        """[B, n, C] -> [B, context + n, C] prefixed with conv's carried frames; keeps its new last ones."""
+        size = conv.in_channels * conv.context
+        tail = self.tails[:, conv.state_offset:conv.state_offset + size].view(-1, conv.context, conv.in_channels)
         x = torch.cat([tail, x], dim=1)
-        tail.copy_(x[:, x.shape[1] - self.context:])
+        self.new.append((conv.state_offset, x[:, x.shape[1] - conv.context:].reshape(x.shape[0], size)))
         return x
+
+    def carried(self) -> torch.Tensor:
+        """The new frames of every conv that ran, in the state's order: [B, the span of their slices]."""
+        return torch.cat([self.tails[:, :0]] + [t for _, t in sorted(self.new, key=lambda item: item[0])], dim=1)
 
 
 # A one-row convolution of at most this many multiply-adds runs as one matrix multiply of its input windows (a
@@ -202,11 +214,11 @@ class CausalConv(_Stateful):
     def prepare(self):  # a copy of the weight [C_out, C_in / groups, K] in the layout forward takes
         self.weight_nhwc = self.conv.weight.detach()[:, :, None].contiguous(memory_format=torch.channels_last)
 
-    def forward(self, x: torch.Tensor, tails: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, history: ConvHistory) -> torch.Tensor:
         """x [B, n, C_in] -> [B, n, C_out]"""
         B, n, _ = x.shape
         if self.context:
-            x = self.with_history(x, tails)
+            x = history.prefixed(self, x)
         w = self.weight_nhwc
         c_out, c_in, _, k = w.shape
         dilation = self.conv.dilation[0]
@@ -218,6 +230,35 @@ class CausalConv(_Stateful):
         windows = x.as_strided((n, k, c_in), (st, dilation * st, sc)).reshape(n, k * c_in)
         taps = w.permute(0, 2, 3, 1).reshape(c_out, k * c_in).T          # [K * C_in, C_out], rows as the windows'
         return conv_addmm(self.conv.bias, windows, taps)[None]
+
+
+class WaveConv(_Stateful):
+    """The stack's last conv, C_in channels -> 1 (the waveform), as a multiply and a shifted sum: every input frame
+    times all K taps' weights at once ([B, context + n, C_in] x [C_in, K], K padded to 8 columns so that the
+    product's rows stay 16-byte aligned for the tensor cores), then sample t = bias + sum over k of the product at
+    frame t + k * dilation, tap k, summed in float32. cuDNN ran this one-output-channel convolution on channels-last
+    input as a conversion to NCHW and back around its kernel: 0.2 ms of the 1.7B decode at 256 rows (H200)."""
+
+    def __init__(self, in_channels: int, kernel_size: int, dilation: int = 1):
+        super().__init__()
+        self.conv = nn.Conv1d(in_channels, 1, kernel_size, dilation=dilation)
+        self.in_channels = in_channels
+        self.context = (kernel_size - 1) * dilation
+        self.register_buffer("taps", torch.zeros(in_channels, -(-kernel_size // 8) * 8), persistent=False)
+
+    def prepare(self):  # the weight [1, C_in, K] as [C_in, K] and zero columns
+        w = self.conv.weight.detach()[0]
+        self.taps = F.pad(w, (0, self.taps.shape[1] - w.shape[1]))
+
+    def forward(self, x: torch.Tensor, history: ConvHistory) -> torch.Tensor:
+        """x [B, n, C_in] -> [B, n] float32"""
+        n = x.shape[1]
+        if self.context:
+            x = history.prefixed(self, x)
+        product = x @ self.taps                                          # [B, context + n, 8]
+        k, dilation = self.conv.kernel_size[0], self.conv.dilation[0]
+        taps = [product[:, j * dilation:j * dilation + n, j].float() for j in range(k)]
+        return torch.stack(taps).sum(0) + self.conv.bias.float()
 
 
 class CausalTransConv(_Stateful):
@@ -248,11 +289,11 @@ class CausalTransConv(_Stateful):
         self.taps = w.permute(3, 1, 2, 0).reshape(r * c_out, windows * c_in)
         self.taps_bias = self.conv.bias.detach().repeat(r)
 
-    def forward(self, x: torch.Tensor, tails: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, history: ConvHistory) -> torch.Tensor:
         """x [B, n, C_in] -> [B, n * stride, C_out]"""
         B, n, _ = x.shape
         if self.context:
-            x = self.with_history(x, tails)
+            x = history.prefixed(self, x)
         windows = x.unfold(1, n, 1).permute(0, 3, 1, 2).reshape(B * n, -1)    # [B * n, (context+1) * C_in]
         y = conv_addmm(self.taps_bias, windows, self.taps.T)             # [B * n, stride * C_out], bias fused
         return y.view(B, n * self.stride, -1)
@@ -285,8 +326,8 @@ class ConvNeXtBlock(nn.Module):
         self.pwconv2 = nn.Linear(4 * dim, dim)
         self.gamma = nn.Parameter(torch.ones(dim))
 
-    def forward(self, x: torch.Tensor, tails: torch.Tensor) -> torch.Tensor:
-        h = self.pwconv2(F.gelu(self.pwconv1(self.norm(self.dwconv(x, tails)))))
+    def forward(self, x: torch.Tensor, history: ConvHistory) -> torch.Tensor:
+        h = self.pwconv2(F.gelu(self.pwconv1(self.norm(self.dwconv(x, history)))))
         return torch.addcmul(x, self.gamma, h)
 
 
@@ -298,8 +339,8 @@ class ResidualUnit(nn.Module):
         self.act2 = SnakeBeta(dim)
         self.conv2 = CausalConv(dim, dim, 1)
 
-    def forward(self, x: torch.Tensor, tails: torch.Tensor) -> torch.Tensor:
-        return x + self.conv2(self.act2(self.conv1(self.act1(x), tails)), tails)
+    def forward(self, x: torch.Tensor, history: ConvHistory) -> torch.Tensor:
+        return x + self.conv2(self.act2(self.conv1(self.act1(x), history)), history)
 
 
 class DecoderBlock(nn.Module):
@@ -310,10 +351,10 @@ class DecoderBlock(nn.Module):
         self.block = nn.ModuleList([SnakeBeta(in_dim), CausalTransConv(in_dim, out_dim, 2 * rate, rate)]
                                    + [ResidualUnit(out_dim, d) for d in (1, 3, 9)])
 
-    def forward(self, x: torch.Tensor, tails: torch.Tensor) -> torch.Tensor:
-        x = self.block[1](self.block[0](x), tails)
+    def forward(self, x: torch.Tensor, history: ConvHistory) -> torch.Tensor:
+        x = self.block[1](self.block[0](x), history)
         for unit in self.block[2:]:
-            x = unit(x, tails)
+            x = unit(x, history)
         return x
 
 
@@ -606,12 +647,19 @@ class CodecDecoder(nn.Module):
         self.decoder = nn.ModuleList(
             [CausalConv(cfg.latent_dim, cfg.decoder_dim, 7)]
             + [DecoderBlock(dims[i], dims[i + 1], r) for i, r in enumerate(cfg.upsample_rates)]
-            + [SnakeBeta(dims[-1]), CausalConv(dims[-1], 1, 7)])
-        offset = 0
-        for m in self.modules():
-            if isinstance(m, _Stateful) and m.context:
-                m.state_offset = offset
-                offset += m.in_channels * m.context
+            + [SnakeBeta(dims[-1]), WaveConv(dims[-1], 7)])
+        # The state's slices in the order the convs run, so that each part (codes_in, early_convs, late_convs)
+        # owns one span of it: the span its ConvHistory.carried() returns and decode_step writes back.
+        parts = ([self.quantizer, self.pre_conv], [self.upsample, *self.decoder[:1 + EARLY_BLOCKS]],
+                 list(self.decoder[1 + EARLY_BLOCKS:]))
+        offset, self.tail_spans = 0, []
+        for part in parts:
+            start = offset
+            for m in (m for root in part for m in root.modules()):
+                if isinstance(m, _Stateful) and m.context:
+                    m.state_offset = offset
+                    offset += m.in_channels * m.context
+            self.tail_spans.append(slice(start, offset))
         self.tail_size = offset
 
     @torch.no_grad()
@@ -638,42 +686,45 @@ class CodecDecoder(nn.Module):
         """codes [B, Q, n] long, slots [B] long -> pcm [B, n * frame_samples] float32; advances the slots."""
         B, _, n = codes.shape
         pos = state.pos[slots]
-        tails = state.tails[slots]  # gathered copy; every conv updates its slice, written back below
-        h = self.codes_in(codes, tails)                                 # [B, n, latent]
+        tails = state.tails[slots]  # the rows' carried frames, gathered (read only: each part returns its new ones)
+        h, carried_in = self.codes_in(codes, tails)                     # [B, n, latent]
         h = self.pre_transformer(h, pos, slots, state.kv)
-        wav = self.convs(h, tails)
-        state.tails.index_copy_(0, slots, tails)
+        h, carried_early = self.early_convs(h, tails)
+        wav, carried_late = self.late_convs(h, tails)
+        for span, carried in zip(self.tail_spans, (carried_in, carried_early, carried_late)):
+            state.tails[:, span].index_copy_(0, slots, carried)
         state.pos.index_copy_(0, slots, pos + n)
         return wav
 
-    # The parts before and after the transformer touch only the gathered `tails`, never a per-slot pool:
-    # compile_hot_functions (synth/runner.py) compiles each whole.
-    def codes_in(self, codes: torch.Tensor, tails: torch.Tensor) -> torch.Tensor:
+    # The parts before and after the transformer read only the gathered `tails`, never a per-slot pool, and write
+    # nothing in place: compile_hot_functions (synth/runner.py) compiles each whole. Each returns its output and its
+    # convs' new carried frames (its span of the state, `tail_spans`).
+    def codes_in(self, codes: torch.Tensor, tails: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """codes [B, Q, n] -> the transformer's input [B, n, latent]: RVQ lookup and the causal pre-conv."""
-        return self.pre_conv(self.quantizer(codes), tails)
+        history = ConvHistory(tails)
+        return self.pre_conv(self.quantizer(codes), history), history.carried()
 
-    def convs(self, h: torch.Tensor, tails: torch.Tensor) -> torch.Tensor:
-        """The transformer's output [B, n, latent] -> pcm [B, n * frame_samples] float32: upsampling and
-        the decoder's conv stack, in two halves that compile apart (runner.compile_hot_functions: one took a
-        compile helper 52 s on an H100, the longest of a fresh start). A half ends at a block's output, which
-        a convolution writes to memory either way."""
-        return self.late_convs(self.early_convs(h, tails), tails)
-
-    def early_convs(self, h: torch.Tensor, tails: torch.Tensor) -> torch.Tensor:
-        """[B, n, latent] -> the output of the first EARLY_BLOCKS decoder blocks [B, samples, C]."""
+    # The upsampling and the decoder's conv stack run in two halves that compile apart (runner.compile_hot_functions:
+    # one took a compile helper 52 s on an H100, the longest of a fresh start). A half ends at a block's output,
+    # which a convolution writes to memory either way.
+    def early_convs(self, h: torch.Tensor, tails: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The transformer's output [B, n, latent] -> the output of the first EARLY_BLOCKS decoder blocks
+        [B, samples, C]."""
+        history = ConvHistory(tails)
         for trans_conv, convnext in self.upsample:
-            h = convnext(trans_conv(h, tails), tails)
-        h = self.decoder[0](h, tails)
+            h = convnext(trans_conv(h, history), history)
+        h = self.decoder[0](h, history)
         for block in self.decoder[1:1 + EARLY_BLOCKS]:
-            h = block(h, tails)
-        return h
+            h = block(h, history)
+        return h, history.carried()
 
-    def late_convs(self, h: torch.Tensor, tails: torch.Tensor) -> torch.Tensor:
+    def late_convs(self, h: torch.Tensor, tails: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """early_convs' output -> pcm [B, n * frame_samples] float32: the other blocks and the output conv."""
+        history = ConvHistory(tails)
         for block in self.decoder[1 + EARLY_BLOCKS:-2]:
-            h = block(h, tails)
-        wav = self.decoder[-1](self.decoder[-2](h), tails)              # [B, n * frame_samples, 1]
-        return wav.clamp(-1, 1).view(h.shape[0], -1).float()
+            h = block(h, history)
+        wav = self.decoder[-1](self.decoder[-2](h), history)            # [B, n * frame_samples]
+        return wav.clamp(-1, 1), history.carried()
 
     @torch.no_grad()
     def decode(self, codes: torch.Tensor, chunk_frames: int = 64) -> torch.Tensor:

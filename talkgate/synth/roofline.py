@@ -216,8 +216,16 @@ def codec_decoder_work(c, B: int, frames_before: int, nbytes: int, linear_prec: 
         for dilation in (1, 3, 9):
             parts += [conv(B, dims[i + 1], dims[i + 1], 7, n, conv_prec, nbytes, dilation=dilation),
                       conv(B, dims[i + 1], dims[i + 1], 1, n, conv_prec, nbytes)]
-    parts.append(conv(B, dims[-1], 1, 7, n, conv_prec, nbytes))
+    parts.append(wave_conv(B, dims[-1], 7, n, linear_prec, nbytes))
     return total(parts)            # the conv tails' gather and write-back: each conv's state bytes
+
+
+def wave_conv(B: int, c_in: int, kernel: int, n_out: int, prec: str, nbytes: int) -> Work:
+    """WaveConv: every input frame (context + n_out) times the taps padded to 8 columns (a multiply, at the
+    decoder's linear precision), then the shifted sum to float32 samples."""
+    taps, frames = -(-kernel // 8) * 8, kernel - 1 + n_out
+    return Work({prec: 2 * B * frames * c_in * taps}, c_in * taps * nbytes, 2 * B * c_in * (kernel - 1) * nbytes,
+                B * frames * (c_in + 2 * taps) * nbytes + B * n_out * 4)
 
 
 def host_work(B: int) -> Work:

@@ -887,7 +887,7 @@ class Runner:
         size, as warm-up tunes them), PART@1 (the one-row kinds and persistent kernels), or PART@2, which runs
         with the plain functions so that it compiles only the persistent kernels of two rows and never a
         general kind at two rows. The decoder's step is three tasks, its two longest compiles apart:
-        early_convs@B and late_convs@B run it with only that half of CodecDecoder.convs compiled, decode@B
+        early_convs@B and late_convs@B run it with only that half of the decoder's convs compiled, decode@B
         with all but those."""
         halves = ("early_convs", "late_convs")
         with torch.inference_mode():
@@ -1017,8 +1017,8 @@ def compile_hot_functions(*modules: torch.nn.Module, folder: str | os.PathLike) 
     """torch.compile the model's leaf functions that every layer and every codebook calls (RMSNorm,
     q/k/v with q/k norm and RoPE, the SwiGLU MLP; the decoder transformer's SwiGLU MLP and layer-scaled
     residual add with the next norm), and the decoder's parts before and after its transformer whole
-    (CodecDecoder.codes_in, CodecDecoder.convs' two halves: the SnakeBetas, conv tails and window gathers fused around
-    the multiplies): a frame is otherwise about 7,000 kernels of 1-5 us, mostly elementwise. Small graphs
+    (CodecDecoder.codes_in, early_convs and late_convs: the SnakeBetas, conv tails and window gathers fused
+    around the multiplies): a frame is otherwise about 7,000 kernels of 1-5 us, mostly elementwise. Small graphs
     compile in seconds, the decoder's parts in about a minute (a whole-step compile took over 5 minutes).
     Compiled ahead of time, one kind of input at a time, and kept with their traces under `folder`
     (synth/precompiled.py; their kernels under compile_cache's folder), so that the next start loads them.
@@ -1056,8 +1056,8 @@ def compile_hot_functions(*modules: torch.nn.Module, folder: str | os.PathLike) 
 
 
 # Priming decodes up to PRIME_CHUNK frames a call, once per stored voice, with the plain functions: the
-# compiled CodecDecoder.convs (its halves) does not build for a many-frame chunk (Inductor folds an index into an int32
-# constant that overflows, 1.7B Base on an H100), and cuDNN's algorithm search would run again for every new
+# decoder's compiled convs (early_convs, late_convs) do not build for a many-frame chunk (Inductor folds an index
+# into an int32 constant that overflows, 1.7B Base on an H100), and cuDNN's algorithm search would run again for every new
 # chunk length (a search takes up to a second).
 PLAIN_WHEN_PRIMING = ("codes_in", "early_convs", "late_convs")
 

@@ -8,7 +8,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from talkgate.synth import codec_decoder
-from talkgate.synth.codec_decoder import CausalConv, CodecDecoderConfig, load_codec_decoder
+from talkgate.synth.codec_decoder import CausalConv, CodecDecoderConfig, ConvHistory, WaveConv, load_codec_decoder
 from talkgate.synth.random_speech_tokenizer import speech_tokenizer_config, write_random_codec_decoder
 from talkgate.synth.speech_tokenizer import CodecCheckpointError
 
@@ -90,12 +90,31 @@ def test_small_steps_convolve_as_one_multiply(monkeypatch, kernel, dilation):
     outs = []
     for macs in (0, 1 << 20):                                     # the convolution, then the multiply
         monkeypatch.setattr(codec_decoder, "MATMUL_MACS", macs)
-        t = tails.clone()
-        outs.append((conv(x, t), t))
+        carried = ConvHistory(tails)
+        outs.append((conv(x, carried), carried.carried()))
     assert outs[0][0].shape == outs[1][0].shape == (1, 4, 5)
-    for out, t in outs:
+    for out, carried in outs:
         assert (out - official).abs().max() <= 1e-6
-        assert torch.equal(t.view(1, conv.context, 6), torch.cat([history, x], dim=1)[:, 4:])
+        assert torch.equal(carried.view(1, conv.context, 6), torch.cat([history, x], dim=1)[:, 4:])
+
+
+@pytest.mark.parametrize("kernel, dilation, rows", [(7, 1, 1), (7, 1, 3), (3, 2, 2), (9, 1, 2)])
+def test_the_wave_conv_is_the_official_one_channel_conv(kernel, dilation, rows):
+    """WaveConv (one multiply by every tap, then the shifted sum) gives what the official Conv1d to one channel gives
+    on the carried frames and the new ones, in float32, and carries the last frames on."""
+    torch.manual_seed(1)
+    conv = WaveConv(6, kernel, dilation=dilation)
+    conv.prepare()
+    assert conv.taps.shape == (6, 8 * -(-kernel // 8))
+    x = torch.randn(rows, 5, 6)
+    tails = torch.randn(rows, 6 * conv.context)
+    prefixed = torch.cat([tails.view(rows, conv.context, 6), x], dim=1)
+    official = conv.conv(prefixed.transpose(1, 2))[:, 0]
+    history = ConvHistory(tails)
+    got = conv(x, history)
+    assert got.shape == (rows, 5) and got.dtype == torch.float32
+    assert (got - official).abs().max() <= 1e-5
+    assert torch.equal(history.carried().view(rows, conv.context, 6), prefixed[:, 5:])
 
 
 def test_conv_stack_runs_channels_last(tiny, monkeypatch):
