@@ -158,7 +158,8 @@ class ConvHistory:
         return x
 
     def carried(self) -> torch.Tensor:
-        """The new frames of every conv that ran, in the state's order: [B, the span of their slices]."""
+        """The new frames of every conv that ran, in the state's order: [B, the span of their slices] ([B, 0] where
+        none carries frames)."""
         return torch.cat([self.tails[:, :0]] + [t for _, t in sorted(self.new, key=lambda item: item[0])], dim=1)
 
 
