@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Issues 44 and 45: the earlier tree (`git archive REV talkgate | tar -x -C .e2e/before`) against this one on one H200
-# in one call, at every load the issues name. PARTS (default all, in this order):
+# in one call, at every load the issues name. PARTS (default "tests decode loads streams"; run in this order):
 #   tests    GPU tests: TESTS, -k K (default the engine's lane, capture and cuDNN tests)
-#   roofline each tree's step by part at ROOF_BATCHES rows (bench/roofline.py, 1.7B; default 1,8,64,256,512)
+#   roofline each tree's step by part at ROOF_BATCHES rows (bench/roofline.py, 1.7B; default 1,8,64,256,512; the
+#            earlier tree runs its own bench/ where .e2e/before has one: `git archive REV talkgate bench`)
 #   decode   each of DECODE_TREES' (default "before after") decode graph of DECODE_ROWS rows kernel by kernel
 #            (bench/decoder_kernels.py; an engine of that many slots)
 #   loads    each tree with `talkgate serve` default flags, 1.7B CustomVoice, OpenAI HTTP PCM, open loop, English
