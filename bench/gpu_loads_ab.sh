@@ -35,7 +35,7 @@ if [[ $parts == *" tests "* ]]; then
 fi
 if [[ $parts == *" roofline "* ]]; then
   for which in before after; do
-    dir=$tree; [ $which = before ] && dir=$tree/.e2e/before
+    dir=$(tree_of $which)
     (cd "$dir" && PYTHONPATH=$dir:$tree:/tmp/site timeout 400 python3 -m bench.roofline /tmp/ck-1.7b-custom_voice \
       --batches "${ROOF_BATCHES:-1,8,64,256,512}" --reps 20 --json "$res/roofline-$which.json" 2>&1 | grep -v Warn \
       > "$res/roofline-$which.md")
@@ -46,7 +46,7 @@ fi
 if [[ $parts == *" decode "* ]]; then
   for B in ${DECODE_ROWS:-64 512}; do
     for which in ${DECODE_TREES:-before after}; do
-      dir=$tree; [ $which = before ] && dir=$tree/.e2e/before
+      dir=$(tree_of $which)
       (cd "$dir" && PYTHONPATH=$dir:$tree:/tmp/site timeout 300 python3 -m bench.decoder_kernels \
         /tmp/ck-1.7b-custom_voice "$res" "$B" > "$res/decode-$which-$B.txt" 2>&1)
       rm -f "$res/decode_trace.json"
@@ -78,7 +78,7 @@ if [[ $parts == *" streams "* ]]; then
   counts=${STREAMS:-512}
   slots=$(tr ' ' '\n' <<< "$counts" | sort -n | tail -1)
   for which in ${STREAM_TREES:-before after}; do
-    dir=$tree; [ "$which" != after ] && dir=$tree/.e2e/$which
+    dir=$(tree_of "$which")
     # shellcheck disable=SC2086
     start_in "$dir" "$which-0.6b" 8081 -- --model /tmp/ck-0.6b --max-contexts "$slots" ${STREAM_SERVE_ARGS:-}
     for streams in $counts; do

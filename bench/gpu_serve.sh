@@ -10,6 +10,7 @@
 #   traced NAME ARGS...                          load on port 8081 of a server started with --trace-latency
 #                                                $res/trace.jsonl; its requests' traces and stage budget kept
 #   kept_trace NAME                              that for a trace begun by hand (loads run at once)
+#   tree_of NAME                                 the folder of tree NAME: after is this one, any other .e2e/NAME
 #   each_tree LOADS                              the earlier tree, then this one, served in turn while LOADS runs
 #                                                (with --trace-latency unless UNTRACED=1)
 #   gpu_tests PYTEST_ARGS...                     with GPU_TESTS=1: pytest (400 s at most), its tail in progress
@@ -118,15 +119,16 @@ profile() {
 
 pack() { tar czf "$res.tgz" -C "$(dirname "$res")" "$(basename "$res")"; }
 
+tree_of() { if [ "$1" = after ]; then echo "$tree"; else echo "$tree/.e2e/$1"; fi; }
+
 # The earlier tree (a `git archive REV talkgate` in .e2e/before) and then this one, each served on port 8081
 # (`talkgate serve` default flags and --trace-latency, /tmp/ck-1.7b-custom_voice) while the function LOADS runs its
 # loads with the tree's name (before, after); the engine's step and loop metrics kept, then the server stopped.
 each_tree() {
-  local loads=$1 which dir trace=(--trace-latency "$res/trace.jsonl")
+  local loads=$1 which trace=(--trace-latency "$res/trace.jsonl")
   [ "${UNTRACED:-0}" = 1 ] && trace=()
   for which in before after; do
-    dir=$tree; [ $which = before ] && dir=$tree/.e2e/before
-    start_in "$dir" "$which" 8081 -- --model /tmp/ck-1.7b-custom_voice "${trace[@]}"
+    start_in "$(tree_of "$which")" "$which" 8081 -- --model /tmp/ck-1.7b-custom_voice "${trace[@]}"
     "$loads" "$which"
     curl -s "http://127.0.0.1:8081/metrics" | grep -E "^talkgate_engine_(step|loop)" > "$res/$which-metrics.txt"
     stop "$which"

@@ -258,8 +258,8 @@ class WaveConv(_Stateful):
             x = history.prefixed(self, x)
         product = x @ self.taps                                          # [B, context + n, 8]
         k, dilation = self.conv.kernel_size[0], self.conv.dilation[0]
-        taps = [product[:, j * dilation:j * dilation + n, j].float() for j in range(k)]
-        return torch.stack(taps).sum(0) + self.conv.bias.float()
+        # a sum of the shifted slices (not a stack and its sum, which Inductor wrote out as a [K, B, n] buffer first)
+        return sum((product[:, j * dilation:j * dilation + n, j].float() for j in range(k)), self.conv.bias.float())
 
 
 class CausalTransConv(_Stateful):
