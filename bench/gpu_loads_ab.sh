@@ -9,7 +9,8 @@
 #   loads    each tree with `talkgate serve` default flags, 1.7B CustomVoice, OpenAI HTTP PCM, open loop, English
 #            medium texts: RATES (RATE:SECONDS:CLIENT_PROCESSES each; default 1 req/s for 90 s, 20 and 100 req/s for
 #            20 s), OPUS_RATES the same way over the native WebSocket, whole text, Opus 48 kHz (default none), then a
-#            sweep of LEVELS req/s 10 s a level (LEVELS="" for none)
+#            sweep of LEVELS req/s 10 s a level (LEVELS="" for none); TWO_GPUS=1 (a machine of two): both trees at
+#            once, before on GPU 0 and after on GPU 1, with --trace-latency (budget-NAME.txt)
 #   streams  each tree serving 0.6B CustomVoice (`--max-contexts` the largest of STREAMS): for each count of STREAMS
 #            (default 512; "512 1024" say) that many native Opus 48-kHz streams started over 2 s, medium texts, 14 s,
 #            STREAM_RUNS times (default 1) at each of STREAM_TPS tokens a second (default 25; 0: the whole text at
@@ -58,21 +59,24 @@ implicit_convolve_sgemm "$res/decode-$which-$B.txt") convolutions"
 fi
 loads() {
   grep -h "warm-up\|ready\|graphs captured" "$res/$1.log" | cut -c1-300 >> "$res/progress"
-  local rate rps seconds processes levels=${LEVELS-190,210,230}
+  local rate rps seconds processes levels=${LEVELS-190,210,230} port=${PORT:-8081}
   for rate in ${RATES:-1:90:1 20:20:2 100:20:4}; do
     IFS=: read -r rps seconds processes <<< "$rate"
-    load 8081 "$1-rps$rps" --protocol openai --lang en --rps "$rps" --duration "$seconds" --processes "$processes"
+    load "$port" "$1-rps$rps" --protocol openai --lang en --rps "$rps" --duration "$seconds" --processes "$processes"
   done
   for rate in ${OPUS_RATES:-}; do
     IFS=: read -r rps seconds processes <<< "$rate"
-    load 8081 "$1-opus-rps$rps" --protocol native --encoding opus --tokens-per-second 0 --lang en --rps "$rps" \
+    load "$port" "$1-opus-rps$rps" --protocol native --encoding opus --tokens-per-second 0 --lang en --rps "$rps" \
       --duration "$seconds" --processes "$processes"
   done
-  [ -n "$levels" ] && load 8081 "$1-sweep" --protocol openai --lang en --sweep "$levels" --duration 10 \
+  [ -n "$levels" ] && load "$port" "$1-sweep" --protocol openai --lang en --sweep "$levels" --duration 10 \
     --ttfa-limit-ms 100 --processes 4 --max-in-flight 4096
-  curl -s "http://127.0.0.1:8081/metrics" | grep -E "^talkgate_engine_(lane|first_decodes)" | tee -a "$res/progress"
+  curl -s "http://127.0.0.1:$port/metrics" | grep -E "^talkgate_engine_(lane|first_decodes)" | sed "s/^/$1 /" \
+    | tee -a "$res/progress"
 }
-[[ $parts == *" loads "* ]] && UNTRACED=1 each_tree loads
+if [[ $parts == *" loads "* ]]; then
+  if [ "${TWO_GPUS:-0}" = 1 ]; then both_trees loads; else UNTRACED=1 each_tree loads; fi
+fi
 if [[ $parts == *" streams "* ]]; then
   [ -f /tmp/ck-0.6b/config.json ] || tg checkpoint create /tmp/ck-0.6b --preset 0.6b --variant custom_voice | tail -1
   counts=${STREAMS:-512}

@@ -13,6 +13,8 @@
 #   tree_of NAME                                 the folder of tree NAME: after is this one, any other .e2e/NAME
 #   each_tree LOADS                              the earlier tree, then this one, served in turn while LOADS runs
 #                                                (with --trace-latency unless UNTRACED=1)
+#   both_trees LOADS                             the same at once on a machine of two GPUs: before on GPU 0 (port
+#                                                8081), after on GPU 1 (port 8082), each LOADS given PORT
 #   gpu_tests PYTEST_ARGS...                     with GPU_TESTS=1: pytest (400 s at most), its tail in progress
 #   gone PID                                     wait (up to 60 s) for a process to end
 #   profile NAME                                 py-spy of the engine process and two workers, 8 s
@@ -134,6 +136,32 @@ each_tree() {
     stop "$which"
     pack
   done
+}
+
+# each_tree where the machine has two GPUs: both trees served at once, one GPU each, so that one call's loads take
+# half the time; the GPUs differ as two machines might (their names and clocks are in versions.txt and gpus.txt).
+# Each server's trace is trace-NAME.jsonl, its budget budget-NAME.txt.
+both_trees() {
+  local loads=$1 which gpu port pids=()
+  for gpu in 0 1; do
+    which=$([ $gpu = 0 ] && echo before || echo after); port=$((8081 + gpu))
+    start_in "$(tree_of "$which")" "$which" "$port" CUDA_VISIBLE_DEVICES=$gpu -- --model /tmp/ck-1.7b-custom_voice \
+      --trace-latency "$res/trace-$which.jsonl" & pids+=($!)
+  done
+  wait "${pids[@]}"; pids=()
+  nvidia-smi --query-gpu=index,name,serial,clocks.sm,clocks.mem,power.draw,temperature.gpu --format=csv > "$res/gpus.txt"
+  for gpu in 0 1; do
+    which=$([ $gpu = 0 ] && echo before || echo after)
+    PORT=$((8081 + gpu)) "$loads" "$which" & pids+=($!)
+  done
+  wait "${pids[@]}"
+  for gpu in 0 1; do
+    which=$([ $gpu = 0 ] && echo before || echo after)
+    curl -s "http://127.0.0.1:$((8081 + gpu))/metrics" | grep -E "^talkgate_engine_(step|loop)" > "$res/$which-metrics.txt"
+    stop "$which"
+    python3 -m bench.latency_trace "$res/trace-$which.jsonl" > "$res/budget-$which.txt" 2>&1
+  done
+  pack
 }
 
 DESIGNED="A warm, calm female voice, middle-aged, speaking slowly and clearly."
