@@ -1,7 +1,8 @@
-"""An open-loop run's first audio split by whether another request of the run was in flight when each began (issue
-45): a request alone finds the engine idle and goes through a step of its own; one that begins during another's
-audio meets a running engine (the lane, or the next step). At 1 req/s on an H200 (2026-12-04) the requests alone set
-the p95, not those that met another's.
+"""The server's stage budget of an open-loop run's first audios, split by whether another request of the run was in
+flight when each began (issue 45): a request alone finds the engine idle and goes through a step of its own; one
+that begins during another's audio meets a running engine (the lane, or the next step). The load generator's summary
+gives the client's first audio so split ("while another was streaming"); this adds where each group's time went.
+At 1 req/s on an H200 (2026-12-04) the requests alone set the p95, not those that met another's.
 
     python -m bench.first_audio_alone RESULTS_DIR [--trace TRACE.jsonl --skip 4]
 
