@@ -1,7 +1,8 @@
 """The server's stage budget of an open-loop run's first audios, split by whether another request of the run was in
 flight when each began (issue 45): a request alone finds the engine idle and goes through a step of its own; one
 that begins during another's audio meets a running engine (the lane, or the next step). The load generator's summary
-gives the client's first audio so split ("while another was streaming"); this adds where each group's time went.
+gives the client's first audio so split ("while another was streaming", loadgen.load.during_another: the same rule);
+this adds where each group's time went.
 At 1 req/s on an H200 (2026-12-04) the requests alone set the p95, not those that met another's.
 
     python -m bench.first_audio_alone RESULTS_DIR [--trace TRACE.jsonl --skip 4]
@@ -19,17 +20,12 @@ import json
 import sys
 from pathlib import Path
 
+from talkgate.loadgen.load import during_another
 from talkgate.loadgen.measure import percentile
 
 from bench.latency_trace import read_traces, table
 
 ALIGN_S = 0.05
-
-
-def overlapping(requests: list[dict]) -> list[bool]:
-    """For each request (start_s, e2e_ms): whether another request was in flight when it began (or began with it)."""
-    spans = [(r["start_s"], r["start_s"] + r["e2e_ms"] / 1000) for r in requests]
-    return [any(a <= s < b for j, (a, b) in enumerate(spans) if j != i) for i, (s, _) in enumerate(spans)]
 
 
 def aligned(requests: list[dict], traces: list[dict]) -> bool:
@@ -62,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
         if len(traces) < len(requests) or not aligned(requests, traces):
             print(f"{args.trace}: its traces after the first {args.skip} are not this run's requests", file=sys.stderr)
             return 1
-    flags = overlapping(requests)
+    flags = during_another([(r["start_s"], r["e2e_ms"]) for r in requests])
     print(summary("all", [r["ttfa_ms"] for r in requests]))
     for name, want in (("alone (no other request in flight)", False), ("during another's audio", True)):
         group = [i for i, f in enumerate(flags) if f == want]

@@ -140,26 +140,23 @@ each_tree() {
 
 # each_tree where the machine has two GPUs: both trees served at once, one GPU each, so that one call's loads take
 # half the time; the GPUs differ as two machines might (their names and clocks are in versions.txt and gpus.txt).
-# Each server's trace is trace-NAME.jsonl, its budget budget-NAME.txt.
+# Each server's trace is trace-NAME.jsonl, its budget over all its loads budget-NAME.txt (one load's, split by
+# whether another request was in flight: python -m bench.first_audio_alone RESULTS --trace TRACE --skip N).
 both_trees() {
-  local loads=$1 which gpu port pids=()
+  local loads=$1 trees=(before after) gpu pids=()
   for gpu in 0 1; do
-    which=$([ $gpu = 0 ] && echo before || echo after); port=$((8081 + gpu))
-    start_in "$(tree_of "$which")" "$which" "$port" CUDA_VISIBLE_DEVICES=$gpu -- --model /tmp/ck-1.7b-custom_voice \
-      --trace-latency "$res/trace-$which.jsonl" & pids+=($!)
+    start_in "$(tree_of "${trees[gpu]}")" "${trees[gpu]}" $((8081 + gpu)) CUDA_VISIBLE_DEVICES=$gpu -- \
+      --model /tmp/ck-1.7b-custom_voice --trace-latency "$res/trace-${trees[gpu]}.jsonl" & pids+=($!)
   done
   wait "${pids[@]}"; pids=()
   nvidia-smi --query-gpu=index,name,serial,clocks.sm,clocks.mem,power.draw,temperature.gpu --format=csv > "$res/gpus.txt"
-  for gpu in 0 1; do
-    which=$([ $gpu = 0 ] && echo before || echo after)
-    PORT=$((8081 + gpu)) "$loads" "$which" & pids+=($!)
-  done
+  for gpu in 0 1; do PORT=$((8081 + gpu)) "$loads" "${trees[gpu]}" & pids+=($!); done
   wait "${pids[@]}"
   for gpu in 0 1; do
-    which=$([ $gpu = 0 ] && echo before || echo after)
-    curl -s "http://127.0.0.1:$((8081 + gpu))/metrics" | grep -E "^talkgate_engine_(step|loop)" > "$res/$which-metrics.txt"
-    stop "$which"
-    python3 -m bench.latency_trace "$res/trace-$which.jsonl" > "$res/budget-$which.txt" 2>&1
+    curl -s "http://127.0.0.1:$((8081 + gpu))/metrics" | grep -E "^talkgate_engine_(step|loop)" \
+      > "$res/${trees[gpu]}-metrics.txt"
+    stop "${trees[gpu]}"
+    python3 -m bench.latency_trace "$res/trace-${trees[gpu]}.jsonl" > "$res/budget-${trees[gpu]}.txt" 2>&1
   done
   pack
 }

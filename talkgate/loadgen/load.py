@@ -754,14 +754,23 @@ def ttfa_by_arrival(ok: list[Result]) -> dict:
     frame shares the GPU with its step) and of those that found none ("alone")."""
     started = sorted((r.start_s, r.ttfa_ms, r.e2e_ms) for r in ok if r.start_s is not None and r.ttfa_ms is not None)
     close, apart, during, alone = [], [], [], []
-    last_end = float("-inf")
-    for i, (start, ttfa, e2e) in enumerate(started):
+    flags = during_another([(start, e2e) for start, _, e2e in started])
+    for i, ((start, ttfa, _), flag) in enumerate(zip(started, flags)):
         (close if i and start - started[i - 1][0] < CLOSE_ARRIVAL_S else apart).append(ttfa)
-        (during if start < last_end else alone).append(ttfa)
-        if e2e is not None:
-            last_end = max(last_end, start + e2e / 1000)
+        (during if flag else alone).append(ttfa)
     return {"within_ms": CLOSE_ARRIVAL_S * 1000, "close": stats(close), "apart": stats(apart),
             "during_another": stats(during), "alone": stats(alone)}
+
+
+def during_another(started: list[tuple[float, float | None]]) -> list[bool]:
+    """For requests (start_s, e2e_ms or None) in order of start: whether an earlier one was still receiving audio
+    when it began."""
+    flags, last_end = [], float("-inf")
+    for start, e2e in started:
+        flags.append(start < last_end)
+        if e2e is not None:
+            last_end = max(last_end, start + e2e / 1000)
+    return flags
 
 
 # where in an open-loop level the requests in flight are counted (fractions of the level's window): after its first

@@ -3,7 +3,7 @@ import json
 
 from talkgate.server.latency_trace import STAGES
 
-from bench.first_audio_alone import main, overlapping
+from bench.first_audio_alone import main
 
 
 def request(start_s: float, e2e_ms: float, ttfa_ms: float) -> dict:
@@ -14,13 +14,6 @@ def trace(read_s: float, total_ms: float) -> dict:
     read = int(read_s * 1e9)
     stamps = {s: read + int(i * total_ms * 1e6 / (len(STAGES) - 1)) for i, s in enumerate(STAGES)}
     return {"endpoint": "http:openai", "model": None, "context": 1, "opened": read, "stages": stamps}
-
-
-def test_a_request_that_begins_during_another_is_not_alone():
-    # 1 starts during 0 (0.0-0.5 s); 2 after both ended; 3 starts as 2 ends (not during it); 4 shares 2's start
-    reqs = [request(0.0, 500, 7), request(0.2, 100, 6), request(1.0, 300, 8), request(1.3, 100, 7),
-            request(1.0, 50, 9)]
-    assert overlapping(reqs) == [False, True, True, False, True]
 
 
 def test_the_report_splits_the_client_figures_and_the_stage_budgets(tmp_path, capsys):

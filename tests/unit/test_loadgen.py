@@ -508,3 +508,11 @@ def test_the_servers_stream_lead_is_shown_where_its_sessions_said_one():
     s = load.summarize(cfg, [_result(i) for i in range(3)], 10.0, None, 4, {}, None, [0.1])
     assert s["stream_leads_s"] == [] and "paced" not in report.one_line(s)
     assert "player, so at about real time past it) | off |" in report.markdown(asdict(cfg), s)
+
+
+def test_a_request_that_begins_while_an_earlier_one_streams_is_during_another():
+    # in order of start: 1 starts during 0 (0.0-0.5 s); 2 after both ended; of two that start together the second
+    # is during the first; 4 starts as 2 ends (not during it)
+    started = [(0.0, 500), (0.2, 100), (1.0, 300), (1.0, 50), (1.3, 100), (1.5, None)]
+    assert load.during_another(started) == [False, True, False, True, False, False]
+
