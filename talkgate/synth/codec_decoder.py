@@ -202,7 +202,7 @@ class CausalConv(_Stateful):
     output (with [B, C, n] it wrapped every call in nchwToNhwc / nhwcToNchw); `weight_nhwc` is the weight in that
     layout. A one-row one of at most MATMUL_MACS multiply-adds is one multiply of its input windows [n, K * C_in]
     by the same weight read as taps [K * C_in, C_out] (channels-last memory of [C_out, C_in, 1, K] is
-    [C_out, K, C_in]: no second copy)."""
+    [C_out, K, C_in]: no second copy). A dilated one on cuDNN runs undilated over its phases (_phases)."""
 
     def __init__(self, in_channels: int, out_channels: int, kernel_size: int, dilation: int = 1, groups: int = 1):
         super().__init__()
@@ -223,6 +223,8 @@ class CausalConv(_Stateful):
         w = self.weight_nhwc
         c_out, c_in, _, k = w.shape
         dilation = self.conv.dilation[0]
+        if dilation > 1 and self.conv.groups == 1 and (B > 1 or c_out * c_in * k * n > MATMUL_MACS):
+            return self._phases(x, n)
         if B > 1 or self.conv.groups > 1 or c_out * c_in * k * n > MATMUL_MACS:
             y = F.conv2d(x.transpose(1, 2)[:, :, None], w, self.conv.bias, dilation=(1, dilation),
                          groups=self.conv.groups)                        # [B, C_out, 1, n], channels-last
@@ -231,6 +233,22 @@ class CausalConv(_Stateful):
         windows = x.as_strided((n, k, c_in), (st, dilation * st, sc)).reshape(n, k * c_in)
         taps = w.permute(0, 2, 3, 1).reshape(c_out, k * c_in).T          # [K * C_in, C_out], rows as the windows'
         return conv_addmm(self.conv.bias, windows, taps)[None]
+
+    def _phases(self, x: torch.Tensor, n: int) -> torch.Tensor:
+        """The dilated convolution as an undilated one over its d phases: [B, L, C] with L a multiple of d (zero
+        frames after the last, whose outputs are dropped) is the NHWC memory of [B, C, L / d, d], and a (K, 1)
+        kernel down its height reaches frames t, t + d, ... of phase t % d: the dilated conv's taps. cuDNN ran the
+        dilated (1, K) kernels on an older, about twice slower kernel than the undilated ones (the 1.7B decode at
+        256 rows on an H200, docs/benchmarks.md)."""
+        B, _, c_in = x.shape
+        d = self.conv.dilation[0]
+        pad = -n % d
+        if pad:
+            x = F.pad(x, (0, 0, 0, pad))
+        L = x.shape[1]
+        w = self.weight_nhwc.transpose(2, 3)                             # [C_out, C_in, K, 1], channels-last
+        y = F.conv2d(x.view(B, L // d, d, c_in).permute(0, 3, 1, 2), w, self.conv.bias)   # [B, C_out, (n + pad) / d, d]
+        return y.permute(0, 2, 3, 1).reshape(B, n + pad, -1)[:, :n]
 
 
 class WaveConv(_Stateful):

@@ -114,16 +114,22 @@ def matching_frames(a: np.ndarray, b: np.ndarray, frames: int, atol: float) -> i
                                                              atol=atol)), frames)
 
 
-def test_compiled_graphs_follow_eager(checkpoint, eager):
-    """The production path (compiled leaf functions inside the graphs), fp32. Fused kernels round
-    differently, so a near-tie may flip a greedy pick late in an utterance of a random model: every
-    context must run to length and its first frames must match eager."""
+def test_compiled_graphs_follow_eager(checkpoint, monkeypatch):
+    """The production path (compiled leaf functions inside the graphs), fp32 with exact convolutions. Fused kernels
+    round differently, so a near-tie may flip a greedy pick late in an utterance of a random model: every context
+    must run to length and most of its frames must match eager. Not in TF32: there the eager and the compiled
+    decoders, each on the cuDNN algorithms its own timing search picked, drifted past 1e-3 apart after 5 to 30 frames
+    from run to run (H200, 2026-12-04: 5 of 25 frames one run, 25 of 25 the next), so the count measured which
+    algorithms won; exact, every frame of every context matched."""
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
+    eager = engine_events(checkpoint, graphs=False, compiled=False)
     for ev_eager, ev_fast, p in zip(eager, engine_events(checkpoint, graphs=True, compiled=True), PARAMS):
         assert ev_fast[-1].reason == "length" and len(ev_fast) == p.fixed_frames + 1, ev_fast[-1]
         same = matching_frames(pcm(ev_fast), pcm(ev_eager), p.fixed_frames, atol=1e-3)
         first = np.abs(pcm(ev_fast)[:1920] - pcm(ev_eager)[:1920]).max()
         print(f"context {p.sampling}: {same}/{p.fixed_frames} frames match eager")
-        assert same >= 5, f"{p.sampling}: {same} of {p.fixed_frames} frames match eager; frame 0 apart by {first:.2e}"
+        assert same >= p.fixed_frames // 2, \
+            f"{p.sampling}: {same} of {p.fixed_frames} frames match eager; frame 0 apart by {first:.2e}"
 
 
 def test_cuda_kernels_follow_the_cpu_path(checkpoint, eager):

@@ -98,6 +98,30 @@ def test_small_steps_convolve_as_one_multiply(monkeypatch, kernel, dilation):
         assert torch.equal(carried.view(1, conv.context, 6), torch.cat([history, x], dim=1)[:, 4:])
 
 
+@pytest.mark.parametrize("dilation, n", [(3, 6), (3, 4), (9, 5), (9, 32), (2, 1)])
+def test_dilated_convs_run_over_their_phases(monkeypatch, dilation, n):
+    """Several rows' dilated convolution (undilated over its phases, zero frames after the last where n is not a
+    multiple of the dilation) gives what the official dilated Conv1d gives on the carried and new frames, and the
+    one-row multiply and the whole-conv path (a one-row conv over MATMUL_MACS) give it too."""
+    torch.manual_seed(2)
+    conv = CausalConv(6, 5, 7, dilation=dilation)
+    conv.prepare()
+    phases, real = [], CausalConv._phases
+    monkeypatch.setattr(CausalConv, "_phases", lambda self, x, n: phases.append(x.shape) or real(self, x, n))
+    for rows, macs in ((3, codec_decoder.MATMUL_MACS), (1, 0), (1, codec_decoder.MATMUL_MACS)):
+        monkeypatch.setattr(codec_decoder, "MATMUL_MACS", macs)
+        x = torch.randn(rows, n, 6)
+        tails = torch.randn(rows, 6 * conv.context)
+        prefixed = torch.cat([tails.view(rows, conv.context, 6), x], dim=1)
+        official = conv.conv(prefixed.transpose(1, 2)).transpose(1, 2)
+        history = ConvHistory(tails)
+        got = conv(x, history)
+        assert got.shape == (rows, n, 5) and got.stride()[1:] == (5, 1)
+        assert (got - official).abs().max() <= 1e-5
+        assert torch.equal(history.carried().view(rows, conv.context, 6), prefixed[:, n:])
+    assert len(phases) == 2                                       # three rows, and the one row over MATMUL_MACS
+
+
 @pytest.mark.parametrize("kernel, dilation, rows", [(7, 1, 1), (7, 1, 3), (3, 2, 2), (9, 1, 2)])
 def test_the_wave_conv_is_the_official_one_channel_conv(kernel, dilation, rows):
     """WaveConv (one multiply by every tap, then the shifted sum) gives what the official Conv1d to one channel gives
@@ -126,7 +150,7 @@ def test_conv_stack_runs_channels_last(tiny, monkeypatch):
     def seen(module, args, out):
         x = args[0]
         assert (x.shape[-1], out.shape[-1]) == (module.in_channels, module.conv.out_channels), (module, x.shape)
-        calls.append((x.shape[0], out.shape[0], out.is_contiguous()))
+        calls.append((x.shape[0], out.shape[0], out.stride()[1:] == (out.shape[-1], 1)))
 
     convs = [m for m in tiny.modules() if isinstance(m, (codec_decoder.CausalConv, codec_decoder.CausalTransConv))]
     hooks = [m.register_forward_hook(seen) for m in convs]
