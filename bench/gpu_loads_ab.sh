@@ -8,7 +8,8 @@
 #            (bench/decoder_kernels.py; an engine of that many slots)
 #   loads    each tree with `talkgate serve` default flags, 1.7B CustomVoice, OpenAI HTTP PCM, open loop, English
 #            medium texts: RATES (RATE:SECONDS:CLIENT_PROCESSES each; default 1 req/s for 90 s, 20 and 100 req/s for
-#            20 s), OPUS_RATES the same way over the native WebSocket, whole text, Opus 48 kHz (default none), then a
+#            20 s; LOAD_ARGS: more flags of each, e.g. --max-in-flight 4096 past ~150 req/s; packed after each),
+#            OPUS_RATES the same way over the native WebSocket, whole text, Opus 48 kHz (default none), then a
 #            sweep of LEVELS req/s 10 s a level (LEVELS="" for none); TWO_GPUS=1 (a machine of two): both trees at
 #            once, before on GPU 0 and after on GPU 1, with --trace-latency (budget-NAME.txt)
 #   streams  each tree serving 0.6B CustomVoice (`--max-contexts` the largest of STREAMS): for each count of STREAMS
@@ -62,7 +63,10 @@ loads() {
   local rate rps seconds processes levels=${LEVELS-190,210,230} port=${PORT:-8081}
   for rate in ${RATES:-1:90:1 20:20:2 100:20:4}; do
     IFS=: read -r rps seconds processes <<< "$rate"
-    load "$port" "$1-rps$rps" --protocol openai --lang en --rps "$rps" --duration "$seconds" --processes "$processes"
+    # shellcheck disable=SC2086
+    load "$port" "$1-rps$rps" --protocol openai --lang en --rps "$rps" --duration "$seconds" --processes "$processes" \
+      ${LOAD_ARGS:-}
+    pack                                   # each run's files out as soon as it ends: a poll finds them if the machine goes
   done
   for rate in ${OPUS_RATES:-}; do
     IFS=: read -r rps seconds processes <<< "$rate"

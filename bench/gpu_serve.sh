@@ -119,7 +119,8 @@ profile() {
   wait
 }
 
-pack() { tar czf "$res.tgz" -C "$(dirname "$res")" "$(basename "$res")"; }
+# written aside, then moved: both_trees' two loads pack at once, and a poll may copy it meanwhile
+pack() { local tmp=$res.tgz.$BASHPID; tar czf "$tmp" -C "$(dirname "$res")" "$(basename "$res")" 2>/dev/null; mv -f "$tmp" "$res.tgz"; }
 
 tree_of() { if [ "$1" = after ]; then echo "$tree"; else echo "$tree/.e2e/$1"; fi; }
 
