@@ -214,7 +214,7 @@ def codec_decoder_work(c, B: int, frames_before: int, nbytes: int, linear_prec: 
         parts.append(trans_conv(B, dims[i], dims[i + 1], 2 * r, r, n, conv_prec, nbytes))
         n *= r
         for dilation in (1, 3, 9):
-            # several rows' dilated convs run over their phases, n padded to a multiple of the dilation (executed)
+            # several rows' dilated convs run over their phases: the work counted is the frames run, pad included
             n_run = n if B == 1 else -(-n // dilation) * dilation
             parts += [conv(B, dims[i + 1], dims[i + 1], 7, n_run, conv_prec, nbytes, dilation=dilation),
                       conv(B, dims[i + 1], dims[i + 1], 1, n, conv_prec, nbytes)]
