@@ -223,9 +223,10 @@ class CausalConv(_Stateful):
         w = self.weight_nhwc
         c_out, c_in, _, k = w.shape
         dilation = self.conv.dilation[0]
-        if dilation > 1 and self.conv.groups == 1 and (B > 1 or c_out * c_in * k * n > MATMUL_MACS):
+        on_cudnn = B > 1 or self.conv.groups > 1 or c_out * c_in * k * n > MATMUL_MACS
+        if on_cudnn and dilation > 1 and self.conv.groups == 1:
             return self._phases(x, n)
-        if B > 1 or self.conv.groups > 1 or c_out * c_in * k * n > MATMUL_MACS:
+        if on_cudnn:
             y = F.conv2d(x.transpose(1, 2)[:, :, None], w, self.conv.bias, dilation=(1, dilation),
                          groups=self.conv.groups)                        # [B, C_out, 1, n], channels-last
             return y[:, :, 0].transpose(1, 2)
