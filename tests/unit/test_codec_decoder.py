@@ -8,7 +8,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from talkgate.synth import codec_decoder
-from talkgate.synth.codec_decoder import CausalConv, CodecDecoderConfig, ConvHistory, WaveConv, load_codec_decoder
+from talkgate.synth.codec_decoder import (CausalConv, CausalTransConv, CodecDecoderConfig, ConvHistory, WaveConv,
+                                         load_codec_decoder)
 from talkgate.synth.random_speech_tokenizer import speech_tokenizer_config, write_random_codec_decoder
 from talkgate.synth.speech_tokenizer import CodecCheckpointError
 
@@ -139,6 +140,25 @@ def test_the_wave_conv_is_the_official_one_channel_conv(kernel, dilation, rows):
     assert got.shape == (rows, 5) and got.dtype == torch.float32
     assert (got - official).abs().max() <= 1e-5
     assert torch.equal(history.carried().view(rows, conv.context, 6), prefixed[:, 5:])
+
+
+@pytest.mark.parametrize("kernel, stride, rows", [(6, 3, 1), (6, 3, 3), (16, 8, 2), (2, 2, 3)])
+def test_the_transposed_conv_is_the_official_one_trimmed(kernel, stride, rows):
+    """CausalTransConv (a multiply of its input windows) gives what the official ConvTranspose1d gives on the whole
+    input, trimmed on the right, over two calls that carry the last frames on, for one row and several."""
+    torch.manual_seed(3)
+    conv = CausalTransConv(6, 5, kernel, stride)
+    conv.prepare()
+    x = torch.randn(rows, 5, 6)
+    official = conv.conv(x.transpose(1, 2)).transpose(1, 2)[:, :5 * stride]
+    tails = torch.zeros(rows, 6 * conv.context)
+    got = []
+    for part in (x[:, :2], x[:, 2:]):
+        history = ConvHistory(tails)
+        got.append(conv(part, history))
+        assert got[-1].shape == (rows, part.shape[1] * stride, 5) and got[-1].is_contiguous()
+        tails = history.carried()
+    assert (torch.cat(got, dim=1) - official).abs().max() <= 1e-5
 
 
 def test_conv_stack_runs_channels_last(tiny, monkeypatch):
