@@ -102,12 +102,12 @@ def main() -> None:
     print(f"{len(texts)} English medium texts, {sum(map(len, texts)) / len(texts):.0f} characters on average, "
           f"{args.runs} runs each")
     pauses = [float(ms) for ms in args.pause_ms.split(",")] if args.pause_ms else []
+    how = ("spinning" if args.spin else "asleep") + (f", a canned request every {args.touch_ms:g} ms"
+                                                     if args.touch_ms else "")
     for name, fn in rows:
         p50, p95 = timed(fn, texts, args.runs)
         print(f"{name}: p50 {p50:.1f} us, p95 {p95:.1f} us")
         for ms in pauses:
-            how = ("spinning" if args.spin else "asleep") + (f", a canned request every {args.touch_ms:g} ms"
-                                                             if args.touch_ms else "")
             p50, p95 = timed(fn, texts, args.runs, lambda: pause(ms / 1000, args.spin, args.touch_ms / 1000,
                                                                   lambda: request("Warming up, one moment.")))
             print(f"  after {ms:g} ms {how}: p50 {p50:.1f} us, p95 {p95:.1f} us")
