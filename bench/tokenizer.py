@@ -129,9 +129,9 @@ class VocabularyRule:
     text is never final."""
 
     def __init__(self, tok: QwenTokenizer):
-        self.text_tok, self.encode, self.tok = tok.text_tok, tok.encode, tok
+        self.text_tok, self.encode, self.tok, self.letter_piece = tok.text_tok, tok.encode, tok, tok.letter_piece
 
-    def may_cross(self, word: str, b: int, known: int) -> bool:
+    def may_cross(self, word: str, b: int, known: int, budget=None) -> bool:
         vocab, count, before, after = self.tok.sorted_vocab, len(self.tok.sorted_vocab), word[:b], word[b:known]
         for i in range(1, min(len(before), self.tok.longest_token - 1) + 1):
             piece = before[-i:]

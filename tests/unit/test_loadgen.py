@@ -181,12 +181,12 @@ def test_summary_splits_underrun_requests_by_start_and_first_dry_frame():
 def test_summary_gives_the_text_slack_of_the_prompts_that_underran_when_the_text_was_streamed():
     """Streamed as text (native, a token a delta): each prompt with underrun requests carries the time its text's pace
     leaves a server (measure.text_slack); not where the text came whole (OpenAI) or as token ids."""
-    rs = [_result(0, underruns=1, start_s=5.0, dry_at=160.0, prompt="en-long-06"),
+    rs = [_result(0, underruns=1, start_s=5.0, dry_at=80.0, prompt="zh-long-00"),
           _result(1, underruns=1, start_s=6.0, dry_at=80.0, prompt="en-long-00")]
     native = load.Config(protocol="native", concurrency=8)
     s = load.summarize(native, rs, 10.0, None, 8, {}, None, [0.1])
-    assert s["underrun_requests"]["prompt_slack_ms"] == {"en-long-06": 0.0, "en-long-00": 40.0}
-    assert ("en-long-06 1 of 1 (text slack 0 ms), en-long-00 1 of 1 (text slack 40 ms)"
+    assert s["underrun_requests"]["prompt_slack_ms"] == {"zh-long-00": 0.0, "en-long-00": 40.0}
+    assert ("zh-long-00 1 of 1 (text slack 0 ms), en-long-00 1 of 1 (text slack 40 ms)"
             in report.markdown(asdict(native), s))
     for cfg in (load.Config(concurrency=8), load.Config(protocol="native", concurrency=8, token_ids=True)):
         assert "prompt_slack_ms" not in load.summarize(cfg, rs, 10.0, None, 8, {}, None, [0.1])["underrun_requests"]

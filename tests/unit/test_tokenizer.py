@@ -11,7 +11,7 @@ import unicodedata
 import pytest
 
 from talkgate.synth.tokenizer import (
-    LONG_LOOKAHEAD, QwenTokenizer, StreamingTokenizer, fixed_length, numeric, qwen_tokenizer_dir,
+    EARLY_WORD_IDS, LONG_LOOKAHEAD, QwenTokenizer, StreamingTokenizer, fixed_length, numeric, qwen_tokenizer_dir,
     unspaced,
 )
 
@@ -129,7 +129,7 @@ def test_whole_text_is_one_encoding(tokenizers):
     for text in TEXTS + UNSPACED + ["".join(rng.choice("abc xyz") for _ in range(300)), ""]:
         s = StreamingTokenizer(ours)
         assert s.whole(text) == ours.encode(text) == stream(ours, [text])[1], text
-        assert s.finish() == [] and s.waiting
+        assert s.finish() == [] and s.committed == 0
     s = StreamingTokenizer(ours)
     s.feed("Hello wor")
     with pytest.raises(ValueError):
@@ -374,7 +374,8 @@ EXHAUSTIVE = [
     "今日は良い天気ですね", "ありがとうございました", "東京都に住んでいます", "ご注文の商品は明日お届けします",
     "コーヒーを飲みたいです", "ラーメンーー美味しい",
     "用Python写代码很方便", "我的iPhone连不上WiFi", "这次conference的slides", "请打开 Settings 页面。",
-    "Hello, how are you?", "It's a well-known fact.", "The year 2024 was good.",
+    "Hello, how are you?", "It's a well-known fact.", "The year 2024 was good.", "The first transatlantic cable.",
+    "Unbelievably, internationalization!",
 ]
 
 
@@ -394,7 +395,7 @@ def test_every_split_into_deltas_commits_the_whole_texts_ids(tokenizers):
                     nxt = copy.copy(s)
                     got = nxt.feed(text[k:j])
                     assert got == whole[done:done + len(got)], (text, k, j, s.pending)
-                    key = (nxt.pending, nxt.waiting)
+                    key = (nxt.pending, min(nxt.committed, EARLY_WORD_IDS))    # all that steers a feed
                     if key not in states.setdefault(j, {}):
                         states[j][key] = (nxt, done + len(got))
         for s, done in states[len(text)].values():
@@ -425,6 +426,49 @@ def test_committed_ids_hold_under_every_continuation(tokenizers):
     tails = continuations(ours)
     assert len(tails) > 5000
     for text in [t for t in EXHAUSTIVE if any(unspaced(c) for c in t)][::2]:
+        s, ids = StreamingTokenizer(ours, lookahead=10**9), []
+        for i, ch in enumerate(text, 1):
+            ids += s.feed(ch)
+            for tail in tails:
+                assert ours.encode(text[:i] + tail)[:len(ids)] == ids, (text[:i], tail)
+
+
+def test_words_streamed_in_tokens_commit_a_token_once_the_letters_after_it_rule_out_longer_ones(tokenizers):
+    """An LLM streams a long word in several tokens (" trans", "atl", "antic"): " trans" is committed on the next
+    delta, once "atl" rules out every token that could cover its end, not when the word ends (" tele"); "atl",
+    whose proof would look at more than WORD_PROOF_BUDGET tokens, and a word that a longer token may still be
+    ("Hel" of "Hello") wait for the word's end."""
+    from talkgate.loadgen.measure import token_deltas
+    ours, _ = tokenizers
+    text = "The first transatlantic telegraph cable"
+    s = StreamingTokenizer(ours)
+    got = [ours.decode(s.feed(d)) for d in token_deltas(text)]
+    assert token_deltas(text)[:6] == ["The", " first", " trans", "atl", "antic", " tele"]
+    assert got == ["", "The", " first", " trans", "", "atlantic", "", " telegraph"]
+    assert ours.decode(s.finish()) == " cable"
+    assert StreamingTokenizer(ours).feed("Hel") == []
+
+
+def latin_continuations(tok: QwenTokenizer) -> list[str]:
+    """What can follow a Latin word: vocabulary tokens of ASCII letters (every 12th, for time), with a space before
+    them (the next word) or not (the same word), punctuation, a combining mark, a digit."""
+    from talkgate.synth.tokenizer import BYTE_OF
+    words = []
+    for token in tok.sorted_vocab:
+        text = bytes(BYTE_OF[c] for c in token).decode("utf-8", errors="replace")
+        if text.isascii() and text.strip().isalpha():
+            words.append(text)
+    return ["", ".", "'s", "-", "\u0301", "1"] + words[::12]
+
+
+def test_committed_ids_of_latin_words_hold_under_every_continuation(tokenizers):
+    """English streamed one character at a time: the ids committed after each character, inside words too, are the
+    prefix of the ids of that text followed by any of about 5,800 continuations (tokens of letters, as the same word
+    or the next, punctuation, a combining mark, a digit)."""
+    ours, _ = tokenizers
+    tails = latin_continuations(ours)
+    assert len(tails) > 5000
+    for text in ["The first transatlantic cable", "Unbelievably, internationalization", "It's reconsidered"]:
         s, ids = StreamingTokenizer(ours, lookahead=10**9), []
         for i, ch in enumerate(text, 1):
             ids += s.feed(ch)
