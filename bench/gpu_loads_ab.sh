@@ -11,11 +11,13 @@
 #            20 s; LOAD_ARGS: more flags of each, e.g. --max-in-flight 4096 past ~150 req/s; packed after each),
 #            OPUS_RATES the same way over the native WebSocket, whole text, Opus 48 kHz (default none), then a
 #            sweep of LEVELS req/s 10 s a level (LEVELS="" for none); TWO_GPUS=1 (a machine of two): both trees at
-#            once, before on GPU 0 and after on GPU 1, with --trace-latency (budget-NAME.txt)
+#            once, before on GPU 0 and after on GPU 1, with --trace-latency, each load's trace and stage budget kept
+#            (trace-NAME.jsonl, budget-NAME.txt); on one GPU so too with UNTRACED=0 (default untraced)
 #   streams  each tree serving 0.6B CustomVoice (`--max-contexts` the largest of STREAMS): for each count of STREAMS
 #            (default 512; "512 1024" say) that many native Opus 48-kHz streams started over 2 s, medium texts, 14 s,
-#            STREAM_RUNS times (default 1) at each of STREAM_TPS tokens a second (default 25; 0: the whole text at
-#            once; runs named -tpsN but at 25), a client process a 128 streams; STREAM_TREES (default "before after"):
+#            STREAM_RUNS times (default 1; run N with --seed N-1) at each of STREAM_TPS tokens a second (default 25;
+#            0: the whole text at once; runs named -tpsN but at 25), a client process a 128 streams; STREAM_LOAD_ARGS:
+#            more flags of each (--bucket all --lang all --duration 20: every text); STREAM_TREES (default "before after"):
 #            which trees, each but `after` (this one) from .e2e/NAME; each run's pauses by bench/stalls.py; PYSPY=1:
 #            one more run (NAME-profiled, not one of the STREAM_RUNS) with py-spy (100 Hz, 8 s, --nonblocking) of the
 #            engine process and two workers: a profiled run is not a measurement (on 2026-12-02 its 150-ms pauses
@@ -63,9 +65,11 @@ loads() {
   local rate rps seconds processes levels=${LEVELS-190,210,230} port=${PORT:-8081}
   for rate in ${RATES:-1:90:1 20:20:2 100:20:4}; do
     IFS=: read -r rps seconds processes <<< "$rate"
+    [ -n "${TRACE_FILE:-}" ] && : > "$TRACE_FILE"
     # shellcheck disable=SC2086
     load "$port" "$1-rps$rps" --protocol openai --lang en --rps "$rps" --duration "$seconds" --processes "$processes" \
       ${LOAD_ARGS:-}
+    [ -n "${TRACE_FILE:-}" ] && kept_trace "$1-rps$rps" "$TRACE_FILE"
     pack                                   # each run's files out as soon as it ends: a poll finds them if the machine goes
   done
   for rate in ${OPUS_RATES:-}; do
@@ -79,7 +83,7 @@ loads() {
     | tee -a "$res/progress"
 }
 if [[ $parts == *" loads "* ]]; then
-  if [ "${TWO_GPUS:-0}" = 1 ]; then both_trees loads; else UNTRACED=1 each_tree loads; fi
+  if [ "${TWO_GPUS:-0}" = 1 ]; then both_trees loads; else UNTRACED=${UNTRACED:-1} each_tree loads; fi
 fi
 if [[ $parts == *" streams "* ]]; then
   [ -f /tmp/ck-0.6b/config.json ] || tg checkpoint create /tmp/ck-0.6b --preset 0.6b --variant custom_voice | tail -1
@@ -95,8 +99,10 @@ if [[ $parts == *" streams "* ]]; then
       for run in $runs; do
         name=$which-0.6b-c$streams-$run; [ "$tps" != 25 ] && name=$name-tps$tps
         [ "$run" = profiled ] && { sleep 8; profile "$name"; } &
+        seed=0; [ "$run" != profiled ] && seed=$((run - 1))
+        # shellcheck disable=SC2086
         load 8081 "$name" --protocol native --encoding opus --concurrency "$streams" --tokens-per-second "$tps" \
-          --duration 14 --ramp 2 --processes "$((streams / 128))" --ttfa-limit-ms 150
+          --duration 14 --ramp 2 --processes "$((streams / 128))" --ttfa-limit-ms 150 --seed "$seed" ${STREAM_LOAD_ARGS:-}
         wait
         python3 -m bench.stalls "$res/$name/requests.json" > "$res/$name-stalls.md"
         log "$which run $run of $streams at $tps tokens/s: $(head -1 "$res/$name-stalls.md")"

@@ -9,12 +9,15 @@
 #   clone_voice PORT NAME                        a voice cloned from a made-up 6 s sample
 #   traced NAME ARGS...                          load on port 8081 of a server started with --trace-latency
 #                                                $res/trace.jsonl; its requests' traces and stage budget kept
-#   kept_trace NAME                              that for a trace begun by hand (loads run at once)
+#   kept_trace NAME [FILE]                       that for a trace begun by hand (`: > FILE`, default
+#                                                $res/trace.jsonl; loads run at once)
 #   tree_of NAME                                 the folder of tree NAME: after is this one, any other .e2e/NAME
 #   each_tree LOADS                              the earlier tree, then this one, served in turn while LOADS runs
-#                                                (with --trace-latency unless UNTRACED=1)
+#                                                (with --trace-latency to TRACE_FILE, which LOADS sees, unless
+#                                                UNTRACED=1)
 #   both_trees LOADS                             the same at once on a machine of two GPUs: before on GPU 0 (port
-#                                                8081), after on GPU 1 (port 8082), each LOADS given PORT
+#                                                8081), after on GPU 1 (port 8082), each LOADS given PORT and
+#                                                TRACE_FILE
 #   gpu_tests PYTEST_ARGS...                     with GPU_TESTS=1: pytest (400 s at most), its tail in progress
 #   gone PID                                     wait (up to 60 s) for a process to end
 #   profile NAME                                 py-spy of the engine process and two workers, 8 s
@@ -91,8 +94,8 @@ traced() {
   kept_trace "$name"
 }
 
-kept_trace() {   # kept_trace NAME: the trace since the last `: > trace.jsonl`, kept, and its stage budget
-  cp "$res/trace.jsonl" "$res/trace-$1.jsonl"
+kept_trace() {   # kept_trace NAME [FILE]: the trace since the last `: > FILE`, kept, and its stage budget
+  cp "${2:-$res/trace.jsonl}" "$res/trace-$1.jsonl"
   python3 -m bench.latency_trace "$res/trace-$1.jsonl" > "$res/budget-$1.txt" 2>&1
   grep -E "total|text wait" "$res/budget-$1.txt" | sed "s/^/$1 /" | tee -a "$res/progress"
 }
@@ -128,11 +131,11 @@ tree_of() { if [ "$1" = after ]; then echo "$tree"; else echo "$tree/.e2e/$1"; f
 # (`talkgate serve` default flags and --trace-latency, /tmp/ck-1.7b-custom_voice) while the function LOADS runs its
 # loads with the tree's name (before, after); the engine's step and loop metrics kept, then the server stopped.
 each_tree() {
-  local loads=$1 which trace=(--trace-latency "$res/trace.jsonl")
-  [ "${UNTRACED:-0}" = 1 ] && trace=()
+  local loads=$1 which file="$res/trace.jsonl" trace=()
+  if [ "${UNTRACED:-0}" = 1 ]; then file=""; else trace=(--trace-latency "$file"); fi
   for which in before after; do
     start_in "$(tree_of "$which")" "$which" 8081 -- --model /tmp/ck-1.7b-custom_voice "${trace[@]}"
-    "$loads" "$which"
+    TRACE_FILE=$file "$loads" "$which"
     curl -s "http://127.0.0.1:8081/metrics" | grep -E "^talkgate_engine_(step|loop)" > "$res/$which-metrics.txt"
     stop "$which"
     pack
@@ -141,8 +144,7 @@ each_tree() {
 
 # each_tree where the machine has two GPUs: both trees served at once, one GPU each, so that one call's loads take
 # half the time; the GPUs differ as two machines might (their names and clocks are in versions.txt and gpus.txt).
-# Each server's trace is trace-NAME.jsonl, its budget over all its loads budget-NAME.txt (one load's, split by
-# whether another request was in flight: python -m bench.first_audio_alone RESULTS --trace TRACE --skip N).
+# Each server's trace goes to trace-NAME.jsonl (TRACE_FILE for LOADS, which keeps each load's apart: kept_trace).
 both_trees() {
   local loads=$1 trees=(before after) gpu pids=()
   for gpu in 0 1; do
@@ -151,13 +153,14 @@ both_trees() {
   done
   wait "${pids[@]}"; pids=()
   nvidia-smi --query-gpu=index,name,serial,clocks.sm,clocks.mem,power.draw,temperature.gpu --format=csv > "$res/gpus.txt"
-  for gpu in 0 1; do PORT=$((8081 + gpu)) "$loads" "${trees[gpu]}" & pids+=($!); done
+  for gpu in 0 1; do
+    PORT=$((8081 + gpu)) TRACE_FILE=$res/trace-${trees[gpu]}.jsonl "$loads" "${trees[gpu]}" & pids+=($!)
+  done
   wait "${pids[@]}"
   for gpu in 0 1; do
     curl -s "http://127.0.0.1:$((8081 + gpu))/metrics" | grep -E "^talkgate_engine_(step|loop)" \
       > "$res/${trees[gpu]}-metrics.txt"
     stop "${trees[gpu]}"
-    python3 -m bench.latency_trace "$res/trace-${trees[gpu]}.jsonl" > "$res/budget-${trees[gpu]}.txt" 2>&1
   done
   pack
 }
