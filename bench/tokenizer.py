@@ -124,12 +124,15 @@ def without_punctuation(text: str) -> str:
 
 
 class VocabularyRule:
-    """The tokenizer with the rule before the merge rule: a boundary may be covered whenever a vocabulary
-    token could hold the bytes around it (whether BPE makes that token there or not), and the end of the
-    text is never final."""
+    """The tokenizer with the rule before the merge rule: a boundary next to Han or kana may be covered whenever a
+    vocabulary token could hold the bytes around it (whether BPE makes that token there or not), the end of the
+    text is never final, and boundaries inside other words wait for the word's end."""
 
     def __init__(self, tok: QwenTokenizer):
-        self.text_tok, self.encode, self.tok, self.letter_piece = tok.text_tok, tok.encode, tok, tok.letter_piece
+        self.text_tok, self.encode, self.tok = tok.text_tok, tok.encode, tok
+
+    def letter_piece(self, piece: str) -> bool:
+        return False
 
     def may_cross(self, word: str, b: int, known: int, budget=None) -> bool:
         vocab, count, before, after = self.tok.sorted_vocab, len(self.tok.sorted_vocab), word[:b], word[b:known]
@@ -208,6 +211,23 @@ JAPANESE = ["今日は良い天気ですね散歩に行きましょう", "ひら
             "明日の会議は午後三時から始まります", "ご注文の商品は明日お届けします"]
 LEADING_NUMBERS = ["2024 was a good year for us.", "3 new messages.", "15 minutes left.", "42 is the answer.",
                    "2,500 dollars were sent."]
+# the model's other languages, whose words an LLM often sends in several tokens
+OTHER_LANGUAGES = {
+    "ko": ["안녕하세요, 무엇을 도와드릴까요?", "주문하신 상품은 내일 도착할 예정입니다.", "잠시만 기다려 주시면 확인해 드리겠습니다.",
+           "오늘 날씨가 정말 좋네요."],
+    "de": ["Vielen Dank für Ihren Anruf.", "Ihre Bestellung wurde heute Morgen verschickt.",
+           "Die Wahrscheinlichkeitsrechnung ist manchmal schwierig.", "Entschuldigung, könnten Sie das bitte wiederholen?"],
+    "ru": ["Здравствуйте, чем я могу вам помочь?", "Ваш заказ будет доставлен завтра утром.",
+           "Достопримечательности города открыты ежедневно.", "Пожалуйста, подождите одну минуту."],
+    "fr": ["Bonjour, comment puis-je vous aider?", "Votre commande a été expédiée ce matin.",
+           "Malheureusement, le rendez-vous est annulé.", "Merci beaucoup pour votre patience."],
+    "es": ["Hola, ¿en qué puedo ayudarle?", "Su pedido llegará mañana por la tarde.",
+           "Desafortunadamente, la reunión fue cancelada.", "Muchísimas gracias por su paciencia."],
+    "it": ["Buongiorno, come posso aiutarla?", "Il suo ordine è stato spedito stamattina.",
+           "Sfortunatamente, l'appuntamento è stato annullato.", "Grazie mille per la pazienza."],
+    "pt": ["Olá, como posso ajudar?", "Seu pedido foi enviado hoje de manhã.", "Infelizmente, a reunião foi cancelada.",
+           "Muito obrigado pela sua paciência."],
+}
 
 
 def first_commit_delta(tok, deltas: list[str]) -> int:
@@ -223,6 +243,7 @@ def bench_first(tok: QwenTokenizer) -> None:
     groups["zh, punctuation removed"] = [without_punctuation(t) for t in groups["zh"]]
     groups["ja, no punctuation"] = JAPANESE
     groups["en, leading number"] = LEADING_NUMBERS
+    groups.update(OTHER_LANGUAGES)
     print("one Qwen token per delta (loadgen's token_deltas, as the bench streams text), and one character per "
           "delta; delta 0 is the first")
     print("| texts | n | rule | tokens: first id on delta 0 | on delta 1 | later | mean delta "

@@ -355,18 +355,21 @@ def test_incremental_commit_equals_the_whole_text_over_any_split(tokenizers, kin
 def test_first_id_commits_on_the_delta_that_proves_it(tokenizers):
     """LLM-like deltas (one Qwen token each): a leading number commits on the first delta (before the digit rule:
     the second), and so does a Chinese first token that no token can extend ("好的", "这次"); a leading word,
-    or Chinese or Japanese that a token may extend, needs the next delta to prove its end
-    (python -m bench.tokenizer first: the figure over the bench prompts)."""
+    or Chinese or Japanese that a token may extend, needs the next delta to prove its end, and so does the first
+    token of a word sent in several ("Un" of "Unbelievably", "З" of "Здравствуйте", "안" of "안녕하세요": they waited
+    for the word's end, 3, 6 and 3 deltas in) (python -m bench.tokenizer first: the figure over the bench prompts)."""
     from bench.tokenizer import first_commit_delta
     from talkgate.loadgen.measure import token_deltas
     ours, _ = tokenizers
     for text, first in [("2024 was a good year.", 0), ("3 new messages.", 0), ("Hello, how are you?", 1),
-                        ("我们今天去公园散步", 1), ("今日は良い天気ですね", 1), ("好的，请稍等", 0), ("这次去东京", 0)]:
+                        ("我们今天去公园散步", 1), ("今日は良い天気ですね", 1), ("好的，请稍等", 0), ("这次去东京", 0),
+                        ("Unbelievably good.", 1), ("Здравствуйте, чем я могу вам помочь?", 1),
+                        ("안녕하세요, 무엇을 도와드릴까요?", 1)]:
         assert first_commit_delta(ours, token_deltas(text)) == first, text
 
 
-# Chinese, Japanese, mixed and English texts as an LLM writes them, with and without punctuation; runs where
-# vocabulary tokens cover every boundary; rare characters no token extends
+# Chinese, Japanese, mixed, English, Russian, Korean and Greek texts as an LLM writes them, with and without
+# punctuation; runs where vocabulary tokens cover every boundary; rare characters no token extends
 EXHAUSTIVE = [
     "我们今天去公园散步然后吃午饭", "好的请稍等一下", "明天天气晴朗最高气温二十五度", "抱歉我没有听清楚",
     "这个问题问得好", "人工智能正在改变生活", "彭珮云在天津强调", "钟敬之同志逝世", "哈哈哈哈哈哈哈哈哈",
@@ -375,7 +378,7 @@ EXHAUSTIVE = [
     "コーヒーを飲みたいです", "ラーメンーー美味しい",
     "用Python写代码很方便", "我的iPhone连不上WiFi", "这次conference的slides", "请打开 Settings 页面。",
     "Hello, how are you?", "It's a well-known fact.", "The year 2024 was good.", "The first transatlantic cable.",
-    "Unbelievably, internationalization!",
+    "Unbelievably, internationalization!", "Здравствуйте, друг.", "안녕하세요 반갑습니다", "Ελληνικά γράμματα",
 ]
 
 
