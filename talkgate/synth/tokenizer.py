@@ -38,11 +38,15 @@ BPE merges never cross pre-tokenizer pieces, and only ever make vocabulary token
   character at a time, Chinese commits its first token once about one character after it has arrived
   (3 characters, p90 4, on the corpus of bench.tokenizer; docs/benchmarks.md); as an LLM streams it (a
   token a delta), on the next delta, as English does.
-  Words of other letters get the same proof for a stream's first EARLY_WORD_IDS ids, where a commit can hold
+  Words of other letters get the same proof for a stream's ids 1 to EARLY_WORD_IDS - 1, where a commit can hold
   the audio: an LLM streams a long word in tokens (" trans", "atl", "antic"), and " trans" is final once "atl"
   rules out every longer token, where the piece rule waits for the word's end (" tele", two deltas later: the
-  audio's frame 2 needs " trans" then). A letter begins thousands of Latin tokens, so these proofs stop at
-  WORD_PROOF_BUDGET tokens and pairs looked at per feed (unproven, the boundary waits for the other rules).
+  audio's frame 2 needs " trans" then). Not the first id: frame k plays 80 k ms after frame 0, so a later id
+  committed sooner only gives its frame more time, but a first id committed sooner moves every later frame's due
+  time up while their ids may still wait for a word's end ("Д", "ост" of "Достопримечательности" proven, "оп"
+  not: frame 2 then came 120 ms after an infinitely fast server's player needed it). A letter begins thousands
+  of Latin tokens, so these proofs stop at WORD_PROOF_BUDGET tokens and pairs looked at per feed (unproven, the
+  boundary waits for the other rules).
 - Look-ahead (bounded). Any boundary inside the last piece is also committed once `lookahead`
   (LONG_LOOKAHEAD, 64) characters follow it: a long word, URL, or run of punctuation, spaces or combining
   marks, or CJK where no boundary can be proven (none in the corpus). The rest is tokenized anew from the
@@ -72,9 +76,9 @@ PRETOKENIZE_REGEX = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\
                      r"""|\s*[\r\n]+|\s+(?!\S)|\s+""")
 
 LONG_LOOKAHEAD = 64     # characters after a boundary inside the last piece that commit it, proven or not
-# ids of a stream (since its start or a finish) during which boundaries inside words of other letters than Han and
-# kana are proven by the merges too: at 25 tokens a second against the model's 12.5 frames, the text is ahead by
-# more than a long word's tokens after these
+# ids of a stream (since its start or a finish; from the second on) during which boundaries inside words of other
+# letters than Han and kana are proven by the merges too: at 25 tokens a second against the model's 12.5 frames,
+# the text is ahead by more than a long word's tokens after these
 EARLY_WORD_IDS = 8
 # and only while a feed's proofs look at fewer vocabulary tokens and pairs than this: a proof next to a Latin letter
 # may need thousands (25 ms for "atlantic"), the commits that matter need tens (" trans" of " transatl": 29)
@@ -461,13 +465,13 @@ class StreamingTokenizer:
             return n                            # a digit is a piece of its own whatever follows
         cut = next((s for _, (s, _) in reversed(pieces[1:]) if s <= fixed and not text[s - 1].isspace()), 0)
         last_bytes, (last, _) = pieces[-1]      # the last piece, byte-level mapped, and its start
-        # other letters than Han and kana only for the stream's first ids (their proofs cost more: a Latin letter
-        # begins thousands of tokens), where a word's later commit can hold the audio
-        words = self.committed < EARLY_WORD_IDS and self.tokenizer.letter_piece(text[last:])
+        # other letters than Han and kana only for the stream's first ids but the very first (module docstring:
+        # their proofs cost more, and a first id committed sooner can leave a later frame no time)
+        words = 0 < self.committed < EARLY_WORD_IDS and self.tokenizer.letter_piece(text[last:])
         budget = [WORD_PROOF_BUDGET]            # this feed's, over its proofs next to other letters
         known = len(text[last:fixed].encode("utf-8"))
-        if not self.committed and fixed == n and (words or unspaced(text[-1])) and not self.tokenizer.may_cross(
-                last_bytes, known, known, None if unspaced(text[-1]) else budget):
+        if not self.committed and fixed == n and unspaced(text[-1]) and not self.tokenizer.may_cross(
+                last_bytes, known, known):
             return n                            # no token can extend the text: all of it is final
         # boundaries after the cut, latest first: a token end where the next token starts (the tokens
         # of one character split by byte-level BPE all carry that character's offsets)
