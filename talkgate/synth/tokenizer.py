@@ -63,7 +63,6 @@ there). No commit reaches into text that later text could still change. finish()
 from __future__ import annotations
 
 import bisect
-import functools
 import json
 import unicodedata
 from pathlib import Path
@@ -122,10 +121,16 @@ class _OverBudget(Exception):
     """QwenTokenizer.may_cross's proof would look at more than its budget."""
 
 
-def _spend(budget: list[int], n: int) -> None:
-    budget[0] -= n
-    if budget[0] < 0:
-        raise _OverBudget
+class ProofBudget:
+    """The vocabulary tokens and pairs that QwenTokenizer.may_cross may still look at, over the calls it is given to."""
+
+    def __init__(self, left: int):
+        self.left = left
+
+    def spend(self, n: int) -> None:
+        self.left -= n
+        if self.left < 0:
+            raise _OverBudget
 
 
 class QwenTokenizer:
@@ -209,7 +214,7 @@ class QwenTokenizer:
             got = self._bpe[word] = tuple(t.value for t in self.text_tok.model.tokenize(word))
         return got
 
-    def may_cross(self, word: str, b: int, known: int, budget: list[int] | None = None) -> bool:
+    def may_cross(self, word: str, b: int, known: int, budget: ProofBudget | None = None) -> bool:
         """Whether a token of the piece's final tokenization may cover byte `b` (0 < b <= known) of `word`,
         the byte-level string of a letter piece (an optional non-letter, then \\p{L}+: the pre-tokenizer piece
         CJK text makes) that starts at a final token boundary, of which the first `known` bytes are final and
@@ -224,13 +229,13 @@ class QwenTokenizer:
         token of BPE(word[:a]), which the tokens before t are; and a chain to the known end: each next token u
         matches the known bytes (or starts with all of them and goes on in letters) and BPE(t + u) == (t, u)
         (isolation on the two tokens' span). When no such t exists, b is a boundary for every continuation.
-        `budget`: [the vocabulary tokens and pairs it may still look at], spent by this call (shared by the calls of
-        one feed; None: no limit); past it the answer is True, which only leaves b uncommitted for now."""
+        `budget` (None: no limit): spent by this call; past it the answer is True, which only leaves b uncommitted
+        for now."""
         memo = self._memo                               # one feed asks about several b of one word
         if memo[0] != (word, known):
             memo = self._memo = ((word, known), {}, {})
         _, candidates, tails = memo
-        spend = None if budget is None else functools.partial(_spend, budget)
+        spend = None if budget is None else budget.spend
 
         def tokens_at(a: int) -> list[str]:          # reachable tokens at a that agree with the known bytes
             got = candidates.get(a)
@@ -468,7 +473,7 @@ class StreamingTokenizer:
         # other letters than Han and kana only for the stream's first ids but the very first (module docstring:
         # their proofs cost more, and a first id committed sooner can leave a later frame no time)
         words = 0 < self.committed < EARLY_WORD_IDS and self.tokenizer.letter_piece(text[last:])
-        budget = [WORD_PROOF_BUDGET]            # this feed's, over its proofs next to other letters
+        budget = ProofBudget(WORD_PROOF_BUDGET)     # this feed's, over its proofs next to other letters
         known = len(text[last:fixed].encode("utf-8"))
         if not self.committed and fixed == n and unspaced(text[-1]) and not self.tokenizer.may_cross(
                 last_bytes, known, known):
