@@ -210,6 +210,12 @@ class RemoteEngines:
                     self._forget(r)
         self._wake()
 
+    def send_now(self) -> None:
+        """On the loop: what was submitted leaves now instead of at the end of the loop's turn (an HTTP request's
+        open goes ahead of its text: server/http_speech.py)."""
+        if self._flush_pending:
+            self._flush()
+
     def _open(self, cmd: OpenContext) -> None:
         if cmd.context in self._routes:
             return self._refuse(cmd.context, "invalid_params", f"context {cmd.context} is already open")

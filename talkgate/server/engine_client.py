@@ -100,6 +100,10 @@ class EngineClient:
                 self._owners.pop(cmd.context, None)
         self.engine.submit(self.id, commands)
 
+    def send_now(self) -> None:
+        """On the loop: the commands submitted so far go to the engine now (synth.api.EngineInterface)."""
+        self.engine.send_now()
+
     async def make_voice(self, audio: bytes, ref_text: str | None, timeout_s: float,
                          model: str | None = None) -> VoicePrompt:
         """On the loop: the voice made by `model`'s engine (None: the default's) from 24 kHz float32 mono samples;

@@ -43,6 +43,8 @@ class HttpStream(Link):
 
     async def run(self) -> web.StreamResponse:
         self.call(self.protocol.start)
+        self.engine.send_now()      # the open goes ahead: the engine opens the slot while the text is tokenized
+        self.call(self.protocol.speak)
         writer = asyncio.create_task(self._write())
         watch = asyncio.create_task(self._watch())
         try:

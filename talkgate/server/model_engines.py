@@ -145,6 +145,10 @@ class ModelEngines:
         for name, run in runs:
             self.engines[name].submit(self._clients[name], run)
 
+    def send_now(self) -> None:
+        for engine in self.engines.values():
+            engine.send_now()
+
     def _model_of(self, cmd: EngineCommand) -> str | None:
         if isinstance(cmd, OpenContext):
             name = self._routes[cmd.context] = self._named(cmd.model)

@@ -2,8 +2,11 @@
 endpoint shares (OpenAI `POST /v1/audio/speech`, ElevenLabs text-to-speech, Cartesia `/tts/bytes` and
 `/tts/sse`, Deepgram `POST /v1/speak`). Sans-I/O, onto `Session`.
 
-`HttpSpeech(session, text, streamed).start()` opens the context (text appended and ended at once) and
-returns the first actions; the engine commands wait for `engine_commands()` (sessions/protocol.py). Beside the
+`HttpSpeech(session, text, streamed).start()` opens the context and returns the first actions; `speak()`, the next
+call, appends its whole text and ends it. Two calls, so that the I/O layer hands the engine the open before the text
+is tokenized: the engine opens the slot while the worker tokenizes (an idle engine's wake and slot open, ~0.9 ms on
+an H200 host, took their turn after the worker's parse and tokenization, ~0.35 ms). The engine commands of each
+call wait for `engine_commands()` (sessions/protocol.py). Beside the
 wire actions (sessions/actions.py: Send a body piece, Close ends the body: code 1000 normally, any other code
 breaks the connection so the client sees a truncated chunked body) it returns `Begin` (a streamed 200 response's
 headers, sent with the first audio, so that a context the engine refuses is still an error status) and `Respond`
@@ -106,14 +109,22 @@ class HttpSpeech(ClientProtocol):
 
     # ----- the I/O layer's surface (sessions/protocol.py) -----
     def start(self) -> list:
-        events: list = []
+        """Open the context (its OpenContext the call's engine command); the text follows in speak()."""
         try:
-            events += self.session.start(CONTEXT)
-            events += self.session.whole_text(CONTEXT, self.text)
+            return self._wire(self.session.start(CONTEXT))
         except SessionError as e:
             self.session.close()
-            return self._wire(events) + [self.error(http_status(e.code), e.code, e.message)]
-        return self._wire(events)
+            return [self.error(http_status(e.code), e.code, e.message)]
+
+    def speak(self) -> list:
+        """The whole text appended and ended (after start(); nothing where the context did not open or has ended)."""
+        if not self.session.has(CONTEXT):
+            return []
+        try:
+            return self._wire(self.session.whole_text(CONTEXT, self.text))
+        except SessionError as e:
+            self.session.close()
+            return self._failed(e.code, e.message)
 
     def engine_event(self, ev: EngineEvent) -> list:
         return self._wire(self.session.on_engine_event(ev))

@@ -401,5 +401,9 @@ class EngineInterface(Protocol):
     def submit(self, client: int, commands: list[EngineCommand]) -> None:
         """Queue commands, in order, for the engine's next step boundary."""
 
+    def send_now(self) -> None:
+        """The commands submitted so far go to the engine now: over IPC they otherwise leave at the end of the
+        event loop's turn, with the turn's others in one message (in-process, submit has handed them over)."""
+
     def stats(self) -> dict:
         """At least free_slots and slots (the capacity /ready and /metrics report)."""

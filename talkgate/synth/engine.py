@@ -384,6 +384,9 @@ class Engine:
                     raise TypeError(f"not an engine command: {cmd!r}")
         self._wake.set()
 
+    def send_now(self) -> None:
+        """Nothing to do: submit hands commands to the engine thread at once (synth.api.EngineInterface)."""
+
     def _resolve(self, params: ContextParams) -> tuple[ContextParams, object] | EngineError:
         """(params with the default seed, resolved prompt), or the error that refuses the open."""
         try:

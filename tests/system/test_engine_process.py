@@ -258,6 +258,26 @@ def test_an_engine_held_for_seconds_does_not_blame_the_workers_that_kept_up(engi
     run(go())
 
 
+def test_an_open_sent_now_leaves_ahead_of_its_text(engines):
+    """send_now writes what was submitted to the engine's socket before the loop turns (an HTTP request's open goes
+    ahead of its text: server/http_speech.py); the text submitted next leaves at the turn's end, and the context runs
+    as one submit of both would."""
+    async def go():
+        async with remote_engines(engines, worker=7) as remote:
+            c = Client(remote)
+            tok = remote.new_tokenizer()
+            remote.submit(c.id, [OpenContext(1, ContextParams(sampling=GREEDY, fixed_frames=12))])
+            (engine,) = [e for e in remote.engines if e.outbox]
+            remote.send_now()
+            assert engine.outbox == [] and not engine.out.pending           # written, nothing left for the turn
+            remote.submit(c.id, [AppendText(1, tuple(tok.feed(TEXT)), text_seconds(TEXT)),
+                                 EndText(1, tuple(tok.finish()))])
+            assert len(engine.outbox) == 2                                  # the text waits for the turn's end
+            assert await c.wait(1) == ContextDone(1, "length", 12) and c.frames(1) == 12
+
+    run(go())
+
+
 def test_a_killed_engine_fails_only_its_contexts_and_is_greeted_again(engines):
     async def go():
         async with remote_engines(engines, worker=5) as remote:

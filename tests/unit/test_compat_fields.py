@@ -361,6 +361,7 @@ def test_http_alignment_at_the_speed(tokenizer):
     proto = ElevenLabsSpeech(s, text, output, timestamps=True, streamed=False)
     proto.start()
     (ctx,) = [c.context for c in proto.engine_commands() if isinstance(c, OpenContext)]
+    proto.speak()
     for i in range(15):                 # 1.2 s of audio made, 1 s delivered
         proto.engine_event(AudioChunk(ctx, pcm(i), i, 1, 0.0))
     (answer,) = [a for a in proto.engine_event(ContextDone(ctx, "eos", 15)) if isinstance(a, Respond)]

@@ -19,7 +19,7 @@ from talkgate.sessions.limits import Limits
 from talkgate.sessions.openai import OpenAISpeech, parse_request
 from talkgate.sessions.session import Session
 from talkgate.sessions.voices import VoiceMap
-from talkgate.synth.api import AudioChunk, ContextDone, ContextFailed, OpenContext
+from talkgate.synth.api import AppendText, AudioChunk, ContextDone, ContextFailed, EndText, OpenContext
 from talkgate.synth.tokenizer import StreamingTokenizer
 from tests.compat_harness import INFO, ONE_MODEL, pcm
 
@@ -31,8 +31,11 @@ def session(tokenizer) -> Session:
 
 
 def started(proto) -> tuple[int, list]:
+    """The I/O layer's two calls (server/http_speech.py): the open, then the text."""
     actions = proto.start()
     (ctx,) = [c.context for c in proto.engine_commands() if isinstance(c, OpenContext)]
+    actions += proto.speak()
+    proto.engine_commands()
     return ctx, actions
 
 
@@ -76,6 +79,26 @@ def test_refused_context_is_an_error_status_in_each_apis_shape(tokenizer):
     assert bodies[0]["error"]["code"] == "engine_full"
     assert bodies[1] == {"detail": {"status": "engine_full", "message": "all slots busy"}}
     assert bodies[2]["err_code"] == "engine_full" and bodies[2]["request_id"] == protocols[2].request_id
+
+
+def test_an_http_request_opens_its_context_before_its_text_is_tokenized(tokenizer):
+    """start() hands the engine the open alone, speak() the whole text's ids and its end: the engine opens the slot
+    while the worker tokenizes. A start that fails answers in the API's shape and leaves speak() nothing to do."""
+    proto = openai(tokenizer, response_format="pcm")
+    assert proto.start() == []
+    (opened,) = proto.engine_commands()
+    assert isinstance(opened, OpenContext)
+    assert proto.speak() == []
+    append, end = proto.engine_commands()
+    assert isinstance(append, AppendText) and isinstance(end, EndText)
+    assert {append.context, end.context} == {opened.context}
+    assert append.ids + end.ids == tuple(StreamingTokenizer(tokenizer).whole("Hello there."))
+
+    proto = openai(tokenizer, response_format="pcm")
+    proto.session.close()                                   # the session no longer takes contexts
+    (answer,) = proto.start()
+    assert isinstance(answer, Respond) and answer.status == 400 and answer.error == "session_closing"
+    assert proto.speak() == [] and proto.engine_commands() == []
 
 
 def test_openai_streams_then_a_failure_ends_the_body(tokenizer):
