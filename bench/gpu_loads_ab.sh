@@ -106,6 +106,7 @@ if [[ $parts == *" streams "* ]]; then
         wait
         python3 -m bench.stalls "$res/$name/requests.json" > "$res/$name-stalls.md"
         log "$which run $run of $streams at $tps tokens/s: $(head -1 "$res/$name-stalls.md")"
+        pack                               # each run out as it ends: a machine lost mid-part keeps the runs before
       done
       done
     done
