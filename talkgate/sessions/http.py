@@ -3,14 +3,14 @@ endpoint shares (OpenAI `POST /v1/audio/speech`, ElevenLabs text-to-speech, Cart
 `/tts/sse`, Deepgram `POST /v1/speak`). Sans-I/O, onto `Session`.
 
 `HttpSpeech(session, text, streamed).start()` opens the context and returns the first actions; `speak()`, the next
-call, appends its whole text and ends it. Two calls, so that the I/O layer hands the engine the open before the text
-is tokenized: the engine opens the slot while the worker tokenizes (an idle engine's wake and slot open, ~0.9 ms on
-an H200 host, took their turn after the worker's parse and tokenization, ~0.35 ms). The engine commands of each
-call wait for `engine_commands()` (sessions/protocol.py). Beside the
-wire actions (sessions/actions.py: Send a body piece, Close ends the body: code 1000 normally, any other code
-breaks the connection so the client sees a truncated chunked body) it returns `Begin` (a streamed 200 response's
-headers, sent with the first audio, so that a context the engine refuses is still an error status) and `Respond`
-(the whole response at once: a body made at the end, or an error before any audio).
+call, appends its whole text and ends it. Two calls, so that the I/O layer hands the engine the open before the
+text is tokenized: the engine opens the slot while the worker tokenizes (an idle engine's wake and slot open, ~0.9
+ms on an H200 host, took their turn after the worker's parse and tokenization, ~0.35 ms). The engine commands of
+each call wait for `engine_commands()` (sessions/protocol.py). Beside the wire actions (sessions/actions.py: Send
+a body piece, Close ends the body: code 1000 normally, any other code breaks the connection so the client sees a
+truncated chunked body) it returns `Begin` (a streamed 200 response's headers, sent with the first audio, so that
+a context the engine refuses is still an error status) and `Respond` (the whole response at once: a body made at
+the end, or an error before any audio).
 
 A translator subclasses it and says how the body is framed (`body`, `end`, `whole`, `failed_body`) and
 what its errors look like (`error`); the route (server/http_speech.py) parses the request into one.

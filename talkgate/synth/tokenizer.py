@@ -280,7 +280,8 @@ class QwenTokenizer:
 
     def _tokens_at(self, word: str, a: int, known: int, spend) -> list[str]:
         """Vocabulary tokens that can start at byte a of `word`: equal to its known bytes there, or holding
-        all of them and going on with bytes that can begin a run of letters (`spend(n)`: n more looked at; None: not counted)."""
+        all of them and going on with bytes that can begin a run of letters (`spend(n)`: n more looked at; None:
+        not counted)."""
         vocab, count, found = self.sorted_vocab, len(self.sorted_vocab), []
         for e in range(a + 1, min(known, a + self.longest_token) + 1):
             if spend:
@@ -473,7 +474,7 @@ class StreamingTokenizer:
         # other letters than Han and kana only for the stream's first ids but the very first (module docstring:
         # their proofs cost more, and a first id committed sooner can leave a later frame no time)
         words = 0 < self.committed < EARLY_WORD_IDS and self.tokenizer.letter_piece(text[last:])
-        budget = ProofBudget(WORD_PROOF_BUDGET)     # this feed's, over its proofs next to other letters
+        budget = ProofBudget(WORD_PROOF_BUDGET) if words else None     # this feed's, over its proofs inside words
         known = len(text[last:fixed].encode("utf-8"))
         if not self.committed and fixed == n and unspaced(text[-1]) and not self.tokenizer.may_cross(
                 last_bytes, known, known):
@@ -488,10 +489,11 @@ class StreamingTokenizer:
                 continue
             if n - b >= self.lookahead:
                 return b
-            if b > last and (words or unspaced(text[b - 1]) or unspaced(text[b])):
-                # inside the last piece, a run of letters: final once no token can cover b
-                cjk = unspaced(text[b - 1]) or unspaced(text[b])
-                if not self.tokenizer.may_cross(last_bytes, len(text[last:b].encode("utf-8")), known,
-                                                None if cjk else budget):
-                    return b
+            if b <= last:
+                continue
+            cjk = unspaced(text[b - 1]) or unspaced(text[b])
+            # inside the last piece, a run of letters: final once no token can cover b
+            if (cjk or words) and not self.tokenizer.may_cross(
+                    last_bytes, len(text[last:b].encode("utf-8")), known, None if cjk else budget):
+                return b
         return cut
