@@ -67,10 +67,11 @@ start_in() { local dir=$1; shift; (cd "$dir" && export PYTHONPATH=$dir:/tmp/site
 # a server that start_in started is not this shell's child: wait cannot, gone can
 stop() { local pid; pid=$(cat "$res/$1.pid"); kill -TERM "$pid"; wait "$pid" 2>/dev/null || gone "$pid"; }
 
-load() {
+load() {   # load PORT NAME ARGS: killed after LOAD_TIMEOUT_S, by default the larger of 300 s and --duration + 120 s
   local port=$1 dir=$2; shift 2
-  local TIMEFORMAT="%R %U %S"
-  { time timeout "${LOAD_TIMEOUT_S:-300}" python3 -m talkgate bench --url "http://127.0.0.1:$port" --warmup 4 \
+  local TIMEFORMAT="%R %U %S" arg prev="" limit=300
+  for arg in "$@"; do [ "$prev" = --duration ] && limit=$(( ${arg%.*} + 120 > limit ? ${arg%.*} + 120 : limit )); prev=$arg; done
+  { time timeout "${LOAD_TIMEOUT_S:-$limit}" python3 -m talkgate bench --url "http://127.0.0.1:$port" --warmup 4 \
       --out "$res/$dir" --bucket medium "$@" > "$res/$dir.txt" 2>&1; } 2> "$res/$dir-client-time.txt"
   grep -E "^(concurrency|rps|highest|warm-up)" "$res/$dir.txt" | tee -a "$res/progress"
 }
