@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Issue 45's figures at `talkgate serve` default flags, traced (--trace-latency), one H200, in one call:
-#   1. 1.7B CustomVoice: HTTP PCM at 1 req/s (RPS1_S seconds, default 60) with `nvidia-smi dmon` beside it (the SM
-#      clock between requests), native Opus (whole text) at 1 req/s, HTTP PCM and native Opus at 20 req/s;
+#   1. 1.7B CustomVoice: HTTP PCM at 1 req/s with `nvidia-smi dmon` beside it (the SM clock between requests), native
+#      Opus (whole text) at 1 req/s, HTTP PCM and native Opus at 20 req/s; every 1-req/s load (here and in 3) runs
+#      RPS1_S seconds (default 60; ~300 for a p95 over ~300 requests);
 #   2. streamed text at 25 tokens/s as text deltas and as token ids (`--token-ids`), native PCM: en and zh at 20
 #      req/s, en at 100 req/s, en ids over Opus at 20 req/s; then bench.streamed_first_audio (one context at a
 #      time: zh and ja without punctuation against en, by character, token and token id);
@@ -12,7 +13,7 @@
 # "en:20:2 zh:20:2 en:100:4", LANG:RPS:CLIENT_PROCESSES each): part 2's loads; FIRST_TOKEN_DELAY_MS (default 0):
 # part 2's first delta that long after the context starts (an LLM's first token comes after the turn begins),
 # its loads named ...-delayN.
-#   setsid bash bench/gpu_first_audio_figures.sh > /tmp/fa.out 2>&1 < /dev/null &     # about 11 minutes fresh
+#   setsid bash bench/gpu_first_audio_figures.sh > /tmp/fa.out 2>&1 < /dev/null &     # about 12 minutes fresh
 BENCH=${BENCH:-first-audio}
 . "$(dirname "$0")/gpu_serve.sh"
 parts=" ${PARTS:-fixed streamed clone} "
@@ -24,7 +25,8 @@ if [[ $parts == *" fixed "* ]]; then
 nvidia-smi dmon -s pc -d 1 > "$res/dmon-rps1.txt" 2>&1 & dmon=$!
 traced http-rps1 --protocol openai --lang en --rps 1 --duration "${RPS1_S:-60}" --processes 1
 kill "$dmon"
-traced opus-rps1 --protocol native --encoding opus --tokens-per-second 0 --lang en --rps 1 --duration 30 --processes 1
+traced opus-rps1 --protocol native --encoding opus --tokens-per-second 0 --lang en --rps 1 --duration "${RPS1_S:-60}" \
+  --processes 1
 traced http-rps20 --protocol openai --lang en --rps 20 --duration 15 --processes 2
 traced opus-rps20 --protocol native --encoding opus --tokens-per-second 0 --lang en --rps 20 --duration 15 \
   --processes 2
@@ -59,7 +61,7 @@ if [[ $parts == *" clone "* ]]; then
 checkpoints base
 start base 8081 -- --model /tmp/ck-1.7b-base --trace-latency "$res/trace.jsonl" --voice-store /tmp/voices-fa
 clone_voice 8081 speaker1
-traced clone-rps1 --protocol openai --lang en --rps 1 --duration 30 --processes 1 --voice speaker1
+traced clone-rps1 --protocol openai --lang en --rps 1 --duration "${RPS1_S:-60}" --processes 1 --voice speaker1
 traced clone-rps20 --protocol openai --lang en --rps 20 --duration 15 --processes 2 --voice speaker1
 stop base
 fi
