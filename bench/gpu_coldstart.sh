@@ -6,18 +6,14 @@
 # request sent at ready, the first 20 requests after ready and 20 once it is long warm (bench/coldstart.py).
 # IMAGE=1: then `talkgate warmup` into a third, empty cache (an image build) and serve from it.
 # GPU_TESTS=1: then tests/gpu/test_engine_gpu.py, in the time left of DEADLINE seconds (default 570).
-# Setup as bench/gpu_env.sh: the wheels of .e2e/ and .whl/ and .e2e/libopus.so.0 travel with the tree. Results: $OUT/cold-<size>/ (one JSON and one server log a run)
-# and the summary printed last.
+# Setup: bench/gpu_env.sh. Results: $OUT/cold-<size>/ (one JSON and one server log a run) and the summary printed
+# last.
 set -uo pipefail
 size=${1:?1.7b or 0.6b}
 here=$(cd "$(dirname "$0")/.." && pwd)
 out=${OUT:-/tmp/out}; res=$out/cold-$size; mkdir -p "$res"
-log() { echo "[$(date +%T)] $*"; }
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "$here"/.e2e/*.whl "$here"/.whl/*.whl \
-  || exit 1
-cp "$here"/.e2e/libopus.so.0 /usr/lib/x86_64-linux-gnu/ && ldconfig
-export PYTHONPATH=/tmp/site:$here PYTHONUNBUFFERED=1
 cd "$here"
+. bench/gpu_env.sh
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
   python3 -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'cudnn', torch.backends.cudnn.version(), 'triton', triton.__version__)"
   nproc; } | tee "$res/env.txt"
