@@ -289,7 +289,9 @@ class CausalTransConv(_Stateful):
     C_in] times the windows of x stacked [(context + 1) * C_in, B * n] gives every row's blocks at once
     (computed transposed, rows first, phases before channels, so that the result is already the output
     [B, n * stride, C_out]). cuDNN's transposed convolution (a data-gradient kernel) took 3.4 ms for one of them
-    at 256 rows."""
+    at 256 rows. With several rows and carried frames the same multiply runs on cuDNN as a forward convolution of
+    `context + 1` taps to stride * C_out channels (`taps` is that weight's channels-last memory), which reads the
+    windows where they lie instead of a copy of them (twice the input) made for the multiply."""
 
     def __init__(self, in_channels: int, out_channels: int, kernel_size: int, stride: int):
         super().__init__()
@@ -314,6 +316,12 @@ class CausalTransConv(_Stateful):
         B, n, _ = x.shape
         if self.context:
             x = history.prefixed(self, x)
+        if B > 1 and self.context:
+            # the bias after the reshape: on CUDA Inductor peels a conv's bias into a pointwise add, and the reshape of
+            # that add's [B, stride * C_out, 1, n] node (not of the channels-last conv output) slowed its readers 2.5x
+            w = self.taps.view(self.taps.shape[0], self.context + 1, -1).transpose(1, 2)[:, :, None]
+            y = F.conv2d(x.transpose(1, 2)[:, :, None], w)                       # [B, stride * C_out, 1, n]
+            return y[:, :, 0].transpose(1, 2).reshape(B, n * self.stride, -1) + self.conv.bias
         windows = x.unfold(1, n, 1).permute(0, 3, 1, 2).reshape(B * n, -1)    # [B * n, (context+1) * C_in]
         y = conv_addmm(self.taps_bias, windows, self.taps.T)             # [B * n, stride * C_out], bias fused
         return y.view(B, n * self.stride, -1)
