@@ -17,15 +17,16 @@
 BENCH=${BENCH:-first-audio}
 . "$(dirname "$0")/gpu_serve.sh"
 parts=" ${PARTS:-fixed streamed clone} "
+rps1_s=${RPS1_S:-60}
 delay=${FIRST_TOKEN_DELAY_MS:-0}; tag=""; [ "$delay" != 0 ] && tag=-delay$delay
 if [[ $parts == *" fixed "* || $parts == *" rps100 "* || $parts == *" streamed "* ]]; then
 checkpoints custom_voice
 start cv 8081 -- --model /tmp/ck-1.7b-custom_voice --trace-latency "$res/trace.jsonl"
 if [[ $parts == *" fixed "* ]]; then
 nvidia-smi dmon -s pc -d 1 > "$res/dmon-rps1.txt" 2>&1 & dmon=$!
-traced http-rps1 --protocol openai --lang en --rps 1 --duration "${RPS1_S:-60}" --processes 1
+traced http-rps1 --protocol openai --lang en --rps 1 --duration "$rps1_s" --processes 1
 kill "$dmon"
-traced opus-rps1 --protocol native --encoding opus --tokens-per-second 0 --lang en --rps 1 --duration "${RPS1_S:-60}" \
+traced opus-rps1 --protocol native --encoding opus --tokens-per-second 0 --lang en --rps 1 --duration "$rps1_s" \
   --processes 1
 traced http-rps20 --protocol openai --lang en --rps 20 --duration 15 --processes 2
 traced opus-rps20 --protocol native --encoding opus --tokens-per-second 0 --lang en --rps 20 --duration 15 \
@@ -61,7 +62,7 @@ if [[ $parts == *" clone "* ]]; then
 checkpoints base
 start base 8081 -- --model /tmp/ck-1.7b-base --trace-latency "$res/trace.jsonl" --voice-store /tmp/voices-fa
 clone_voice 8081 speaker1
-traced clone-rps1 --protocol openai --lang en --rps 1 --duration "${RPS1_S:-60}" --processes 1 --voice speaker1
+traced clone-rps1 --protocol openai --lang en --rps 1 --duration "$rps1_s" --processes 1 --voice speaker1
 traced clone-rps20 --protocol openai --lang en --rps 20 --duration 15 --processes 2 --voice speaker1
 stop base
 fi
