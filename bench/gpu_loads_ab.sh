@@ -10,7 +10,8 @@
 #            medium texts: RATES (RATE:SECONDS:CLIENT_PROCESSES each; default 1 req/s for 90 s, 20 and 100 req/s for
 #            20 s; LOAD_ARGS: more flags of each, e.g. --max-in-flight 4096 past ~150 req/s; packed after each),
 #            OPUS_RATES the same way over the native WebSocket, whole text, Opus 48 kHz (default none), then a
-#            sweep of LEVELS req/s 10 s a level (LEVELS="" for none); TWO_GPUS=1 (a machine of two): both trees at
+#            sweep of LEVELS req/s 10 s a level (LEVELS="" for none); LOAD_TREES (default "before after"; "after":
+#            this tree alone, e.g. a target's figures on main); TWO_GPUS=1 (a machine of two): both trees at
 #            once, before on GPU 0 and after on GPU 1, with --trace-latency, each load's trace and stage budget kept
 #            (trace-NAME.jsonl, budget-NAME.txt); on one GPU so too with UNTRACED=0 (default untraced)
 #   streams  each tree serving 0.6B CustomVoice (`--max-contexts` the largest of STREAMS): for each count of STREAMS

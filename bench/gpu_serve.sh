@@ -14,7 +14,7 @@
 #   tree_of NAME                                 the folder of tree NAME: after is this one, any other .e2e/NAME
 #   each_tree LOADS                              the earlier tree, then this one, served in turn while LOADS runs
 #                                                (with --trace-latency to TRACE_FILE, which LOADS sees, unless
-#                                                UNTRACED=1)
+#                                                UNTRACED=1); LOAD_TREES (default "before after"): which trees
 #   both_trees LOADS                             the same at once on a machine of two GPUs: before on GPU 0 (port
 #                                                8081), after on GPU 1 (port 8082), each LOADS given PORT and
 #                                                TRACE_FILE
@@ -134,7 +134,7 @@ tree_of() { if [ "$1" = after ]; then echo "$tree"; else echo "$tree/.e2e/$1"; f
 each_tree() {
   local loads=$1 which file="$res/trace.jsonl" trace=()
   if [ "${UNTRACED:-0}" = 1 ]; then file=""; else trace=(--trace-latency "$file"); fi
-  for which in before after; do
+  for which in ${LOAD_TREES:-before after}; do
     start_in "$(tree_of "$which")" "$which" 8081 -- --model /tmp/ck-1.7b-custom_voice "${trace[@]}"
     TRACE_FILE=$file "$loads" "$which"
     curl -s "http://127.0.0.1:8081/metrics" | grep -E "^talkgate_engine_(step|loop)" > "$res/$which-metrics.txt"
