@@ -10,10 +10,11 @@
 #            medium texts: RATES (RATE:SECONDS:CLIENT_PROCESSES each; default 1 req/s for 90 s, 20 and 100 req/s for
 #            20 s; LOAD_ARGS: more flags of each, e.g. --max-in-flight 4096 past ~150 req/s; packed after each),
 #            OPUS_RATES the same way over the native WebSocket, whole text, Opus 48 kHz (default none), then a
-#            sweep of LEVELS req/s 10 s a level (LEVELS="" for none); LOAD_TREES (default "before after"; "after":
-#            this tree alone, e.g. a target's figures on main); TWO_GPUS=1 (a machine of two): both trees at
-#            once, before on GPU 0 and after on GPU 1, with --trace-latency, each load's trace and stage budget kept
-#            (trace-NAME.jsonl, budget-NAME.txt); on one GPU so too with UNTRACED=0 (default untraced)
+#            sweep of LEVELS req/s 10 s a level (LEVELS="" for none); LOAD_TREES (one GPU; default "before after";
+#            "after": this tree alone, e.g. a target's figures on main); TWO_GPUS=1 (a machine of two): both trees at
+#            once whatever LOAD_TREES says, before on GPU 0 and after on GPU 1, with --trace-latency, each load's
+#            trace and stage budget kept (trace-NAME.jsonl, budget-NAME.txt); on one GPU so too with UNTRACED=0
+#            (default untraced)
 #   streams  each tree serving 0.6B CustomVoice (`--max-contexts` the largest of STREAMS): for each count of STREAMS
 #            (default 512; "512 1024" say) that many native Opus 48-kHz streams started over 2 s, medium texts, 14 s,
 #            STREAM_RUNS times (default 1; run N with --seed N-1) at each of STREAM_TPS tokens a second (default 25;
