@@ -22,7 +22,8 @@ commands at the step boundary, then runs one step:
     self._postprocess(prefill + decode, runner.codes_of(step))    # eos, limits; this step's audio pending
 
 A frame's audio is emitted once its decode is done, during the next step (or at once when no next step
-runs), and each client gets that step's audio in one `deliver` call before the engine waits for the next
+runs; and before the next step's launch where the step made only new contexts' first frames: an idle engine's new
+context would otherwise wait for that launch's host work, which can outlast a one-row decode), and each client gets that step's audio in one `deliver` call before the engine waits for the next
 step's codes; what the codes decide (eos, failures) is delivered at the end of run_once. A context that
 reached its frame limit gets its ContextDone right after its last AudioChunk. Where new contexts join running
 ones and every running client has audio to spare (first_frames_apart), the step may be two launches: the new rows'
@@ -689,7 +690,8 @@ class Engine:
         """One step over every ready context, and the last step's audio; False when there was neither. New
         contexts' first frames are launched apart, ahead of the running rows, where first_frames_apart allows:
         their audio goes out while the running rows' frame is made; where it allows, a new context that arrives
-        while the running rows' frame is made takes the lane beside it (synth/lane.py)."""
+        while the running rows' frame is made takes the lane beside it (synth/lane.py). First frames with no running
+        rows go out once decoded, before the next step is launched (other steps' audio goes out after it)."""
         t0 = time.perf_counter()
         self.pages.settle()                                     # no step in flight writes the pages given back
         prefill, decode = self.scheduler.schedule(t0)
@@ -731,6 +733,11 @@ class Engine:
                 if not last:                                    # the first frames, while the running rows' runs
                     self._emit_audio()
                     self._deliver()
+            if prefill and not decode and self.beside is None:
+                # first frames alone (an idle engine's new contexts): out once decoded, not after the next step's
+                # launch, whose host work can outlast a one-row decode; no running row waits for that launch
+                self._emit_audio()
+                self._deliver()
             while self._lanes:                                  # their contexts run in the next step
                 self._land_lane()
             self._fail_starved()                                # after the contexts that ended in it gave pages back

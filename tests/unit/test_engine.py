@@ -60,7 +60,9 @@ def test_fixed_frames_honoured(speaker):
     sink.wait()
     assert [c.first_frame for c in sink.chunks] == list(range(9))
     assert all(c.pcm.shape == (1920,) and c.pcm.dtype == np.float32 for c in sink.chunks)
-    assert all(0 < c.step_s < 60 for c in sink.chunks)     # the engine's step when each was handed over (a hold's scale)
+    # the engine's step when each was handed over (a hold's scale); 0 for frame 0 if no step had ended (a lone first
+    # frame goes out before its step ends)
+    assert 0 <= sink.chunks[0].step_s < 60 and all(0 < c.step_s < 60 for c in sink.chunks[1:])
     assert sink.last == ContextDone(sink.last.context, "length", 9)
 
 
@@ -828,6 +830,29 @@ def test_an_idle_engine_touches_its_gpu_every_keep_warm_s_and_a_busy_one_does_no
     eng.keep_warm_s = None
     time.sleep(every + 0.01)
     assert not eng.turn() and eng.idle_s() == pytest.approx(0.5, abs=0.01)
+
+
+def test_a_lone_new_contexts_first_audio_goes_out_before_its_next_frame_is_launched(checkpoint):
+    """Driven by hand: with no context running, a new context's frame 0 is handed out once decoded, before frame 1's
+    step is launched (that launch's host work could outlast a one-row decode); a step of running rows hands its audio
+    out after the next step's launch, as before (the GPU kept busy)."""
+    eng = Engine.from_pretrained(str(checkpoint), device="cpu", max_contexts=2, max_frames_per_context=40)
+    eng.warm_up()
+    order = []
+    launch = eng.runner.launch
+
+    def launch_recorded(*args, **kwargs):
+        order.append("launch")
+        return launch(*args, **kwargs)
+
+    eng.runner.launch = launch_recorded
+    client = eng.connect(lambda events: order.extend(f"audio {ev.first_frame}" for ev in events
+                                                     if isinstance(ev, AudioChunk)))
+    ids = tuple(eng.new_tokenizer().tokenizer.encode("Hi there."))
+    eng.submit(client, [OpenContext(1, ContextParams(sampling=GREEDY, fixed_frames=3)), EndText(1, ids, 0.3)])
+    while eng.turn():
+        pass
+    assert order == ["launch", "audio 0", "launch", "launch", "audio 1", "audio 2"]
 
 
 def test_contexts_in_fewer_kv_pages_than_their_slots_speak_as_with_whole_slots(checkpoint, speaker):
