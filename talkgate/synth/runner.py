@@ -38,7 +38,8 @@ position, which the slot's next step (if a flushed context goes on) overwrites.
 launch() queues a step and returns; codes_of() waits for its codes, audio_of() for its PCM. The next
 step needs only the codes, so the host's work between steps (events, scheduling, the next launch) runs
 while the GPU decodes: the engine takes step t's codes, launches step t + 1 (queued behind step t's
-decode on the same stream), then hands out step t's audio, then waits for step t + 1's codes. All on
+decode on the same stream), then hands out step t's audio, then waits for step t + 1's codes (a step of new
+contexts' first frames alone has its audio handed out before the next launch: Engine._step). All on
 one stream, in order: the decoder of step t on a stream of its own beside step t + 1 was measured (H100,
 docs/benchmarks.md) and lost at batch 1, where the persistent kernels hold every SM (first PCM 11.0
 against 7.8 ms), and hung a GPU test once; at 16-512 rows it saved 4-5% at 16-64 rows and lost 1-3% at
