@@ -218,6 +218,7 @@ class Engine:
         self._audio: list[tuple] = []
         self._lanes: collections.deque = collections.deque()    # the lane's launches in flight, each with its context
         self._step_ms_last = self._step_ms_total = self._step_ms_mean = 0.0
+        self._step_t0 = 0.0                     # when the step in progress began (_emit_frames before any step ended)
         self._roof_s_total = 0.0                # the steps' roofline seconds (runner.roof, where the GPU is known)
         self._voices: collections.deque = collections.deque()     # (client, MakeVoice) not begun yet
         self._voice: list | None = None         # the one being made: [client, MakeVoice, its steps, ms so far]
@@ -692,7 +693,7 @@ class Engine:
         their audio goes out while the running rows' frame is made; where it allows, a new context that arrives
         while the running rows' frame is made takes the lane beside it (synth/lane.py). First frames with no running
         rows go out once decoded, before the next step is launched (other steps' audio goes out after it)."""
-        t0 = time.perf_counter()
+        t0 = self._step_t0 = time.perf_counter()
         self.pages.settle()                                     # no step in flight writes the pages given back
         prefill, decode = self.scheduler.schedule(t0)
         if not prefill and not decode:
@@ -989,7 +990,9 @@ class Engine:
 
     def _emit_frames(self, step, frames: list[tuple]) -> None:
         pcm = self.runner.audio_of(step).copy()                 # one copy; each chunk is a row of it
-        now, step_s = time.perf_counter(), self._step_ms_mean / 1000
+        now = time.perf_counter()
+        # before any step ended (an engine's first frame 0, handed out inside its step) the step's time so far
+        step_s = self._step_ms_mean / 1000 or now - self._step_t0
         ends = []
         with self._lock:
             for i, req, frame, after in frames:
