@@ -23,12 +23,12 @@ commands at the step boundary, then runs one step:
 
 A frame's audio is emitted once its decode is done, during the next step (or at once when no next step
 runs; and before the next step's launch where the step made only new contexts' first frames: an idle engine's new
-context would otherwise wait for that launch's host work, which can outlast a one-row decode), and each client gets that step's audio in one `deliver` call before the engine waits for the next
-step's codes; what the codes decide (eos, failures) is delivered at the end of run_once. A context that
-reached its frame limit gets its ContextDone right after its last AudioChunk. Where new contexts join running
-ones and every running client has audio to spare (first_frames_apart), the step may be two launches: the new rows'
-prefill and first frame, then the running rows' frame; the first frames' audio is delivered as soon as it is
-decoded, while the running rows' launch runs.
+context would otherwise wait for that launch's host work, which can outlast a one-row decode), and each client gets
+that step's audio in one `deliver` call before the engine waits for the next step's codes; what the codes decide
+(eos, failures) is delivered at the end of run_once. A context that reached its frame limit gets its ContextDone right
+after its last AudioChunk. Where new contexts join running ones and every running client has audio to spare
+(first_frames_apart), the step may be two launches: the new rows' prefill and first frame, then the running rows'
+frame; the first frames' audio is delivered as soon as it is decoded, while the running rows' launch runs.
 
 While the running rows' launch runs where first_frames_apart allows, the engine thread looks for new commands
 (Engine.poll) instead of blocking on the GPU, and a new context that can take it has its open and first frame
