@@ -1,6 +1,6 @@
 # Sourced by bench/gpu_engine.sh and bench/gpu_e2e.sh on the GPU machine, which has python3 3.12 with torch,
 # triton, numpy, safetensors, tokenizers and transformers but no network. The rest travels with the tree
-# in two git-ignored folders, made on a networked machine:
+# in two git-ignored folders, made on a networked machine (`bash bench/gpu_wheels.sh` makes both):
 #   .e2e/  pip download --no-deps --only-binary=:all: --python-version 3.12 --platform manylinux_2_28_x86_64 \
 #            --platform manylinux2014_x86_64 -d .e2e aiohttp aiohappyeyeballs aiosignal frozenlist multidict \
 #            propcache yarl attrs idna soundfile cffi pycparser soxr prometheus-client pyzmq msgpack \

@@ -27,7 +27,9 @@
 #            STREAM_SERVE_ARGS: more flags of `talkgate serve` (--max-batch 512 beside 1,024 slots: the graphs of 512);
 #            then on the same server STREAMED_TEXT (LANG:RPS each, say "zh:20 en:20"; default none): native PCM, medium
 #            texts streamed at 25 tokens a second, open loop, 15 s (first audio of streamed text, as in issue 45)
-#   setsid bash bench/gpu_loads_ab.sh > /tmp/loads-ab.out 2>&1 < /dev/null &     # about 25 minutes on a fresh H200
+#   setsid bash bench/gpu_loads_ab.sh > /tmp/la.out 2>&1 < /dev/null &     # about 25 minutes on a fresh H200
+#   bash bench/gpu_poll.sh 570 loads-ab         # in the same device call: a run must end inside its call
+# (.e2e/ and .whl/, carried: bench/gpu_wheels.sh)
 BENCH=${BENCH:-loads-ab}
 . "$(dirname "$0")/gpu_serve.sh"
 parts=" ${PARTS:-tests decode loads streams} "
