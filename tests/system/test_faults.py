@@ -129,13 +129,17 @@ def test_killed_engine_fails_only_its_contexts_and_is_restarted(tiny_checkpoint)
 
 
 def test_killed_worker_closes_only_its_connections_and_is_restarted(tiny_checkpoint):
-    with TalkgateServer(tiny_checkpoint, "--workers", "2", "--max-contexts", "16") as srv:
+    # Every client connected below opens a context. Whichever worker is free takes a connection, and on a busy
+    # machine one worker took 16 in a row (or the other's gauge came late): slots enough for that, and a bound.
+    slots = 32
+    with TalkgateServer(tiny_checkpoint, "--workers", "2", "--max-contexts", str(slots)) as srv:
         async def go():
             async with aiohttp.ClientSession() as s:
                 ref = await reference(s, srv)
                 clients = []
 
-                async def both_workers_hold_one():      # whichever worker is free takes a connection
+                async def both_workers_hold_one():
+                    assert len(clients) < slots, f"{slots} connections and one worker still holds none"
                     clients.append(await connect(s, srv))
                     await asyncio.sleep(0.6)            # workers sample their gauges every 0.5 s
                     m = await metrics(s, srv)
