@@ -11,6 +11,7 @@ documented in docs/reliability.md, so that the document stays true.
 from __future__ import annotations
 
 import json
+import socket
 import struct
 
 import aiohttp
@@ -75,10 +76,14 @@ def answered(ws: RawWebSocket, matches, timeout: float = 10) -> list[Frame]:
             return frames
 
 
-def closed_with(ws: RawWebSocket, timeout: float = 10) -> tuple[int | None, str]:
-    """The server's close frame (after any other frames), then the end of the stream."""
+def closed_with(ws: RawWebSocket, timeout: float = 10, client_ends: bool = False) -> tuple[int | None, str]:
+    """The server's close frame (after any other frames), then the end of the stream: the server's own, which
+    follows once the client has been quiet for server/websocket.py QUIET_S (0.5 s), or with `client_ends` at once
+    after the client ends its side (as a client that closes its socket on the close frame does)."""
     frames, end = ws.frames_until_close(timeout)
     assert isinstance(end, Frame), f"no close frame: {end}; frames before: {frames}"
+    if client_ends:
+        ws.sock.shutdown(socket.SHUT_WR)
     after = ws.recv_frame(5)
     assert isinstance(after, Ended) and after.how in ("eof", "reset"), f"open after the close frame: {after}"
     return end.close_code, end.close_reason
@@ -123,14 +128,14 @@ BAD_UTF8 = [b"\xff", b"\xc0\x80", b"\xed\xa0\x80", b"\xf4\x90\x80\x80", b"\xe2\x
 def test_invalid_utf8_text_closes_with_1007(server, ep):
     """[6.3.x, 6.x] Invalid UTF-8 (0xFF, overlong, a UTF-16 surrogate, past U+10FFFF, truncated) in a text
     message, whole or split over fragments: 1007."""
-    for bad in BAD_UTF8:
+    for i, bad in enumerate(BAD_UTF8):
         ws = connect(server, ep)
         ws.send_text(b'{"text": "' + bad + b'"}')
-        assert closed_with(ws)[0] == 1007, bad
+        assert closed_with(ws, client_ends=i > 0)[0] == 1007, bad        # the server's own end once an endpoint
         ws = connect(server, ep)
         ws.send_frame(OP_TEXT, b'{"text": "a' + bad[:1], fin=False)
         ws.send_frame(OP_CONT, bad[1:] + b'"}')
-        assert closed_with(ws)[0] == 1007, bad
+        assert closed_with(ws, client_ends=True)[0] == 1007, bad
 
 
 # ----- sizes [9.x, RFC 6455 7.4.1] -----
@@ -240,7 +245,8 @@ def test_reserved_bits_and_opcodes_fail_the_connection(server, ep):
                    [(op, 0) for op in (3, 4, 5, 6, 7, 0xB, 0xC, 0xD, 0xE, 0xF)]:
         ws = connect(server, ep)
         ws.send_frame(op, b'{"x": 1}', rsv=rsv)
-        assert closed_with(ws)[0] == 1002, (op, rsv)
+        first = (op, rsv) == (OP_TEXT, 1)               # the server's own end of the stream once an endpoint
+        assert closed_with(ws, client_ends=not first)[0] == 1002, (op, rsv)
 
 
 # ----- masking [RFC 6455 5.1] -----
