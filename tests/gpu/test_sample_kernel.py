@@ -40,7 +40,9 @@ def rows(B: int, V: int, seed: int = 0):
 @pytest.mark.parametrize("V", [2048, 3072, 13])
 def test_kernel_draws_what_the_pytorch_sampler_draws(kernel, V):
     from talkgate.synth.sampling import sample_torch
-    B = 256 if CUDA else 24
+    # in the interpreter a row of the Talker's 3,072 logits (a 4,096 block) costs twice one of 2,048: there the
+    # special rows (the first seven) and one more; the masked tail of a block is 13's too
+    B = 256 if CUDA else 24 if V <= 2048 else 8
     for stream in (0, 1, 15):
         args = rows(B, V, seed=stream)
         got = kernel.sample(*args, stream)
