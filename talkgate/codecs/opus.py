@@ -6,8 +6,9 @@ complexity 5, 20 ms frames: ~35-40 us per packet and 2.5 ms of lookahead, agains
 32 kbit/s, ~35 dB at 64 on a tone + chirp, where VOIP's SILK gives ~7 dB), so the round trip is
 testable. SILK's edge is below ~24 kbit/s, which a LAN or data-centre gateway does not need.
 Complexity 5 rather than libopus's default 10: it is the lowest level at which CELT runs its pitch
-pre-filter (which voiced speech needs), and it costs 25% less than 10 (SNR 1.5-4.5 dB lower on the
-test signal). At 4 packets per 80 ms engine frame that is ~140 us per frame and stream.
+pre-filter (which voiced speech needs: without it, at 4, a female voice lost 0.5 of PESQ-WB at 48 kbit/s
+and 1.1 at 24, bench/opus_quality.py), and it costs 25-43% less than 10 (PESQ-WB 0.12-0.14 lower on
+speech). At 4 packets per 80 ms engine frame that is ~140 us per frame and stream.
 
 libopus is loaded when the first encoder or decoder is made, not when talkgate.codecs is imported,
 so a server without it still starts and serves PCM; asking for Opus then raises `OpusUnavailable`.
