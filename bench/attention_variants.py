@@ -27,7 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
-from talkgate.synth.attention import _at, _load_block, _norm_rope, one_token_attention_kernel
+from talkgate.synth.attention import _at, _in_dtype, _load_block, _norm_rope, one_token_attention_kernel
 
 REPS = 20
 VARIANTS = ("lean", "dot")
@@ -40,42 +40,44 @@ def _row(x, g, i):
 
 
 @triton.jit
-def _lean_step(q, kb, vb, valid, m, l, acc, scale, GROUP: tl.constexpr, BLOCK: tl.constexpr):
-    """_softmax_step of synth/attention.py with [BLOCK, D] products, one query of the group at a time."""
-    g = tl.arange(0, GROUP)
-    s = tl.zeros([GROUP, BLOCK], tl.float32)
-    for i in tl.static_range(GROUP):
-        si = tl.sum(_row(q, g, i)[None, :] * kb.to(tl.float32), axis=1) * scale
-        s = tl.where(g[:, None] == i, si[None, :], s)
+def _rescale(s, valid, m, l):
+    """The online softmax's update for scores s [QG, BLOCK] of `valid` keys: (new max, old state's factor, weights p,
+    new sum)."""
     s = tl.where(valid[None, :], s, float("-inf"))
     m_new = tl.maximum(m, tl.max(s, axis=1))
     alpha = tl.exp(m - m_new)
     p = tl.exp(s - m_new[:, None])
-    l = l * alpha + tl.sum(p, axis=1)
-    acc = acc * alpha[:, None]
-    for i in tl.static_range(GROUP):
-        oi = tl.sum(_row(p, g, i)[:, None] * vb.to(tl.float32), axis=0)
-        acc = acc + tl.where(g[:, None] == i, oi[None, :], 0.0)
-    return m_new, l, acc
+    return m_new, alpha, p, l * alpha + tl.sum(p, axis=1)
 
 
 @triton.jit
-def _dot_step(q, kb, vb, valid, m, l, acc, scale, F32: tl.constexpr):
-    """_softmax_step on the tensor cores: q [16, D] and kb, vb [BLOCK, D] in the cache dtype. F32: both products in
-    exact float32 instead (Triton's interpreter multiplies bfloat16 wrongly; the CPU check runs so)."""
-    if F32:
-        s = tl.dot(q.to(tl.float32), tl.trans(kb.to(tl.float32)), input_precision="ieee") * scale
+def _step(q, kb, vb, valid, m, l, acc, scale, GROUP: tl.constexpr, BLOCK: tl.constexpr, DOT: tl.constexpr,
+          F32: tl.constexpr):
+    """_softmax_step of synth/attention.py, either way:
+    - DOT False (lean): [BLOCK, D] products, one query of the group q [GROUP, D] float32 at a time;
+    - DOT True: on the tensor cores, q [16, D] and kb, vb [BLOCK, D] in the cache dtype; F32: both products in exact
+      float32 instead (Triton's interpreter multiplies bfloat16 wrongly; the CPU check runs so)."""
+    if DOT:
+        if F32:
+            s = tl.dot(q.to(tl.float32), tl.trans(kb.to(tl.float32)), input_precision="ieee") * scale
+        else:
+            s = tl.dot(q, tl.trans(kb)) * scale
+        m_new, alpha, p, l = _rescale(s, valid, m, l)
+        if F32:
+            acc = acc * alpha[:, None] + tl.dot(p, vb.to(tl.float32), input_precision="ieee")
+        else:
+            acc = acc * alpha[:, None] + tl.dot(p.to(vb.dtype), vb)
     else:
-        s = tl.dot(q, tl.trans(kb)) * scale
-    s = tl.where(valid[None, :], s, float("-inf"))
-    m_new = tl.maximum(m, tl.max(s, axis=1))
-    alpha = tl.exp(m - m_new)
-    p = tl.exp(s - m_new[:, None])
-    l = l * alpha + tl.sum(p, axis=1)
-    if F32:
-        acc = acc * alpha[:, None] + tl.dot(p, vb.to(tl.float32), input_precision="ieee")
-    else:
-        acc = acc * alpha[:, None] + tl.dot(p.to(vb.dtype), vb)
+        g = tl.arange(0, GROUP)
+        s = tl.zeros([GROUP, BLOCK], tl.float32)
+        for i in tl.static_range(GROUP):
+            si = tl.sum(_row(q, g, i)[None, :] * kb.to(tl.float32), axis=1) * scale
+            s = tl.where(g[:, None] == i, si[None, :], s)
+        m_new, alpha, p, l = _rescale(s, valid, m, l)
+        acc = acc * alpha[:, None]
+        for i in tl.static_range(GROUP):
+            oi = tl.sum(_row(p, g, i)[:, None] * vb.to(tl.float32), axis=0)
+            acc = acc + tl.where(g[:, None] == i, oi[None, :], 0.0)
     return m_new, l, acc
 
 
@@ -99,8 +101,8 @@ def variant_kernel(QKV, sqkv, QW, KW, COS, SIN, scs, K, V, sks, skh, skl, SLOTS,
     kb, vb, valid = _load_block(K, V, tab, sks, base, skl, 0, n, d, BLOCK, PAGE)
     rot = (d + D // 2) % D
     sign = tl.where(d < D // 2, -1.0, 1.0)[None, :]
-    cos = tl.load(COS + b * scs + d).to(tl.float32).to(DT).to(tl.float32)[None, :]
-    sin = tl.load(SIN + b * scs + d).to(tl.float32).to(DT).to(tl.float32)[None, :]
+    cos = _in_dtype(tl.load(COS + b * scs + d).to(tl.float32), DT)[None, :]
+    sin = _in_dtype(tl.load(SIN + b * scs + d).to(tl.float32), DT)[None, :]
     QG: tl.constexpr = 16 if DOT else GROUP
     g = tl.arange(0, QG)
     q = _norm_rope(ROW, h * GROUP + tl.minimum(g, GROUP - 1), d, rot, sign, cos, sin, QW, eps, D, DT)     # [QG, D]
@@ -114,16 +116,11 @@ def variant_kernel(QKV, sqkv, QW, KW, COS, SIN, scs, K, V, sks, skh, skl, SLOTS,
     l = tl.full([QG], 1.0, tl.float32)
     acc = tl.zeros([QG, D], tl.float32) + v
     if DOT:
-        qd = q.to(DT)                   # exact: _norm_rope's values are already in the model dtype
-        m, l, acc = _dot_step(qd, kb, vb, valid, m, l, acc, scale, F32)
-        for first in range(BLOCK, n, BLOCK):
-            kb, vb, valid = _load_block(K, V, tab, sks, base, skl, first, n, d, BLOCK, PAGE)
-            m, l, acc = _dot_step(qd, kb, vb, valid, m, l, acc, scale, F32)
-    else:
-        m, l, acc = _lean_step(q, kb, vb, valid, m, l, acc, scale, GROUP, BLOCK)
-        for first in range(BLOCK, n, BLOCK):
-            kb, vb, valid = _load_block(K, V, tab, sks, base, skl, first, n, d, BLOCK, PAGE)
-            m, l, acc = _lean_step(q, kb, vb, valid, m, l, acc, scale, GROUP, BLOCK)
+        q = q.to(DT)                    # exact: _norm_rope's values are already in the model dtype
+    m, l, acc = _step(q, kb, vb, valid, m, l, acc, scale, GROUP, BLOCK, DOT, F32)
+    for first in range(BLOCK, n, BLOCK):
+        kb, vb, valid = _load_block(K, V, tab, sks, base, skl, first, n, d, BLOCK, PAGE)
+        m, l, acc = _step(q, kb, vb, valid, m, l, acc, scale, GROUP, BLOCK, DOT, F32)
     tl.store(O + b * so + (h * GROUP + g)[:, None] * D + d[None, :], (acc / l[:, None]).to(O.dtype.element_ty),
              mask=(g < GROUP)[:, None])
 
@@ -156,30 +153,29 @@ class Case:
         self.vc = rnd(*self.kc.shape)
         self.out = torch.empty(B, HQ * D, device=device, dtype=dt)
 
-    def args(self):
-        return (self.qkv, self.qkv.stride(0), self.qw, self.kw, self.cos, self.sin, self.cos.stride(0), self.kc,
-                self.vc, self.kc.stride(0), self.kc.stride(1), self.kc.stride(2), self.slots, self.posv, self.out,
-                self.out.stride(0), 0, self.table, self.table.stride(0) if self.paged else 0, 1e-6, self.D ** -0.5)
+    def args(self, kc: torch.Tensor, vc: torch.Tensor):
+        return (self.qkv, self.qkv.stride(0), self.qw, self.kw, self.cos, self.sin, self.cos.stride(0), kc, vc,
+                kc.stride(0), kc.stride(1), kc.stride(2), self.slots, self.posv, self.out, self.out.stride(0), 0,
+                self.table, self.table.stride(0) if self.paged else 0, 1e-6, self.D ** -0.5)
 
-    def launch(self, variant: str, block: int, warps: int) -> None:
+    def launch(self, variant: str, block: int, warps: int, kc: torch.Tensor | None = None,
+               vc: torch.Tensor | None = None) -> None:
+        """One call, writing the new token into kc, vc (default: the case's own caches)."""
+        args = self.args(self.kc if kc is None else kc, self.vc if vc is None else vc)
         kw = dict(HQ=self.HQ, HKV=self.HKV, GROUP=self.HQ // self.HKV, D=self.D, BLOCK=block, PAGE=self.page,
                   num_warps=warps)
         grid = (self.B, self.HKV)
         if variant == "kernel":
-            one_token_attention_kernel[grid](*self.args(), ROW_SLOTS=True, ROW_POS=True, **kw)
+            one_token_attention_kernel[grid](*args, ROW_SLOTS=True, ROW_POS=True, **kw)
         else:
-            variant_kernel[grid](*self.args(), DOT=variant == "dot", F32=self.qkv.device.type == "cpu", **kw)
+            variant_kernel[grid](*args, DOT=variant == "dot", F32=self.qkv.device.type == "cpu", **kw)
 
     def run(self, variant: str, block: int, warps: int):
         """(output, k cache, v cache) of one call on fresh copies of the caches."""
         kc, vc = self.kc.clone(), self.vc.clone()
-        self.kc, self.vc, keep = kc, vc, (self.kc, self.vc)
         self.out.fill_(float("nan"))             # a variant that writes nothing cannot pass for the kernel
-        try:
-            self.launch(variant, block, warps)
-            return self.out.clone(), kc, vc
-        finally:
-            self.kc, self.vc = keep
+        self.launch(variant, block, warps, kc, vc)
+        return self.out.clone(), kc, vc
 
 
 def differences(case: Case, variant: str, block: int, warps: int) -> tuple[float, float, bool]:

@@ -24,9 +24,11 @@ from pathlib import Path
 import numpy as np
 import soundfile
 import soxr
+import torch
 
 from talkgate.codecs.opus import OpusDecoder, OpusEncoder
 from talkgate.loadgen.prompts import EN_MEDIUM
+from talkgate.synth.decoder_precision import snr_db
 
 RATE = 24000
 FRAME = RATE * 80 // 1000           # the engine's 80-ms frame: what a stream's encoder is fed at a time
@@ -55,8 +57,7 @@ def scores(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
     """(PESQ wideband MOS-LQO, SNR dB) of the decoded y against the input x."""
     from pesq import pesq
     mos = pesq(16000, soxr.resample(x, RATE, 16000), soxr.resample(y, RATE, 16000), "wb")
-    snr = 10 * math.log10(float(np.sum(x ** 2)) / max(1e-20, float(np.sum((x - y) ** 2))))
-    return mos, snr
+    return mos, snr_db(torch.from_numpy(x), torch.from_numpy(y))
 
 
 def interval(d: list[float]) -> str:
@@ -79,7 +80,8 @@ def main() -> None:
         clips = [(v, speech(v, t, Path(tmp))) for v in args.voices.split(",") for t in texts]
     print(f"{len(clips)} utterances ({args.voices}; {len(texts)} texts), {sum(len(x) for _, x in clips) / RATE:.0f} s")
     voices = list(dict.fromkeys(v for v, _ in clips))
-    print("| bitrate | complexity | PESQ-WB mean | its difference from 5 | by voice | SNR dB mean | its difference from 5 |")
+    print("| bitrate | complexity | PESQ-WB mean | its difference from 5 | by voice | SNR dB mean "
+          "| its difference from 5 |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
     for bitrate in bitrates:
         got = {c: [scores(x, through_opus(x, c, bitrate)) for _, x in clips] for c in complexities}
