@@ -1,23 +1,26 @@
-"""The one-token attention's inner step, three ways, at many rows (issue 44): the kernel as the engine runs it
-(synth/attention.py) against two that hold fewer registers, timed and compared on the same inputs.
+"""The one-token attention's inner step, three ways, at many rows (issue 44): the engine's kernel (synth/attention.py)
+with its query group's product, with one query at a time, and with the group on the tensor cores, timed and compared
+on the same inputs.
 
 At 256-512 rows the Talker's one-token attention read its cache at 2.3-3.0 TB/s of the H200's 4.8 (40.7 us a layer at
 256 rows and position 109, 78 at 512: 1.1-2.2 ms of a step) and the code predictor's at 2.0-2.4 (8.5 us a layer pass
 at 256 rows, 70 a frame), where larger blocks or more warps made both slower (bench/attention_configs.py,
-docs/benchmarks.md "The step's attentions at many rows"). The kernel's softmax step multiplies the query group and a
+docs/benchmarks.md "The step's attentions at many rows"). The group's softmax step multiplies the query group and a
 block of keys as one [GROUP, BLOCK, D] float32 product (128 registers a thread on one warp, the same again for the
-values), and its keys and values are widened to float32 whole: register pressure that bounds how many programs an SM
-holds, hence the bytes in flight. The variants:
-- `lean`: one query of the group at a time, [BLOCK, D] products, keys and values widened where multiplied;
+values), its keys and values widened to float32 whole: register pressure that may bound how many programs an SM holds,
+hence the bytes in flight. The ways:
+- `kernel`: the group's product (ONE_QUERY False: the Talker's caches in the engine);
+- `lean`: one query of the group at a time, [BLOCK, D] products, keys and values widened where multiplied (ONE_QUERY
+  True: the code predictor's caches in the engine, since it read them faster at every batch);
 - `dot`: the group padded to 16 queries (duplicates of the last), q.K^T and P.V on the tensor cores (`tl.dot`, bf16
-  in, float32 accumulated; P rounded to the cache dtype as SDPA's kernels round it).
+  in, float32 accumulated; P rounded to the cache dtype as SDPA's kernels round it): this file's own kernel.
 
     python3 -m bench.attention_variants [--rows 64,256,512] [--parts talker,predictor]   # on a GPU
     TRITON_INTERPRET=1 python -m bench.attention_variants --check      # on the CPU: every variant against the kernel
 
 Each figure: a CUDA graph of REPS back-to-back calls, replayed (bench/persistent.py graph_ms); us a call = the
-median of 7 replays / REPS; max diff = the largest difference of the output from the engine's kernel, and whether
-the cache writes are equal.
+median of 7 replays / REPS; max diff = the largest difference of the output from the kernel's, and whether the cache
+writes are equal (with more than one warp, the k norm's sum may round apart).
 """
 from __future__ import annotations
 
@@ -34,59 +37,31 @@ VARIANTS = ("lean", "dot")
 
 
 @triton.jit
-def _row(x, g, i):
-    """Row i of x [G, N] -> [N] (a masked sum: Triton has no row index)."""
-    return tl.sum(tl.where(g[:, None] == i, x, 0.0), axis=0)
-
-
-@triton.jit
-def _rescale(s, valid, m, l):
-    """The online softmax's update for scores s [QG, BLOCK] of `valid` keys: (new max, old state's factor, weights p,
-    new sum)."""
+def _dot_step(q, kb, vb, valid, m, l, acc, scale, F32: tl.constexpr):
+    """_softmax_step of synth/attention.py on the tensor cores: q [16, D] and kb, vb [BLOCK, D] in the cache dtype; F32:
+    both products in exact float32 instead (Triton's interpreter multiplies bfloat16 wrongly; the CPU check runs so)."""
+    if F32:
+        s = tl.dot(q.to(tl.float32), tl.trans(kb.to(tl.float32)), input_precision="ieee") * scale
+    else:
+        s = tl.dot(q, tl.trans(kb)) * scale
     s = tl.where(valid[None, :], s, float("-inf"))
     m_new = tl.maximum(m, tl.max(s, axis=1))
     alpha = tl.exp(m - m_new)
     p = tl.exp(s - m_new[:, None])
-    return m_new, alpha, p, l * alpha + tl.sum(p, axis=1)
-
-
-@triton.jit
-def _step(q, kb, vb, valid, m, l, acc, scale, GROUP: tl.constexpr, BLOCK: tl.constexpr, DOT: tl.constexpr,
-          F32: tl.constexpr):
-    """_softmax_step of synth/attention.py, either way:
-    - DOT False (lean): [BLOCK, D] products, one query of the group q [GROUP, D] float32 at a time;
-    - DOT True: on the tensor cores, q [16, D] and kb, vb [BLOCK, D] in the cache dtype; F32: both products in exact
-      float32 instead (Triton's interpreter multiplies bfloat16 wrongly; the CPU check runs so)."""
-    if DOT:
-        if F32:
-            s = tl.dot(q.to(tl.float32), tl.trans(kb.to(tl.float32)), input_precision="ieee") * scale
-        else:
-            s = tl.dot(q, tl.trans(kb)) * scale
-        m_new, alpha, p, l = _rescale(s, valid, m, l)
-        if F32:
-            acc = acc * alpha[:, None] + tl.dot(p, vb.to(tl.float32), input_precision="ieee")
-        else:
-            acc = acc * alpha[:, None] + tl.dot(p.to(vb.dtype), vb)
+    l = l * alpha + tl.sum(p, axis=1)
+    if F32:
+        acc = acc * alpha[:, None] + tl.dot(p, vb.to(tl.float32), input_precision="ieee")
     else:
-        g = tl.arange(0, GROUP)
-        s = tl.zeros([GROUP, BLOCK], tl.float32)
-        for i in tl.static_range(GROUP):
-            si = tl.sum(_row(q, g, i)[None, :] * kb.to(tl.float32), axis=1) * scale
-            s = tl.where(g[:, None] == i, si[None, :], s)
-        m_new, alpha, p, l = _rescale(s, valid, m, l)
-        acc = acc * alpha[:, None]
-        for i in tl.static_range(GROUP):
-            oi = tl.sum(_row(p, g, i)[:, None] * vb.to(tl.float32), axis=0)
-            acc = acc + tl.where(g[:, None] == i, oi[None, :], 0.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(vb.dtype), vb)
     return m_new, l, acc
 
 
 @triton.jit(do_not_specialize=["pos_all"])
-def variant_kernel(QKV, sqkv, QW, KW, COS, SIN, scs, K, V, sks, skh, skl, SLOTS, POS, O, so, pos_all, TABLE, stab, eps,
-                   scale, HQ: tl.constexpr, HKV: tl.constexpr, GROUP: tl.constexpr, D: tl.constexpr,
-                   BLOCK: tl.constexpr, PAGE: tl.constexpr, DOT: tl.constexpr, F32: tl.constexpr):
-    """one_token_attention_kernel with the lean (DOT False) or the tensor-core (DOT True) softmax step; every row's
-    slot and position given (SLOTS, POS: the Talker's way; pos_all unused)."""
+def dot_kernel(QKV, sqkv, QW, KW, COS, SIN, scs, K, V, sks, skh, skl, SLOTS, POS, O, so, pos_all, TABLE, stab, eps,
+               scale, HQ: tl.constexpr, HKV: tl.constexpr, GROUP: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr,
+               PAGE: tl.constexpr, F32: tl.constexpr):
+    """one_token_attention_kernel with the tensor-core softmax step; every row's slot and position given (SLOTS, POS:
+    the Talker's way; pos_all unused)."""
     b = tl.program_id(0)
     h = tl.program_id(1)
     slot = tl.load(SLOTS + b).to(tl.int64)
@@ -103,9 +78,8 @@ def variant_kernel(QKV, sqkv, QW, KW, COS, SIN, scs, K, V, sks, skh, skl, SLOTS,
     sign = tl.where(d < D // 2, -1.0, 1.0)[None, :]
     cos = _in_dtype(tl.load(COS + b * scs + d).to(tl.float32), DT)[None, :]
     sin = _in_dtype(tl.load(SIN + b * scs + d).to(tl.float32), DT)[None, :]
-    QG: tl.constexpr = 16 if DOT else GROUP
-    g = tl.arange(0, QG)
-    q = _norm_rope(ROW, h * GROUP + tl.minimum(g, GROUP - 1), d, rot, sign, cos, sin, QW, eps, D, DT)     # [QG, D]
+    g = tl.arange(0, 16)
+    q = _norm_rope(ROW, h * GROUP + tl.minimum(g, GROUP - 1), d, rot, sign, cos, sin, QW, eps, D, DT)     # [16, D]
     one = tl.arange(0, 1)
     k = _norm_rope(ROW, HQ + h + one, d, rot, sign, cos, sin, KW, eps, D, DT)
     v = tl.load(ROW + (HQ + HKV + h + one)[:, None] * D + d[None, :], cache_modifier=".cg").to(tl.float32)
@@ -113,14 +87,13 @@ def variant_kernel(QKV, sqkv, QW, KW, COS, SIN, scs, K, V, sks, skh, skl, SLOTS,
     tl.store(K + at, k.to(DT))
     tl.store(V + at, v.to(DT))
     m = tl.sum(q * k, axis=1) * scale
-    l = tl.full([QG], 1.0, tl.float32)
-    acc = tl.zeros([QG, D], tl.float32) + v
-    if DOT:
-        q = q.to(DT)                    # exact: _norm_rope's values are already in the model dtype
-    m, l, acc = _step(q, kb, vb, valid, m, l, acc, scale, GROUP, BLOCK, DOT, F32)
+    l = tl.full([16], 1.0, tl.float32)
+    acc = tl.zeros([16, D], tl.float32) + v
+    q = q.to(DT)                        # exact: _norm_rope's values are already in the model dtype
+    m, l, acc = _dot_step(q, kb, vb, valid, m, l, acc, scale, F32)
     for first in range(BLOCK, n, BLOCK):
         kb, vb, valid = _load_block(K, V, tab, sks, base, skl, first, n, d, BLOCK, PAGE)
-        m, l, acc = _step(q, kb, vb, valid, m, l, acc, scale, GROUP, BLOCK, DOT, F32)
+        m, l, acc = _dot_step(q, kb, vb, valid, m, l, acc, scale, F32)
     tl.store(O + b * so + (h * GROUP + g)[:, None] * D + d[None, :], (acc / l[:, None]).to(O.dtype.element_ty),
              mask=(g < GROUP)[:, None])
 
@@ -165,10 +138,10 @@ class Case:
         kw = dict(HQ=self.HQ, HKV=self.HKV, GROUP=self.HQ // self.HKV, D=self.D, BLOCK=block, PAGE=self.page,
                   num_warps=warps)
         grid = (self.B, self.HKV)
-        if variant == "kernel":
-            one_token_attention_kernel[grid](*args, ROW_SLOTS=True, ROW_POS=True, **kw)
+        if variant == "dot":
+            dot_kernel[grid](*args, F32=self.qkv.device.type == "cpu", **kw)
         else:
-            variant_kernel[grid](*args, DOT=variant == "dot", F32=self.qkv.device.type == "cpu", **kw)
+            one_token_attention_kernel[grid](*args, ROW_SLOTS=True, ROW_POS=True, ONE_QUERY=variant == "lean", **kw)
 
     def run(self, variant: str, block: int, warps: int):
         """(output, k cache, v cache) of one call on fresh copies of the caches."""

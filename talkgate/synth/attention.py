@@ -41,15 +41,38 @@ def _norm_rope(X, rows, d, rot, sign, cos, sin, W, eps, D: tl.constexpr, DT: tl.
 
 
 @triton.jit
-def _softmax_step(q, kb, vb, valid, m, l, acc, scale):
-    """One block of keys kb and values vb [BLOCK, D] (float32, `valid` positions) into the online softmax."""
-    s = tl.sum(q[:, None, :] * kb[None, :, :], axis=2) * scale
+def _row(x, g, i):
+    """Row i of x [G, N] -> [N] (a masked sum: Triton has no row index)."""
+    return tl.sum(tl.where(g[:, None] == i, x, 0.0), axis=0)
+
+
+@triton.jit
+def _softmax_step(q, kb, vb, valid, m, l, acc, scale, ONE_QUERY: tl.constexpr):
+    """One block of keys kb and values vb [BLOCK, D] (cache dtype, `valid` positions) into the online softmax of the
+    query group q [GROUP, D] float32: the group's scores as one [GROUP, BLOCK, D] product, or with ONE_QUERY one query
+    at a time ([BLOCK, D] products, fewer registers a program; keys and values widened where multiplied)."""
+    GROUP: tl.constexpr = q.shape[0]
+    BLOCK: tl.constexpr = kb.shape[0]
+    g = tl.arange(0, GROUP)
+    if ONE_QUERY:
+        s = tl.zeros([GROUP, BLOCK], tl.float32)
+        for i in tl.static_range(GROUP):
+            si = tl.sum(_row(q, g, i)[None, :] * kb.to(tl.float32), axis=1) * scale
+            s = tl.where(g[:, None] == i, si[None, :], s)
+    else:
+        s = tl.sum(q[:, None, :] * kb.to(tl.float32)[None, :, :], axis=2) * scale
     s = tl.where(valid[None, :], s, float("-inf"))
     m_new = tl.maximum(m, tl.max(s, axis=1))
     alpha = tl.exp(m - m_new)
     p = tl.exp(s - m_new[:, None])
     l = l * alpha + tl.sum(p, axis=1)
-    acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * vb[None, :, :], axis=1)
+    acc = acc * alpha[:, None]
+    if ONE_QUERY:
+        for i in tl.static_range(GROUP):
+            acc = acc + tl.where(g[:, None] == i, tl.sum(_row(p, g, i)[:, None] * vb.to(tl.float32), axis=0)[None, :],
+                                 0.0)
+    else:
+        acc = acc + tl.sum(p[:, :, None] * vb.to(tl.float32)[None, :, :], axis=1)
     return m_new, l, acc
 
 
@@ -76,7 +99,7 @@ def _load_block(K, V, TAB, sps, base, skl, first, stop, d, BLOCK: tl.constexpr, 
 @triton.jit
 def attend_range(ROW, QW, KW, eps, COS, SIN, K, V, TAB, sps, base, skl, n, start, stop, new, scale, h,
                  HQ: tl.constexpr, HKV: tl.constexpr, GROUP: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr,
-                 PAGE: tl.constexpr):
+                 PAGE: tl.constexpr, ONE_QUERY: tl.constexpr):
     """Kv head h of one token at position n, over cache positions [start, stop) and, when `new`, the token
     itself (its k/v written to the cache at n): ROW its fused q/k/v, COS/SIN its RoPE row [D] float32, base
     the cache offset of (slot, head h), or with pages (PAGE > 0) of head h in page 0, TAB the slot's row of the page
@@ -109,19 +132,20 @@ def attend_range(ROW, QW, KW, eps, COS, SIN, K, V, TAB, sps, base, skl, n, start
         l = tl.zeros([GROUP], tl.float32)
         acc = tl.zeros([GROUP, D], tl.float32)
     # an empty range adds nothing: only a range with the token (m finite) can be empty
-    m, l, acc = _softmax_step(q, kb0.to(tl.float32), vb0.to(tl.float32), valid0, m, l, acc, scale)
+    m, l, acc = _softmax_step(q, kb0, vb0, valid0, m, l, acc, scale, ONE_QUERY)
     for first in range(start + BLOCK, stop, BLOCK):          # the other cached positions
         kb, vb, valid = _load_block(K, V, TAB, sps, base, skl, first, stop, d, BLOCK, PAGE)
-        m, l, acc = _softmax_step(q, kb.to(tl.float32), vb.to(tl.float32), valid, m, l, acc, scale)
+        m, l, acc = _softmax_step(q, kb, vb, valid, m, l, acc, scale, ONE_QUERY)
     return m, l, acc
 
 
 @triton.jit
 def attend_one_token(ROW, QW, KW, eps, COS, SIN, K, V, TAB, sps, base, skl, n, O, scale, h, HQ: tl.constexpr,
-                     HKV: tl.constexpr, GROUP: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr, PAGE: tl.constexpr):
+                     HKV: tl.constexpr, GROUP: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr, PAGE: tl.constexpr,
+                     ONE_QUERY: tl.constexpr):
     """attend_range over all of [0, n) and the token; its output row O [HQ * D] (kv head h's query group)."""
     m, l, acc = attend_range(ROW, QW, KW, eps, COS, SIN, K, V, TAB, sps, base, skl, n, 0, n, True, scale, h, HQ, HKV,
-                             GROUP, D, BLOCK, PAGE)
+                             GROUP, D, BLOCK, PAGE, ONE_QUERY)
     g = tl.arange(0, GROUP)
     d = tl.arange(0, D)
     tl.store(O + (h * GROUP + g)[:, None] * D + d[None, :], (acc / l[:, None]).to(O.dtype.element_ty))
@@ -131,7 +155,7 @@ def attend_one_token(ROW, QW, KW, eps, COS, SIN, K, V, TAB, sps, base, skl, n, O
 def one_token_attention_kernel(QKV, sqkv, QW, KW, COS, SIN, scs, K, V, sks, skh, skl, SLOTS, POS, O, so,
                                pos_all, TABLE, stab, eps, scale, HQ: tl.constexpr, HKV: tl.constexpr,
                                GROUP: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr, ROW_SLOTS: tl.constexpr,
-                               ROW_POS: tl.constexpr, PAGE: tl.constexpr):
+                               ROW_POS: tl.constexpr, PAGE: tl.constexpr, ONE_QUERY: tl.constexpr):
     b = tl.program_id(0)
     h = tl.program_id(1)
     if ROW_SLOTS:
@@ -147,7 +171,7 @@ def one_token_attention_kernel(QKV, sqkv, QW, KW, COS, SIN, scs, K, V, sks, skh,
     else:
         tab, base = TABLE, slot * sks + h * skh
     attend_one_token(QKV + b * sqkv, QW, KW, eps, COS + b * scs, SIN + b * scs, K, V, tab, sks, base, skl, n,
-                     O + b * so, scale, h, HQ, HKV, GROUP, D, BLOCK, PAGE)
+                     O + b * so, scale, h, HQ, HKV, GROUP, D, BLOCK, PAGE, ONE_QUERY)
 
 
 def one_token_attention(qkv: torch.Tensor, q_norm: torch.Tensor, k_norm: torch.Tensor, eps: float,
@@ -169,13 +193,18 @@ def one_token_attention(qkv: torch.Tensor, q_norm: torch.Tensor, k_norm: torch.T
     page = k_cache.shape[2] if table is not None else 0
     wide = B <= 16 and (table is not None or k_cache.shape[2] > 16)
     block, warps = (32, 4) if wide else (16, 1)
+    # the code predictor's 16-position caches (no pages) read faster one query at a time, at every batch: 8.5 -> 5.9 us
+    # at 256 rows on an H100; the Talker's long paged ones did not (48.0 -> 54.7 us at 256 rows, position 109;
+    # bench/attention_variants.py, docs/benchmarks.md "The one-token attention one query at a time")
+    one_query = table is None
     one_token_attention_kernel[(B, kv_heads)](
         qkv, qkv.stride(0), q_norm, k_norm, cos, sin, cos.stride(0) if cos.dim() == 2 else 0,
         k_cache, v_cache, k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         slots if slots is not None else qkv, pos if row_pos else qkv, out, out.stride(0),
         0 if row_pos else int(pos), table if table is not None else qkv, table.stride(0) if table is not None else 0,
         eps, D ** -0.5, HQ=heads, HKV=kv_heads, GROUP=heads // kv_heads, D=D,
-        BLOCK=block, ROW_SLOTS=slots is not None, ROW_POS=row_pos, PAGE=page, num_warps=warps)
+        BLOCK=block, ROW_SLOTS=slots is not None, ROW_POS=row_pos, PAGE=page, ONE_QUERY=one_query,
+        num_warps=warps)
     return out
 
 
@@ -193,7 +222,7 @@ def short_causal_attention_kernel(Q, sqb, sqt, sqh, K, skb, skt, skh, V, svb, sv
     for t in tl.static_range(T):
         q = tl.load(Q + b * sqb + t * sqt + (h * GROUP + g)[:, None] * sqh + d[None, :]).to(tl.float32)
         m, l, acc = _softmax_step(q, kb, vb, j <= t, tl.full([GROUP], float("-inf"), tl.float32),
-                                  tl.zeros([GROUP], tl.float32), tl.zeros([GROUP, D], tl.float32), scale)
+                                  tl.zeros([GROUP], tl.float32), tl.zeros([GROUP, D], tl.float32), scale, False)
         tl.store(O + b * sob + t * sot + (h * GROUP + g)[:, None] * D + d[None, :],
                  (acc / l[:, None]).to(O.dtype.element_ty))
 

@@ -310,7 +310,7 @@ def _attend_project(ws, QKV, NQ, NK, eps, COS, SIN, KC, VC, skh, pos, OPART, pid
         h = j // NCH
         if h < HKV:
             m, l, acc = attend_range(QKV, NQ, NK, eps, COS, SIN, KC, VC, KC, 0, h * skh, D, pos, 0, pos, True, scale,
-                                     h, HQ, HKV, GROUP, D, BLOCK, 0)
+                                     h, HQ, HKV, GROUP, D, BLOCK, 0, False)
             o = (acc / l[:, None]).to(DT).to(tl.float32)
             n = (j % NCH) * BN + tl.arange(0, BN)
             tl.store(OPART + h * HP + n, tl.sum(tl.sum(ws[i].to(tl.float32) * o[None, :, :], axis=2), axis=1))
@@ -373,7 +373,7 @@ def _attend_split(target, QKV, NQ, NK, eps, COS, SIN, scs, KC, VC, sks, skh, TAB
                 tab, base = TABLE, slot * sks + h * skh
             m, l, acc = attend_range(QKV + b * NQKV, NQ, NK, eps, COS + b * scs, SIN + b * scs, KC, VC, tab, sks, base,
                                      D, n, part * SPLIT, tl.minimum(part * SPLIT + SPLIT, n), part == last, scale, h,
-                                     HQ, HKV, GROUP, D, BLOCK, PAGE)
+                                     HQ, HKV, GROUP, D, BLOCK, PAGE, False)
             if last == 0:
                 tl.store(ATT + b * HQ * D + (h * GROUP + g)[:, None] * D + d[None, :],
                          (acc / l[:, None]).to(ATT.dtype.element_ty))
@@ -459,7 +459,7 @@ def _layer(target, l, wa, keep, skip, X, X0, QKV, ATT, ACT, SYNC, WQKV, WO, WGU,
                 b = j // HKV
                 attend_one_token(QKV + b * NQKV, NQ + l * D, NK + l * D, eps, COS, SIN, KC, VC, KC, 0,
                                  b * sks + (j % HKV) * skh, D, pos_all, ATT + b * QD, scale, j % HKV, HQ, HKV,
-                                 HQ // HKV, D, BLOCK, 0)
+                                 HQ // HKV, D, BLOCK, 0, False)
         else:
             target = _attend_split(target, QKV, NQ + l * D, NK + l * D, eps, COS, SIN, D, KC, VC, sks, skh, TABLE,
                                    stab, slot_rows, pos_rows, ATT, PART, ML, SYNC, pid, nrows, scale, HQ, HKV, D,

@@ -75,10 +75,11 @@ def window_attention_kernel(QKV, sqkv, POS, SLOTS, INV_FREQ, CACHE, s_slot, s_en
     tl.store(ring + new * s_entry + s_kind + d, v.to(DT))
     # the new frame starts the online softmax, then the ring joins it block by block
     m, l, acc = _softmax_step(q, kb, vb, valid, tl.sum(q * k[None, :], axis=1) * scale,
-                              tl.full([GROUP], 1.0, tl.float32), tl.zeros([GROUP, D], tl.float32) + v[None, :], scale)
+                              tl.full([GROUP], 1.0, tl.float32), tl.zeros([GROUP, D], tl.float32) + v[None, :], scale,
+                              False)
     for first in range(BLOCK, WINDOW, BLOCK):
         kb, vb, valid = _ring_block(ring, first, pos, new, s_entry, s_kind, d, WINDOW, BLOCK)
-        m, l, acc = _softmax_step(q, kb, vb, valid, m, l, acc, scale)
+        m, l, acc = _softmax_step(q, kb, vb, valid, m, l, acc, scale, False)
     out = acc / l[:, None]
     tl.store(O + b * so + (h * GROUP + g)[:, None] * D + d[None, :], out.to(O.dtype.element_ty))
 

@@ -1,7 +1,8 @@
-"""bench/attention_variants.py's kernels (an experiment of issue 44, not yet measured on a GPU) compute what the
-engine's one-token attention computes: on the CPU in Triton's interpreter (conftest.py), exactly (the tensor-core
-variant's products in float32 there); compiled on a GPU, within a bfloat16 step of the output (the sums' order is
-the compiler's) and, for the tensor-core variant, its bfloat16 rounding of the probabilities."""
+"""bench/attention_variants.py's ways compute what the engine's one-token attention computes: its one-query step (the
+code predictor's in the engine) and the tensor-core kernel against the group's step, on the CPU in Triton's interpreter
+(conftest.py) exactly (the tensor-core variant's products in float32 there); compiled on a GPU, within a bfloat16 step
+of the output (the sums' order is the compiler's) and, for the tensor-core variant, its bfloat16 rounding of the
+probabilities."""
 from __future__ import annotations
 
 import pytest
