@@ -2,8 +2,9 @@
 # Issues 44 and 45: the earlier tree (`git archive REV talkgate | tar -x -C .e2e/before`) against this one on one H200
 # in one call, at every load the issues name. PARTS (default "tests decode loads streams"; run in this order):
 #   tests    GPU tests: TESTS, -k K (default the engine's lane, capture and cuDNN tests)
-#   roofline each tree's step by part at ROOF_BATCHES rows (bench/roofline.py, 1.7B; default 1,8,64,256,512; the
-#            earlier tree runs its own bench/ where .e2e/before has one: `git archive REV talkgate bench`)
+#   roofline each of ROOF_TREES' (default "before after") step by part at ROOF_BATCHES rows (bench/roofline.py, 1.7B;
+#            default 1,8,64,256,512; a tree but `after` runs its own bench/ where .e2e/NAME has one: `git archive REV
+#            talkgate bench`)
 #   decode   each of DECODE_TREES' (default "before after") decode graph of DECODE_ROWS rows kernel by kernel
 #            (bench/decoder_kernels.py; an engine of that many slots)
 #   loads    each tree with `talkgate serve` default flags, 1.7B CustomVoice, OpenAI HTTP PCM, open loop, English
@@ -42,7 +43,7 @@ if [[ $parts == *" tests "* ]]; then
   grep -q " passed" "$res/gpu-tests.txt" && ! grep -q "failed\|error" "$res/gpu-tests.txt" || { log "GPU tests failed"; pack; exit 1; }
 fi
 if [[ $parts == *" roofline "* ]]; then
-  for which in before after; do
+  for which in ${ROOF_TREES:-before after}; do
     dir=$(tree_of $which)
     (cd "$dir" && PYTHONPATH=$dir:$tree:/tmp/site timeout 400 python3 -m bench.roofline /tmp/ck-1.7b-custom_voice \
       --batches "${ROOF_BATCHES:-1,8,64,256,512}" --reps 20 --json "$res/roofline-$which.json" 2>&1 | grep -v Warn \
