@@ -310,7 +310,8 @@ def _attend_project(ws, QKV, NQ, NK, eps, COS, SIN, KC, VC, skh, pos, OPART, pid
         h = j // NCH
         if h < HKV:
             # the group's step, not one query at a time as the code predictor's own kernel (synth/attention.py): here
-            # that cost a one-row frame 0.23 ms (docs/benchmarks.md "The one-token attention one query at a time")
+            # that cost a one-row frame 0.23 ms, and gained nothing at two rows (_layer's attend_one_token, which keeps
+            # the group's step too; docs/benchmarks.md "The one-token attention one query at a time")
             m, l, acc = attend_range(QKV, NQ, NK, eps, COS, SIN, KC, VC, KC, 0, h * skh, D, pos, 0, pos, True, scale,
                                      h, HQ, HKV, GROUP, D, BLOCK, 0, False)
             o = (acc / l[:, None]).to(DT).to(tl.float32)
