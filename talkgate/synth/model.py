@@ -449,7 +449,7 @@ class CodePredictor(nn.Module):
         h = self._forward(x, 0, kv)[:, -1]
         codes, embeds, all_logits = [], [code0_embed], []
         for g in range(1, self.groups):
-            logits = self.lm_head[g - 1](h).float()
+            logits = self.lm_head[g - 1](h)         # model dtype: the sampler widens it where it reads it
             code = sampler.acoustic(logits, g)
             embed = self.codec_embedding[g - 1](code)
             codes.append(code)
@@ -460,7 +460,7 @@ class CodePredictor(nn.Module):
         codes = torch.stack(codes, dim=1)
         embed_sum = torch.stack(embeds, dim=1).sum(1)
         if return_logits:
-            return codes, embed_sum, torch.stack(all_logits, dim=1)
+            return codes, embed_sum, torch.stack(all_logits, dim=1).float()
         return codes, embed_sum
 
 

@@ -66,7 +66,8 @@ def apply_repetition_penalty(logits: torch.Tensor, seen: torch.Tensor, penalty: 
 
 def sample(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
            greedy: torch.Tensor, seed: torch.Tensor, counter: torch.Tensor, stream: int) -> torch.Tensor:
-    """One id per row from float32 logits [B, V] (already penalized and banned): [B] int64.
+    """One id per row from logits [B, V] (already penalized and banned; any float dtype, widened to float32 where
+    read, so bfloat16 logits draw what their float32 copy draws): [B] int64.
 
     top_k <= 0 or >= V means no top-k filter; top_p >= 1 means no top-p filter. Ties at a
     top-k or top-p cutoff value are kept (transformers keeps top-k ties too). On CUDA one Triton
@@ -74,7 +75,7 @@ def sample(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
     kernel = kernel_module("sample_kernel") if logits.is_cuda else None
     if kernel is not None:
         return kernel.sample(logits, temperature, top_k, top_p, greedy, seed, counter, stream)
-    return sample_torch(logits, temperature, top_k, top_p, greedy, seed, counter, stream)
+    return sample_torch(logits.float(), temperature, top_k, top_p, greedy, seed, counter, stream)
 
 
 @functools.cache
@@ -192,6 +193,6 @@ class FrameSampler:
         return sample(logits, p.temperature, p.top_k, p.top_p, p.greedy, p.seed, self.counter, 0)
 
     def acoustic(self, logits: torch.Tensor, group: int) -> torch.Tensor:
-        """Codebook `group` (1..15) from the code predictor's logits [B, 2048] float32."""
+        """Codebook `group` (1..15) from the code predictor's logits [B, 2048] (its model dtype)."""
         p = self.p
         return sample(logits, p.sub_temperature, p.sub_top_k, p.sub_top_p, p.sub_greedy, p.seed, self.counter, group)

@@ -54,6 +54,17 @@ def test_kernel_draws_what_the_pytorch_sampler_draws(kernel, V):
         assert not args[4][mismatch].any()
 
 
+def test_bfloat16_logits_draw_what_their_float32_copy_draws(kernel):
+    """The code predictor hands the sampler its logits in the model dtype (no float32 copy in the codes graph)."""
+    from talkgate.synth.sampling import sample
+    B, V = (256, 2048) if CUDA else (16, 2048)
+    for stream in (1, 15):
+        args = rows(B, V, seed=stream)
+        low = args[0].to(torch.bfloat16)
+        assert torch.equal(kernel.sample(low, *args[1:], stream), kernel.sample(low.float(), *args[1:], stream))
+        assert torch.equal(sample(low, *args[1:], stream), sample(low.float(), *args[1:], stream))
+
+
 def test_kernel_respects_top_k_and_greedy_exactly(kernel):
     V, B = 2048, 64 if CUDA else 16
     logits, temperature, _, _, _, seed, counter = rows(B, V, seed=9)
