@@ -124,7 +124,8 @@ def sample_kernel(LOGITS, stride, TEMP, TOP_K, TOP_P, GREEDY, SEED, COUNTER, OUT
 
 def sample(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
            greedy: torch.Tensor, seed: torch.Tensor, counter: torch.Tensor, stream: int) -> torch.Tensor:
-    """Same contract as synth.sampling.sample: logits [B, V] of any float dtype (sample_row widens them) -> [B] int64."""
+    """Same contract as synth.sampling.sample: logits [B, V] of any float dtype (sample_row widens them)
+    -> [B] int64."""
     B, V = logits.shape
     if logits.stride(-1) != 1:
         logits = logits.contiguous()
