@@ -36,9 +36,9 @@ def _min_max(a_min, a_max, b_min, b_max):
 
 @triton.jit
 def sample_row(LOGITS, V, temperature, top_k, top_p, greedy, seed, counter, stream_key, BLOCK: tl.constexpr):
-    """One id from the float32 logits LOGITS[:V] of one row (its parameters as scalars). Also called by the
-    code predictor's persistent kernel (synth/persistent.py), which rewrites LOGITS every codebook:
-    hence the L2-only (".cg") load."""
+    """One id from the logits LOGITS[:V] of one row (any float dtype, widened to float32 as loaded; its parameters
+    as scalars). Also called by the code predictor's persistent kernel (synth/persistent.py), which rewrites LOGITS
+    every codebook: hence the L2-only (".cg") load."""
     idx = tl.arange(0, BLOCK)
     valid = idx < V
     x = tl.load(LOGITS + idx, mask=valid, other=float("-inf"), cache_modifier=".cg").to(tl.float32)
