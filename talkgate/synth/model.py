@@ -21,12 +21,14 @@ Talker (a Qwen3 decoder: RMSNorm eps from config, q/k RMSNorm per head, GQA, Swi
       where not allowed (the reference bans eos for the first 2 frames: min_new_tokens=2).
 
 Code predictor (5-layer Qwen3 decoder, plain RoPE over positions 0..15 of the frame):
-  predictor.setup(device)                         RoPE table; call once after loading.
+  predictor.setup(device)                         RoPE table and pass inputs; call once after loading
+                                                  (and fuse_projections).
   predictor.predict(hidden [B,H], code0_embed [B,H], sampler) -> (codes [B,15], embed_sum [B,H])
       input [hidden, code0_embed] (small_to_mtp_projection first when its hidden differs), then 15
-      sequential steps; step g feeds codec_embedding[g-1](code g) and samples code g+1 with
-      lm_head[g]. embed_sum = code0_embed + the 15 acoustic embeddings: the next Talker input minus
-      its text token. Its KV is a per-call scratch buffer [B, kv_heads, 16, head_dim] per layer.
+      sequential steps; step g feeds codec_embedding[g-1](code g), projected (a row of pass_inputs[g-1]),
+      and samples code g+1 with lm_head[g]. embed_sum = code0_embed + the 15 acoustic embeddings: the next
+      Talker input minus its text token. Its KV is a per-call scratch buffer [B, kv_heads, 16, head_dim] per
+      layer.
 
 One frame (usable by offline synthesis and by the engine, capturable in a CUDA graph):
   sample_codes(talker, predictor, hidden [B,H], sampler, seen [B,3072] bool, allow_eos [B] bool)
@@ -411,6 +413,13 @@ class CodePredictor(nn.Module):
         angle = torch.arange(self.groups, dtype=torch.float32)[:, None] * inv_frequencies(d.head_dim, d.rope_theta)
         angle = torch.cat((angle, angle), dim=-1)
         self.cos, self.sin = angle.cos().to(device), angle.sin().to(device)
+        # a pass's input is a row of a codebook's embedding projected: each table projected once here makes it a
+        # lookup, not a multiply of every row each pass (the projection is linear; without one, the tables as they are)
+        with torch.no_grad():
+            self.pass_inputs = [self._project(e.weight) for e in self.codec_embedding[:-1]]
+        # codebook g's code c is row (g - 1) * vocab + c of the stacked embeddings (fuse_projections): one gather of
+        # all 15 after the passes, for the sum
+        self.code_offsets = torch.arange(self.groups - 1, device=device) * self.cfg.vocab_size
 
     def _project(self, x: torch.Tensor) -> torch.Tensor:
         return self.small_to_mtp_projection(x) if self.small_to_mtp_projection is not None else x
@@ -447,18 +456,17 @@ class CodePredictor(nn.Module):
                hidden.new_empty(B, d.num_kv_heads, self.groups, d.head_dim)) for _ in self.layers]
         x = self._project(torch.stack([hidden, code0_embed], dim=1))
         h = self._forward(x, 0, kv)[:, -1]
-        codes, embeds, all_logits = [], [code0_embed], []
+        codes, all_logits = [], []
         for g in range(1, self.groups):
             logits = self.lm_head[g - 1](h)         # model dtype: the sampler widens it where it reads it
             code = sampler.acoustic(logits, g)
-            embed = self.codec_embedding[g - 1](code)
             codes.append(code)
-            embeds.append(embed)
             all_logits.append(logits)
             if g < self.groups - 1:
-                h = self._forward(self._project(embed[:, None]), g + 1, kv)[:, 0]
+                h = self._forward(F.embedding(code, self.pass_inputs[g - 1])[:, None], g + 1, kv)[:, 0]
         codes = torch.stack(codes, dim=1)
-        embed_sum = torch.stack(embeds, dim=1).sum(1)
+        embeds = self.embeddings.flatten(0, 1)[codes + self.code_offsets]                  # [B, 15, H]
+        embed_sum = torch.cat([code0_embed[:, None], embeds], dim=1).sum(1)
         if return_logits:
             return codes, embed_sum, torch.stack(all_logits, dim=1).float()
         return codes, embed_sum

@@ -142,7 +142,9 @@ def code_predictor_work(cfg, B: int, prec: str, nbytes: int) -> Work:
     HT, d, G = t.dims.hidden_size, p.dims, p.num_code_groups
     passes, tokens = G - 1, B * G
     head = matmul(B, HT, t.vocab_size, prec, nbytes, nbytes)
-    projection = matmul(tokens, HT, d.hidden_size, prec, nbytes, nbytes, passes) if HT != d.hidden_size else Work()
+    # the first pass projects its 2 rows; a later pass's input is a row of a projected table (CodePredictor.setup)
+    projection = (matmul(2 * B, HT, d.hidden_size, prec, nbytes, nbytes)
+                  + Work({}, 0, 0, (G - 2) * B * d.hidden_size * nbytes) if HT != d.hidden_size else Work())
     pairs = predictor_pairs(G)
     # the first pass reads back its 2 positions, pass p its p + 1
     layers = qwen3_layers(d, tokens, B * pairs, B * (pairs - 2), tokens, prec, nbytes, passes)
