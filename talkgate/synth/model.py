@@ -22,7 +22,7 @@ Talker (a Qwen3 decoder: RMSNorm eps from config, q/k RMSNorm per head, GQA, Swi
 
 Code predictor (5-layer Qwen3 decoder, plain RoPE over positions 0..15 of the frame):
   predictor.setup(device)                         RoPE table and pass inputs; call once after loading
-                                                  (and fuse_projections).
+                                                  (predict also reads fuse_projections' stacked embeddings).
   predictor.predict(hidden [B,H], code0_embed [B,H], sampler) -> (codes [B,15], embed_sum [B,H])
       input [hidden, code0_embed] (small_to_mtp_projection first when its hidden differs), then 15
       sequential steps; step g feeds codec_embedding[g-1](code g), projected (a row of pass_inputs[g-1]),
