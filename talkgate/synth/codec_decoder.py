@@ -446,8 +446,8 @@ class SplitResidualVQ(nn.Module):
 # ---------------------------------------------------------------------------------------------------
 # Sliding-window causal transformer with a per-slot key/value ring of `sliding_window` frames.
 
-# One-frame steps take synth/window_attention.py's kernel on CUDA; tests set this to run it on CPU
-# tensors too, in Triton's interpreter.
+# One-frame steps take synth/window_attention.py's kernel on CUDA, and every step synth/row_copy.py's for its
+# state's write-back; tests set this to run them on CPU tensors too, in Triton's interpreter.
 KERNEL_ON_CPU = False
 
 
@@ -689,6 +689,10 @@ class CodecDecoder(nn.Module):
                     offset += m.in_channels * m.context
             self.tail_spans.append(slice(start, offset))
         self.tail_size = offset
+        # synth/row_copy.py's kernel (None without Triton) for decode_step's write-back, looked up here rather than
+        # in decode_step: dynamo cannot trace the import
+        kernels = kernel_module("row_copy")
+        self.row_kernel = kernels.copy_rows if kernels is not None else None
 
     @torch.no_grad()
     def prepare(self) -> "CodecDecoder":
@@ -719,8 +723,12 @@ class CodecDecoder(nn.Module):
         h = self.pre_transformer(h, pos, slots, state.kv)
         h, carried_early = self.early_convs(h, tails)
         wav, carried_late = self.late_convs(h, tails)
+        on_kernel = (codes.is_cuda or KERNEL_ON_CPU) and self.row_kernel is not None
         for span, carried in zip(self.tail_spans, (carried_in, carried_early, carried_late)):
-            state.tails[:, span].index_copy_(0, slots, carried)
+            if on_kernel:
+                self.row_kernel(state.tails[:, span], slots, carried)
+            else:
+                state.tails[:, span].index_copy_(0, slots, carried)
         state.pos.index_copy_(0, slots, pos + n)
         return wav
 
