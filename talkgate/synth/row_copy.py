@@ -5,7 +5,8 @@ one column span of the state per compiled part). torch's index_copy_ does it ele
 index arithmetic: at 256 rows the 1.7B decoder's write-back (113 MB read and written) took 114 us on an H100 (about
 1 TB/s; the gather of the same rows at the step's start 36 us). Here each program copies BLOCK contiguous values of
 one row, in 16-byte accesses where the pool's row stride and the span's start allow (Triton specializes on their
-alignment): 48 us (docs/benchmarks.md "Kept: the decoder state's write-back as a row copy"). Runs in Triton's interpreter on the CPU for tests (tests/gpu/test_row_copy.py).
+alignment): 48 us (docs/benchmarks.md "Kept: the decoder state's write-back as a row copy"). Runs in Triton's
+interpreter on the CPU for tests (tests/gpu/test_row_copy.py).
 """
 from __future__ import annotations
 
