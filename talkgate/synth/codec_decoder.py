@@ -656,6 +656,11 @@ class DecoderState:
         self.pos.index_fill_(0, slots, 0)
 
 
+def _index_copy(pool: torch.Tensor, rows: torch.Tensor, src: torch.Tensor):
+    """pool[rows[i]] = src[i] in PyTorch: synth/row_copy.py's copy_rows where its kernel does not run."""
+    pool.index_copy_(0, rows, src)
+
+
 EARLY_BLOCKS = 2         # decoder blocks in early_convs (of 4): with the upsampling, about half the kernels
 
 
@@ -724,11 +729,9 @@ class CodecDecoder(nn.Module):
         h, carried_early = self.early_convs(h, tails)
         wav, carried_late = self.late_convs(h, tails)
         on_kernel = (codes.is_cuda or KERNEL_ON_CPU) and self.row_kernel is not None
+        write_rows = self.row_kernel if on_kernel else _index_copy
         for span, carried in zip(self.tail_spans, (carried_in, carried_early, carried_late)):
-            if on_kernel:
-                self.row_kernel(state.tails[:, span], slots, carried)
-            else:
-                state.tails[:, span].index_copy_(0, slots, carried)
+            write_rows(state.tails[:, span], slots, carried)
         state.pos.index_copy_(0, slots, pos + n)
         return wav
 
