@@ -28,6 +28,7 @@
 #                                                its voice (runs PREFIX-VARIANT)
 set -uo pipefail
 out=${OUT:-/tmp/out}; res=${RES:-/tmp/res-$BENCH}; rm -rf "$res"; mkdir -p "$out" "$res"
+echo $$ > "$res/pid"                             # gpu_poll.sh stops waiting once this process is gone
 tree=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 log() { echo "[$(date +%T)] $*" | tee -a "$res/progress"; }
 if [ "${SETUP:-1}" = 1 ]; then
