@@ -2,11 +2,13 @@
 # Issues 44 and 45: the earlier tree (`git archive REV talkgate | tar -x -C .e2e/before`) against this one on one H200
 # in one call, at every load the issues name. PARTS (default "tests decode loads streams"; run in this order):
 #   tests    GPU tests: TESTS, -k K (default the engine's lane, capture and cuDNN tests)
-#   roofline each of ROOF_TREES' (default "before after") step by part at ROOF_BATCHES rows (bench/roofline.py, 1.7B;
+#   roofline each of ROOF_TREES' (default "before after"; a tree named again, "before after before", runs again with
+#            its files named NAME-again: kernels the change does not touch ran 3-7% faster in an H200's second run of
+#            one call, 2026-12-06) step by part at ROOF_BATCHES rows (bench/roofline.py, 1.7B;
 #            default 1,8,64,256,512; a tree but `after` runs its own bench/ where .e2e/NAME has one: `git archive REV
 #            talkgate bench`)
-#   decode   each of DECODE_TREES' (default "before after") decode graph of DECODE_ROWS rows kernel by kernel
-#            (bench/decoder_kernels.py; an engine of that many slots)
+#   decode   each of DECODE_TREES' (default "before after"; named again as ROOF_TREES) decode graph of DECODE_ROWS rows
+#            kernel by kernel (bench/decoder_kernels.py; an engine of that many slots)
 #   loads    each tree with `talkgate serve` default flags, 1.7B CustomVoice, OpenAI HTTP PCM, open loop, English
 #            medium texts: RATES (RATE:SECONDS:CLIENT_PROCESSES each; default 1 req/s for 90 s, 20 and 100 req/s for
 #            20 s; LOAD_ARGS: more flags of each, e.g. --max-in-flight 4096 past ~150 req/s; packed after each),
@@ -43,24 +45,28 @@ if [[ $parts == *" tests "* ]]; then
   grep -q " passed" "$res/gpu-tests.txt" && ! grep -q "failed\|error" "$res/gpu-tests.txt" || { log "GPU tests failed"; pack; exit 1; }
 fi
 if [[ $parts == *" roofline "* ]]; then
+  runs=" "
   for which in ${ROOF_TREES:-before after}; do
     dir=$(tree_of $which)
+    run=$which; [[ $runs == *" $which "* ]] && run=$which-again; runs+="$which "
     (cd "$dir" && PYTHONPATH=$dir:$tree:/tmp/site timeout 400 python3 -m bench.roofline /tmp/ck-1.7b-custom_voice \
-      --batches "${ROOF_BATCHES:-1,8,64,256,512}" --reps 20 --json "$res/roofline-$which.json" 2>&1 | grep -v Warn \
-      > "$res/roofline-$which.md")
-    log "$which roofline: $(grep -c '' "$res/roofline-$which.md") lines"
+      --batches "${ROOF_BATCHES:-1,8,64,256,512}" --reps 20 --json "$res/roofline-$run.json" 2>&1 | grep -v Warn \
+      > "$res/roofline-$run.md")
+    log "$run roofline: $(grep -c '' "$res/roofline-$run.md") lines"
     pack
   done
 fi
 if [[ $parts == *" decode "* ]]; then
   for B in ${DECODE_ROWS:-64 512}; do
+    runs=" "
     for which in ${DECODE_TREES:-before after}; do
       dir=$(tree_of $which)
+      run=$which; [[ $runs == *" $which "* ]] && run=$which-again; runs+="$which "
       (cd "$dir" && PYTHONPATH=$dir:$tree:/tmp/site timeout 300 python3 -m bench.decoder_kernels \
-        /tmp/ck-1.7b-custom_voice "$res" "$B" > "$res/decode-$which-$B.txt" 2>&1)
+        /tmp/ck-1.7b-custom_voice "$res" "$B" > "$res/decode-$run-$B.txt" 2>&1)
       rm -f "$res/decode_trace.json"
-      log "$which: $(grep 'decode graph' "$res/decode-$which-$B.txt"); on cuDNN's generic kernel: $(grep -c \
-implicit_convolve_sgemm "$res/decode-$which-$B.txt") convolutions"
+      log "$run: $(grep 'decode graph' "$res/decode-$run-$B.txt"); on cuDNN's generic kernel: $(grep -c \
+implicit_convolve_sgemm "$res/decode-$run-$B.txt") convolutions"
       pack
     done
   done
