@@ -55,7 +55,10 @@ start() {
   local t0=$SECONDS n
   env "${envs[@]}" python3 -m talkgate serve --port "$port" "$@" > "$res/$name.log" 2>&1 &
   echo $! > "$res/$name.pid"
-  for _ in $(seq 1200); do grep -q "talkgate: ready" "$res/$name.log" && break; sleep 0.5; done
+  log "$name: started"
+  # packed every 30 s while it warms up: a call cut before the server is ready still brings back its log (a 0.6B
+  # server of 1,024 contexts was not ready 370 s after its start on a fresh H100, 2026-12-06, and left nothing)
+  for i in $(seq 1200); do grep -q "talkgate: ready" "$res/$name.log" && break; (( i % 60 )) || pack; sleep 0.5; done
   log "$name: ready $((SECONDS - t0)) s after start"
   n=$(grep -c 'engine [0-9]*.*: .*pid' "$res/$name.log")
   for _ in $(seq 800); do [ "$(grep -c 'all [0-9]* graphs captured' "$res/$name.log")" -ge "$n" ] && break; sleep 0.5; done
