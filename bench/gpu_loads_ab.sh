@@ -36,6 +36,8 @@
 BENCH=${BENCH:-loads-ab}
 . "$(dirname "$0")/gpu_serve.sh"
 parts=" ${PARTS:-tests decode loads streams} "
+# run=NAME, or NAME-again where this part ran NAME already (runs: the names so far, " " at the part's start)
+named_run() { run=$1; [[ $runs == *" $1 "* ]] && run=$1-again; runs+="$1 "; }
 [[ $parts =~ " "(tests|roofline|decode|loads)" " ]] && checkpoints custom_voice
 export TALKGATE_CACHE=${TALKGATE_CACHE:-/tmp/tgc-default}
 if [[ $parts == *" tests "* ]]; then
@@ -48,7 +50,7 @@ if [[ $parts == *" roofline "* ]]; then
   runs=" "
   for which in ${ROOF_TREES:-before after}; do
     dir=$(tree_of $which)
-    run=$which; [[ $runs == *" $which "* ]] && run=$which-again; runs+="$which "
+    named_run "$which"
     (cd "$dir" && PYTHONPATH=$dir:$tree:/tmp/site timeout 400 python3 -m bench.roofline /tmp/ck-1.7b-custom_voice \
       --batches "${ROOF_BATCHES:-1,8,64,256,512}" --reps 20 --json "$res/roofline-$run.json" 2>&1 | grep -v Warn \
       > "$res/roofline-$run.md")
@@ -61,7 +63,7 @@ if [[ $parts == *" decode "* ]]; then
     runs=" "
     for which in ${DECODE_TREES:-before after}; do
       dir=$(tree_of $which)
-      run=$which; [[ $runs == *" $which "* ]] && run=$which-again; runs+="$which "
+      named_run "$which"
       (cd "$dir" && PYTHONPATH=$dir:$tree:/tmp/site timeout 300 python3 -m bench.decoder_kernels \
         /tmp/ck-1.7b-custom_voice "$res" "$B" > "$res/decode-$run-$B.txt" 2>&1)
       rm -f "$res/decode_trace.json"
