@@ -2,9 +2,10 @@
 # Inductor settings given as environment variables (INDUCTOR_ENV, default TORCHINDUCTOR_COORDINATE_DESCENT_TUNING=1:
 # each generated pointwise and reduction kernel's block sizes and warps benchmarked at compile time, as gpt-fast
 # compiles) against Inductor's defaults, in one call: the 1.7B step's three graphs at ROWS rows (default 256) kernel by
-# kernel (bench/decoder_kernels.py), plain, with the settings (a compile cache of their own), then plain again (the
-# drift between runs). Another setting, say `INDUCTOR_ENV="TORCHINDUCTOR_MAX_AUTOTUNE_GEMM=1"` (Triton multiply
-# templates with pointwise prologues and epilogues fused, benchmarked against cuBLAS at compile time).
+# kernel (bench/decoder_kernels.py), plain, with each setting (a compile cache of its own; settings apart by ';', the
+# listings kernels-tuned-1.txt, -2 ...), then plain again (the drift between runs). Other settings, say
+# `INDUCTOR_ENV="TORCHINDUCTOR_MAX_AUTOTUNE_GEMM=1;TORCH_BLAS_PREFER_CUBLASLT=1"` (Triton multiply templates with
+# pointwise epilogues fused, benchmarked against cuBLAS at compile time; cuBLASLt for every multiply).
 #   BENCH=inductor-ab setsid bash bench/gpu_inductor_ab.sh > /tmp/la.out 2>&1 < /dev/null &
 #   bash bench/gpu_poll.sh 560 inductor-ab
 BENCH=${BENCH:-inductor-ab}
@@ -21,8 +22,12 @@ graphs() {  # NAME CACHE [VAR=VALUE ...]: the listing of each graph, the setup's
 }
 settings=${INDUCTOR_ENV:-TORCHINDUCTOR_COORDINATE_DESCENT_TUNING=1}
 graphs plain /tmp/tgc-plain
-# a cache per setting: talkgate's saved compiled functions are keyed by its code, not by Inductor's settings
-# shellcheck disable=SC2086
-graphs tuned "/tmp/tgc-$(md5sum <<< "$settings" | cut -c1-8)" $settings
+IFS=';' read -ra each <<< "$settings"
+for i in "${!each[@]}"; do
+  log "tuned-$((i + 1)): ${each[$i]}"
+  # a cache per setting: talkgate's saved compiled functions are keyed by its code, not by Inductor's settings
+  # shellcheck disable=SC2086
+  graphs "tuned-$((i + 1))" "/tmp/tgc-$(md5sum <<< "${each[$i]}" | cut -c1-8)" ${each[$i]}
+done
 graphs plain-again /tmp/tgc-plain
 log done
