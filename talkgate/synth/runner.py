@@ -194,6 +194,10 @@ class Runner:
             # cuDNN times its algorithms per shape once (during warm-up, before capture) and keeps the
             # fastest: the codec decoder's convolutions at batch 1 otherwise get slow defaults
             torch.backends.cudnn.benchmark = True
+            # cuBLASLt's heuristics pick faster kernels than cuBLAS's for some of the Talker's and code
+            # predictor's projections at 256 rows (the down projections: docs/benchmarks.md "cuBLASLt for every
+            # multiply")
+            torch.backends.cuda.preferred_blas_library("cublaslt")
         # torch.compile fuses the small elementwise chains of the model's leaf functions (see
         # compile_hot_functions); replayed inside the CUDA graphs they cost no Python time
         self.compiled = torch_compile and device.type == "cuda"
