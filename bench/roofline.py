@@ -177,15 +177,15 @@ def time_parts(engine, B: int, prompt_len: int, prefill_len: int, reps: int) -> 
         if cuda:
             r._run("talker", B)                  # the codes graph reads the Talker's hidden states
         slots, frame = r.main.inputs[0, :B], r.main.inputs[3, :B]
-        sampler = FrameSampler(r.sampling.index(slots), frame)
+        sampler = FrameSampler(r.sampling.index(slots), frame, slots)
         cfg = r.talker.cfg
         gen = torch.Generator(device=r.device).manual_seed(0)
         logits0 = torch.randn(B, cfg.vocab_size, device=r.device, generator=gen)
         logits = torch.randn(B, cfg.predictor.vocab_size, device=r.device, generator=gen)
-        seen, banned = r.seen[slots], r.talker.banned_ids(torch.ones(B, dtype=torch.bool, device=r.device))
+        allow_eos = torch.ones(B, dtype=torch.bool, device=r.device)
 
         def draws():
-            sampler.codebook0(logits0, seen, banned)
+            sampler.codebook0(logits0, r.seen, r.talker.suppressed, cfg.codec_eos, allow_eos)
             for group in range(1, cfg.num_code_groups):
                 sampler.acoustic(logits, group)
         fns["sampling"] = captured(draws) if cuda else draws

@@ -17,8 +17,8 @@ Talker (a Qwen3 decoder: RMSNorm eps from config, q/k RMSNorm per head, GQA, Swi
       fresh=True (a prefill: pos is 0..T-1 in every row): attention within x, the cache only written.
       [B,T] positions mean all three mRoPE axes are equal (always so for TTS).
   talker.codec_head(hidden) -> logits [.., 3072]
-  talker.banned_ids(allow_eos [B] bool) -> [B, 3072] bool: ids 2048..3071 except eos, plus eos
-      where not allowed (the reference bans eos for the first 2 frames: min_new_tokens=2).
+  talker.suppressed                               [3072] bool: ids 2048..3071 except eos, never drawn; eos is banned
+      where not allowed (the reference bans it for the first 2 frames: min_new_tokens=2).
 
 Code predictor (5-layer Qwen3 decoder, plain RoPE over positions 0..15 of the frame):
   predictor.setup(device)                         RoPE table and pass inputs; call once after loading
@@ -31,8 +31,9 @@ Code predictor (5-layer Qwen3 decoder, plain RoPE over positions 0..15 of the fr
       layer.
 
 One frame (usable by offline synthesis and by the engine, capturable in a CUDA graph):
-  sample_codes(talker, predictor, hidden [B,H], sampler, seen [B,3072] bool, allow_eos [B] bool)
-      -> (codes [B,16], embed_sum [B,H]). The caller marks seen[b, codes[b,0]] afterwards.
+  sample_codes(talker, predictor, hidden [B,H], sampler, seen [S,3072] bool, allow_eos [B] bool)
+      -> (codes [B,16], embed_sum [B,H]); seen: the codebook-0 ids of each slot's context so far, row b's at
+      sampler.slots[b], where its codebook-0 id is marked unless it is eos.
   decode_step(talker, predictor, x [B,1,H], pos [B], slots [B], sampler, seen, allow_eos)
       -> (codes [B,16], embed_sum [B,H]): Talker step, then sample_codes.
   x for frame n+1 = embed_sum of frame n + talker.embed_text(next text id) (tts_eos after the
@@ -306,13 +307,9 @@ class Talker(nn.Module):
         suppressed[cfg.vocab_size - 1024:] = True
         suppressed[cfg.codec_eos] = False
         self.suppressed = suppressed.to(device)
-        self.eos_onehot = torch.nn.functional.one_hot(torch.tensor(cfg.codec_eos), cfg.vocab_size).bool().to(device)
 
     def embed_text(self, ids: torch.Tensor) -> torch.Tensor:
         return self.text_projection(self.text_embedding(ids))
-
-    def banned_ids(self, allow_eos: torch.Tensor) -> torch.Tensor:
-        return self.suppressed[None, :] | (self.eos_onehot[None, :] & ~allow_eos[:, None])
 
     def rope(self, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """pos [B,T] (three equal axes) or [3,B,T] -> cos, sin [B,T,head_dim] float32."""
@@ -476,12 +473,12 @@ def sample_codes(talker: Talker, predictor: CodePredictor, hidden: torch.Tensor,
                  seen: torch.Tensor, allow_eos: torch.Tensor, return_logits: bool = False):
     """Codebook 0 from the Talker's last hidden state, then codebooks 1..15: codes [B,16], embed_sum [B,H]
     (with return_logits also the Talker logits [B,3072] and predictor logits [B,15,2048], float32)."""
-    logits = talker.codec_head(hidden).float()
-    code0 = sampler.codebook0(logits, seen, talker.banned_ids(allow_eos))
+    logits = talker.codec_head(hidden)             # model dtype: the sampler widens it where it reads it
+    code0 = sampler.codebook0(logits, seen, talker.suppressed, talker.cfg.codec_eos, allow_eos)
     out = predictor.predict(hidden, talker.codec_embedding(code0), sampler, return_logits)
     codes = torch.cat([code0[:, None], out[0]], dim=1)
     if return_logits:
-        return codes, out[1], logits, out[2]
+        return codes, out[1], logits.float(), out[2]
     return codes, out[1]
 
 

@@ -67,7 +67,7 @@ def generate_codes(tts, text: str, voice: str | None = None, language: str = "au
         code0 = int(codes[0, 0])
         if code0 == cfg.talker.codec_eos and not ignore_eos:
             break
-        seen[0, code0] = True
+        seen[0, code0] = True           # the sampler marks every id but eos, which goes on here under ignore_eos
         frames.append(codes[0])
         if n + 1 == max_frames:
             break

@@ -30,8 +30,9 @@ A step is three parts, each one CUDA graph per batch bucket ([1, 2, 4, 8] + mult
 max_batch; a batch runs in the smallest captured bucket that holds it, padded with dummy rows):
   talker:  x = next_embed[slot] + embed_text(text id); hidden = Talker(x, position, slot)
   codes:   codebook 0 from the Talker head (repetition penalty, control ids suppressed, eos allowed
-           from frame 2 unless the length is fixed: fixed_frames or an untrained checkpoint's text rule), 15 code-predictor steps with sampling inside, and the
-           embedding sum for the next step
+           from frame 2 unless the length is fixed: fixed_frames or an untrained checkpoint's text rule; one
+           kernel on CUDA, which also marks the id in the slot's seen row), 15 code-predictor steps with sampling
+           inside, and the embedding sum for the next step
   decode:  one incremental codec-decoder step of those codes -> 1920 samples a row
 A row that samples eos makes no frame and changes none of its slot's state but the Talker's KV at its
 position, which the slot's next step (if a flushed context goes on) overwrites.
@@ -744,14 +745,13 @@ class Runner:
     def _codes_step(self, b: int, buf: StepBuffers) -> None:
         slots, frame = buf.inputs[0, :b], buf.inputs[3, :b]
         h = buf.hidden[:b]
-        sampler = FrameSampler(self.sampling.index(slots), frame)
-        seen = self.seen[slots]
-        codes, embed_sum = sample_codes(self.talker, self.predictor, h, sampler, seen,
+        sampler = FrameSampler(self.sampling.index(slots), frame, slots)
+        codes, embed_sum = sample_codes(self.talker, self.predictor, h, sampler, self.seen,
                                         frame >= self.min_frames[slots])
-        # an eos row makes no frame: its slot keeps the state it had (the dummy slot takes the row's), so a
-        # flushed context goes on from its last frame when more text comes (Engine, FlushText)
+        # an eos row makes no frame: its slot keeps the state it had (eos is not marked seen; the dummy slot
+        # takes the row's embedding), so a flushed context goes on from its last frame when more text comes
+        # (Engine, FlushText)
         kept = torch.where(codes[:, 0] == self.codec_eos, self.dummy, slots)
-        self.seen[kept] = seen.scatter_(1, codes[:, :1], True)
         self.next_embed[kept] = embed_sum.to(self.dtype)
         buf.codes[:b] = codes
 

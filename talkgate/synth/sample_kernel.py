@@ -42,6 +42,12 @@ def sample_row(LOGITS, V, temperature, top_k, top_p, greedy, seed, counter, stre
     idx = tl.arange(0, BLOCK)
     valid = idx < V
     x = tl.load(LOGITS + idx, mask=valid, other=float("-inf"), cache_modifier=".cg").to(tl.float32)
+    return draw(x, idx, valid, V, temperature, top_k, top_p, greedy, seed, counter, stream_key, BLOCK)
+
+
+@triton.jit
+def draw(x, idx, valid, V, temperature, top_k, top_p, greedy, seed, counter, stream_key, BLOCK: tl.constexpr):
+    """sample_row's draw from a row's float32 logits x [BLOCK] (idx its ids, valid idx < V, -inf past V)."""
     greedy_id = tl.argmax(x, axis=0)
 
     scaled = x / tl.maximum(temperature, 1e-5)
@@ -120,6 +126,43 @@ def sample_kernel(LOGITS, stride, TEMP, TOP_K, TOP_P, GREEDY, SEED, COUNTER, OUT
     tl.store(OUT + row, sample_row(LOGITS + row * stride, V, tl.load(TEMP + row), tl.load(TOP_K + row),
                                    tl.load(TOP_P + row), tl.load(GREEDY + row) != 0, tl.load(SEED + row),
                                    tl.load(COUNTER + row), stream_key, BLOCK))
+
+
+@triton.jit
+def codebook0_kernel(LOGITS, stride, SLOTS, SEEN, seen_stride, SUPPRESSED, ALLOW_EOS, eos, PENALTY, TEMP, TOP_K, TOP_P,
+                     GREEDY, SEED, COUNTER, OUT, V, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    idx = tl.arange(0, BLOCK)
+    valid = idx < V
+    x = tl.load(LOGITS + row * stride + idx, mask=valid, other=float("-inf")).to(tl.float32)
+    seen = SEEN + tl.load(SLOTS + row) * seen_stride
+    penalty = tl.load(PENALTY + row)
+    # as synth.sampling.apply_repetition_penalty, rounded as PyTorch rounds (div_rn: Triton's "/" is approximate)
+    x = tl.where(tl.load(seen + idx, mask=valid, other=0) != 0,
+                 tl.where(x < 0, x * penalty, tl.math.div_rn(x, penalty)), x)
+    banned = (tl.load(SUPPRESSED + idx, mask=valid, other=1) != 0) | ((idx == eos) & (tl.load(ALLOW_EOS + row) == 0))
+    x = tl.where(banned, float("-inf"), x)
+    code = draw(x, idx, valid, V, tl.load(TEMP + row), tl.load(TOP_K + row), tl.load(TOP_P + row),
+                tl.load(GREEDY + row) != 0, tl.load(SEED + row), tl.load(COUNTER + row), 0, BLOCK)
+    tl.store(OUT + row, code)
+    tl.store(seen + code, tl.full([], 1, tl.uint8), mask=code != eos)
+
+
+def codebook0(logits: torch.Tensor, slots: torch.Tensor, seen: torch.Tensor, suppressed: torch.Tensor, eos: int,
+              allow_eos: torch.Tensor, penalty: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
+              top_p: torch.Tensor, greedy: torch.Tensor, seed: torch.Tensor, counter: torch.Tensor) -> torch.Tensor:
+    """Same contract as synth.sampling.FrameSampler.codebook0 (its rows' parameters as tensors [B]), one program a
+    row: the repetition penalty, the bans and the draw of `sample` on the row's logits in registers, and the
+    row's id marked in seen[slot] unless it is eos."""
+    B, V = logits.shape
+    if logits.stride(-1) != 1:
+        logits = logits.contiguous()
+    out = torch.empty(B, dtype=torch.int64, device=logits.device)
+    codebook0_kernel[(B,)](logits, logits.stride(0), slots, seen.view(torch.uint8), seen.stride(0),
+                           suppressed.view(torch.uint8), allow_eos.view(torch.uint8), eos, penalty, temperature, top_k,
+                           top_p, greedy.view(torch.uint8), seed, counter, out, V,
+                           BLOCK=max(16, 1 << (V - 1).bit_length()), num_warps=8)
+    return out
 
 
 def sample(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,

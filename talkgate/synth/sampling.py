@@ -178,19 +178,31 @@ FLOAT_FIELDS = ("temperature", "top_p", "repetition_penalty", "sub_temperature",
 
 
 class FrameSampler:
-    """Samples the 16 codes of one frame for a batch: built per step from gathered RowSampling rows
-    and the rows' frame indices (`counter`), used by synth.model.sample_codes."""
+    """Samples the 16 codes of one frame for a batch: built per step from gathered RowSampling rows, the rows'
+    frame indices (`counter`) and their slots in the caller's per-slot state (`slots`; None: row b is slot b), used
+    by synth.model.sample_codes."""
 
-    def __init__(self, rows: RowSampling, counter: torch.Tensor):
+    def __init__(self, rows: RowSampling, counter: torch.Tensor, slots: torch.Tensor | None = None):
         self.p, self.counter = rows, counter
+        self.slots = torch.arange(len(counter), device=counter.device) if slots is None else slots
 
-    def codebook0(self, logits: torch.Tensor, seen: torch.Tensor, banned: torch.Tensor) -> torch.Tensor:
-        """logits [B, 3072] float32; seen [B, 3072] bool (codebook-0 ids generated before in this
-        context); banned [B, 3072] bool (suppressed control ids, plus eos while not yet allowed)."""
+    def codebook0(self, logits: torch.Tensor, seen: torch.Tensor, suppressed: torch.Tensor, eos: int,
+                  allow_eos: torch.Tensor) -> torch.Tensor:
+        """Codebook 0 from the Talker's logits [B, 3072] (any float dtype, drawn as their float32 copy): seen [S, 3072]
+        bool, the ids each slot's context drew so far (a row reads its slot's; its drawn id is marked there unless
+        it is eos); the suppressed control ids [3072] bool, and eos, banned where allow_eos [B] bool is False."""
         p = self.p
-        logits = apply_repetition_penalty(logits, seen, p.repetition_penalty)
-        logits = logits.masked_fill(banned, float("-inf"))
-        return sample(logits, p.temperature, p.top_k, p.top_p, p.greedy, p.seed, self.counter, 0)
+        kernel = kernel_module("sample_kernel") if logits.is_cuda else None
+        if kernel is not None:      # one kernel for all of it (the PyTorch code below is about 15 in a CUDA graph)
+            return kernel.codebook0(logits, self.slots, seen, suppressed, eos, allow_eos, p.repetition_penalty,
+                                    p.temperature, p.top_k, p.top_p, p.greedy, p.seed, self.counter)
+        logits = apply_repetition_penalty(logits.float(), seen[self.slots], p.repetition_penalty)
+        is_eos = torch.arange(logits.shape[-1], device=logits.device) == eos
+        logits = logits.masked_fill(suppressed | (is_eos & ~allow_eos[:, None]), float("-inf"))
+        code = sample(logits, p.temperature, p.top_k, p.top_p, p.greedy, p.seed, self.counter, 0)
+        # marked unless eos, as the kernel's masked store: a sync-free write of the old value there
+        seen.index_put_((self.slots, code), seen[self.slots, code] | (code != eos))
+        return code
 
     def acoustic(self, logits: torch.Tensor, group: int) -> torch.Tensor:
         """Codebook `group` (1..15) from the code predictor's logits [B, 2048] (its model dtype)."""

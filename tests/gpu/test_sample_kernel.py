@@ -94,3 +94,46 @@ def test_kernel_keeps_ties_of_few_valued_logits(kernel, step):
     assert (got != want).sum() <= (B // 50 if CUDA else 0)
     kth = (logits / temperature[:, None]).topk(int(top_k.max()), dim=-1).values.gather(1, top_k[:, None] - 1)
     assert ((logits / temperature[:, None]).gather(1, got[:, None]) >= kth).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_codebook0_kernel_draws_and_marks_what_the_pytorch_path_does(kernel, dtype):
+    """The Talker's draw in one kernel (penalty over the slot's seen ids, suppressed ids and eos banned, the draw,
+    the id marked in the slot's seen row) against FrameSampler.codebook0's PyTorch code on the CPU: the same ids
+    and the same seen rows; eos drawn where allowed and never marked, never drawn where not; a suppressed id never."""
+    from talkgate.synth.api import SamplingParams
+    from talkgate.synth.config import GenerationConfig
+    from talkgate.synth.sampling import FrameSampler, RowSampling
+    V, eos, S = 3072, 2150, 9
+    B = 64 if CUDA else 6
+    g = torch.Generator().manual_seed(3)
+    logits = (torch.randn(B, V, generator=g) * 3).to(dtype)
+    logits[::3, eos] = 60.0                                  # eos wins where allowed
+    logits[1::3, 3000] = 90.0                                # a suppressed id would win
+    params = [SamplingParams(seed=100 + b, greedy=b % 4 == 1, temperature=0.5 + 0.25 * (b % 3),
+                             top_k=(0, 1, 50, 3072)[b % 4], top_p=(1.0, 0.8, 0.95)[b % 3],
+                             repetition_penalty=(1.0, 1.3, 0.7, 2.0)[b % 4]) for b in range(B)]
+    rows = RowSampling.build(params, GenerationConfig.parse({}))
+    slots = torch.randperm(S, generator=g)[:B] if B <= S else torch.arange(B)
+    seen = torch.rand(max(S, B), V, generator=g) < 0.3
+    seen[:, eos] = False
+    suppressed = torch.zeros(V, dtype=torch.bool)
+    suppressed[V - 1024:] = True
+    suppressed[eos] = False
+    allow_eos = torch.arange(B) % 2 == 0
+    counter = torch.randint(0, 1 << 33, (B,), generator=g)
+
+    want_seen = seen.clone()
+    want = FrameSampler(rows, counter, slots).codebook0(logits, want_seen, suppressed, eos, allow_eos)
+    on = [t.to(DEVICE) for t in (logits, slots, seen, suppressed, allow_eos, counter)]
+    got_seen = on[2]
+    got = kernel.codebook0(on[0], on[1], got_seen, on[3], eos, on[4], *(getattr(rows, name).to(DEVICE) for name in (
+        "repetition_penalty", "temperature", "top_k", "top_p", "greedy", "seed")), on[5]).cpu()
+    mismatch = (got != want).nonzero().flatten().tolist()
+    assert len(mismatch) <= (B // 50 if CUDA else 0), mismatch         # as test_kernel_draws_what_...
+    keep = [b for b in range(B) if b not in mismatch]
+    assert torch.equal(got_seen.cpu()[slots[keep]], want_seen[slots[keep]])
+    assert ((got == eos) == (allow_eos & (torch.arange(B) % 3 == 0))).all()
+    assert not suppressed[got].any()
+    assert not got_seen.cpu()[:, eos].any()
+    assert got_seen.cpu()[slots[got != eos], got[got != eos]].all()
