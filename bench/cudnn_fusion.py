@@ -19,7 +19,7 @@ frames a frame are rounded up to a multiple of 9 (32 -> 36, 160 -> 162, 640 -> 6
 one CUDA graph of the block's three units, the median of 20 replays; fused and fused1 checked against today. A way
 cuDNN does not support prints its error and the rest go on.
 
-    python3 -m bench.cudnn_fusion --rows 256          # a GPU, nvidia-cudnn-frontend installed (bench/gpu_wheels.sh)
+    python3 -m bench.cudnn_fusion --rows 64,256,512   # a GPU, nvidia-cudnn-frontend installed (bench/gpu_wheels.sh)
     python3 -m bench.cudnn_fusion --rows 2 --device cpu  # today's way against PyTorch, no timing (Triton interpreter)
 """
 import argparse
@@ -252,7 +252,7 @@ def error(got, want) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--rows", type=int, default=256)
+    ap.add_argument("--rows", default="256", help="rows, one or more: 64,256,512")
     ap.add_argument("--blocks", default="1,2,3,4", help="which decoder blocks (1: 768 channels ... 4: 96)")
     ap.add_argument("--device", default="cuda")
     args = ap.parse_args()
@@ -261,19 +261,20 @@ def main() -> None:
     if gpu:
         import cudnn
         print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, cuDNN {cudnn.backend_version_string()}, "
-              f"frontend {getattr(cudnn, '__version__', '?')}; {args.rows} rows, float16", flush=True)
-    for index in (int(b) for b in args.blocks.split(",")):
+              f"frontend {getattr(cudnn, '__version__', '?')}; float16", flush=True)
+    for rows, index in ((int(r), int(b)) for r in args.rows.split(",") for b in args.blocks.split(",")):
         C, n = STAGES[index - 1]
         n = -(-n // 9) * 9
-        blk = Block(args.rows, C, n, torch.float16 if gpu else torch.float32, device)
+        blk = Block(rows, C, n, torch.float16 if gpu else torch.float32, device)
         today(blk)
         want = outputs(blk)
         if not gpu:
             blk.reset()
             reference(blk)
-            print(f"block {index} ({C} channels, {n} frames): today against PyTorch {error(want, outputs(blk)):.2e}")
+            print(f"{rows} rows, block {index} ({C} channels, {n} frames): today against PyTorch "
+                  f"{error(want, outputs(blk)):.2e}")
             continue
-        line = [f"block {index} ({C} channels, {n} frames): today {replay_us(lambda: today(blk)):.1f} us"]
+        line = [f"{rows} rows, block {index} ({C} channels, {n} frames): today {replay_us(lambda: today(blk)):.1f} us"]
         for name, two in (("fused", True), ("fused1", False)):
             blk.reset()
             try:
