@@ -11,7 +11,10 @@ the row's logits in registers and does all of it:
 - noise: the same lowbias32 hash of (seed, counter, stream, index) as synth.sampling.uniform_noise,
   in uint32 arithmetic, so the kernel and the PyTorch code draw the same ids (up to float rounding of
   the top-p sums and of log: tests/gpu/test_sample_kernel.py).
-Ties at the cutoffs are kept, as in the PyTorch code. Runs in Triton's interpreter on the CPU for tests.
+Ties at the cutoffs are kept, as in the PyTorch code. Codebook 0's draw (`codebook0`) applies the repetition
+penalty and the bans of synth.sampling.FrameSampler.codebook0 to the row in registers first and marks the drawn id
+in the slot's seen row: one kernel where PyTorch takes about 15 more. Runs in Triton's interpreter on the CPU for
+tests.
 """
 from __future__ import annotations
 
@@ -160,9 +163,13 @@ def codebook0(logits: torch.Tensor, slots: torch.Tensor, seen: torch.Tensor, sup
     out = torch.empty(B, dtype=torch.int64, device=logits.device)
     codebook0_kernel[(B,)](logits, logits.stride(0), slots, seen.view(torch.uint8), seen.stride(0),
                            suppressed.view(torch.uint8), allow_eos.view(torch.uint8), eos, penalty, temperature, top_k,
-                           top_p, greedy.view(torch.uint8), seed, counter, out, V,
-                           BLOCK=max(16, 1 << (V - 1).bit_length()), num_warps=8)
+                           top_p, greedy.view(torch.uint8), seed, counter, out, V, BLOCK=block(V), num_warps=8)
     return out
+
+
+def block(V: int) -> int:
+    """A row's block: the power of two that holds V logits."""
+    return max(16, 1 << (V - 1).bit_length())
 
 
 def sample(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
@@ -173,7 +180,6 @@ def sample(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
     if logits.stride(-1) != 1:
         logits = logits.contiguous()
     out = torch.empty(B, dtype=torch.int64, device=logits.device)
-    block = max(16, 1 << (V - 1).bit_length())
     sample_kernel[(B,)](logits, logits.stride(0), temperature, top_k, top_p, greedy.view(torch.uint8), seed,
-                        counter, out, V, (stream * 0x2545F491) & 0xFFFFFFFF, BLOCK=block, num_warps=8)
+                        counter, out, V, (stream * 0x2545F491) & 0xFFFFFFFF, BLOCK=block(V), num_warps=8)
     return out
