@@ -38,30 +38,29 @@ BLOCK = 1024
 
 
 @triton.jit
-def _sin2(x, FREQ, INV, c):
-    s = tl.sin(x * tl.load(FREQ + c))
-    return x + tl.load(INV + c) * s * s
+def _store_snake(x, i, live, FREQ, INV, OUT, n, C, out_row):
+    """OUT[b, t] = SnakeBeta(x) for the flat indices i of [B, n, C]; OUT's rows out_row apart."""
+    b, r = i // (n * C), i % (n * C)
+    s = tl.sin(x * tl.load(FREQ + r % C))
+    tl.store(OUT + b * out_row + r, (x + tl.load(INV + r % C) * s * s).to(OUT.dtype.element_ty), mask=live)
 
 
 @triton.jit
-def snake_kernel(H, FREQ, INV, OUT, total, n, C, out_row, out_skip):
-    """OUT[b, t] = SnakeBeta(H[b, t]) for H [B, n, C] contiguous; OUT rows out_row apart, starting out_skip in."""
+def snake_kernel(H, FREQ, INV, OUT, total, n, C, out_row):
+    """OUT = SnakeBeta(H) for H [B, n, C] contiguous."""
     i = tl.program_id(0) * 1024 + tl.arange(0, 1024)
     live = i < total
-    b, r = i // (n * C), i % (n * C)
-    x = tl.load(H + i, mask=live).to(tl.float32)
-    tl.store(OUT + b * out_row + out_skip + r, _sin2(x, FREQ, INV, r % C).to(OUT.dtype.element_ty), mask=live)
+    _store_snake(tl.load(H + i, mask=live).to(tl.float32), i, live, FREQ, INV, OUT, n, C, out_row)
 
 
 @triton.jit
-def residual_kernel(X, H, FREQ, INV, OUT, total, n, C, out_row, out_skip):
-    """X += H, and OUT[b, t] = SnakeBeta(X[b, t]) (OUT as in snake_kernel)."""
+def residual_kernel(X, H, FREQ, INV, OUT, total, n, C, out_row):
+    """X += H, and OUT = SnakeBeta(X) (both [B, n, C], X contiguous)."""
     i = tl.program_id(0) * 1024 + tl.arange(0, 1024)
     live = i < total
-    b, r = i // (n * C), i % (n * C)
     x = tl.load(X + i, mask=live).to(tl.float32) + tl.load(H + i, mask=live).to(tl.float32)
     tl.store(X + i, x.to(X.dtype.element_ty), mask=live)
-    tl.store(OUT + b * out_row + out_skip + r, _sin2(x, FREQ, INV, r % C).to(OUT.dtype.element_ty), mask=live)
+    _store_snake(x, i, live, FREQ, INV, OUT, n, C, out_row)
 
 
 def snake(x, freq, inv):
@@ -108,8 +107,10 @@ class Block:
         self.out.zero_()
 
     def target(self, u: int) -> torch.Tensor:
-        """Where unit u's residual add writes the next unit's SnakeBeta: its buffer, or `out` after the last."""
-        return self.bufs[u + 1] if u + 1 < len(DILATIONS) else self.out
+        """Where unit u's residual add writes the next unit's SnakeBeta, [B, n, C]: the new frames of its buffer, or
+        of `out` after the last."""
+        buf = self.bufs[u + 1] if u + 1 < len(DILATIONS) else self.out
+        return buf[:, buf.shape[1] - self.n:]
 
     def conv_view(self, u: int) -> torch.Tensor:
         """Unit u's conv input as the NHWC memory of [B, C, L / d, d] (CausalConv._phases: a (K, 1) kernel down
@@ -124,21 +125,20 @@ def per_channel(t: torch.Tensor) -> torch.Tensor:
     return t.as_strided((1, C, 1, 1), (C, 1, C, C))
 
 
-def launch(kernel, *args, total, n, C, out, skip):
-    kernel[(triton.cdiv(total, BLOCK),)](*args, out, total, n, C, out.stride(0), skip)
+def launch(kernel, *args, out):
+    """kernel over the flat [B, n, C] of `out`, a [B, n, C] view whose rows may be apart."""
+    B, n, C = out.shape
+    kernel[(triton.cdiv(B * n * C, BLOCK),)](*args, out, B * n * C, n, C, out.stride(0))
 
 
 def today(blk: Block) -> None:
     B, C, n = blk.B, blk.C, blk.n
-    total = B * n * C
     for u, d in enumerate(DILATIONS):
         y = F.conv2d(blk.conv_view(u), blk.w7[u], blk.b7[u])                 # [B, C, n / d, d] channels-last
         h = y.permute(0, 2, 3, 1).reshape(B, n, C)
-        launch(snake_kernel, h, blk.freq[3 + u], blk.inv[3 + u], total=total, n=n, C=C, out=blk.a2, skip=0)
+        launch(snake_kernel, h, blk.freq[3 + u], blk.inv[3 + u], out=blk.a2)
         torch.addmm(blk.b1[u], blk.a2.view(B * n, C), blk.w1[u].T, out=blk.h.view(B * n, C))
-        target = blk.target(u)
-        launch(residual_kernel, blk.x, blk.h, blk.freq[(u + 1) % 3], blk.inv[(u + 1) % 3], total=total, n=n, C=C,
-               out=target, skip=(target.shape[1] - n) * C)
+        launch(residual_kernel, blk.x, blk.h, blk.freq[(u + 1) % 3], blk.inv[(u + 1) % 3], out=blk.target(u))
 
 
 def reference(blk: Block) -> None:
@@ -149,8 +149,7 @@ def reference(blk: Block) -> None:
         a2 = snake(y.permute(0, 2, 3, 1).reshape(B, n, C), blk.freq[3 + u], blk.inv[3 + u]).to(blk.x.dtype)
         x = blk.x.float() + F.linear(a2.float(), blk.w1[u].float(), blk.b1[u].float())
         blk.x.copy_(x)
-        target = blk.target(u)
-        target[:, target.shape[1] - n:] = snake(x, blk.freq[(u + 1) % 3], blk.inv[(u + 1) % 3]).to(blk.x.dtype)
+        blk.target(u).copy_(snake(x, blk.freq[(u + 1) % 3], blk.inv[(u + 1) % 3]))
 
 
 class Fused:
@@ -168,8 +167,7 @@ class Fused:
             a2 = blk.a2.view(B, n // d, d, C).permute(0, 3, 1, 2)
             g1, io1 = self._graph(lambda g, t: self._conv_snake(g, t, u), [blk.conv_view(u), blk.w7[u],
                                   per_channel(blk.b7[u])], [a2])
-            target = blk.target(u)
-            act = target[:, target.shape[1] - n:].reshape(B, n, 1, C).permute(0, 3, 1, 2) if two_outputs else None
+            act = blk.target(u).unsqueeze(2).permute(0, 3, 1, 2) if two_outputs else None
             x = blk.x.view(B, n, 1, C).permute(0, 3, 1, 2)
             g2, io2 = self._graph(lambda g, t: self._linear_residual(g, t, u), [blk.a2.view(B, n, 1, C).permute(
                 0, 3, 1, 2), blk.w1[u].as_strided((C, C, 1, 1), (C, 1, C, C)), per_channel(blk.b1[u]), x],
@@ -218,9 +216,7 @@ class Fused:
             g1.execute(io1, self.workspace, handle=self.handle)
             g2.execute(io2, self.workspace, handle=self.handle)
             if not self.two:
-                target = blk.target(u)
-                launch(snake_kernel, blk.x, blk.freq[(u + 1) % 3], blk.inv[(u + 1) % 3], total=blk.x.numel(),
-                       n=blk.n, C=blk.C, out=target, skip=(target.shape[1] - blk.n) * blk.C)
+                launch(snake_kernel, blk.x, blk.freq[(u + 1) % 3], blk.inv[(u + 1) % 3], out=blk.target(u))
 
 
 def replay_us(fn) -> float:
@@ -242,7 +238,7 @@ def replay_us(fn) -> float:
 
 
 def outputs(blk: Block) -> tuple[torch.Tensor, torch.Tensor]:
-    return blk.x.float().clone(), blk.out[:, blk.out.shape[1] - blk.n:].float().clone()
+    return blk.x.float().clone(), blk.target(len(DILATIONS) - 1).float().clone()
 
 
 def error(got, want) -> float:

@@ -12,6 +12,7 @@ import time
 import aiohttp
 import numpy as np
 
+from talkgate.processes.supervisor import worker_cap
 from tests.serverproc import TalkgateServer
 from tests.system.test_gateway import GREEDY, connect, pcm16
 
@@ -130,10 +131,10 @@ def test_killed_engine_fails_only_its_contexts_and_is_restarted(tiny_checkpoint)
 
 def test_killed_worker_closes_only_its_connections_and_is_restarted(tiny_checkpoint):
     # Every client connected below opens a context. Whichever worker's loop reaches the shared socket first takes a
-    # connection, and on a busy build machine one worker took 32 in a row: --max-connections 8 caps each worker at 6
-    # (supervisor.worker_cap), so that by the 7th a full worker leaves the next to the other (server/acceptor.py);
-    # the bound leaves a gauge that comes late room up to the server's 12.
-    cap, slots = 6, 16
+    # connection, and on a busy build machine one worker took 32 in a row: --max-connections 8 caps each worker at 6,
+    # so that by the 7th a full worker leaves the next to the other (server/acceptor.py); the bound leaves a gauge
+    # that comes late room up to the server's 12.
+    cap, slots = worker_cap(8, 2), 16
     with TalkgateServer(tiny_checkpoint, "--workers", "2", "--max-contexts", str(slots),
                         "--max-connections", "8") as srv:
         async def go():
