@@ -13,6 +13,11 @@ unit's conv reading its carried frames and then the new ones from one buffer, as
             the next unit's buffer (a second output of the same graph)
     fused1  where fused's second output is not supported: its graph with x alone, the SnakeBeta a Triton kernel
 
+    engine  the engine's own three ResidualUnits (talkgate/synth/codec_decoder.py) with the block's weights, compiled
+            (torch.compile, as the engine compiles the conv stack), each unit's SnakeBeta of its input its own: the
+            figure the others are to beat (today's Triton kernels ran ~20% slower than the engine's units on
+            2026-12-06: docs/benchmarks.md)
+
 The Triton kernels stand in for today's Inductor kernels (each reads and writes its tensors once, as those do).
 Dilated convs run over their phases as synth/codec_decoder.py runs them on cuDNN (CausalConv._phases), so the
 frames a frame are rounded up to a multiple of 9 (32 -> 36, 160 -> 162, 640 -> 648, 1920 -> 1926). Each way is
@@ -21,6 +26,7 @@ cuDNN does not support prints its error and the rest go on.
 
     python3 -m bench.cudnn_fusion --rows 64,256,512   # a GPU, nvidia-cudnn-frontend installed (bench/gpu_wheels.sh)
     python3 -m bench.cudnn_fusion --rows 2 --device cpu  # today's way against PyTorch, no timing (Triton interpreter)
+    python3 -m bench.cudnn_fusion --rows 256 --exact     # the engine's units alone at 32, 160, 640 and 1920 frames
 """
 import argparse
 import statistics
@@ -152,6 +158,41 @@ def reference(blk: Block) -> None:
         blk.target(u).copy_(snake(x, blk.freq[(u + 1) % 3], blk.inv[(u + 1) % 3]))
 
 
+class EngineUnits:
+    """The engine's ResidualUnits with a Block's weights; run() takes the block's x0 and each unit's carried frames
+    (its buffer's first frames) through the three into x (the engine's units compute each SnakeBeta themselves)."""
+
+    def __init__(self, blk: Block, compiled: bool):
+        from talkgate.synth.codec_decoder import ConvHistory, ResidualUnit
+        self.blk, self.history = blk, ConvHistory
+        self.units, offset = [], 0
+        for u, d in enumerate(DILATIONS):
+            unit = ResidualUnit(blk.C, d).to(blk.x.device, blk.x.dtype)
+            with torch.no_grad():
+                unit.conv1.conv.weight.copy_(blk.w7[u][..., 0])
+                unit.conv1.conv.bias.copy_(blk.b7[u])
+                unit.conv2.conv.weight.copy_(blk.w1[u][:, :, None])
+                unit.conv2.conv.bias.copy_(blk.b1[u])
+            for part in (unit.conv1, unit.conv2):
+                part.prepare()
+            unit.conv1.state_offset, offset = offset, offset + blk.C * unit.conv1.context
+            unit.act1.freq, unit.act1.inv_beta = blk.freq[u], blk.inv[u]
+            unit.act2.freq, unit.act2.inv_beta = blk.freq[3 + u], blk.inv[3 + u]
+            self.units.append(unit)
+        self.tails = torch.cat([buf[:, :(K - 1) * d].reshape(blk.B, -1) for buf, d in zip(blk.bufs0, DILATIONS)], 1)
+        self.forward = torch.compile(self._forward) if compiled else self._forward
+
+    def _forward(self, x: torch.Tensor, tails: torch.Tensor) -> torch.Tensor:
+        history = self.history(tails)
+        for unit in self.units:
+            x = unit(x, history)
+        return x
+
+    def run(self) -> None:
+        with torch.no_grad():
+            self.blk.x.copy_(self.forward(self.blk.x0, self.tails))
+
+
 class Fused:
     """The cuDNN graphs of fused (two_outputs) or fused1 for a Block, built once; run() launches them."""
 
@@ -246,11 +287,18 @@ def error(got, want) -> float:
     return max(float((g - w).abs().max() / w.abs().max()) for g, w in zip(got, want))
 
 
+def x_error(blk: Block, want) -> float:
+    """x's largest difference from want's (outputs()), over want's largest value."""
+    return float((blk.x.float() - want[0]).abs().max() / want[0].abs().max())
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", default="256", help="rows, one or more: 64,256,512")
     ap.add_argument("--blocks", default="1,2,3,4", help="which decoder blocks (1: 768 channels ... 4: 96)")
     ap.add_argument("--device", default="cuda")
+    ap.add_argument("--exact", action="store_true", help="the engine's units alone at the blocks' own frames a frame "
+                    "(not rounded up to a multiple of 9: their dilated convs' zero frames in play)")
     args = ap.parse_args()
     device, gpu = torch.device(args.device), args.device == "cuda"
     torch.backends.cudnn.benchmark = True
@@ -260,17 +308,28 @@ def main() -> None:
               f"frontend {getattr(cudnn, '__version__', '?')}; float16", flush=True)
     for rows, index in ((int(r), int(b)) for r in args.rows.split(",") for b in args.blocks.split(",")):
         C, n = STAGES[index - 1]
-        n = -(-n // 9) * 9
+        n = n if args.exact else -(-n // 9) * 9
         blk = Block(rows, C, n, torch.float16 if gpu else torch.float32, device)
+        if args.exact:
+            engine = EngineUnits(blk, compiled=gpu)
+            engine.run()
+            print(f"{rows} rows, block {index} ({C} channels, {n} frames): engine "
+                  + (f"{replay_us(engine.run):.1f} us" if gpu else "ran"), flush=True)
+            continue
         today(blk)
         want = outputs(blk)
         if not gpu:
             blk.reset()
             reference(blk)
+            EngineUnits(blk, compiled=False).run()
             print(f"{rows} rows, block {index} ({C} channels, {n} frames): today against PyTorch "
-                  f"{error(want, outputs(blk)):.2e}")
+                  f"{error(want, outputs(blk)):.2e}, the engine's units' x against today's {x_error(blk, want):.2e}")
             continue
         line = [f"{rows} rows, block {index} ({C} channels, {n} frames): today {replay_us(lambda: today(blk)):.1f} us"]
+        blk.reset()
+        engine = EngineUnits(blk, compiled=True)
+        engine.run()
+        line.append(f"engine {replay_us(engine.run):.1f} us (x error {x_error(blk, want):.1e})")
         for name, two in (("fused", True), ("fused1", False)):
             blk.reset()
             try:
