@@ -160,7 +160,8 @@ def reference(blk: Block) -> None:
 
 class EngineUnits:
     """The engine's ResidualUnits with a Block's weights; run() takes the block's x0 and each unit's carried frames
-    (its buffer's first frames) through the three into x (the engine's units compute each SnakeBeta themselves)."""
+    (its buffer's first frames) through the three -> `result`, the new x (the engine's units compute each SnakeBeta
+    themselves)."""
 
     def __init__(self, blk: Block, compiled: bool):
         from talkgate.synth.codec_decoder import ConvHistory, ResidualUnit
@@ -190,11 +191,14 @@ class EngineUnits:
 
     def run(self) -> None:
         with torch.no_grad():
-            self.blk.x.copy_(self.forward(self.blk.x0, self.tails))
+            self.result = self.forward(self.blk.x0, self.tails)
 
 
 class Fused:
-    """The cuDNN graphs of fused (two_outputs) or fused1 for a Block, built once; run() launches them."""
+    """The cuDNN graphs of fused (two_outputs) or fused1 for a Block, built once; run() launches them. A unit's
+    residual add writes the other of two x buffers (`xs`: the block's x, then a scratch one; the result in `result`),
+    not its input: the first run (2026-12-06) wrote x in place and the two-output graph came out ~100% off while
+    fused1 matched, as if cuDNN ran that graph as two kernels, the second reading x after the first had written it."""
 
     def __init__(self, blk: Block, two_outputs: bool):
         import cudnn
@@ -204,15 +208,17 @@ class Fused:
         self.per_channel = [per_channel(t) for t in blk.freq + blk.inv]
         self.extra = []                                   # (graph tensor, data) of the SnakeBetas' per-channel inputs
         self.units = []
+        self.xs = [blk.x, torch.empty_like(blk.x)]
+        self.result = self.xs[len(DILATIONS) % 2]
         for u, d in enumerate(DILATIONS):
             a2 = blk.a2.view(B, n // d, d, C).permute(0, 3, 1, 2)
             g1, io1 = self._graph(lambda g, t: self._conv_snake(g, t, u), [blk.conv_view(u), blk.w7[u],
                                   per_channel(blk.b7[u])], [a2])
             act = blk.target(u).unsqueeze(2).permute(0, 3, 1, 2) if two_outputs else None
-            x = blk.x.view(B, n, 1, C).permute(0, 3, 1, 2)
+            x, x_new = (t.view(B, n, 1, C).permute(0, 3, 1, 2) for t in (self.xs[u % 2], self.xs[(u + 1) % 2]))
             g2, io2 = self._graph(lambda g, t: self._linear_residual(g, t, u), [blk.a2.view(B, n, 1, C).permute(
                 0, 3, 1, 2), blk.w1[u].as_strided((C, C, 1, 1), (C, 1, C, C)), per_channel(blk.b1[u]), x],
-                [x] + ([act] if two_outputs else []))
+                [x_new] + ([act] if two_outputs else []))
             self.units.append((g1, io1, g2, io2))
         self.workspace = torch.empty(max(max(g1.get_workspace_size(), g2.get_workspace_size())
                                          for g1, _, g2, _ in self.units), device=blk.x.device, dtype=torch.uint8)
@@ -257,7 +263,8 @@ class Fused:
             g1.execute(io1, self.workspace, handle=self.handle)
             g2.execute(io2, self.workspace, handle=self.handle)
             if not self.two:
-                launch(snake_kernel, blk.x, blk.freq[(u + 1) % 3], blk.inv[(u + 1) % 3], out=blk.target(u))
+                launch(snake_kernel, self.xs[(u + 1) % 2], blk.freq[(u + 1) % 3], blk.inv[(u + 1) % 3],
+                       out=blk.target(u))
 
 
 def replay_us(fn) -> float:
@@ -278,8 +285,9 @@ def replay_us(fn) -> float:
     return statistics.median(times)
 
 
-def outputs(blk: Block) -> tuple[torch.Tensor, torch.Tensor]:
-    return blk.x.float().clone(), blk.target(len(DILATIONS) - 1).float().clone()
+def outputs(blk: Block, x: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """x (the block's, or where a way left it) and the last unit's SnakeBeta of it, as float32 copies."""
+    return (blk.x if x is None else x).float().clone(), blk.target(len(DILATIONS) - 1).float().clone()
 
 
 def error(got, want) -> float:
@@ -287,9 +295,9 @@ def error(got, want) -> float:
     return max(float((g - w).abs().max() / w.abs().max()) for g, w in zip(got, want))
 
 
-def x_error(blk: Block, want) -> float:
+def x_error(x: torch.Tensor, want) -> float:
     """x's largest difference from want's (outputs()), over want's largest value."""
-    return float((blk.x.float() - want[0]).abs().max() / want[0].abs().max())
+    return float((x.float() - want[0]).abs().max() / want[0].abs().max())
 
 
 def main() -> None:
@@ -321,22 +329,24 @@ def main() -> None:
         if not gpu:
             blk.reset()
             reference(blk)
-            EngineUnits(blk, compiled=False).run()
+            units = EngineUnits(blk, compiled=False)
+            units.run()
             print(f"{rows} rows, block {index} ({C} channels, {n} frames): today against PyTorch "
-                  f"{error(want, outputs(blk)):.2e}, the engine's units' x against today's {x_error(blk, want):.2e}")
+                  f"{error(want, outputs(blk)):.2e}, the engine's units' x against today's "
+                  f"{x_error(units.result, want):.2e}")
             continue
         line = [f"{rows} rows, block {index} ({C} channels, {n} frames): today {replay_us(lambda: today(blk)):.1f} us"]
         blk.reset()
         engine = EngineUnits(blk, compiled=True)
         engine.run()
-        line.append(f"engine {replay_us(engine.run):.1f} us (x error {x_error(blk, want):.1e})")
+        line.append(f"engine {replay_us(engine.run):.1f} us (x error {x_error(engine.result, want):.1e})")
         for name, two in (("fused", True), ("fused1", False)):
             blk.reset()
             try:
                 fused = Fused(blk, two)
                 fused.run()
                 torch.cuda.synchronize()
-                err = error(outputs(blk), want)
+                err = error(outputs(blk, fused.result), want)
                 line.append(f"{name} {replay_us(fused.run):.1f} us (error {err:.1e})")
             except Exception as e:                     # cuDNN's refusal of a pattern is this bench's answer
                 line.append(f"{name} not run: {type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}")

@@ -25,7 +25,7 @@ def test_the_engine_units_compute_todays_x():
     blk = Block(2, 8, 18, torch.float32, torch.device("cpu"))
     today(blk)
     want = outputs(blk)
-    blk.reset()
-    EngineUnits(blk, compiled=False).run()
-    assert not torch.equal(blk.x, blk.x0)
-    assert x_error(blk, want) < 1e-5
+    units = EngineUnits(blk, compiled=False)
+    units.run()
+    assert not torch.equal(units.result, blk.x0)
+    assert x_error(units.result, want) < 1e-5
