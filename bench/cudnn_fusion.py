@@ -14,9 +14,10 @@ unit's conv reading its carried frames and then the new ones from one buffer, as
     fused1  where fused's second output is not supported: its graph with x alone, the SnakeBeta a Triton kernel
 
     engine  the engine's own three ResidualUnits (talkgate/synth/codec_decoder.py) with the block's weights, compiled
-            (torch.compile, as the engine compiles the conv stack), each unit's SnakeBeta of its input its own: the
-            figure the others are to beat (today's Triton kernels ran ~20% slower than the engine's units on
-            2026-12-06: docs/benchmarks.md)
+            (torch.compile, static shapes; the engine compiles the conv stack's halves with the batch dynamic), each
+            unit's SnakeBeta of its input its own. On 2026-12-06 (H100, 256 rows) this way ran 8-40% slower than
+            today's, though the engine's whole decode graph is faster than today's units alone would make it: the
+            engine's compile is not reproduced here yet (docs/benchmarks.md)
 
 The Triton kernels stand in for today's Inductor kernels (each reads and writes its tensors once, as those do).
 Dilated convs run over their phases as synth/codec_decoder.py runs them on cuDNN (CausalConv._phases), so the
@@ -177,8 +178,9 @@ class EngineUnits:
             for part in (unit.conv1, unit.conv2):
                 part.prepare()
             unit.conv1.state_offset, offset = offset, offset + blk.C * unit.conv1.context
-            unit.act1.freq, unit.act1.inv_beta = blk.freq[u], blk.inv[u]
-            unit.act2.freq, unit.act2.inv_beta = blk.freq[3 + u], blk.inv[3 + u]
+            # in the model's dtype, as the engine's decoder holds them (prepared in float32, then converted)
+            unit.act1.freq, unit.act1.inv_beta = blk.freq[u].to(blk.x.dtype), blk.inv[u].to(blk.x.dtype)
+            unit.act2.freq, unit.act2.inv_beta = blk.freq[3 + u].to(blk.x.dtype), blk.inv[3 + u].to(blk.x.dtype)
             self.units.append(unit)
         self.tails = torch.cat([buf[:, :(K - 1) * d].reshape(blk.B, -1) for buf, d in zip(blk.bufs0, DILATIONS)], 1)
         self.forward = torch.compile(self._forward) if compiled else self._forward
@@ -197,8 +199,8 @@ class EngineUnits:
 class Fused:
     """The cuDNN graphs of fused (two_outputs) or fused1 for a Block, built once; run() launches them. A unit's
     residual add writes the other of two x buffers (`xs`: the block's x, then a scratch one; the result in `result`),
-    not its input: the first run (2026-12-06) wrote x in place and the two-output graph came out ~100% off while
-    fused1 matched, as if cuDNN ran that graph as two kernels, the second reading x after the first had written it."""
+    as the engine's compiled units write a new x. The two-output graph's results are ~100% off (2026-12-06, x in
+    place and x in the other buffer alike) while fused1's match: its second output is not yet understood."""
 
     def __init__(self, blk: Block, two_outputs: bool):
         import cudnn
