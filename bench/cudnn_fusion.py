@@ -14,10 +14,10 @@ unit's conv reading its carried frames and then the new ones from one buffer, as
     fused1  where fused's second output is not supported: its graph with x alone, the SnakeBeta a Triton kernel
 
     engine  the engine's own three ResidualUnits (talkgate/synth/codec_decoder.py) with the block's weights, compiled
-            (torch.compile, static shapes; the engine compiles the conv stack's halves with the batch dynamic), each
-            unit's SnakeBeta of its input its own. On 2026-12-06 (H100, 256 rows) this way ran 8-40% slower than
-            today's, though the engine's whole decode graph is faster than today's units alone would make it: the
-            engine's compile is not reproduced here yet (docs/benchmarks.md)
+            with the batch dynamic as the engine compiles (the three units as one function; the engine compiles the
+            conv stack's two halves), each unit's SnakeBeta of its input its own. On 2026-12-06 (H100, 256 rows)
+            this way compiled with static shapes ran 8-40% slower than today's, though the engine's whole decode
+            graph is faster than today's units alone would make it: not yet the engine's cost (docs/benchmarks.md)
 
 The Triton kernels stand in for today's Inductor kernels (each reads and writes its tensors once, as those do).
 Dilated convs run over their phases as synth/codec_decoder.py runs them on cuDNN (CausalConv._phases), so the
@@ -183,7 +183,11 @@ class EngineUnits:
             unit.act2.freq, unit.act2.inv_beta = blk.freq[3 + u].to(blk.x.dtype), blk.inv[3 + u].to(blk.x.dtype)
             self.units.append(unit)
         self.tails = torch.cat([buf[:, :(K - 1) * d].reshape(blk.B, -1) for buf, d in zip(blk.bufs0, DILATIONS)], 1)
-        self.forward = torch.compile(self._forward) if compiled else self._forward
+        self.forward = self._forward
+        if compiled:                # the batch dynamic, as the engine compiles (synth/precompiled.py's kinds)
+            for t in (blk.x0, self.tails):
+                torch._dynamo.maybe_mark_dynamic(t, 0)
+            self.forward = torch.compile(self._forward, fullgraph=True)
 
     def _forward(self, x: torch.Tensor, tails: torch.Tensor) -> torch.Tensor:
         history = self.history(tails)
