@@ -11,8 +11,9 @@ unit's conv reading its carried frames and then the new ones from one buffer, as
             bias, then one Triton kernel: x + that -> x, and the next unit's SnakeBeta of it -> its conv's buffer
     fused   two cuDNN graphs a unit: conv + bias + SnakeBeta; 1x1 conv + bias + x -> x, and SnakeBeta of it ->
             the next unit's buffer (a second output of the same graph)
+    fused-packed  fused with its second output into a packed scratch, then copied into the buffer (a probe of
+            fused's error: Fused)
     fused1  where fused's second output is not supported: its graph with x alone, the SnakeBeta a Triton kernel
-
     engine  the engine's own three ResidualUnits (talkgate/synth/codec_decoder.py) with the block's weights, compiled
             with the batch dynamic as the engine compiles (the three units as one function; the engine compiles the
             conv stack's two halves), each unit's SnakeBeta of its input its own. On 2026-12-06 (H100, 256 rows)
@@ -204,11 +205,15 @@ class Fused:
     """The cuDNN graphs of fused (two_outputs) or fused1 for a Block, built once; run() launches them. A unit's
     residual add writes the other of two x buffers (`xs`: the block's x, then a scratch one; the result in `result`),
     as the engine's compiled units write a new x. The two-output graph's results are ~100% off (2026-12-06, x in
-    place and x in the other buffer alike) while fused1's match: its second output is not yet understood."""
+    place and x in the other buffer alike) while fused1's match. Its second output is the only tensor of either way
+    whose rows are apart (the new frames of the next unit's buffer, after its carried ones): packed_act writes it to
+    a packed scratch [B, n, C] instead, copied into the buffer after the graph (fused-packed), to tell whether cuDNN
+    mishandles that stride."""
 
-    def __init__(self, blk: Block, two_outputs: bool):
+    def __init__(self, blk: Block, two_outputs: bool, packed_act: bool = False):
         import cudnn
         self.cudnn, self.blk, self.two = cudnn, blk, two_outputs
+        self.scratch = torch.empty_like(blk.x) if packed_act else None
         self.handle = cudnn.create_handle()
         B, C, n = blk.B, blk.C, blk.n
         self.per_channel = [per_channel(t) for t in blk.freq + blk.inv]
@@ -220,7 +225,8 @@ class Fused:
             a2 = blk.a2.view(B, n // d, d, C).permute(0, 3, 1, 2)
             g1, io1 = self._graph(lambda g, t: self._conv_snake(g, t, u), [blk.conv_view(u), blk.w7[u],
                                   per_channel(blk.b7[u])], [a2])
-            act = blk.target(u).unsqueeze(2).permute(0, 3, 1, 2) if two_outputs else None
+            act_to = blk.target(u) if self.scratch is None else self.scratch
+            act = act_to.unsqueeze(2).permute(0, 3, 1, 2) if two_outputs else None
             x, x_new = (t.view(B, n, 1, C).permute(0, 3, 1, 2) for t in (self.xs[u % 2], self.xs[(u + 1) % 2]))
             g2, io2 = self._graph(lambda g, t: self._linear_residual(g, t, u), [blk.a2.view(B, n, 1, C).permute(
                 0, 3, 1, 2), blk.w1[u].as_strided((C, C, 1, 1), (C, 1, C, C)), per_channel(blk.b1[u]), x],
@@ -268,6 +274,8 @@ class Fused:
         for u, (g1, io1, g2, io2) in enumerate(self.units):
             g1.execute(io1, self.workspace, handle=self.handle)
             g2.execute(io2, self.workspace, handle=self.handle)
+            if self.scratch is not None:
+                blk.target(u).copy_(self.scratch)
             if not self.two:
                 launch(snake_kernel, self.xs[(u + 1) % 2], blk.freq[(u + 1) % 3], blk.inv[(u + 1) % 3],
                        out=blk.target(u))
@@ -342,10 +350,10 @@ def main() -> None:
         engine = EngineUnits(blk, compiled=True)
         engine.run()
         line.append(f"engine {replay_us(engine.run):.1f} us (x error {error([engine.result.float()], want):.1e})")
-        for name, two in (("fused", True), ("fused1", False)):
+        for name, two, packed in (("fused", True, False), ("fused-packed", True, True), ("fused1", False, False)):
             blk.reset()
             try:
-                fused = Fused(blk, two)
+                fused = Fused(blk, two, packed)
                 fused.run()
                 torch.cuda.synchronize()
                 err = error(outputs(blk, fused.result), want)
