@@ -54,17 +54,17 @@ def _store_snake(x, i, live, FREQ, INV, OUT, n, C, out_row):
 
 
 @triton.jit
-def snake_kernel(H, FREQ, INV, OUT, total, n, C, out_row):
+def snake_kernel(H, FREQ, INV, OUT, total, n, C, out_row, BLOCK: tl.constexpr):
     """OUT = SnakeBeta(H) for H [B, n, C] contiguous."""
-    i = tl.program_id(0) * 1024 + tl.arange(0, 1024)
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     live = i < total
     _store_snake(tl.load(H + i, mask=live).to(tl.float32), i, live, FREQ, INV, OUT, n, C, out_row)
 
 
 @triton.jit
-def residual_kernel(X, H, FREQ, INV, OUT, total, n, C, out_row):
+def residual_kernel(X, H, FREQ, INV, OUT, total, n, C, out_row, BLOCK: tl.constexpr):
     """X += H, and OUT = SnakeBeta(X) (both [B, n, C], X contiguous)."""
-    i = tl.program_id(0) * 1024 + tl.arange(0, 1024)
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     live = i < total
     x = tl.load(X + i, mask=live).to(tl.float32) + tl.load(H + i, mask=live).to(tl.float32)
     tl.store(X + i, x.to(X.dtype.element_ty), mask=live)
@@ -99,7 +99,7 @@ class Block:
         self.bufs0 = []
         for u, d in enumerate(DILATIONS):
             buf = rand(B, (K - 1) * d + n, C)
-            buf[:, (K - 1) * d:] = snake(self.x0.float(), self.freq[u], self.inv[u]).to(dtype)
+            buf[:, (K - 1) * d:] = snake(self.x0.float(), *self.act1(u)).to(dtype)
             self.bufs0.append(buf)
         self.x, self.bufs = torch.empty_like(self.x0), [torch.empty_like(b) for b in self.bufs0]
         self.out = torch.empty_like(self.bufs0[0])          # the next block's first buffer stands in: its SnakeBeta
@@ -113,6 +113,16 @@ class Block:
         for buf, buf0 in zip(self.bufs, self.bufs0):
             buf.copy_(buf0)
         self.out.zero_()
+
+    def act1(self, u: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Unit u's first SnakeBeta (e^alpha, 1 / (e^beta + 1e-9)); past the last unit the first's stands in for the
+        next block's."""
+        i = u % len(DILATIONS)
+        return self.freq[i], self.inv[i]
+
+    def act2(self, u: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Unit u's second SnakeBeta, as act1."""
+        return self.freq[len(DILATIONS) + u], self.inv[len(DILATIONS) + u]
 
     def target(self, u: int) -> torch.Tensor:
         """Where unit u's residual add writes the next unit's SnakeBeta, [B, n, C]: the new frames of its buffer, or
@@ -136,7 +146,7 @@ def per_channel(t: torch.Tensor) -> torch.Tensor:
 def launch(kernel, *args, out):
     """kernel over the flat [B, n, C] of `out`, a [B, n, C] view whose rows may be apart."""
     B, n, C = out.shape
-    kernel[(triton.cdiv(B * n * C, BLOCK),)](*args, out, B * n * C, n, C, out.stride(0))
+    kernel[(triton.cdiv(B * n * C, BLOCK),)](*args, out, B * n * C, n, C, out.stride(0), BLOCK=BLOCK)
 
 
 def today(blk: Block) -> None:
@@ -144,9 +154,9 @@ def today(blk: Block) -> None:
     for u, d in enumerate(DILATIONS):
         y = F.conv2d(blk.conv_view(u), blk.w7[u], blk.b7[u])                 # [B, C, n / d, d] channels-last
         h = y.permute(0, 2, 3, 1).reshape(B, n, C)
-        launch(snake_kernel, h, blk.freq[3 + u], blk.inv[3 + u], out=blk.a2)
+        launch(snake_kernel, h, *blk.act2(u), out=blk.a2)
         torch.addmm(blk.b1[u], blk.a2.view(B * n, C), blk.w1[u].T, out=blk.h.view(B * n, C))
-        launch(residual_kernel, blk.x, blk.h, blk.freq[(u + 1) % 3], blk.inv[(u + 1) % 3], out=blk.target(u))
+        launch(residual_kernel, blk.x, blk.h, *blk.act1(u + 1), out=blk.target(u))
 
 
 def reference(blk: Block) -> None:
@@ -154,10 +164,10 @@ def reference(blk: Block) -> None:
     B, C, n = blk.B, blk.C, blk.n
     for u, d in enumerate(DILATIONS):
         y = F.conv2d(blk.conv_view(u).float(), blk.w7[u].float(), blk.b7[u].float())
-        a2 = snake(y.permute(0, 2, 3, 1).reshape(B, n, C), blk.freq[3 + u], blk.inv[3 + u]).to(blk.x.dtype)
+        a2 = snake(y.permute(0, 2, 3, 1).reshape(B, n, C), *blk.act2(u)).to(blk.x.dtype)
         x = blk.x.float() + F.linear(a2.float(), blk.w1[u].float(), blk.b1[u].float())
         blk.x.copy_(x)
-        blk.target(u).copy_(snake(x, blk.freq[(u + 1) % 3], blk.inv[(u + 1) % 3]))
+        blk.target(u).copy_(snake(x, *blk.act1(u + 1)))
 
 
 class EngineUnits:
@@ -180,8 +190,8 @@ class EngineUnits:
                 part.prepare()
             unit.conv1.state_offset, offset = offset, offset + blk.C * unit.conv1.context
             # in the model's dtype, as the engine's decoder holds them (prepared in float32, then converted)
-            unit.act1.freq, unit.act1.inv_beta = blk.freq[u].to(blk.x.dtype), blk.inv[u].to(blk.x.dtype)
-            unit.act2.freq, unit.act2.inv_beta = blk.freq[3 + u].to(blk.x.dtype), blk.inv[3 + u].to(blk.x.dtype)
+            unit.act1.freq, unit.act1.inv_beta = (t.to(blk.x.dtype) for t in blk.act1(u))
+            unit.act2.freq, unit.act2.inv_beta = (t.to(blk.x.dtype) for t in blk.act2(u))
             self.units.append(unit)
         self.tails = torch.cat([buf[:, :(K - 1) * d].reshape(blk.B, -1) for buf, d in zip(blk.bufs0, DILATIONS)], 1)
         self.forward = self._forward
@@ -216,7 +226,6 @@ class Fused:
         self.scratch = torch.empty_like(blk.x) if packed_act else None
         self.handle = cudnn.create_handle()
         B, C, n = blk.B, blk.C, blk.n
-        self.per_channel = [per_channel(t) for t in blk.freq + blk.inv]
         self.extra = []                                   # (graph tensor, data) of the SnakeBetas' per-channel inputs
         self.units = []
         self.xs = [blk.x, torch.empty_like(blk.x)]
@@ -249,10 +258,11 @@ class Fused:
         io.update(self.extra)
         return g, io
 
-    def _snake(self, g, y, index):
-        freq = g.tensor_like(self.per_channel[index])
-        inv = g.tensor_like(self.per_channel[6 + index])
-        self.extra += [(freq, self.per_channel[index]), (inv, self.per_channel[6 + index])]
+    def _snake(self, g, y, act):
+        """SnakeBeta of y with act's (freq, inv), each a per-channel input of the graph."""
+        views = [per_channel(t) for t in act]
+        freq, inv = (g.tensor_like(v) for v in views)
+        self.extra += [(freq, views[0]), (inv, views[1])]
         s = g.sin(g.mul(y, freq))
         return g.add(y, g.mul(g.mul(s, s), inv))
 
@@ -260,13 +270,13 @@ class Fused:
         image, weight, bias = t
         y = g.bias(g.conv_fprop(image=image, weight=weight, pre_padding=[0, 0], post_padding=[0, 0], stride=[1, 1],
                                 dilation=[1, 1]), bias)
-        return [self._snake(g, y, 3 + u)]
+        return [self._snake(g, y, self.blk.act2(u))]
 
     def _linear_residual(self, g, t, u):
         a2, weight, bias, x = t
         x_new = g.add(g.bias(g.conv_fprop(image=a2, weight=weight, pre_padding=[0, 0], post_padding=[0, 0],
                                           stride=[1, 1], dilation=[1, 1]), bias), x)
-        return [x_new, self._snake(g, x_new, (u + 1) % 3)] if self.two else [x_new]
+        return [x_new, self._snake(g, x_new, self.blk.act1(u + 1))] if self.two else [x_new]
 
     def run(self) -> None:
         blk = self.blk
@@ -277,8 +287,7 @@ class Fused:
             if self.scratch is not None:
                 blk.target(u).copy_(self.scratch)
             if not self.two:
-                launch(snake_kernel, self.xs[(u + 1) % 2], blk.freq[(u + 1) % 3], blk.inv[(u + 1) % 3],
-                       out=blk.target(u))
+                launch(snake_kernel, self.xs[(u + 1) % 2], *blk.act1(u + 1), out=blk.target(u))
 
 
 def replay_us(fn) -> float:
