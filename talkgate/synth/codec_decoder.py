@@ -149,12 +149,15 @@ class ConvHistory:
         self.tails = tails
         self.new: list[tuple[int, torch.Tensor]] = []
 
-    def prefixed(self, conv: _Stateful, x: torch.Tensor) -> torch.Tensor:
-        """[B, n, C] -> [B, context + n, C] prefixed with conv's carried frames; keeps its new last ones."""
+    def prefixed(self, conv: _Stateful, x: torch.Tensor, pad: int = 0) -> torch.Tensor:
+        """[B, n, C] -> [B, context + n + pad, C]: conv's carried frames, x, then pad zero frames (in the same cat: a
+        pad of the cat's result kept Inductor from computing x in the kernel that writes it); keeps its new last
+        ones."""
+        B, n, C = x.shape
         size = conv.in_channels * conv.context
         tail = self.tails[:, conv.state_offset:conv.state_offset + size].view(-1, conv.context, conv.in_channels)
-        x = torch.cat([tail, x], dim=1)
-        self.new.append((conv.state_offset, x[:, x.shape[1] - conv.context:].reshape(x.shape[0], size)))
+        x = torch.cat([tail, x] + ([x.new_zeros(B, pad, C)] if pad else []), dim=1)
+        self.new.append((conv.state_offset, x[:, n:n + conv.context].reshape(B, size)))
         return x
 
     def carried(self) -> torch.Tensor:
@@ -218,13 +221,14 @@ class CausalConv(_Stateful):
     def forward(self, x: torch.Tensor, history: ConvHistory) -> torch.Tensor:
         """x [B, n, C_in] -> [B, n, C_out]"""
         B, n, _ = x.shape
-        if self.context:
-            x = history.prefixed(self, x)
         w = self.weight_nhwc
         c_out, c_in, _, k = w.shape
         dilation = self.conv.dilation[0]
         on_cudnn = B > 1 or self.conv.groups > 1 or c_out * c_in * k * n > MATMUL_MACS
-        if on_cudnn and dilation > 1 and self.conv.groups == 1:
+        phases = on_cudnn and dilation > 1 and self.conv.groups == 1
+        if self.context:
+            x = history.prefixed(self, x, -n % dilation if phases else 0)
+        if phases:
             return self._phases(x, n)
         if on_cudnn:
             y = F.conv2d(x.transpose(1, 2)[:, :, None], w, self.conv.bias, dilation=(1, dilation),
@@ -236,17 +240,14 @@ class CausalConv(_Stateful):
         return conv_addmm(self.conv.bias, windows, taps)[None]
 
     def _phases(self, x: torch.Tensor, n: int) -> torch.Tensor:
-        """The dilated convolution as an undilated one over its d phases: [B, L, C] with L a multiple of d (zero
-        frames after the last, whose outputs are dropped) is the NHWC memory of [B, C, L / d, d], and a (K, 1)
-        kernel down its height reaches frames t, t + d, ... of phase t % d: the dilated conv's taps. cuDNN ran the
-        dilated (1, K) kernels on an older, about twice slower kernel than the undilated ones (the 1.7B decode at
-        256 rows on an H200, docs/benchmarks.md)."""
-        B, _, c_in = x.shape
+        """The dilated convolution as an undilated one over its d phases: x [B, L, C] with L a multiple of d (zero
+        frames after the last, whose outputs are dropped: prefixed's pad) is the NHWC memory of [B, C, L / d, d],
+        and a (K, 1) kernel down its height reaches frames t, t + d, ... of phase t % d: the dilated conv's taps.
+        cuDNN ran the dilated (1, K) kernels on an older, about twice slower kernel than the undilated ones (the
+        1.7B decode at 256 rows on an H200, docs/benchmarks.md)."""
+        B, L, c_in = x.shape
         d = self.conv.dilation[0]
-        pad = -n % d
-        if pad:
-            x = F.pad(x, (0, 0, 0, pad))
-        L = x.shape[1]
+        pad = L - self.context - n
         w = self.weight_nhwc.transpose(2, 3)                             # [C_out, C_in, K, 1], channels-last
         y = F.conv2d(x.view(B, L // d, d, c_in).permute(0, 3, 1, 2), w, self.conv.bias)   # [B, C_out, (n + pad) / d, d]
         return y.permute(0, 2, 3, 1).reshape(B, n + pad, -1)[:, :n]
