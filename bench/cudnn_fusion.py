@@ -11,14 +11,14 @@ unit's conv reading its carried frames and then the new ones from one buffer, as
             bias, then one Triton kernel: x + that -> x, and the next unit's SnakeBeta of it -> its conv's buffer
     fused   two cuDNN graphs a unit: conv + bias + SnakeBeta; 1x1 conv + bias + x -> x, and SnakeBeta of it ->
             the next unit's buffer (a second output of the same graph)
-    fused-packed  fused with its second output into a packed scratch, then copied into the buffer (a probe of
-            fused's error: Fused)
+    fused-packed  fused with its second output into a packed scratch, then copied into the buffer (right where fused
+            is wrong: Fused)
     fused1  where fused's second output is not supported: its graph with x alone, the SnakeBeta a Triton kernel
     engine  the engine's own three ResidualUnits (talkgate/synth/codec_decoder.py) with the block's weights, compiled
             with the batch dynamic as the engine compiles (the three units as one function; the engine compiles the
-            conv stack's two halves), each unit's SnakeBeta of its input its own. On 2026-12-06 (H100, 256 rows)
-            this way compiled with static shapes ran 8-40% slower than today's, though the engine's whole decode
-            graph is faster than today's units alone would make it: not yet the engine's cost (docs/benchmarks.md)
+            conv stack's two halves), each unit's SnakeBeta of its input its own. Not the engine's cost: on
+            2026-12-06 (H100, 256 rows) it took 1.0-1.5x the engine's own kernels for the same units in the decode
+            graph's listing (bench/decoder_kernels.py), which is the comparison (docs/benchmarks.md)
 
 The Triton kernels stand in for today's Inductor kernels (each reads and writes its tensors once, as those do).
 Dilated convs run over their phases as synth/codec_decoder.py runs them on cuDNN (CausalConv._phases), so the
@@ -217,8 +217,8 @@ class Fused:
     as the engine's compiled units write a new x. The two-output graph's results are ~100% off (2026-12-06, x in
     place and x in the other buffer alike) while fused1's match. Its second output is the only tensor of either way
     whose rows are apart (the new frames of the next unit's buffer, after its carried ones): packed_act writes it to
-    a packed scratch [B, n, C] instead, copied into the buffer after the graph (fused-packed), to tell whether cuDNN
-    mishandles that stride."""
+    a packed scratch [B, n, C] instead, copied into the buffer after the graph (fused-packed), and that is right
+    (2026-12-06): cuDNN does not honour that output's stride."""
 
     def __init__(self, blk: Block, two_outputs: bool, packed_act: bool = False):
         import cudnn
