@@ -28,7 +28,6 @@ cuDNN does not support prints its error and the rest go on.
 
     python3 -m bench.cudnn_fusion --rows 64,256,512   # a GPU, nvidia-cudnn-frontend installed (bench/gpu_wheels.sh)
     python3 -m bench.cudnn_fusion --rows 2 --device cpu  # today's way against PyTorch, no timing (Triton interpreter)
-    python3 -m bench.cudnn_fusion --rows 256 --exact     # the engine's units alone at 32, 160, 640 and 1920 frames
 """
 import argparse
 import statistics
@@ -39,6 +38,7 @@ import triton
 import triton.language as tl
 
 from bench.decoder_convs import K, STAGES
+from talkgate.synth.codec_decoder import ConvHistory, ResidualUnit
 
 DILATIONS = (1, 3, 9)
 REPS = 20
@@ -176,8 +176,7 @@ class EngineUnits:
     themselves)."""
 
     def __init__(self, blk: Block, compiled: bool):
-        from talkgate.synth.codec_decoder import ConvHistory, ResidualUnit
-        self.blk, self.history = blk, ConvHistory
+        self.blk = blk
         self.units, offset = [], 0
         for u, d in enumerate(DILATIONS):
             unit = ResidualUnit(blk.C, d).to(blk.x.device, blk.x.dtype)
@@ -201,7 +200,7 @@ class EngineUnits:
             self.forward = torch.compile(self._forward, fullgraph=True)
 
     def _forward(self, x: torch.Tensor, tails: torch.Tensor) -> torch.Tensor:
-        history = self.history(tails)
+        history = ConvHistory(tails)
         for unit in self.units:
             x = unit(x, history)
         return x
@@ -324,8 +323,6 @@ def main() -> None:
     ap.add_argument("--rows", default="256", help="rows, one or more: 64,256,512")
     ap.add_argument("--blocks", default="1,2,3,4", help="which decoder blocks (1: 768 channels ... 4: 96)")
     ap.add_argument("--device", default="cuda")
-    ap.add_argument("--exact", action="store_true", help="the engine's units alone at the blocks' own frames a frame "
-                    "(not rounded up to a multiple of 9: their dilated convs' zero frames in play)")
     args = ap.parse_args()
     device, gpu = torch.device(args.device), args.device == "cuda"
     torch.backends.cudnn.benchmark = True
@@ -335,14 +332,8 @@ def main() -> None:
               f"frontend {getattr(cudnn, '__version__', '?')}; float16", flush=True)
     for rows, index in ((int(r), int(b)) for r in args.rows.split(",") for b in args.blocks.split(",")):
         C, n = STAGES[index - 1]
-        n = n if args.exact else -(-n // 9) * 9
+        n = -(-n // 9) * 9
         blk = Block(rows, C, n, torch.float16 if gpu else torch.float32, device)
-        if args.exact:
-            engine = EngineUnits(blk, compiled=gpu)
-            engine.run()
-            print(f"{rows} rows, block {index} ({C} channels, {n} frames): engine "
-                  + (f"{replay_us(engine.run):.1f} us" if gpu else "ran"), flush=True)
-            continue
         today(blk)
         want = outputs(blk)
         if not gpu:
