@@ -44,8 +44,9 @@ them) and its linear layers in exact fp32 (torch.backends.cuda.matmul.allow_tf32
 cores. A part's compute roof is the sum over its precisions of FLOPs / peak; "% peak FLOP" = that time / the
 measured time, "% peak BW" = bytes / HBM peak / measured time; the part is memory-bound ("memory") when its
 intensity is below the ridge (effective peak FLOP/s / peak bytes/s), else "compute".
-Peaks (H200 SXM by the vendor's datasheet, dense, as /work/.library/device/H200.md states them): bf16 / fp16
-989 TFLOP/s, TF32 495, fp32 67, HBM3e 4.8 TB/s. Measured on such machines here (KINDS.md): a bf16 8192^3
+Peaks: the GPU's own, by the vendor's datasheet (dense; synth/roofline.py GPU_PEAKS): bf16 / fp16 989 TFLOP/s, TF32
+495, fp32 67 on the H200 and the H100 SXM alike, HBM 4.8 TB/s on the H200 and 3.35 on the H100; a GPU not listed
+there (and the CPU smoke test) is set against the H200's, and the title says so. Measured on such machines here (KINDS.md): a bf16 8192^3
 matmul 770-800 TFLOP/s, a device-to-device copy 4.3 TB/s: the practical ceilings are ~80% and ~90% of these.
 """
 from __future__ import annotations
@@ -59,9 +60,7 @@ import time
 
 import torch
 
-from talkgate.synth.roofline import FRAMES, H200, PARTS, PRECISION, Work, count_step, decoder_precisions
-
-PEAK_FLOPS, PEAK_BYTES = H200.flops, H200.bytes_per_s       # the peaks the tables are against
+from talkgate.synth.roofline import FRAMES, H200, PARTS, PRECISION, Peaks, Work, count_step, decoder_precisions, gpu_peaks
 
 
 # ----- FlopCounterMode on the real modules (the unit test's cross-check) -----
@@ -217,7 +216,7 @@ def time_host(engine, B: int, reps: int) -> dict[str, float]:
 
 
 # ----- the table -----
-def row(part: str, B, ms: float, work: Work | None) -> dict:
+def row(part: str, B, ms: float, work: Work | None, peaks: Peaks) -> dict:
     out = {"part": part, "batch": B, "ms": round(ms, 4)}
     if work is None:
         return out
@@ -232,10 +231,10 @@ def row(part: str, B, ms: float, work: Work | None) -> dict:
         out.update(intensity=None, pct_flops=None, pct_bw=None, bound="host (CPU)", roof_ms=None)
         return out
     out["intensity"] = round(work.total_flops / work.bytes, 2)
-    compute_s, memory_s = work.compute_s(), work.bytes / PEAK_BYTES
+    compute_s, memory_s = work.compute_s(peaks), work.bytes / peaks.bytes_per_s
     out["pct_flops"] = round(100 * compute_s / s, 2) if s > 0 else None
     out["pct_bw"] = round(100 * memory_s / s, 2) if s > 0 else None
-    ridge = (work.total_flops / compute_s) / PEAK_BYTES if compute_s else 0.0
+    ridge = (work.total_flops / compute_s) / peaks.bytes_per_s if compute_s else 0.0
     out["ridge"] = round(ridge, 1)
     out["bound"] = "compute" if out["intensity"] and out["intensity"] > ridge else "memory"
     out["roof_ms"] = round(max(compute_s, memory_s) * 1000, 4)
@@ -258,7 +257,7 @@ def markdown(rows: list[dict]) -> str:
 NOTES = ("code predictor: the whole codes graph, its 16 draws included (sampling: those draws alone, in a graph of "
          "their own); prefill: one new context, the same at every batch; host: the engine thread's time in a step "
          "outside its waits for the GPU, its GB the PCIe copies; step: Engine.run_once's wall time (the host's work "
-         "overlaps the GPU's decode). % peak against the H200's datasheet peaks for the part's precisions; roof ms = "
+         "overlaps the GPU's decode). % peak against the GPU's datasheet peaks for the part's precisions; roof ms = "
          "max(FLOPs at peak, bytes at peak HBM bandwidth).")
 
 
@@ -301,6 +300,10 @@ def main(argv=None) -> int:
     decoder_dtype = r.decoder.pre_conv.conv.weight.dtype
     P = prompt_length(r)
     T = next(t for t in r.prefill_lens if t >= P)
+    gpu = torch.cuda.get_device_name() if cuda else platform.processor()
+    peaks = gpu_peaks(gpu) if cuda else None
+    peaks_of = gpu if peaks else "the H200 (no peaks of this device in synth/roofline.py)"
+    peaks = peaks or H200
     rows = []
     print(f"setup (load, warm-up, captures) {setup_s:.1f} s; prompt {P} positions (prefill graph of {T}); "
           f"rows at position {P + FRAMES}", flush=True)
@@ -316,16 +319,16 @@ def main(argv=None) -> int:
         for part in PARTS:
             if part == "prefill" and B != batches[0]:
                 continue
-            rows.append(row(part, "1 new" if part == "prefill" else B, ms[part], work[part]))
-        rows.append(row("step (engine loop)", B, ms["step"], None))
+            rows.append(row(part, "1 new" if part == "prefill" else B, ms[part], work[part], peaks))
+        rows.append(row("step (engine loop)", B, ms["step"], None, peaks))
         print(f"batch {B}: " + ", ".join(f"{k} {v:.3f} ms" for k, v in ms.items()), flush=True)
     order = {p: i for i, p in enumerate(PARTS + ("step (engine loop)",))}
     rows.sort(key=lambda x: order[x["part"]])
-    gpu = torch.cuda.get_device_name() if cuda else platform.processor()
     lin, cnv = decoder_precisions(decoder_dtype, cuda)
     title = (f"### {a.label or a.checkpoint}: {gpu}, torch {torch.__version__}, Talker/predictor {PRECISION[r.dtype]}, "
              f"codec decoder {PRECISION[decoder_dtype]} (linear {lin}, conv {cnv}), compiled {r.compiled}, "
-             f"graphs {r.use_graphs}; prompt {P} (prefill {T}), position {P + FRAMES}; median of {a.reps}")
+             f"graphs {r.use_graphs}; prompt {P} (prefill {T}), position {P + FRAMES}; median of {a.reps}; "
+             f"% peak against {peaks_of}'s")
     print("\n" + title + "\n\n" + markdown(rows) + "\n\n" + NOTES)
     for B, why in sorted(skipped.items()):
         print(f"batch {B}: skipped ({why})")
@@ -334,7 +337,8 @@ def main(argv=None) -> int:
                "device": device, "dtype": PRECISION[r.dtype], "decoder_dtype": PRECISION[decoder_dtype],
                "decoder_precisions": {"linear": lin, "conv": cnv}, "compiled": r.compiled, "graphs": r.use_graphs,
                "prompt_len": P, "prefill_len": T, "position": P + FRAMES, "frames": FRAMES, "reps": a.reps,
-               "peaks": {"flops": PEAK_FLOPS, "bytes_per_s": PEAK_BYTES}, "setup_s": round(setup_s, 1),
+               "peaks": {"of": peaks_of, "flops": peaks.flops, "bytes_per_s": peaks.bytes_per_s},
+               "setup_s": round(setup_s, 1),
                "skipped": {str(b): w for b, w in skipped.items()},
                "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "rows": rows}
         with open(a.json, "w") as f:

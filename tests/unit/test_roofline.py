@@ -93,3 +93,15 @@ def test_bench_runs_on_the_cpu(tiny_checkpoint, tmp_path, capsys):
     table = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ")]
     assert len(table) == 2 + len(rows) and all(line.count("|") == 13 for line in table)
     assert res["prompt_len"] > 0 and res["position"] == res["prompt_len"] + roofline.FRAMES
+    assert res["peaks"]["of"].startswith("the H200") and res["peaks"]["bytes_per_s"] == counting.H200.bytes_per_s
+
+
+def test_shares_of_peak_are_the_gpus_own():
+    """An H100's bandwidth share is against its own 3.35 TB/s, not the H200's 4.8 (their FLOP peaks are the same)."""
+    work = counting.Work(flops={"bf16": 1e12}, weight_bytes=5e9)
+    h100, h200 = (roofline.row("talker", 256, 2.0, work, counting.gpu_peaks(name))
+                  for name in ("NVIDIA H100 80GB HBM3", "NVIDIA H200"))
+    assert h100["pct_flops"] == h200["pct_flops"] == pytest.approx(100 * 1e12 / 989e12 / 2e-3, abs=0.01)
+    assert h100["pct_bw"] == pytest.approx(100 * 5e9 / 3.35e12 / 2e-3, abs=0.01)
+    assert h200["pct_bw"] == pytest.approx(100 * 5e9 / 4.8e12 / 2e-3, abs=0.01)
+    assert h100["roof_ms"] > h200["roof_ms"]
