@@ -79,7 +79,8 @@ class Lt:
         check(self.lib.cublasLtMatmulDescCreate(ctypes.byref(desc), COMPUTE_32F, R_32F), "desc")
         for attr, op in ((DESC_TRANSA, OP_T), (DESC_TRANSB, OP_N)):
             value = ctypes.c_int32(op)
-            check(self.lib.cublasLtMatmulDescSetAttribute(desc, attr, ctypes.byref(value), 4), "desc attribute")
+            check(self.lib.cublasLtMatmulDescSetAttribute(desc, attr, ctypes.byref(value), ctypes.c_size_t(4)),
+                  "desc attribute")
         return desc, self.layout(K, N, K), self.layout(K, M, K), self.layout(N, M, N)
 
     def candidates(self, problem, count: int) -> list[HeuristicResult]:
@@ -87,7 +88,8 @@ class Lt:
         pref = ctypes.c_void_p()
         check(self.lib.cublasLtMatmulPreferenceCreate(ctypes.byref(pref)), "preference")
         size = ctypes.c_uint64(self.workspace.numel())
-        check(self.lib.cublasLtMatmulPreferenceSetAttribute(pref, PREF_MAX_WORKSPACE_BYTES, ctypes.byref(size), 8),
+        check(self.lib.cublasLtMatmulPreferenceSetAttribute(pref, PREF_MAX_WORKSPACE_BYTES, ctypes.byref(size),
+                                                             ctypes.c_size_t(8)),
               "preference attribute")
         results, returned = (HeuristicResult * count)(), ctypes.c_int(0)
         check(self.lib.cublasLtMatmulAlgoGetHeuristic(self.handle, desc, a, b, c, c, pref, count, results,
@@ -96,7 +98,8 @@ class Lt:
 
     def config(self, result: HeuristicResult, attr: int) -> int:
         value, written = ctypes.c_uint32(0), ctypes.c_size_t(0)
-        self.lib.cublasLtMatmulAlgoConfigGetAttribute(ctypes.byref(result.algo), attr, ctypes.byref(value), 4,
+        self.lib.cublasLtMatmulAlgoConfigGetAttribute(ctypes.byref(result.algo), attr, ctypes.byref(value),
+                                                      ctypes.c_size_t(4),
                                                       ctypes.byref(written))
         return value.value
 
