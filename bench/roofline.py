@@ -46,8 +46,9 @@ measured time, "% peak BW" = bytes / HBM peak / measured time; the part is memor
 intensity is below the ridge (effective peak FLOP/s / peak bytes/s), else "compute".
 Peaks: the GPU's own, by the vendor's datasheet (dense; synth/roofline.py GPU_PEAKS): bf16 / fp16 989 TFLOP/s, TF32
 495, fp32 67 on the H200 and the H100 SXM alike, HBM 4.8 TB/s on the H200 and 3.35 on the H100; a GPU not listed
-there (and the CPU smoke test) is set against the H200's, and the title says so. Measured on such machines here (KINDS.md): a bf16 8192^3
-matmul 770-800 TFLOP/s, a device-to-device copy 4.3 TB/s: the practical ceilings are ~80% and ~90% of these.
+there (and the CPU smoke test) is set against the H200's, and the title says so. Measured on H200 machines here
+(KINDS.md): a bf16 8192^3 matmul 770-800 TFLOP/s, a device-to-device copy 4.3 TB/s: the practical ceilings are ~80%
+and ~90% of these.
 """
 from __future__ import annotations
 
@@ -60,7 +61,8 @@ import time
 
 import torch
 
-from talkgate.synth.roofline import FRAMES, H200, PARTS, PRECISION, Peaks, Work, count_step, decoder_precisions, gpu_peaks
+from talkgate.synth.roofline import (FRAMES, H200, PARTS, PRECISION, Peaks, Work, count_step, decoder_precisions,
+                                     gpu_peaks)
 
 
 # ----- FlopCounterMode on the real modules (the unit test's cross-check) -----
