@@ -303,9 +303,8 @@ def main(argv=None) -> int:
     P = prompt_length(r)
     T = next(t for t in r.prefill_lens if t >= P)
     gpu = torch.cuda.get_device_name() if cuda else platform.processor()
-    peaks = gpu_peaks(gpu) if cuda else None
-    peaks_of = gpu if peaks else "the H200 (no peaks of this device in synth/roofline.py)"
-    peaks = peaks or H200
+    known = gpu_peaks(gpu)                     # None for the CPU's processor name and for GPUs not listed
+    peaks, peaks_of = (known, gpu) if known else (H200, "the H200 (no peaks of this device in synth/roofline.py)")
     rows = []
     print(f"setup (load, warm-up, captures) {setup_s:.1f} s; prompt {P} positions (prefill graph of {T}); "
           f"rows at position {P + FRAMES}", flush=True)
