@@ -8,7 +8,8 @@
 #            default 1,8,64,256,512; a tree but `after` runs its own bench/ where .e2e/NAME has one: `git archive REV
 #            talkgate bench`)
 #   decode   each of DECODE_TREES' (default "before after"; named again as ROOF_TREES) decode graph of DECODE_ROWS rows
-#            kernel by kernel (bench/decoder_kernels.py; an engine of that many slots)
+#            kernel by kernel (bench/decoder_kernels.py; an engine of that many slots); DECODE_GRAPHS: which of the
+#            step's graphs (default decode; "talker,codes,decode" all three)
 #   loads    each tree with `talkgate serve` default flags, 1.7B CustomVoice, OpenAI HTTP PCM, open loop, English
 #            medium texts: RATES (RATE:SECONDS:CLIENT_PROCESSES each; default 1 req/s for 90 s, 20 and 100 req/s for
 #            20 s; LOAD_ARGS: more flags of each, e.g. --max-in-flight 4096 past ~150 req/s; packed after each),
@@ -65,9 +66,9 @@ if [[ $parts == *" decode "* ]]; then
       dir=$(tree_of $which)
       named_run "$which"
       (cd "$dir" && PYTHONPATH=$dir:$tree:/tmp/site timeout 300 python3 -m bench.decoder_kernels \
-        /tmp/ck-1.7b-custom_voice "$res" "$B" > "$res/decode-$run-$B.txt" 2>&1)
-      rm -f "$res/decode_trace.json"
-      log "$run: $(grep 'decode graph' "$res/decode-$run-$B.txt"); on cuDNN's generic kernel: $(grep -c \
+        /tmp/ck-1.7b-custom_voice "$res" "$B" "${DECODE_GRAPHS:-decode}" > "$res/decode-$run-$B.txt" 2>&1)
+      rm -f "$res"/*_trace.json
+      log "$run: $(grep ' graph B=' "$res/decode-$run-$B.txt" | tr '\n' ' '); on cuDNN's generic kernel: $(grep -c \
 implicit_convolve_sgemm "$res/decode-$run-$B.txt") convolutions"
       pack
     done
