@@ -6,7 +6,8 @@ writes, attention, a transpose. At batch 1 a frame runs 103 such layers and the 
 number of kernels, not by their work (bench/engine.py profile), so this kernel does it all, reading
 the fused q/k/v projection's output row:
 - normalizes q and k per head (RMSNorm in float32, weight applied in the model dtype, as the
-  reference) and rotates them (RoPE with the caller's cos/sin, in the model dtype);
+  reference) and rotates them (RoPE with the caller's cos/sin, in the model dtype); where the projection is of rows
+  not yet normed (synth/model.py run_layers_folded), it first scales q, k and v by each row's 1/rms;
 - writes k and v at (slot, position) of the cache [slots, kv_heads, L, D], or of the pages [pages, kv_heads, page_len,
   D] through the slot's row of a page table (the Talker's KV: synth/model.py Talker.setup_cache);
 - attends over the row's cached positions [0, position) plus the new one (online softmax), reading
@@ -28,10 +29,20 @@ def _in_dtype(x, DT: tl.constexpr):
 
 
 @triton.jit
-def _norm_rope(X, rows, d, rot, sign, cos, sin, W, eps, D: tl.constexpr, DT: tl.constexpr):
-    """Per-head RMSNorm then RoPE of the head vectors at X + rows[:, None] * D + d: [R, D] float32."""
-    x = tl.load(X + rows[:, None] * D + d[None, :], cache_modifier=".cg").to(tl.float32)
-    xr = tl.load(X + rows[:, None] * D + rot[None, :], cache_modifier=".cg").to(tl.float32)
+def _scaled(x, r, SCALED: tl.constexpr, DT: tl.constexpr):
+    """A projection of a row not yet normed (its norm's weight folded into the projection: synth/model.py fold_norms)
+    times the row's 1/rms r, rounded to the model dtype as the normed row's projection is; x itself unless SCALED."""
+    if SCALED:
+        x = _in_dtype(x * r, DT)
+    return x
+
+
+@triton.jit
+def _norm_rope(X, rows, d, rot, sign, cos, sin, W, eps, r, SCALED: tl.constexpr, D: tl.constexpr, DT: tl.constexpr):
+    """Per-head RMSNorm then RoPE of the head vectors at X + rows[:, None] * D + d: [R, D] float32. SCALED: X is the
+    projection of a row not yet normed, r its 1/rms (_scaled)."""
+    x = _scaled(tl.load(X + rows[:, None] * D + d[None, :], cache_modifier=".cg").to(tl.float32), r, SCALED, DT)
+    xr = _scaled(tl.load(X + rows[:, None] * D + rot[None, :], cache_modifier=".cg").to(tl.float32), r, SCALED, DT)
     inv = tl.rsqrt(tl.sum(x * x, axis=1) / D + eps)[:, None]
     w = tl.load(W + d).to(tl.float32)[None, :]
     wr = tl.load(W + rot).to(tl.float32)[None, :]
@@ -97,13 +108,14 @@ def _load_block(K, V, TAB, sps, base, skl, first, stop, d, BLOCK: tl.constexpr, 
 
 
 @triton.jit
-def attend_range(ROW, QW, KW, eps, COS, SIN, K, V, TAB, sps, base, skl, n, start, stop, new, scale, h,
+def attend_range(ROW, QW, KW, eps, COS, SIN, K, V, TAB, sps, base, skl, n, start, stop, new, scale, h, r,
                  HQ: tl.constexpr, HKV: tl.constexpr, GROUP: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr,
-                 PAGE: tl.constexpr, ONE_QUERY: tl.constexpr):
+                 PAGE: tl.constexpr, ONE_QUERY: tl.constexpr, SCALED: tl.constexpr):
     """Kv head h of one token at position n, over cache positions [start, stop) and, when `new`, the token
     itself (its k/v written to the cache at n): ROW its fused q/k/v, COS/SIN its RoPE row [D] float32, base
     the cache offset of (slot, head h), or with pages (PAGE > 0) of head h in page 0, TAB the slot's row of the page
-    table and sps a page's stride (_at). -> the online softmax's state: max m [GROUP], sum l [GROUP] and
+    table and sps a page's stride (_at), SCALED: ROW the projection of a row not yet normed, r its 1/rms (_scaled).
+    -> the online softmax's state: max m [GROUP], sum l [GROUP] and
     weighted values acc [GROUP, D] (output = acc / l). Also called by synth/persistent.py's kernels, where
     ROW is rewritten every layer: hence the L2-only (".cg") loads of it. The first block of cached K/V
     (written by earlier steps, never by this one) is loaded before the q/k norm and RoPE, so its memory
@@ -116,11 +128,12 @@ def attend_range(ROW, QW, KW, eps, COS, SIN, K, V, TAB, sps, base, skl, n, start
     cos = _in_dtype(tl.load(COS + d).to(tl.float32), DT)[None, :]
     sin = _in_dtype(tl.load(SIN + d).to(tl.float32), DT)[None, :]
     g = tl.arange(0, GROUP)
-    q = _norm_rope(ROW, h * GROUP + g, d, rot, sign, cos, sin, QW, eps, D, DT)                  # [GROUP, D]
+    q = _norm_rope(ROW, h * GROUP + g, d, rot, sign, cos, sin, QW, eps, r, SCALED, D, DT)                  # [GROUP, D]
     if new:
         one = tl.arange(0, 1)
-        k = _norm_rope(ROW, HQ + h + one, d, rot, sign, cos, sin, KW, eps, D, DT)               # [1, D]
-        v = tl.load(ROW + (HQ + HKV + h + one)[:, None] * D + d[None, :], cache_modifier=".cg").to(tl.float32)
+        k = _norm_rope(ROW, HQ + h + one, d, rot, sign, cos, sin, KW, eps, r, SCALED, D, DT)               # [1, D]
+        v = _scaled(tl.load(ROW + (HQ + HKV + h + one)[:, None] * D + d[None, :], cache_modifier=".cg").to(tl.float32),
+                    r, SCALED, DT)
         at = _at(TAB, sps, base, skl, tl.cast(n, tl.int64) + one, one == 0, PAGE)[:, None] + d[None, :]
         tl.store(K + at, k.to(DT))
         tl.store(V + at, v.to(DT))
@@ -140,12 +153,12 @@ def attend_range(ROW, QW, KW, eps, COS, SIN, K, V, TAB, sps, base, skl, n, start
 
 
 @triton.jit
-def attend_one_token(ROW, QW, KW, eps, COS, SIN, K, V, TAB, sps, base, skl, n, O, scale, h, HQ: tl.constexpr,
+def attend_one_token(ROW, QW, KW, eps, COS, SIN, K, V, TAB, sps, base, skl, n, O, scale, h, r, HQ: tl.constexpr,
                      HKV: tl.constexpr, GROUP: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr, PAGE: tl.constexpr,
-                     ONE_QUERY: tl.constexpr):
+                     ONE_QUERY: tl.constexpr, SCALED: tl.constexpr):
     """attend_range over all of [0, n) and the token; its output row O [HQ * D] (kv head h's query group)."""
-    m, l, acc = attend_range(ROW, QW, KW, eps, COS, SIN, K, V, TAB, sps, base, skl, n, 0, n, True, scale, h, HQ, HKV,
-                             GROUP, D, BLOCK, PAGE, ONE_QUERY)
+    m, l, acc = attend_range(ROW, QW, KW, eps, COS, SIN, K, V, TAB, sps, base, skl, n, 0, n, True, scale, h, r, HQ,
+                             HKV, GROUP, D, BLOCK, PAGE, ONE_QUERY, SCALED)
     g = tl.arange(0, GROUP)
     d = tl.arange(0, D)
     tl.store(O + (h * GROUP + g)[:, None] * D + d[None, :], (acc / l[:, None]).to(O.dtype.element_ty))
@@ -153,11 +166,17 @@ def attend_one_token(ROW, QW, KW, eps, COS, SIN, K, V, TAB, sps, base, skl, n, O
 
 @triton.jit(do_not_specialize=["pos_all"])
 def one_token_attention_kernel(QKV, sqkv, QW, KW, COS, SIN, scs, K, V, sks, skh, skl, SLOTS, POS, O, so,
-                               pos_all, TABLE, stab, eps, scale, HQ: tl.constexpr, HKV: tl.constexpr,
+                               pos_all, TABLE, stab, eps, scale, X, sx, H, x_eps, HQ: tl.constexpr, HKV: tl.constexpr,
                                GROUP: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr, ROW_SLOTS: tl.constexpr,
-                               ROW_POS: tl.constexpr, PAGE: tl.constexpr, ONE_QUERY: tl.constexpr):
+                               ROW_POS: tl.constexpr, PAGE: tl.constexpr, ONE_QUERY: tl.constexpr, HB: tl.constexpr):
     b = tl.program_id(0)
     h = tl.program_id(1)
+    if HB > 0:                                # QKV projects x's rows before their norm: r = x's 1/rms
+        c = tl.arange(0, HB)
+        x = tl.load(X + b.to(tl.int64) * sx + c, mask=c < H, other=0.0).to(tl.float32)
+        r = tl.rsqrt(tl.sum(x * x, axis=0) / H + x_eps)
+    else:
+        r = 1.0
     if ROW_SLOTS:
         slot = tl.load(SLOTS + b).to(tl.int64)
     else:
@@ -171,17 +190,19 @@ def one_token_attention_kernel(QKV, sqkv, QW, KW, COS, SIN, scs, K, V, sks, skh,
     else:
         tab, base = TABLE, slot * sks + h * skh
     attend_one_token(QKV + b * sqkv, QW, KW, eps, COS + b * scs, SIN + b * scs, K, V, tab, sks, base, skl, n,
-                     O + b * so, scale, h, HQ, HKV, GROUP, D, BLOCK, PAGE, ONE_QUERY)
+                     O + b * so, scale, h, r, HQ, HKV, GROUP, D, BLOCK, PAGE, ONE_QUERY, HB > 0)
 
 
 def one_token_attention(qkv: torch.Tensor, q_norm: torch.Tensor, k_norm: torch.Tensor, eps: float,
                         cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                         slots: torch.Tensor | None, pos: torch.Tensor | int, heads: int,
-                        table: torch.Tensor | None = None) -> torch.Tensor:
+                        table: torch.Tensor | None = None, x: torch.Tensor | None = None, x_eps: float = 0.0
+                        ) -> torch.Tensor:
     """qkv [B, (heads + 2 kv_heads) * D] (the fused projection of one token per row), q_norm/k_norm [D]
     weights, cos/sin [B, D] or [D] float32, caches [S, kv_heads, L, D], or with a page table [S, slot pages] pages
     [pages, kv_heads, page_len, D]; slots [B] (None: row b uses cache row b), pos [B] or one int for every row (the
-    new token's position) -> [B, heads * D]."""
+    new token's position) -> [B, heads * D]. x [B, H]: qkv projects these rows before their norm, its weight carrying
+    the norm's (synth/model.py fold_norms); q, k and v are then scaled by each row's rsqrt(mean(x^2) + x_eps)."""
     B = qkv.shape[0]
     kv_heads, D = k_cache.shape[1], k_cache.shape[3]
     if qkv.stride(-1) != 1:
@@ -202,9 +223,10 @@ def one_token_attention(qkv: torch.Tensor, q_norm: torch.Tensor, k_norm: torch.T
         k_cache, v_cache, k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         slots if slots is not None else qkv, pos if row_pos else qkv, out, out.stride(0),
         0 if row_pos else int(pos), table if table is not None else qkv, table.stride(0) if table is not None else 0,
-        eps, D ** -0.5, HQ=heads, HKV=kv_heads, GROUP=heads // kv_heads, D=D,
+        eps, D ** -0.5, x if x is not None else qkv, x.stride(0) if x is not None else 0,
+        x.shape[1] if x is not None else 0, x_eps, HQ=heads, HKV=kv_heads, GROUP=heads // kv_heads, D=D,
         BLOCK=block, ROW_SLOTS=slots is not None, ROW_POS=row_pos, PAGE=page, ONE_QUERY=one_query,
-        num_warps=warps)
+        HB=triton.next_power_of_2(x.shape[1]) if x is not None else 0, num_warps=warps)
     return out
 
 

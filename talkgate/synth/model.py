@@ -129,16 +129,17 @@ class Attention(nn.Module):
         k = k * cos + rotate_half(k) * sin
         return q, k, v
 
-    def one_token(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor,
-                  v_cache: torch.Tensor, slots: torch.Tensor | None, pos, table: torch.Tensor | None = None
-                  ) -> torch.Tensor:
-        """CUDA, one token per row: x [B,1,H] -> attention output [B,1,H] (after o_proj), with q/k norm,
-        RoPE (cos/sin [B,D] or [D]), the cache write at (slots[b] or b, pos) and attention over
-        positions <= pos in one kernel (synth/attention.py); table: the caches are pages (Talker.setup_cache)."""
-        out = kernel_module("attention").one_token_attention(
-            F.linear(x[:, 0], self.qkv_weight), self.q_norm.weight, self.k_norm.weight, self.q_norm.eps, cos, sin,
-            k_cache, v_cache, slots, pos, self.n_heads, table)
-        return self.o_proj(out)[:, None]
+    def one_token(self, x: torch.Tensor, weight: torch.Tensor, eps: float, cos: torch.Tensor, sin: torch.Tensor,
+                  k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor | None, pos,
+                  table: torch.Tensor | None = None) -> torch.Tensor:
+        """CUDA, one token per row, rows x [B, H] before their norm, weight the q/k/v projection carrying the norm's
+        weight (fold_norms) -> the attention output [B, heads * D] before o_proj. One kernel (synth/attention.py) scales
+        the projection by each row's 1/rms (eps the norm's), then q/k norm, RoPE (cos/sin [B,D] or [D]), the cache
+        write at (slots[b] or b, pos) and attention over positions <= pos; table: the caches are pages
+        (Talker.setup_cache)."""
+        return kernel_module("attention").one_token_attention(
+            F.linear(x, weight), self.q_norm.weight, self.k_norm.weight, self.q_norm.eps, cos, sin, k_cache, v_cache,
+            slots, pos, self.n_heads, table, x=x, x_eps=eps)
 
     def attend_within(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """Causal attention within T new positions, q [B,T,heads,D], k/v [B,T,kv_heads,D] -> [B,T,H]. A few positions
@@ -197,6 +198,38 @@ def run_layers(layers: nn.ModuleList, final_norm: RMSNorm, x: torch.Tensor, atte
     return h
 
 
+@dataclass
+class FoldedLayer:
+    """A decoder layer's q/k/v and gate/up projections with the norm before each folded in: weight[:, j] x norm
+    weight[j], in the model dtype (fold_norms)."""
+    qkv: torch.Tensor
+    gate_up: torch.Tensor
+
+
+def fold_norms(layers: nn.ModuleList) -> list[FoldedLayer]:
+    """Copies of the layers' q/k/v and gate/up weights with their norms' weights folded in (run_layers_folded)."""
+    return [FoldedLayer(qkv=layer.self_attn.qkv_weight * layer.input_layernorm.weight,
+                        gate_up=layer.mlp.gate_up_weight * layer.post_attention_layernorm.weight) for layer in layers]
+
+
+def run_layers_folded(layers: nn.ModuleList, folded: list[FoldedLayer], final_norm: RMSNorm, x: torch.Tensor,
+                      attention_out) -> torch.Tensor:
+    """run_layers for one token a row on CUDA, without its norms' kernels: a norm of x is x's 1/rms (a number a row)
+    times the norm's weight, so the weight is folded into the projection after it (folded: fold_norms) and the 1/rms
+    applied by the kernel that reads that projection (the attention kernel; synth/scaled_swiglu.py), and each residual
+    add is the accumulate of the multiply before it (addmm_, in place: an addmm into another tensor copies its input
+    there first, a kernel of its own). Two of a layer's eight kernels fewer: at 256 rows each was ~2 us and a launch
+    gap, 140 a code predictor frame. attention_out(i, layer, x, weight) -> the attention block's output before o_proj;
+    x [B, H] -> the final norm of the last residual."""
+    swiglu = kernel_module("scaled_swiglu").scaled_swiglu
+    x = x.clone()
+    for i, layer in enumerate(layers):
+        x.addmm_(attention_out(i, layer, x, folded[i].qkv), layer.self_attn.o_proj.weight.t())
+        x.addmm_(swiglu(F.linear(x, folded[i].gate_up), x, layer.post_attention_layernorm.eps),
+                 layer.mlp.down_proj.weight.t())
+    return final_norm(x)
+
+
 def uses_persistent(model: nn.Module, rows: int) -> bool:
     """Whether synth/persistent.py's kernels take this step (CUDA callers only)."""
     kernels = kernel_module("persistent")
@@ -230,8 +263,9 @@ def stack_parameters(modules, name: str = "weight") -> torch.Tensor:
 
 
 def fuse_projections(*models: nn.Module) -> None:
-    """Fuse q/k/v and gate/up of every decoder layer and stack the layers (model.stacked, a LayerStack):
-    the loader calls this after loading. Memory and state dict stay as loaded."""
+    """Fuse q/k/v and gate/up of every decoder layer and stack the layers (model.stacked, a LayerStack), and on CUDA
+    fold the norms into copies of them (model.folded, fold_norms): the loader calls this after loading. The state dict
+    stays as loaded."""
     for model in models:
         layers = model.layers
         first = layers[0]
@@ -249,6 +283,8 @@ def fuse_projections(*models: nn.Module) -> None:
             post_norm=stack_parameters([l.post_attention_layernorm for l in layers]),
             q_norm=stack_parameters([l.self_attn.q_norm for l in layers]),
             k_norm=stack_parameters([l.self_attn.k_norm for l in layers]))
+        # CUDA's one-token steps take run_layers_folded (1.7B: 1.9 GB for the Talker's, 0.1 for the code predictor's)
+        model.folded = fold_norms(layers) if qkv.is_cuda else None
         if isinstance(model, CodePredictor):
             model.heads = stack_parameters(model.lm_head)                 # [15, vocab, H]
             model.embeddings = stack_parameters(model.codec_embedding)    # [15, vocab, Talker H]
@@ -343,10 +379,10 @@ class Talker(nn.Module):
             return kernel_module("persistent").talker_step(self, x[:, 0], cos[:, 0], sin[:, 0], slots, pos_t[:, 0])[:, None]
         if x.shape[1] == 1 and one_token_kernel(x):
             # one token per row on CUDA: reads only each row's live cache positions
-            def attention_out(i, layer, h):
-                return layer.self_attn.one_token(h, cos[:, 0], sin[:, 0], self.k_cache[i], self.v_cache[i], slots,
-                                                 pos_t[:, 0], self.page_table)
-            return run_layers(self.layers, self.norm, x, attention_out)
+            def attention_out(i, layer, x, weight):
+                return layer.self_attn.one_token(x, weight, layer.input_layernorm.eps, cos[:, 0], sin[:, 0],
+                                                 self.k_cache[i], self.v_cache[i], slots, pos_t[:, 0], self.page_table)
+            return run_layers_folded(self.layers, self.folded, self.norm, x[:, 0], attention_out)[:, None]
         L = self.max_len
         positions = torch.arange(L, device=x.device)
         table = self.page_table[slots]                                                        # [B, slot pages]
@@ -425,9 +461,10 @@ class CodePredictor(nn.Module):
         """x [B,T,Hp] at frame positions start..start+T-1 -> normed hidden [B,T,Hp]."""
         B, T, _ = x.shape
         if T == 1 and one_token_kernel(x):
-            def attention_out(i, layer, h):
-                return layer.self_attn.one_token(h, self.cos[start], self.sin[start], kv[i][0], kv[i][1], None, start)
-            return run_layers(self.layers, self.norm, x, attention_out)
+            def attention_out(i, layer, x, weight):
+                return layer.self_attn.one_token(x, weight, layer.input_layernorm.eps, self.cos[start],
+                                                 self.sin[start], kv[i][0], kv[i][1], None, start)
+            return run_layers_folded(self.layers, self.folded, self.norm, x[:, 0], attention_out)[:, None]
         cos = self.cos[start:start + T][None].expand(B, T, -1)
         sin = self.sin[start:start + T][None].expand(B, T, -1)
 

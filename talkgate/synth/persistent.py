@@ -313,7 +313,7 @@ def _attend_project(ws, QKV, NQ, NK, eps, COS, SIN, KC, VC, skh, pos, OPART, pid
             # that cost a one-row frame 0.23 ms, and gained nothing at two rows (_layer's attend_one_token, which keeps
             # the group's step too; docs/benchmarks.md "The one-token attention one query at a time")
             m, l, acc = attend_range(QKV, NQ, NK, eps, COS, SIN, KC, VC, KC, 0, h * skh, D, pos, 0, pos, True, scale,
-                                     h, HQ, HKV, GROUP, D, BLOCK, 0, False)
+                                     h, 1.0, HQ, HKV, GROUP, D, BLOCK, 0, False, False)
             o = (acc / l[:, None]).to(DT).to(tl.float32)
             n = (j % NCH) * BN + tl.arange(0, BN)
             tl.store(OPART + h * HP + n, tl.sum(tl.sum(ws[i].to(tl.float32) * o[None, :, :], axis=2), axis=1))
@@ -376,7 +376,7 @@ def _attend_split(target, QKV, NQ, NK, eps, COS, SIN, scs, KC, VC, sks, skh, TAB
                 tab, base = TABLE, slot * sks + h * skh
             m, l, acc = attend_range(QKV + b * NQKV, NQ, NK, eps, COS + b * scs, SIN + b * scs, KC, VC, tab, sks, base,
                                      D, n, part * SPLIT, tl.minimum(part * SPLIT + SPLIT, n), part == last, scale, h,
-                                     HQ, HKV, GROUP, D, BLOCK, PAGE, False)
+                                     1.0, HQ, HKV, GROUP, D, BLOCK, PAGE, False, False)
             if last == 0:
                 tl.store(ATT + b * HQ * D + (h * GROUP + g)[:, None] * D + d[None, :],
                          (acc / l[:, None]).to(ATT.dtype.element_ty))
@@ -461,8 +461,8 @@ def _layer(target, l, wa, keep, skip, X, X0, QKV, ATT, ACT, SYNC, WQKV, WO, WGU,
             for j in range(pid, nrows * HKV, NPROG):          # B: one program a (row, kv head)
                 b = j // HKV
                 attend_one_token(QKV + b * NQKV, NQ + l * D, NK + l * D, eps, COS, SIN, KC, VC, KC, 0,
-                                 b * sks + (j % HKV) * skh, D, pos_all, ATT + b * QD, scale, j % HKV, HQ, HKV,
-                                 HQ // HKV, D, BLOCK, 0, False)
+                                 b * sks + (j % HKV) * skh, D, pos_all, ATT + b * QD, scale, j % HKV, 1.0, HQ,
+                                 HKV, HQ // HKV, D, BLOCK, 0, False, False)
         else:
             target = _attend_split(target, QKV, NQ + l * D, NK + l * D, eps, COS, SIN, D, KC, VC, sks, skh, TABLE,
                                    stab, slot_rows, pos_rows, ATT, PART, ML, SYNC, pid, nrows, scale, HQ, HKV, D,
