@@ -78,8 +78,8 @@ def one_token(B: int, pos: int, paged: bool, configs, HQ=16, HKV=8, D=128) -> No
             one_token_attention_kernel[(B, HKV)](
                 qkv, qkv.stride(0), qw, qw, cos, sin, cos.stride(0), kc, vc, kc.stride(0), kc.stride(1),
                 kc.stride(2), slots, posv, out, out.stride(0), 0, table, table.stride(0) if paged else 0, 1e-6,
-                D ** -0.5, HQ=HQ, HKV=HKV, GROUP=HQ // HKV, D=D, BLOCK=block, ROW_SLOTS=True, ROW_POS=True,
-                PAGE=page, ONE_QUERY=not paged, num_warps=warps)    # the wrapper's choice
+                D ** -0.5, qkv, 0, 0, 0.0, HQ=HQ, HKV=HKV, GROUP=HQ // HKV, D=D, BLOCK=block, ROW_SLOTS=True,
+                ROW_POS=True, PAGE=page, ONE_QUERY=not paged, HB=0, num_warps=warps)    # the wrapper's choice
         t = timed(run)
         mb = B * (pos + 1) * HKV * D * 2 * 2 / 1e6
         print(f"one-token attention {'Talker' if paged else 'predictor'} B={B} pos={pos} block={block} "
