@@ -207,6 +207,7 @@ def one_token_attention(qkv: torch.Tensor, q_norm: torch.Tensor, k_norm: torch.T
     kv_heads, D = k_cache.shape[1], k_cache.shape[3]
     if qkv.stride(-1) != 1:
         qkv = qkv.contiguous()
+    assert x is None or x.stride(1) == 1          # the kernel reads x's row as H contiguous values
     out = torch.empty(B, heads * D, device=qkv.device, dtype=qkv.dtype)
     row_pos = isinstance(pos, torch.Tensor)
     # measured in CUDA graphs on an H100 (docs/experiments/README.md, kernels.py): few rows, long caches want 4
