@@ -29,6 +29,15 @@ def _in_dtype(x, DT: tl.constexpr):
 
 
 @triton.jit
+def row_inv_rms(X, H, eps, HB: tl.constexpr):
+    """rsqrt(mean(x^2) + eps) of the row of H values at X (HB: H or the power of two above it), in float32: the factor
+    a norm of the row applies before its weight."""
+    c = tl.arange(0, HB)
+    x = tl.load(X + c, mask=c < H, other=0.0).to(tl.float32)
+    return tl.rsqrt(tl.sum(x * x, axis=0) / H + eps)
+
+
+@triton.jit
 def _scaled(x, r, SCALED: tl.constexpr, DT: tl.constexpr):
     """A projection of a row not yet normed (its norm's weight folded into the projection: synth/model.py fold_norms)
     times the row's 1/rms r, rounded to the model dtype as the normed row's projection is; x itself unless SCALED."""
@@ -172,9 +181,7 @@ def one_token_attention_kernel(QKV, sqkv, QW, KW, COS, SIN, scs, K, V, sks, skh,
     b = tl.program_id(0)
     h = tl.program_id(1)
     if HB > 0:                                # QKV projects x's rows before their norm: r = x's 1/rms
-        c = tl.arange(0, HB)
-        x = tl.load(X + b.to(tl.int64) * sx + c, mask=c < H, other=0.0).to(tl.float32)
-        r = tl.rsqrt(tl.sum(x * x, axis=0) / H + x_eps)
+        r = row_inv_rms(X + b.to(tl.int64) * sx, H, x_eps, HB)
     else:
         r = 1.0
     if ROW_SLOTS:
@@ -208,6 +215,7 @@ def one_token_attention(qkv: torch.Tensor, q_norm: torch.Tensor, k_norm: torch.T
     if qkv.stride(-1) != 1:
         qkv = qkv.contiguous()
     assert x is None or x.stride(1) == 1          # the kernel reads x's row as H contiguous values
+    rows, srows, H = (x, x.stride(0), x.shape[1]) if x is not None else (qkv, 0, 0)   # H 0: no rows to scale by
     out = torch.empty(B, heads * D, device=qkv.device, dtype=qkv.dtype)
     row_pos = isinstance(pos, torch.Tensor)
     # measured in CUDA graphs on an H100 (docs/experiments/README.md, kernels.py): few rows, long caches want 4
@@ -224,10 +232,9 @@ def one_token_attention(qkv: torch.Tensor, q_norm: torch.Tensor, k_norm: torch.T
         k_cache, v_cache, k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         slots if slots is not None else qkv, pos if row_pos else qkv, out, out.stride(0),
         0 if row_pos else int(pos), table if table is not None else qkv, table.stride(0) if table is not None else 0,
-        eps, D ** -0.5, x if x is not None else qkv, x.stride(0) if x is not None else 0,
-        x.shape[1] if x is not None else 0, x_eps, HQ=heads, HKV=kv_heads, GROUP=heads // kv_heads, D=D,
+        eps, D ** -0.5, rows, srows, H, x_eps, HQ=heads, HKV=kv_heads, GROUP=heads // kv_heads, D=D,
         BLOCK=block, ROW_SLOTS=slots is not None, ROW_POS=row_pos, PAGE=page, ONE_QUERY=one_query,
-        HB=triton.next_power_of_2(x.shape[1]) if x is not None else 0, num_warps=warps)
+        HB=triton.next_power_of_2(H) if H else 0, num_warps=warps)
     return out
 
 

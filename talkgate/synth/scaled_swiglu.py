@@ -14,6 +14,8 @@ import torch
 import triton
 import triton.language as tl
 
+from talkgate.synth.attention import row_inv_rms
+
 # gate/up columns a program covers: at 256 rows the code predictor's 3,072 make 768 programs
 BLOCK = 1024
 
@@ -21,9 +23,7 @@ BLOCK = 1024
 @triton.jit
 def scaled_swiglu_kernel(GU, sgu, X, sx, O, so, I, H, eps, HB: tl.constexpr, BLOCK: tl.constexpr):
     b = tl.program_id(0).to(tl.int64)
-    c = tl.arange(0, HB)
-    x = tl.load(X + b * sx + c, mask=c < H, other=0.0).to(tl.float32)
-    r = tl.rsqrt(tl.sum(x * x, axis=0) / H + eps)
+    r = row_inv_rms(X + b * sx, H, eps, HB)
     DT: tl.constexpr = O.dtype.element_ty
     j = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     keep = j < I
