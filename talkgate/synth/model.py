@@ -198,24 +198,22 @@ def run_layers(layers: nn.ModuleList, final_norm: RMSNorm, x: torch.Tensor, atte
     return h
 
 
-@dataclass
-class FoldedLayer:
-    """A decoder layer's q/k/v and gate/up projections with the norm before each folded in: weight[:, j] x norm
-    weight[j], in the model dtype (fold_norms)."""
-    qkv: torch.Tensor
-    gate_up: torch.Tensor
+def fold_norms(layers: nn.ModuleList) -> None:
+    """Fold each layer's norms into the projections after them, in place: q/k/v's columns times the input norm's
+    weight, gate/up's times the post-attention norm's, each norm's weight then one. Every path computes the same
+    function after it (a norm of unit weight before the folded projection: prefill, the persistent kernels, the paths
+    without Triton), up to the model dtype's rounding of the folded weights; run_layers_folded needs it. No copies:
+    1.9 GB of a 1.7B engine's GPU memory stays with the KV pages."""
+    for layer in layers:
+        for weight, norm in ((layer.self_attn.qkv_weight, layer.input_layernorm),
+                             (layer.mlp.gate_up_weight, layer.post_attention_layernorm)):
+            weight.mul_(norm.weight)
+            norm.weight.fill_(1.0)
 
 
-def fold_norms(layers: nn.ModuleList) -> list[FoldedLayer]:
-    """Copies of the layers' q/k/v and gate/up weights with their norms' weights folded in (run_layers_folded)."""
-    return [FoldedLayer(qkv=layer.self_attn.qkv_weight * layer.input_layernorm.weight,
-                        gate_up=layer.mlp.gate_up_weight * layer.post_attention_layernorm.weight) for layer in layers]
-
-
-def run_layers_folded(layers: nn.ModuleList, folded: list[FoldedLayer], final_norm: RMSNorm, x: torch.Tensor,
-                      attention_out) -> torch.Tensor:
+def run_layers_folded(layers: nn.ModuleList, final_norm: RMSNorm, x: torch.Tensor, attention_out) -> torch.Tensor:
     """run_layers for one token a row on CUDA, without its norms' kernels: a norm of x is x's 1/rms (a number a row)
-    times the norm's weight, so the weight is folded into the projection after it (folded: fold_norms) and the 1/rms
+    times the norm's weight, so the weight is folded into the projection after it (fold_norms) and the 1/rms
     applied by the kernel that reads that projection (the attention kernel; synth/scaled_swiglu.py), and each residual
     add is the accumulate of the multiply before it (addmm_, in place: an addmm into another tensor copies its input
     there first, a kernel of its own). Two of a layer's eight kernels fewer: at 256 rows each was ~2 us and a launch
@@ -224,8 +222,8 @@ def run_layers_folded(layers: nn.ModuleList, folded: list[FoldedLayer], final_no
     swiglu = kernel_module("scaled_swiglu").scaled_swiglu
     x = x.clone()
     for i, layer in enumerate(layers):
-        x.addmm_(attention_out(i, layer, x, folded[i].qkv), layer.self_attn.o_proj.weight.t())
-        x.addmm_(swiglu(F.linear(x, folded[i].gate_up), x, layer.post_attention_layernorm.eps),
+        x.addmm_(attention_out(i, layer, x, layer.self_attn.qkv_weight), layer.self_attn.o_proj.weight.t())
+        x.addmm_(swiglu(F.linear(x, layer.mlp.gate_up_weight), x, layer.post_attention_layernorm.eps),
                  layer.mlp.down_proj.weight.t())
     return final_norm(x)
 
@@ -262,10 +260,11 @@ def stack_parameters(modules, name: str = "weight") -> torch.Tensor:
     return stacked
 
 
-def fuse_projections(*models: nn.Module) -> None:
+def fuse_projections(*models: nn.Module, fold: bool | None = None) -> None:
     """Fuse q/k/v and gate/up of every decoder layer and stack the layers (model.stacked, a LayerStack), and on CUDA
-    fold the norms into copies of them (model.folded, fold_norms): the loader calls this after loading. The state dict
-    stays as loaded."""
+    fold the norms into them (fold_norms): the loader calls this after loading. fold: by default on CUDA, whose
+    one-token steps need it (run_layers_folded), so the model's device when this runs decides; the CPU path keeps the
+    checkpoint's values, exact against the reference. The state dict's names and shapes stay as loaded."""
     for model in models:
         layers = model.layers
         first = layers[0]
@@ -283,8 +282,8 @@ def fuse_projections(*models: nn.Module) -> None:
             post_norm=stack_parameters([l.post_attention_layernorm for l in layers]),
             q_norm=stack_parameters([l.self_attn.q_norm for l in layers]),
             k_norm=stack_parameters([l.self_attn.k_norm for l in layers]))
-        # CUDA's one-token steps take run_layers_folded (1.7B: 1.9 GB for the Talker's, 0.1 for the code predictor's)
-        model.folded = fold_norms(layers) if qkv.is_cuda else None
+        if qkv.is_cuda if fold is None else fold:
+            fold_norms(layers)
         if isinstance(model, CodePredictor):
             model.heads = stack_parameters(model.lm_head)                 # [15, vocab, H]
             model.embeddings = stack_parameters(model.codec_embedding)    # [15, vocab, Talker H]
@@ -382,7 +381,7 @@ class Talker(nn.Module):
             def attention_out(i, layer, x, weight):
                 return layer.self_attn.one_token(x, weight, layer.input_layernorm.eps, cos[:, 0], sin[:, 0],
                                                  self.k_cache[i], self.v_cache[i], slots, pos_t[:, 0], self.page_table)
-            return run_layers_folded(self.layers, self.folded, self.norm, x[:, 0], attention_out)[:, None]
+            return run_layers_folded(self.layers, self.norm, x[:, 0], attention_out)[:, None]
         L = self.max_len
         positions = torch.arange(L, device=x.device)
         table = self.page_table[slots]                                                        # [B, slot pages]
@@ -464,7 +463,7 @@ class CodePredictor(nn.Module):
             def attention_out(i, layer, x, weight):
                 return layer.self_attn.one_token(x, weight, layer.input_layernorm.eps, self.cos[start],
                                                  self.sin[start], kv[i][0], kv[i][1], None, start)
-            return run_layers_folded(self.layers, self.folded, self.norm, x[:, 0], attention_out)[:, None]
+            return run_layers_folded(self.layers, self.norm, x[:, 0], attention_out)[:, None]
         cos = self.cos[start:start + T][None].expand(B, T, -1)
         sin = self.sin[start:start + T][None].expand(B, T, -1)
 

@@ -4,6 +4,7 @@ run_layers with the same one-token attention kernel, output and caches. In Trito
 (conftest.py), compiled on a GPU."""
 from __future__ import annotations
 
+import copy
 import importlib
 
 import pytest
@@ -55,7 +56,8 @@ def test_folded_layers_follow_run_layers(kernels, dtype, tol):
     """Four passes at positions 0-3 of one cache each way: every pass's output and the caches it wrote."""
     attention = importlib.import_module("talkgate.synth.attention")
     decoder, norm = stack(dtype)
-    folded = fold_norms(decoder)
+    folded = copy.deepcopy(decoder)
+    fold_norms(folded)
     torch.manual_seed(1)
     B, L = 3, 16
     attn = decoder[0].self_attn
@@ -77,7 +79,7 @@ def test_folded_layers_follow_run_layers(kernels, dtype, tol):
             return layer.self_attn.one_token(x, weight, layer.input_layernorm.eps, cos, sin, folded_caches[i][0],
                                              folded_caches[i][1], None, pos)
         want = run_layers(decoder, norm, x[:, None], plain)[:, 0].float()
-        got = run_layers_folded(decoder, folded, norm, x, folded_out).float()
+        got = run_layers_folded(folded, norm, x, folded_out).float()
         assert ((got - want).norm() / want.norm()).item() < tol, pos
         for (k, v), (fk, fv) in zip(caches, folded_caches):
             for a, b in ((k, fk), (v, fv)):
@@ -100,17 +102,18 @@ def test_the_code_predictor_draws_the_same_codes_through_its_folded_passes(kerne
         if "norm" in name:
             p.data = 1.0 + 0.3 * torch.randn(p.shape)
     predictor = predictor.to(DEVICE).eval().requires_grad_(False)
-    fuse_projections(predictor)
-    predictor.setup(DEVICE)
-    predictor.folded = fold_norms(predictor.layers)
+    plain = copy.deepcopy(predictor)
+    for model, fold in ((plain, False), (predictor, True)):
+        fuse_projections(model, fold=fold)
+        model.setup(DEVICE)
     rows = RowSampling.build([SamplingParams(seed=7), SamplingParams(greedy=True), SamplingParams(seed=9)],
                              GenerationConfig.parse({}), DEVICE)
     hidden, code0 = torch.randn(3, 64, device=DEVICE), torch.randn(3, 64, device=DEVICE)
 
-    def draw(folded: bool):
+    def draw(model, folded: bool):
         monkeypatch.setattr(model_module, "one_token_kernel", lambda x: folded)
-        return predictor.predict(hidden, code0, FrameSampler(rows, torch.tensor([1 << 33, 5, 6], device=DEVICE)))
-    (plain_codes, plain_sum), (codes, embed_sum) = draw(False), draw(True)
+        return model.predict(hidden, code0, FrameSampler(rows, torch.tensor([1 << 33, 5, 6], device=DEVICE)))
+    (plain_codes, plain_sum), (codes, embed_sum) = draw(plain, False), draw(predictor, True)
     assert torch.equal(codes, plain_codes)
     torch.testing.assert_close(embed_sum, plain_sum, atol=1e-5, rtol=1e-5)
 
@@ -125,20 +128,45 @@ def test_the_talker_steps_through_its_folded_layers_as_through_its_gathered_path
     for layer in talker.layers:                  # norms far from one
         for norm in (layer.input_layernorm, layer.post_attention_layernorm):
             norm.weight.mul_((1.0 + 0.3 * torch.randn(norm.weight.shape, generator=g)).to(DEVICE))
-    talker.folded = fold_norms(talker.layers)
-    talker.setup_cache(5, 40, DEVICE, torch.float32, page_len=8)
-    talker.kv.copy_(torch.randn(talker.kv.shape, generator=g))
-    table = talker.page_table
-    table.copy_(1 + torch.randperm(table.numel(), generator=g).view(table.shape).to(DEVICE))
+    folded = copy.deepcopy(talker)
+    fold_norms(folded.layers)
+    kv = table = None
+    for model in (talker, folded):
+        model.setup_cache(5, 40, DEVICE, torch.float32, page_len=8)
+        if kv is None:
+            kv = torch.randn(model.kv.shape, generator=g).to(DEVICE)
+            table = 1 + torch.randperm(model.page_table.numel(), generator=g).view(model.page_table.shape).to(DEVICE)
+        model.page_table.copy_(table)
     x = torch.randn(3, 1, talker.hidden_size, generator=g).to(DEVICE)
     slots, pos = torch.tensor([4, 0, 2], device=DEVICE), torch.tensor([0, 39, 17], device=DEVICE)
-    kv = talker.kv.clone()
 
-    def step(folded: bool):
-        talker.kv.copy_(kv)
-        monkeypatch.setattr(model_module, "one_token_kernel", lambda x: folded)
-        return talker(x, pos[:, None], slots)[:, 0], talker.kv.clone()
-    (want, want_kv), (got, got_kv) = step(False), step(True)
+    def step(model, one_token: bool):
+        model.kv.copy_(kv)
+        monkeypatch.setattr(model_module, "one_token_kernel", lambda x: one_token)
+        return model(x, pos[:, None], slots)[:, 0], model.kv.clone()
+    (want, want_kv), (got, got_kv) = step(talker, False), step(folded, True)
     torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(got_kv, want_kv, atol=1e-5, rtol=1e-5)
     assert not torch.equal(got_kv, kv)
+
+
+def test_a_talker_with_its_norms_folded_prefills_as_before(tiny_checkpoint):
+    """fold_norms works in place (no copies): every other path then runs norms of unit weight before the folded
+    projections, and must compute what it did. A prefill (run_layers, SDPA), float32, norms far from one."""
+    from talkgate.synth.loader import load_tts
+    talker = load_tts(str(tiny_checkpoint), device=DEVICE, with_decoder=False).talker
+    g = torch.Generator().manual_seed(5)
+    for layer in talker.layers:
+        for norm in (layer.input_layernorm, layer.post_attention_layernorm):
+            norm.weight.copy_(1.0 + 0.3 * torch.randn(norm.weight.shape, generator=g))
+    folded = copy.deepcopy(talker)
+    fold_norms(folded.layers)
+    assert all(torch.equal(layer.input_layernorm.weight, torch.ones_like(layer.input_layernorm.weight))
+               for layer in folded.layers)
+    x = torch.randn(2, 6, talker.hidden_size, generator=g).to(DEVICE)
+    pos = torch.arange(6, device=DEVICE)[None].expand(2, 6)
+    outs = []
+    for model in (talker, folded):
+        model.setup_cache(2, 16, DEVICE, torch.float32, page_len=8)
+        outs.append(model(x, pos, torch.tensor([0, 1], device=DEVICE), fresh=True))
+    torch.testing.assert_close(outs[1], outs[0], atol=1e-5, rtol=1e-5)
