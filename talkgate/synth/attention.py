@@ -12,8 +12,9 @@ the fused q/k/v projection's output row:
   D] through the slot's row of a page table (the Talker's KV: synth/model.py Talker.setup_cache);
 - attends over the row's cached positions [0, position) plus the new one (online softmax), reading
   only those positions: gathering whole per-slot caches was the largest kernel at 256 contexts.
-One program per (row, kv head) covers the head's query group. Runs in Triton's interpreter on the CPU
-for tests (tests/gpu/test_attention.py); the model keeps its PyTorch path on the CPU and for prefill.
+One program per (row, kv head) covers the head's query group. The code predictor's first pass (two positions of fresh
+caches) launches it once a position, in order (synth/model.py Attention.first_tokens). Runs in Triton's interpreter
+on the CPU for tests (tests/gpu/test_attention.py); the model keeps its PyTorch path on the CPU and for prefill.
 """
 from __future__ import annotations
 
@@ -203,20 +204,23 @@ def one_token_attention_kernel(QKV, sqkv, QW, KW, COS, SIN, scs, K, V, sks, skh,
 def one_token_attention(qkv: torch.Tensor, q_norm: torch.Tensor, k_norm: torch.Tensor, eps: float,
                         cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                         slots: torch.Tensor | None, pos: torch.Tensor | int, heads: int,
-                        table: torch.Tensor | None = None, x: torch.Tensor | None = None, x_eps: float = 0.0
-                        ) -> torch.Tensor:
+                        table: torch.Tensor | None = None, x: torch.Tensor | None = None, x_eps: float = 0.0,
+                        out: torch.Tensor | None = None) -> torch.Tensor:
     """qkv [B, (heads + 2 kv_heads) * D] (the fused projection of one token per row), q_norm/k_norm [D]
     weights, cos/sin [B, D] or [D] float32, caches [S, kv_heads, L, D], or with a page table [S, slot pages] pages
     [pages, kv_heads, page_len, D]; slots [B] (None: row b uses cache row b), pos [B] or one int for every row (the
     new token's position) -> [B, heads * D]. x [B, H]: qkv projects these rows before their norm, its weight carrying
-    the norm's (synth/model.py fold_norms); q, k and v are then scaled by each row's rsqrt(mean(x^2) + x_eps)."""
+    the norm's (synth/model.py fold_norms); q, k and v are then scaled by each row's rsqrt(mean(x^2) + x_eps).
+    out: where to write (rows of unit column stride), else a new tensor."""
     B = qkv.shape[0]
     kv_heads, D = k_cache.shape[1], k_cache.shape[3]
     if qkv.stride(-1) != 1:
         qkv = qkv.contiguous()
     assert x is None or x.stride(1) == 1          # the kernel reads x's row as H contiguous values
     rows, srows, H = (x, x.stride(0), x.shape[1]) if x is not None else (qkv, 0, 0)   # H 0: no rows to scale by
-    out = torch.empty(B, heads * D, device=qkv.device, dtype=qkv.dtype)
+    if out is None:
+        out = torch.empty(B, heads * D, device=qkv.device, dtype=qkv.dtype)
+    assert out.stride(1) == 1
     row_pos = isinstance(pos, torch.Tensor)
     # measured in CUDA graphs on an H100 (docs/experiments/README.md, kernels.py): few rows, long caches want 4
     # warps and 32-position blocks; many rows (the GPU is full anyway) and short caches one warp and 16 positions
@@ -235,43 +239,4 @@ def one_token_attention(qkv: torch.Tensor, q_norm: torch.Tensor, k_norm: torch.T
         eps, D ** -0.5, rows, srows, H, x_eps, HQ=heads, HKV=kv_heads, GROUP=heads // kv_heads, D=D,
         BLOCK=block, ROW_SLOTS=slots is not None, ROW_POS=row_pos, PAGE=page, ONE_QUERY=one_query,
         HB=triton.next_power_of_2(H) if H else 0, num_warps=warps)
-    return out
-
-
-@triton.jit
-def short_causal_attention_kernel(Q, sqb, sqt, sqh, K, skb, skt, skh, V, svb, svt, svh, O, sob, sot, scale,
-                                  T: tl.constexpr, TB: tl.constexpr, GROUP: tl.constexpr, D: tl.constexpr):
-    b = tl.program_id(0)
-    h = tl.program_id(1)
-    d = tl.arange(0, D)
-    j = tl.arange(0, TB)
-    g = tl.arange(0, GROUP)
-    present = (j < T)[:, None]
-    kb = tl.load(K + b * skb + h * skh + j[:, None] * skt + d[None, :], mask=present, other=0.0).to(tl.float32)
-    vb = tl.load(V + b * svb + h * svh + j[:, None] * svt + d[None, :], mask=present, other=0.0).to(tl.float32)
-    for t in tl.static_range(T):
-        q = tl.load(Q + b * sqb + t * sqt + (h * GROUP + g)[:, None] * sqh + d[None, :]).to(tl.float32)
-        m, l, acc = _softmax_step(q, kb, vb, j <= t, tl.full([GROUP], float("-inf"), tl.float32),
-                                  tl.zeros([GROUP], tl.float32), tl.zeros([GROUP, D], tl.float32), scale, False)
-        tl.store(O + b * sob + t * sot + (h * GROUP + g)[:, None] * D + d[None, :],
-                 (acc / l[:, None]).to(O.dtype.element_ty))
-
-
-SHORT_POSITIONS = 16        # the most positions short_causal_attention takes (its loop over them is unrolled)
-
-
-def short_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """Causal attention within a few new positions of every row: q [B, T, heads, D], k and v [B, T, kv_heads, D]
-    (T <= SHORT_POSITIONS, D contiguous) -> [B, T, heads * D]. The code predictor's first pass (its two input
-    positions): SDPA's kernels tile 64 or more queries per (row, head), so two took cuDNN's flash kernel 96 us a
-    layer at 256 rows on an H200, this kernel 3.5 in the engine's graph (docs/benchmarks.md). One program per
-    (row, kv head)."""
-    B, T, heads, D = q.shape
-    kv_heads = k.shape[2]
-    assert T <= SHORT_POSITIONS and q.stride(3) == k.stride(3) == v.stride(3) == 1
-    out = torch.empty(B, T, heads * D, device=q.device, dtype=q.dtype)
-    short_causal_attention_kernel[(B, kv_heads)](
-        q, q.stride(0), q.stride(1), q.stride(2), k, k.stride(0), k.stride(1), k.stride(2),
-        v, v.stride(0), v.stride(1), v.stride(2), out, out.stride(0), out.stride(1), D ** -0.5,
-        T=T, TB=max(triton.next_power_of_2(T), 2), GROUP=heads // kv_heads, D=D, num_warps=1)
     return out

@@ -141,13 +141,22 @@ class Attention(nn.Module):
             F.linear(x, weight), self.q_norm.weight, self.k_norm.weight, self.q_norm.eps, cos, sin, k_cache, v_cache,
             slots, pos, self.n_heads, table, x=x, x_eps=eps)
 
-    def attend_within(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """Causal attention within T new positions, q [B,T,heads,D], k/v [B,T,kv_heads,D] -> [B,T,H]. A few positions
-        on CUDA take one kernel (synth/attention.py short_causal_attention: SDPA's tile 64+ queries per row)."""
-        kernels = kernel_module("attention") if q.is_cuda else None
-        if kernels is not None and q.shape[1] <= kernels.SHORT_POSITIONS:
-            return self.o_proj(kernels.short_causal_attention(q, k, v))
-        return self.attend(q, k.transpose(1, 2), v.transpose(1, 2), causal=True)
+    def first_tokens(self, x: torch.Tensor, weight: torch.Tensor, eps: float, cos: torch.Tensor, sin: torch.Tensor,
+                     k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
+        """one_token for positions 0..T-1 of every row's cache (row b's cache row b), rows x [T * B, H] position-major
+        (position t's B rows together), cos/sin [T, D] -> [T * B, heads * D]: one launch a position, in order, so that
+        position t attends to the keys the launches before it wrote. The code predictor's first pass (two positions)
+        then runs as its later ones do (run_layers_folded), not through its norms' and RoPE's kernels."""
+        T, B = cos.shape[0], x.shape[0] // cos.shape[0]
+        qkv = F.linear(x, weight)
+        out = qkv.new_empty(T * B, self.n_heads * self.head_dim)
+        attention = kernel_module("attention")
+        for t in range(T):
+            rows = slice(t * B, (t + 1) * B)
+            attention.one_token_attention(qkv[rows], self.q_norm.weight, self.k_norm.weight, self.q_norm.eps, cos[t],
+                                          sin[t], k_cache, v_cache, None, t, self.n_heads, x=x[rows], x_eps=eps,
+                                          out=out[rows])
+        return out
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask=None, causal=False) -> torch.Tensor:
         """q [B,T,heads,D], k/v [B,kv_heads,L,D] -> [B,T,H]."""
@@ -457,13 +466,20 @@ class CodePredictor(nn.Module):
         return self.small_to_mtp_projection(x) if self.small_to_mtp_projection is not None else x
 
     def _forward(self, x: torch.Tensor, start: int, kv: list) -> torch.Tensor:
-        """x [B,T,Hp] at frame positions start..start+T-1 -> normed hidden [B,T,Hp]."""
-        B, T, _ = x.shape
-        if T == 1 and one_token_kernel(x):
-            def attention_out(i, layer, x, weight):
-                return layer.self_attn.one_token(x, weight, layer.input_layernorm.eps, self.cos[start],
-                                                 self.sin[start], kv[i][0], kv[i][1], None, start)
-            return run_layers_folded(self.layers, self.norm, x[:, 0], attention_out)[:, None]
+        """x [T,B,Hp] (position-major) at frame positions start..start+T-1 -> the last position's normed hidden
+        [B,Hp]. On CUDA the first pass (start 0) and the later ones (T 1) run their layers with the norms folded."""
+        T, B, _ = x.shape
+        if one_token_kernel(x) and (T == 1 or start == 0):
+            if T == 1:
+                def attention_out(i, layer, x, weight):
+                    return layer.self_attn.one_token(x, weight, layer.input_layernorm.eps, self.cos[start],
+                                                     self.sin[start], kv[i][0], kv[i][1], None, start)
+            else:
+                def attention_out(i, layer, x, weight):
+                    return layer.self_attn.first_tokens(x, weight, layer.input_layernorm.eps, self.cos[:T],
+                                                        self.sin[:T], kv[i][0], kv[i][1])
+            return run_layers_folded(self.layers, self.norm, x.reshape(T * B, -1), attention_out)[(T - 1) * B:]
+        x = x.transpose(0, 1)
         cos = self.cos[start:start + T][None].expand(B, T, -1)
         sin = self.sin[start:start + T][None].expand(B, T, -1)
 
@@ -473,9 +489,9 @@ class CodePredictor(nn.Module):
             kc[:, :, start:start + T] = k.transpose(1, 2)
             vc[:, :, start:start + T] = v.transpose(1, 2)
             if start == 0:                  # the first pass: its positions are all there is
-                return attn.attend_within(q, k, v)
+                return attn.attend(q, k.transpose(1, 2), v.transpose(1, 2), causal=True)
             return attn.attend(q, kc[:, :, :start + T], vc[:, :, :start + T])       # a later pass: one position
-        return run_layers(self.layers, self.norm, x, attention_out)
+        return run_layers(self.layers, self.norm, x, attention_out)[:, -1]
 
     def predict(self, hidden: torch.Tensor, code0_embed: torch.Tensor, sampler: FrameSampler,
                 return_logits: bool = False):
@@ -487,8 +503,7 @@ class CodePredictor(nn.Module):
         d = self.cfg.dims
         kv = [(hidden.new_empty(B, d.num_kv_heads, self.groups, d.head_dim),
                hidden.new_empty(B, d.num_kv_heads, self.groups, d.head_dim)) for _ in self.layers]
-        x = self._project(torch.stack([hidden, code0_embed], dim=1))
-        h = self._forward(x, 0, kv)[:, -1]
+        h = self._forward(self._project(torch.stack([hidden, code0_embed])), 0, kv)
         codes, all_logits = [], []
         for g in range(1, self.groups):
             logits = self.lm_head[g - 1](h)         # model dtype: the sampler widens it where it reads it
@@ -496,7 +511,7 @@ class CodePredictor(nn.Module):
             codes.append(code)
             all_logits.append(logits)
             if g < self.groups - 1:
-                h = self._forward(F.embedding(code, self.pass_inputs[g - 1])[:, None], g + 1, kv)[:, 0]
+                h = self._forward(F.embedding(code, self.pass_inputs[g - 1])[None], g + 1, kv)
         codes = torch.stack(codes, dim=1)
         embeds = self.embeddings.flatten(0, 1)[codes + self.code_offsets]                  # [B, 15, H]
         embed_sum = torch.cat([code0_embed[:, None], embeds], dim=1).sum(1)

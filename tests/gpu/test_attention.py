@@ -115,37 +115,3 @@ def test_one_token_attention_through_a_page_table(kernel, page):
     assert ((got - want).norm() / want.norm()).item() < 1e-5
     torch.testing.assert_close(contiguous(kp), want_k, atol=1e-5, rtol=1e-5)
     assert torch.equal(contiguous(vp), want_v) and torch.equal(kp[0], scratch)
-
-
-@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
-def test_short_causal_attention_matches_sdpa(kernel, dtype, tol):
-    """The code predictor's first pass (2 positions) and any count up to SHORT_POSITIONS, GQA 2 and 1, q/k/v as views
-    of one projection (Attention.qkv's v is a strided view): SDPA's causal output, position by position."""
-    torch.manual_seed(2)
-    for heads, kv_heads, T in ((4, 2, 2), (4, 2, 5), (2, 2, 1), (4, 1, kernel.SHORT_POSITIONS)):
-        B, D = 3, 32
-        qkv = torch.randn(B, T, (heads + 2 * kv_heads) * D, device=DEVICE, dtype=dtype)
-        q, k, v = qkv.split([heads * D, kv_heads * D, kv_heads * D], dim=-1)
-        q, k, v = q.reshape(B, T, heads, D), k.reshape(B, T, kv_heads, D), v.reshape(B, T, kv_heads, D)
-        got = kernel.short_causal_attention(q, k, v)
-        want = F.scaled_dot_product_attention(q.transpose(1, 2).float(), k.transpose(1, 2).float(),
-                                              v.transpose(1, 2).float(), is_causal=True, enable_gqa=True)
-        want = want.transpose(1, 2).reshape(B, T, heads * D)
-        assert got.shape == (B, T, heads * D) and got.dtype == dtype
-        for t in range(T):                  # each position sees only those before it (a leak shows at t = 0)
-            err = (got[:, t].float() - want[:, t]).norm() / want[:, t].norm()
-            assert err.item() < tol, (heads, kv_heads, T, t)
-
-
-def test_the_code_predictor_first_pass_takes_it_on_cuda_only(kernel, monkeypatch):
-    """Attention.attend_within: on CUDA the kernel, elsewhere SDPA, with the same output (float32)."""
-    attn = layer(torch.float32)
-    torch.manual_seed(3)
-    B, T, D = 2, 2, attn.head_dim
-    q = torch.randn(B, T, attn.n_heads, D, device=DEVICE)
-    k = torch.randn(B, T, attn.n_kv, D, device=DEVICE)
-    v = torch.randn(B, T, attn.n_kv, D, device=DEVICE)
-    sdpa = attn.attend(q, k.transpose(1, 2), v.transpose(1, 2), causal=True)
-    direct = attn.o_proj(kernel.short_causal_attention(q, k, v))
-    assert ((direct - sdpa).norm() / sdpa.norm()).item() < 1e-5
-    assert torch.equal(attn.attend_within(q, k, v), direct if CUDA else sdpa)
