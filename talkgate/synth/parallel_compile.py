@@ -53,7 +53,8 @@ TASKS = {"codes@2": 39, "early_convs@B": 32, "early_convs@1": 27, "prefill@max":
 # They share one helper: with one each (10 processes on an H100 machine) two 1.7B helpers failed as they started.
 LATE = ("codes@2", "talker@2")
 HELPER_GPU_BYTES = 4 << 30       # a helper's GPU memory beside the weights (its 2 slots, the step at B rows, CUDA's
-                                 # context): 8.15 GB a helper beside a 1.7B checkpoint's 4.52 GB of files, H100 2026-12-07
+                                 # context): 8,146-8,576 MiB a helper beside a 1.7B checkpoint's 4.52 GB of files (H100,
+                                 # 2026-12-07)
 CORES_PER_HELPER = 2             # Dynamo and Inductor on one, Inductor's parallel Triton compiles beside it
 HELPER_LIMIT_S = 600.0           # a helper still running after this is taken for a hung compile and killed (warm-up
                                  # compiles the rest); the same bound as serve's --warmup-stall default
