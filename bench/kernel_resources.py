@@ -90,7 +90,7 @@ def main() -> None:
             sub_temperature=empty(rows, dtype=torch.float32), sub_top_k=empty(rows, dtype=torch.long),
             sub_top_p=empty(rows, dtype=torch.float32), sub_greedy=empty(rows, dtype=torch.bool),
             seed=empty(rows, dtype=torch.long)))
-        kernels.predict(predictor, x, x, sampling, empty(rows, dtype=torch.long))
+        kernels.predict(predictor, x, x, sampling, empty(rows, dtype=torch.long), empty(rows, dtype=torch.long))
         for name, (seconds, line) in found.items():
             print(f"{a.preset} {name} rows {rows}: {line} (compiled in {seconds:.1f} s, triton {triton.__version__})")
 

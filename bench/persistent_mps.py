@@ -39,7 +39,7 @@ def child(size: str, seconds: float, plain: bool) -> None:
 
     def once():
         persistent.talker_step(talker, x, cos, sin, slots, pos)
-        persistent.predict(predictor, hidden, code0, s.p, s.counter)
+        persistent.predict(predictor, hidden, code0, s.p, s.counter, s.slots)
 
     once()
     torch.cuda.synchronize()

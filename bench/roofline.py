@@ -178,7 +178,7 @@ def time_parts(engine, B: int, prompt_len: int, prefill_len: int, reps: int) -> 
         if cuda:
             r._run("talker", B)                  # the codes graph reads the Talker's hidden states
         slots, frame = r.main.inputs[0, :B], r.main.inputs[3, :B]
-        sampler = FrameSampler(r.sampling.index(slots), frame, slots)
+        sampler = FrameSampler(r.sampling, frame, slots)
         cfg = r.talker.cfg
         gen = torch.Generator(device=r.device).manual_seed(0)
         logits0 = torch.randn(B, cfg.vocab_size, device=r.device, generator=gen)

@@ -498,7 +498,8 @@ class CodePredictor(nn.Module):
         """-> codes [B,15] int64, embed_sum [B,H] (and logits [B,15,V] float32 with return_logits).
         Small batches on CUDA run as one persistent kernel (synth/persistent.py)."""
         if hidden.is_cuda and not return_logits and uses_persistent(self, hidden.shape[0]):
-            return kernel_module("persistent").predict(self, hidden, code0_embed, sampler.p, sampler.counter)
+            return kernel_module("persistent").predict(self, hidden, code0_embed, sampler.p, sampler.counter,
+                                                       sampler.slots)
         B = hidden.shape[0]
         d = self.cfg.dims
         kv = [(hidden.new_empty(B, d.num_kv_heads, self.groups, d.head_dim),

@@ -258,14 +258,16 @@ def _project(EIN, PW, PB, X, pid, nrows, HT: tl.constexpr, HP: tl.constexpr, BN:
 
 
 @triton.jit
-def _draw(LOGITS, EMB, ESUM, NEXT, CODES, TEMP, TOPK, TOPP, GREEDY, SEED, COUNTER, pid, nrows, t,
+def _draw(LOGITS, EMB, ESUM, NEXT, CODES, SLOTS, TEMP, TOPK, TOPP, GREEDY, SEED, COUNTER, pid, nrows, t,
           G: tl.constexpr, VOC: tl.constexpr, HT: tl.constexpr, VBLOCK: tl.constexpr, NPROG: tl.constexpr):
-    """G: codebook t of each row (one program a row); its embedding joins ESUM and goes to NEXT."""
+    """G: codebook t of each row (one program a row, its parameters its slot's); its embedding joins ESUM and goes
+    to NEXT."""
     key = (tl.cast(t, tl.int64) * 0x2545F491) & 0xFFFFFFFF
     k = tl.arange(0, HT)
     for b in range(pid, nrows, NPROG):
-        code = sample_row(LOGITS + b * VOC, VOC, tl.load(TEMP + b), tl.load(TOPK + b), tl.load(TOPP + b),
-                          tl.load(GREEDY + b) != 0, tl.load(SEED + b), tl.load(COUNTER + b), key, VBLOCK)
+        at = tl.load(SLOTS + b)
+        code = sample_row(LOGITS + b * VOC, VOC, tl.load(TEMP + at), tl.load(TOPK + at), tl.load(TOPP + at),
+                          tl.load(GREEDY + at) != 0, tl.load(SEED + at), tl.load(COUNTER + b), key, VBLOCK)
         tl.store(CODES + b * (G - 1) + t - 1, code)
         e = tl.load(EMB + (tl.cast(t - 1, tl.int64) * VOC + code) * HT + k).to(tl.float32)
         tl.store(ESUM + b * HT + k, tl.load(ESUM + b * HT + k, cache_modifier=".cg") + e)
@@ -540,7 +542,7 @@ def talker_kernel(X, QKV, ATT, ACT, SYNC, OUT, WQKV, WO, WGU, WD, NIN, NPOST, NQ
 def predictor_kernel(
         X0, X, X2, QKV, ATT, OPART, ACT, KV, LOGITS, EIN, ESUM, CODES, SYNC,
         WQKV, WO, WGU, WD, NIN, NPOST, NQ, NK, NFINAL, HEADS, EMB, PW, PB, COS, SIN,
-        TEMP, TOPK, TOPP, GREEDY, SEED, COUNTER, nrows, eps, scale, GATE, STATE, DECIDE, check, resume,
+        SLOTS, TEMP, TOPK, TOPP, GREEDY, SEED, COUNTER, nrows, eps, scale, GATE, STATE, DECIDE, check, resume,
         L: tl.constexpr, G: tl.constexpr, HP: tl.constexpr, HT: tl.constexpr, I: tl.constexpr,
         VOC: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, ROWS: tl.constexpr,
         NPROG: tl.constexpr, PROJ: tl.constexpr,
@@ -595,10 +597,10 @@ def predictor_kernel(
                 target += NPROG
                 _wait(SYNC, target, NPROG)
                 if PROJ:
-                    _draw(LOGITS, EMB, ESUM, EIN, CODES, TEMP, TOPK, TOPP, GREEDY, SEED, COUNTER, pid, nrows, t, G,
+                    _draw(LOGITS, EMB, ESUM, EIN, CODES, SLOTS, TEMP, TOPK, TOPP, GREEDY, SEED, COUNTER, pid, nrows, t, G,
                           VOC, HT, VBLOCK, NPROG)
                 else:
-                    _draw(LOGITS, EMB, ESUM, X, CODES, TEMP, TOPK, TOPP, GREEDY, SEED, COUNTER, pid, nrows, t, G, VOC,
+                    _draw(LOGITS, EMB, ESUM, X, CODES, SLOTS, TEMP, TOPK, TOPP, GREEDY, SEED, COUNTER, pid, nrows, t, G, VOC,
                           HT, VBLOCK, NPROG)
                 if t < G - 1:
                     target += NPROG
@@ -756,10 +758,11 @@ def talker_step(talker, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, s
     return out
 
 
-def predict(predictor, hidden: torch.Tensor, code0_embed: torch.Tensor, rows, counter: torch.Tensor):
+def predict(predictor, hidden: torch.Tensor, code0_embed: torch.Tensor, rows, counter: torch.Tensor,
+            slots: torch.Tensor):
     """CodePredictor.predict for at most MAX_ROWS rows in one launch: hidden and code0_embed [B, Talker H],
-    rows a synth.sampling.RowSampling of the B rows (its sub_* parameters and seed), counter [B] frame
-    indices -> (codes [B, 15] int64, embed_sum [B, Talker H])."""
+    rows a synth.sampling.RowSampling of slots (its sub_* parameters and seed), counter [B] frame indices, slots [B]
+    the rows' slots in it -> (codes [B, 15] int64, embed_sum [B, Talker H])."""
     d, cfg, st = predictor.cfg.dims, predictor.cfg, predictor.stacked
     B, HT = hidden.shape
     G, HP, V = cfg.num_code_groups, d.hidden_size, cfg.vocab_size
@@ -789,8 +792,9 @@ def predict(predictor, hidden: torch.Tensor, code0_embed: torch.Tensor, rows, co
             X0=x0, X=x, X2=x2, QKV=qkv, ATT=att, OPART=opart, ACT=act, KV=kv, LOGITS=logits, EIN=ein, ESUM=esum,
             CODES=codes, WQKV=st.qkv, WO=st.o, WGU=st.gate_up, WD=st.down, NIN=st.input_norm, NPOST=st.post_norm,
             NQ=st.q_norm, NK=st.k_norm, NFINAL=predictor.norm.weight, HEADS=predictor.heads, EMB=predictor.embeddings,
-            PW=pw, PB=pb, COS=predictor.cos, SIN=predictor.sin, TEMP=rows.sub_temperature, TOPK=rows.sub_top_k,
-            TOPP=rows.sub_top_p, GREEDY=rows.sub_greedy.view(torch.uint8), SEED=rows.seed, COUNTER=counter, nrows=B,
+            PW=pw, PB=pb, COS=predictor.cos, SIN=predictor.sin, SLOTS=slots, TEMP=rows.sub_temperature,
+            TOPK=rows.sub_top_k, TOPP=rows.sub_top_p, GREEDY=rows.sub_greedy.view(torch.uint8), SEED=rows.seed,
+            COUNTER=counter, nrows=B,
             eps=d.rms_norm_eps, scale=d.head_dim ** -0.5,
             L=d.num_layers, G=G, HP=HP, HT=HT, I=d.intermediate_size, VOC=V, HQ=d.num_heads, HKV=d.num_kv_heads,
             D=d.head_dim, ROWS=ROWS, NPROG=nprog, PROJ=proj is not None, VBLOCK=triton.next_power_of_2(V),

@@ -745,7 +745,7 @@ class Runner:
     def _codes_step(self, b: int, buf: StepBuffers) -> None:
         slots, frame = buf.inputs[0, :b], buf.inputs[3, :b]
         h = buf.hidden[:b]
-        sampler = FrameSampler(self.sampling.index(slots), frame, slots)
+        sampler = FrameSampler(self.sampling, frame, slots)
         codes, embed_sum = sample_codes(self.talker, self.predictor, h, sampler, self.seen,
                                         frame >= self.min_frames[slots])
         # an eos row makes no frame: its slot keeps the state it had (eos is not marked seen; the dummy slot

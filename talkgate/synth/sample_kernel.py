@@ -123,11 +123,14 @@ def draw(x, idx, valid, V, temperature, top_k, top_p, greedy, seed, counter, str
 
 
 @triton.jit
-def sample_kernel(LOGITS, stride, TEMP, TOP_K, TOP_P, GREEDY, SEED, COUNTER, OUT, V, stream_key,
-                  BLOCK: tl.constexpr):
+def sample_kernel(LOGITS, stride, SLOTS, TEMP, TOP_K, TOP_P, GREEDY, SEED, COUNTER, OUT, V, stream_key,
+                  BLOCK: tl.constexpr, ROW_SLOTS: tl.constexpr):
     row = tl.program_id(0)
-    tl.store(OUT + row, sample_row(LOGITS + row * stride, V, tl.load(TEMP + row), tl.load(TOP_K + row),
-                                   tl.load(TOP_P + row), tl.load(GREEDY + row) != 0, tl.load(SEED + row),
+    # the parameters are the slots' (ROW_SLOTS: row's at SLOTS[row]): read where drawn, not gathered by kernels of
+    # their own before (ten a codes graph)
+    at = tl.load(SLOTS + row) if ROW_SLOTS else row
+    tl.store(OUT + row, sample_row(LOGITS + row * stride, V, tl.load(TEMP + at), tl.load(TOP_K + at),
+                                   tl.load(TOP_P + at), tl.load(GREEDY + at) != 0, tl.load(SEED + at),
                                    tl.load(COUNTER + row), stream_key, BLOCK))
 
 
@@ -138,15 +141,16 @@ def codebook0_kernel(LOGITS, stride, SLOTS, SEEN, seen_stride, SUPPRESSED, ALLOW
     idx = tl.arange(0, BLOCK)
     valid = idx < V
     x = tl.load(LOGITS + row * stride + idx, mask=valid, other=float("-inf")).to(tl.float32)
-    seen = SEEN + tl.load(SLOTS + row) * seen_stride
-    penalty = tl.load(PENALTY + row)
+    slot = tl.load(SLOTS + row)
+    seen = SEEN + slot * seen_stride
+    penalty = tl.load(PENALTY + slot)
     # as synth.sampling.apply_repetition_penalty, rounded as PyTorch rounds (div_rn: Triton's "/" is approximate)
     x = tl.where(tl.load(seen + idx, mask=valid, other=0) != 0,
                  tl.where(x < 0, x * penalty, tl.math.div_rn(x, penalty)), x)
     banned = (tl.load(SUPPRESSED + idx, mask=valid, other=1) != 0) | ((idx == eos) & (tl.load(ALLOW_EOS + row) == 0))
     x = tl.where(banned, float("-inf"), x)
-    code = draw(x, idx, valid, V, tl.load(TEMP + row), tl.load(TOP_K + row), tl.load(TOP_P + row),
-                tl.load(GREEDY + row) != 0, tl.load(SEED + row), tl.load(COUNTER + row), 0, BLOCK)
+    code = draw(x, idx, valid, V, tl.load(TEMP + slot), tl.load(TOP_K + slot), tl.load(TOP_P + slot),
+                tl.load(GREEDY + slot) != 0, tl.load(SEED + slot), tl.load(COUNTER + row), 0, BLOCK)
     tl.store(OUT + row, code)
     tl.store(seen + code, tl.full([], 1, tl.uint8), mask=code != eos)
 
@@ -154,9 +158,9 @@ def codebook0_kernel(LOGITS, stride, SLOTS, SEEN, seen_stride, SUPPRESSED, ALLOW
 def codebook0(logits: torch.Tensor, slots: torch.Tensor, seen: torch.Tensor, suppressed: torch.Tensor, eos: int,
               allow_eos: torch.Tensor, penalty: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
               top_p: torch.Tensor, greedy: torch.Tensor, seed: torch.Tensor, counter: torch.Tensor) -> torch.Tensor:
-    """Same contract as synth.sampling.FrameSampler.codebook0 (its rows' parameters as tensors [B]), one program a
-    row: the repetition penalty, the bans and the draw of `sample` on the row's logits in registers, and the
-    row's id marked in seen[slot] unless it is eos."""
+    """Same contract as synth.sampling.FrameSampler.codebook0 (its slots' parameters as tensors [S], row b's at
+    slots[b]; counter and allow_eos [B] a row's), one program a row: the repetition penalty, the bans and the draw of
+    `sample` on the row's logits in registers, and the row's id marked in seen[slot] unless it is eos."""
     B, V = logits.shape
     if logits.stride(-1) != 1:
         logits = logits.contiguous()
@@ -173,13 +177,15 @@ def block(V: int) -> int:
 
 
 def sample(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
-           greedy: torch.Tensor, seed: torch.Tensor, counter: torch.Tensor, stream: int) -> torch.Tensor:
+           greedy: torch.Tensor, seed: torch.Tensor, counter: torch.Tensor, stream: int,
+           slots: torch.Tensor | None = None) -> torch.Tensor:
     """Same contract as synth.sampling.sample: logits [B, V] of any float dtype (sample_row widens them)
     -> [B] int64."""
     B, V = logits.shape
     if logits.stride(-1) != 1:
         logits = logits.contiguous()
     out = torch.empty(B, dtype=torch.int64, device=logits.device)
-    sample_kernel[(B,)](logits, logits.stride(0), temperature, top_k, top_p, greedy.view(torch.uint8), seed,
-                        counter, out, V, (stream * 0x2545F491) & 0xFFFFFFFF, BLOCK=block(V), num_warps=8)
+    sample_kernel[(B,)](logits, logits.stride(0), slots if slots is not None else counter, temperature, top_k, top_p,
+                        greedy.view(torch.uint8), seed, counter, out, V, (stream * 0x2545F491) & 0xFFFFFFFF,
+                        BLOCK=block(V), ROW_SLOTS=slots is not None, num_warps=8)
     return out

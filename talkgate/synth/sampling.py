@@ -21,7 +21,7 @@ from __future__ import annotations
 import functools
 import importlib
 import os
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -65,16 +65,20 @@ def apply_repetition_penalty(logits: torch.Tensor, seen: torch.Tensor, penalty: 
 
 
 def sample(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
-           greedy: torch.Tensor, seed: torch.Tensor, counter: torch.Tensor, stream: int) -> torch.Tensor:
+           greedy: torch.Tensor, seed: torch.Tensor, counter: torch.Tensor, stream: int,
+           slots: torch.Tensor | None = None) -> torch.Tensor:
     """One id per row from logits [B, V] (already penalized and banned; any float dtype, widened to float32 where
-    read, so bfloat16 logits draw what their float32 copy draws): [B] int64.
+    read, so bfloat16 logits draw what their float32 copy draws): [B] int64. The parameters are a row's [B], or with
+    slots [B] a slot's [S] (row b's at slots[b]); counter is a row's.
 
     top_k <= 0 or >= V means no top-k filter; top_p >= 1 means no top-p filter. Ties at a
     top-k or top-p cutoff value are kept (transformers keeps top-k ties too). On CUDA one Triton
     kernel (synth/sample_kernel.py) draws the same ids as this PyTorch code (sample_torch)."""
     kernel = kernel_module("sample_kernel") if logits.is_cuda else None
     if kernel is not None:
-        return kernel.sample(logits, temperature, top_k, top_p, greedy, seed, counter, stream)
+        return kernel.sample(logits, temperature, top_k, top_p, greedy, seed, counter, stream, slots)
+    if slots is not None:
+        temperature, top_k, top_p, greedy, seed = (t[slots] for t in (temperature, top_k, top_p, greedy, seed))
     return sample_torch(logits.float(), temperature, top_k, top_p, greedy, seed, counter, stream)
 
 
@@ -110,7 +114,8 @@ def sample_torch(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.T
 
 @dataclass
 class RowSampling:
-    """Per-row sampling parameters, one tensor [B] each (the engine keeps one per slot).
+    """Per-row sampling parameters, one tensor [B] each (the engine keeps one per slot, which the draws read at each
+    row's slot: FrameSampler).
 
     Talker (codebook 0): temperature, top_k, top_p, repetition_penalty, greedy.
     Code predictor (codebooks 1..15, "sub-talker"): sub_temperature, sub_top_k, sub_top_p, sub_greedy
@@ -126,9 +131,6 @@ class RowSampling:
     sub_top_p: torch.Tensor
     sub_greedy: torch.Tensor
     seed: torch.Tensor
-
-    def index(self, rows: torch.Tensor) -> "RowSampling":
-        return RowSampling(**{f.name: getattr(self, f.name)[rows] for f in fields(self)})
 
     def copy_rows_(self, rows: torch.Tensor, ints: torch.Tensor, floats: torch.Tensor) -> None:
         """self[rows] = the rows that host_values made (ints [len(INT_FIELDS), n], floats [len(FLOAT_FIELDS), n],
@@ -178,9 +180,9 @@ FLOAT_FIELDS = ("temperature", "top_p", "repetition_penalty", "sub_temperature",
 
 
 class FrameSampler:
-    """Samples the 16 codes of one frame for a batch: built per step from gathered RowSampling rows, the rows'
-    frame indices (`counter`) and their slots in the caller's per-slot state (`slots`; None: row b is slot b), used
-    by synth.model.sample_codes."""
+    """Samples the 16 codes of one frame for a batch: built per step from the caller's per-slot RowSampling (`rows`,
+    the engine's pools), the rows' frame indices (`counter` [B]) and their slots (`slots` [B]; None: row b is slot b,
+    rows a batch's own), used by synth.model.sample_codes. The draws read a row's parameters at its slot."""
 
     def __init__(self, rows: RowSampling, counter: torch.Tensor, slots: torch.Tensor | None = None):
         self.p, self.counter = rows, counter
@@ -196,10 +198,10 @@ class FrameSampler:
         if kernel is not None:      # one kernel for all of it (the PyTorch code below is about 15 in a CUDA graph)
             return kernel.codebook0(logits, self.slots, seen, suppressed, eos, allow_eos, p.repetition_penalty,
                                     p.temperature, p.top_k, p.top_p, p.greedy, p.seed, self.counter)
-        logits = apply_repetition_penalty(logits.float(), seen[self.slots], p.repetition_penalty)
+        logits = apply_repetition_penalty(logits.float(), seen[self.slots], p.repetition_penalty[self.slots])
         is_eos = torch.arange(logits.shape[-1], device=logits.device) == eos
         logits = logits.masked_fill(suppressed | (is_eos & ~allow_eos[:, None]), float("-inf"))
-        code = sample(logits, p.temperature, p.top_k, p.top_p, p.greedy, p.seed, self.counter, 0)
+        code = sample(logits, p.temperature, p.top_k, p.top_p, p.greedy, p.seed, self.counter, 0, self.slots)
         # marked unless eos, as the kernel's masked store: a sync-free write of the old value there
         seen.index_put_((self.slots, code), seen[self.slots, code] | (code != eos))
         return code
@@ -207,4 +209,5 @@ class FrameSampler:
     def acoustic(self, logits: torch.Tensor, group: int) -> torch.Tensor:
         """Codebook `group` (1..15) from the code predictor's logits [B, 2048] (its model dtype)."""
         p = self.p
-        return sample(logits, p.sub_temperature, p.sub_top_k, p.sub_top_p, p.sub_greedy, p.seed, self.counter, group)
+        return sample(logits, p.sub_temperature, p.sub_top_k, p.sub_top_p, p.sub_greedy, p.seed, self.counter, group,
+                      self.slots)

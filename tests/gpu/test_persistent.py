@@ -60,7 +60,7 @@ def test_kernel_equals_the_per_step_path(kernel, talker_hidden):
         code0 = torch.randn(B, talker_hidden, generator=g).to(DEVICE)
         s = sampler(B, top_k, top_p, temperature)
         assert kernel.supports(model, B)
-        codes, embed_sum = kernel.predict(model, hidden, code0, s.p, s.counter)
+        codes, embed_sum = kernel.predict(model, hidden, code0, s.p, s.counter, s.slots)
         # return_logits forces the per-step path on every device
         want_codes, want_sum, _ = model.predict(hidden, code0, s, return_logits=True)
         assert codes.shape == (B, 15) and codes.dtype == torch.int64
@@ -145,7 +145,7 @@ def test_a_kernel_that_yields_stops_where_the_gate_was_up_and_its_second_launch_
     def step():
         s = sampler(B, 50, 0.9, 1.1)
         talker.kv.copy_(kv)
-        codes, sums = kernel.predict(model, hidden, code0, s.p, s.counter)
+        codes, sums = kernel.predict(model, hidden, code0, s.p, s.counter, s.slots)
         return codes, sums, kernel.talker_step(talker, x, cos[:, 0], sin[:, 0], slots, pos), talker.kv.clone()
 
     want = step()
@@ -181,7 +181,7 @@ def test_a_captured_step_gives_way_to_the_gate_and_finishes_once_it_is_down(kern
     s = sampler(1, 50, 0.9, 1.1)
 
     def step():
-        codes, sums = kernel.predict(model, hidden, code0, s.p, s.counter)
+        codes, sums = kernel.predict(model, hidden, code0, s.p, s.counter, s.slots)
         return codes, sums, kernel.talker_step(talker, x, cos[:, 0], sin[:, 0], slots, pos)
 
     want = [t.clone() for t in step()] + [talker.kv.clone()]

@@ -65,6 +65,23 @@ def test_bfloat16_logits_draw_what_their_float32_copy_draws(kernel):
         assert torch.equal(sample(low, *args[1:], stream), sample(low.float(), *args[1:], stream))
 
 
+def test_a_rows_parameters_are_its_slots(kernel):
+    """With slots, row b draws with the parameters at slots[b] (the engine's per-slot pools, read in the kernel): the
+    ids of the same rows' parameters gathered first, in the kernel and in the PyTorch path."""
+    from talkgate.synth.sampling import sample
+    B, V, S = (64, 2048, 80) if CUDA else (12, 2048, 15)
+    logits, *_ = rows(B, V, seed=11)
+    _, *pools = rows(S, V, seed=12)                          # temperature, top_k, top_p, greedy, seed, counter of S
+    counter = pools.pop()[:B]
+    slots = torch.randperm(S, generator=torch.Generator().manual_seed(13))[:B].to(DEVICE)
+    gathered = [t[slots] for t in pools]
+    want = kernel.sample(logits, *gathered, counter, 3)
+    assert torch.equal(kernel.sample(logits, *pools, counter, 3, slots), want)
+    assert torch.equal(sample(logits.cpu(), *(t.cpu() for t in pools), counter.cpu(), 3, slots.cpu()),
+                       sample(logits.cpu(), *(t.cpu() for t in gathered), counter.cpu(), 3))
+    assert not torch.equal(kernel.sample(logits, *pools[:-1], pools[-1][:B], counter, 3), want)   # not row b's
+
+
 def test_kernel_respects_top_k_and_greedy_exactly(kernel):
     V, B = 2048, 64 if CUDA else 16
     logits, temperature, _, _, _, seed, counter = rows(B, V, seed=9)
@@ -110,9 +127,10 @@ def test_codebook0_kernel_draws_and_marks_what_the_pytorch_path_does(kernel, dty
     logits = (torch.randn(B, V, generator=g) * 3).to(dtype)
     logits[::3, eos] = 60.0                                  # eos wins where allowed
     logits[1::3, 3000] = 90.0                                # a suppressed id would win
+    # the parameters are the slots' (the engine's pools), read at each row's slot
     params = [SamplingParams(seed=100 + b, greedy=b % 4 == 1, temperature=0.5 + 0.25 * (b % 3),
                              top_k=(0, 1, 50, 3072)[b % 4], top_p=(1.0, 0.8, 0.95)[b % 3],
-                             repetition_penalty=(1.0, 1.3, 0.7, 2.0)[b % 4]) for b in range(B)]
+                             repetition_penalty=(1.0, 1.3, 0.7, 2.0)[b % 4]) for b in range(max(S, B))]
     rows = RowSampling.build(params, GenerationConfig.parse({}))
     slots = torch.randperm(S, generator=g)[:B] if B <= S else torch.arange(B)
     seen = torch.rand(max(S, B), V, generator=g) < 0.3
