@@ -597,11 +597,11 @@ def predictor_kernel(
                 target += NPROG
                 _wait(SYNC, target, NPROG)
                 if PROJ:
-                    _draw(LOGITS, EMB, ESUM, EIN, CODES, SLOTS, TEMP, TOPK, TOPP, GREEDY, SEED, COUNTER, pid, nrows, t, G,
-                          VOC, HT, VBLOCK, NPROG)
+                    _draw(LOGITS, EMB, ESUM, EIN, CODES, SLOTS, TEMP, TOPK, TOPP, GREEDY, SEED, COUNTER, pid, nrows,
+                          t, G, VOC, HT, VBLOCK, NPROG)
                 else:
-                    _draw(LOGITS, EMB, ESUM, X, CODES, SLOTS, TEMP, TOPK, TOPP, GREEDY, SEED, COUNTER, pid, nrows, t, G, VOC,
-                          HT, VBLOCK, NPROG)
+                    _draw(LOGITS, EMB, ESUM, X, CODES, SLOTS, TEMP, TOPK, TOPP, GREEDY, SEED, COUNTER, pid, nrows, t,
+                          G, VOC, HT, VBLOCK, NPROG)
                 if t < G - 1:
                     target += NPROG
                     _grid_sync(SYNC, target, NPROG)
