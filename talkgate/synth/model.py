@@ -291,7 +291,7 @@ def fuse_projections(*models: nn.Module, fold: bool | None = None) -> None:
             post_norm=stack_parameters([l.post_attention_layernorm for l in layers]),
             q_norm=stack_parameters([l.self_attn.q_norm for l in layers]),
             k_norm=stack_parameters([l.self_attn.k_norm for l in layers]))
-        if qkv.is_cuda if fold is None else fold:
+        if (qkv.is_cuda if fold is None else fold):
             fold_norms(layers)
         if isinstance(model, CodePredictor):
             model.heads = stack_parameters(model.lm_head)                 # [15, vocab, H]
