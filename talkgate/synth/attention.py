@@ -13,7 +13,7 @@ the fused q/k/v projection's output row:
 - attends over the row's cached positions [0, position) plus the new one (online softmax), reading
   only those positions: gathering whole per-slot caches was the largest kernel at 256 contexts.
 One program per (row, kv head) covers the head's query group. The code predictor's first pass (two positions of fresh
-caches) launches it once a position, in order (synth/model.py Attention.first_tokens). Runs in Triton's interpreter
+caches) launches it once a position, in order (synth/model.py Attention.new_positions). Runs in Triton's interpreter
 on the CPU for tests (tests/gpu/test_attention.py); the model keeps its PyTorch path on the CPU and for prefill.
 """
 from __future__ import annotations

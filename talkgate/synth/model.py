@@ -129,34 +129,35 @@ class Attention(nn.Module):
         k = k * cos + rotate_half(k) * sin
         return q, k, v
 
-    def one_token(self, x: torch.Tensor, weight: torch.Tensor, eps: float, cos: torch.Tensor, sin: torch.Tensor,
-                  k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor | None, pos,
-                  table: torch.Tensor | None = None) -> torch.Tensor:
-        """CUDA, one token per row, rows x [B, H] before their norm, weight the q/k/v projection carrying the norm's
-        weight (fold_norms) -> the attention output [B, heads * D] before o_proj. One kernel (synth/attention.py) scales
-        the projection by each row's 1/rms (eps the norm's), then q/k norm, RoPE (cos/sin [B,D] or [D]), the cache
-        write at (slots[b] or b, pos) and attention over positions <= pos; table: the caches are pages
-        (Talker.setup_cache)."""
-        return kernel_module("attention").one_token_attention(
-            F.linear(x, weight), self.q_norm.weight, self.k_norm.weight, self.q_norm.eps, cos, sin, k_cache, v_cache,
-            slots, pos, self.n_heads, table, x=x, x_eps=eps)
+    def one_token(self, x: torch.Tensor, eps: float, cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor,
+                  v_cache: torch.Tensor, slots: torch.Tensor | None, pos, table: torch.Tensor | None = None
+                  ) -> torch.Tensor:
+        """CUDA, one token per row, rows x [B, H] before their norm (its weight folded into q/k/v: fold_norms) -> the
+        attention output [B, heads * D] before o_proj. One kernel (synth/attention.py) scales the projection by each
+        row's 1/rms (eps the norm's), then q/k norm, RoPE (cos/sin [B,D] or [D]), the cache write at (slots[b] or b,
+        pos) and attention over positions <= pos; table: the caches are pages (Talker.setup_cache)."""
+        return self._attend_projected(F.linear(x, self.qkv_weight), x, eps, cos, sin, k_cache, v_cache, slots, pos,
+                                      table)
 
-    def first_tokens(self, x: torch.Tensor, weight: torch.Tensor, eps: float, cos: torch.Tensor, sin: torch.Tensor,
-                     k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
-        """one_token for positions 0..T-1 of every row's cache (row b's cache row b), rows x [T * B, H] position-major
-        (position t's B rows together), cos/sin [T, D] -> [T * B, heads * D]: one launch a position, in order, so that
-        position t attends to the keys the launches before it wrote. The code predictor's first pass (two positions)
-        then runs as its later ones do (run_layers_folded), not through its norms' and RoPE's kernels."""
+    def new_positions(self, x: torch.Tensor, eps: float, cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor,
+                      v_cache: torch.Tensor, start: int) -> torch.Tensor:
+        """one_token for positions start..start+T-1 of every row's cache (row b's cache row b), rows x [T * B, H]
+        position-major (position start + t's B rows together), cos/sin [T, D] -> [T * B, heads * D]: one projection,
+        then one launch a position, in order, so that each position attends to the keys the launches before it wrote.
+        The code predictor's passes, its first (two positions) among them (run_layers_folded)."""
         T, B = cos.shape[0], x.shape[0] // cos.shape[0]
-        qkv = F.linear(x, weight)
+        qkv = F.linear(x, self.qkv_weight)
         out = qkv.new_empty(T * B, self.n_heads * self.head_dim)
-        attention = kernel_module("attention")
         for t in range(T):
             rows = slice(t * B, (t + 1) * B)
-            attention.one_token_attention(qkv[rows], self.q_norm.weight, self.k_norm.weight, self.q_norm.eps, cos[t],
-                                          sin[t], k_cache, v_cache, None, t, self.n_heads, x=x[rows], x_eps=eps,
-                                          out=out[rows])
+            self._attend_projected(qkv[rows], x[rows], eps, cos[t], sin[t], k_cache, v_cache, None, start + t,
+                                   out=out[rows])
         return out
+
+    def _attend_projected(self, qkv, x, eps, cos, sin, k_cache, v_cache, slots, pos, table=None, out=None):
+        return kernel_module("attention").one_token_attention(
+            qkv, self.q_norm.weight, self.k_norm.weight, self.q_norm.eps, cos, sin, k_cache, v_cache, slots, pos,
+            self.n_heads, table, x=x, x_eps=eps, out=out)
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask=None, causal=False) -> torch.Tensor:
         """q [B,T,heads,D], k/v [B,kv_heads,L,D] -> [B,T,H]."""
@@ -226,12 +227,12 @@ def run_layers_folded(layers: nn.ModuleList, final_norm: RMSNorm, x: torch.Tenso
     applied by the kernel that reads that projection (the attention kernel; synth/scaled_swiglu.py), and each residual
     add is the accumulate of the multiply before it (addmm_, in place: an addmm into another tensor copies its input
     there first, a kernel of its own). Two of a layer's eight kernels fewer: at 256 rows each was ~2 us and a launch
-    gap, 140 a code predictor frame. attention_out(i, layer, x, weight) -> the attention block's output before o_proj;
+    gap, 140 a code predictor frame. attention_out(i, layer, x) -> the attention block's output before o_proj;
     x [B, H] -> the final norm of the last residual."""
     swiglu = kernel_module("scaled_swiglu").scaled_swiglu
     x = x.clone()
     for i, layer in enumerate(layers):
-        x.addmm_(attention_out(i, layer, x, layer.self_attn.qkv_weight), layer.self_attn.o_proj.weight.t())
+        x.addmm_(attention_out(i, layer, x), layer.self_attn.o_proj.weight.t())
         x.addmm_(swiglu(F.linear(x, layer.mlp.gate_up_weight), x, layer.post_attention_layernorm.eps),
                  layer.mlp.down_proj.weight.t())
     return final_norm(x)
@@ -387,8 +388,8 @@ class Talker(nn.Module):
             return kernel_module("persistent").talker_step(self, x[:, 0], cos[:, 0], sin[:, 0], slots, pos_t[:, 0])[:, None]
         if x.shape[1] == 1 and one_token_kernel(x):
             # one token per row on CUDA: reads only each row's live cache positions
-            def attention_out(i, layer, x, weight):
-                return layer.self_attn.one_token(x, weight, layer.input_layernorm.eps, cos[:, 0], sin[:, 0],
+            def attention_out(i, layer, x):
+                return layer.self_attn.one_token(x, layer.input_layernorm.eps, cos[:, 0], sin[:, 0],
                                                  self.k_cache[i], self.v_cache[i], slots, pos_t[:, 0], self.page_table)
             return run_layers_folded(self.layers, self.norm, x[:, 0], attention_out)[:, None]
         L = self.max_len
@@ -467,17 +468,12 @@ class CodePredictor(nn.Module):
 
     def _forward(self, x: torch.Tensor, start: int, kv: list) -> torch.Tensor:
         """x [T,B,Hp] (position-major) at frame positions start..start+T-1 -> the last position's normed hidden
-        [B,Hp]. On CUDA the first pass (start 0) and the later ones (T 1) run their layers with the norms folded."""
+        [B,Hp]. On CUDA the layers run with their norms folded (run_layers_folded)."""
         T, B, _ = x.shape
-        if one_token_kernel(x) and (T == 1 or start == 0):
-            if T == 1:
-                def attention_out(i, layer, x, weight):
-                    return layer.self_attn.one_token(x, weight, layer.input_layernorm.eps, self.cos[start],
-                                                     self.sin[start], kv[i][0], kv[i][1], None, start)
-            else:
-                def attention_out(i, layer, x, weight):
-                    return layer.self_attn.first_tokens(x, weight, layer.input_layernorm.eps, self.cos[:T],
-                                                        self.sin[:T], kv[i][0], kv[i][1])
+        if one_token_kernel(x):
+            def attention_out(i, layer, x):
+                return layer.self_attn.new_positions(x, layer.input_layernorm.eps, self.cos[start:start + T],
+                                                     self.sin[start:start + T], kv[i][0], kv[i][1], start)
             return run_layers_folded(self.layers, self.norm, x.reshape(T * B, -1), attention_out)[(T - 1) * B:]
         x = x.transpose(0, 1)
         cos = self.cos[start:start + T][None].expand(B, T, -1)

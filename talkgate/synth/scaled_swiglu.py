@@ -6,7 +6,7 @@ number a row, applied here where the gate/up output is read anyway. Without it a
 kernel of its own (with the residual add): at 256 rows about 2 us and a launch gap, 70 times a code predictor frame.
 Each program recomputes r from x's row (a few KB), then a block of the row's gate/up columns, rounded as the
 normed path rounds: the projection's output to the model dtype, then silu(gate) * up computed in float32.
-Runs in Triton's interpreter on the CPU for tests (tests/gpu/test_attention.py).
+Runs in Triton's interpreter on the CPU for tests (tests/gpu/test_folded_layers.py).
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from talkgate.synth.attention import row_inv_rms
+from talkgate.synth.attention import _scaled, row_inv_rms
 
 # gate/up columns a program covers: at 256 rows the code predictor's 3,072 make 768 programs
 BLOCK = 1024
@@ -27,8 +27,8 @@ def scaled_swiglu_kernel(GU, sgu, X, sx, O, so, I, H, eps, HB: tl.constexpr, BLO
     DT: tl.constexpr = O.dtype.element_ty
     j = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     keep = j < I
-    gate = (tl.load(GU + b * sgu + j, mask=keep, other=0.0).to(tl.float32) * r).to(DT).to(tl.float32)
-    up = (tl.load(GU + b * sgu + I + j, mask=keep, other=0.0).to(tl.float32) * r).to(DT).to(tl.float32)
+    gate = _scaled(tl.load(GU + b * sgu + j, mask=keep, other=0.0).to(tl.float32), r, True, DT)
+    up = _scaled(tl.load(GU + b * sgu + I + j, mask=keep, other=0.0).to(tl.float32), r, True, DT)
     tl.store(O + b * so + j, (gate * tl.sigmoid(gate) * up).to(DT), mask=keep)
 
 

@@ -75,8 +75,8 @@ def test_folded_layers_follow_run_layers(kernels, dtype, tol):
                 F.linear(h[:, 0], attn.qkv_weight), attn.q_norm.weight, attn.k_norm.weight, attn.q_norm.eps, cos, sin,
                 caches[i][0], caches[i][1], None, pos, attn.n_heads))[:, None]
 
-        def folded_out(i, layer, x, weight):
-            return layer.self_attn.one_token(x, weight, layer.input_layernorm.eps, cos, sin, folded_caches[i][0],
+        def folded_out(i, layer, x):
+            return layer.self_attn.one_token(x, layer.input_layernorm.eps, cos, sin, folded_caches[i][0],
                                              folded_caches[i][1], None, pos)
         want = run_layers(decoder, norm, x[:, None], plain)[:, 0].float()
         got = run_layers_folded(folded, norm, x, folded_out).float()
