@@ -348,6 +348,9 @@ class Talker(nn.Module):
         self.max_len = max_len
         self.inv_freq = inv_frequencies(d.head_dim, d.rope_theta).to(device)
         self.mrope_axis = mrope_axes(cfg.mrope_section, cfg.mrope_interleaved).to(device)
+        # every position a slot's pages hold, rotated once here: a step gathers its rows' (rope)
+        self.cos_table, self.sin_table = self._rotation(torch.arange(slot_pages * self.page_len, device=device)
+                                                        .float()[:, None] * self.inv_freq)
         suppressed = torch.zeros(cfg.vocab_size, dtype=torch.bool)
         suppressed[cfg.vocab_size - 1024:] = True
         suppressed[cfg.codec_eos] = False
@@ -357,14 +360,17 @@ class Talker(nn.Module):
         return self.text_projection(self.text_embedding(ids))
 
     def rope(self, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """pos [B,T] (three equal axes) or [3,B,T] -> cos, sin [B,T,head_dim] float32."""
+        """pos [B,T] (three equal axes) or [3,B,T] -> cos, sin [B,T,head_dim] float32. [B,T]: the tables' rows (two
+        gathers, where computing them took five kernels a step)."""
         if pos.dim() == 2:
-            angle = pos.float()[..., None] * self.inv_freq
-        else:
-            # each frequency j rotates with the position of its mRoPE axis
-            per_axis = pos.float()[..., None] * self.inv_freq                  # [3,B,T,D/2]
-            index = self.mrope_axis.view(1, 1, 1, -1).expand(1, *per_axis.shape[1:])
-            angle = per_axis.gather(0, index)[0]
+            return F.embedding(pos, self.cos_table), F.embedding(pos, self.sin_table)
+        # each frequency j rotates with the position of its mRoPE axis
+        per_axis = pos.float()[..., None] * self.inv_freq                      # [3,B,T,D/2]
+        index = self.mrope_axis.view(1, 1, 1, -1).expand(1, *per_axis.shape[1:])
+        return self._rotation(per_axis.gather(0, index)[0])
+
+    @staticmethod
+    def _rotation(angle: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         angle = torch.cat((angle, angle), dim=-1)
         return angle.cos(), angle.sin()
 
@@ -373,9 +379,9 @@ class Talker(nn.Module):
         cache is only written, not read (a prefill's first audio waits on it)."""
         pos_t = pos if pos.dim() == 2 else pos[0]                               # temporal axis: the cache index
         cos, sin = self.rope(pos)
-        # where each (row, token) writes: its page and the position within it
-        page, at = self.page_table[slots[:, None], pos_t // self.page_len], pos_t % self.page_len
         if fresh:
+            page, at = self._written_at(slots, pos_t)
+
             def attention_out(i, layer, h):
                 attn = layer.self_attn
                 q, k, v = attn.qkv(h, cos, sin)
@@ -392,6 +398,7 @@ class Talker(nn.Module):
                 return layer.self_attn.one_token(x, layer.input_layernorm.eps, cos[:, 0], sin[:, 0],
                                                  self.k_cache[i], self.v_cache[i], slots, pos_t[:, 0], self.page_table)
             return run_layers_folded(self.layers, self.norm, x[:, 0], attention_out)[:, None]
+        page, at = self._written_at(slots, pos_t)
         L = self.max_len
         positions = torch.arange(L, device=x.device)
         table = self.page_table[slots]                                                        # [B, slot pages]
@@ -414,6 +421,11 @@ class Talker(nn.Module):
             vc[page, :, at] = v
             return attn.attend(q, gathered(kc), gathered(vc), mask=mask)
         return run_layers(self.layers, self.norm, x, attention_out)
+
+    def _written_at(self, slots: torch.Tensor, pos_t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Where each (row, token) writes in the cache: its page and the position within it (the one-token paths'
+        kernels find them themselves)."""
+        return self.page_table[slots[:, None], pos_t // self.page_len], pos_t % self.page_len
 
 
 def mrope_axes(section: tuple[int, ...], interleaved: bool) -> torch.Tensor:
