@@ -4,8 +4,8 @@ In PyTorch a draw is about 40 kernels (temperature, a full sort of the vocabular
 softmax, cumsum, the integer hash noise, Gumbel, argmax): 16 draws a frame made the sampler the
 largest group of kernels in a batch-1 step (bench/engine.py profile). Here one program per row holds
 the row's logits in registers and does all of it:
-- top-k: the k-th largest value found exactly by a 16-way search over the float's order-preserving
-  int32 key (rounds of 16 counts over the row, the bracket snapped to the keys inside it), no sort;
+- top-k: the k-th largest value found exactly by an 8-way search over the float's order-preserving
+  int32 key (rounds of 8 counts over the row, the bracket snapped to the keys inside it), no sort;
 - top-p: the smallest value whose "mass above" (softmax of the top-k survivors) is below top_p, by
   the same bisection (skipped when top_p >= 1);
 - noise: the same lowbias32 hash of (seed, counter, stream, index) as synth.sampling.uniform_noise,
@@ -38,6 +38,11 @@ def _min_max(a_min, a_max, b_min, b_max):
 
 
 @triton.jit
+def _group_stats(n_a, lo_a, hi_a, least_a, n_b, lo_b, hi_b, least_b):
+    return n_a + n_b, tl.minimum(lo_a, lo_b), tl.maximum(hi_a, hi_b), tl.minimum(least_a, least_b)
+
+
+@triton.jit
 def sample_row(LOGITS, V, temperature, top_k, top_p, greedy, seed, counter, stream_key, BLOCK: tl.constexpr):
     """One id from the logits LOGITS[:V] of one row (any float dtype, widened to float32 as loaded; its parameters
     as scalars). Also called by the code predictor's persistent kernel (synth/persistent.py), which rewrites LOGITS
@@ -51,37 +56,43 @@ def sample_row(LOGITS, V, temperature, top_k, top_p, greedy, seed, counter, stre
 @triton.jit
 def draw(x, idx, valid, V, temperature, top_k, top_p, greedy, seed, counter, stream_key, BLOCK: tl.constexpr):
     """sample_row's draw from a row's float32 logits x [BLOCK] (idx its ids, valid idx < V, -inf past V)."""
-    greedy_id = tl.argmax(x, axis=0)
-
     scaled = x / tl.maximum(temperature, 1e-5)
     bits = scaled.to(tl.int32, bitcast=True)
     key = bits ^ ((bits >> 31) & 0x7FFFFFFF)                 # int order == float order
-    key = tl.where(valid, key, -2147483648)                  # int32: the counts below compare 16 x V of them
+    key = tl.where(valid, key, -2147483648)                  # int32: the counts below compare 8 x V of them
 
     k = top_k.to(tl.int64)
     k = tl.where(k <= 0, V, k)
     k = tl.minimum(tl.maximum(k, 1), V)
-    # k-th largest key: the largest t with count(key >= t) >= k, searched over [lo, hi) in 16 parts at a
-    # time (one 16-way count a round instead of 32 halvings: each round is a sum across the warps). The
-    # bracket starts at the smallest of GROUPS group maxima (at least that many keys lie at or above it)
-    # and after each round shrinks to the keys inside it: logits that take few distinct values (the
-    # predictor's are bf16) are then resolved in 2 or 3 rounds instead of 3 to 8. A cut that holds exactly
-    # k keys already gives the survivors (the keys >= it are the k largest), so the search stops there.
+    # k-th largest key: the largest t with count(key >= t) >= k, searched over [lo, hi) in PARTS parts at
+    # a time (one PARTS-way count a round instead of 32 halvings). The bracket starts at the smallest of
+    # GROUPS group maxima (at least that many keys lie at or above it) and after each round shrinks to the
+    # keys inside it: logits that take few distinct values (the predictor's are bf16) are then resolved in
+    # about 3 rounds. A cut that holds exactly k keys already gives the survivors (the keys >= it are the k
+    # largest), so the search stops there. The counts are most of a draw's work (PARTS compares a logit a
+    # round): 8 parts drew faster than 16 and 32 at 1-256 rows (docs/benchmarks.md, "Kept: the draws' top-k
+    # search in 8 parts, ..."). Only groups holding a finite key count: codebook 0's thousand banned ids (-inf)
+    # would start the bracket at -inf's key, more rounds. Each reduction across the warps is a few barriers
+    # of a latency-bound program: the groups' four figures (how many hold a finite key, the smallest and
+    # largest of their maxima, the smallest key) are one.
     GROUPS: tl.constexpr = 128 if BLOCK >= 2048 else BLOCK // 16
     MAXI: tl.constexpr = 2147483647
     MINI: tl.constexpr = -2147483648
-    gmax = tl.max(tl.reshape(key, [GROUPS, BLOCK // GROUPS]), axis=1)
-    filled = gmax > MINI
-    # the search's bounds in int64: hi may be 2^31; the whole row's minimum only when k exceeds the groups
-    if k <= tl.sum(filled.to(tl.int32), axis=0):
-        lo = tl.min(tl.where(filled, gmax, MAXI), axis=0).to(tl.int64)
-    else:
-        lo = tl.min(key, axis=0).to(tl.int64)
-    hi = tl.max(gmax, axis=0).to(tl.int64) + 1              # the row's largest key
+    NEG_INF: tl.constexpr = -2139095041                     # -inf's key
+    PARTS: tl.constexpr = 8
+    groups = tl.reshape(key, [GROUPS, BLOCK // GROUPS])
+    gmax = tl.max(groups, axis=1)
+    gmin = tl.min(tl.where(groups > MINI, groups, MAXI), axis=1)
+    filled = gmax > NEG_INF
+    nfilled, low, largest, least = tl.reduce((filled.to(tl.int32), tl.where(filled, gmax, MAXI), gmax, gmin), 0,
+                                         _group_stats)
+    # the search's bounds in int64 (hi may be 2^31); the smallest key only when k exceeds the filled groups
+    lo = tl.where(k <= nfilled, low, least).to(tl.int64)
+    hi = largest.to(tl.int64) + 1
     if k < V:
-        part = tl.arange(0, 16).to(tl.int64)
+        part = tl.arange(0, PARTS).to(tl.int64)
         while hi - lo > 1:
-            cut = lo + part * ((hi - lo + 15) // 16)                                # cut[0] == lo
+            cut = lo + part * ((hi - lo + PARTS - 1) // PARTS)                    # cut[0] == lo
             cut32 = tl.minimum(cut, MAXI).to(tl.int32)                            # cuts >= hi are not used
             count = tl.sum(((key[None, :] >= cut32[:, None]) & valid[None, :]).to(tl.int32), axis=1)
             kept = (cut < hi) & (count >= k)
@@ -96,13 +107,12 @@ def draw(x, idx, valid, V, temperature, top_k, top_p, greedy, seed, counter, str
     survivor = valid & (key >= lo)
 
     if top_p < 1.0:
-        m = tl.max(tl.where(survivor, scaled, float("-inf")), axis=0)
+        m = (largest ^ ((largest >> 31) & 0x7FFFFFFF)).to(tl.float32, bitcast=True)     # the largest scaled logit
         e = tl.where(survivor, tl.exp(scaled - m), 0.0)
         prob = e / tl.sum(e, axis=0)
         # the smallest key t with mass(key > t) < top_p (at least the row's maximum: keep >= 1)
-        top = tl.max(key, axis=0).to(tl.int64)
         plo = lo - 1
-        phi = top
+        phi = largest.to(tl.int64)
         if top_p > 0.0:
             while phi - plo > 1:
                 mid = (plo + phi) >> 1
@@ -118,8 +128,8 @@ def draw(x, idx, valid, V, temperature, top_k, top_p, greedy, seed, counter, str
     h = mix32(s ^ mix32(idx.to(tl.uint32) + 0x632BE5AB))
     u = ((h >> 8).to(tl.float32) + 0.5) * (1.0 / 16777216.0)
     noisy = tl.where(survivor, scaled - tl.log(-tl.log(u)), float("-inf"))
-    drawn = tl.argmax(noisy, axis=0)
-    return tl.where(greedy, greedy_id, drawn).to(tl.int64)
+    # greedy: the largest logit (before the temperature's rounding), in the same reduction as a draw's
+    return tl.argmax(tl.where(greedy, x, noisy), axis=0).to(tl.int64)
 
 
 @triton.jit
