@@ -2,8 +2,6 @@
 # Issues 44 and 45: the earlier tree (`git archive REV talkgate | tar -x -C .e2e/before`) against this one on one H200
 # in one call, at every load the issues name. PARTS (default "tests decode loads streams"; run in this order):
 #   tests    GPU tests: TESTS, -k K (default the engine's lane, capture and cuDNN tests)
-#   sampler  the sample kernels of .e2e/before against this tree's at SAMPLER_ROWS rows (default 1,8,64,256) and
-#            SAMPLER_VARIANTS' copies of the module (comma-separated files; bench/sampler_ab.py)
 #   roofline each of ROOF_TREES' (default "before after"; a tree named again, "before after before", runs again with
 #            its files named NAME-again: kernels the change does not touch ran 3-7% faster in an H200's second run of
 #            one call, 2026-12-06) step by part at ROOF_BATCHES rows (bench/roofline.py, 1.7B;
@@ -48,12 +46,6 @@ if [[ $parts == *" tests "* ]]; then
   # shellcheck disable=SC2086
   GPU_TESTS=1 gpu_tests ${TESTS:-${tests[*]}} -k "${K:-lane or staged or graphs_equal or cudnn}"
   grep -q " passed" "$res/gpu-tests.txt" && ! grep -q "failed\|error" "$res/gpu-tests.txt" || { log "GPU tests failed"; pack; exit 1; }
-fi
-if [[ $parts == *" sampler "* ]]; then
-  timeout 300 python3 -m bench.sampler_ab .e2e/before/talkgate/synth/sample_kernel.py --rows "${SAMPLER_ROWS:-1,8,64,256}" \
-    --variants "${SAMPLER_VARIANTS:-}" 2>&1 | grep -v Warn > "$res/sampler.md"
-  log "sampler: $(grep -c '^| [sc]' "$res/sampler.md") rows"
-  pack
 fi
 if [[ $parts == *" roofline "* ]]; then
   runs=" "
