@@ -348,7 +348,7 @@ class Talker(nn.Module):
         self.max_len = max_len
         self.inv_freq = inv_frequencies(d.head_dim, d.rope_theta).to(device)
         self.mrope_axis = mrope_axes(cfg.mrope_section, cfg.mrope_interleaved).to(device)
-        # every position a slot's pages hold, rotated once here: a step gathers its rows' (rope)
+        # cos/sin of every position a slot's pages hold, once here: Talker.rope gathers a step's rows from them
         self.cos_table, self.sin_table = self._rotation(torch.arange(slot_pages * self.page_len, device=device)
                                                         .float()[:, None] * self.inv_freq)
         suppressed = torch.zeros(cfg.vocab_size, dtype=torch.bool)

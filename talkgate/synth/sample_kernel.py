@@ -56,10 +56,15 @@ def sample_row(LOGITS, V, temperature, top_k, top_p, greedy, seed, counter, stre
 @triton.jit
 def draw(x, idx, valid, V, temperature, top_k, top_p, greedy, seed, counter, stream_key, BLOCK: tl.constexpr):
     """sample_row's draw from a row's float32 logits x [BLOCK] (idx its ids, valid idx < V, -inf past V)."""
+    GROUPS: tl.constexpr = 128 if BLOCK >= 2048 else BLOCK // 16
+    PARTS: tl.constexpr = 8
+    MAXI: tl.constexpr = 2147483647
+    MINI: tl.constexpr = -2147483648
+    NEG_INF: tl.constexpr = -2139095041                     # -inf's key
     scaled = x / tl.maximum(temperature, 1e-5)
     bits = scaled.to(tl.int32, bitcast=True)
     key = bits ^ ((bits >> 31) & 0x7FFFFFFF)                 # int order == float order
-    key = tl.where(valid, key, -2147483648)                  # int32: the counts below compare 8 x V of them
+    key = tl.where(valid, key, MINI)                         # int32: the counts below compare PARTS x V of them
 
     k = top_k.to(tl.int64)
     k = tl.where(k <= 0, V, k)
@@ -75,11 +80,6 @@ def draw(x, idx, valid, V, temperature, top_k, top_p, greedy, seed, counter, str
     # would start the bracket at -inf's key, more rounds. Each reduction across the warps is a few barriers
     # of a latency-bound program: the groups' four figures (how many hold a finite key, the smallest and
     # largest of their maxima, the smallest key) are one.
-    GROUPS: tl.constexpr = 128 if BLOCK >= 2048 else BLOCK // 16
-    MAXI: tl.constexpr = 2147483647
-    MINI: tl.constexpr = -2147483648
-    NEG_INF: tl.constexpr = -2139095041                     # -inf's key
-    PARTS: tl.constexpr = 8
     groups = tl.reshape(key, [GROUPS, BLOCK // GROUPS])
     gmax = tl.max(groups, axis=1)
     gmin = tl.min(tl.where(groups > MINI, groups, MAXI), axis=1)
