@@ -228,9 +228,9 @@ def run_layers_folded(layers: nn.ModuleList, final_norm: RMSNorm, x: torch.Tenso
     add is the accumulate of the multiply before it (addmm_, in place: an addmm into another tensor copies its input
     there first, a kernel of its own). Two of a layer's eight kernels fewer: at 256 rows each was ~2 us and a launch
     gap, 140 a code predictor frame. attention_out(i, layer, x) -> the attention block's output before o_proj;
-    x [B, H] -> the final norm of the last residual."""
+    x [B, H], which the layers' residual adds overwrite (a tensor of the caller's own: the code predictor's pass inputs
+    are made for the pass, so its passes copy nothing) -> the final norm of the last residual."""
     swiglu = kernel_module("scaled_swiglu").scaled_swiglu
-    x = x.clone()
     for i, layer in enumerate(layers):
         x.addmm_(attention_out(i, layer, x), layer.self_attn.o_proj.weight.t())
         x.addmm_(swiglu(F.linear(x, layer.mlp.gate_up_weight), x, layer.post_attention_layernorm.eps),
@@ -397,7 +397,7 @@ class Talker(nn.Module):
             def attention_out(i, layer, x):
                 return layer.self_attn.one_token(x, layer.input_layernorm.eps, cos[:, 0], sin[:, 0],
                                                  self.k_cache[i], self.v_cache[i], slots, pos_t[:, 0], self.page_table)
-            return run_layers_folded(self.layers, self.norm, x[:, 0], attention_out)[:, None]
+            return run_layers_folded(self.layers, self.norm, x[:, 0].clone(), attention_out)[:, None]   # x: the caller's
         page, at = self._written_at(slots, pos_t)
         L = self.max_len
         positions = torch.arange(L, device=x.device)
@@ -480,7 +480,8 @@ class CodePredictor(nn.Module):
 
     def _forward(self, x: torch.Tensor, start: int, kv: list) -> torch.Tensor:
         """x [T,B,Hp] (position-major) at frame positions start..start+T-1 -> the last position's normed hidden
-        [B,Hp]. On CUDA the layers run with their norms folded (run_layers_folded)."""
+        [B,Hp]. On CUDA the layers run with their norms folded (run_layers_folded), adding to x in place: a pass's
+        input is made for it."""
         T, B, _ = x.shape
         if one_token_kernel(x):
             def attention_out(i, layer, x):
