@@ -6,7 +6,8 @@ first pass through SDPA (cuDNN's flash kernel, 96 us a layer).
     python3 -m bench.attention_configs [--rows 64,256,512] [--parts window,talker,predictor,first]
 
 Each figure: a CUDA graph of REPS back-to-back calls, replayed (bench/persistent.py graph_ms); us a call = the
-median of 7 replays / REPS.
+median of 7 replays / REPS. A configuration (keys a block, warps[, maxnreg]): maxnreg caps the registers a thread
+(Triton's option), which bound how many one-warp programs an SM holds at once.
 """
 from __future__ import annotations
 
@@ -40,7 +41,7 @@ def window(B: int, configs=((128, 8), (128, 1), (16, 1), (32, 1), (16, 2), (32, 
     inv = 1.0 / (10000 ** (torch.arange(0, D, 2, device="cuda").float() / D))
     out = torch.empty(B, H * D, device="cuda", dtype=dt)
     ref = None
-    for block, warps in configs:
+    for block, warps, *cap in configs:
         def run():
             window_attention_kernel[(B, H)](qkv, qkv.stride(0), posv, slots, inv, cache, cache.stride(0),
                                             cache.stride(1), cache.stride(2), cache.stride(3), out, out.stride(0),
@@ -73,18 +74,20 @@ def one_token(B: int, pos: int, paged: bool, configs, HQ=16, HKV=8, D=128) -> No
         vc = torch.randn_like(kc)
         table = qkv
     out = torch.empty(B, HQ * D, device="cuda", dtype=dt)
-    for block, warps in configs:
+    for block, warps, *cap in configs:
         def run():
             return one_token_attention_kernel[(B, HKV)](
                 qkv, qkv.stride(0), qw, qw, cos, sin, cos.stride(0), kc, vc, kc.stride(0), kc.stride(1),
                 kc.stride(2), slots, posv, out, out.stride(0), 0, table, table.stride(0) if paged else 0, 1e-6,
                 D ** -0.5, qkv, 0, 0, 0.0, HQ=HQ, HKV=HKV, GROUP=HQ // HKV, D=D, BLOCK=block, ROW_SLOTS=True,
-                ROW_POS=True, PAGE=page, ONE_QUERY=not paged, HB=0, num_warps=warps)    # the wrapper's choice
+                ROW_POS=True, PAGE=page, ONE_QUERY=not paged, HB=0, num_warps=warps,     # the wrapper's choice
+                maxnreg=cap[0] if cap else None)
         t = timed(run)
         k = run()                 # the compiled kernel: its registers bound how many programs an SM holds at once
         mb = B * (pos + 1) * HKV * D * 2 * 2 / 1e6
+        capped = f" maxnreg={cap[0]}" if cap else ""
         print(f"one-token attention {'Talker' if paged else 'predictor'} B={B} pos={pos} block={block} "
-              f"warps={warps}: {t:.1f} us ({mb / t:.2f} TB/s of the cache; {k.n_regs} registers a thread, "
+              f"warps={warps}{capped}: {t:.1f} us ({mb / t:.2f} TB/s of the cache; {k.n_regs} registers a thread, "
               f"{k.n_spills} spilled)")
 
 
@@ -138,9 +141,10 @@ def main() -> None:
             window(B)
         if "talker" in parts:
             for pos in (40, 109):
-                one_token(B, pos, True, ((8, 1), (16, 1), (32, 1), (16, 2), (32, 2), (32, 4), (64, 4), (64, 8)))
+                one_token(B, pos, True, ((8, 1), (16, 1), (16, 1, 128), (32, 1), (16, 2), (32, 2), (32, 4), (64, 4),
+                                         (64, 8)))
         if "predictor" in parts:
-            one_token(B, 15, False, ((8, 1), (16, 1), (16, 2), (16, 4)))
+            one_token(B, 15, False, ((8, 1), (16, 1), (16, 1, 128), (16, 2), (16, 4)))
         if "first" in parts:
             first_pass(B)
 
