@@ -29,7 +29,8 @@ def timed(fn) -> float:
     return 1e3 * graph_ms(fn, reps=1, rounds=7, calls=REPS)
 
 
-def window(B: int, configs=((128, 8), (128, 1), (16, 1), (32, 1), (16, 2), (32, 2), (32, 4), (64, 2), (64, 4)),
+def window(B: int, configs=((128, 8), (128, 1), (8, 1), (16, 1), (32, 1), (16, 2), (32, 2), (32, 4), (64, 2),
+                            (64, 4)),
            pos: int = 100) -> None:
     """The codec decoder's window attention (1.7B and 0.6B alike: 16 heads of 64, a 72-frame ring, float16)."""
     H, D, W = 16, 64, 72
@@ -43,15 +44,18 @@ def window(B: int, configs=((128, 8), (128, 1), (16, 1), (32, 1), (16, 2), (32, 
     ref = None
     for block, warps, *cap in configs:
         def run():
-            window_attention_kernel[(B, H)](qkv, qkv.stride(0), posv, slots, inv, cache, cache.stride(0),
-                                            cache.stride(1), cache.stride(2), cache.stride(3), out, out.stride(0),
-                                            D ** -0.5, HQ=H, HKV=H, GROUP=1, D=D, WINDOW=W, BLOCK=block,
-                                            num_warps=warps)
+            return window_attention_kernel[(B, H)](qkv, qkv.stride(0), posv, slots, inv, cache, cache.stride(0),
+                                                   cache.stride(1), cache.stride(2), cache.stride(3), out,
+                                                   out.stride(0), D ** -0.5, HQ=H, HKV=H, GROUP=1, D=D, WINDOW=W,
+                                                   BLOCK=block, num_warps=warps, maxnreg=cap[0] if cap else None)
         t = timed(run)
+        k = run()
         ref = out.float().clone() if ref is None else ref
         mb = B * W * 2 * H * D * 2 / 1e6
-        print(f"window attention B={B} block={block} warps={warps}: {t:.1f} us ({mb / t:.2f} TB/s of the ring; "
-              f"max diff {(out.float() - ref).abs().max().item():.2g})")
+        capped = f" maxnreg={cap[0]}" if cap else ""
+        print(f"window attention B={B} block={block} warps={warps}{capped}: {t:.1f} us ({mb / t:.2f} TB/s of the "
+              f"ring; max diff {(out.float() - ref).abs().max().item():.2g}; {k.n_regs} registers a thread, "
+              f"{k.n_spills} spilled)")
 
 
 def one_token(B: int, pos: int, paged: bool, configs, HQ=16, HKV=8, D=128) -> None:
