@@ -6,6 +6,8 @@ head, the code predictor's 15 passes and the draws), decode (the codec decoder).
 
     python -m bench.decoder_kernels /tmp/ck-0.6b OUTDIR [B] [PARTS]   # OUTDIR gets the traces; B: 1; PARTS: decode
     python -m bench.decoder_kernels /tmp/ck-1.7b OUTDIR 256 talker,codes,decode
+
+A graph's memory sets and copies are listed among its kernels: a gap between two kernels may be one.
 """
 import json
 import re
@@ -39,7 +41,7 @@ def kernels(g: torch.cuda.CUDAGraph, part: str, B: int, out: str) -> None:
         torch.cuda.synchronize()
     trace = f"{out}/{part}_trace.json"
     prof.export_chrome_trace(trace)
-    ev = [e for e in json.load(open(trace))["traceEvents"] if e.get("cat") == "kernel"]
+    ev = [e for e in json.load(open(trace))["traceEvents"] if e.get("cat") in ("kernel", "gpu_memset", "gpu_memcpy")]
     ev.sort(key=lambda e: e["ts"])
     per = len(ev) // N
     print(f"kernels a replay: {per} (of {len(ev)})")
@@ -48,7 +50,8 @@ def kernels(g: torch.cuda.CUDAGraph, part: str, B: int, out: str) -> None:
         ds = [ev[j * per + i]["dur"] for j in range(N)]
         e = ev[i]
         gaps = [ev[j * per + i]["ts"] - (ev[j * per + i - 1]["ts"] + ev[j * per + i - 1]["dur"]) for j in range(N) if j * per + i > 0]
-        rows.append((i, e["name"][:90], e["args"].get("grid"), e["args"].get("block"), statistics.median(ds),
+        launch = e.get("args", {})                             # a memory set or copy has no grid
+        rows.append((i, e["name"][:90], launch.get("grid", "-"), launch.get("block", "-"), statistics.median(ds),
                      statistics.median(gaps) if gaps else 0))
     tot = sum(x[4] for x in rows)
     gap = sum(x[5] for x in rows[1:])
