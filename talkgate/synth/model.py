@@ -397,7 +397,8 @@ class Talker(nn.Module):
             def attention_out(i, layer, x):
                 return layer.self_attn.one_token(x, layer.input_layernorm.eps, cos[:, 0], sin[:, 0],
                                                  self.k_cache[i], self.v_cache[i], slots, pos_t[:, 0], self.page_table)
-            return run_layers_folded(self.layers, self.norm, x[:, 0].clone(), attention_out)[:, None]   # x: the caller's
+            # the layers add to their input in place, and x is the caller's: a copy
+            return run_layers_folded(self.layers, self.norm, x[:, 0].clone(), attention_out)[:, None]
         page, at = self._written_at(slots, pos_t)
         L = self.max_len
         positions = torch.arange(L, device=x.device)

@@ -38,7 +38,14 @@ def _min_max(a_min, a_max, b_min, b_max):
 
 
 @triton.jit
+def _flip(bits):
+    """A float32's bits as an int32 key whose order is the floats' order; the same map takes a key back to the bits."""
+    return bits ^ ((bits >> 31) & 0x7FFFFFFF)
+
+
+@triton.jit
 def _group_stats(n_a, lo_a, hi_a, least_a, n_b, lo_b, hi_b, least_b):
+    """draw's one reduction of the groups' figures: filled groups, smallest and largest maximum, smallest key."""
     return n_a + n_b, tl.minimum(lo_a, lo_b), tl.maximum(hi_a, hi_b), tl.minimum(least_a, least_b)
 
 
@@ -63,7 +70,7 @@ def draw(x, idx, valid, V, temperature, top_k, top_p, greedy, seed, counter, str
     NEG_INF: tl.constexpr = -2139095041                     # -inf's key
     scaled = x / tl.maximum(temperature, 1e-5)
     bits = scaled.to(tl.int32, bitcast=True)
-    key = bits ^ ((bits >> 31) & 0x7FFFFFFF)                 # int order == float order
+    key = _flip(bits)
     key = tl.where(valid, key, MINI)                         # int32: the counts below compare PARTS x V of them
 
     k = top_k.to(tl.int64)
@@ -107,7 +114,7 @@ def draw(x, idx, valid, V, temperature, top_k, top_p, greedy, seed, counter, str
     survivor = valid & (key >= lo)
 
     if top_p < 1.0:
-        m = (largest ^ ((largest >> 31) & 0x7FFFFFFF)).to(tl.float32, bitcast=True)     # the largest scaled logit
+        m = _flip(largest).to(tl.float32, bitcast=True)                            # the largest scaled logit
         e = tl.where(survivor, tl.exp(scaled - m), 0.0)
         prob = e / tl.sum(e, axis=0)
         # the smallest key t with mass(key > t) < top_p (at least the row's maximum: keep >= 1)
