@@ -71,6 +71,8 @@ def draw(x, idx, valid, V, temperature, top_k, top_p, greedy, seed, counter, str
     scaled = x / tl.maximum(temperature, 1e-5)
     bits = scaled.to(tl.int32, bitcast=True)
     key = _flip(bits)
+    # past V the smallest key: every bound below is above it (lo is a group maximum or the smallest key above
+    # MINI), so no compare needs valid again
     key = tl.where(valid, key, MINI)                         # int32: the counts below compare PARTS x V of them
 
     k = top_k.to(tl.int64)
@@ -101,17 +103,17 @@ def draw(x, idx, valid, V, temperature, top_k, top_p, greedy, seed, counter, str
         while hi - lo > 1:
             cut = lo + part * ((hi - lo + PARTS - 1) // PARTS)                    # cut[0] == lo
             cut32 = tl.minimum(cut, MAXI).to(tl.int32)                            # cuts >= hi are not used
-            count = tl.sum(((key[None, :] >= cut32[:, None]) & valid[None, :]).to(tl.int32), axis=1)
+            count = tl.sum((key[None, :] >= cut32[:, None]).to(tl.int32), axis=1)
             kept = (cut < hi) & (count >= k)
             new_lo = tl.max(tl.where(kept, cut, lo), axis=0)                      # counts fall with the cut
             exact = tl.min(tl.where(kept, count, V + 1), axis=0) == k             # the count at new_lo
             new_hi = tl.min(tl.where((cut > new_lo) & (cut < hi), cut, hi), axis=0)
             # not exact: count(>= new_lo) >= k > count(>= new_hi), so some key lies in [new_lo, new_hi)
-            inside = valid & (key >= new_lo) & (key < new_hi)
+            inside = (key >= new_lo) & (key < new_hi)
             first, last = tl.reduce((tl.where(inside, key, MAXI), tl.where(inside, key, MINI)), 0, _min_max)
             lo = tl.where(exact, new_lo, first.to(tl.int64))
             hi = tl.where(exact, new_lo + 1, last.to(tl.int64) + 1)
-    survivor = valid & (key >= lo)
+    survivor = key >= lo
 
     if top_p < 1.0:
         m = _flip(largest).to(tl.float32, bitcast=True)                            # the largest scaled logit
