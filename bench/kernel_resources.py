@@ -79,69 +79,90 @@ class Compiled:
         return launch
 
 
+DT = torch.bfloat16
+META = torch.device("meta")
+
+
+def empty(*shape, dtype=DT) -> torch.Tensor:
+    return torch.empty(*shape, device=META, dtype=dtype)
+
+
+def meta_models(preset: str, slots: int) -> tuple[Talker, CodePredictor]:
+    """The preset's Talker (its paged cache for `slots` contexts) and code predictor on the meta device, fused and set
+    up as the engine loads them: real shapes, no weights."""
+    cfg = TTSConfig.parse(model_config(preset, "custom_voice"))
+    with META:
+        talker = Talker(cfg.talker).to(DT)
+        predictor = CodePredictor(cfg.talker.predictor, cfg.talker.dims.hidden_size).to(DT)
+    fuse_projections(talker, predictor)
+    talker.setup_cache(slots, 1024, META, DT)
+    predictor.setup(META)
+    return talker, predictor
+
+
 def step_kernels(preset: str, rows: list[int]) -> None:
     """--step: each of the many-row step's Triton kernels, launched through the engine's own calls on meta tensors
     (the engine takes them from 3 rows; at 1-2 the persistent kernels run instead)."""
     from talkgate.synth import attention, sample_kernel, scaled_swiglu, window_attention
     from talkgate.synth.codec_decoder import CodecDecoderConfig
     from talkgate.synth.random_speech_tokenizer import speech_tokenizer_config
-    cfg = TTSConfig.parse(model_config(preset, "custom_voice"))
-    dev, dt = torch.device("meta"), torch.bfloat16
-    with dev:
-        talker = Talker(cfg.talker).to(dt)
-        predictor = CodePredictor(cfg.talker.predictor, cfg.talker.dims.hidden_size).to(dt)
-    fuse_projections(talker, predictor)
     slots_n = max(rows)
-    talker.setup_cache(slots_n, 1024, dev, dt)
-    predictor.setup(dev)
+    talker, predictor = meta_models(preset, slots_n)
     dec = CodecDecoderConfig.from_dict(speech_tokenizer_config())
-    for B in rows:
-        found: dict = {}
-        jit = [(m, name, getattr(m, name)) for m, name in (
-            (attention, "one_token_attention_kernel"), (scaled_swiglu, "scaled_swiglu_kernel"),
-            (sample_kernel, "sample_kernel"), (sample_kernel, "codebook0_kernel"),
-            (window_attention, "window_attention_kernel"))]
-        compiled = {name: Compiled(fn, found) for _, name, fn in jit}
-        for m, name, _ in jit:
-            setattr(m, name, compiled[name])
-        try:
-            empty = lambda *shape, dtype=dt: torch.empty(*shape, device=dev, dtype=dtype)
-            long_rows, long_slots = empty(B, dtype=torch.long), empty(slots_n, dtype=torch.long)
-            rope = empty(B, talker.layers[0].self_attn.head_dim, dtype=torch.float32)
-            for label, model, x, attend in (
-                    ("Talker", talker, empty(B, talker.hidden_size), lambda attn, x: attn.one_token(
-                        x, 1e-6, rope, rope, talker.k_cache[0], talker.v_cache[0], long_rows, long_rows,
-                        talker.page_table)),
-                    ("code predictor", predictor, empty(B, predictor.cfg.dims.hidden_size), lambda attn, x:
-                        attn.new_positions(x, 1e-6, predictor.cos[1:2], predictor.sin[1:2],
-                                           empty(B, attn.n_kv, predictor.groups, attn.head_dim),
-                                           empty(B, attn.n_kv, predictor.groups, attn.head_dim), 1))):
-                layer = model.layers[0]
-                compiled["one_token_attention_kernel"].label = f"{label} one-token attention"
-                attend(layer.self_attn, x)
-                compiled["scaled_swiglu_kernel"].label = f"{label} scaled SwiGLU"
-                scaled_swiglu.scaled_swiglu(empty(B, layer.mlp.gate_up_weight.shape[0]), x, 1e-6)
-            f32, flags = empty(slots_n, dtype=torch.float32), empty(slots_n, dtype=torch.bool)
-            sample_kernel.sample(empty(B, predictor.cfg.vocab_size), f32, long_slots, f32, flags, long_slots,
-                                 long_rows, 0, long_rows)
-            V0 = talker.cfg.vocab_size
-            sample_kernel.codebook0(empty(B, V0), long_rows, empty(slots_n, V0, dtype=torch.bool),
-                                    empty(V0, dtype=torch.bool), talker.cfg.codec_eos, empty(B, dtype=torch.bool), f32,
-                                    f32, long_slots, f32, flags, long_slots, long_rows)
-            D, kv = dec.attn_head_dim, dec.num_key_value_heads
-            window_attention.window_attention(
-                empty(B, (dec.num_attention_heads + 2 * kv) * D, dtype=torch.float16), long_rows, long_rows,
-                empty(slots_n, dec.sliding_window, 2, kv, D, dtype=torch.float16),
-                empty(D // 2, dtype=torch.float32), dec.num_attention_heads)
-        finally:
-            for m, name, fn in jit:
-                setattr(m, name, fn)
-        for key, u in found.items():
-            n = per_sm(u["regs"], u["warps"], u["shared"])
-            print(f"{preset} rows {B} {key} ({u['warps']} warps): {u['regs']} registers a thread, {u['stack']} bytes "
-                  f"of stack (spills), {u['shared']} shared; {n} programs an SM: {u['programs']} programs in "
-                  f"{u['programs'] / (n * SMS):.2f} waves of {SMS} SMs (compiled in {u['seconds']:.1f} s, "
-                  f"triton {triton.__version__})")
+    jit = [(m, name, getattr(m, name)) for m, name in (
+        (attention, "one_token_attention_kernel"), (scaled_swiglu, "scaled_swiglu_kernel"),
+        (sample_kernel, "sample_kernel"), (sample_kernel, "codebook0_kernel"),
+        (window_attention, "window_attention_kernel"))]
+    compiled = {name: Compiled(fn, {}) for _, name, fn in jit}
+    for m, name, _ in jit:
+        setattr(m, name, compiled[name])
+    try:
+        for B in rows:
+            found: dict = {}
+            for c in compiled.values():
+                c.found = found
+            launch_step(B, slots_n, talker, predictor, dec, compiled)
+            for key, u in found.items():
+                n = per_sm(u["regs"], u["warps"], u["shared"])
+                print(f"{preset} rows {B} {key} ({u['warps']} warps): {u['regs']} registers a thread, {u['stack']} "
+                      f"bytes of stack (spills), {u['shared']} shared; {n} programs an SM: {u['programs']} programs in "
+                      f"{u['programs'] / (n * SMS):.2f} waves of {SMS} SMs (compiled in {u['seconds']:.1f} s, "
+                      f"triton {triton.__version__})")
+    finally:
+        for m, name, fn in jit:
+            setattr(m, name, fn)
+
+
+def launch_step(B: int, slots_n: int, talker: Talker, predictor: CodePredictor, dec, compiled: dict) -> None:
+    """The step's Triton kernels at B rows through the engine's own calls (each kernel a Compiled: launched, it
+    compiles), labelled where one kernel serves two models."""
+    from talkgate.synth import sample_kernel, scaled_swiglu, window_attention
+    long_rows, long_slots = empty(B, dtype=torch.long), empty(slots_n, dtype=torch.long)
+    rope = empty(B, talker.layers[0].self_attn.head_dim, dtype=torch.float32)
+    for label, model, x, attend in (
+            ("Talker", talker, empty(B, talker.hidden_size), lambda attn, x: attn.one_token(
+                x, 1e-6, rope, rope, talker.k_cache[0], talker.v_cache[0], long_rows, long_rows, talker.page_table)),
+            ("code predictor", predictor, empty(B, predictor.cfg.dims.hidden_size), lambda attn, x:
+                attn.new_positions(x, 1e-6, predictor.cos[1:2], predictor.sin[1:2],
+                                   empty(B, attn.n_kv, predictor.groups, attn.head_dim),
+                                   empty(B, attn.n_kv, predictor.groups, attn.head_dim), 1))):
+        layer = model.layers[0]
+        compiled["one_token_attention_kernel"].label = f"{label} one-token attention"
+        attend(layer.self_attn, x)
+        compiled["scaled_swiglu_kernel"].label = f"{label} scaled SwiGLU"
+        scaled_swiglu.scaled_swiglu(empty(B, layer.mlp.gate_up_weight.shape[0]), x, 1e-6)
+    f32, flags = empty(slots_n, dtype=torch.float32), empty(slots_n, dtype=torch.bool)
+    sample_kernel.sample(empty(B, predictor.cfg.vocab_size), f32, long_slots, f32, flags, long_slots, long_rows, 0,
+                         long_rows)
+    V0 = talker.cfg.vocab_size
+    sample_kernel.codebook0(empty(B, V0), long_rows, empty(slots_n, V0, dtype=torch.bool), empty(V0, dtype=torch.bool),
+                            talker.cfg.codec_eos, empty(B, dtype=torch.bool), f32, f32, long_slots, f32, flags,
+                            long_slots, long_rows)
+    D, kv = dec.attn_head_dim, dec.num_key_value_heads
+    window_attention.window_attention(
+        empty(B, (dec.num_attention_heads + 2 * kv) * D, dtype=torch.float16), long_rows, long_rows,
+        empty(slots_n, dec.sliding_window, 2, kv, D, dtype=torch.float16), empty(D // 2, dtype=torch.float32),
+        dec.num_attention_heads)
 
 
 def main() -> None:
@@ -161,19 +182,11 @@ def main() -> None:
     else:
         from talkgate.synth import persistent as kernels
     kernels.programs = lambda device: SMS
-    cfg = TTSConfig.parse(model_config(a.preset, "custom_voice"))
-    dev, dt = torch.device("meta"), torch.bfloat16
-    with dev:
-        talker = Talker(cfg.talker).to(dt)
-        predictor = CodePredictor(cfg.talker.predictor, cfg.talker.dims.hidden_size).to(dt)
-    fuse_projections(talker, predictor)
-    talker.setup_cache(8, 1024, dev, dt)
-    predictor.setup(dev)
+    talker, predictor = meta_models(a.preset, 8)
     jit = kernels.talker_kernel, kernels.predictor_kernel
     for rows in map(int, a.rows.split(",")):
         found: dict = {}
         kernels.talker_kernel, kernels.predictor_kernel = (Compiled(fn, found) for fn in jit)
-        empty = lambda *shape, dtype=dt: torch.empty(*shape, device=dev, dtype=dtype)
         x = empty(rows, talker.hidden_size)
         kernels.talker_step(talker, x, empty(rows, 128, dtype=torch.float32), empty(rows, 128, dtype=torch.float32),
                             empty(rows, dtype=torch.long), empty(rows, dtype=torch.long))
