@@ -36,7 +36,8 @@ TARGET = GPUTarget("cuda", 90, 32)
 
 def compile_usage(fn, args: tuple, kw: dict) -> dict:
     """Compile a JIT kernel for TARGET with a launch's arguments -> its resource usage (cuobjdump's line, registers and
-    stack frame a thread (where ptxas spills), warps, shared memory) and the seconds the compile took."""
+    stack frame a thread (where ptxas spills, and where libdevice's sine keeps its range reduction), warps, shared
+    memory) and the seconds the compile took."""
     backend = make_backend(TARGET)
     binder = create_function_from_signature(fn.signature, fn.params, backend)
     bound, specialization, options = binder(*args, **kw)
@@ -125,7 +126,7 @@ def step_kernels(preset: str, rows: list[int]) -> None:
             for key, u in found.items():
                 n = per_sm(u["regs"], u["warps"], u["shared"])
                 print(f"{preset} rows {B} {key} ({u['warps']} warps): {u['regs']} registers a thread, {u['stack']} "
-                      f"bytes of stack (spills), {u['shared']} shared; {n} programs an SM: {u['programs']} programs in "
+                      f"bytes of stack frame, {u['shared']} shared; {n} programs an SM: {u['programs']} programs in "
                       f"{u['programs'] / (n * SMS):.2f} waves of {SMS} SMs (compiled in {u['seconds']:.1f} s, "
                       f"triton {triton.__version__})")
     finally:

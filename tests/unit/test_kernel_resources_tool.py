@@ -39,7 +39,7 @@ def test_the_steps_kernels_compile_for_sm90_and_their_registers_are_read():
     assert len(lines) == len(names)
     for name, line in zip(names, lines):
         m = re.match(rf"0\.6b rows 256 {name} \((\d+) warps\): (\d+) registers a thread, (\d+) bytes of stack "
-                     rf"\(spills\), (\d+) shared; (\d+) programs an SM: (\d+) programs in ([\d.]+) waves", line)
+                     rf"frame, (\d+) shared; (\d+) programs an SM: (\d+) programs in ([\d.]+) waves", line)
         assert m, line
         warps, regs, stack, shared, held, programs = (int(v) for v in m.groups()[:6])
         assert 0 < regs <= 255 and stack >= 0 and held == per_sm(regs, warps, shared)
