@@ -25,7 +25,9 @@ def load(path: str, name: str):
 def inputs(B: int, V: int, top_p: float, device: str):
     g = torch.Generator().manual_seed(B * 7 + V)
     logits = (torch.randn(B, V, generator=g) * 3).to(device, torch.bfloat16)
-    full = lambda value, dtype=torch.float32: torch.full((B,), value, dtype=dtype, device=device)
+
+    def full(value, dtype=torch.float32):
+        return torch.full((B,), value, dtype=dtype, device=device)
     return dict(logits=logits, temperature=full(0.9), top_k=full(50, torch.long), top_p=full(top_p),
                 greedy=full(False, torch.bool), seed=torch.randint(0, 1 << 56, (B,), generator=g).to(device),
                 counter=torch.randint(0, 1 << 33, (B,), generator=g).to(device))
