@@ -8,18 +8,10 @@ top-p 1.0 and 0.95, temperature 0.9); the ids each draws are compared.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 
 import torch
 
-from bench.persistent import graph_ms
-
-
-def load(path: str, name: str):
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from bench.persistent import graph_ms, load_variant
 
 
 def inputs(B: int, V: int, top_p: float, device: str):
@@ -53,7 +45,7 @@ def main() -> None:
     p.add_argument("--rows", default="1,8,256")
     a = p.parse_args()
     device = "cuda"
-    trees = {"old": load(a.old, "sample_kernel_old"), "new": load(a.new, "sample_kernel_new")}
+    trees = {"old": load_variant(a.old), "new": load_variant(a.new)}
     print(f"{torch.cuda.get_device_name()} torch {torch.__version__}")
     for B in (int(r) for r in a.rows.split(",")):
         for kind, V in (("draw", 2048), ("codebook0", 3072)):

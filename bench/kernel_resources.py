@@ -26,9 +26,12 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource, make_backend
 from triton.runtime.jit import create_function_from_signature
 
+from talkgate.synth import attention, sample_kernel, scaled_swiglu, window_attention
 from talkgate.synth.checkpoint import model_config
+from talkgate.synth.codec_decoder import CodecDecoderConfig
 from talkgate.synth.config import TTSConfig
 from talkgate.synth.model import CodePredictor, Talker, fuse_projections
+from talkgate.synth.random_speech_tokenizer import speech_tokenizer_config
 
 SMS = 132
 TARGET = GPUTarget("cuda", 90, 32)
@@ -104,9 +107,6 @@ def meta_models(preset: str, slots: int) -> tuple[Talker, CodePredictor]:
 def step_kernels(preset: str, rows: list[int]) -> None:
     """--step: each of the many-row step's Triton kernels, launched through the engine's own calls on meta tensors
     (the engine takes them from 3 rows; at 1-2 the persistent kernels run instead)."""
-    from talkgate.synth import attention, sample_kernel, scaled_swiglu, window_attention
-    from talkgate.synth.codec_decoder import CodecDecoderConfig
-    from talkgate.synth.random_speech_tokenizer import speech_tokenizer_config
     slots_n = max(rows)
     talker, predictor = meta_models(preset, slots_n)
     dec = CodecDecoderConfig.from_dict(speech_tokenizer_config())
@@ -137,7 +137,6 @@ def step_kernels(preset: str, rows: list[int]) -> None:
 def launch_step(B: int, slots_n: int, talker: Talker, predictor: CodePredictor, dec, compiled: dict) -> None:
     """The step's Triton kernels at B rows through the engine's own calls (each kernel a Compiled: launched, it
     compiles), labelled where one kernel serves two models."""
-    from talkgate.synth import sample_kernel, scaled_swiglu, window_attention
     long_rows, long_slots = empty(B, dtype=torch.long), empty(slots_n, dtype=torch.long)
     rope = empty(B, talker.layers[0].self_attn.head_dim, dtype=torch.float32)
     for label, model, x, attend in (

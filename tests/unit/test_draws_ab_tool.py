@@ -7,7 +7,8 @@ import pytest
 
 pytest.importorskip("triton", reason="triton is part of the test extra (and of torch on CUDA)")
 
-from bench.draws_ab import calls, inputs, load  # noqa: E402
+from bench.draws_ab import calls, inputs  # noqa: E402
+from bench.persistent import load_variant  # noqa: E402
 
 KERNEL = Path(__file__).parents[2] / "talkgate" / "synth" / "sample_kernel.py"
 
@@ -16,7 +17,7 @@ KERNEL = Path(__file__).parents[2] / "talkgate" / "synth" / "sample_kernel.py"
 def test_each_trees_draw_and_codebook0_draw_fall_inside_the_top_50(top_p):
     B, V = 3, 2048
     x = inputs(B, V, top_p, "cpu")
-    old, new = load(str(KERNEL), "draws_old"), load(str(KERNEL), "draws_new")
+    old, new = load_variant(str(KERNEL)), load_variant(str(KERNEL))
     top50 = x["logits"].float().topk(50, dim=1).indices
     ids = []
     for module in (old, new):
