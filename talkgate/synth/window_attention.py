@@ -8,8 +8,8 @@ reads the fused q/k/v projection's row of each frame and:
 - rotates q and k (RoPE from the frame's position and inv_freq, angles in float32, rounded to the model
   dtype after each step as the PyTorch path does);
 - writes k and v at ring entry position % window of the row's slot;
-- attends over the ring entries that hold positions in (position - window, position], RING_BLOCK entries at
-  a time (online softmax), reading only the row's own ring. The new frame enters from registers: its entry
+- attends over the ring entries that hold positions in (position - window, position], ring_block(rows)
+  entries at a time (online softmax), reading only the row's own ring. The new frame enters from registers: its entry
   is not read back.
 One program per (row, kv head) covers the head's query group. Runs in Triton's interpreter on the CPU for
 tests (tests/gpu/test_window_attention.py).
@@ -84,10 +84,14 @@ def window_attention_kernel(QKV, sqkv, POS, SLOTS, INV_FREQ, CACHE, s_slot, s_en
     tl.store(O + b * so + (h * GROUP + g)[:, None] * D + d[None, :], out.to(O.dtype.element_ty))
 
 
-# One warp a program, the ring 16 entries at a time: on an H200 (bench/attention_configs.py, 16 heads of 64, float16)
-# 32 us at 256 rows (2.3 TB/s of the rings) against 144 with the whole ring as one block on 8 warps, 60 against 282 at
-# 512, and no slower at 1-16 rows (6.8-7.5 us); wider blocks or more warps were slower at every size
-RING_BLOCK = 16
+# One warp a program, the ring in blocks of 16 entries, of 8 from 256 rows. On an H200 (bench/attention_configs.py, 16
+# heads of 64, float16) 16 entries took 32 us at 256 rows against 144 with the whole ring as one block on 8 warps;
+# wider blocks or more warps were slower at every size. On an H100 16 entries take 6.9-15.3 us at 1-128 rows against
+# 8 entries' 7.3-16.2, but 35.4 against 31.1 at 256 rows and 66.6 against 58.0 at 512: 8 entries hold 53 registers a
+# thread (32 programs an SM, 256 rows' 4,096 programs in one wave), 16 entries 119 (17 an SM, 1.83 waves)
+def ring_block(rows: int) -> int:
+    """Ring entries a block for a launch of this many rows (a captured graph's rows: chosen once per graph)."""
+    return 8 if rows >= 256 else 16
 
 
 def window_attention(qkv: torch.Tensor, pos: torch.Tensor, slots: torch.Tensor, cache: torch.Tensor,
@@ -103,5 +107,5 @@ def window_attention(qkv: torch.Tensor, pos: torch.Tensor, slots: torch.Tensor, 
     window_attention_kernel[(B, kv_heads)](
         qkv, qkv.stride(0), pos, slots, inv_freq, cache, cache.stride(0), cache.stride(1), cache.stride(2),
         cache.stride(3), out, out.stride(0), D ** -0.5, HQ=heads, HKV=kv_heads, GROUP=heads // kv_heads, D=D,
-        WINDOW=window, BLOCK=RING_BLOCK, num_warps=1)
+        WINDOW=window, BLOCK=ring_block(B), num_warps=1)
     return out

@@ -28,8 +28,10 @@ def kernel():
 # bf16: SDPA rounds its probabilities and output to bf16, the kernel keeps them in float32
 @pytest.mark.parametrize("kv_heads", [2, 1])
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
-def test_kernel_matches_the_pytorch_attention(kernel, kv_heads, dtype, tol):
+@pytest.mark.parametrize("block", [16, 8])                 # ring entries a block: below and from 256 rows
+def test_kernel_matches_the_pytorch_attention(kernel, monkeypatch, kv_heads, dtype, tol, block):
     torch.manual_seed(0)
+    monkeypatch.setattr(kernel, "ring_block", lambda rows: block)
     cfg = CodecDecoderConfig.from_dict(speech_tokenizer_config({**TINY, "num_key_value_heads": kv_heads}))
     transformer = Transformer(cfg)
     attn = transformer.layers[0].self_attn
