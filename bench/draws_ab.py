@@ -31,10 +31,14 @@ def calls(module, x: dict, B: int, V: int, device: str):
     suppressed = torch.zeros(V, dtype=torch.bool, device=device)
     allow = torch.ones(B, dtype=torch.bool, device=device)
     penalty = torch.full((B,), 1.05, device=device)
-    draw = lambda: module.sample(x["logits"], x["temperature"], x["top_k"], x["top_p"], x["greedy"], x["seed"],
-                                 x["counter"], 3, slots)
-    first = lambda: module.codebook0(x["logits"], slots, seen, suppressed, V - 2, allow, penalty, x["temperature"],
-                                     x["top_k"], x["top_p"], x["greedy"], x["seed"], x["counter"])
+
+    def draw():
+        return module.sample(x["logits"], x["temperature"], x["top_k"], x["top_p"], x["greedy"], x["seed"],
+                             x["counter"], 3, slots)
+
+    def first():
+        return module.codebook0(x["logits"], slots, seen, suppressed, V - 2, allow, penalty, x["temperature"],
+                                x["top_k"], x["top_p"], x["greedy"], x["seed"], x["counter"])
     return draw, first
 
 
@@ -51,12 +55,12 @@ def main() -> None:
         for kind, V in (("draw", 2048), ("codebook0", 3072)):
             for top_p in (1.0, 0.95):
                 x = inputs(B, V, top_p, device)
-                us, ids = {}, {}
-                for name in ("old", "new", "old-again", "new-again"):
-                    draw, first = calls(trees[name.split("-")[0]], x, B, V, device)
-                    fn = draw if kind == "draw" else first
-                    ids[name] = fn().cpu()
-                    us[name] = 1e3 * graph_ms(fn, reps=20, rounds=7, calls=20)
+                fns = {tree: calls(module, x, B, V, device)[kind == "codebook0"] for tree, module in trees.items()}
+                ids = {tree: fn().cpu() for tree, fn in fns.items()}
+                us = {}
+                for again in ("", "-again"):                 # old, new, old, new: a drift shows in both pairs
+                    for tree, fn in fns.items():
+                        us[tree + again] = 1e3 * graph_ms(fn, reps=20, rounds=7, calls=20)
                 same = bool((ids["old"] == ids["new"]).all())
                 print(f"{kind} B={B} V={V} top_p={top_p}: old {us['old']:.2f} / {us['old-again']:.2f} us, "
                       f"new {us['new']:.2f} / {us['new-again']:.2f} us; same ids {same}", flush=True)
